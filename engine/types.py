@@ -1,0 +1,87 @@
+"""Plain data passed across the engine facade: sampling settings, stats, stream events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, asdict
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0.0: off
+    repetition_penalty: float = 1.0  # 1.0: off
+    seed: int | None = None
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise UserError(f"--top-k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise UserError(f"--min-p must be in [0, 1), got {self.min_p}")
+        if not self.repetition_penalty > 0.0:
+            raise UserError(f"--repetition-penalty must be > 0, got {self.repetition_penalty}")
+        if self.max_tokens < 1:
+            raise UserError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class GenerationStats:
+    """Measured on the engine thread; times in seconds."""
+
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually run (the rest came from the KV cache)
+    generated_tokens: int = 0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    decode_tok_s: float = 0.0
+    speculative: bool = False
+    draft_steps: int = 0
+    verify_steps: int = 0
+    accept_len_mean: float = 0.0
+    # accept_hist[n] = number of verify steps that produced n tokens (accepted drafts + bonus)
+    accept_hist: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One step of a streamed answer: the text and token ids added since the last event."""
+
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" when finished
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    finish_reason: str
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_json(),
+        }
