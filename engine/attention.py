@@ -1,0 +1,49 @@
+"""Attention over the static KV cache: SDPA for eager forwards, a position-masked op for graphs."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    start_pos: int, scale: float) -> torch.Tensor:
+    """q: (T, Hq, D) for positions start_pos..start_pos+T-1, whose K/V are already in the cache.
+
+    k_cache, v_cache: (S_max, Hkv, D). Returns (T, Hq, D). Only the filled part of the
+    cache is read; the host knows its length, so this path is for eager forwards.
+    """
+    T = q.shape[0]
+    end = start_pos + T
+    qh = q.transpose(0, 1).unsqueeze(0)  # (1, Hq, T, D)
+    kh = k_cache[:end].transpose(0, 1).unsqueeze(0)  # (1, Hkv, end, D)
+    vh = v_cache[:end].transpose(0, 1).unsqueeze(0)
+    gqa = q.shape[1] != k_cache.shape[1]
+    if T == 1:
+        out = F.scaled_dot_product_attention(qh, kh, vh, scale=scale, enable_gqa=gqa)
+    elif start_pos == 0:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:
+        # Query row i sits at position start_pos + i and sees keys 0..start_pos + i.
+        rows = torch.arange(T, device=q.device)[:, None] + start_pos
+        mask = torch.arange(end, device=q.device)[None, :] <= rows
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out.squeeze(0).transpose(0, 1)
+
+
+def attention_by_positions_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               positions: torch.Tensor, scale: float) -> torch.Tensor:
+    """Graph-safe reference: row t of q (T, Hq, D) sees cache rows 0..positions[t].
+
+    Reads the whole (S_max, Hkv, D) cache with a mask, so its cost grows with S_max; the
+    Triton kernel in engine.kernels.attention is the fast version of the same contract.
+    """
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    g = Hq // Hkv
+    qg = q.float().view(T, Hkv, g, D)
+    scores = torch.einsum("thgd,shd->hgts", qg, k_cache.float()) * scale  # (Hkv, g, T, S)
+    visible = torch.arange(k_cache.shape[0], device=q.device)[None, :] <= positions[:, None]  # (T, S)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    out = torch.einsum("hgts,shd->thgd", torch.softmax(scores, dim=-1), v_cache.float())
+    return out.reshape(T, Hq, D).to(q.dtype)

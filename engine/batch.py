@@ -1,0 +1,26 @@
+"""ForwardBatch: the inputs of one model forward (batch size 1, T new tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # (T,) int64
+    positions: torch.Tensor  # (T,) int64, contiguous: start_pos .. start_pos + T - 1
+    # Cache length before these tokens, known on the host in eager mode. None in a captured
+    # graph: attention then reads the lengths from `positions` on the device.
+    start_pos: int | None = None
+
+    @classmethod
+    def eager(cls, input_ids: torch.Tensor, start_pos: int) -> "ForwardBatch":
+        T = input_ids.shape[0]
+        positions = torch.arange(start_pos, start_pos + T, device=input_ids.device)
+        return cls(input_ids=input_ids, positions=positions, start_pos=start_pos)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]

@@ -1,0 +1,61 @@
+"""build_engine: resolve, load and wire a target (and its draft) into an Engine."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .errors import UserError
+from .loader import load_folder, load_gguf
+from .resolve import resolve
+from .runner import ModelRunner
+
+
+def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq_len: int | None,
+                 draft_steps: int, use_graphs: bool, on_progress):
+    from .engine import pick_device
+
+    def say(msg: str, frac: float | None = None) -> None:
+        if on_progress:
+            on_progress(msg, frac)
+
+    if max_seq_len is not None and max_seq_len < 16:
+        raise UserError(f"--max-seq-len must be at least 16, got {max_seq_len}")
+    if not 1 <= draft_steps <= 16:
+        raise UserError(f"--draft-steps must be between 1 and 16, got {draft_steps}")
+    dev = pick_device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    t0 = time.perf_counter()
+    src = resolve(model, log=say)
+    say(f"loading {src.name}", 0.1)
+    if src.is_gguf:
+        tok_dir = src.path.parent / (src.path.stem + ".tokenizer") if src.is_demo else None
+        loaded = load_gguf(src.path, dev, dtype, max_seq_len, tokenizer_dir=tok_dir)
+    else:
+        loaded = load_folder(src.path, dev, dtype, max_seq_len)
+    runner = ModelRunner(loaded.model, loaded.model.cos_sin.shape[0])
+
+    speculator, draft_name = None, None
+    draft_spec = draft
+    if draft_spec is None and src.is_demo:
+        from speculative.assets import demo_draft_path
+
+        found = demo_draft_path()
+        draft_spec = str(found) if found else None
+    if draft_spec and draft_spec != "none":
+        say("loading the draft", 0.6)
+        from speculative.build import build_speculator  # the one place engine reaches into speculative
+
+        draft_src = resolve(draft_spec, log=say, what="draft")
+        speculator = build_speculator(draft_src.path, runner, loaded.config, draft_steps)
+        draft_name = draft_src.name
+    if use_graphs and dev.type == "cuda":
+        say("capturing CUDA graphs", 0.8)
+        runner.capture([1] + ([draft_steps + 1] if speculator else []))
+        if speculator is not None:
+            speculator.capture()
+    engine = cls(runner, loaded.tokenizer, src.name, speculator, draft_name)
+    engine.load_s = time.perf_counter() - t0
+    say("ready", 1.0)
+    return engine

@@ -1,0 +1,195 @@
+"""Engine: the facade the app and the CLI use: load a model (and draft), stream answers, report stats."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .errors import UserError
+from .runner import ModelRunner
+from .sampling import apply_repetition_penalty, choose_tokens
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+from .types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
+
+Progress = Callable[[str, "float | None"], None]
+
+
+@dataclass
+class DecodeState:
+    """What a token generator shares with the facade while it runs."""
+
+    tokens: list[int]  # prompt + every token produced so far
+    kv_len: int  # leading tokens of `tokens` whose K/V are in the target cache
+    params: SamplingParams
+    generator: torch.Generator | None
+    seen: torch.Tensor | None = None  # (V,) bool, for the repetition penalty
+    accept_lens: list[int] = field(default_factory=list)  # per verify step (speculation)
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise UserError(f"--device must be cpu or cuda, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is visible to PyTorch (try --device cpu)")
+    return torch.device(device)
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, model_name: str, speculator=None,
+                 draft_name: str | None = None):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.draft_name = draft_name
+        self.speculator = speculator  # speculative.Speculator or None
+        self.device = str(runner.device)
+        self._kv_tokens: list[int] = []  # tokens whose K/V the target cache holds, in order
+
+    @property
+    def has_draft(self) -> bool:
+        return self.speculator is not None
+
+    @classmethod
+    def load(cls, model: str, draft: str | None = None, device: str | None = None,
+             max_seq_len: int | None = None, draft_steps: int = 5, use_graphs: bool = True,
+             on_progress: Progress | None = None) -> "Engine":
+        from .build import build_engine
+
+        return build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress)
+
+    def generate(self, messages: list[dict], params: SamplingParams = SamplingParams(), **kw) -> GenerationResult:
+        text, ids, last = [], [], None
+        for ev in self.stream(messages, params, **kw):
+            text.append(ev.text)
+            ids.extend(ev.token_ids)
+            last = ev
+        return GenerationResult("".join(text), ids, last.stats, last.finish_reason)
+
+    def stream(self, messages: list[dict], params: SamplingParams = SamplingParams(),
+               speculative: bool | None = None, stop_event: threading.Event | None = None) -> Iterator[StreamEvent]:
+        t0 = time.perf_counter()
+        ids = self.tokenizer.apply_chat_template(messages)
+        return self.stream_ids(ids, params, speculative, stop_event, t0)
+
+    def stream_ids(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
+                   speculative: bool | None = None, stop_event: threading.Event | None = None,
+                   t0: float | None = None) -> Iterator[StreamEvent]:
+        """Validates at once, then returns the event generator."""
+        t0 = time.perf_counter() if t0 is None else t0
+        max_len = self.runner.max_len
+        if not prompt_ids:
+            raise UserError("the prompt is empty")
+        if len(prompt_ids) >= max_len:
+            raise UserError(f"the prompt is {len(prompt_ids)} tokens but the context holds {max_len}; "
+                            "shorten it or start a new chat")
+        use_spec = self.speculator is not None and speculative is not False
+        return self._run(list(prompt_ids), params, use_spec, stop_event, t0)
+
+    def _run(self, prompt: list[int], params, use_spec, stop_event, t0) -> Iterator[StreamEvent]:
+        dev = self.runner.device
+        gen = None
+        if not params.is_greedy:
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(params.seed if params.seed is not None else int.from_bytes(__import__("os").urandom(7), "little"))
+        cached = self._kv_tokens
+        self._kv_tokens = []  # invalid until this run ends cleanly
+        if use_spec:
+            reuse = self.speculator.reusable_prefix(cached, prompt)
+        else:
+            reuse = _common_prefix(cached, prompt)
+        state = DecodeState(tokens=list(prompt), kv_len=min(reuse, len(prompt) - 1), params=params, generator=gen)
+        if params.repetition_penalty != 1.0:
+            state.seen = torch.zeros(self.runner.config.vocab_size, dtype=torch.bool, device=dev)
+            state.seen[torch.tensor(prompt, device=dev)] = True
+        stats = GenerationStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt) - state.kv_len,
+                                speculative=use_spec)
+        tokens = self.speculator.tokens(self.runner, state) if use_spec else self._plain_tokens(state)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop)
+        eos = self.tokenizer.eos_token_ids
+        out: list[int] = []
+        t_first = None
+        reason = "length"
+        try:
+            for new in tokens:
+                keep = []
+                for t in new:
+                    if t in eos:
+                        reason = "stop"
+                        break
+                    keep.append(t)
+                    if len(out) + len(keep) >= params.max_tokens:
+                        break
+                out.extend(keep)
+                now = time.perf_counter()
+                if t_first is None:
+                    t_first = now
+                    stats.ttft_s = now - t0
+                text = detok.add(keep) if keep else ""
+                _update(stats, out, t_first, now, state)
+                done = reason == "stop" or detok.stopped or len(out) >= params.max_tokens
+                if detok.stopped:
+                    reason = "stop"
+                if stop_event is not None and stop_event.is_set() and not done:
+                    done, reason = True, "cancelled"
+                if done:
+                    break
+                yield StreamEvent(text, keep, stats)
+            else:
+                text, keep = "", []  # context full
+            tail = detok.flush()
+            yield StreamEvent(text + tail, keep, stats, finished=True, finish_reason=reason)
+        finally:
+            tokens.close()
+            self._kv_tokens = state.tokens[:state.kv_len]
+
+    def _plain_tokens(self, state: DecodeState) -> Iterator[list[int]]:
+        runner, p = self.runner, state.params
+        new = torch.tensor(state.tokens[state.kv_len:], dtype=torch.long, device=runner.device)
+        logits, _, _ = runner.forward(new, state.kv_len, all_logits=False)
+        state.kv_len = len(state.tokens)
+        while True:
+            row = logits[-1]
+            if state.seen is not None:
+                row = apply_repetition_penalty(row, state.seen, p.repetition_penalty)
+            tok = choose_tokens(row, p, state.generator).view(1)
+            if state.seen is not None:
+                state.seen[tok] = True
+            t = int(tok)
+            state.tokens.append(t)
+            yield [t]
+            if state.kv_len >= runner.max_len:
+                return
+            logits, _, _ = runner.forward(tok, state.kv_len)
+            state.kv_len += 1
+
+    def reset(self) -> None:
+        """Forgets the cached conversation (the next prompt is prefilled in full)."""
+        self._kv_tokens = []
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _update(stats: GenerationStats, out: list[int], t_first: float, now: float, state: DecodeState) -> None:
+    stats.generated_tokens = len(out)
+    stats.decode_s = now - t_first
+    stats.decode_tok_s = (len(out) - 1) / stats.decode_s if stats.decode_s > 0 and len(out) > 1 else 0.0
+    if state.accept_lens:
+        n = state.accept_lens
+        stats.verify_steps = len(n)
+        stats.accept_len_mean = sum(n) / len(n)
+        hist = [0] * (max(n) + 1)
+        for x in n:
+            hist[x] += 1
+        stats.accept_hist = hist

@@ -1,0 +1,41 @@
+"""CUDA-graph capture and replay of fixed-shape target forwards (decode: 1 token, verify: k+1)."""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import ForwardBatch
+
+
+class CapturedStep:
+    """One graph for T new tokens. Inputs are written into static buffers before replay;
+    outputs live in static tensors that the next replay overwrites."""
+
+    def __init__(self, model, kv, num_tokens: int, aux_layer_ids: tuple[int, ...], pool):
+        dev = kv.k_all.device
+        self.num_tokens = num_tokens
+        self.input_ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
+        self.offsets = torch.arange(num_tokens, dtype=torch.long, device=dev)
+        self.positions = self.offsets.clone()
+        batch = ForwardBatch(self.input_ids, self.positions, start_pos=None)
+
+        def run():
+            out = model(batch, kv, aux_layer_ids)
+            return model.logits(out.hidden), out.hidden, out.aux_hidden
+
+        # Warm up on a side stream (allocator and kernel autotuning), then capture.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits, self.hidden, self.aux_hidden = run()
+
+    def replay(self, input_ids: torch.Tensor, start_pos: int):
+        self.input_ids.copy_(input_ids)
+        torch.add(self.offsets, start_pos, out=self.positions)  # no host sync
+        self.graph.replay()
+        return self.logits, self.hidden, self.aux_hidden

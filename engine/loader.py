@@ -1,0 +1,89 @@
+"""Builds a CausalLM on a device from a Hugging Face folder or a GGUF file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .attention import attention_by_positions_ref
+from .config import ModelConfig
+from .errors import ModelLoadError
+from .gguf_file import hf_config, iter_gguf_tensors, open_gguf
+from .model import CausalLM
+from .rope import rope_cos_sin
+from .tokenizer import Tokenizer
+from .weights import iter_safetensors, load_weights, safetensors_files
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    tokenizer: Tokenizer
+    config: ModelConfig
+    source: Path
+
+
+def positions_attention(device: torch.device):
+    """The attention used inside graphs: the Triton kernel on CUDA, its torch reference elsewhere."""
+    if device.type == "cuda":
+        try:
+            from .kernels.attention import decode_attention
+            return decode_attention
+        except ImportError:
+            pass
+    return attention_by_positions_ref
+
+
+def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dtype: torch.dtype,
+                max_len: int) -> CausalLM:
+    with torch.device("meta"):
+        model = CausalLM(cfg, max_len, positions_attention(device))
+    model = model.to_empty(device=device).to(dtype)
+    if cfg.tie_word_embeddings:  # to_empty makes new parameters: tie them again
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.cos_sin = rope_cos_sin(cfg, max_len).to(device)
+    load_weights(model, tensors, source)
+    return model.eval().requires_grad_(False)
+
+
+def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len: int | None) -> LoadedModel:
+    if not (folder / "config.json").exists():
+        raise ModelLoadError(f"{folder} has no config.json; point --model at a Hugging Face model folder, "
+                             "a .gguf file, a Hub repo id or 'demo'")
+    cfg = ModelConfig.from_file(folder / "config.json")
+    files = safetensors_files(folder)
+    max_len = max_len or min(cfg.max_position_embeddings, 8192)
+    model = build_model(cfg, iter_safetensors(files), folder.name, device, dtype, max_len)
+    eos = _generation_eos(folder) or cfg.eos_token_ids
+    return LoadedModel(model, Tokenizer.from_folder(folder, eos), cfg, folder)
+
+
+def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int | None,
+              tokenizer_dir: Path | None = None) -> LoadedModel:
+    reader = open_gguf(path)
+    raw = hf_config(reader, path)
+    cfg = ModelConfig.from_hf(raw)
+    max_len = max_len or min(cfg.max_position_embeddings, 8192)
+    model = build_model(cfg, iter_gguf_tensors(reader, raw, path), path.name, device, dtype, max_len)
+    if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").exists():
+        tok = Tokenizer.from_folder(tokenizer_dir, cfg.eos_token_ids)
+    else:
+        tok = Tokenizer.from_folder(path.parent, cfg.eos_token_ids, gguf_file=path.name)
+        if tokenizer_dir is not None:  # converting a GGUF vocabulary is slow: keep the result
+            tok.hf.save_pretrained(str(tokenizer_dir))
+    return LoadedModel(model, tok, cfg, path)
+
+
+def _generation_eos(folder: Path) -> tuple[int, ...]:
+    import json
+
+    path = folder / "generation_config.json"
+    if not path.exists():
+        return ()
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except json.JSONDecodeError:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))

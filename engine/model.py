@@ -1,0 +1,135 @@
+"""CausalLM: our Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over a static KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .attention import attention_eager
+from .batch import ForwardBatch
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .layers import GatedMLP, RMSNorm
+from .rope import apply_rope, rope_cos_sin
+
+# (q, k_cache, v_cache, positions, scale) -> out; used when the host does not know the
+# cache length (inside CUDA graphs). Chosen once per model from the device.
+PositionsAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+@dataclass
+class ForwardOutput:
+    hidden: torch.Tensor  # (T, H) after the final norm: what lm_head reads
+    aux_hidden: torch.Tensor | None  # (T, num_aux * H): inputs of the chosen layers, concatenated
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.scale = cfg.head_dim ** -0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        # Qwen2 puts a bias on q/k/v only; Llama and Qwen3 apply attention_bias to o_proj too.
+        o_bias = cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM"
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def packed_shards(self) -> dict[str, tuple[str, int, int]]:
+        q, kv = self.q_size, self.kv_size
+        return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cos_sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, attend: PositionsAttention) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+        k_cache.index_copy_(0, batch.positions, k)
+        v_cache.index_copy_(0, batch.positions, v)
+        if batch.start_pos is not None:
+            o = attention_eager(q, k_cache, v_cache, batch.start_pos, self.scale)
+        else:
+            o = attend(q, k_cache, v_cache, batch.positions, self.scale)
+        return self.o_proj(o.reshape(T, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, attend):
+        """x: the last sublayer's output, residual: the stream before it (None at layer 0)."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
+        x = self.self_attn(h, batch, cos_sin, k_cache, v_cache, attend)
+        h, residual = self.post_attention_layernorm.add_forward(x, residual)
+        return self.mlp(h), residual
+
+
+class TransformerBody(nn.Module):
+    """The `model.` part of the checkpoint: embeddings, layers, final norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_len: int, attend: PositionsAttention):
+        super().__init__()
+        self.config = cfg
+        self.model = TransformerBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("cos_sin", rope_cos_sin(cfg, max_len), persistent=False)
+        self.attend = attend
+
+    def forward(self, batch: ForwardBatch, kv: KVCache, aux_layer_ids: tuple[int, ...] = ()) -> ForwardOutput:
+        """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream)."""
+        cos_sin = self.cos_sin.index_select(0, batch.positions)
+        x, residual = self.model.embed_tokens(batch.input_ids), None
+        aux: list[torch.Tensor] = []
+        for i, layer in enumerate(self.model.layers):
+            if i in aux_layer_ids:
+                aux.append(x if residual is None else x + residual)
+            x, residual = layer(x, residual, batch, cos_sin, kv.k[i], kv.v[i], self.attend)
+        if self.config.num_layers in aux_layer_ids:
+            aux.append(x + residual)
+        hidden, _ = self.model.norm.add_forward(x, residual)
+        return ForwardOutput(hidden=hidden, aux_hidden=torch.cat(aux, dim=-1) if aux else None)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(T, H) -> (T, V) fp32."""
+        return self.lm_head(hidden).float()
+
+    def checkpoint_target(self, name: str) -> tuple[str, int, int] | None:
+        """Maps a checkpoint tensor name to (parameter name, row offset, rows) for fused
+        projections, or (name, 0, -1) for a whole parameter; None for names we ignore."""
+        if name.endswith("rotary_emb.inv_freq"):
+            return None  # a buffer some old checkpoints saved; we compute our own
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            return None
+        parts = name.split(".")
+        if len(parts) >= 3 and parts[-2] in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+            owner = self.get_submodule(".".join(parts[:-2]))
+            if isinstance(owner, (Attention, GatedMLP)):
+                fused, offset, rows = owner.packed_shards()[parts[-2]]
+                return ".".join(parts[:-2] + [fused, parts[-1]]), offset, rows
+        return name, 0, -1

@@ -1,0 +1,57 @@
+"""ModelRunner: owns the target model, its KV cache and its captured graphs; runs forwards."""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import ForwardBatch
+from .graphs import CapturedStep
+from .kv_cache import KVCache
+from .model import CausalLM
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, max_len: int):
+        cfg = model.config
+        self.model = model
+        self.config = cfg
+        self.device = model.lm_head.weight.device
+        self.dtype = model.lm_head.weight.dtype
+        self.max_len = max_len
+        self.kv = KVCache(cfg.num_layers, max_len, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+        self.aux_layer_ids: tuple[int, ...] = ()  # set by a speculative decoder that needs them
+        self.graphs: dict[int, CapturedStep] = {}
+
+    @property
+    def uses_graphs(self) -> bool:
+        return bool(self.graphs)
+
+    @torch.inference_mode()
+    def capture(self, token_counts: list[int]) -> None:
+        """Captures one graph per token count (1 for decode, k+1 for verify). CUDA only."""
+        if self.device.type != "cuda":
+            return
+        pool = torch.cuda.graph_pool_handle()
+        for n in token_counts:
+            if n not in self.graphs:
+                aux = self.aux_layer_ids if n > 1 else ()
+                self.graphs[n] = CapturedStep(self.model, self.kv, n, aux, pool)
+        torch.cuda.synchronize()
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, start_pos: int, want_aux: bool = False,
+                all_logits: bool = True):
+        """Runs T tokens at positions start_pos.. and writes their K/V.
+
+        Returns (logits (T or 1, V) fp32, hidden (T, H), aux_hidden (T, A) or None).
+        A captured graph is used when one exists for T; its outputs are overwritten by the
+        next replay. Aux states from a decode graph (T == 1) are not captured.
+        """
+        T = input_ids.shape[0]
+        step = self.graphs.get(T)
+        if step is not None and (not want_aux or step.aux_hidden is not None):
+            return step.replay(input_ids, start_pos)
+        out = self.model(ForwardBatch.eager(input_ids, start_pos), self.kv,
+                         self.aux_layer_ids if want_aux else ())
+        hidden = out.hidden if all_logits else out.hidden[-1:]
+        return self.model.logits(hidden), out.hidden, out.aux_hidden

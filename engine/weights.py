@@ -1,0 +1,80 @@
+"""Weight loading: exact-name copy of checkpoint tensors into a model, from safetensors folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from .errors import ModelLoadError
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The shard list from `model.safetensors.index.json`, else every `*.safetensors` file."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(f"{index} is not a valid safetensors index: {e}") from None
+        files = [folder / f for f in sorted(set(weight_map.values()))]
+        for f in files:
+            if not f.exists():
+                raise ModelLoadError(f"{folder}: shard {f.name} named in the index is missing")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} has no *.safetensors weights (we never load pickled .bin files)")
+    return files
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+    from safetensors import SafetensorError
+
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ModelLoadError(f"cannot read {path.name}: {str(e).splitlines()[0]} (file truncated or corrupt?)") from None
+
+
+def _summary(names: list[str], limit: int = 4) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+@torch.no_grad()
+def load_weights(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
+    """Copies every tensor into the parameter `model.checkpoint_target(name)` names and checks
+    that nothing is missing, left over or of the wrong shape."""
+    params = dict(model.named_parameters())
+    filled: dict[str, int] = {name: 0 for name in params}  # rows filled, for fused projections
+    unexpected: list[str] = []
+    for name, tensor in tensors:
+        target = model.checkpoint_target(name)
+        if target is None:
+            continue
+        pname, offset, rows = target
+        param = params.get(pname)
+        if param is None:
+            unexpected.append(name)
+            continue
+        dest = param if rows < 0 else param[offset:offset + rows]
+        if tuple(dest.shape) != tuple(tensor.shape):
+            raise ModelLoadError(
+                f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}")
+        dest.copy_(tensor)
+        filled[pname] += dest.shape[0] if dest.dim() else 1
+    missing = [n for n, p in params.items() if filled[n] != (p.shape[0] if p.dim() else 1)]
+    if unexpected or missing:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors: {_summary(missing)}")
+        if unexpected:
+            parts.append(f"unexpected tensors: {_summary(unexpected)}")
+        raise ModelLoadError(f"{source}: checkpoint does not match the model ({'; '.join(parts)})")
