@@ -1,0 +1,127 @@
+"""The `localchat` command line: parses flags and dispatches; heavy imports happen per command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, status 2, no usage dump
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="demo", help="Hub repo id, local folder, .gguf file, or 'demo' (default)")
+    p.add_argument("--draft", default=None, help="draft model (EAGLE-3 head or MTP); 'none' disables the default")
+    p.add_argument("--no-spec", action="store_true", help="decode without speculation")
+    p.add_argument("--draft-steps", type=int, default=5, help="draft tokens per step, k (default 5)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
+    p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
+
+
+def _sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="localchat", description="Local chat with speculative decoding on one GPU.")
+    _model_options(parser)
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="one-shot answer streamed to stdout")
+    _model_options(run)
+    _sampling_options(run)
+    run.add_argument("--system", default=None, help="system prompt")
+    run.add_argument("--json", action="store_true", help="print one JSON result object at the end")
+    run.add_argument("prompt", help="the question")
+
+    bench = sub.add_parser("bench", help="speculation off vs on (and peers) in one run")
+    _model_options(bench)
+    bench.add_argument("--random-weights", default=None, metavar="CONFIG",
+                       help="build the target from a config.json (or 'llama-8b') with random bf16 weights")
+    bench.add_argument("--prompt-tokens", type=int, default=512)
+    bench.add_argument("--new-tokens", type=int, default=256)
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--prompts", type=int, default=4, help="chat prompts to average over (real models)")
+    bench.add_argument("--force-accept", type=int, default=None,
+                       help="benchmark only: force this accepted length with a random-weight draft")
+    bench.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
+    bench.add_argument("--out", default=None, help="write the JSON report here")
+    bench.add_argument("--json", action="store_true")
+
+    train = sub.add_parser("train-draft", help="train an EAGLE-3 head or MTP layers for a model")
+    train.add_argument("--model", required=True)
+    train.add_argument("--out", required=True)
+    train.add_argument("--kind", choices=["eagle3", "mtp"], default="eagle3")
+    train.add_argument("--data", default=None, help="JSONL conversations (default: chitchat-dataset)")
+    train.add_argument("--draft-vocab", type=int, default=8192)
+    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--device", default=None)
+
+    sub.add_parser("doctor", help="GPU, VRAM, versions, paths")
+    try:
+        from app.hub_commands import add_subcommands
+    except ImportError:
+        pass
+    else:
+        add_subcommands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except UserError as e:
+        print(f"localchat: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("localchat: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # runtime failure: one clear line, no traceback
+        name = type(e).__name__
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else name
+        if "out of memory" in msg.lower():
+            msg = f"out of GPU memory ({msg}); try a smaller --max-seq-len or model"
+        print(f"localchat: error: {name}: {msg}", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args) -> int:
+    if args.command is None:
+        from app.tui import run_tui
+
+        return run_tui(args)
+    if args.command == "run":
+        from app.commands import cmd_run
+
+        return cmd_run(args)
+    if args.command == "doctor":
+        from app.commands import cmd_doctor
+
+        return cmd_doctor(args)
+    if args.command == "bench":
+        from app.bench import cmd_bench
+
+        return cmd_bench(args)
+    if args.command == "train-draft":
+        from speculative.train import cmd_train
+
+        return cmd_train(args)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""`localchat run` and `localchat doctor`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _progress(msg: str, frac) -> None:
+    print(f"[localchat] {msg}", file=sys.stderr, flush=True)
+
+
+def load_engine(args, quiet: bool = False):
+    from engine import Engine
+
+    return Engine.load(args.model, draft=args.draft, device=args.device, max_seq_len=args.max_seq_len,
+                       draft_steps=args.draft_steps, use_graphs=not args.no_graphs,
+                       on_progress=None if quiet else _progress)
+
+
+def sampling_from_args(args):
+    from engine.types import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed,
+                          max_tokens=args.max_tokens, stop=tuple(args.stop))
+
+
+def cmd_run(args) -> int:
+    from engine.errors import UserError
+
+    if not args.prompt.strip():
+        raise UserError("the prompt is empty")
+    params = sampling_from_args(args)  # validate before the slow load
+    engine = load_engine(args, quiet=args.json)
+    messages = ([{"role": "system", "content": args.system}] if args.system else [])
+    messages.append({"role": "user", "content": args.prompt})
+    text, ids, last = [], [], None
+    for ev in engine.stream(messages, params, speculative=not args.no_spec):
+        text.append(ev.text)
+        ids.extend(ev.token_ids)
+        last = ev
+        if not args.json and ev.text:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    if args.json:
+        print(json.dumps({"text": "".join(text), "token_ids": ids, "finish_reason": last.finish_reason,
+                          "model": engine.model_name, "draft": engine.draft_name, "stats": last.stats.to_json()}))
+    else:
+        sys.stdout.write("\n")
+        s = last.stats
+        extra = f", accepted length {s.accept_len_mean:.2f}" if s.speculative else ""
+        print(f"[{s.generated_tokens} tokens, {s.decode_tok_s:.1f} tok/s, first token {s.ttft_s * 1000:.0f} ms{extra}]",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    import platform
+
+    from engine.paths import cache_dir, config_dir, data_dir
+
+    lines = [f"python       {platform.python_version()} ({sys.executable})"]
+    for mod in ("torch", "transformers", "triton", "textual", "huggingface_hub", "gguf", "safetensors"):
+        try:
+            m = __import__(mod)
+            lines.append(f"{mod:<12} {getattr(m, '__version__', '?')}")
+        except Exception:
+            lines.append(f"{mod:<12} not installed")
+    import torch
+
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            free, total = torch.cuda.mem_get_info(i)
+            lines.append(f"gpu {i}        {p.name}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free), "
+                         f"CUDA {torch.version.cuda}")
+    else:
+        lines.append("gpu          none visible to PyTorch (CPU mode: fp32, no graphs)")
+    from engine.demo import demo_gguf_path
+
+    lines += [f"cache        {cache_dir()}", f"data         {data_dir()}", f"config       {config_dir()}",
+              f"demo model   {demo_gguf_path()} ({'present' if demo_gguf_path().exists() else 'not fetched yet'})"]
+    import os
+
+    lines.append(f"hf cache     {os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'}")
+    print("\n".join(lines))
+    return 0
