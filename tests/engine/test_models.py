@@ -33,7 +33,8 @@ def test_greedy_64_tokens_match_transformers(arch, tiny_models):
     hf = _hf(tiny_models[arch])
     ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": "The quick brown fox"}])
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, eos_token_id=None,
+        x = torch.tensor([ids])
+        ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=64, do_sample=False, eos_token_id=None,
                           min_new_tokens=64, pad_token_id=0)[0, len(ids):].tolist()
     res = list(eng.stream_ids(ids, SamplingParams(max_tokens=64)))
     ours = [t for ev in res for t in ev.token_ids]

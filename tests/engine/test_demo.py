@@ -1,0 +1,76 @@
+"""The demo model with real weights: same greedy tokens as transformers on the same GGUF."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.engine import Engine
+from engine.types import SamplingParams
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Give me three tips for learning to cook.",
+]
+
+
+@pytest.fixture(scope="module")
+def demo_engine(demo_gguf):
+    return Engine.load("demo", draft="none", device="cpu")
+
+
+def test_greedy_matches_transformers_on_the_same_gguf(demo_engine, demo_gguf):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(demo_gguf.parent), gguf_file=demo_gguf.name,
+                                              dtype=torch.float32).eval()
+    for prompt in PROMPTS:
+        ids = demo_engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        with torch.no_grad():
+            x = torch.tensor([ids])
+            ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=48, do_sample=False, eos_token_id=None,
+                              min_new_tokens=48, pad_token_id=2)[0, len(ids):].tolist()
+        demo_engine.tokenizer.eos_token_ids, eos = frozenset(), demo_engine.tokenizer.eos_token_ids
+        try:
+            ours = [t for ev in demo_engine.stream_ids(ids, SamplingParams(max_tokens=48)) for t in ev.token_ids]
+        finally:
+            demo_engine.tokenizer.eos_token_ids = eos
+        assert ours == ref, prompt
+
+
+def test_second_turn_prefills_only_new_tokens(demo_engine):
+    e = demo_engine
+    e.reset()
+    turn1 = [{"role": "user", "content": "Name a fruit that is yellow."}]
+    r1 = e.generate(turn1, SamplingParams(max_tokens=24))
+    assert r1.stats.prefill_tokens == r1.stats.prompt_tokens
+    history = turn1 + [{"role": "assistant", "content": r1.text},
+                       {"role": "user", "content": "And one that is red?"}]
+    full = e.tokenizer.apply_chat_template(history)
+    first = e.tokenizer.apply_chat_template(turn1)
+    r2 = e.generate(history, SamplingParams(max_tokens=24))
+    # Everything up to the first answer came from the cache.
+    assert r2.stats.prompt_tokens == len(full)
+    assert r2.stats.prefill_tokens < len(full) - len(first)
+    e.reset()
+    fresh = e.generate(history, SamplingParams(max_tokens=24))
+    assert fresh.stats.prefill_tokens == len(full)
+    assert fresh.token_ids == r2.token_ids and fresh.text == r2.text
+
+
+def test_cli_answers_paris(demo_gguf):
+    out = subprocess.run([sys.executable, "-m", "app.cli", "run", "--model", "demo", "--device", "cpu", "--json",
+                          "What is the capital of France?"], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert "Paris" in result["text"]
+    stats = result["stats"]
+    for key in ("prompt_tokens", "generated_tokens", "ttft_s", "decode_tok_s", "speculative", "draft_steps",
+                "accept_len_mean", "accept_hist"):
+        assert key in stats
+    assert stats["generated_tokens"] == len(result["token_ids"]) > 0
