@@ -48,7 +48,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
         from speculative.build import build_speculator  # the one place engine reaches into speculative
 
         draft_src = resolve(draft_spec, log=say, what="draft")
-        speculator = build_speculator(draft_src.path, runner, loaded.config, draft_steps)
+        speculator = build_speculator(draft_src.path, runner, loaded.config, draft_steps, src.name)
         draft_name = draft_src.name
     if use_graphs and dev.type == "cuda":
         say("capturing CUDA graphs", 0.8)

@@ -105,15 +105,16 @@ class CausalLM(nn.Module):
         """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream)."""
         cos_sin = self.cos_sin.index_select(0, batch.positions)
         x, residual = self.model.embed_tokens(batch.input_ids), None
-        aux: list[torch.Tensor] = []
+        captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             if i in aux_layer_ids:
-                aux.append(x if residual is None else x + residual)
+                captured[i] = x if residual is None else x + residual
             x, residual = layer(x, residual, batch, cos_sin, kv.k[i], kv.v[i], self.attend)
         if self.config.num_layers in aux_layer_ids:
-            aux.append(x + residual)
+            captured[self.config.num_layers] = x + residual
         hidden, _ = self.model.norm.add_forward(x, residual)
-        return ForwardOutput(hidden=hidden, aux_hidden=torch.cat(aux, dim=-1) if aux else None)
+        aux = torch.cat([captured[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
+        return ForwardOutput(hidden=hidden, aux_hidden=aux)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(T, H) -> (T, V) fp32."""

@@ -1,0 +1,51 @@
+"""build_speculator: the one entry point the engine calls to attach a draft to a target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.errors import ModelLoadError
+from engine.loader import positions_attention
+from engine.rope import rope_cos_sin
+from engine.weights import iter_safetensors, load_weights, safetensors_files
+
+from .config import DraftConfig
+from .eagle3 import Eagle3Draft
+from .speculator import Eagle3Speculator
+
+
+def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_name: str = "the target"):
+    folder = Path(folder)
+    dc = DraftConfig.from_folder(folder, target_cfg)
+    dc.check_fits(target_cfg, folder.name, target_name)
+    dev, dtype = runner.device, runner.dtype
+    with torch.device("meta"):
+        draft = Eagle3Draft(dc, target_cfg, runner.max_len, positions_attention(dev))
+    draft = draft.to_empty(device=dev).to(dtype)
+    draft.cos_sin = rope_cos_sin(dc.layer_config(target_cfg), runner.max_len).to(dev)
+    d2t_seen = False
+
+    def tensors():
+        nonlocal d2t_seen
+        for name, t in iter_safetensors(safetensors_files(folder)):
+            if name == "d2t":
+                d2t_seen = True
+                draft.d2t = t.to(device=dev, dtype=torch.long)
+                continue
+            yield name, t
+
+    load_weights(draft, tensors(), folder.name)
+    if not d2t_seen:
+        if dc.draft_vocab_size != dc.vocab_size:
+            raise ModelLoadError(f"{folder.name}: reduced draft vocabulary ({dc.draft_vocab_size}) without a d2t map")
+        draft.d2t = torch.zeros(dc.draft_vocab_size, dtype=torch.long, device=dev)
+    if draft.d2t.shape[0] != dc.draft_vocab_size:
+        raise ModelLoadError(f"{folder.name}: d2t has {draft.d2t.shape[0]} entries, draft_vocab_size is "
+                             f"{dc.draft_vocab_size}")
+    top = int((draft.d2t + torch.arange(dc.draft_vocab_size, device=dev)).max())
+    if top >= target_cfg.vocab_size:
+        raise ModelLoadError(f"{folder.name}: d2t maps into token {top}, outside the target vocabulary "
+                             f"{target_cfg.vocab_size}")
+    return Eagle3Speculator(draft.eval().requires_grad_(False), runner, num_steps)

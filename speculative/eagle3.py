@@ -1,0 +1,104 @@
+"""Eagle3Draft: the EAGLE-3 head (fc, one 2H-input decoder layer, norm, reduced-vocab lm_head, d2t)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.attention import attention_eager
+from engine.layers import GatedMLP, RMSNorm
+from engine.rope import apply_rope, rope_cos_sin
+
+from .config import DraftConfig
+
+
+class Eagle3Layer(nn.Module):
+    """Attention reads [input_layernorm(embed(token)), hidden_norm(h)], 2H wide."""
+
+    def __init__(self, dc: DraftConfig):
+        super().__init__()
+        H = dc.hidden_size
+        self.num_heads, self.num_kv_heads, self.head_dim = dc.num_heads, dc.num_kv_heads, dc.head_dim
+        self.q_size, self.kv_size = dc.num_heads * dc.head_dim, dc.num_kv_heads * dc.head_dim
+        self.scale = dc.head_dim ** -0.5
+        self.norm_before_residual = dc.norm_before_residual
+        self.input_layernorm = RMSNorm(H, dc.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, dc.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, dc.rms_norm_eps)
+        self.self_attn = nn.Module()
+        self.self_attn.qkv_proj = nn.Linear(2 * H, self.q_size + 2 * self.kv_size, bias=False)
+        self.self_attn.o_proj = nn.Linear(self.q_size, H, bias=False)
+        self.mlp = GatedMLP(H, dc.intermediate_size)
+
+    def packed_shards(self) -> dict[str, tuple[str, int, int]]:
+        q, kv = self.q_size, self.kv_size
+        return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
+
+    def forward(self, embeds, hidden, positions, start_pos, cos_sin, k_cache, v_cache, attend):
+        T = embeds.shape[0]
+        normed_h = self.hidden_norm(hidden)
+        residual = normed_h if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed_h], dim=-1)  # (T, 2H)
+        q, k, v = self.self_attn.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos_sin)
+        k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos_sin)
+        k_cache.index_copy_(0, positions, k)
+        v_cache.index_copy_(0, positions, v.view(T, self.num_kv_heads, self.head_dim))
+        if start_pos is not None:
+            o = attention_eager(q, k_cache, v_cache, start_pos, self.scale)
+        else:
+            o = attend(q, k_cache, v_cache, positions, self.scale)
+        h = residual + self.self_attn.o_proj(o.reshape(T, self.q_size))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, dc: DraftConfig, target_cfg, max_len: int, attend):
+        super().__init__()
+        self.config = dc
+        if dc.needs_fc:
+            self.fc = nn.Linear(dc.extend_width, dc.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(dc)
+        self.norm = RMSNorm(dc.hidden_size, dc.rms_norm_eps)
+        self.lm_head = nn.Linear(dc.hidden_size, dc.draft_vocab_size, bias=False)
+        if dc.owns_embeddings:  # narrower than the target: the head ships its own embeddings
+            self.embed_tokens = nn.Embedding(dc.vocab_size, dc.hidden_size)
+        # draft id -> target id offset: target = draft + d2t[draft]
+        self.register_buffer("d2t", torch.zeros(dc.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("cos_sin", rope_cos_sin(dc.layer_config(target_cfg), max_len), persistent=False)
+        self.attend = attend
+
+    def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
+                start_pos: int | None = None):
+        """input_ids: (T,) target ids; hidden: (T, extend_width) target states when is_extend,
+        else (T, decode_width) the draft's previous outputs. Returns (logits (T, Vd) fp32,
+        out_hidden (T, H) pre-norm: the state the next draft step consumes)."""
+        if is_extend and self.config.needs_fc:
+            hidden = self.fc(hidden)
+        cos_sin = self.cos_sin.index_select(0, positions)
+        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], self.attend)
+        return self.lm_head(self.norm(out)).float(), out
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def checkpoint_target(self, name: str):
+        if name in ("embed_tokens.weight", "model.embed_tokens.weight"):
+            # Shared with the target when the widths agree (the copy in the file is ignored).
+            return ("embed_tokens.weight", 0, -1) if self.config.owns_embeddings else None
+        if name == "t2d":
+            return None  # derivable from d2t
+        if name == "d2t":
+            return "d2t", 0, -1
+        if name.startswith("layers.0."):  # speculators name the single layer layers.0
+            name = "midlayer." + name[len("layers.0."):]
+        elif name.startswith("model.layers.0."):
+            name = "midlayer." + name[len("model.layers.0."):]
+        parts = name.split(".")
+        if parts[0] == "midlayer" and len(parts) == 4 and parts[2] in ("q_proj", "k_proj", "v_proj"):
+            fused, off, rows = self.midlayer.packed_shards()[parts[2]]
+            return f"midlayer.self_attn.{fused}.{parts[3]}", off, rows
+        if parts[0] == "midlayer" and len(parts) == 4 and parts[2] in ("gate_proj", "up_proj"):
+            fused, off, rows = self.midlayer.mlp.packed_shards()[parts[2]]
+            return f"midlayer.mlp.{fused}.{parts[3]}", off, rows
+        return name, 0, -1

@@ -1,0 +1,147 @@
+"""Eagle3Speculator: draft k tokens, verify them in one target forward, accept, draft-extend."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from engine.batch import ForwardBatch
+from engine.kv_cache import KVCache
+from engine.sampling import apply_repetition_penalty, choose_tokens, probabilities, sample_from
+
+from .draft_graphs import DraftGraphs
+from .eagle3 import Eagle3Draft
+from .verify import greedy_accept, rejection_accept
+
+
+class Eagle3Speculator:
+    def __init__(self, draft: Eagle3Draft, runner, num_steps: int):
+        dc = draft.config
+        self.draft = draft
+        self.config = dc
+        self.k = num_steps
+        self.embed = draft.embed_tokens if dc.owns_embeddings else runner.model.model.embed_tokens
+        self.kv = KVCache(1, runner.max_len, dc.num_kv_heads, dc.head_dim, runner.dtype, runner.device)
+        self.graphs: DraftGraphs | None = None
+        self._seq: list[int] = []  # draft entry j holds (seq[j + 1], target state j) for j < len - 1
+        runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
+        self.vocab_size = runner.config.vocab_size
+
+    # --- the facade's hooks -------------------------------------------------------------
+    def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
+        """Positions whose target K/V and draft entries both stay valid for this prompt."""
+        n = 0
+        limit = min(len(target_cached), len(self._seq), len(prompt))
+        while n < limit and target_cached[n] == prompt[n] == self._seq[n]:
+            n += 1
+        self._seq = []
+        return max(0, n - 1)  # entry n-1 pairs with token n, which may change
+
+    def capture(self) -> None:
+        self.graphs = DraftGraphs(self, self.kv)
+
+    def tokens(self, runner, state) -> Iterator[list[int]]:
+        k, p = self.k, state.params
+        dev = runner.device
+        start = state.kv_len
+        new = torch.tensor(state.tokens[start:], dtype=torch.long, device=dev)
+        logits, _, aux = runner.forward(new, start, want_aux=True, all_logits=False)
+        target_states = self._target_states(aux, _)
+        state.kv_len = len(state.tokens)
+        first = self._choose(logits[-1], state)
+        state.tokens.append(int(first))
+        yield [state.tokens[-1]]
+        # Draft prefill: entries start..n-1 pair target state j with token j + 1.
+        ids = torch.tensor(state.tokens[start + 1:], dtype=torch.long, device=dev)
+        pos = torch.arange(start, state.kv_len, device=dev)
+        d_logits, d_hidden = self.draft(ids, pos, target_states, True, self.embed, self.kv, start_pos=start)
+        d_logits, d_hidden = d_logits[-1:], d_hidden[-1:]
+        self._seq = state.tokens[:state.kv_len + 1]
+        while True:
+            n = state.kv_len
+            if n + k + 1 > runner.max_len:
+                yield from self._plain_tail(runner, state)
+                return
+            bonus = torch.tensor([state.tokens[n]], dtype=torch.long, device=dev)
+            drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
+            logits, hidden, aux = runner.forward(torch.cat([bonus, drafts]), n, want_aux=True)
+            target_states = self._target_states(aux, hidden)
+            accepted, next_token = self._accept(drafts, q, logits, state)
+            # Draft-extend over the fixed window of k+1 rows; row a (accepted) is the last valid.
+            rows = torch.arange(k + 1, device=dev)
+            window = torch.where(rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
+            d_logits, d_hidden = self._extend(window, n, target_states, accepted)
+            a = int(accepted)  # the one host sync of the iteration
+            out = drafts[:a].tolist() + [int(next_token)]
+            state.tokens.extend(out)
+            state.kv_len = n + a + 1
+            state.accept_lens.append(a + 1)
+            self._seq = state.tokens[:state.kv_len + 1]
+            if state.seen is not None:
+                state.seen[torch.tensor(out, device=dev)] = True
+            yield out
+
+    # --- pieces ---------------------------------------------------------------------------
+    def _target_states(self, aux, hidden):
+        return aux if self.config.use_aux_hidden_state else hidden
+
+    def _choose(self, row: torch.Tensor, state) -> torch.Tensor:
+        if state.seen is not None:
+            row = apply_repetition_penalty(row, state.seen, state.params.repetition_penalty)
+        return choose_tokens(row, state.params, state.generator)
+
+    def _draft_chain(self, d_logits, d_hidden, n: int, state):
+        """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities."""
+        p, k = state.params, self.k
+        tokens, probs = [], []
+        for s in range(k):
+            if p.is_greedy:
+                tok = self.draft.to_target_ids(d_logits[-1].argmax().view(1))
+            else:
+                qd = probabilities(d_logits[-1], p)  # over the draft vocabulary
+                q = torch.zeros(self.vocab_size, dtype=qd.dtype, device=qd.device)
+                q.index_add_(0, self.draft.d2t + torch.arange(qd.shape[0], device=qd.device), qd)
+                tok = sample_from(q, state.generator).view(1)
+                probs.append(q)
+            tokens.append(tok)
+            if s < k - 1:
+                d_logits, d_hidden = self._draft_step(tok, n + s, d_hidden)
+        return torch.cat(tokens), (torch.stack(probs) if probs else None)
+
+    def _draft_step(self, tok, pos: int, hidden):
+        if self.graphs is not None:
+            return self.graphs.decode(tok, pos, hidden)
+        positions = torch.tensor([pos], device=tok.device)
+        return self.draft(tok, positions, hidden, False, self.embed, self.kv, start_pos=pos)
+
+    def _extend(self, window, n: int, target_states, accepted):
+        if self.graphs is not None:
+            return self.graphs.extend(window, n, target_states, accepted)
+        positions = torch.arange(n, n + self.k + 1, device=window.device)
+        logits, hidden = self.draft(window, positions, target_states, True, self.embed, self.kv, start_pos=n)
+        return logits[accepted].unsqueeze(0), hidden[accepted].unsqueeze(0)
+
+    def _accept(self, drafts, q, logits, state):
+        p = state.params
+        if state.seen is not None:  # row i also sees the drafts before it
+            hits = torch.zeros(self.k + 1, self.vocab_size, dtype=torch.bool, device=drafts.device)
+            hits[torch.arange(1, self.k + 1, device=drafts.device), drafts] = True
+            seen = state.seen | hits.cumsum(0).bool()
+            logits = apply_repetition_penalty(logits, seen, p.repetition_penalty)
+        if p.is_greedy:
+            return greedy_accept(drafts, logits.argmax(-1))
+        return rejection_accept(drafts, q, probabilities(logits, p), state.generator)
+
+    def _plain_tail(self, runner, state):
+        """Near the end of the context there is no room for k drafts: decode one at a time."""
+        while state.kv_len < runner.max_len:
+            n = state.kv_len
+            tok = torch.tensor([state.tokens[n]], dtype=torch.long, device=runner.device)
+            logits, _, _ = runner.forward(tok, n)
+            state.kv_len = n + 1
+            nxt = int(self._choose(logits[-1], state))
+            state.tokens.append(nxt)
+            if state.seen is not None:
+                state.seen[nxt] = True
+            yield [nxt]
