@@ -59,7 +59,7 @@ def _kernels():
         t = offs_m // GROUP
         head = kv_head * GROUP + offs_m % GROUP
         row_ok = t < num_rows
-        pos = tl.load(pos_ptr + t, mask=row_ok, other=-1)  # padded rows see no key
+        pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)  # padded rows see no key
         start = split * SPLIT_SIZE
         end = tl.minimum(start + SPLIT_SIZE, tl.max(pos, axis=0) + 1)
         if start < end:
@@ -123,7 +123,7 @@ def _kernels():
         head = tl.program_id(1)
         num_heads = tl.num_programs(1)
         # Only splits that start at or before this row's position were written for it.
-        num_valid = tl.load(pos_ptr + t) // SPLIT_SIZE + 1
+        num_valid = tl.load(pos_ptr + t).to(tl.int32) // SPLIT_SIZE + 1
         base = (t * num_heads + head) * num_splits
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM

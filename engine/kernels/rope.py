@@ -54,12 +54,11 @@ def _kernels():
         num_q_heads, num_kv_heads,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qo_t, stride_qo_h,
         stride_kc_t, stride_kc_h, stride_vc_t, stride_vc_h, stride_cs,
-        HEAD_DIM: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
+        HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
         BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
         t = tl.program_id(0)
         pos = tl.load(pos_ptr + t).to(tl.int64)
-        HALF: tl.constexpr = HEAD_DIM // 2
         offs_d = tl.arange(0, BLOCK_HALF)
         d_ok = offs_d < HALF
         cos = tl.load(cos_sin_ptr + pos * stride_cs + offs_d, mask=d_ok, other=0.0).to(tl.float32)
@@ -105,7 +104,7 @@ def rope_and_cache(
         q_out.stride(0), q_out.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         cos_sin_cache.stride(0),
-        HEAD_DIM=head_dim, BLOCK_HQ=next_pow2(num_q_heads), BLOCK_HKV=next_pow2(num_kv_heads),
+        HEAD_DIM=head_dim, HALF=head_dim // 2, BLOCK_HQ=next_pow2(num_q_heads), BLOCK_HKV=next_pow2(num_kv_heads),
         BLOCK_HALF=next_pow2(head_dim // 2), BLOCK_D=next_pow2(head_dim),
         num_warps=4,
     )

@@ -30,6 +30,13 @@ DEVICES = [
 ]
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=1e-2, rtol=1.6e-2)}
+# The interpreter truncates at each rounding to bf16: a kernel that rounds 3 times in a row
+# (add_rms_norm) may land 3 ulps away.
+INTERPRETER_BF16_TOL = dict(atol=3e-2, rtol=3e-2)
+
+
+def tol(device: str, dtype: torch.dtype) -> dict:
+    return INTERPRETER_BF16_TOL if device == "cpu" and dtype == torch.bfloat16 else TOL[dtype]
 
 # (T, Hq, Hkv, D, S_max): GQA ratios 1, 3, 4; D 64, 96, 128; S_max past 8192 switches split size.
 ATTN_SHAPES = [
@@ -146,7 +153,7 @@ def test_decode_attention(device, dtype, shape, kind):
     scale = head_dim**-0.5
     out = decode_attention(q, k_cache, v_cache, positions, scale)
     assert out.shape == q.shape and out.dtype == dtype
-    torch.testing.assert_close(out, decode_attention_ref(q, k_cache, v_cache, positions, scale), **TOL[dtype])
+    torch.testing.assert_close(out, decode_attention_ref(q, k_cache, v_cache, positions, scale), **tol(device, dtype))
 
 
 @pytest.mark.gpu
@@ -184,13 +191,13 @@ def test_add_rms_norm(device, dtype, shape, with_residual):
     normed, new_residual = add_rms_norm(x, residual, weight, 1e-5)
     want_normed, want_residual = add_rms_norm_ref(x, residual, weight, 1e-5)
     assert normed.dtype == dtype and new_residual.dtype == dtype
-    torch.testing.assert_close(normed, want_normed, **TOL[dtype])
+    torch.testing.assert_close(normed, want_normed, **tol(device, dtype))
     if residual is None:
         assert new_residual is x
     elif device == "cuda":  # same rounding as the model's `x + residual`
         assert torch.equal(new_residual, want_residual)
     else:
-        torch.testing.assert_close(new_residual, want_residual, **TOL[dtype])
+        torch.testing.assert_close(new_residual, want_residual, **tol(device, dtype))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -201,7 +208,7 @@ def test_silu_and_mul(device, dtype, shape):
     gate_up = (torch.randn(shape[0], 2 * shape[1], generator=gen) * 4).to(device, dtype)
     out = silu_and_mul(gate_up)
     assert out.shape == (shape[0], shape[1]) and out.dtype == dtype
-    torch.testing.assert_close(out, silu_and_mul_ref(gate_up), **TOL[dtype])
+    torch.testing.assert_close(out, silu_and_mul_ref(gate_up), **tol(device, dtype))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -230,7 +237,7 @@ def test_rope_and_cache(device, dtype, shape):
     want_q = rope_and_cache_ref(q, k, v, cos_sin_cache, positions, want_k_cache, want_v_cache)
     assert torch.equal(qkv, qkv_before)  # inputs untouched
     assert q_rot.shape == q.shape and q_rot.dtype == dtype
-    torch.testing.assert_close(q_rot, want_q, **TOL[dtype])
-    torch.testing.assert_close(k_cache, want_k_cache, **TOL[dtype])
+    torch.testing.assert_close(q_rot, want_q, **tol(device, dtype))
+    torch.testing.assert_close(k_cache, want_k_cache, **tol(device, dtype))
     assert torch.equal(v_cache, want_v_cache)
 
