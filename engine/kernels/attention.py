@@ -127,28 +127,26 @@ def _kernels():
         base = (t * num_heads + head) * num_splits
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
-        # Pass 1: the largest log-sum-exp, lane by lane, then over lanes.
-        m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
-        for s0 in range(0, num_valid, BLOCK_S):
-            offs_s = s0 + tl.arange(0, BLOCK_S)
-            lse = tl.load(part_lse_ptr + base + offs_s, mask=offs_s < num_valid, other=float("-inf"))
-            m_vec = tl.maximum(m_vec, lse)
-        m = tl.max(m_vec, axis=0)  # finite: split 0 always holds row 0 <= position
-        # Pass 2: weights exp2(lse - m) over the partial outputs.
-        l_vec = tl.zeros([BLOCK_S], tl.float32)
+        # Online merge, BLOCK_S splits at a time. Every chunk starts at a split that holds
+        # a key for this row, so its largest log-sum-exp is finite.
+        m = tl.full([], float("-inf"), tl.float32)
+        l = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([BLOCK_D], tl.float32)
         for s0 in range(0, num_valid, BLOCK_S):
             offs_s = s0 + tl.arange(0, BLOCK_S)
             s_ok = offs_s < num_valid
             lse = tl.load(part_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"))
-            w = tl.exp2(lse - m)  # (BLOCK_S,), 0 where masked
             o = tl.load(
                 part_o_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                 mask=s_ok[:, None] & d_ok[None, :], other=0.0,
             )  # (BLOCK_S, BLOCK_D)
-            l_vec += w
-            acc += tl.sum(w[:, None] * o, axis=0)
-        out = acc / tl.sum(l_vec, axis=0)
+            m_new = tl.maximum(m, tl.max(lse, axis=0))
+            alpha = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new)  # (BLOCK_S,), 0 where masked
+            l = l * alpha + tl.sum(w, axis=0)
+            acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+            m = m_new
+        out = acc / l
         tl.store(
             out_ptr + t * stride_ot + head * stride_oh + offs_d,
             out.to(out_ptr.dtype.element_ty), mask=d_ok,
@@ -182,6 +180,7 @@ def decode_attention(
     out = torch.empty((num_rows, num_heads, head_dim), dtype=q.dtype, device=q.device)
     block_m = max(16, next_pow2(num_rows * group))  # tl.dot needs >= 16 rows
     block_d = max(16, next_pow2(head_dim))
+    dot_f32 = q.dtype == torch.float32 or triton_interpreting()
     split_kernel[(num_kv_heads, num_splits)](
         q, k_cache, v_cache, positions, part_o, part_lse,
         num_rows, num_splits,
@@ -189,14 +188,15 @@ def decode_attention(
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_M=block_m, BLOCK_N=min(64, split_size), BLOCK_D=block_d,
-        DOT_F32=q.dtype == torch.float32 or triton_interpreting(),
+        DOT_F32=dot_f32,
         num_warps=4 if block_m <= 32 else 8,
+        num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
     )
     reduce_kernel[(num_rows, num_heads)](
         part_o, part_lse, positions, out,
         num_splits, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
-        BLOCK_S=min(32, next_pow2(num_splits)), BLOCK_D=block_d,
+        BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d,
         num_warps=4,
     )
     return out
