@@ -179,6 +179,44 @@ def test_decode_attention_graph_replay():
         torch.testing.assert_close(out, decode_attention_ref(q, k_cache, v_cache, positions, 0.1), **TOL[torch.bfloat16])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rope_then_attention_graph_replay():
+    """One layer's decode/verify step captured once (rope writes the cache, attention
+    reads it), replayed with new inputs and positions: equals the references."""
+    gen = torch.Generator().manual_seed(1)
+    num_rows, num_heads, num_kv_heads, head_dim, max_seq_len = 6, 9, 3, 64, 2048
+    freqs = torch.outer(torch.arange(max_seq_len).float(), 1.0 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim))
+    cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).cuda()
+    qkv = torch.zeros(num_rows, (num_heads + 2 * num_kv_heads) * head_dim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (x.view(num_rows, -1, head_dim) for x in qkv.split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1))
+    k_cache = torch.zeros(max_seq_len, num_kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    positions = torch.arange(num_rows, device="cuda", dtype=torch.int32)
+
+    def step():
+        return decode_attention(rope_and_cache(q, k, v, cos_sin_cache, positions, k_cache, v_cache),
+                                k_cache, v_cache, positions, head_dim**-0.5)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(10):
+        qkv.copy_(torch.randn(qkv.shape, generator=gen))
+        k_cache.copy_(torch.randn(k_cache.shape, generator=gen))
+        v_cache.copy_(torch.randn(v_cache.shape, generator=gen))
+        positions.copy_(make_positions("verify", num_rows, max_seq_len, gen))
+        want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+        q_rot = rope_and_cache_ref(q, k, v, cos_sin_cache, positions, want_k_cache, want_v_cache)
+        want = decode_attention_ref(q_rot, want_k_cache, want_v_cache, positions, head_dim**-0.5)
+        graph.replay()
+        torch.testing.assert_close(k_cache, want_k_cache, **TOL[torch.bfloat16])
+        assert torch.equal(v_cache, want_v_cache)
+        torch.testing.assert_close(out, want, **TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 576), (5, 576), (16, 4096), (3, 1000)])
