@@ -1,0 +1,238 @@
+"""Decode and verify attention of T = 1..16 new query rows over one layer's static KV cache.
+
+Fast path: flash-decoding. A split kernel runs one program per (kv head, split of
+`split_size` cache rows); each program takes every q head of its GQA group and every
+query row at once (T * group rows), so K and V are read once per kv head. A reduce kernel
+merges the splits with their log-sum-exp. The grid depends on S_max only, never on the
+positions' values, and nothing syncs with the host: safe to capture in a CUDA graph.
+Splits past the largest position exit at once, so the cost follows the filled length.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import next_pow2, triton_interpreting
+
+triton = tl = None  # bound by _kernels(): Triton is imported on first use only
+
+
+def _split_size(max_seq_len: int) -> int:
+    # Cache rows per split program. Small splits keep ~100 programs busy at a few hundred
+    # tokens on 8 kv heads; past 8192 rows larger splits bound the partial buffers
+    # (T, Hq, num_splits, D) fp32 and the number of idle programs in the fixed grid.
+    return 64 if max_seq_len <= 8192 else 128
+
+
+def _check(q, k_cache, v_cache, positions) -> None:
+    assert q.dim() == 3 and k_cache.dim() == 3 and k_cache.shape == v_cache.shape
+    assert q.shape[2] == k_cache.shape[2] and q.shape[1] % k_cache.shape[1] == 0
+    assert positions.shape == (q.shape[0],)
+    assert q.dtype == k_cache.dtype == v_cache.dtype
+
+
+@functools.cache
+def _kernels():
+    global triton, tl
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def split_kernel(
+        q_ptr, k_ptr, v_ptr, pos_ptr, part_o_ptr, part_lse_ptr,
+        num_rows, num_splits,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        qk_scale,  # scale * log2(e): the softmax runs in base 2
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        DOT_F32: tl.constexpr,
+    ):
+        kv_head = tl.program_id(0)
+        split = tl.program_id(1)
+        num_heads = tl.num_programs(0) * GROUP
+        # Program row r is query row t = r // GROUP of q head kv_head * GROUP + r % GROUP.
+        offs_m = tl.arange(0, BLOCK_M)
+        t = offs_m // GROUP
+        head = kv_head * GROUP + offs_m % GROUP
+        row_ok = t < num_rows
+        pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)  # padded rows see no key
+        start = split * SPLIT_SIZE
+        end = tl.minimum(start + SPLIT_SIZE, tl.max(pos, axis=0) + 1)
+        if start < end:
+            offs_d = tl.arange(0, BLOCK_D)
+            d_ok = offs_d < HEAD_DIM
+            q = tl.load(
+                q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+            )  # (BLOCK_M, BLOCK_D)
+            if DOT_F32:
+                q = q.to(tl.float32)
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            for n0 in range(start, end, BLOCK_N):
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                kv_mask = (offs_n < end)[:, None] & d_ok[None, :]
+                k = tl.load(
+                    k_ptr + offs_n[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0,
+                )  # (BLOCK_N, BLOCK_D)
+                v = tl.load(
+                    v_ptr + offs_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0,
+                )
+                if DOT_F32:
+                    s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+                else:
+                    s = tl.dot(q, tl.trans(k))
+                s = tl.where(offs_n[None, :] <= pos[:, None], s * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[:, None])  # (BLOCK_M, BLOCK_N)
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                if DOT_F32:
+                    pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
+            has_key = l_i > 0.0  # rows whose position is below this split hold no key
+            l_safe = tl.where(has_key, l_i, 1.0)
+            lse = tl.where(has_key, m_i + tl.log2(l_safe), float("-inf"))
+            # part_o: (T, Hq, num_splits, HEAD_DIM) fp32; part_lse: (T, Hq, num_splits)
+            slot = (t * num_heads + head) * num_splits + split
+            tl.store(
+                part_o_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :],
+                acc / l_safe[:, None], mask=row_ok[:, None] & d_ok[None, :],
+            )
+            tl.store(part_lse_ptr + slot, lse, mask=row_ok)
+
+    @triton.jit
+    def reduce_kernel(
+        part_o_ptr, part_lse_ptr, pos_ptr, out_ptr,
+        num_splits, stride_ot, stride_oh,
+        HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        t = tl.program_id(0)
+        head = tl.program_id(1)
+        num_heads = tl.num_programs(1)
+        # Only splits that start at or before this row's position were written for it.
+        num_valid = tl.load(pos_ptr + t).to(tl.int32) // SPLIT_SIZE + 1
+        base = (t * num_heads + head) * num_splits
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        # Online merge, BLOCK_S splits at a time. Every chunk starts at a split that holds
+        # a key for this row, so its largest log-sum-exp is finite.
+        m = tl.full([], float("-inf"), tl.float32)
+        l = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for s0 in range(0, num_valid, BLOCK_S):
+            offs_s = s0 + tl.arange(0, BLOCK_S)
+            s_ok = offs_s < num_valid
+            lse = tl.load(part_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"))
+            o = tl.load(
+                part_o_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=s_ok[:, None] & d_ok[None, :], other=0.0,
+            )  # (BLOCK_S, BLOCK_D)
+            m_new = tl.maximum(m, tl.max(lse, axis=0))
+            alpha = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new)  # (BLOCK_S,), 0 where masked
+            l = l * alpha + tl.sum(w, axis=0)
+            acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+            m = m_new
+        out = acc / l
+        tl.store(
+            out_ptr + t * stride_ot + head * stride_oh + offs_d,
+            out.to(out_ptr.dtype.element_ty), mask=d_ok,
+        )
+
+    return split_kernel, reduce_kernel
+
+
+def decode_attention(
+    q: torch.Tensor,  # (T, Hq, D), last dim contiguous
+    k_cache: torch.Tensor,  # (S_max, Hkv, D), holds the new rows already
+    v_cache: torch.Tensor,  # (S_max, Hkv, D)
+    positions: torch.Tensor,  # (T,) int32/int64 on q's device; row t sees cache rows 0..positions[t]
+    scale: float,
+) -> torch.Tensor:
+    """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
+
+    CUDA (or the Triton interpreter). No host sync; graph-capturable. Allocates fp32
+    partials of (T, Hq, S_max / split_size, D) from the caching allocator on each call.
+    """
+    _check(q, k_cache, v_cache, positions)
+    assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
+    split_kernel, reduce_kernel = _kernels()
+    num_rows, num_heads, head_dim = q.shape
+    max_seq_len, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    split_size = _split_size(max_seq_len)
+    num_splits = -(-max_seq_len // split_size)
+    part_o = torch.empty((num_rows, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((num_rows, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    out = torch.empty((num_rows, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    block_m = max(16, next_pow2(num_rows * group))  # tl.dot needs >= 16 rows
+    block_d = max(16, next_pow2(head_dim))
+    dot_f32 = q.dtype == torch.float32 or triton_interpreting()
+    split_kernel[(num_kv_heads, num_splits)](
+        q, k_cache, v_cache, positions, part_o, part_lse,
+        num_rows, num_splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        scale * math.log2(math.e),
+        GROUP=group, HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
+        BLOCK_M=block_m, BLOCK_N=min(64, split_size), BLOCK_D=block_d,
+        DOT_F32=dot_f32,
+        num_warps=4 if block_m <= 32 else 8,
+        num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
+    )
+    reduce_kernel[(num_rows, num_heads)](
+        part_o, part_lse, positions, out,
+        num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
+        BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return out
+
+
+def decode_attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Reference: fp32 einsum over all S_max rows with a position mask. Any device, no
+    host sync, correct for any positions; memory and time grow with S_max."""
+    _check(q, k_cache, v_cache, positions)
+    num_rows, num_heads, head_dim = q.shape
+    max_seq_len, num_kv_heads, _ = k_cache.shape
+    qf = q.float().view(num_rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.einsum("tkgd,skd->tkgs", qf, k_cache.float()) * scale  # (T, Hkv, g, S)
+    visible = torch.arange(max_seq_len, device=q.device) <= positions[:, None]  # (T, S)
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    out = torch.einsum("tkgs,skd->tkgd", scores.softmax(dim=-1), v_cache.float())
+    return out.reshape(num_rows, num_heads, head_dim).to(q.dtype)
+
+
+def decode_attention_sdpa(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Plain-torch fast variant (the CPU path): SDPA with GQA and a position mask.
+
+    On CPU it reads only rows 0..max(positions), which syncs (harmless there); on CUDA it
+    masks all S_max rows and stays graph-capturable.
+    """
+    _check(q, k_cache, v_cache, positions)
+    if not q.is_cuda:
+        kv_len = int(positions.max()) + 1
+        k_cache, v_cache = k_cache[:kv_len], v_cache[:kv_len]
+    visible = torch.arange(k_cache.shape[0], device=q.device) <= positions[:, None]  # (T, S)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k_cache.transpose(0, 1), v_cache.transpose(0, 1),
+        attn_mask=visible, scale=scale, enable_gqa=True,
+    )  # (Hq, T, D)
+    return out.transpose(0, 1).contiguous()

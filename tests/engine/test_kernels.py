@@ -1,0 +1,283 @@
+"""Triton kernels == their torch references; the references == independent formulas.
+
+Kernel tests run on CUDA (marked gpu), and on CPU through Triton's interpreter only when
+triton is importable and LOCALCHAT_TRITON_INTERPRET=1 (slow; not for CI). That switch sets
+TRITON_INTERPRET=1 for the whole pytest process, so run it on this file alone. The
+interpreter rounds fp32 -> bf16 by truncation (the GPU rounds to nearest even), so bf16
+tolerances allow a few bf16 ulps there and exact-rounding checks run on CUDA only.
+
+    LOCALCHAT_TRITON_INTERPRET=1 python -m pytest tests/engine/test_kernels.py  # ~80 s, 2 cores
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("LOCALCHAT_TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined (lazily)
+
+from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
+from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
+from engine.kernels.norm import add_rms_norm, add_rms_norm_ref  # noqa: E402
+from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
+
+DEVICES = [
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
+    pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")),
+]
+DTYPES = [torch.float32, torch.bfloat16]
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=1e-2, rtol=1.6e-2)}
+# The interpreter truncates at each rounding to bf16: a kernel that rounds 3 times in a row
+# (add_rms_norm) may land 3 ulps away.
+INTERPRETER_BF16_TOL = dict(atol=3e-2, rtol=3e-2)
+
+
+def tol(device: str, dtype: torch.dtype) -> dict:
+    return INTERPRETER_BF16_TOL if device == "cpu" and dtype == torch.bfloat16 else TOL[dtype]
+
+# (T, Hq, Hkv, D, S_max): GQA ratios 1, 3, 4; D 64, 96, 128; S_max past 8192 switches split size.
+ATTN_SHAPES = [
+    (1, 4, 4, 64, 64),
+    (1, 9, 3, 64, 300),
+    (6, 9, 3, 64, 257),
+    (16, 9, 3, 64, 130),
+    (1, 32, 8, 128, 1024),
+    (16, 32, 8, 128, 512),
+    (4, 12, 4, 96, 200),
+    (2, 8, 2, 128, 8200),
+]
+POSITION_KINDS = ["zero", "last", "random", "verify"]
+
+
+def make_positions(kind: str, num_rows: int, max_seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    if kind == "zero":  # row 0 at position 0, the rest right after it (a fresh prompt)
+        pos = torch.arange(num_rows)
+    elif kind == "last":  # the last row at S_max - 1
+        pos = torch.arange(max_seq_len - num_rows, max_seq_len)
+    elif kind == "random":  # unordered, any length, including 0 and S_max - 1 when T > 2
+        pos = torch.randint(0, max_seq_len, (num_rows,), generator=gen)
+        if num_rows > 2:
+            pos[0], pos[-1] = 0, max_seq_len - 1
+    else:  # a verify window: k + 1 consecutive rows somewhere in the middle
+        start = int(torch.randint(0, max_seq_len - num_rows + 1, (1,), generator=gen))
+        pos = torch.arange(start, start + num_rows)
+    return pos.to(torch.int32)
+
+
+def attention_naive(q, k_cache, v_cache, positions, scale):
+    """One (row, head) at a time over rows 0..position, in float64."""
+    num_rows, num_heads, _ = q.shape
+    group = num_heads // k_cache.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for t in range(num_rows):
+        n = int(positions[t]) + 1
+        for h in range(num_heads):
+            k = k_cache[:n, h // group].double()
+            v = v_cache[:n, h // group].double()
+            out[t, h] = torch.softmax(k @ q[t, h].double() * scale, dim=0) @ v
+    return out
+
+
+# ---- references, always run (CPU, no triton) ----------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ATTN_SHAPES[:7])
+@pytest.mark.parametrize("kind", POSITION_KINDS)
+def test_attention_ref_matches_naive(shape, kind):
+    gen = torch.Generator().manual_seed(0)
+    num_rows, num_heads, num_kv_heads, head_dim, max_seq_len = shape
+    q = torch.randn(num_rows, num_heads, head_dim, generator=gen)
+    k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen)
+    positions = make_positions(kind, num_rows, max_seq_len, gen)
+    scale = head_dim**-0.5
+    want = attention_naive(q, k_cache, v_cache, positions, scale).float()
+    torch.testing.assert_close(decode_attention_ref(q, k_cache, v_cache, positions, scale), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(decode_attention_sdpa(q, k_cache, v_cache, positions, scale), want, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_ref_matches_hf_formula():
+    gen = torch.Generator().manual_seed(0)
+    num_rows, num_heads, head_dim, max_pos = 3, 4, 64, 50
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    freqs = torch.outer(torch.arange(max_pos).float(), inv_freq)
+    cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    q = torch.randn(num_rows, num_heads, head_dim, generator=gen)
+    k = torch.randn(num_rows, 2, head_dim, generator=gen)
+    v = torch.randn(num_rows, 2, head_dim, generator=gen)
+    positions = torch.tensor([0, 17, max_pos - 1])
+    k_cache, v_cache = torch.zeros(max_pos, 2, head_dim), torch.zeros(max_pos, 2, head_dim)
+    q_rot = rope_and_cache_ref(q, k, v, cos_sin_cache, positions, k_cache, v_cache)
+    emb = torch.cat([freqs, freqs], dim=-1)[positions][:, None, :]  # HF: cos/sin of (T, 1, D)
+
+    def rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([-x2, x1], dim=-1)
+
+    torch.testing.assert_close(q_rot, q * emb.cos() + rotate_half(q) * emb.sin())
+    torch.testing.assert_close(k_cache[positions], k * emb.cos() + rotate_half(k) * emb.sin())
+    assert torch.equal(v_cache[positions], v)
+    assert k_cache[1:17].abs().sum() == 0  # rows not in positions stay untouched
+
+
+def test_norm_and_activation_refs():
+    gen = torch.Generator().manual_seed(0)
+    x, residual, weight = (torch.randn(3, 16, generator=gen) for _ in range(3))
+    normed, new_residual = add_rms_norm_ref(x, residual, weight[0], 1e-6)
+    h = x + residual
+    torch.testing.assert_close(normed, h / h.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * weight[0])
+    assert torch.equal(new_residual, h)
+    assert add_rms_norm_ref(x, None, weight[0], 1e-6)[1] is x
+    torch.testing.assert_close(silu_and_mul_ref(torch.cat([x, h], -1)), x * torch.sigmoid(x) * h)
+
+
+# ---- kernels vs references (CUDA, or the CPU interpreter on request) -----------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ATTN_SHAPES)
+@pytest.mark.parametrize("kind", POSITION_KINDS)
+def test_decode_attention(device, dtype, shape, kind):
+    gen = torch.Generator().manual_seed(sum(shape) * 10 + POSITION_KINDS.index(kind))
+    num_rows, num_heads, num_kv_heads, head_dim, max_seq_len = shape
+    # q as a strided view into a fused qkv output, as the model hands it over.
+    qkv = torch.randn(num_rows, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen)
+    q = qkv.to(device, dtype)[:, : num_heads * head_dim].view(num_rows, num_heads, head_dim)
+    k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    positions = make_positions(kind, num_rows, max_seq_len, gen).to(device)
+    scale = head_dim**-0.5
+    out = decode_attention(q, k_cache, v_cache, positions, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    torch.testing.assert_close(out, decode_attention_ref(q, k_cache, v_cache, positions, scale), **tol(device, dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_decode_attention_graph_replay():
+    """Captured once, replayed with new positions and cache contents: equals eager."""
+    gen = torch.Generator().manual_seed(0)
+    num_rows, num_heads, num_kv_heads, head_dim, max_seq_len = 6, 32, 8, 128, 4096
+    q = torch.zeros(num_rows, num_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.zeros(max_seq_len, num_kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    positions = torch.zeros(num_rows, device="cuda", dtype=torch.int64)
+    decode_attention(q, k_cache, v_cache, positions, 0.1)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(q, k_cache, v_cache, positions, 0.1)
+    for step in range(20):
+        q.copy_(torch.randn(q.shape, generator=gen))
+        k_cache.copy_(torch.randn(k_cache.shape, generator=gen))
+        v_cache.copy_(torch.randn(v_cache.shape, generator=gen))
+        positions.copy_(make_positions(POSITION_KINDS[step % 4], num_rows, max_seq_len, gen))
+        graph.replay()
+        torch.testing.assert_close(out, decode_attention_ref(q, k_cache, v_cache, positions, 0.1), **TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rope_then_attention_graph_replay():
+    """One layer's decode/verify step captured once (rope writes the cache, attention
+    reads it), replayed with new inputs and positions: equals the references."""
+    gen = torch.Generator().manual_seed(1)
+    num_rows, num_heads, num_kv_heads, head_dim, max_seq_len = 6, 9, 3, 64, 2048
+    freqs = torch.outer(torch.arange(max_seq_len).float(), 1.0 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim))
+    cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).cuda()
+    qkv = torch.zeros(num_rows, (num_heads + 2 * num_kv_heads) * head_dim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (x.view(num_rows, -1, head_dim) for x in qkv.split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1))
+    k_cache = torch.zeros(max_seq_len, num_kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    positions = torch.arange(num_rows, device="cuda", dtype=torch.int32)
+
+    def step():
+        return decode_attention(rope_and_cache(q, k, v, cos_sin_cache, positions, k_cache, v_cache),
+                                k_cache, v_cache, positions, head_dim**-0.5)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(10):
+        qkv.copy_(torch.randn(qkv.shape, generator=gen))
+        k_cache.copy_(torch.randn(k_cache.shape, generator=gen))
+        v_cache.copy_(torch.randn(v_cache.shape, generator=gen))
+        positions.copy_(make_positions("verify", num_rows, max_seq_len, gen))
+        want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+        q_rot = rope_and_cache_ref(q, k, v, cos_sin_cache, positions, want_k_cache, want_v_cache)
+        want = decode_attention_ref(q_rot, want_k_cache, want_v_cache, positions, head_dim**-0.5)
+        graph.replay()
+        torch.testing.assert_close(k_cache, want_k_cache, **TOL[torch.bfloat16])
+        assert torch.equal(v_cache, want_v_cache)
+        torch.testing.assert_close(out, want, **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 576), (5, 576), (16, 4096), (3, 1000)])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_rms_norm(device, dtype, shape, with_residual):
+    gen = torch.Generator().manual_seed(shape[0] * shape[1])
+    x, residual = (torch.randn(shape, generator=gen).to(device, dtype) * 3 for _ in range(2))
+    weight = (1 + 0.1 * torch.randn(shape[1], generator=gen)).to(device, dtype)
+    residual = residual if with_residual else None
+    normed, new_residual = add_rms_norm(x, residual, weight, 1e-5)
+    want_normed, want_residual = add_rms_norm_ref(x, residual, weight, 1e-5)
+    assert normed.dtype == dtype and new_residual.dtype == dtype
+    torch.testing.assert_close(normed, want_normed, **tol(device, dtype))
+    if residual is None:
+        assert new_residual is x
+    elif device == "cuda":  # same rounding as the model's `x + residual`
+        assert torch.equal(new_residual, want_residual)
+    else:
+        torch.testing.assert_close(new_residual, want_residual, **tol(device, dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1536), (3, 14336), (16, 1000)])
+def test_silu_and_mul(device, dtype, shape):
+    gen = torch.Generator().manual_seed(shape[1])
+    gate_up = (torch.randn(shape[0], 2 * shape[1], generator=gen) * 4).to(device, dtype)
+    out = silu_and_mul(gate_up)
+    assert out.shape == (shape[0], shape[1]) and out.dtype == dtype
+    torch.testing.assert_close(out, silu_and_mul_ref(gate_up), **tol(device, dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 9, 3, 64), (16, 32, 8, 128), (5, 12, 4, 96), (2, 4, 4, 64)])
+def test_rope_and_cache(device, dtype, shape):
+    gen = torch.Generator().manual_seed(sum(shape))
+    num_rows, num_heads, num_kv_heads, head_dim = shape
+    max_pos = 64
+    inv_freq = 1.0 / 500000 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    freqs = torch.outer(torch.arange(max_pos).float(), inv_freq)
+    cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+    qkv = torch.randn(num_rows, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(device, dtype)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q, k, v = (x.view(num_rows, -1, head_dim) for x in (q, k, v))
+    positions = torch.randperm(max_pos, generator=gen)[:num_rows]
+    positions[0] = max_pos - 1
+    if num_rows > 1:
+        positions[1] = 0
+    positions = positions.to(device)
+    caches = [torch.randn(max_pos, num_kv_heads, head_dim, generator=gen).to(device, dtype) for _ in range(2)]
+    k_cache, v_cache = caches[0].clone(), caches[1].clone()
+    want_k_cache, want_v_cache = caches[0].clone(), caches[1].clone()
+    qkv_before = qkv.clone()
+    q_rot = rope_and_cache(q, k, v, cos_sin_cache, positions, k_cache, v_cache)
+    want_q = rope_and_cache_ref(q, k, v, cos_sin_cache, positions, want_k_cache, want_v_cache)
+    assert torch.equal(qkv, qkv_before)  # inputs untouched
+    assert q_rot.shape == q.shape and q_rot.dtype == dtype
+    torch.testing.assert_close(q_rot, want_q, **tol(device, dtype))
+    torch.testing.assert_close(k_cache, want_k_cache, **tol(device, dtype))
+    assert torch.equal(v_cache, want_v_cache)
+
