@@ -15,16 +15,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, add_rms_norm=None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused = add_rms_norm  # the Triton kernel on CUDA; None: plain torch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (norm(x + residual), x + residual); the sum is the new residual stream."""
+        if self.fused is not None:
+            return self.fused(x, residual, self.weight, self.eps)
         h = x if residual is None else x + residual
         return rms_norm(h, self.weight, self.eps), h
 
@@ -32,9 +35,10 @@ class RMSNorm(nn.Module):
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), with gate and up fused into one projection."""
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, silu_and_mul=None):
         super().__init__()
         self.intermediate = intermediate
+        self.silu_and_mul = silu_and_mul
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
@@ -44,5 +48,8 @@ class GatedMLP(nn.Module):
         return {"gate_proj": ("gate_up_proj", 0, I), "up_proj": ("gate_up_proj", I, I)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.silu_and_mul is not None:
+            return self.down_proj(self.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

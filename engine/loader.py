@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from .attention import attention_by_positions_ref
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .gguf_file import hf_config, iter_gguf_tensors, open_gguf
 from .model import CausalLM
+from .ops import Ops
 from .rope import rope_cos_sin
 from .tokenizer import Tokenizer
 from .weights import iter_safetensors, load_weights, safetensors_files
@@ -25,21 +25,10 @@ class LoadedModel:
     source: Path
 
 
-def positions_attention(device: torch.device):
-    """The attention used inside graphs: the Triton kernel on CUDA, its torch reference elsewhere."""
-    if device.type == "cuda":
-        try:
-            from .kernels.attention import decode_attention
-            return decode_attention
-        except ImportError:
-            pass
-    return attention_by_positions_ref
-
-
 def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dtype: torch.dtype,
                 max_len: int) -> CausalLM:
     with torch.device("meta"):
-        model = CausalLM(cfg, max_len, positions_attention(device))
+        model = CausalLM(cfg, max_len, Ops.for_device(device))
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:  # to_empty makes new parameters: tie them again
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 from torch import nn
 
@@ -13,11 +11,9 @@ from .batch import ForwardBatch
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import GatedMLP, RMSNorm
+from .ops import Ops
 from .rope import apply_rope, rope_cos_sin
 
-# (q, k_cache, v_cache, positions, scale) -> out; used when the host does not know the
-# cache length (inside CUDA graphs). Chosen once per model from the device.
-PositionsAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
 @dataclass
@@ -27,8 +23,9 @@ class ForwardOutput:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: Ops):
         super().__init__()
+        self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.scale = cfg.head_dim ** -0.5
@@ -38,7 +35,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)  # 3-D input: plain torch
         self.qk_norm = cfg.qk_norm
 
     def packed_shards(self) -> dict[str, tuple[str, int, int]]:
@@ -46,7 +43,7 @@ class Attention(nn.Module):
         return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cos_sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, attend: PositionsAttention) -> torch.Tensor:
+                k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_table: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
@@ -54,28 +51,33 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-        k_cache.index_copy_(0, batch.positions, k)
-        v_cache.index_copy_(0, batch.positions, v)
-        if batch.start_pos is not None:
+        if self.ops.rope_and_cache is not None:
+            q = self.ops.rope_and_cache(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache)
+        else:
+            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+            k_cache.index_copy_(0, batch.positions, k)
+            v_cache.index_copy_(0, batch.positions, v)
+        # SDPA over the filled part when the host knows it; the graph-safe op otherwise
+        # (and for single-token eager steps on CUDA, where the kernel is faster).
+        if batch.start_pos is not None and (batch.num_tokens > 1 or self.ops.rope_and_cache is None):
             o = attention_eager(q, k_cache, v_cache, batch.start_pos, self.scale)
         else:
-            o = attend(q, k_cache, v_cache, batch.positions, self.scale)
+            o = self.ops.attend(q, k_cache, v_cache, batch.positions, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: Ops):
         super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, ops)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, silu_and_mul=ops.silu_and_mul)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
 
-    def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, attend):
+    def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, cos_sin_table):
         """x: the last sublayer's output, residual: the stream before it (None at layer 0)."""
         h, residual = self.input_layernorm.add_forward(x, residual)
-        x = self.self_attn(h, batch, cos_sin, k_cache, v_cache, attend)
+        x = self.self_attn(h, batch, cos_sin, k_cache, v_cache, cos_sin_table)
         h, residual = self.post_attention_layernorm.add_forward(x, residual)
         return self.mlp(h), residual
 
@@ -83,33 +85,33 @@ class DecoderLayer(nn.Module):
 class TransformerBody(nn.Module):
     """The `model.` part of the checkpoint: embeddings, layers, final norm."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: Ops):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, ops) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
 
 
 class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_len: int, attend: PositionsAttention):
+    def __init__(self, cfg: ModelConfig, max_len: int, ops: Ops):
         super().__init__()
         self.config = cfg
-        self.model = TransformerBody(cfg)
+        self.ops = ops
+        self.model = TransformerBody(cfg, ops)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("cos_sin", rope_cos_sin(cfg, max_len), persistent=False)
-        self.attend = attend
 
     def forward(self, batch: ForwardBatch, kv: KVCache, aux_layer_ids: tuple[int, ...] = ()) -> ForwardOutput:
         """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream)."""
-        cos_sin = self.cos_sin.index_select(0, batch.positions)
+        cos_sin = None if self.ops.rope_and_cache else self.cos_sin.index_select(0, batch.positions)
         x, residual = self.model.embed_tokens(batch.input_ids), None
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             if i in aux_layer_ids:
                 captured[i] = x if residual is None else x + residual
-            x, residual = layer(x, residual, batch, cos_sin, kv.k[i], kv.v[i], self.attend)
+            x, residual = layer(x, residual, batch, cos_sin, kv.k[i], kv.v[i], self.cos_sin)
         if self.config.num_layers in aux_layer_ids:
             captured[self.config.num_layers] = x + residual
         hidden, _ = self.model.norm.add_forward(x, residual)
