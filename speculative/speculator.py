@@ -27,6 +27,7 @@ class Eagle3Speculator:
         self._seq: list[int] = []  # draft entry j holds (seq[j + 1], target state j) for j < len - 1
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
+        self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
 
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
@@ -124,6 +125,9 @@ class Eagle3Speculator:
 
     def _accept(self, drafts, q, logits, state):
         p = state.params
+        if self.force_accept is not None:  # benchmark only: not lossless
+            accepted = torch.tensor(self.force_accept - 1, device=drafts.device)
+            return accepted, logits[accepted].argmax()
         if state.seen is not None:  # row i also sees the drafts before it
             hits = torch.zeros(self.k + 1, self.vocab_size, dtype=torch.bool, device=drafts.device)
             hits[torch.arange(1, self.k + 1, device=drafts.device), drafts] = True
@@ -145,3 +149,34 @@ class Eagle3Speculator:
             if state.seen is not None:
                 state.seen[nxt] = True
             yield [nxt]
+
+    def measure_components(self, runner, iters: int = 50) -> dict:
+        """Benchmark only: mean ms of one verify, one draft decode step and one draft-extend
+        (graph replays, CUDA events), and the loop's ideal tokens/s at the forced acceptance."""
+        dev = runner.device
+        n = min(600, runner.max_len - self.k - 2)
+        tok = torch.zeros(1, dtype=torch.long, device=dev)
+        window = torch.zeros(self.k + 1, dtype=torch.long, device=dev)
+        states = torch.zeros(self.k + 1, self.config.extend_width, dtype=runner.dtype, device=dev)
+        hidden = torch.zeros(1, self.config.decode_width, dtype=runner.dtype, device=dev)
+        last = torch.tensor(0, device=dev)
+        steps = {
+            "verify_ms": lambda: runner.forward(window, n, want_aux=True),
+            "draft_step_ms": lambda: self._draft_step(tok, n, hidden),
+            "extend_ms": lambda: self._extend(window, n, states, last),
+        }
+        out = {}
+        for name, fn in steps.items():
+            for _ in range(5):
+                fn()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            out[name] = start.elapsed_time(end) / iters
+        per_iter = out["verify_ms"] + (self.k - 1) * out["draft_step_ms"] + out["extend_ms"]
+        out["ideal_iteration_ms"] = per_iter
+        out["ideal_tok_s"] = self.force_accept / per_iter * 1000
+        return out

@@ -1,0 +1,114 @@
+"""Engines and prompts for `localchat bench`: real models, or random bf16 weights of a given shape."""
+
+from __future__ import annotations
+
+import json
+
+
+PROMPTS = [
+    "Explain how a refrigerator keeps food cold, step by step.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "What are the main differences between cats and dogs as pets?",
+    "Give me a recipe for a simple tomato soup and explain each step.",
+    "Describe the water cycle to a ten-year-old.",
+    "What should I pack for a weekend hiking trip in the mountains?",
+    "Summarize the history of the bicycle in a few paragraphs.",
+    "How do I start learning to play the guitar? Give practical advice.",
+]
+
+
+class IdTokenizer:
+    """Stands in for a tokenizer when the model has random weights: ids only, no text."""
+
+    eos_token_ids = frozenset()
+
+    def decode(self, ids):
+        return ""
+
+    def apply_chat_template(self, messages):
+        raise NotImplementedError("random-weight models take token ids")
+
+
+def build_bench_engine(args):
+    if not args.random_weights:
+        from .commands import load_engine
+
+        return load_engine(args, quiet=args.json)
+    import torch
+
+    from engine.config import ModelConfig
+    from engine.engine import Engine, pick_device
+    from engine.loader import build_model
+    from engine.runner import ModelRunner
+
+    from .bench import LLAMA_8B
+
+    raw = LLAMA_8B if args.random_weights == "llama-8b" else json.loads(open(args.random_weights).read())
+    cfg = ModelConfig.from_hf(raw)
+    dev = pick_device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    max_len = args.max_seq_len or 4096
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def random_tensors():
+        with torch.device("meta"):
+            from engine.model import CausalLM
+            from engine.ops import Ops
+
+            shapes = CausalLM(cfg, 16, Ops.for_device(torch.device("cpu")))
+        for name, p in shapes.named_parameters():
+            if name.endswith("norm.weight"):
+                yield name, torch.ones(p.shape, dtype=dtype, device=dev)
+            else:
+                yield name, torch.randn(p.shape, dtype=dtype, device=dev, generator=gen) * 0.02
+
+    model = build_model(cfg, random_tensors(), "random weights", dev, dtype, max_len)
+    runner = ModelRunner(model, max_len)
+    speculator = None
+    if args.force_accept is not None:
+        speculator = random_draft(cfg, runner, args.draft_steps, args.force_accept)
+    if not args.no_graphs and dev.type == "cuda":
+        runner.capture([1] + ([args.draft_steps + 1] if speculator else []))
+        if speculator:
+            speculator.capture()
+    name = "random " + (args.random_weights if args.random_weights == "llama-8b" else cfg.architecture)
+    return Engine(runner, IdTokenizer(), name, speculator, "random EAGLE-3 head (forced acceptance)" if speculator else None)
+
+
+def random_draft(cfg, runner, k: int, force_accept: int):
+    """An EAGLE-3 head of the usual shape for `cfg`, random weights, accepting `force_accept` - 1 drafts."""
+    import torch
+
+    from engine.errors import UserError
+    from speculative.config import DraftConfig
+    from speculative.eagle3 import Eagle3Draft
+    from speculative.speculator import Eagle3Speculator
+
+    if not 1 <= force_accept <= k + 1:
+        raise UserError(f"--force-accept must be between 1 and k + 1 = {k + 1}")
+    L = cfg.num_layers
+    dc = DraftConfig(format="sglang", hidden_size=cfg.hidden_size, target_hidden_size=cfg.hidden_size,
+                     intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                     head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, draft_vocab_size=min(32000, cfg.vocab_size),
+                     aux_layer_ids=(2, L // 2, L - 3), rope_theta=cfg.rope_theta)
+    from engine.ops import Ops
+
+    with torch.device(runner.device):
+        draft = Eagle3Draft(dc, cfg, runner.max_len, Ops.for_device(runner.device).attend).to(runner.dtype)
+    for p in draft.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    spec = Eagle3Speculator(draft.eval().requires_grad_(False), runner, k)
+    spec.force_accept = force_accept
+    return spec
+
+
+def bench_prompts(engine, args) -> list[list[int]]:
+    """Token-id prompts: random ids of --prompt-tokens for random weights, chat prompts otherwise."""
+    import torch
+
+    if args.random_weights:
+        g = torch.Generator().manual_seed(1)
+        vocab = engine.runner.config.vocab_size
+        return [torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)]
+    return [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}])
+            for p in (PROMPTS * 4)[:args.prompts]]
