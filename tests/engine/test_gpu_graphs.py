@@ -37,7 +37,8 @@ def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k):
     head = write_head(tmp_path / fmt, cfg, fmt, t, 64, (0, 1, 2), use_aux=use_aux)
     out = []
     for graphs in (True, False):
-        e = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cuda", use_graphs=graphs, draft_steps=k)
+        e = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cuda", use_graphs=graphs, draft_steps=k,
+                        max_seq_len=1024)
         e.tokenizer.eos_token_ids = frozenset()
         out.append(e)
     return out
