@@ -31,6 +31,8 @@ def main() -> None:
                             force_accept=None, draft_steps=5, no_graphs=False)
     engine = build_bench_engine(ns)
     r = engine.runner
+    _mode = torch.inference_mode()
+    _mode.__enter__()
     tok = torch.zeros(1, dtype=torch.long, device="cuda")
     for _ in range(3):
         r.model(__import__("engine.batch", fromlist=["ForwardBatch"]).ForwardBatch.eager(tok, args.context), r.kv)

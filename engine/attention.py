@@ -31,6 +31,23 @@ def attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out.squeeze(0).transpose(0, 1)
 
 
+MAX_KERNEL_ROWS = 16  # the decode/verify kernel serves up to this many query rows
+
+
+def attend(q, k_cache, v_cache, positions, start_pos: int | None, scale: float, kernel) -> torch.Tensor:
+    """One call site for every attention over the cache.
+
+    Decode and verify rows go through `kernel` (the Triton op on CUDA) in eager and graph
+    mode alike, so a captured graph computes exactly what the eager step computes. Longer
+    prefills use SDPA over the filled part; without a kernel (CPU) eager steps use SDPA too.
+    """
+    if kernel is not None and q.shape[0] <= MAX_KERNEL_ROWS:
+        return kernel(q, k_cache, v_cache, positions, scale)
+    if start_pos is not None:
+        return attention_eager(q, k_cache, v_cache, start_pos, scale)
+    return attention_by_positions_ref(q, k_cache, v_cache, positions, scale)
+
+
 def attention_by_positions_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                positions: torch.Tensor, scale: float) -> torch.Tensor:
     """Graph-safe reference: row t of q (T, Hq, D) sees cache rows 0..positions[t].

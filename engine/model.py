@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import attention_eager
+from .attention import attend
 from .batch import ForwardBatch
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -57,12 +57,7 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
             k_cache.index_copy_(0, batch.positions, k)
             v_cache.index_copy_(0, batch.positions, v)
-        # SDPA over the filled part when the host knows it; the graph-safe op otherwise
-        # (and for single-token eager steps on CUDA, where the kernel is faster).
-        if batch.start_pos is not None and (batch.num_tokens > 1 or self.ops.rope_and_cache is None):
-            o = attention_eager(q, k_cache, v_cache, batch.start_pos, self.scale)
-        else:
-            o = self.ops.attend(q, k_cache, v_cache, batch.positions, self.scale)
+        o = attend(q, k_cache, v_cache, batch.positions, batch.start_pos, self.scale, self.ops.attention)
         return self.o_proj(o.reshape(T, self.q_size))
 
 

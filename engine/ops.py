@@ -7,7 +7,6 @@ from typing import Callable
 
 import torch
 
-from .attention import attention_by_positions_ref
 from .kernels.activation import silu_and_mul, silu_and_mul_ref
 from .kernels.attention import decode_attention
 from .kernels.norm import add_rms_norm, add_rms_norm_ref
@@ -19,13 +18,13 @@ class Ops:
     add_rms_norm: Callable  # (x, residual | None, weight, eps) -> (normed, x + residual)
     silu_and_mul: Callable  # (T, 2I) -> (T, I)
     rope_and_cache: Callable | None  # (q, k, v, cos_sin, positions, k_cache, v_cache) -> rotated q; None: unfused
-    attend: Callable  # (q, k_cache, v_cache, positions, scale) -> out; graph safe
+    attention: Callable | None  # (q, k_cache, v_cache, positions, scale) -> out; graph safe; None: torch
 
     @classmethod
     def for_device(cls, device: torch.device) -> "Ops":
         if device.type == "cuda" and _has_triton():
             return cls(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention)
-        return cls(add_rms_norm_ref, silu_and_mul_ref, None, attention_by_positions_ref)
+        return cls(add_rms_norm_ref, silu_and_mul_ref, None, None)
 
 
 def _has_triton() -> bool:

@@ -22,7 +22,7 @@ def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_na
     dc.check_fits(target_cfg, folder.name, target_name)
     dev, dtype = runner.device, runner.dtype
     with torch.device("meta"):
-        draft = Eagle3Draft(dc, target_cfg, runner.max_len, Ops.for_device(dev).attend)
+        draft = Eagle3Draft(dc, target_cfg, runner.max_len, Ops.for_device(dev).attention)
     draft = draft.to_empty(device=dev).to(dtype)
     draft.cos_sin = rope_cos_sin(dc.layer_config(target_cfg), runner.max_len).to(dev)
     d2t_seen = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import attention_eager
+from engine.attention import attend
 from engine.layers import GatedMLP, RMSNorm
 from engine.rope import apply_rope, rope_cos_sin
 
@@ -34,7 +34,7 @@ class Eagle3Layer(nn.Module):
         q, kv = self.q_size, self.kv_size
         return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
 
-    def forward(self, embeds, hidden, positions, start_pos, cos_sin, k_cache, v_cache, attend):
+    def forward(self, embeds, hidden, positions, start_pos, cos_sin, k_cache, v_cache, kernel):
         T = embeds.shape[0]
         normed_h = self.hidden_norm(hidden)
         residual = normed_h if self.norm_before_residual else hidden
@@ -44,16 +44,13 @@ class Eagle3Layer(nn.Module):
         k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos_sin)
         k_cache.index_copy_(0, positions, k)
         v_cache.index_copy_(0, positions, v.view(T, self.num_kv_heads, self.head_dim))
-        if start_pos is not None:
-            o = attention_eager(q, k_cache, v_cache, start_pos, self.scale)
-        else:
-            o = attend(q, k_cache, v_cache, positions, self.scale)
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, kernel)
         h = residual + self.self_attn.o_proj(o.reshape(T, self.q_size))
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, dc: DraftConfig, target_cfg, max_len: int, attend):
+    def __init__(self, dc: DraftConfig, target_cfg, max_len: int, attention_kernel):
         super().__init__()
         self.config = dc
         if dc.needs_fc:
@@ -66,7 +63,7 @@ class Eagle3Draft(nn.Module):
         # draft id -> target id offset: target = draft + d2t[draft]
         self.register_buffer("d2t", torch.zeros(dc.draft_vocab_size, dtype=torch.long))
         self.register_buffer("cos_sin", rope_cos_sin(dc.layer_config(target_cfg), max_len), persistent=False)
-        self.attend = attend
+        self.attention_kernel = attention_kernel  # Triton on CUDA, None on CPU
 
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
                 start_pos: int | None = None):
@@ -76,7 +73,7 @@ class Eagle3Draft(nn.Module):
         if is_extend and self.config.needs_fc:
             hidden = self.fc(hidden)
         cos_sin = self.cos_sin.index_select(0, positions)
-        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], self.attend)
+        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], self.attention_kernel)
         return self.lm_head(self.norm(out)).float(), out
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,7 @@ def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k):
     return out
 
 
-@pytest.mark.parametrize("fmt,use_aux", [("sglang", True), ("speculators", False), ("eagle", True)])
+@pytest.mark.parametrize("fmt,use_aux", [("sglang", True), ("speculators", False)])
 def test_spec_graph_equals_eager_500_tokens(tmp_path, tiny_models, fmt, use_aux):
     g, e = _spec_engines(tmp_path, tiny_models, fmt, use_aux, 4)
     ids = g.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
