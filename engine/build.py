@@ -30,8 +30,8 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     src = resolve(model, log=say)
     say(f"loading {src.name}", 0.1)
     if src.is_gguf:
-        tok_dir = src.path.parent / (src.path.stem + ".tokenizer") if src.is_demo else None
-        loaded = load_gguf(src.path, dev, dtype, max_seq_len, tokenizer_dir=tok_dir)
+        prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
+        loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared)
     else:
         loaded = load_folder(src.path, dev, dtype, max_seq_len)
     runner = ModelRunner(loaded.model, loaded.model.cos_sin.shape[0])

@@ -50,19 +50,37 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
 
 
 def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int | None,
-              tokenizer_dir: Path | None = None) -> LoadedModel:
+              prepared_dir: Path | None = None) -> LoadedModel:
+    """Loads a GGUF file. With `prepared_dir`, the first load also writes there an HF folder
+    (config, the dequantized fp32 tensors, the converted tokenizer) and later loads read that
+    instead: parsing the GGUF vocabulary and dequantizing cost seconds at every start."""
+    if prepared_dir is not None and (prepared_dir / "complete").exists():
+        return load_folder(prepared_dir, device, dtype, max_len)
     reader = open_gguf(path)
     raw = hf_config(reader, path)
     cfg = ModelConfig.from_hf(raw)
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
-    model = build_model(cfg, iter_gguf_tensors(reader, raw, path), path.name, device, dtype, max_len)
-    if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").exists():
-        tok = Tokenizer.from_folder(tokenizer_dir, cfg.eos_token_ids)
-    else:
-        tok = Tokenizer.from_folder(path.parent, cfg.eos_token_ids, gguf_file=path.name)
-        if tokenizer_dir is not None:  # converting a GGUF vocabulary is slow: keep the result
-            tok.hf.save_pretrained(str(tokenizer_dir))
+    tensors = iter_gguf_tensors(reader, raw, path)
+    if prepared_dir is not None:
+        tensors = dict(tensors)
+    model = build_model(cfg, iter(tensors.items()) if isinstance(tensors, dict) else tensors, path.name,
+                        device, dtype, max_len)
+    tok = Tokenizer.from_folder(path.parent, cfg.eos_token_ids, gguf_file=path.name)
+    if prepared_dir is not None:
+        _write_prepared(prepared_dir, raw, tensors, tok)
     return LoadedModel(model, tok, cfg, path)
+
+
+def _write_prepared(folder: Path, raw_config: dict, tensors: dict, tok: Tokenizer) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(raw_config, indent=1))
+    save_file(tensors, str(folder / "model.safetensors"))
+    tok.hf.save_pretrained(str(folder))
+    (folder / "complete").write_text("written after every other file\n")
 
 
 def _generation_eos(folder: Path) -> tuple[int, ...]:
