@@ -52,6 +52,8 @@ class Eagle3Speculator:
         state.kv_len = len(state.tokens)
         first = self._choose(logits[-1], state)
         state.tokens.append(int(first))
+        if state.seen is not None:
+            state.seen[first] = True
         yield [state.tokens[-1]]
         # Draft prefill: entries start..n-1 pair target state j with token j + 1.
         ids = torch.tensor(state.tokens[start + 1:], dtype=torch.long, device=dev)

@@ -1,0 +1,151 @@
+"""Speculation is lossless: greedy output equals plain decoding for every draft format and mode."""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.engine import Engine
+from engine.errors import ModelLoadError
+from engine.types import SamplingParams
+from tests.speculative.heads import head_tensors, write_head
+from tests.tiny import make_tiny_model, read_config
+
+PROMPT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    base = tmp_path_factory.mktemp("spec_targets")
+    return {arch: make_tiny_model(base / arch, arch, num_layers=4, seed=3) for arch in ("llama", "qwen3")}
+
+
+def _run(engine, speculative, n=128, **kw):
+    engine.reset()
+    ids = engine.tokenizer.apply_chat_template(PROMPT)
+    events = list(engine.stream_ids(ids, SamplingParams(max_tokens=n, **kw), speculative=speculative))
+    return [t for ev in events for t in ev.token_ids], events[-1].stats
+
+
+def _engine(target, head, k):
+    e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=k)
+    e.tokenizer.eos_token_ids = frozenset()
+    return e
+
+
+CASES = [  # (format, use_aux, draft hidden, draft vocab, aux input-of-layer ids)
+    ("eagle", True, 64, 384, None),
+    ("sglang", True, 64, 200, (1, 2, 4)),
+    ("sglang", False, 64, 384, None),
+    ("speculators", True, 48, 160, (0, 2, 3)),  # narrower than the target: own embeddings
+    ("speculators", False, 32, 100, None),
+]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("fmt,use_aux,hidden,draft_vocab,aux_ids", CASES)
+def test_greedy_speculation_equals_plain(tmp_path, targets, arch, fmt, use_aux, hidden, draft_vocab, aux_ids):
+    cfg = read_config(targets[arch])
+    t = head_tensors(hidden, cfg["hidden_size"], 3, cfg["vocab_size"], draft_vocab, use_aux=use_aux, seed=1)
+    head = write_head(tmp_path / "head", cfg, fmt, t, hidden, aux_ids, use_aux=use_aux)
+    for k in (1, 3, 5):
+        e = _engine(targets[arch], head, k)
+        plain, _ = _run(e, False)
+        spec, stats = _run(e, True)
+        assert spec == plain, (fmt, k)
+        assert stats.speculative and stats.verify_steps > 0
+        assert 1.0 <= stats.accept_len_mean <= k + 1
+
+
+def _markov_target(src, dst, edges: dict[int, int]):
+    """A target whose next token depends only on the current one: attention and MLP outputs are
+    zeroed, so lm_head reads the (normed) embedding; rows of lm_head encode `edges`, and every
+    other token repeats itself with a lower score."""
+    shutil.copytree(src, dst)
+    sd = load_file(dst / "model.safetensors")
+    for name in list(sd):
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            sd[name] = torch.zeros_like(sd[name])
+    emb = sd["model.embed_tokens.weight"]
+    e = emb / emb.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    head = 0.5 * e.clone()
+    for t, nxt in edges.items():
+        head[nxt] = head[nxt] + e[t] * 2
+    sd["lm_head.weight"] = head
+    sd["model.norm.weight"] = torch.ones_like(sd["model.norm.weight"])
+    save_file(sd, dst / "model.safetensors")
+    return dst
+
+
+def _constant_draft(tmp_path, cfg, token: int):
+    """A head whose logits are all equal, so it always proposes draft id 0 -> `token`."""
+    t = head_tensors(64, 64, 3, cfg["vocab_size"], 16, seed=2)
+    t["lm_head.weight"] = torch.zeros_like(t["lm_head.weight"])
+    t["d2t"] = torch.zeros(16, dtype=torch.long)
+    t["d2t"][0] = token
+    return write_head(tmp_path / f"const{token}", cfg, "sglang", t, 64, (1, 2, 3))
+
+
+@pytest.mark.parametrize("mode", ["full", "partial", "never"])
+def test_accepted_lengths_for_constructed_drafts(tmp_path, targets, mode):
+    src = targets["llama"]
+    cfg = read_config(src)
+    probe = Engine.load(str(src), device="cpu")
+    last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
+    a, b, c = 40, 41, 42
+    if mode == "full":  # the prompt leads to a, and a repeats forever; the draft says a
+        edges, draft_token = {last: a, a: a}, a
+    elif mode == "partial":  # a, b, a, b, ...; the draft always says a
+        edges, draft_token = {last: a, a: b, b: a}, a
+    else:  # a, b, a, b, ...; the draft says c, which never comes
+        edges, draft_token = {last: a, a: b, b: a}, c
+    target = _markov_target(src, tmp_path / "target", edges)
+    k = 4
+    e = _engine(target, _constant_draft(tmp_path, cfg, draft_token), k)
+    plain, _ = _run(e, False, n=64)
+    spec, stats = _run(e, True, n=64)
+    assert spec == plain
+    assert plain[:4] == ([a, a, a, a] if mode == "full" else [a, b, a, b])
+    hist = stats.accept_hist
+    if mode == "full":
+        assert stats.accept_len_mean > k  # every verify step keeps all k drafts plus the bonus
+        assert hist[k + 1] >= stats.verify_steps - 1
+    elif mode == "partial":
+        assert hist[2] >= stats.verify_steps - 2 and 1.5 < stats.accept_len_mean < 2.5
+    else:
+        assert stats.accept_len_mean == 1.0
+
+
+def test_sampling_with_speculation_is_reproducible_and_well_formed(tmp_path, targets):
+    cfg = read_config(targets["llama"])
+    head = write_head(tmp_path / "h", cfg, "sglang",
+                      head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=4), 64, (1, 2, 3))
+    e = _engine(targets["llama"], head, 3)
+    a, _ = _run(e, True, n=40, temperature=0.8, top_p=0.9, seed=11)
+    b, _ = _run(e, True, n=40, temperature=0.8, top_p=0.9, seed=11)
+    assert a == b and len(a) == 40
+
+
+def test_repetition_penalty_speculation_equals_plain(tmp_path, targets):
+    cfg = read_config(targets["qwen3"])
+    head = write_head(tmp_path / "h", cfg, "sglang",
+                      head_tensors(64, 64, 3, cfg["vocab_size"], 384, seed=5), 64, (1, 2, 3))
+    e = _engine(targets["qwen3"], head, 4)
+    plain, _ = _run(e, False, n=64, repetition_penalty=1.3)
+    spec, _ = _run(e, True, n=64, repetition_penalty=1.3)
+    assert spec == plain
+
+
+def test_draft_for_another_target_is_refused(tmp_path, targets):
+    cfg = read_config(targets["llama"])
+    wrong = dict(cfg, vocab_size=500)
+    t = head_tensors(64, 64, 3, 500, 200)
+    head = write_head(tmp_path / "h", wrong, "sglang", t, 64, (1, 2, 3))
+    with pytest.raises(ModelLoadError, match="vocabulary 500.*384"):
+        Engine.load(str(targets["llama"]), draft=str(head), device="cpu")
+    wrong = dict(cfg, hidden_size=96)
+    t = head_tensors(64, 96, 3, 384, 200)
+    head = write_head(tmp_path / "h2", wrong, "sglang", t, 64, (1, 2, 3))
+    with pytest.raises(ModelLoadError, match="hidden size 96.*64"):
+        Engine.load(str(targets["llama"]), draft=str(head), device="cpu")
