@@ -1,0 +1,1 @@
+"""The Textual chat UI of localchat (and, on main, its command line)."""

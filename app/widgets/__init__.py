@@ -1,0 +1,1 @@
+"""Widgets of the chat UI, one per module."""

@@ -1,0 +1,304 @@
+"""The main screen: chats in a sidebar, the conversation, the message box and the status bar."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Label, OptionList
+
+from ..engine_runner import EngineRunner
+from ..store import ChatRecord
+from ..widgets.chat_list import ChatList
+from ..widgets.conversation import Conversation
+from ..widgets.message_view import MessageView
+from ..widgets.prompt_input import PromptInput
+from ..widgets.status_bar import StatusBar
+from .compare_screen import CompareScreen
+from .confirm_screen import ConfirmScreen
+from .rename_screen import RenameScreen
+from .system_prompt_screen import SystemPromptScreen
+
+
+@dataclass
+class _Answer:
+    """The answer being generated; kept apart from the view so it is saved even if the user moves on."""
+
+    job_id: int
+    chat_id: int | None  # None: its chat was deleted, nothing to save
+    view: MessageView
+
+
+class ChatScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", show=False),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+t", "toggle_speculation", "Speculation"),
+        Binding("ctrl+b", "compare", "Compare"),
+        Binding("ctrl+o", "copy_answer", "Copy answer"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("f2", "rename_chat", "Rename", show=False),
+        Binding("f8", "delete_chat", "Delete chat", show=False),
+        Binding("f3", "edit_system_prompt", "System prompt", show=False),
+        Binding("f4", "settings", "Settings", show=False),
+    ]
+
+    def __init__(self, speculative: bool) -> None:
+        super().__init__()
+        self.speculative = speculative
+        self.chat: ChatRecord | None = None  # None: a new chat, saved with its first message
+        self.new_chat_system_prompt = ""
+        self.answer: _Answer | None = None
+        self.has_draft = True
+        self.model_name: str | None = None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            with Vertical(id="sidebar"):
+                yield Label("localchat", id="app-title")
+                yield Button("+ New chat", id="new-chat", compact=True)
+                yield ChatList(id="chat-list")
+            with Vertical(id="chat"):
+                yield Conversation(id="conversation")
+                yield PromptInput(id="prompt")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.status.speculative = self.speculative
+        self.status.model = self.app.model_label
+        self.status.show_progress("Loading model…", None)
+        chats = self.store.list_chats()
+        await self.open_chat(chats[0] if chats else None)
+        self.query_one(PromptInput).focus()
+        self.app.runner.start(self)
+
+    @property
+    def store(self):
+        return self.app.store
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.query_one(Conversation)
+
+    # Chats
+
+    async def open_chat(self, chat: ChatRecord | None) -> None:
+        self.action_stop()
+        self.chat = chat
+        self.new_chat_system_prompt = self.app.settings.system_prompt
+        records = self.store.messages(chat.id) if chat else []
+        await self.conversation.show(self.system_prompt, records)
+        self.refresh_chat_list()
+
+    @property
+    def system_prompt(self) -> str:
+        return self.chat.system_prompt if self.chat else self.new_chat_system_prompt
+
+    def refresh_chat_list(self) -> None:
+        self.query_one(ChatList).show(self.store.list_chats(), self.chat.id if self.chat else None)
+
+    @on(OptionList.OptionSelected, "#chat-list")
+    async def chat_selected(self, event: OptionList.OptionSelected) -> None:
+        chat_id = int(event.option_id)
+        if not self.chat or self.chat.id != chat_id:
+            await self.open_chat(self.store.get_chat(chat_id))
+        self.query_one(PromptInput).focus()
+
+    @on(Button.Pressed, "#new-chat")
+    async def action_new_chat(self) -> None:
+        await self.open_chat(None)
+        self.query_one(PromptInput).focus()
+
+    def action_rename_chat(self) -> None:
+        if self.chat is None:
+            self.notify("Send a message first: a new chat is saved with its first message.")
+            return
+        chat = self.chat
+
+        def done(title: str | None) -> None:
+            if title:
+                self.store.rename_chat(chat.id, title)
+                if self.chat and self.chat.id == chat.id:
+                    self.chat = self.store.get_chat(chat.id) or self.chat
+                self.refresh_chat_list()
+
+        self.app.push_screen(RenameScreen(chat.title), done)
+
+    def action_delete_chat(self) -> None:
+        if self.chat is None:
+            return
+        chat = self.chat
+
+        async def done(confirmed: bool | None) -> None:
+            if not confirmed:
+                return
+            if self.answer and self.answer.chat_id == chat.id:
+                self.answer.chat_id = None
+            self.store.delete_chat(chat.id)
+            self.notify(f"Deleted chat “{chat.title}”.", timeout=3)
+            chats = self.store.list_chats()
+            await self.open_chat(chats[0] if chats else None)
+
+        self.app.push_screen(ConfirmScreen(f"Delete chat “{chat.title}”?", "Delete"), done)
+
+    def action_edit_system_prompt(self) -> None:
+        def done(prompt: str | None) -> None:
+            if prompt is None:
+                return
+            if self.chat:
+                self.store.set_system_prompt(self.chat.id, prompt)
+                self.chat = self.store.get_chat(self.chat.id) or self.chat
+            else:
+                self.new_chat_system_prompt = prompt
+            self.conversation.set_system_prompt(prompt)
+
+        self.app.push_screen(SystemPromptScreen(self.system_prompt), done)
+
+    def action_settings(self) -> None:
+        self.app.action_settings()
+
+    # Answers
+
+    def engine_messages(self) -> list[dict]:
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages += [{"role": v.role, "content": v.content} for v in self.conversation.views
+                     if v.role in ("user", "assistant") and "failed" not in v.classes]
+        return messages
+
+    @on(PromptInput.Submitted)
+    async def send(self, event: PromptInput.Submitted) -> None:
+        text = event.text.strip()
+        if not text:
+            return
+        if self.answer is not None:
+            self.notify("Wait for the answer to finish, or press Esc to stop it.", severity="warning")
+            return
+        if self.app.runner.load_error:
+            self.notify(f"No model is loaded ({self.app.runner.load_error}). Restart localchat with another "
+                        "--model or --device.", severity="error", timeout=10)
+            return
+        event.prompt_input.clear()
+        if self.chat is None:
+            title = " ".join(text.split())
+            self.chat = self.store.create_chat(title[:48] + ("…" if len(title) > 48 else ""), self.system_prompt)
+            self.refresh_chat_list()
+        message_id = self.store.add_message(self.chat.id, "user", text)
+        await self.conversation.add(MessageView("user", text, message_id=message_id))
+        await self.start_answer()
+
+    async def start_answer(self) -> None:
+        assert self.chat is not None
+        messages = self.engine_messages()
+        view = await self.conversation.add(MessageView("assistant"))
+        job_id = self.app.runner.generate(self, messages, self.app.settings, self.speculative)
+        self.answer = _Answer(job_id, self.chat.id, view)
+        view.start_stream("thinking…" if self.app.runner.engine else "waiting for the model to load…")
+
+    def action_stop(self) -> None:
+        if self.answer is not None:
+            self.app.runner.stop()
+
+    async def action_regenerate(self) -> None:
+        if self.answer is not None:
+            self.notify("An answer is still being written: press Esc first.", severity="warning")
+            return
+        views = self.conversation.views
+        if not views or self.chat is None or not any(v.role == "user" for v in views):
+            self.notify("Nothing to regenerate yet.")
+            return
+        if views[-1].role == "assistant":
+            if views[-1].message_id is not None:
+                self.store.delete_message(views[-1].message_id)
+            await self.conversation.remove_view(views[-1])
+        await self.start_answer()
+
+    def action_copy_answer(self) -> None:
+        view = self.conversation.last_assistant()
+        if view is None or not view.content:
+            self.notify("No answer to copy yet.")
+            return
+        self.app.copy_to_clipboard(view.content)
+        self.notify(f"Copied the last answer ({len(view.content)} characters).", timeout=2)
+
+    def action_toggle_speculation(self) -> None:
+        self.speculative = not self.speculative
+        self.status.speculative = self.speculative
+        state = "on" if self.speculative else "off"
+        note = "" if self.has_draft else " (no draft model is loaded: answers decode plainly)"
+        self.notify(f"Speculation {state} from the next answer{note}.", timeout=3)
+
+    def action_compare(self) -> None:
+        if self.answer is not None:
+            self.notify("Wait for the answer to finish, or press Esc to stop it.", severity="warning")
+            return
+        messages = self.engine_messages()
+        while messages and messages[-1]["role"] == "assistant":
+            messages.pop()
+        if not messages or messages[-1]["role"] != "user":
+            self.notify("Send a message first: compare reruns the last prompt.")
+            return
+        self.app.push_screen(CompareScreen(messages))
+
+    # Engine thread reports
+
+    def on_engine_runner_load_progress(self, message: EngineRunner.LoadProgress) -> None:
+        self.status.show_progress(message.text, message.fraction)
+
+    def on_engine_runner_loaded(self, message: EngineRunner.Loaded) -> None:
+        self.status.hide_progress()
+        self.model_name = message.model_name
+        self.has_draft = message.has_draft
+        self.status.model = message.model_name
+        self.status.draft = message.draft_name
+        self.status.has_draft = message.has_draft
+        if self.answer:
+            self.answer.view.set_waiting("thinking…")
+
+    def on_engine_runner_load_failed(self, message: EngineRunner.LoadFailed) -> None:
+        self.status.hide_progress()
+        self.status.model = "no model"
+        self.status.model_ok = False
+        self.notify(message.error, title="The model failed to load", severity="error", timeout=30)
+
+    async def on_engine_runner_delta(self, message: EngineRunner.Delta) -> None:
+        if self.answer and message.job_id == self.answer.job_id:
+            await self.answer.view.append(message.text, message.stats)
+            self.status.show_stats(message.stats)
+
+    async def on_engine_runner_finished(self, message: EngineRunner.Finished) -> None:
+        answer = self.answer
+        if answer is None or message.job_id != answer.job_id:
+            return
+        self.answer = None
+        stats = message.stats
+        await answer.view.finish(message.text, stats, message.finish_reason, self.model_name)
+        if stats is not None:
+            self.status.show_stats(stats)
+        if answer.chat_id is not None:
+            answer.view.message_id = self.store.add_message(
+                answer.chat_id, "assistant", message.text, stats.to_json() if stats else None,
+                message.finish_reason, self.model_name)
+
+    def save_unfinished(self) -> None:
+        """On quit: keep what the answer being written has so far."""
+        answer, self.answer = self.answer, None
+        if answer is not None and answer.chat_id is not None and answer.view.content:
+            self.store.add_message(answer.chat_id, "assistant", answer.view.content, None, "cancelled",
+                                   self.model_name)
+
+    async def on_engine_runner_failed(self, message: EngineRunner.Failed) -> None:
+        answer = self.answer
+        if answer is None or message.job_id != answer.job_id:
+            return
+        self.answer = None
+        await answer.view.fail(message.error)
+        self.notify(message.error, title="Generation failed", severity="error", timeout=15)

@@ -1,0 +1,78 @@
+"""Runs the last prompt with speculation off, then on, and shows the two answers side by side."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Label, Static
+
+from ..engine_runner import EngineRunner
+from ..widgets.compare_pane import ComparePane
+
+
+class CompareScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape", "close", "Stop / close")]
+
+    def __init__(self, messages: list[dict]) -> None:
+        super().__init__()
+        self.messages = messages
+        self.job_id: int | None = None
+
+    def compose(self) -> ComposeResult:
+        prompt = " ".join(self.messages[-1]["content"].split())
+        with Vertical(id="compare"):
+            yield Label("Compare: speculation off vs on", classes="dialog-title")
+            yield Static(prompt if len(prompt) < 160 else prompt[:159] + "…", id="compare-prompt")
+            with Horizontal(id="compare-panes"):
+                yield ComparePane("Speculation off", id="pane-off")
+                yield ComparePane("Speculation on", id="pane-on")
+            yield Static("Running with speculation off…", id="compare-verdict")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.job_id = self.app.runner.compare(self, self.messages, self.app.settings)
+
+    def pane(self, side: str) -> ComparePane:
+        return self.query_one(f"#pane-{side}", ComparePane)
+
+    async def on_engine_runner_delta(self, message: EngineRunner.Delta) -> None:
+        if message.job_id == self.job_id:
+            await self.pane(message.side).append(message.text, message.stats)
+
+    async def on_engine_runner_finished(self, message: EngineRunner.Finished) -> None:
+        if message.job_id != self.job_id:
+            return
+        await self.pane(message.side).finish(message.text, message.stats, message.finish_reason)
+        if message.side == "off" and message.finish_reason != "cancelled":
+            self.query_one("#compare-verdict", Static).update("Running with speculation on…")
+        self._update_verdict()
+
+    async def on_engine_runner_failed(self, message: EngineRunner.Failed) -> None:
+        if message.job_id != self.job_id:
+            return
+        await self.pane(message.side).finish("", None, "failed", error=message.error)
+        self.notify(message.error, title="Compare failed", severity="error", timeout=10)
+        self._update_verdict()
+
+    def _update_verdict(self) -> None:
+        off, on = self.pane("off"), self.pane("on")
+        if not (off.done and on.done):
+            return
+        verdict = self.query_one("#compare-verdict", Static)
+        if "cancelled" in (off.finish_reason, on.finish_reason) or "failed" in (off.finish_reason, on.finish_reason):
+            verdict.update("Stopped before both runs finished.")
+            return
+        slow, fast = off.stats.get("decode_tok_s", 0.0), on.stats.get("decode_tok_s", 0.0)
+        speedup = f"{fast / slow:.2f}×" if slow > 0 else "n/a"
+        same = "identical ✓" if off.text == on.text else "differ ✗"
+        if off.text != on.text and self.app.settings.temperature > 0:
+            same += " (expected when sampling: set temperature 0 for greedy)"
+        verdict.update(f"Speed-up {speedup}  ({slow:.1f} → {fast:.1f} tok/s)  ·  texts {same}")
+        verdict.add_class("identical" if off.text == on.text else "different")
+
+    def action_close(self) -> None:
+        if not (self.pane("off").done and self.pane("on").done):
+            self.app.runner.stop()
+        self.dismiss(None)

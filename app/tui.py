@@ -1,0 +1,120 @@
+"""The Textual app: settings, chat history and the engine thread, around one chat screen."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Iterable
+
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from .engine_runner import EngineFactory, EngineRunner, ProgressCallback
+from .paths import AppPaths
+from .screens.chat_screen import ChatScreen
+from .screens.settings_screen import SettingsScreen
+from .settings import Settings, load_settings, save_settings
+from .store import ChatStore
+
+STYLESHEET = Path(__file__).resolve().parent.parent / "assets" / "localchat.tcss"
+
+
+class LocalChatApp(App):
+    CSS_PATH = STYLESHEET
+    TITLE = "localchat"
+
+    def __init__(self, engine_factory: EngineFactory | None = None, *, model: str = "demo",
+                 draft: str | None = None, device: str | None = None, draft_steps: int | None = None,
+                 max_seq_len: int | None = None, use_graphs: bool = True,
+                 speculative: bool | None = None, home: str | os.PathLike | None = None) -> None:
+        super().__init__()
+        self.paths = AppPaths.resolve(home)
+        self.settings, self.startup_notes = load_settings(self.paths.settings_path)
+        self.store = ChatStore.open(self.paths.db_path)
+        self.startup_notes += self.store.notes
+        self.store.on_error = lambda text: self.notify(text, title="Chat history", severity="error")
+        steps = draft_steps or self.settings.draft_steps
+        self.runner = EngineRunner(engine_factory or _load_engine(
+            model, draft=draft, device=device, draft_steps=steps, max_seq_len=max_seq_len, use_graphs=use_graphs))
+        self.model_label = model
+        self.speculative = self.settings.speculative if speculative is None else speculative
+        self.chat_screen: ChatScreen | None = None
+
+    def on_mount(self) -> None:
+        if self.settings.theme in self.available_themes:
+            self.theme = self.settings.theme
+        else:
+            self.startup_notes.append(f"Unknown theme '{self.settings.theme}' in settings: using {self.theme}.")
+        for note in self.startup_notes:
+            self.notify(note, title="localchat", severity="warning", timeout=20)
+        self.chat_screen = ChatScreen(self.speculative)
+        self.push_screen(self.chat_screen)
+
+    def on_unmount(self) -> None:
+        self.runner.shutdown()
+        if self.chat_screen is not None:
+            self.chat_screen.save_unfinished()
+        self.store.close()
+
+    def watch_theme(self, theme: str) -> None:
+        if theme != self.settings.theme and self.is_mounted:
+            self.update_settings(dataclasses.replace(self.settings, theme=theme))
+
+    def update_settings(self, settings: Settings) -> None:
+        self.settings = settings
+        try:
+            save_settings(self.paths.settings_path, settings)
+        except OSError as e:
+            self.notify(f"Cannot save settings to {self.paths.settings_path}: {e}", severity="error")
+
+    def action_settings(self) -> None:
+        def done(settings: Settings | None) -> None:
+            if settings is not None and settings != self.settings:
+                self.update_settings(settings)
+                self.notify("Settings saved.", timeout=2)
+
+        self.push_screen(SettingsScreen(self.settings), done)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if not isinstance(screen, ChatScreen):
+            return
+        yield SystemCommand("Toggle speculation", "Speculative decoding on/off from the next answer (Ctrl+T)",
+                            screen.action_toggle_speculation)
+        yield SystemCommand("Compare speculation off vs on", "Rerun the last prompt both ways, side by side "
+                            "(Ctrl+B)", screen.action_compare)
+        yield SystemCommand("Regenerate answer", "Write the last answer again (Ctrl+R)", screen.action_regenerate)
+        yield SystemCommand("Stop answer", "Stop the answer being written (Esc)", screen.action_stop)
+        yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard (Ctrl+O)",
+                            screen.action_copy_answer)
+        yield SystemCommand("New chat", "Start a new conversation (Ctrl+N)", screen.action_new_chat)
+        yield SystemCommand("Rename chat", "Give this conversation a new title (F2)", screen.action_rename_chat)
+        yield SystemCommand("Delete chat", "Delete this conversation (F8)", screen.action_delete_chat)
+        yield SystemCommand("System prompt", "Edit this chat's system prompt (F3)", screen.action_edit_system_prompt)
+        yield SystemCommand("Settings", "Sampling, draft steps, defaults (F4)", self.action_settings)
+
+
+def _load_engine(model: str, **load_kwargs) -> EngineFactory:
+    def load(on_progress: ProgressCallback):
+        from engine import Engine  # imports torch: only ever on the engine thread
+
+        return Engine.load(model, on_progress=on_progress, **load_kwargs)
+
+    return load
+
+
+def run_tui(args) -> int:
+    """Entry point for `localchat` with no subcommand; `args` carries model, draft, device, no_spec, draft_steps
+    (and, when present, max_seq_len and no_graphs)."""
+    app = LocalChatApp(
+        model=getattr(args, "model", None) or "demo",
+        draft=getattr(args, "draft", None),
+        device=getattr(args, "device", None),
+        draft_steps=getattr(args, "draft_steps", None),
+        max_seq_len=getattr(args, "max_seq_len", None),
+        use_graphs=not getattr(args, "no_graphs", False),
+        speculative=False if getattr(args, "no_spec", False) else None,
+    )
+    app.run()
+    return app.return_code or 0

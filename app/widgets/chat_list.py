@@ -1,0 +1,31 @@
+"""The sidebar list of conversations, most recent first."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option, OptionDoesNotExist
+
+from ..store import ChatRecord
+
+
+class ChatList(OptionList):
+    def show(self, chats: list[ChatRecord], current_id: int | None) -> None:
+        self.clear_options()
+        self.add_options(Option(Text(chat.title, no_wrap=True, overflow="ellipsis"), id=str(chat.id))
+                         for chat in chats)
+        self.select(current_id)
+
+    def select(self, chat_id: int | None) -> None:
+        """Highlight `chat_id` (None: a new chat not saved yet, nothing highlighted)."""
+        if chat_id is None:
+            self.highlighted = None
+            return
+        try:
+            self.highlighted = self.get_option_index(str(chat_id))
+        except OptionDoesNotExist:
+            self.highlighted = None
+
+    @property
+    def titles(self) -> list[str]:
+        return [str(self.get_option_at_index(i).prompt) for i in range(self.option_count)]

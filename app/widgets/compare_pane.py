@@ -1,0 +1,55 @@
+"""One side of the compare screen: an answer streamed with speculation off or on, and its speed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Label, Markdown
+from textual.widgets.markdown import MarkdownStream
+
+from .stats_line import StatsLine, stats_dict
+
+
+class ComparePane(Vertical):
+    def __init__(self, title: str, **kwargs) -> None:
+        super().__init__(classes="compare-pane", **kwargs)
+        self.title = title
+        self.text = ""
+        self.stats: dict[str, Any] = {}
+        self.finish_reason: str | None = None
+        self.done = False
+        self._stream: MarkdownStream | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.title, classes="pane-title")
+        with VerticalScroll(classes="pane-body"):
+            yield Markdown("")
+        yield StatsLine("waiting…", classes="stats")
+
+    async def append(self, text: str, stats: Any) -> None:
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+            self.add_class("streaming")
+        self.text += text
+        self.stats = stats_dict(stats)
+        self.query_one(StatsLine).show_stats(stats)
+        await self._stream.write(text)
+
+    async def finish(self, text: str, stats: Any, finish_reason: str, error: str | None = None) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.remove_class("streaming")
+        self.done = True
+        self.finish_reason = finish_reason
+        if error:
+            self.add_class("failed")
+            self.query_one(StatsLine).update(f"failed: {error}")
+            return
+        self.stats = stats_dict(stats)
+        if text != self.text:
+            self.text = text
+            await self.query_one(Markdown).update(text)
+        self.query_one(StatsLine).show_stats(stats, finish_reason)

@@ -1,0 +1,82 @@
+"""One message of the conversation: who wrote it, its Markdown (streamed while it arrives), its stats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Label, Markdown
+from textual.widgets.markdown import MarkdownStream
+
+from .stats_line import StatsLine
+
+ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+
+
+class MessageView(Vertical, can_focus=True):
+    BINDINGS = [Binding("c", "copy", "Copy message")]
+
+    def __init__(self, role: str, content: str = "", *, message_id: int | None = None,
+                 stats: Any = None, finish_reason: str | None = None, model: str | None = None) -> None:
+        super().__init__(classes=f"message {role}")
+        self.role = role
+        self.content = content
+        self.message_id = message_id
+        self.model = model
+        self._initial = (stats, finish_reason)
+        self._stream: MarkdownStream | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Label(ROLE_TITLES.get(self.role, self.role), classes="role")
+        yield Markdown(self.content, classes="body")
+        if self.role == "assistant":
+            stats_line = StatsLine(classes="stats")
+            stats_line.show_stats(*self._initial, model=self.model)
+            yield stats_line
+
+    @property
+    def is_streaming(self) -> bool:
+        return self._stream is not None
+
+    def start_stream(self, waiting_text: str) -> None:
+        self._stream = Markdown.get_stream(self.query_one(Markdown))
+        self.add_class("streaming")
+        self.set_waiting(waiting_text)
+
+    def set_waiting(self, text: str) -> None:
+        if self.is_streaming and not self.content:
+            self.query_one(StatsLine).update(text)
+
+    async def append(self, text: str, stats: Any) -> None:
+        if self._stream is None:
+            return
+        self.content += text
+        self.query_one(StatsLine).show_stats(stats)
+        await self._stream.write(text)
+
+    async def finish(self, text: str, stats: Any, finish_reason: str | None, model: str | None) -> None:
+        """Show the final text and stats; `text` is the whole answer as the engine produced it."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.remove_class("streaming")
+        self.model = model
+        if text != self.content:
+            self.content = text
+            await self.query_one(Markdown).update(text)
+        self.query_one(StatsLine).show_stats(stats, finish_reason, model)
+
+    async def fail(self, error: str) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.remove_class("streaming")
+        self.add_class("failed")
+        self.query_one(Markdown).display = bool(self.content)
+        self.query_one(StatsLine).update(f"failed: {error}")
+
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self.content)
+        self.notify(f"Copied the message ({len(self.content)} characters).", timeout=2)

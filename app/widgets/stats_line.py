@@ -1,0 +1,42 @@
+"""The dim line under an answer: its speed, time to first token and, with speculation, accepted length."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from textual.widgets import Static
+
+
+def stats_dict(stats: Any) -> dict[str, Any]:
+    """GenerationStats, a stored dict, or None -> a plain dict."""
+    if stats is None:
+        return {}
+    if dataclasses.is_dataclass(stats):
+        return dataclasses.asdict(stats)
+    return dict(stats)
+
+
+def format_stats(stats: Any, finish_reason: str | None = None, model: str | None = None) -> str:
+    s = stats_dict(stats)
+    parts: list[str] = []
+    if model:
+        parts.append(model)
+    if s:
+        parts.append(f"{s.get('decode_tok_s', 0.0):.1f} tok/s")
+        parts.append(f"TTFT {s.get('ttft_s', 0.0) * 1000:.0f} ms")
+        parts.append(f"{s.get('generated_tokens', 0)} tokens")
+        if s.get("speculative"):
+            parts.append(f"spec k={s.get('draft_steps', 0)}, accept len {s.get('accept_len_mean', 0.0):.2f}")
+        else:
+            parts.append("spec off")
+    if finish_reason == "cancelled":
+        parts.append("stopped")
+    elif finish_reason == "length":
+        parts.append("hit max tokens")
+    return " · ".join(parts)
+
+
+class StatsLine(Static):
+    def show_stats(self, stats: Any, finish_reason: str | None = None, model: str | None = None) -> None:
+        self.update(format_stats(stats, finish_reason, model))

@@ -1,0 +1,198 @@
+"""Pilot tests of the sidebar, compare, restarts, and start-up with a broken database or settings file."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from tests.app.pilot_helpers import engine_of, notes, ready, send, wait_for
+from tests.app.fake_engine import answer_for
+from textual.widgets import Input
+
+from app.screens.compare_screen import CompareScreen
+from app.widgets.chat_list import ChatList
+from app.widgets.compare_pane import ComparePane
+
+
+def titles(app) -> list[str]:
+    return app.screen.query_one(ChatList).titles
+
+
+async def test_new_switch_rename_delete_chats(make_app):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "first chat")
+        await pilot.click("#new-chat")
+        await pilot.pause()
+        assert app.screen.conversation.views == []
+        await send(pilot, "second chat")
+        assert titles(app) == ["second chat", "first chat"]
+        chat_list = app.screen.query_one(ChatList)
+        chat_list.focus()
+        chat_list.highlighted = 1
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen.chat.title == "first chat"
+        assert [v.content for v in app.screen.conversation.views][0] == "first chat"
+        await pilot.press("f2")
+        await pilot.pause()
+        app.screen.query_one(Input).value = "Renamed"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert "Renamed" in titles(app)
+        await pilot.press("f8")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        assert titles(app) == ["second chat"]
+        assert [c.title for c in app.store.list_chats()] == ["second chat"]
+        assert app.screen.chat.title == "second chat"  # the next chat opens
+        await pilot.press("f8")
+        await pilot.pause()
+        await pilot.press("n")  # declined: nothing deleted
+        await pilot.pause()
+        assert titles(app) == ["second chat"]
+
+
+async def test_compare_shows_both_answers_speeds_and_identity(make_app):
+    app = make_app(fixed_stats=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "compare this")
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        assert isinstance(app.screen, CompareScreen)
+        verdict = app.screen.query_one("#compare-verdict")
+        await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()))
+        off, on = app.screen.query_one("#pane-off", ComparePane), app.screen.query_one("#pane-on", ComparePane)
+        expected = answer_for([{"role": "user", "content": "compare this"}])
+        assert off.text == on.text == expected
+        text = str(verdict.render())
+        assert "identical" in text and "3.00×" in text and "40.0 → 120.0 tok/s" in text
+        assert "40.0 tok/s" in str(off.query_one(".stats").render())
+        assert "120.0 tok/s" in str(on.query_one(".stats").render())
+        assert [c["speculative"] for c in engine_of(app).calls[-2:]] == [False, True]
+        # the prompt rerun is the last user message, without the answer that followed it
+        assert engine_of(app).calls[-1]["messages"][-1] == {"role": "user", "content": "compare this"}
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, CompareScreen)
+        assert len(app.store.messages(app.screen.chat.id)) == 2  # compare answers are not saved
+
+
+async def test_compare_reports_different_texts(make_app, monkeypatch):
+    from tests.app import fake_engine
+
+    original = fake_engine.answer_for
+    app = make_app(fixed_stats=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "compare this")
+        calls = iter(range(100))
+        monkeypatch.setattr(fake_engine, "answer_for", lambda m: original(m) + str(next(calls)))
+        await pilot.press("ctrl+b")
+        verdict = app.screen.query_one("#compare-verdict")
+        await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()))
+        assert "differ" in str(verdict.render())
+
+
+async def test_restart_keeps_history_and_settings(make_app, home: Path):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "remember me")
+        await pilot.press("f3")
+        await pilot.pause()
+        app.screen.query_one("#system-prompt-text").text = "Be brief."
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        app.theme = "nord"
+        await pilot.press("f4")
+        await pilot.pause()
+        app.screen.query_one("#set-temperature", Input).value = "0.7"
+        app.screen.query_one("#set-max_tokens", Input).value = "99"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.settings.temperature == 0.7
+    again = make_app()
+    async with again.run_test() as pilot:
+        await ready(pilot)
+        assert again.theme == "nord"
+        assert (again.settings.temperature, again.settings.max_tokens) == (0.7, 99)
+        assert titles(again) == ["remember me"]
+        views = again.screen.conversation.views
+        assert [v.content for v in views] == ["remember me", answer_for([{"role": "user", "content": "remember me"}])]
+        assert "tok/s" in str(views[1].query_one(".stats").render())  # stats came back too
+        assert again.screen.system_prompt == "Be brief."
+        await send(pilot, "and now?")
+        assert engine_of(again).calls[-1]["messages"][0] == {"role": "system", "content": "Be brief."}
+        assert len(engine_of(again).calls[-1]["messages"]) == 4  # system, user, assistant, user
+
+
+async def test_settings_screen_rejects_bad_values(make_app):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("f4")
+        await pilot.pause()
+        app.screen.query_one("#set-top_p", Input).value = "2"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert "top_p must be in (0, 1]" in str(app.screen.query_one("#settings-error").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.settings.top_p == 1.0
+
+
+async def test_corrupt_database_is_moved_aside(make_app, home: Path):
+    db = home / "data" / "chats.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"this is not an SQLite file " * 200)
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert any("could not be read" in n and "corrupt-" in n for n in notes(app))
+        aside = list(db.parent.glob("chats.db.corrupt-*"))
+        assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not")
+        await send(pilot, "fresh start")
+        assert [c.title for c in app.store.list_chats()] == ["fresh start"]
+
+
+async def test_locked_database_still_starts(make_app, home: Path):
+    first = make_app()
+    async with first.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "saved before the lock")
+    lock = sqlite3.connect(home / "data" / "chats.db", isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        app = make_app()
+        async with app.run_test() as pilot:
+            await ready(pilot)
+            assert any("locked by another program" in n for n in notes(app))
+            await send(pilot, "still works")
+            assert app.screen.conversation.views[-1].content.startswith("You said: **still works**")
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+
+
+async def test_unknown_setting_and_bad_value_are_reported(make_app, home: Path):
+    (home / "config" / "settings.toml").write_text('temperature = 0.5\ncolour = "red"\ntop_k = "many"\n')
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert any("Unknown setting 'colour'" in n for n in notes(app))
+        assert any("top_k must be an integer" in n for n in notes(app))
+        assert app.settings.temperature == 0.5 and app.settings.top_k == 0
+
+
+async def test_missing_config_folder_is_created_with_a_message(make_app, home: Path):
+    (home / "config" / "settings.toml").unlink()
+    (home / "config").rmdir()
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert any("did not exist" in n for n in notes(app))
+        assert (home / "config" / "settings.toml").exists()
