@@ -18,7 +18,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo", help="Hub repo id, local folder, .gguf file, or 'demo' (default)")
     p.add_argument("--draft", default=None, help="draft model (EAGLE-3 head or MTP); 'none' disables the default")
     p.add_argument("--no-spec", action="store_true", help="decode without speculation")
-    p.add_argument("--draft-steps", type=int, default=5, help="draft tokens per step, k (default 5)")
+    p.add_argument("--draft-steps", type=int, default=None, help="draft tokens per step, k (default 5)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
     p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.command is not None and getattr(args, "draft_steps", 0) is None:
+        args.draft_steps = 5  # the chat app takes its default from settings.toml instead
     if args.command is None:
         from app.tui import run_tui
 
