@@ -153,6 +153,10 @@ class Engine:
         new = torch.tensor(state.tokens[state.kv_len:], dtype=torch.long, device=runner.device)
         logits, _, _ = runner.forward(new, state.kv_len, all_logits=False)
         state.kv_len = len(state.tokens)
+        step = runner.graphs.get(1)
+        if step is not None and p.is_greedy and state.seen is None:
+            yield from self._greedy_graph_tokens(step, logits[-1].argmax().view(1), state)
+            return
         while True:
             row = logits[-1]
             if state.seen is not None:
@@ -167,6 +171,24 @@ class Engine:
                 return
             logits, _, _ = runner.forward(tok, state.kv_len)
             state.kv_len += 1
+
+    def _greedy_graph_tokens(self, step, first: torch.Tensor, state: DecodeState) -> Iterator[list[int]]:
+        """Greedy decoding with the argmax inside the decode graph: one replay and one sync a token."""
+        t = int(first)
+        state.tokens.append(t)
+        yield [t]
+        if state.kv_len >= self.runner.max_len:
+            return
+        with torch.inference_mode():  # the graph's buffers are inference tensors
+            step.input_ids.copy_(first)
+            step.positions.fill_(state.kv_len)
+        while True:
+            t = step.replay_greedy()
+            state.kv_len += 1
+            state.tokens.append(t)
+            yield [t]
+            if state.kv_len >= self.runner.max_len:
+                return
 
     def reset(self) -> None:
         """Forgets the cached conversation (the next prompt is prefilled in full)."""

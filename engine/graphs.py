@@ -21,7 +21,15 @@ class CapturedStep:
 
         def run():
             out = model(batch, kv, aux_layer_ids)
-            return model.logits(out.hidden), out.hidden, out.aux_hidden
+            logits = model.logits(out.hidden)
+            if num_tokens == 1:
+                # Greedy chaining inside the graph: the argmax becomes the next replay's input,
+                # so a greedy decode loop launches nothing but the graph itself.
+                nxt = logits.argmax(-1)
+                self.input_ids.copy_(nxt)
+                self.positions.add_(1)
+                self.next_token = nxt
+            return logits, out.hidden, out.aux_hidden
 
         # Warm up on a side stream (allocator and kernel autotuning), then capture.
         stream = torch.cuda.Stream()
@@ -33,6 +41,12 @@ class CapturedStep:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.logits, self.hidden, self.aux_hidden = run()
+
+    def replay_greedy(self) -> int:
+        """Decodes one more token from the buffers the previous replay left (decode graph only);
+        returns its id (syncs)."""
+        self.graph.replay()
+        return int(self.next_token)
 
     def replay(self, input_ids: torch.Tensor, start_pos: int):
         self.input_ids.copy_(input_ids)
