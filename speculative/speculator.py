@@ -75,8 +75,9 @@ class Eagle3Speculator:
             rows = torch.arange(k + 1, device=dev)
             window = torch.where(rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
             d_logits, d_hidden = self._extend(window, n, target_states, accepted)
-            a = int(accepted)  # the one host sync of the iteration
-            out = drafts[:a].tolist() + [int(next_token)]
+            # The one host sync of the iteration.
+            a, nxt, *proposed = torch.cat([accepted.view(1), next_token.view(1), drafts]).tolist()
+            out = proposed[:a] + [nxt]
             state.tokens.extend(out)
             state.kv_len = n + a + 1
             state.accept_lens.append(a + 1)
