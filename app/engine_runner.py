@@ -47,6 +47,21 @@ class _Job:
     stop_event: threading.Event
 
 
+@dataclass
+class _Reload:
+    factory: "EngineFactory"
+
+
+def _release_gpu_memory() -> None:
+    import gc
+
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class EngineRunner:
     """Owns the only thread that touches the engine. Never blocks on the UI: it only posts messages."""
 
@@ -93,7 +108,7 @@ class EngineRunner:
         self.factory = factory
         self.engine: ChatEngine | None = None
         self.load_error: str | None = None
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._jobs: queue.Queue[_Job | _Reload | None] = queue.Queue()
         self._job_ids = itertools.count(1)
         self._pending: dict[int, threading.Event] = {}
         self._thread = threading.Thread(target=self._run, name="localchat-engine", daemon=True)
@@ -111,6 +126,11 @@ class EngineRunner:
     def compare(self, target: MessagePump, messages: list[dict], settings: Settings) -> int:
         """The same prompt with speculation off, then on (never both at once: they would share the GPU)."""
         return self._submit(target, messages, settings, (("off", False), ("on", True)))
+
+    def reload(self, factory: EngineFactory) -> None:
+        """Swap in another model: the current engine is released first, on the engine thread."""
+        self.stop()
+        self._jobs.put(_Reload(factory))
 
     def stop(self) -> None:
         """Stop the running answer at once and drop the queued ones."""
@@ -137,6 +157,11 @@ class EngineRunner:
     def _run(self) -> None:
         self._load()
         while (job := self._jobs.get()) is not None:
+            if isinstance(job, _Reload):
+                self.engine, self.factory = None, job.factory
+                _release_gpu_memory()
+                self._load()
+                continue
             try:
                 for side, speculative in job.sides:
                     if job.stop_event.is_set():

@@ -35,8 +35,8 @@ class LocalChatApp(App):
         self.startup_notes += self.store.notes
         self.store.on_error = lambda text: self.notify(text, title="Chat history", severity="error")
         steps = draft_steps or self.settings.draft_steps
-        self.runner = EngineRunner(engine_factory or _load_engine(
-            model, draft=draft, device=device, draft_steps=steps, max_seq_len=max_seq_len, use_graphs=use_graphs))
+        self.load_kwargs = dict(device=device, draft_steps=steps, max_seq_len=max_seq_len, use_graphs=use_graphs)
+        self.runner = EngineRunner(engine_factory or _load_engine(model, draft=draft, **self.load_kwargs))
         self.model_label = model
         self.speculative = self.settings.speculative if speculative is None else speculative
         self.chat_screen: ChatScreen | None = None
@@ -76,6 +76,20 @@ class LocalChatApp(App):
 
         self.push_screen(SettingsScreen(self.settings), done)
 
+    def action_models(self) -> None:
+        """The model wizard; the chosen model (and draft) replaces the loaded one."""
+        from .screens.wizard import WizardScreen
+
+        def done(result) -> None:
+            if result is None:
+                return
+            model, draft = result
+            self.model_label = model
+            self.runner.reload(_load_engine(model, draft=draft, **self.load_kwargs))
+            self.notify(f"Loading {model}" + (f" with draft {draft}" if draft else "") + "…", timeout=4)
+
+        self.push_screen(WizardScreen(), done)
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if not isinstance(screen, ChatScreen):
@@ -93,6 +107,7 @@ class LocalChatApp(App):
         yield SystemCommand("Delete chat", "Delete this conversation (F8)", screen.action_delete_chat)
         yield SystemCommand("System prompt", "Edit this chat's system prompt (F3)", screen.action_edit_system_prompt)
         yield SystemCommand("Settings", "Sampling, draft steps, defaults (F4)", self.action_settings)
+        yield SystemCommand("Models", "Choose, download and load a model and its draft (F5)", self.action_models)
 
 
 def _load_engine(model: str, **load_kwargs) -> EngineFactory:

@@ -45,6 +45,7 @@ class ChatScreen(Screen):
         Binding("f8", "delete_chat", "Delete chat", show=False),
         Binding("f3", "edit_system_prompt", "System prompt", show=False),
         Binding("f4", "settings", "Settings", show=False),
+        Binding("f5", "app.models", "Models", show=False),
     ]
 
     def __init__(self, speculative: bool) -> None:
