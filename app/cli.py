@@ -65,10 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--model", required=True)
     train.add_argument("--out", required=True)
     train.add_argument("--kind", choices=["eagle3", "mtp"], default="eagle3")
-    train.add_argument("--data", default=None, help="JSONL conversations (default: chitchat-dataset)")
-    train.add_argument("--draft-vocab", type=int, default=8192)
-    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--data", default=None, help="JSONL conversations, or a local chitchat-dataset wheel (default: chitchat-dataset from PyPI)")
+    train.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default 8192)")
+    train.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 3000 on GPU, 200 on CPU)")
     train.add_argument("--device", default=None)
+    train.add_argument("--time-budget", type=float, default=None,
+                       help="seconds for the whole run; training is annealed to stop in time (default: 420 on GPU)")
+    train.add_argument("--seq-len", type=int, default=None, help="tokens per packed row (default: 1024 GPU, 512 CPU)")
+    train.add_argument("--batch-tokens", type=int, default=None, help="tokens per step (default: 16384 GPU, 2048 CPU)")
+    train.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
+    train.add_argument("--lr", type=float, default=None, help="peak learning rate (default 6e-4)")
+    train.add_argument("--gen", type=int, default=None,
+                       help="training prompts the target answers itself, greedy (default: 3000 GPU, 0 CPU)")
+    train.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
+    train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
+    train.add_argument("--eval-prompts", type=int, default=None,
+                       help="held-out prompts decoded with the saved head at the end (default: 8 GPU, 2 CPU)")
+    train.add_argument("--seed", type=int, default=None)
 
     sub.add_parser("doctor", help="GPU, VRAM, versions, paths")
     try:

@@ -1,0 +1,135 @@
+"""Teacher: the target's side of self-distillation: aux features and next-token labels for each
+sequence (cached on the device), greedy replies to prompts, and the final speculator check."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.batch import ForwardBatch
+from engine.kv_cache import KVCache
+from engine.runner import ModelRunner
+
+from .train_data import Sequence
+from .ttt import DocFeatures
+
+
+class Teacher:
+    def __init__(self, loaded, aux_layer_ids: tuple[int, ...], max_len: int, cache_bytes: int):
+        cfg = loaded.config
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.config = cfg
+        self.aux_layer_ids = aux_layer_ids
+        self.device = self.model.lm_head.weight.device
+        self.dtype = self.model.lm_head.weight.dtype
+        self.max_len = max_len
+        self.kv = KVCache(cfg.num_layers, max_len, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+        self.runner: ModelRunner | None = None  # made for generation, graphs captured on CUDA
+        self._cache: dict = {}
+        self._cache_left = cache_bytes
+        self.forward_s = 0.0  # time spent computing features (for the throughput report)
+
+    @property
+    def embed(self) -> torch.nn.Embedding:
+        return self.model.model.embed_tokens
+
+    @torch.no_grad()
+    def features(self, key, seq: Sequence) -> DocFeatures:
+        """Entries of one sequence: f_p, x_{p+1}, and the target's state and argmax at p+1."""
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        t0 = time.perf_counter()
+        ids = torch.tensor(seq.ids, dtype=torch.long, device=self.device)
+        n = ids.shape[0]
+        out = self.model(ForwardBatch.eager(ids, 0), self.kv, self.aux_layer_ids)
+        greedy = self.model.logits(out.hidden).argmax(-1)  # (n,) full vocabulary
+        j = torch.arange(n - 1, device=self.device)
+        rs = seq.response_start
+        is_resp = (j + 2 >= rs) & (j + 2 <= n - 1) if rs >= 0 else torch.zeros_like(j, dtype=torch.bool)
+        f = DocFeatures(tokens=ids[1:], aux=out.aux_hidden[:-1].clone(), label_hidden=out.hidden[1:].clone(),
+                        greedy=greedy[1:], is_response=is_resp)
+        size = (f.aux.numel() + f.label_hidden.numel()) * f.aux.element_size() + 17 * (n - 1)
+        if size <= self._cache_left:
+            self._cache[key] = f
+            self._cache_left -= size
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.forward_s += time.perf_counter() - t0
+        return f
+
+    @torch.no_grad()
+    def label_logits(self, label_hidden: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
+        """(B, L, Ht) -> (B, L, Vd) fp32: the target's logits restricted to the draft vocabulary."""
+        w = self.model.lm_head.weight.index_select(0, draft_ids)
+        return torch.nn.functional.linear(label_hidden.to(w.dtype), w).float()
+
+    def _runner(self) -> ModelRunner:
+        if self.runner is None:
+            self.runner = ModelRunner(self.model, self.max_len)
+            self.runner.capture([1])  # no-op on CPU
+        return self.runner
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, deadline: float | None,
+                 log=None) -> list[Sequence]:
+        """The target's greedy replies (until EOS, included, or max_tokens), prompt first. Stops
+        early at `deadline` (perf_counter seconds); each sequence records where its reply starts."""
+        runner = self._runner()
+        eos = self.tokenizer.eos_token_ids
+        out: list[Sequence] = []
+        t0, last_log, made = time.perf_counter(), time.perf_counter(), 0
+        for prompt in prompts:
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            reply = self._greedy(runner, prompt, max_tokens, eos)
+            made += len(reply)
+            out.append(Sequence(list(prompt) + reply, response_start=len(prompt)))
+            if log and time.perf_counter() - last_log > 10:
+                last_log = time.perf_counter()
+                log(f"  generated {len(out)}/{len(prompts)} replies, {made / (last_log - t0):.0f} tokens/s")
+        return out
+
+    @torch.no_grad()
+    def _greedy(self, runner: ModelRunner, prompt: list[int], max_tokens: int, eos) -> list[int]:
+        ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
+        logits, _, _ = runner.forward(ids, 0, all_logits=False)
+        n, reply = len(prompt), []
+        while len(reply) < max_tokens and n < runner.max_len:
+            tok = logits[-1].argmax().view(1)
+            t = int(tok)
+            reply.append(t)
+            if t in eos or n + 1 >= runner.max_len:
+                break
+            logits, _, _ = runner.forward(tok, n)
+            n += 1
+        return reply
+
+    def check_speculator(self, folder, prompts: list[list[dict]], k: int, max_tokens: int) -> dict:
+        """Loads the saved head as the engine would and decodes held-out prompts greedily with and
+        without it: mean accepted length (tokens per verify step) and whether outputs agree."""
+        from engine.engine import Engine
+        from engine.types import SamplingParams
+
+        from .build import build_speculator
+
+        runner = self._runner()
+        spec = build_speculator(folder, runner, self.config, k, "the target")
+        engine = Engine(runner, self.tokenizer, "target", spec, "trained head")
+        params = SamplingParams(max_tokens=max_tokens)
+        identical, steps, tokens, plain_s, spec_s = 0, 0, 0, 0.0, 0.0
+        for msgs in prompts:
+            engine.reset()
+            plain = engine.generate(msgs, params, speculative=False)
+            engine.reset()
+            fast = engine.generate(msgs, params, speculative=True)
+            identical += plain.token_ids == fast.token_ids
+            steps += fast.stats.verify_steps
+            tokens += fast.stats.accept_len_mean * fast.stats.verify_steps
+            plain_s += plain.stats.decode_s
+            spec_s += fast.stats.decode_s
+        engine.reset()
+        return {"prompts": len(prompts), "k": k, "max_tokens": max_tokens,
+                "accept_len_mean": tokens / max(steps, 1), "identical": identical,
+                "plain_decode_s": round(plain_s, 3), "spec_decode_s": round(spec_s, 3)}

@@ -1,0 +1,274 @@
+"""cmd_train: `localchat train-draft`: self-distils an EAGLE-3 head from a target on chat data."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import UserError
+
+from .train_data import SPLIT_RULE, Conversation, Sequence, load_conversations, prompt_prefix, split, tokenize, user_turns
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    model: str
+    out: Path
+    data: str | None
+    draft_vocab: int
+    steps: int
+    seq_len: int  # tokens per packed row; longer conversations are cut
+    batch_tokens: int  # tokens per step (rows = batch_tokens // seq_len)
+    ttt_steps: int  # draft steps unrolled in training-time test; also k of the final check
+    lr: float
+    gen_prompts: int  # training prompts the target answers itself (greedy); 0: none
+    gen_tokens: int  # longest reply generated
+    time_budget: float | None  # seconds for the whole command; training stops in time, annealed
+    eval_every: int
+    eval_prompts: int  # held-out prompts decoded with the saved head at the end
+    seed: int = 0
+    decay: float = 0.8  # loss weight of draft step t is decay ** t (EAGLE-3)
+    # Share of a step's sequences drawn from the target's own replies: they are what gets drafted,
+    # but there are few of them (generation is batch-1), so the rest keeps them from being memorised.
+    gen_frac: float = 0.35
+    gen_share: float = 0.45  # share of the time budget after which no new reply is started
+    reserve_s: float = 25.0  # budget kept for validation, saving and the speculator check
+    val_conversations: int = 48
+    val_rows: int = 4
+    cache_bytes: int = 2 << 30  # target features kept on the device
+
+    def __post_init__(self) -> None:
+        for name in ("draft_vocab", "steps", "seq_len", "batch_tokens", "ttt_steps"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.seq_len < self.gen_tokens + 16 and self.gen_prompts:
+            raise UserError(f"--seq-len {self.seq_len} leaves no room for prompts before --gen-tokens "
+                            f"{self.gen_tokens} of reply")
+        if not 0 < self.lr < 1:
+            raise UserError(f"--lr must be in (0, 1), got {self.lr}")
+        if self.time_budget is not None and self.time_budget < 2 * self.reserve_s:
+            raise UserError(f"--time-budget must be at least {2 * self.reserve_s:.0f} s, got {self.time_budget}")
+
+    @property
+    def max_len(self) -> int:
+        return self.seq_len + self.gen_tokens + 32
+
+    @classmethod
+    def from_args(cls, args, device: torch.device) -> "TrainOptions":
+        gpu = device.type == "cuda"
+
+        def opt(name, gpu_default, cpu_default):
+            v = getattr(args, name, None)
+            return v if v is not None else (gpu_default if gpu else cpu_default)
+
+        return cls(model=args.model, out=Path(args.out).expanduser(), data=getattr(args, "data", None),
+                   draft_vocab=int(opt("draft_vocab", 8192, 8192)), steps=int(opt("steps", 3000, 200)),
+                   seq_len=int(opt("seq_len", 1024, 512)), batch_tokens=int(opt("batch_tokens", 16384, 2048)),
+                   ttt_steps=int(opt("ttt_steps", 5, 5)), lr=float(opt("lr", 6e-4, 6e-4)),
+                   gen_prompts=int(opt("gen", 3000, 0)), gen_tokens=int(opt("gen_tokens", 256, 128)),
+                   time_budget=opt("time_budget", 420.0, None), eval_every=int(opt("eval_every", 250, 100)),
+                   eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
+                   val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
+                   cache_bytes=(48 << 30) if gpu else (2 << 30))
+
+
+def _log(msg: str) -> None:
+    print(f"train-draft: {msg}", file=sys.stderr, flush=True)
+
+
+def cmd_train(args) -> int:
+    if getattr(args, "kind", "eagle3") == "mtp":
+        raise UserError("--kind mtp: training MTP layers is not available yet; use --kind eagle3")
+    from engine.engine import pick_device
+
+    t_start = time.perf_counter()
+    dev = pick_device(getattr(args, "device", None))
+    opts = TrainOptions.from_args(args, dev)
+    deadline = None if opts.time_budget is None else t_start + opts.time_budget
+    torch.manual_seed(opts.seed)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    phases: dict[str, float] = {}
+
+    loaded, target_name = _load_target(opts, dev)
+    cfg = loaded.config
+    if opts.draft_vocab > cfg.vocab_size:
+        raise UserError(f"--draft-vocab {opts.draft_vocab} exceeds the target's vocabulary {cfg.vocab_size}")
+    from .teacher import Teacher
+    from .train_export import default_aux_layers
+
+    aux_ids = default_aux_layers(cfg.num_layers)
+    teacher = Teacher(loaded, aux_ids, opts.max_len, opts.cache_bytes)
+    phases["load_s"] = time.perf_counter() - t_start
+
+    t = time.perf_counter()
+    convs, source = load_conversations(opts.data, _log)
+    train_convs, held = split(convs)
+    if not train_convs or not held:
+        raise UserError(f"the data has {len(convs)} conversations; the 5% held-out split needs more "
+                        "(a few hundred at least)")
+    tok = loaded.tokenizer
+    text = tokenize(tok, train_convs, opts.seq_len)
+    val_text = tokenize(tok, held[:opts.val_conversations], opts.seq_len)
+    eval_msgs = [p for p in (prompt_prefix(c.messages, 1) for c in held) if p is not None]
+    phases["data_s"] = time.perf_counter() - t
+    _log(f"{len(convs)} conversations: {len(train_convs)} for training ({sum(len(s.ids) for s in text):,} "
+         f"tokens), {len(held)} held out; {phases['data_s']:.1f} s")
+
+    t = time.perf_counter()
+    gen: list[Sequence] = []
+    val_gen: list[Sequence] = []
+    if opts.gen_prompts:
+        val_prompts = [tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]]
+        val_gen = teacher.generate(val_prompts, opts.gen_tokens, None)
+        gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
+        gen = teacher.generate(_train_prompts(train_convs, tok, opts), opts.gen_tokens, gen_deadline, _log)
+        made = sum(len(s.ids) - s.response_start for s in gen + val_gen)
+        phases["generate_s"] = time.perf_counter() - t
+        _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts: {made:,} tokens in "
+             f"{phases['generate_s']:.1f} s ({made / phases['generate_s']:,.0f} tokens/s)")
+
+    draft_ids, coverage = choose_draft_vocab(text, gen, cfg.vocab_size, opts.draft_vocab, dev)
+    _log(f"draft vocabulary: {opts.draft_vocab} tokens cover {coverage['text']:.1%} of the conversation tokens"
+         + (f" and {coverage['replies']:.1%} of the target's replies" if gen else ""))
+    draft, config = _init_draft(loaded, aux_ids, draft_ids, opts)
+
+    from .train_loop import train, val_rows, validate
+
+    train_deadline = None if deadline is None else deadline - opts.reserve_s
+    _log(f"training {opts.steps} steps of {opts.batch_tokens} tokens ({opts.ttt_steps} unrolled draft steps)"
+         + (f", stopping by {train_deadline - t_start:.0f} s into the run" if deadline else ""))
+    val_seqs = val_gen + val_text  # replies first: the first validation rows hold them all
+    res = train(draft, teacher, {"text": text, "gen": gen}, val_seqs, opts, draft_ids, train_deadline, _log)
+    phases["train_s"] = res.train_s
+    phases["target_features_s"] = teacher.forward_s
+    _log(f"trained {res.steps_done} steps in {res.train_s:.1f} s: {res.entries / res.train_s:,.0f} tokens/s, "
+         f"{res.train_s / max(res.steps_done, 1):.3f} s/step (target features: {teacher.forward_s:.1f} s); "
+         f"loss {res.first_loss:.3f} -> {res.last_loss:.3f}")
+
+    t = time.perf_counter()
+    from .train_export import save_head, write_provenance
+
+    save_head(opts.out, config, draft, cfg.vocab_size)  # first: a failing check below loses nothing
+    final, failed = {}, None
+    try:
+        final = validate(draft, teacher, val_rows(val_seqs, opts), opts, draft_ids) if val_seqs else {}
+        if opts.eval_prompts:
+            final["speculator"] = teacher.check_speculator(opts.out, eval_msgs[:opts.eval_prompts],
+                                                           opts.ttt_steps, opts.gen_tokens)
+    except Exception as e:  # recorded in the provenance and reported; the head is already saved
+        failed = f"{type(e).__name__}: {e}"
+        final["error"] = failed
+        _log(f"final check failed: {failed}")
+    phases["final_eval_s"] = time.perf_counter() - t
+    wall = time.perf_counter() - t_start
+    prov = {
+        "target": target_name, "command": _command(args),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__, "wall_s": round(wall, 1),
+        "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1) if dev.type == "cuda" else None, "phases_s": {k: round(v, 1) for k, v in phases.items()},
+        "draft_vocab_size": opts.draft_vocab, "aux_layer_ids_input": list(aux_ids),
+        "draft_vocab_coverage": coverage,
+        "data": {**source, "split": SPLIT_RULE, "conversations": len(convs), "train_conversations": len(train_convs),
+                 "heldout_conversations": len(held), "train_tokens": sum(len(s.ids) for s in text),
+                 "generated_responses": len(gen), "generated_tokens": sum(len(s.ids) - s.response_start for s in gen),
+                 "validation": f"the first {len(val_text)} held-out conversations and the target's replies to "
+                               f"the first user turns of {len(val_gen)} held-out conversations"},
+        "train": {**{k: v for k, v in asdict(opts).items() if k not in ("out", "model", "data")},
+                  "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
+                  "last_loss": round(res.last_loss, 4), "tokens_per_s": round(res.entries / max(res.train_s, 1e-9))},
+        "validation_history": res.history,
+        "final_eval": final,
+    }
+    write_provenance(opts.out, prov)
+    spec = final.get("speculator")
+    _log(f"saved {opts.out} in {wall:.0f} s; held-out acc {final.get('step_acc')}, est. accept len "
+         f"{final.get('accept_len_estimate')}" + (f"; speculator: accept len {spec['accept_len_mean']:.2f}, "
+                                                 f"identical {spec['identical']}/{spec['prompts']}" if spec else ""))
+    return 1 if failed else 0
+
+
+def _load_target(opts: TrainOptions, dev: torch.device):
+    from engine.loader import load_folder, load_gguf
+    from engine.resolve import resolve
+
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    src = resolve(opts.model, log=_log)
+    _log(f"loading {src.name} on {dev}")
+    if src.is_gguf:
+        tok_dir = src.path.parent / (src.path.stem + ".tokenizer") if src.is_demo else None
+        return load_gguf(src.path, dev, dtype, opts.max_len, tokenizer_dir=tok_dir), src.name
+    return load_folder(src.path, dev, dtype, opts.max_len), src.name
+
+
+def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> list[list[int]]:
+    """Prefixes of training conversations ending on a user turn: half the first turn, half a
+    random later one; each short enough to leave room for a full reply."""
+    rng = random.Random(opts.seed + 1)
+    order = list(range(len(convs)))
+    rng.shuffle(order)
+    room = opts.seq_len - opts.gen_tokens - 1
+    out = []
+    for i in order:
+        if len(out) == opts.gen_prompts:
+            break
+        msgs = convs[i].messages
+        turns = 1 if rng.random() < 0.5 else rng.randint(1, max(1, user_turns(msgs)))
+        for n in (turns, 1):
+            prefix = prompt_prefix(msgs, n)
+            ids = tok.apply_chat_template(prefix) if prefix else []
+            if 0 < len(ids) <= room:
+                out.append(ids)
+                break
+    return out
+
+
+def choose_draft_vocab(text: list[Sequence], gen: list[Sequence], vocab: int, size: int, dev):
+    """The `size` most frequent tokens (replies of the target count 4x: they are what gets
+    drafted), sorted by id. Returns (ids on dev, coverage figures)."""
+    def counts(seqs, from_reply):
+        ids = [t for s in seqs for t in (s.ids[s.response_start:] if from_reply else s.ids[1:])]
+        return torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab).double() if ids else \
+            torch.zeros(vocab, dtype=torch.double)
+
+    c_text, c_gen = counts(text, False), counts(gen, True)
+    chosen = torch.topk(c_text + 4 * c_gen, size).indices.sort().values
+    cov = {"text": float(c_text[chosen].sum() / c_text.sum().clamp(min=1))}
+    if gen:
+        cov["replies"] = float(c_gen[chosen].sum() / c_gen.sum().clamp(min=1))
+    return chosen.to(dev), {k: round(v, 4) for k, v in cov.items()}
+
+
+def _init_draft(loaded, aux_ids, draft_ids: torch.Tensor, opts: TrainOptions):
+    """A fresh head (fp32 master weights) whose lm_head starts as the target's rows of the draft
+    vocabulary and whose final norm starts as the target's."""
+    from .config import DraftConfig
+    from .eagle3 import Eagle3Draft
+    from .train_export import head_config
+
+    cfg = loaded.config
+    config = head_config(cfg, opts.draft_vocab, aux_ids)
+    dc = DraftConfig.from_hf(config, cfg)
+    dev = draft_ids.device
+    draft = Eagle3Draft(dc, cfg, opts.seq_len, None).to(dev)
+    with torch.no_grad():
+        draft.d2t.copy_(draft_ids - torch.arange(opts.draft_vocab, device=dev))
+        draft.lm_head.weight.copy_(loaded.model.lm_head.weight.index_select(0, draft_ids).float())
+        draft.norm.weight.copy_(loaded.model.model.norm.weight.float())
+    return draft, config
+
+
+def _command(args) -> str:
+    """The command line that reproduces this run, from the parsed flags."""
+    parts = ["localchat", "train-draft"]
+    for name in ("model", "out", "data", "draft_vocab", "steps", "device", "time_budget", "seq_len", "batch_tokens",
+                 "ttt_steps", "lr", "gen", "gen_tokens", "eval_every", "eval_prompts", "seed"):
+        value = getattr(args, name, None)
+        if value is not None:
+            parts += [f"--{name.replace('_', '-')}", str(value)]
+    return " ".join(parts)

@@ -1,0 +1,171 @@
+"""The optimisation loop: packed batches from two pools (conversations, the target's own replies),
+AdamW with warm-up and cosine decay over steps or wall time, periodic held-out validation."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .teacher import Teacher
+from .train_data import Sequence, pack
+from .ttt import TTTBatch, chain_accept_len, ttt_loss, unroll
+
+
+@dataclass
+class LoopResult:
+    steps_done: int = 0
+    train_s: float = 0.0
+    entries: int = 0  # draft entries trained on (per unrolled step)
+    first_loss: float = float("nan")
+    last_loss: float = float("nan")
+    history: list[dict] = field(default_factory=list)  # validation points
+
+
+class Batcher:
+    """Rows of whole sequences, drawn from the reply pool with probability `gen_frac`."""
+
+    def __init__(self, pools: dict[str, list[Sequence]], gen_frac: float, seq_len: int, rows: int, seed: int):
+        self.pools = {k: v for k, v in pools.items() if v}
+        self.gen_frac = gen_frac if "gen" in self.pools and "text" in self.pools else float("gen" in self.pools)
+        self.seq_len, self.rows = seq_len, rows
+        self.rng = random.Random(seed)
+        self.order = {k: [] for k in self.pools}
+        self.carry = None
+
+    def _next(self):
+        name = "gen" if self.rng.random() < self.gen_frac else "text"
+        if not self.order[name]:
+            self.order[name] = list(range(len(self.pools[name])))
+            self.rng.shuffle(self.order[name])
+        i = self.order[name].pop()
+        return (name, i), self.pools[name][i]
+
+    def next_rows(self) -> list[list[tuple]]:
+        rows = []
+        for _ in range(self.rows):
+            row, used = [], 0
+            while True:
+                item = self.carry if self.carry is not None else self._next()
+                self.carry = None
+                n = len(item[1].ids) - 1
+                if n > self.seq_len:
+                    continue  # cannot happen for sequences cut to seq_len tokens; never loop on one
+                if used + n > self.seq_len:
+                    self.carry = item
+                    break
+                row.append(item)
+                used += n
+            rows.append(row)
+        return rows
+
+
+def lr_at(step: int, progress: float, base: float, warmup: int, floor: float = 0.1) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def val_rows(seqs: list[Sequence], opts) -> list[list[tuple]]:
+    """The validation rows: held-out sequences packed in order, the first opts.val_rows rows."""
+    return [[(("val", i), seqs[i]) for i in row] for row in pack(seqs, opts.seq_len)][:opts.val_rows]
+
+
+@torch.no_grad()
+def validate(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids) -> dict:
+    """Held-out figures: per-step top-1 agreement with the target's greedy token, loss, and the
+    chain estimate of tokens per verify step with k = ttt_steps drafts."""
+    draft.eval()
+    accs, losses, weights, chains, starts = [], [], 0, 0.0, 0
+    for row in rows:
+        batch = TTTBatch.from_rows([[teacher.features(key, seq) for key, seq in row]], opts.seq_len)
+        with _autocast(teacher.device):
+            logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
+        stats = ttt_loss(logits, batch, teacher.label_logits(batch.label_hidden, draft_ids), draft.d2t, opts.decay)
+        n = int(batch.valid(0).sum())
+        accs.append([a * n for a in stats.step_acc])
+        losses.append(float(stats.loss) * n)
+        weights += n
+        est, k = chain_accept_len(batch, stats.correct)
+        chains += est * k
+        starts += k
+    draft.train()
+    return {"step_acc": [round(sum(a[t] for a in accs) / max(weights, 1), 4) for t in range(opts.ttt_steps)],
+            "loss": round(sum(losses) / max(weights, 1), 4),
+            "accept_len_estimate": round(chains / max(starts, 1), 3), "k": opts.ttt_steps}
+
+
+def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: list[Sequence], opts,
+          draft_ids: torch.Tensor, train_deadline: float | None, log) -> LoopResult:
+    dev = teacher.device
+    rows_per_step = max(1, opts.batch_tokens // opts.seq_len)
+    batcher = Batcher(pools, opts.gen_frac, opts.seq_len, rows_per_step, opts.seed)
+    val = val_rows(val_seqs, opts)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01,
+                            fused=dev.type == "cuda")
+    warmup = max(1, min(100, opts.steps // 20))
+    res = LoopResult()
+    draft.train()
+    t0 = last_log = time.perf_counter()
+    budget = None
+    if train_deadline is not None:
+        budget = train_deadline - t0
+        if budget < 30:
+            log(f"only {budget:.0f} s of the time budget are left for training; training 30 s anyway")
+            budget = 30.0
+    log_every = max(1, min(50, opts.steps // 20))
+    window_entries, window_t = 0, t0
+    step = 0
+    while step < opts.steps:
+        now = time.perf_counter()
+        progress = step / opts.steps if budget is None else max(step / opts.steps, (now - t0) / budget)
+        if progress >= 1.0:
+            break
+        lr = lr_at(step, progress, opts.lr, warmup)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        rows = [[teacher.features(key, seq) for key, seq in row] for row in batcher.next_rows()]
+        batch = TTTBatch.from_rows(rows, opts.seq_len)
+        target_logits = teacher.label_logits(batch.label_hidden, draft_ids)
+        with _autocast(dev):
+            logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
+        stats = ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay)
+        opt.zero_grad(set_to_none=True)
+        stats.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        loss = float(stats.loss.detach())  # syncs: the step time is measured honestly
+        n = int(batch.valid(0).sum())
+        res.entries += n
+        window_entries += n
+        if step == 0:
+            res.first_loss = loss
+        res.last_loss = loss
+        step += 1
+        now = time.perf_counter()
+        if step % log_every == 0 or step == opts.steps or now - last_log > 15:
+            rate = window_entries / max(now - window_t, 1e-9)
+            acc = " ".join(f"{a:.2f}" for a in stats.step_acc)
+            log(f"step {step}/{opts.steps}  loss {loss:.3f}  acc[{acc}]  lr {lr:.2e}  "
+                f"{rate:,.0f} tok/s  {(now - t0) / step:.3f} s/step  {now - t0:.0f} s")
+            last_log, window_entries, window_t = now, 0, now
+        if val and opts.eval_every and step % opts.eval_every == 0 and step < opts.steps:
+            v = validate(draft, teacher, val, opts, draft_ids)
+            v["step"] = step
+            res.history.append(v)
+            log(f"held-out @ {step}: acc {v['step_acc']}  loss {v['loss']}  est. accept len "
+                f"{v['accept_len_estimate']} (k={v['k']})")
+    res.steps_done = step
+    res.train_s = time.perf_counter() - t0
+    return res

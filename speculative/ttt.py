@@ -1,0 +1,194 @@
+"""Training-time test: the EAGLE-3 head unrolled over several draft steps on packed rows.
+
+What the speculator does at inference (speculative/speculator.py), restated per position:
+draft entry p pairs token x_{p+1} with a hidden state and predicts x_{p+2}. Step 0 is the
+draft-extend pass: its hidden state is the target's state f_p. Step t > 0 is the t-th decode
+step: its hidden state is the pre-norm output of step t-1 at position p-1, and its attention
+reads the step-0 keys at positions <= p-t (written by the extend pass) plus the keys that steps
+1..t wrote at positions p-t+1..p, one per step. `unroll` computes exactly that for every
+position at once: the keys of step t are [step 0 | step 1 shifted by t-1 | ... | step t], under
+a mask that is causal-minus-t on the first block and diagonal on the others. Every step of an
+entry is labelled with the same target distribution (the target's next-token logits at p+1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from engine.rope import apply_rope
+
+# Arbitrary boolean masks: the memory-efficient kernel on CUDA (never materialises the scores),
+# the math kernel elsewhere. Flash cannot take a mask; cuDNN's masked path is avoided on purpose.
+_MASKED_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@dataclass
+class DocFeatures:
+    """Draft entries of one sequence of n tokens (m = n - 1 entries), on the training device."""
+
+    tokens: torch.Tensor  # (m,) x_{p+1}
+    aux: torch.Tensor  # (m, A) target state f_p (extend width)
+    label_hidden: torch.Tensor  # (m, Ht) target's final (post-norm) state at p+1
+    greedy: torch.Tensor  # (m,) the target's argmax at p+1 (full vocabulary): x_{p+2} when greedy
+    is_response: torch.Tensor  # (m,) bool: x_{p+2} is a token the target generated itself
+
+    @property
+    def num_entries(self) -> int:
+        return self.tokens.shape[0]
+
+
+@dataclass
+class TTTBatch:
+    tokens: torch.Tensor  # (B, L)
+    positions: torch.Tensor  # (B, L) position inside its own sequence (0 on padding)
+    doc: torch.Tensor  # (B, L) sequence index inside the row, -1 on padding
+    aux: torch.Tensor  # (B, L, A)
+    label_hidden: torch.Tensor  # (B, L, Ht)
+    greedy: torch.Tensor  # (B, L)
+    is_response: torch.Tensor  # (B, L) bool
+
+    @classmethod
+    def from_rows(cls, rows: list[list[DocFeatures]], seq_len: int) -> "TTTBatch":
+        """Packs rows of sequences into (B, seq_len) tensors; every row's entries fit in seq_len."""
+        first = rows[0][0]
+        dev = first.tokens.device
+        B = len(rows)
+        out = cls(
+            tokens=torch.zeros(B, seq_len, dtype=torch.long, device=dev),
+            positions=torch.zeros(B, seq_len, dtype=torch.long, device=dev),
+            doc=torch.full((B, seq_len), -1, dtype=torch.long, device=dev),
+            aux=first.aux.new_zeros(B, seq_len, first.aux.shape[-1]),
+            label_hidden=first.label_hidden.new_zeros(B, seq_len, first.label_hidden.shape[-1]),
+            greedy=torch.zeros(B, seq_len, dtype=torch.long, device=dev),
+            is_response=torch.zeros(B, seq_len, dtype=torch.bool, device=dev),
+        )
+        for b, row in enumerate(rows):
+            at = 0
+            for d, f in enumerate(row):
+                m = f.num_entries
+                sl = slice(at, at + m)
+                out.tokens[b, sl] = f.tokens
+                out.positions[b, sl] = torch.arange(m, device=dev)
+                out.doc[b, sl] = d
+                out.aux[b, sl] = f.aux
+                out.label_hidden[b, sl] = f.label_hidden
+                out.greedy[b, sl] = f.greedy
+                out.is_response[b, sl] = f.is_response
+                at += m
+            assert at <= seq_len, "a packed row is longer than seq_len"
+        return out
+
+    def valid(self, t: int) -> torch.Tensor:
+        """(B, L) entries that exist at step t: step t at p needs step t-1 at p-1 in the same sequence."""
+        return (self.doc >= 0) & (self.positions >= t)
+
+
+def _shift_right(x: torch.Tensor, s: int) -> torch.Tensor:
+    """x (B, L, ...) -> row p holds x[p - s]; the first s rows are zeros."""
+    if s == 0:
+        return x
+    return torch.cat([x.new_zeros(x.shape[0], s, *x.shape[2:]), x[:, :x.shape[1] - s]], dim=1)
+
+
+def _step_mask(batch: TTTBatch, t: int) -> torch.Tensor:
+    """(B, 1, L, (t+1)L) bool: which keys a step-t query sees (see the module docstring)."""
+    B, L = batch.tokens.shape
+    pos, doc = batch.positions, batch.doc
+    valid = batch.valid(t)
+    same = (doc[:, :, None] == doc[:, None, :]) & (doc[:, :, None] >= 0)
+    first = same & (pos[:, None, :] <= pos[:, :, None] - t)
+    eye = torch.eye(L, dtype=torch.bool, device=pos.device).expand(B, L, L)
+    first = first | (eye & ~valid[:, :, None])  # rows that do not exist see themselves: no NaN
+    return torch.cat([first] + [eye] * t, dim=-1).unsqueeze(1)
+
+
+def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int) -> list[torch.Tensor]:
+    """Returns the draft's logits (B, L, Vd) fp32 for steps 0..num_steps-1."""
+    layer = draft.midlayer
+    dc = draft.config
+    B, L = batch.tokens.shape
+    Hq, Hkv, D = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    with torch.no_grad():
+        embeds = embed(batch.tokens)  # (B, L, H) the target's embeddings, frozen
+    hidden = draft.fc(batch.aux) if dc.needs_fc else batch.aux
+    cos_sin = draft.cos_sin.index_select(0, batch.positions.reshape(-1))  # (B*L, D)
+    keys, values, logits = [], [], []
+    for t in range(num_steps):
+        if t > 0:
+            hidden = _shift_right(out, 1)  # step t at p consumes step t-1's output at p-1
+        normed_h = layer.hidden_norm(hidden)
+        residual = normed_h if layer.norm_before_residual else hidden
+        x = torch.cat([layer.input_layernorm(embeds), normed_h], dim=-1)  # (B, L, 2H)
+        q, k, v = layer.self_attn.qkv_proj(x).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+        q = apply_rope(q.reshape(B * L, Hq, D), cos_sin).view(B, L, Hq, D)
+        k = apply_rope(k.reshape(B * L, Hkv, D), cos_sin).view(B, L, Hkv, D)
+        keys.append(k)
+        values.append(v.reshape(B, L, Hkv, D))
+        # Keys of step t: step 0 as is, step i (1..t) shifted so that row p holds position p-t+i.
+        k_all = torch.cat([keys[0]] + [_shift_right(keys[i], t - i) for i in range(1, t + 1)], dim=1)
+        v_all = torch.cat([values[0]] + [_shift_right(values[i], t - i) for i in range(1, t + 1)], dim=1)
+        g = Hq // Hkv  # GQA by repeating: keeps SDPA on its masked memory-efficient kernel
+        k_all = k_all.repeat_interleave(g, dim=2).transpose(1, 2)  # (B, Hq, S, D)
+        v_all = v_all.repeat_interleave(g, dim=2).transpose(1, 2)
+        with sdpa_kernel(_MASKED_BACKENDS):
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k_all, v_all, attn_mask=_step_mask(batch, t),
+                                               scale=layer.scale)  # (B, Hq, L, D)
+        h = residual + layer.self_attn.o_proj(o.transpose(1, 2).reshape(B, L, Hq * D))
+        out = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits.append(draft.lm_head(draft.norm(out)).float())
+    return logits
+
+
+@dataclass
+class StepStats:
+    loss: torch.Tensor  # scalar, weighted over steps, with grad
+    step_loss: list[float]
+    step_acc: list[float]  # top-1 agreement with the target's greedy token, per step
+    correct: list[torch.Tensor]  # (B, L) bool per step
+
+
+def ttt_loss(step_logits: list[torch.Tensor], batch: TTTBatch, target_logits: torch.Tensor,
+             d2t: torch.Tensor, decay: float) -> StepStats:
+    """Soft cross-entropy against the target's distribution over the draft vocabulary.
+    target_logits: (B, L, Vd) the target's logits at p+1 restricted to the draft vocabulary."""
+    target_p = torch.softmax(target_logits.float(), dim=-1)
+    total, weight_sum = 0.0, 0.0
+    losses, accs, corrects = [], [], []
+    for t, logits in enumerate(step_logits):
+        valid = batch.valid(t)
+        ce = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)  # (B, L)
+        n = valid.sum().clamp(min=1)
+        loss_t = (ce * valid).sum() / n
+        w = decay ** t
+        total = total + w * loss_t
+        weight_sum += w
+        with torch.no_grad():
+            pred = logits.argmax(-1)
+            correct = ((pred + d2t[pred]) == batch.greedy) & valid
+            corrects.append(correct)
+            losses.append(float(loss_t))
+            accs.append(float(correct.sum() / n))
+    return StepStats(total / weight_sum, losses, accs, corrects)
+
+
+def chain_accept_len(batch: TTTBatch, correct: list[torch.Tensor]) -> tuple[float, int]:
+    """Estimated mean tokens per verify step (accepted drafts + bonus) with k = len(correct)
+    drafts: from each starting entry p, drafts are accepted while step t is right at p + t in the
+    same sequence. Exact for text the target generated greedily; starts are the response entries
+    when there are any, else every entry. Returns (estimate, number of starts)."""
+    B, L = batch.tokens.shape
+    starts = batch.is_response if bool(batch.is_response.any()) else batch.valid(0)
+    alive = starts.clone()
+    total = torch.zeros((), device=alive.device)
+    for t, c in enumerate(correct):
+        at = torch.zeros_like(c)
+        at[:, :L - t] = c[:, t:] & (batch.doc[:, t:] == batch.doc[:, :L - t])
+        alive = alive & at
+        total = total + alive.sum()
+    n = int(starts.sum())
+    return 1.0 + float(total) / max(n, 1), n

@@ -1,0 +1,110 @@
+"""`localchat train-draft` on a tiny target: the loss falls, the head is in the SGLang format,
+loads through Engine.load, and speculation with it is lossless (greedy)."""
+
+import json
+import random
+from argparse import Namespace
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from engine import Engine
+from engine.errors import UserError
+from engine.types import SamplingParams
+from speculative.train import cmd_train
+from speculative.train_data import HELDOUT_PERCENT, heldout_prompts, is_heldout, load_jsonl, split
+from tests.tiny import make_tiny_model
+
+WORDS = ("the quick brown fox jumps over a lazy dog hello how are you today fine thank "
+         "paris is capital of france numbers one two three").split()
+
+
+def _write_data(path, n=200, seed=0):
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            msgs = [{"role": "user" if t % 2 == 0 else "assistant",
+                     "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))}
+                    for t in range(rng.randint(2, 6))]
+            f.write(json.dumps({"messages": msgs}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    base = tmp_path_factory.mktemp("train")
+    target = make_tiny_model(base / "target", "llama", num_layers=4)
+    data = _write_data(base / "data.jsonl")
+    out = base / "head"
+    args = Namespace(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=40,
+                     device="cpu", seq_len=128, batch_tokens=512, gen=3, gen_tokens=16, eval_every=20,
+                     eval_prompts=2, lr=2e-3, time_budget=None)
+    assert cmd_train(args) == 0
+    return target, data, out
+
+
+def test_loss_falls_and_provenance(trained):
+    _, _, out = trained
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["train"]["steps_done"] == 40
+    assert prov["train"]["last_loss"] < prov["train"]["first_loss"] - 0.5
+    assert prov["validation_history"] and prov["final_eval"]["step_acc"]
+    assert prov["final_eval"]["speculator"]["identical"] == 2
+    assert "sha256(id)" in prov["data"]["split"]
+    assert (out / "README.md").read_text().startswith("# EAGLE-3 draft head")
+
+
+def test_sglang_format(trained):
+    target, _, out = trained
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True}
+    assert cfg["draft_vocab_size"] == 128 and cfg["vocab_size"] == 384 and cfg["target_hidden_size"] == 64
+    assert cfg["torch_dtype"] == "bfloat16"
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
+        assert f.get_tensor("midlayer.self_attn.q_proj.weight").dtype == torch.bfloat16
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+    assert t2d.sum() == 128 and torch.equal(torch.nonzero(t2d).flatten(), torch.arange(128) + d2t)
+    proj = {f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"} | {f"midlayer.mlp.{p}_proj.weight"
+                                                                      for p in ("gate", "up", "down")}
+    assert proj | {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= names
+    assert not any("qkv_proj" in n or "gate_up" in n for n in names)
+
+
+def test_head_loads_and_is_lossless(trained):
+    target, data, out = trained
+    engine = Engine.load(str(target), draft=str(out), device="cpu", draft_steps=4)
+    prompts = heldout_prompts(3, data=str(data))
+    assert len(prompts) == 3
+    for msgs in prompts:
+        params = SamplingParams(max_tokens=40)
+        plain = engine.generate(msgs, params, speculative=False)
+        engine.reset()
+        spec = engine.generate(msgs, params, speculative=True)
+        engine.reset()
+        assert spec.token_ids == plain.token_ids
+        assert spec.stats.verify_steps > 0
+
+
+def test_split_is_deterministic_and_disjoint(tmp_path):
+    convs = load_jsonl(_write_data(tmp_path / "d.jsonl", n=400))
+    train, held = split(convs)
+    assert len(train) + len(held) == 400 and 0 < len(held) < 0.15 * 400
+    assert all(is_heldout(c.id) for c in held) and not any(is_heldout(c.id) for c in train)
+    assert HELDOUT_PERCENT == 5
+    assert split(load_jsonl(tmp_path / "d.jsonl"))[1] == held
+    first = heldout_prompts(2, data=str(tmp_path / "d.jsonl"))
+    assert [m["role"] for m in first[0]] == ["user"]
+    assert first[0][0]["content"] == held[0].messages[0]["content"]
+
+
+def test_mtp_and_bad_data(tmp_path):
+    with pytest.raises(UserError, match="not available yet"):
+        cmd_train(Namespace(model="demo", out=str(tmp_path), kind="mtp"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": "hi"}\n')
+    with pytest.raises(UserError, match="line 1"):
+        load_jsonl(bad)
