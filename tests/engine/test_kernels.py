@@ -23,6 +23,7 @@ if INTERPRET:
 
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
+from engine.kernels.attention_fused import decode_attention_fused  # noqa: E402
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref  # noqa: E402
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 
@@ -139,11 +140,15 @@ def test_norm_and_activation_refs():
 # ---- kernels vs references (CUDA, or the CPU interpreter on request) -----------------------
 
 
+ATTN_OPS = [pytest.param(decode_attention, id="split+reduce"), pytest.param(decode_attention_fused, id="fused")]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", ATTN_SHAPES)
 @pytest.mark.parametrize("kind", POSITION_KINDS)
-def test_decode_attention(device, dtype, shape, kind):
+@pytest.mark.parametrize("op", ATTN_OPS)
+def test_decode_attention(device, dtype, shape, kind, op):
     gen = torch.Generator().manual_seed(sum(shape) * 10 + POSITION_KINDS.index(kind))
     num_rows, num_heads, num_kv_heads, head_dim, max_seq_len = shape
     # q as a strided view into a fused qkv output, as the model hands it over.
@@ -153,14 +158,15 @@ def test_decode_attention(device, dtype, shape, kind):
     v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
     positions = make_positions(kind, num_rows, max_seq_len, gen).to(device)
     scale = head_dim**-0.5
-    out = decode_attention(q, k_cache, v_cache, positions, scale)
+    out = op(q, k_cache, v_cache, positions, scale)
     assert out.shape == q.shape and out.dtype == dtype
     torch.testing.assert_close(out, decode_attention_ref(q, k_cache, v_cache, positions, scale), **tol(device, dtype))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_decode_attention_graph_replay():
+@pytest.mark.parametrize("op", ATTN_OPS)
+def test_decode_attention_graph_replay(op):
     """Captured once, replayed with new positions and cache contents: equals eager."""
     gen = torch.Generator().manual_seed(0)
     num_rows, num_heads, num_kv_heads, head_dim, max_seq_len = 6, 32, 8, 128, 4096
@@ -168,10 +174,10 @@ def test_decode_attention_graph_replay():
     k_cache = torch.zeros(max_seq_len, num_kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.zeros_like(k_cache)
     positions = torch.zeros(num_rows, device="cuda", dtype=torch.int64)
-    decode_attention(q, k_cache, v_cache, positions, 0.1)  # compile outside the capture
+    op(q, k_cache, v_cache, positions, 0.1)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = decode_attention(q, k_cache, v_cache, positions, 0.1)
+        out = op(q, k_cache, v_cache, positions, 0.1)
     for step in range(20):
         q.copy_(torch.randn(q.shape, generator=gen))
         k_cache.copy_(torch.randn(k_cache.shape, generator=gen))

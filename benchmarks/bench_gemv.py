@@ -1,0 +1,190 @@
+"""Times the gemv kernels against cuBLAS (F.linear) for Llama-3.1-8B and SmolLM2-135M shapes.
+
+Every case runs inside a CUDA graph of `--calls` back-to-back calls, each reading a
+different copy of the weight (together larger than L2, as a decode step reads them), timed
+with CUDA events over `--iters` replays. Fused prologues are timed against the unfused
+sequences they replace. A few alternative tile configs are swept for the M=1 shapes that
+matter most, so the built-in table in engine/kernels/gemv.py can be corrected from one run.
+A case that fails is reported and skipped; the sweep stops at --max-seconds.
+
+    python benchmarks/bench_gemv.py --out bench_gemv.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.kernels.activation import silu_and_mul  # noqa: E402
+from engine.kernels.gemv import (  # noqa: E402
+    GemvConfig, default_config, gemv, gemv_ref, rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
+)
+from engine.kernels.norm import add_rms_norm  # noqa: E402
+
+DTYPE = torch.bfloat16
+PEAK_GB_S = 4300.0
+# name -> (N, K)
+SHAPES = {
+    "8b qkv": (6144, 4096), "8b o_proj": (4096, 4096), "8b gate_up": (28672, 4096),
+    "8b down": (4096, 14336), "8b lm_head": (128256, 4096),
+    "smol qkv": (960, 576), "smol o_proj": (576, 576), "smol gate_up": (3072, 576),
+    "smol down": (576, 1536), "smol lm_head": (49152, 576),
+}
+RMS_SHAPES = ("8b qkv", "8b gate_up", "smol qkv", "smol gate_up")  # projections that follow a norm
+SILU_SHAPES = ("8b down", "smol down")
+SWEEP_SHAPES = ("8b qkv", "8b o_proj", "8b down", "smol o_proj", "smol down")
+SWEEP = [GemvConfig(*c) for c in [  # (block_n, block_k, split_k, num_warps, num_stages)
+    (8, 512, 1, 4, 3), (16, 512, 1, 4, 3), (4, 512, 1, 4, 3), (8, 256, 1, 4, 3), (8, 512, 2, 4, 3),
+    (32, 256, 1, 8, 3), (8, 256, 4, 4, 3),
+]]
+
+
+def time_graph(fn, iters: int, calls: int) -> float:
+    """Microseconds per call, from a graph holding `calls` calls (fn(i) for i in range(calls))."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(min(calls, 3)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (iters * calls)
+
+
+def max_diff(a, b) -> float:
+    if isinstance(a, tuple):
+        return max(max_diff(x, y) for x, y in zip(a, b))
+    return (a.float() - b.float()).abs().max().item()
+
+
+def make_inputs(m: int, n: int, k: int):
+    """Weight copies totalling >= ~256 MB (at most 8, at least 1) so L2 holds none of them."""
+    copies = max(1, min(8, (256 << 20) // (n * k * 2) + 1))
+    weights = [torch.randn(n, k, device="cuda", dtype=DTYPE) / k**0.5 for _ in range(copies)]
+    return dict(
+        x=torch.randn(m, k, device="cuda", dtype=DTYPE), residual=torch.randn(m, k, device="cuda", dtype=DTYPE),
+        norm_weight=1 + 0.1 * torch.randn(k, device="cuda", dtype=DTYPE),
+        gate_up=torch.randn(m, 2 * k, device="cuda", dtype=DTYPE), weights=weights,
+    )
+
+
+def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool):
+    """Yields (variant, impl, fn(i), check() -> max diff vs reference)."""
+    ws, x, res, nw, gu = inp["weights"], inp["x"], inp["residual"], inp["norm_weight"], inp["gate_up"]
+    w0 = ws[0]
+    want = gemv_ref(x, w0)
+    yield "linear", "cublas", lambda i: F.linear(x, ws[i % len(ws)]), lambda: 0.0
+    yield "linear", "gemv", lambda i: gemv(x, ws[i % len(ws)]), lambda: max_diff(gemv(x, w0), want)
+    if sweep:
+        for cfg in SWEEP:
+            label = f"gemv bn{cfg.block_n} bk{cfg.block_k} sk{cfg.split_k} w{cfg.num_warps} s{cfg.num_stages}"
+            yield "linear", label, (lambda i, c=cfg: gemv(x, ws[i % len(ws)], config=c)), \
+                (lambda c=cfg: max_diff(gemv(x, w0, config=c), want))
+    if name in RMS_SHAPES:
+        want_rms = rms_norm_gemv_ref(x, res, nw, 1e-5, w0)
+        yield "rms_norm+linear", "add_rms_norm+cublas", \
+            lambda i: F.linear(add_rms_norm(x, res, nw, 1e-5)[0], ws[i % len(ws)]), lambda: 0.0
+        yield "rms_norm+linear", "add_rms_norm+gemv", \
+            lambda i: gemv(add_rms_norm(x, res, nw, 1e-5)[0], ws[i % len(ws)]), lambda: 0.0
+        yield "rms_norm+linear", "rms_norm_gemv", lambda i: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)]), \
+            lambda: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0), want_rms)
+    if name in SILU_SHAPES:
+        want_silu = silu_mul_gemv_ref(gu, w0)
+        yield "silu_mul+linear", "silu_and_mul+cublas", lambda i: F.linear(silu_and_mul(gu), ws[i % len(ws)]), \
+            lambda: 0.0
+        yield "silu_mul+linear", "silu_and_mul+gemv", lambda i: gemv(silu_and_mul(gu), ws[i % len(ws)]), \
+            lambda: 0.0
+        yield "silu_mul+linear", "silu_mul_gemv", lambda i: silu_mul_gemv(gu, ws[i % len(ws)]), \
+            lambda: max_diff(silu_mul_gemv(gu, w0), want_silu)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--iters", type=int, default=20, help="graph replays timed")
+    parser.add_argument("--calls", type=int, default=16, help="calls captured in one graph")
+    parser.add_argument("--rows", default="1,6", help="comma list of M values")
+    parser.add_argument("--only", default="", help="comma list of shape-name substrings (default: all)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the tile-config sweep")
+    parser.add_argument("--max-seconds", type=float, default=50.0, help="sweep cases stop after this")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_gemv needs a CUDA GPU")
+    torch.manual_seed(0)
+    began = time.time()
+    results = []
+    print(f"{'M':>2s} {'shape':13s} {'variant':16s} {'impl':32s} {'us':>8s} {'GB/s':>7s} {'%peak':>6s} {'diff':>8s}")
+    for m in (int(r) for r in args.rows.split(",")):
+        for name, (n, k) in SHAPES.items():
+            if args.only and not any(s in name for s in args.only.split(",")):
+                continue
+            try:
+                inp = make_inputs(m, n, k)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                print(f"{m:2d} {name:13s} inputs failed: {exc}", flush=True)
+                continue
+            sweep = m == 1 and name in SWEEP_SHAPES and not args.no_sweep
+            weight_bytes = n * k * 2
+            default = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+            for variant, impl, fn, check in cases(m, name, n, k, inp, sweep):
+                if impl.startswith("gemv b") and time.time() - began > args.max_seconds:
+                    continue
+                row = dict(m=m, shape=name, n=n, k=k, variant=variant, impl=impl, default_config=default.__dict__)
+                try:
+                    row["max_abs_diff"] = check()
+                    row["us"] = time_graph(fn, args.iters, args.calls)
+                    row["gb_s"] = weight_bytes / row["us"] / 1e3
+                    row["pct_peak"] = 100 * row["gb_s"] / PEAK_GB_S
+                    print(f"{m:2d} {name:13s} {variant:16s} {impl:32s} {row['us']:8.2f} {row['gb_s']:7.0f} "
+                          f"{row['pct_peak']:5.1f}% {row['max_abs_diff']:8.1e}", flush=True)
+                except Exception as exc:  # noqa: BLE001 - one bad config must not end the run
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                    row["traceback"] = traceback.format_exc()[-4000:]
+                    print(f"{m:2d} {name:13s} {variant:16s} {impl:32s} FAILED {row['error'][:200]}", flush=True)
+                results.append(row)
+            del inp
+            torch.cuda.empty_cache()
+    import triton
+
+    report = dict(
+        device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, dtype=str(DTYPE),
+        iters=args.iters, calls_per_graph=args.calls, peak_gb_s=PEAK_GB_S, seconds=time.time() - began,
+        results=results,
+    )
+    args.out.write_text(json.dumps(report, indent=2))
+    best = {}
+    for row in results:
+        if row["variant"] == "linear" and "us" in row and row["impl"] != "cublas":
+            key = (row["m"], row["shape"])
+            if key not in best or row["us"] < best[key]["us"]:
+                best[key] = row
+    print("\nfastest gemv config per shape (M, shape: impl us vs cublas us)")
+    for (m, name), row in best.items():
+        cublas = next((r for r in results if r["m"] == m and r["shape"] == name and r["impl"] == "cublas"
+                       and "us" in r), None)
+        print(f"{m:2d} {name:13s} {row['impl']:32s} {row['us']:8.2f} vs {cublas['us'] if cublas else float('nan'):8.2f}")
+    print(f"wrote {args.out} in {time.time() - began:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Compiles the gemv and single-launch attention kernels for sm_90 on a machine without a GPU.
+
+Uses Triton's bundled ptxas; pointers and strides are marked 16-divisible as the JIT
+specializes them at run time, so the PTX shows the vector widths the GPU will get.
+
+    python benchmarks/compile_check.py  # prints one line per variant; exits 1 on a failure
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from engine.kernels import attention_fused, gemv, next_pow2  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def compile_one(kern, sig: dict, consts: dict, divisible: list[str], num_warps: int, num_stages: int):
+    names = kern.arg_names
+    sig = {**sig, **{k: "constexpr" for k in consts}}
+    src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs={(names.index(a),): [["tt.divisibility", 16]] for a in divisible})
+    return triton.compile(src, target=TARGET, options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def gemv_variants():
+    kern = gemv._kernels()
+    ptrs = ["x_ptr", "res_ptr", "nw_ptr", "new_res_ptr", "w_ptr", "bias_ptr", "out_ptr"]
+    ints = ["num_rows", "N", "K", "stride_x", "stride_res", "stride_new_res", "stride_w", "stride_out"]
+    sig = {**{p: "*bf16" for p in ptrs}, "part_ptr": "*fp32", "count_ptr": "*i32", **{i: "i32" for i in ints},
+           "eps": "fp32"}
+    divisible = ptrs + ["part_ptr", "count_ptr"] + ints[1:]
+    for m in (1, 6, 16):
+        for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (128256, 4096),
+                     (960, 576), (576, 576), (3072, 576), (576, 1536)]:
+            for prologue in (gemv.NONE, gemv.RMS_NORM, gemv.SILU_MUL):
+                cfg = gemv.default_config(m, n, k)
+                k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
+                consts = dict(PROLOGUE=prologue, HAS_RESIDUAL=prologue == gemv.RMS_NORM, HAS_BIAS=m == 6,
+                              USE_DOT=m > 1, DOT_F32=False, SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split,
+                              EVEN_K=k_per_split * cfg.split_k == k, BLOCK_M=1 if m == 1 else max(16, next_pow2(m)),
+                              BLOCK_N=cfg.block_n if m == 1 else max(16, cfg.block_n), BLOCK_K=cfg.block_k)
+                yield f"gemv M={m} N={n} K={k} prologue={prologue} {cfg}", kern, sig, consts, divisible, \
+                    cfg.num_warps, cfg.num_stages
+
+
+def attention_variants():
+    kern = attention_fused._kernels()
+    strides = ["stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot", "stride_oh"]
+    sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "pos_ptr": "*i32", "part_o_ptr": "*fp32",
+           "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "count_ptr": "*i32", "num_rows": "i32",
+           **{s: "i32" for s in strides}, "qk_scale": "fp32"}
+    divisible = [a for a in sig if a.endswith("_ptr")] + strides
+    for rows, heads, kv_heads, head_dim, max_seq_len in [(1, 32, 8, 128, 4096), (6, 32, 8, 128, 4096),
+                                                         (16, 32, 8, 128, 32768), (1, 9, 3, 64, 4096),
+                                                         (6, 9, 3, 64, 4096)]:
+        group = heads // kv_heads
+        splits = attention_fused._num_splits(kv_heads, max_seq_len, 64, 132)
+        block_m, block_d = max(16, next_pow2(rows * group)), max(16, next_pow2(head_dim))
+        consts = dict(GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=64,
+                      BLOCK_D=block_d, MERGE_ROWS=max(1, min(next_pow2(rows * group), 8192 // (splits * block_d))),
+                      DOT_F32=False)
+        yield f"attention_fused T={rows} Hq={heads} Hkv={kv_heads} D={head_dim} S={max_seq_len}", kern, sig, \
+            consts, divisible, 4 if block_m <= 32 else 8, 2
+
+
+def main() -> None:
+    failed = 0
+    for variant in (*gemv_variants(), *attention_variants()):
+        name, *rest = variant
+        try:
+            ptx = compile_one(*rest).asm["ptx"]
+            vec = len(re.findall(r"ld\.global(\.\w+)*\.v4", ptx))
+            print(f"ok   {name}  v4 loads={vec} cp.async={ptx.count('cp.async.cg')}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - report every variant
+            failed += 1
+            print(f"FAIL {name}: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

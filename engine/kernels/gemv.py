@@ -1,0 +1,268 @@
+"""Skinny matmul out = x @ weight.T for M = 1..16 rows (decode/verify), with fused prologues.
+
+One kernel serves three ops, each beside its plain-torch reference:
+  gemv(x, weight, bias)                              out = x @ W.T (+ bias)
+  rms_norm_gemv(x, residual, norm_weight, eps, W)    h = x + residual; out = rms_norm(h) @ W.T
+  silu_mul_gemv(gate_up, W)                          out = (silu(gate) * up) @ W.T
+
+Each program owns BLOCK_N output columns of every row and one K range (split). With one
+split it stores the result; with several, it stores an fp32 partial and bumps a per-tile
+counter, and the program that arrives last sums the partials, stores the output and
+resets the counter for the next launch. One launch, no host sync, no memset, grid fixed
+by the shape: safe to capture in a CUDA graph. Launches that share counters must not run
+concurrently on different streams.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import next_pow2, triton_interpreting
+
+triton = tl = None  # bound by _kernels(): Triton is imported on first use only
+
+NONE, RMS_NORM, SILU_MUL = 0, 1, 2  # prologue kinds
+MAX_ROWS = 16
+_MAX_TILES = 1 << 16  # split-K counters per device
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int  # output columns per program
+    block_k: int  # reduction elements per loop step
+    split_k: int  # programs along K per column tile; 1: no reduction pass
+    num_warps: int
+    num_stages: int
+
+
+def default_config(num_rows: int, n: int, k: int, num_sms: int = 132) -> GemvConfig:
+    """A fixed table by shape class (no autotuning: start-up stays fast, graphs stay valid).
+
+    M = 1: 8 x 512 tiles (~80 registers a thread, about 6 programs per SM, 8 KB of 16-byte
+    loads in flight each). The grid is kept within one wave of those slots; split-K is
+    used only when column tiles leave slots idle (short N), with the fewest K steps per
+    program that still fit, since such shapes are latency-bound (SmolLM2: one or two steps).
+    M > 1: tensor-core dot on 16 x 256 tiles.
+    """
+    if num_rows == 1:
+        block_n, block_k, slots = 8, (512 if k >= 2048 else 256), 6 * num_sms
+    else:
+        block_n, block_k, slots = 16, 256, 4 * num_sms
+    block_k = min(block_k, max(64, next_pow2(k)))
+    tiles = -(-n // block_n)
+    k_blocks = -(-k // block_k)
+    split = 1
+    for steps in range(1, k_blocks + 1):  # fewest K steps per program whose grid fits the slots
+        split = -(-k_blocks // steps)
+        if tiles * split <= slots or split == 1:
+            break
+    split = min(split, 8)
+    return GemvConfig(block_n, block_k, split, num_warps=4, num_stages=3 if num_rows == 1 else 2)
+
+
+@functools.cache
+def _tile_counters(device: torch.device) -> torch.Tensor:
+    # Zeroed once; each split-K launch leaves its counters at zero again.
+    return torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+
+
+@functools.cache
+def _kernels():
+    global triton, tl
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_kernel(
+        x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
+        num_rows, N, K, stride_x, stride_res, stride_new_res, stride_w, stride_out, eps,
+        PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
+        SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rows = tl.arange(0, BLOCK_M)
+        row_ok = rows < num_rows
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        w_rows = tl.where(n_ok, offs_n, 0)  # clamped instead of masked: loads stay vectorized
+        k_start = pid_k * K_PER_SPLIT
+        inv_rms = tl.zeros([BLOCK_M], tl.float32)
+        if PROLOGUE == 1:
+            # The norm needs the whole row's mean square first: a pass over K (L2-resident).
+            sq = tl.zeros([BLOCK_M], tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                mask = row_ok[:, None] & (offs_k < K)[None, :]
+                h = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
+                if HAS_RESIDUAL:
+                    res = tl.load(res_ptr + rows[:, None] * stride_res + offs_k[None, :], mask=mask, other=0.0)
+                    h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
+                sq += tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=1)
+            inv_rms = tl.rsqrt(sq / K + eps)
+        if USE_DOT:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        else:
+            acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # M == 1: reduce once, after the loop
+        for kk in range(0, K_PER_SPLIT, BLOCK_K):
+            offs_k = k_start + kk + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                k_ok = offs_k < K_PER_SPLIT * SPLIT_K
+                w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
+            else:
+                k_ok = offs_k < K
+                w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+            # a: the (BLOCK_M, BLOCK_K) fp32 left operand after the prologue
+            mask = row_ok[:, None] & k_ok[None, :]
+            x = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
+            if PROLOGUE == 1:  # RMS_NORM, rounded like rms_norm_gemv_ref at each step
+                h = x
+                if HAS_RESIDUAL:
+                    res = tl.load(res_ptr + rows[:, None] * stride_res + offs_k[None, :], mask=mask, other=0.0)
+                    h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+                    if pid_n == 0:  # column tile 0 writes the new residual stream
+                        tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_k[None, :], h, mask=mask)
+                normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
+                nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
+            elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
+                up = tl.load(x_ptr + rows[:, None] * stride_x + K + offs_k[None, :], mask=mask, other=0.0)
+                gate = x.to(tl.float32)
+                act = (gate * tl.sigmoid(gate)).to(x.dtype).to(tl.float32)
+                a = (act * up.to(tl.float32)).to(x.dtype).to(tl.float32)
+            else:
+                a = x.to(tl.float32)
+            if USE_DOT:
+                if DOT_F32:
+                    acc += tl.dot(a, tl.trans(w.to(tl.float32)), input_precision="ieee")
+                else:
+                    acc += tl.dot(a.to(w.dtype), tl.trans(w))
+            else:
+                acc2 += w.to(tl.float32) * a  # a: (1, BLOCK_K)
+        if not USE_DOT:
+            acc = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
+        out_mask = row_ok[:, None] & n_ok[None, :]
+        if SPLIT_K > 1:
+            # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
+            part = part_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.store(part + pid_k * num_rows * N, acc, mask=out_mask)
+            tl.debug_barrier()  # every thread's partial is written before the counter moves
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:  # last program of this column tile: sum the splits
+                tl.debug_barrier()
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for s in range(SPLIT_K):
+                    acc += tl.load(part + s * num_rows * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
+                         acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
+        else:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+    return gemv_kernel
+
+
+def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config) -> tuple[torch.Tensor, torch.Tensor | None]:
+    num_rows = x.shape[0]
+    n = weight.shape[0]
+    assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
+    assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
+    assert bias is None or bias.shape == (n,)
+    cfg = config or default_config(num_rows, n, k, _num_sms(x.device))
+    kernel = _kernels()
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
+    new_res = None
+    res = nw = new_res_arg = x  # unused by the kernel unless the prologue reads them
+    if prologue == RMS_NORM:
+        assert norm_weight.shape == (k,)
+        nw, new_res = norm_weight, x  # no residual (first layer): the stream is x itself
+        if residual is not None:
+            assert residual.shape == x.shape and residual.stride(1) == 1
+            new_res = torch.empty_like(x, memory_format=torch.contiguous_format)
+            res, new_res_arg = residual, new_res
+    tiles = -(-n // cfg.block_n)
+    k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
+    if cfg.split_k > 1:
+        assert tiles <= _MAX_TILES
+        part = torch.empty((cfg.split_k, num_rows, n), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device)
+    else:
+        part = counters = out  # unused
+    interpreting = triton_interpreting()
+    kernel[(tiles, cfg.split_k)](
+        x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
+        num_rows, n, k, x.stride(0), res.stride(0), new_res_arg.stride(0), weight.stride(0), out.stride(0),
+        float(eps),
+        PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=num_rows > 1,
+        DOT_F32=x.dtype == torch.float32 or interpreting,
+        SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
+        BLOCK_M=1 if num_rows == 1 else max(16, next_pow2(num_rows)),
+        BLOCK_N=cfg.block_n if num_rows == 1 else max(16, cfg.block_n), BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages,
+    )
+    return out, new_res
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         config: GemvConfig | None = None) -> torch.Tensor:
+    """x (M, K), weight (N, K) as nn.Linear holds it -> (M, N) in x's dtype, fp32 accumulation.
+
+    CUDA (or the Triton interpreter); no host sync; graph-capturable. `config` overrides
+    the built-in table (benchmarks).
+    """
+    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config)[0]
+
+
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+             config: GemvConfig | None = None) -> torch.Tensor:
+    """Reference: F.linear (what nn.Linear computes)."""
+    return F.linear(x, weight, bias)
+
+
+def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                  weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """add_rms_norm followed by a projection, in one launch: returns (out, x + residual).
+
+    x, residual (M, K) (residual None: the first layer; the stream returned is x itself);
+    norm_weight (K,); weight (N, K). Every program recomputes the
+    row's rms (one extra pass over 2 * M * K elements from L2); column tile 0 writes the
+    new residual.
+    """
+    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config)
+
+
+def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
+    h = x if residual is None else x + residual
+    hf = h.float()
+    normed = (hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+    return F.linear((normed * norm_weight).to(x.dtype), weight, bias), h
+
+
+def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  config: GemvConfig | None = None) -> torch.Tensor:
+    """gate_up (M, 2I) = [gate | up], weight (N, I) -> (silu(gate) * up) @ weight.T, (M, N)."""
+    assert gate_up.shape[1] % 2 == 0
+    return _launch(SILU_MUL, gate_up, None, None, 0.0, weight, bias, gate_up.shape[1] // 2, config)[0]
+
+
+def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, weight, bias)

@@ -1,0 +1,137 @@
+"""gemv kernels (plain, RMSNorm prologue, SiLU-mul prologue) == their torch references.
+
+CUDA tests are marked gpu; on CPU they run through Triton's interpreter only with
+LOCALCHAT_TRITON_INTERPRET=1 (run this file alone: it sets TRITON_INTERPRET=1 for the process).
+
+    LOCALCHAT_TRITON_INTERPRET=1 python -m pytest tests/engine/test_gemv.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("LOCALCHAT_TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined (lazily)
+
+from engine.kernels.gemv import (  # noqa: E402
+    GemvConfig, default_config, gemv, gemv_ref, rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
+)
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
+CPU = pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)"))
+BF16_TOL = dict(atol=2e-2, rtol=2e-2)
+# The interpreter truncates at each rounding to bf16; prologues round 2-3 times before the dot.
+INTERPRETER_TOL = dict(atol=4e-2, rtol=4e-2)
+
+# (M, N, K): SmolLM2-135M qkv / o / gate_up / down, odd sizes, and (CUDA only) Llama-3.1-8B.
+SMALL_SHAPES = [(1, 960, 576), (1, 576, 576), (1, 3072, 576), (1, 576, 1536), (6, 576, 1536), (16, 960, 576),
+                (3, 100, 300), (1, 37, 1000)]
+LLAMA8B_SHAPES = [(m, n, k) for m in (1, 6) for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096)]]
+# Configs that force the split-K reduction, uneven K splits and masked column tiles.
+FORCED = [GemvConfig(8, 128, 4, 4, 2), GemvConfig(16, 64, 3, 4, 2), GemvConfig(32, 256, 2, 8, 3)]
+
+
+def tol(device):
+    return INTERPRETER_TOL if device == "cpu" else BF16_TOL
+
+
+def make(m, n, k, device, seed, k_in=None):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k_in or k, generator=gen).to(device, torch.bfloat16)
+    weight = (torch.randn(n, k, generator=gen) / k**0.5).to(device, torch.bfloat16)
+    bias = torch.randn(n, generator=gen).to(device, torch.bfloat16)
+    return gen, x, weight, bias
+
+
+def shapes_for(device):
+    return SMALL_SHAPES + (LLAMA8B_SHAPES if device == "cuda" else [])
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("config", [None] + FORCED, ids=["default", "split4", "split3", "split2"])
+def test_gemv(device, config):
+    for m, n, k in shapes_for(device) if config is None else [(1, 200, 1000), (5, 200, 1000)]:
+        _, x, weight, bias = make(m, n, k, device, m * n + k)
+        out = gemv(x, weight, config=config)
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, gemv_ref(x, weight), **tol(device))
+        torch.testing.assert_close(gemv(x, weight, bias, config), gemv_ref(x, weight, bias), **tol(device))
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("config", [None, FORCED[0]], ids=["default", "split4"])
+def test_rms_norm_gemv(device, config):
+    for m, n, k in shapes_for(device) if config is None else [(1, 200, 1000), (5, 200, 1000)]:
+        gen, x, weight, _ = make(m, n, k, device, m * n + k + 1)
+        residual = (torch.randn(m, k, generator=gen) * 3).to(device, torch.bfloat16)
+        norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
+        out, new_residual = rms_norm_gemv(x, residual, norm_weight, 1e-5, weight, config=config)
+        want, want_residual = rms_norm_gemv_ref(x, residual, norm_weight, 1e-5, weight)
+        out_first, stream = rms_norm_gemv(x, None, norm_weight, 1e-5, weight, config=config)
+        assert stream is x
+        torch.testing.assert_close(out_first, rms_norm_gemv_ref(x, None, norm_weight, 1e-5, weight)[0], **tol(device))
+        assert out.shape == (m, n) and new_residual.shape == x.shape
+        torch.testing.assert_close(out, want, **tol(device))
+        if device == "cuda":
+            assert torch.equal(new_residual, want_residual)
+        else:
+            torch.testing.assert_close(new_residual, want_residual, **tol(device))
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("config", [None, FORCED[1]], ids=["default", "split3"])
+def test_silu_mul_gemv(device, config):
+    for m, n, k in shapes_for(device) if config is None else [(1, 200, 1000), (5, 200, 1000)]:
+        _, gate_up, weight, _ = make(m, n, k, device, m * n + k + 2, k_in=2 * k)
+        gate_up = gate_up * (3 if device == "cuda" else 1)  # interpreter: truncation bias grows with |act|
+        out = silu_mul_gemv(gate_up, weight, config=config)
+        assert out.shape == (m, n)
+        torch.testing.assert_close(out, silu_mul_gemv_ref(gate_up, weight), **tol(device))
+
+
+def test_default_config_table():
+    """Llama-8B decode shapes fill the GPU with column tiles alone; SmolLM2's short-N shapes
+    split K; every config covers K."""
+    for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (128256, 4096)]:
+        assert default_config(1, n, k).split_k == 1
+    assert default_config(1, 576, 1536).split_k > 1 and default_config(1, 576, 576).split_k > 1
+    for m in (1, 6, 16):
+        for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (576, 576), (960, 576), (576, 1536), (100, 40)]:
+            cfg = default_config(m, n, k)
+            assert 1 <= cfg.split_k <= 8 and cfg.block_k * cfg.split_k * 64 >= k
+
+
+def test_refs_match_unfused_sequences():
+    gen = torch.Generator().manual_seed(0)
+    x, residual = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen)
+    norm_weight, weight = torch.randn(64, generator=gen), torch.randn(10, 64, generator=gen)
+    from engine.kernels.activation import silu_and_mul_ref
+    from engine.kernels.norm import add_rms_norm_ref
+
+    normed, h = add_rms_norm_ref(x, residual, norm_weight, 1e-6)
+    out, new_residual = rms_norm_gemv_ref(x, residual, norm_weight, 1e-6, weight)
+    torch.testing.assert_close(out, normed @ weight.T)
+    assert torch.equal(new_residual, h)
+    gate_up = torch.randn(3, 128, generator=gen)
+    torch.testing.assert_close(silu_mul_gemv_ref(gate_up, weight), silu_and_mul_ref(gate_up) @ weight.T)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_split_k_graph_replay():
+    """Captured once and replayed with new inputs: the split-K counters reset every launch."""
+    gen, x, weight, bias = make(1, 4096, 14336, "cuda", 0)
+    cfg = GemvConfig(16, 512, 4, 4, 3)
+    gemv(x, weight, bias, cfg)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv(x, weight, bias, cfg)
+    for _ in range(10):
+        x.copy_(torch.randn(x.shape, generator=gen))
+        graph.replay()
+        torch.testing.assert_close(out, gemv_ref(x, weight, bias), **BF16_TOL)
