@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -17,6 +18,7 @@ from .screens.settings_screen import SettingsScreen
 from .settings import Settings, load_settings, save_settings
 from .store import ChatStore
 
+ENGINE_SWITCH_INTERVAL_S = 0.0002
 STYLESHEET = Path(__file__).resolve().parent.parent / "assets" / "localchat.tcss"
 
 
@@ -29,6 +31,9 @@ class LocalChatApp(App):
                  max_seq_len: int | None = None, use_graphs: bool = True,
                  speculative: bool | None = None, home: str | os.PathLike | None = None) -> None:
         super().__init__()
+        # The engine thread must get the GIL back quickly after each GPU step; Python's default
+        # 5 ms switch interval would let a UI redraw stall a 1 ms decode step.
+        sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self.paths = AppPaths.resolve(home)
         self.settings, self.startup_notes = load_settings(self.paths.settings_path)
         self.store = ChatStore.open(self.paths.db_path)
