@@ -201,8 +201,8 @@ def _load_target(opts: TrainOptions, dev: torch.device):
     src = resolve(opts.model, log=_log)
     _log(f"loading {src.name} on {dev}")
     if src.is_gguf:
-        tok_dir = src.path.parent / (src.path.stem + ".tokenizer") if src.is_demo else None
-        return load_gguf(src.path, dev, dtype, opts.max_len, tokenizer_dir=tok_dir), src.name
+        prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
+        return load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared), src.name
     return load_folder(src.path, dev, dtype, opts.max_len), src.name
 
 
