@@ -47,12 +47,18 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
         say("loading the draft", 0.6)
         from speculative.build import build_speculator  # the one place engine reaches into speculative
 
-        draft_src = resolve(draft_spec, log=say, what="draft")
-        speculator = build_speculator(draft_src.path, runner, loaded.config, draft_steps, src.name)
-        draft_name = draft_src.name
+        if draft_spec == "mtp:builtin":  # MTP layers shipped inside the target checkpoint
+            if src.is_gguf or loaded.config.architecture != "MiMoForCausalLM":
+                raise UserError(f"--draft mtp:builtin: {src.name} ships no MTP layers (MiMoForCausalLM "
+                                "checkpoints do); give a draft folder instead")
+            draft_path, draft_name = src.path, f"{src.name} (built-in MTP)"
+        else:
+            draft_src = resolve(draft_spec, log=say, what="draft")
+            draft_path, draft_name = draft_src.path, draft_src.name
+        speculator = build_speculator(draft_path, runner, loaded.config, draft_steps, src.name)
     if use_graphs and dev.type == "cuda":
         say("capturing CUDA graphs", 0.8)
-        runner.capture([1] + ([draft_steps + 1] if speculator else []))
+        runner.capture([1] + ([speculator.k + 1] if speculator else []))
         if speculator is not None:
             speculator.capture()
     engine = cls(runner, loaded.tokenizer, src.name, speculator, draft_name)

@@ -14,7 +14,10 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "MiMoForCausalLM",  # a Qwen2 model that also ships MTP layers (model.mtp_layers.*)
 )
+# Architectures built as Qwen2: q/k/v bias by default, no o_proj bias.
+QWEN2_FAMILY = ("Qwen2ForCausalLM", "MiMoForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class ModelConfig:
                 f"config.json: num_attention_heads ({self.num_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
+
+    @property
+    def is_qwen2(self) -> bool:
+        return self.architecture in QWEN2_FAMILY
 
     @property
     def q_size(self) -> int:
@@ -110,7 +117,7 @@ class ModelConfig:
                 rope_scaling=scaling,
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                attention_bias=bool(cfg.get("attention_bias", arch in QWEN2_FAMILY)),
                 qk_norm=arch == "Qwen3ForCausalLM",
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
                 sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window") else None,

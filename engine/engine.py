@@ -215,3 +215,4 @@ def _update(stats: GenerationStats, out: list[int], t_first: float, now: float, 
         for x in n:
             hist[x] += 1
         stats.accept_hist = hist
+        stats.accept_by_position = [sum(hist[i + 2:]) / len(n) for i in range(len(hist) - 2)]

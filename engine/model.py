@@ -31,7 +31,7 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim ** -0.5
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         # Qwen2 puts a bias on q/k/v only; Llama and Qwen3 apply attention_bias to o_proj too.
-        o_bias = cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM"
+        o_bias = cfg.attention_bias and not cfg.is_qwen2
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -124,6 +124,8 @@ class CausalLM(nn.Module):
             return None  # a buffer some old checkpoints saved; we compute our own
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             return None
+        if self.config.architecture == "MiMoForCausalLM" and name.startswith("model.mtp_layers."):
+            return None  # MiMo's MTP layers: loaded by the speculative decoder, not the target
         parts = name.split(".")
         if len(parts) >= 3 and parts[-2] in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
             owner = self.get_submodule(".".join(parts[:-2]))

@@ -55,6 +55,9 @@ class GenerationStats:
     accept_len_mean: float = 0.0
     # accept_hist[n] = number of verify steps that produced n tokens (accepted drafts + bonus)
     accept_hist: list[int] = field(default_factory=list)
+    # accept_by_position[i] = fraction of verify steps that accepted draft i + 1 (drafts are
+    # accepted as a prefix, so this falls with i); per-step acceptance of multi-step drafts
+    accept_by_position: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -13,11 +14,41 @@ from engine.weights import iter_safetensors, load_weights, safetensors_files
 
 from .config import DraftConfig
 from .eagle3 import Eagle3Draft
+from .mtp import MTPDraft
+from .mtp_config import MTPConfig
+from .mtp_speculator import MTPSpeculator
 from .speculator import Eagle3Speculator
 
 
 def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_name: str = "the target"):
+    """folder: an EAGLE-3 head, standalone MTP layers, or a target checkpoint that ships MTP layers."""
     folder = Path(folder)
+    path = folder / "config.json"
+    if not path.exists():
+        raise ModelLoadError(f"{folder} has no config.json; a draft folder needs config.json and *.safetensors")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+    if MTPConfig.describes_mtp(raw):
+        return build_mtp(folder, MTPConfig.from_hf(raw, target_cfg), runner, target_cfg, num_steps, target_name)
+    return build_eagle3(folder, runner, target_cfg, num_steps, target_name)
+
+
+def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, num_steps: int, target_name: str):
+    mc.check_fits(target_cfg, folder.name, target_name)
+    dev, dtype = runner.device, runner.dtype
+    with torch.device("meta"):
+        draft = MTPDraft(mc, target_cfg, Ops.for_device(dev))
+    draft = draft.to_empty(device=dev).to(dtype)
+    # A MiMo checkpoint holds the target too: read only the MTP namespace (whole-prefix match).
+    tensors = ((name, t) for name, t in iter_safetensors(safetensors_files(folder))
+               if mc.format != "mimo" or name.startswith(mc.prefix))
+    load_weights(draft, tensors, folder.name)
+    return MTPSpeculator(draft.eval().requires_grad_(False), runner, num_steps)
+
+
+def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: str):
     dc = DraftConfig.from_folder(folder, target_cfg)
     dc.check_fits(target_cfg, folder.name, target_name)
     dev, dtype = runner.device, runner.dtype

@@ -41,3 +41,23 @@ def rejection_accept(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, targ
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), target_probs[accepted])
     e = torch.empty_like(residual).exponential_(1.0, generator=generator)
     return accepted, (residual / e).argmax()
+
+
+def accept_drafts(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+                  params, seen: torch.Tensor | None, generator: torch.Generator | None):
+    """One verify step's rule on the target's (k+1, V) fp32 logits after [bonus, d_1..d_k].
+
+    With a repetition penalty, row i also counts d_1..d_i as seen, which is what plain decoding
+    would have seen at that point. Greedy when params.is_greedy (draft_probs unused), else
+    rejection sampling against draft_probs (k, V). Returns (accepted (), next_token ()).
+    """
+    from engine.sampling import apply_repetition_penalty, probabilities
+
+    k = draft_tokens.shape[0]
+    if seen is not None:
+        hits = torch.zeros(k + 1, logits.shape[-1], dtype=torch.bool, device=logits.device)
+        hits[torch.arange(1, k + 1, device=logits.device), draft_tokens] = True
+        logits = apply_repetition_penalty(logits, seen | hits.cumsum(0).bool(), params.repetition_penalty)
+    if params.is_greedy:
+        return greedy_accept(draft_tokens, logits.argmax(-1))
+    return rejection_accept(draft_tokens, draft_probs, probabilities(logits, params), generator)
