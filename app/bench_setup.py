@@ -110,5 +110,18 @@ def bench_prompts(engine, args) -> list[list[int]]:
         g = torch.Generator().manual_seed(1)
         vocab = engine.runner.config.vocab_size
         return [torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)]
-    return [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}])
-            for p in (PROMPTS * 4)[:args.prompts]]
+    return [engine.tokenizer.apply_chat_template(m) for m in chat_prompts(args.prompts)]
+
+
+def chat_prompts(n: int) -> list[list[dict]]:
+    """Held-out chitchat conversations (never used to train the shipped heads) when the data set
+    is in the cache; otherwise the built-in prompts."""
+    try:
+        from speculative.train_data import heldout_prompts
+
+        held = heldout_prompts(n)
+        if len(held) == n:
+            return held
+    except Exception:  # no cached data set (offline): fall back
+        pass
+    return [[{"role": "user", "content": p}] for p in (PROMPTS * 4)[:n]]

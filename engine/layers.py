@@ -35,10 +35,11 @@ class RMSNorm(nn.Module):
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), with gate and up fused into one projection."""
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False, silu_and_mul=None):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, silu_and_mul=None, row_linear=None):
         super().__init__()
         self.intermediate = intermediate
         self.silu_and_mul = silu_and_mul
+        self.row_linear = row_linear  # the GEMV for single-token steps on CUDA
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
@@ -50,6 +51,7 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.silu_and_mul is not None:
-            return self.down_proj(self.silu_and_mul(gate_up))
+            act = self.silu_and_mul(gate_up)
+            return self.row_linear(act, self.down_proj) if self.row_linear else self.down_proj(act)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

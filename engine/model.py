@@ -58,14 +58,16 @@ class Attention(nn.Module):
             k_cache.index_copy_(0, batch.positions, k)
             v_cache.index_copy_(0, batch.positions, v)
         o = attend(q, k_cache, v_cache, batch.positions, batch.start_pos, self.scale, self.ops.attention)
-        return self.o_proj(o.reshape(T, self.q_size))
+        o = o.reshape(T, self.q_size)
+        return self.ops.row_linear(o, self.o_proj) if self.ops.row_linear else self.o_proj(o)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops):
         super().__init__()
         self.self_attn = Attention(cfg, ops)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, silu_and_mul=ops.silu_and_mul)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, silu_and_mul=ops.silu_and_mul,
+                            row_linear=ops.row_linear)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
 
