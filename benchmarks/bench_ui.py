@@ -20,42 +20,57 @@ PROMPTS = ["Tell me a short story about a robot learning to paint.",
            "Write a poem about autumn leaves."]
 
 
-def bare(engine, params, speculative) -> list[float]:
+def bare(args, prompts) -> list[float]:
+    """What `localchat run --json` reports, one process per prompt."""
+    import subprocess
+
     out = []
-    for p in PROMPTS:
-        engine.reset()
-        last = None
-        for ev in engine.stream([{"role": "user", "content": p}], params, speculative=speculative):
-            last = ev
-        out.append(last.stats.decode_tok_s)
+    for p in prompts:
+        cmd = [sys.executable, "-m", "app.cli", "run", "--json", "--model", args.model, "--max-tokens",
+               str(args.max_tokens)]
+        cmd += ["--draft", args.draft] if args.draft else []
+        cmd += ["--device", args.device] if args.device else []
+        cmd += ["--no-spec"] if args.no_spec else []
+        res = subprocess.run(cmd + [p], capture_output=True, text=True, check=True)
+        out.append(json.loads(res.stdout)["stats"]["decode_tok_s"])
     return out
 
 
-async def in_app(engine, max_tokens, speculative, home) -> list[float]:
+async def in_app(args, home) -> list[float]:
+    """The chat app loading the model on its own engine thread, as `localchat` does."""
     from app.settings import Settings, save_settings
     from app.tui import LocalChatApp
     from app.widgets.prompt_input import PromptInput
 
     save_settings(Path(home) / "config" / "settings.toml",
-                  Settings(max_tokens=max_tokens, temperature=0.0, speculative=speculative))
-    app = LocalChatApp(lambda on_progress: engine, model=engine.model_name, home=home)
+                  Settings(max_tokens=args.max_tokens, temperature=0.0, speculative=not args.no_spec))
+    app = LocalChatApp(model=args.model, draft=args.draft, device=args.device, home=home)
     rates = []
     async with app.run_test(size=(120, 40)) as pilot:
-        while app.runner.engine is None:
-            await pilot.pause(0.05)
-        for p in PROMPTS:
-            engine.reset()
+        while app.runner.engine is None and app.runner.load_error is None:
+            await asyncio.sleep(0.1)
+        engine = app.runner.engine
+        first = True
+        for p in [PROMPTS[0]] + PROMPTS:  # the first answer warms up
+            await pilot.press("ctrl+n")  # each prompt in a new chat, as `bare` runs them
+            await asyncio.sleep(0.1)
             app.screen.query_one(PromptInput).text = p
             await pilot.press("enter")
-            await pilot.pause(0.1)
-            deadline = time.monotonic() + 300
-            while app.screen.answer is not None and time.monotonic() < deadline:
-                await pilot.pause(0.02)
-            msgs = app.store.messages(app.screen.chat.id)
-            while msgs[-1].role != "assistant" and time.monotonic() < deadline:
-                await pilot.pause(0.02)  # the answer is stored just after it is drawn
-                msgs = app.store.messages(app.screen.chat.id)
-            rates.append(msgs[-1].stats["decode_tok_s"])
+            deadline = time.monotonic() + 120
+            # Plain sleeps, not pilot.pause: a pause forces a full repaint, which is test-harness
+            # work a real terminal session does not do.
+            msgs = []
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                chat = app.screen.chat
+                msgs = app.store.messages(chat.id) if chat is not None else []
+                if app.screen.answer is None and msgs and msgs[-1].role == "assistant" and msgs[-2].content == p:
+                    break
+            else:
+                raise RuntimeError(f"no answer stored for {p!r}: {[m.role for m in msgs]}")
+            if not first:
+                rates.append(msgs[-1].stats["decode_tok_s"])
+            first = False
     return rates
 
 
@@ -70,17 +85,10 @@ def main() -> None:
     ap.add_argument("--no-spec", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from engine import Engine
-    from engine.types import SamplingParams
-
-    engine = Engine.load(args.model, draft=args.draft, device=args.device)
-    spec = engine.has_draft and not args.no_spec
-    params = SamplingParams(max_tokens=args.max_tokens)
-    bare(engine, params, spec)  # warm-up
     with tempfile.TemporaryDirectory() as home:
-        ui = asyncio.run(in_app(engine, args.max_tokens, spec, home))
-    plain = bare(engine, params, spec)
-    report = {"model": engine.model_name, "draft": engine.draft_name, "device": engine.device, "speculative": spec,
+        ui = asyncio.run(in_app(args, home))
+    plain = bare(args, PROMPTS)
+    report = {"model": args.model, "draft": args.draft, "device": args.device, "speculative": not args.no_spec,
               "bare_tok_s": plain, "app_tok_s": ui, "ratio": sum(ui) / sum(plain)}
     print(json.dumps(report, indent=1))
     if args.out:
