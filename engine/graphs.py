@@ -7,6 +7,21 @@ import torch
 from .batch import ForwardBatch
 
 
+def capture(fn, pool):
+    """Warms `fn` up on a side stream (allocator, Triton compilation), then captures it.
+    Returns (graph, fn's outputs as static tensors)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
 class CapturedStep:
     """One graph for T new tokens. Inputs are written into static buffers before replay;
     outputs live in static tensors that the next replay overwrites."""
@@ -31,16 +46,7 @@ class CapturedStep:
                 self.next_token = nxt
             return logits, out.hidden, out.aux_hidden
 
-        # Warm up on a side stream (allocator and kernel autotuning), then capture.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.logits, self.hidden, self.aux_hidden = run()
+        self.graph, (self.logits, self.hidden, self.aux_hidden) = capture(run, pool)
 
     def replay_greedy(self) -> int:
         """Decodes one more token from the buffers the previous replay left (decode graph only);

@@ -8,18 +8,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _capture(fn, pool):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
-    return graph, out
+from engine.graphs import capture
 
 
 class DraftGraphs:
@@ -47,8 +36,8 @@ class DraftGraphs:
             return logits.index_select(0, self.ext_last.view(1)), hidden.index_select(0, self.ext_last.view(1))
 
         with torch.inference_mode():
-            self.dec_graph, self.dec_out = _capture(decode, pool)
-            self.ext_graph, self.ext_out = _capture(extend, pool)
+            self.dec_graph, self.dec_out = capture(decode, pool)
+            self.ext_graph, self.ext_out = capture(extend, pool)
 
     def decode(self, tok: torch.Tensor, pos: int, hidden: torch.Tensor):
         self.dec_ids.copy_(tok)

@@ -12,21 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.graphs import capture
 from engine.batch import ForwardBatch
-
-
-def _capture(fn, pool):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
-    return graph, out
-
 
 class MTPWindow:
     def __init__(self, draft, num_steps: int, embed, lm_head, cos_sin_table, kvs, dtype, device):
@@ -94,7 +81,7 @@ class MTPWindow:
         graphs, outs = [], []
         with torch.inference_mode():
             for s in range(self.num_steps):
-                g, out = _capture(lambda s=s: self._step(s), pool)
+                g, out = capture(lambda s=s: self._step(s), pool)
                 graphs.append(g)
                 outs.append(out)
         torch.cuda.synchronize()
