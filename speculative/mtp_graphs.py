@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.graphs import capture
 from engine.batch import ForwardBatch
+from engine.graphs import capture
+
 
 class MTPWindow:
     def __init__(self, draft, num_steps: int, embed, lm_head, cos_sin_table, kvs, dtype, device):
