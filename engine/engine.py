@@ -108,7 +108,7 @@ class Engine:
             state.seen = torch.zeros(self.runner.config.vocab_size, dtype=torch.bool, device=dev)
             state.seen[torch.tensor(prompt, device=dev)] = True
         stats = GenerationStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt) - state.kv_len,
-                                speculative=use_spec)
+                                speculative=use_spec, draft_steps=self.speculator.k if use_spec else 0)
         tokens = self.speculator.tokens(self.runner, state) if use_spec else self._plain_tokens(state)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
         eos = self.tokenizer.eos_token_ids

@@ -54,7 +54,7 @@ def test_greedy_speculation_equals_plain(tmp_path, targets, arch, fmt, use_aux, 
         plain, _ = _run(e, False)
         spec, stats = _run(e, True)
         assert spec == plain, (fmt, k)
-        assert stats.speculative and stats.verify_steps > 0
+        assert stats.speculative and stats.verify_steps > 0 and stats.draft_steps == k
         assert 1.0 <= stats.accept_len_mean <= k + 1
 
 
