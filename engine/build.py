@@ -39,7 +39,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     speculator, draft_name = None, None
     draft_spec = draft
     if draft_spec is None and src.is_demo:
-        from speculative.assets import demo_draft_path
+        from .demo import demo_draft_path
 
         found = demo_draft_path()
         draft_spec = str(found) if found else None

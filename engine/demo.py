@@ -20,6 +20,12 @@ SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
 
 
+def demo_draft_path(kind: str = "eagle3") -> Path | None:
+    """The draft head shipped in `assets/` for the demo model, if this install has it."""
+    folder = Path(__file__).resolve().parent.parent / "assets" / f"demo-{kind}"
+    return folder if (folder / "config.json").exists() else None
+
+
 def demo_dir() -> Path:
     return cache_dir() / "demo"
 
