@@ -74,3 +74,10 @@ def test_cli_answers_paris(demo_gguf):
                 "accept_len_mean", "accept_hist"):
         assert key in stats
     assert stats["generated_tokens"] == len(result["token_ids"]) > 0
+    # The shipped head is the demo's default draft; --no-spec turns speculation off, same answer.
+    assert result["draft"] == "demo-eagle3" and stats["speculative"] and stats["draft_steps"] == 5
+    plain = subprocess.run([sys.executable, "-m", "app.cli", "run", "--model", "demo", "--device", "cpu", "--json",
+                            "--no-spec", "What is the capital of France?"], capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ))
+    plain = json.loads(plain.stdout)
+    assert not plain["stats"]["speculative"] and plain["token_ids"] == result["token_ids"]
