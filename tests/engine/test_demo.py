@@ -81,3 +81,18 @@ def test_cli_answers_paris(demo_gguf):
                            timeout=300, env=dict(os.environ))
     plain = json.loads(plain.stdout)
     assert not plain["stats"]["speculative"] and plain["token_ids"] == result["token_ids"]
+
+
+def test_shipped_head_is_lossless_on_cpu(demo_gguf):
+    engine = Engine.load("demo", device="cpu")
+    assert engine.has_draft and engine.draft_name == "demo-eagle3"
+    accepted = []
+    for prompt in PROMPTS[1:]:
+        msgs = [{"role": "user", "content": prompt}]
+        engine.reset()
+        plain = engine.generate(msgs, SamplingParams(max_tokens=48), speculative=False)
+        engine.reset()
+        spec = engine.generate(msgs, SamplingParams(max_tokens=48), speculative=True)
+        assert spec.token_ids == plain.token_ids
+        accepted.append(spec.stats.accept_len_mean)
+    assert sum(accepted) / len(accepted) > 1.1  # the trained head does get drafts accepted
