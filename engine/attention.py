@@ -31,6 +31,19 @@ def attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out.squeeze(0).transpose(0, 1)
 
 
+def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_ids: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q: (T, Hq, D), k, v: (T, Hkv, D) of packed independent sequences; causal inside each
+    segment, nothing across. Returns (T, Hq, D)."""
+    T = q.shape[0]
+    rows = torch.arange(T, device=q.device)
+    mask = (rows[None, :] <= rows[:, None]) & (segment_ids[None, :] == segment_ids[:, None])
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                         v.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.squeeze(0).transpose(0, 1)
+
+
 MAX_KERNEL_ROWS = 16  # the decode/verify kernel serves up to this many query rows
 
 

@@ -14,6 +14,17 @@ class ForwardBatch:
     # Cache length before these tokens, known on the host in eager mode. None in a captured
     # graph: attention then reads the lengths from `positions` on the device.
     start_pos: int | None = None
+    # Packed independent sequences (feature extraction for training): segment id per token,
+    # positions restart at 0 in each segment, attention stays inside a segment, and the KV
+    # cache is neither read nor written.
+    segment_ids: torch.Tensor | None = None
+
+    @classmethod
+    def packed(cls, input_ids: torch.Tensor, lengths: list[int]) -> "ForwardBatch":
+        dev = input_ids.device
+        seg = torch.repeat_interleave(torch.arange(len(lengths), device=dev), torch.tensor(lengths, device=dev))
+        positions = torch.cat([torch.arange(n, device=dev) for n in lengths])
+        return cls(input_ids=input_ids, positions=positions, start_pos=0, segment_ids=seg)
 
     @classmethod
     def eager(cls, input_ids: torch.Tensor, start_pos: int) -> "ForwardBatch":

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import attend
+from .attention import attend, attention_packed
 from .batch import ForwardBatch
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -51,6 +51,10 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if batch.segment_ids is not None:
+            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+            o = attention_packed(q, k, v, batch.segment_ids, self.scale).reshape(T, self.q_size)
+            return self.o_proj(o)
         if self.ops.rope_and_cache is not None:
             q = self.ops.rope_and_cache(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache)
         else:
@@ -102,7 +106,8 @@ class CausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, kv: KVCache, aux_layer_ids: tuple[int, ...] = ()) -> ForwardOutput:
         """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream)."""
-        cos_sin = None if self.ops.rope_and_cache else self.cos_sin.index_select(0, batch.positions)
+        fused_rope = self.ops.rope_and_cache is not None and batch.segment_ids is None
+        cos_sin = None if fused_rope else self.cos_sin.index_select(0, batch.positions)
         x, residual = self.model.embed_tokens(batch.input_ids), None
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):

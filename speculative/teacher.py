@@ -35,30 +35,53 @@ class Teacher:
     def embed(self) -> torch.nn.Embedding:
         return self.model.model.embed_tokens
 
-    @torch.no_grad()
     def features(self, key, seq: Sequence) -> DocFeatures:
-        """Entries of one sequence: f_p, x_{p+1}, and the target's state and argmax at p+1."""
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
+        return self.features_many([(key, seq)])[0]
+
+    @torch.no_grad()
+    def features_many(self, items: list[tuple]) -> list[DocFeatures]:
+        """Entries of each (key, sequence): f_p, x_{p+1}, and the target's state and argmax at
+        p+1. Sequences not cached yet run packed, several to a forward (attention kept inside
+        each), so a small target is not held back by one short forward per conversation."""
+        missing = [(key, seq) for key, seq in dict(items).items() if key not in self._cache]
+        pending: dict = {}
+        chunk: list[tuple] = []
+        for key, seq in missing:
+            if chunk and sum(len(s.ids) for _, s in chunk) + len(seq.ids) > self.PACK_TOKENS:
+                pending.update(self._run_packed(chunk))
+                chunk = []
+            chunk.append((key, seq))
+        if chunk:
+            pending.update(self._run_packed(chunk))
+        return [self._cache.get(key) or pending[key] for key, _ in items]
+
+    PACK_TOKENS = 8192  # tokens per packed forward
+
+    def _run_packed(self, chunk: list[tuple]) -> dict:
         t0 = time.perf_counter()
-        ids = torch.tensor(seq.ids, dtype=torch.long, device=self.device)
-        n = ids.shape[0]
-        out = self.model(ForwardBatch.eager(ids, 0), self.kv, self.aux_layer_ids)
-        greedy = self.model.logits(out.hidden).argmax(-1)  # (n,) full vocabulary
-        j = torch.arange(n - 1, device=self.device)
-        rs = seq.response_start
-        is_resp = (j + 2 >= rs) & (j + 2 <= n - 1) if rs >= 0 else torch.zeros_like(j, dtype=torch.bool)
-        f = DocFeatures(tokens=ids[1:], aux=out.aux_hidden[:-1].clone(), label_hidden=out.hidden[1:].clone(),
-                        greedy=greedy[1:], is_response=is_resp)
-        size = (f.aux.numel() + f.label_hidden.numel()) * f.aux.element_size() + 17 * (n - 1)
-        if size <= self._cache_left:
-            self._cache[key] = f
-            self._cache_left -= size
+        lengths = [len(seq.ids) for _, seq in chunk]
+        ids = torch.tensor([t for _, seq in chunk for t in seq.ids], dtype=torch.long, device=self.device)
+        out = self.model(ForwardBatch.packed(ids, lengths), self.kv, self.aux_layer_ids)
+        greedy_all = self.model.logits(out.hidden).argmax(-1)
+        made, start = {}, 0
+        for (key, seq), n in zip(chunk, lengths):
+            sl = slice(start, start + n)
+            start += n
+            doc_ids, aux, hidden, greedy = ids[sl], out.aux_hidden[sl], out.hidden[sl], greedy_all[sl]
+            j = torch.arange(n - 1, device=self.device)
+            rs = seq.response_start
+            is_resp = (j + 2 >= rs) & (j + 2 <= n - 1) if rs >= 0 else torch.zeros_like(j, dtype=torch.bool)
+            f = DocFeatures(tokens=doc_ids[1:], aux=aux[:-1].clone(), label_hidden=hidden[1:].clone(),
+                            greedy=greedy[1:], is_response=is_resp)
+            size = (f.aux.numel() + f.label_hidden.numel()) * f.aux.element_size() + 17 * (n - 1)
+            if size <= self._cache_left:
+                self._cache[key] = f
+                self._cache_left -= size
+            made[key] = f
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.forward_s += time.perf_counter() - t0
-        return f
+        return made
 
     @torch.no_grad()
     def label_logits(self, label_hidden: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:

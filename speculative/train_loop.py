@@ -88,7 +88,7 @@ def validate(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids) 
     draft.eval()
     accs, losses, weights, chains, starts = [], [], 0, 0.0, 0
     for row in rows:
-        batch = TTTBatch.from_rows([[teacher.features(key, seq) for key, seq in row]], opts.seq_len)
+        batch = TTTBatch.from_rows([teacher.features_many(row)], opts.seq_len)
         with _autocast(teacher.device):
             logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
         stats = ttt_loss(logits, batch, teacher.label_logits(batch.label_hidden, draft_ids), draft.d2t, opts.decay)
@@ -135,7 +135,12 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
         lr = lr_at(step, progress, opts.lr, warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        rows = [[teacher.features(key, seq) for key, seq in row] for row in batcher.next_rows()]
+        next_rows = batcher.next_rows()
+        flat = teacher.features_many([item for row in next_rows for item in row])
+        rows, i = [], 0
+        for row in next_rows:
+            rows.append(flat[i:i + len(row)])
+            i += len(row)
         batch = TTTBatch.from_rows(rows, opts.seq_len)
         target_logits = teacher.label_logits(batch.label_hidden, draft_ids)
         with _autocast(dev):
