@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds for the whole run; training is annealed to stop in time (default: 420 on GPU)")
     train.add_argument("--seq-len", type=int, default=None, help="tokens per packed row (default: 1024 GPU, 512 CPU)")
     train.add_argument("--batch-tokens", type=int, default=None, help="tokens per step (default: 16384 GPU, 2048 CPU)")
+    train.add_argument("--mtp-layers", type=int, default=None, help="--kind mtp: chained MTP layers (default 3)")
     train.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
     train.add_argument("--lr", type=float, default=None, help="peak learning rate (default 6e-4)")
     train.add_argument("--gen", type=int, default=None,

@@ -1,4 +1,5 @@
-"""cmd_train: `localchat train-draft`: self-distils an EAGLE-3 head from a target on chat data."""
+"""cmd_train: `localchat train-draft`: self-distils an EAGLE-3 head (or, with --kind mtp, chain-MTP
+layers: speculative/mtp_train.py) from a target on chat data."""
 
 from __future__ import annotations
 
@@ -41,9 +42,11 @@ class TrainOptions:
     val_conversations: int = 48
     val_rows: int = 4
     cache_bytes: int = 2 << 30  # target features kept on the device
+    mtp_layers: int = 3  # --kind mtp: chained MTP layers S, also k of the final check
+
 
     def __post_init__(self) -> None:
-        for name in ("draft_vocab", "steps", "seq_len", "batch_tokens", "ttt_steps"):
+        for name in ("draft_vocab", "steps", "seq_len", "batch_tokens", "ttt_steps", "mtp_layers"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.seq_len < self.gen_tokens + 16 and self.gen_prompts:
@@ -74,7 +77,7 @@ class TrainOptions:
                    time_budget=opt("time_budget", 420.0, None), eval_every=int(opt("eval_every", 250, 100)),
                    eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
-                   cache_bytes=(48 << 30) if gpu else (2 << 30))
+                   cache_bytes=(48 << 30) if gpu else (2 << 30), mtp_layers=int(opt("mtp_layers", 3, 3)))
 
 
 def _log(msg: str) -> None:
@@ -83,7 +86,9 @@ def _log(msg: str) -> None:
 
 def cmd_train(args) -> int:
     if getattr(args, "kind", "eagle3") == "mtp":
-        raise UserError("--kind mtp: training MTP layers is not available yet; use --kind eagle3")
+        from .mtp_train import cmd_train_mtp
+
+        return cmd_train_mtp(args)
     from engine.engine import pick_device
 
     t_start = time.perf_counter()
@@ -266,9 +271,11 @@ def _init_draft(loaded, aux_ids, draft_ids: torch.Tensor, opts: TrainOptions):
 def _command(args) -> str:
     """The command line that reproduces this run, from the parsed flags."""
     parts = ["localchat", "train-draft"]
-    for name in ("model", "out", "data", "draft_vocab", "steps", "device", "time_budget", "seq_len", "batch_tokens",
-                 "ttt_steps", "lr", "gen", "gen_tokens", "eval_every", "eval_prompts", "seed"):
+    for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "steps", "device", "time_budget",
+                 "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_tokens", "eval_every", "eval_prompts", "seed"):
         value = getattr(args, name, None)
+        if name in (("draft_vocab", "ttt_steps") if getattr(args, "kind", None) == "mtp" else ("mtp_layers",)):
+            continue  # flags the other kind ignores
         if value is not None:
             parts += [f"--{name.replace('_', '-')}", str(value)]
     return " ".join(parts)

@@ -101,9 +101,7 @@ def test_split_is_deterministic_and_disjoint(tmp_path):
     assert first[0][0]["content"] == held[0].messages[0]["content"]
 
 
-def test_mtp_and_bad_data(tmp_path):
-    with pytest.raises(UserError, match="not available yet"):
-        cmd_train(Namespace(model="demo", out=str(tmp_path), kind="mtp"))
+def test_bad_data(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": "hi"}\n')
     with pytest.raises(UserError, match="line 1"):
