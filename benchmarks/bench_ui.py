@@ -53,7 +53,7 @@ async def in_app(args, home) -> list[float]:
         first = True
         for p in [PROMPTS[0]] + PROMPTS:  # the first answer warms up
             await pilot.press("ctrl+n")  # each prompt in a new chat, as `bare` runs them
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # a person reads and types: the UI settles between answers
             app.screen.query_one(PromptInput).text = p
             await pilot.press("enter")
             deadline = time.monotonic() + 120
