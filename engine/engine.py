@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -96,7 +97,8 @@ class Engine:
         gen = None
         if not params.is_greedy:
             gen = torch.Generator(device=dev)
-            gen.manual_seed(params.seed if params.seed is not None else int.from_bytes(__import__("os").urandom(7), "little"))
+            seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
+            gen.manual_seed(seed)
         cached = self._kv_tokens
         self._kv_tokens = []  # invalid until this run ends cleanly
         if use_spec:

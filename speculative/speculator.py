@@ -6,7 +6,6 @@ from typing import Iterator
 
 import torch
 
-from engine.batch import ForwardBatch
 from engine.kv_cache import KVCache
 from engine.sampling import apply_repetition_penalty, choose_tokens, probabilities, sample_from
 
@@ -43,7 +42,7 @@ class Eagle3Speculator:
         self.graphs = DraftGraphs(self, self.kv)
 
     def tokens(self, runner, state) -> Iterator[list[int]]:
-        k, p = self.k, state.params
+        k = self.k
         dev = runner.device
         start = state.kv_len
         new = torch.tensor(state.tokens[start:], dtype=torch.long, device=dev)

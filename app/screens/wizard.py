@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from textual import work
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, TabbedContent, TabPane

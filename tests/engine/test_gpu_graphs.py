@@ -1,7 +1,6 @@
 """GPU: graph replay equals eager, speculation in graph mode equals eager and plain (bf16)."""
 
 import pytest
-import torch
 
 from engine.engine import Engine
 from engine.types import SamplingParams
