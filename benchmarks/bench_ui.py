@@ -49,7 +49,6 @@ async def in_app(args, home) -> list[float]:
     async with app.run_test(size=(120, 40)) as pilot:
         while app.runner.engine is None and app.runner.load_error is None:
             await asyncio.sleep(0.1)
-        engine = app.runner.engine
         first = True
         for p in [PROMPTS[0]] + PROMPTS:  # the first answer warms up
             await pilot.press("ctrl+n")  # each prompt in a new chat, as `bare` runs them

@@ -118,6 +118,7 @@ def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int) ->
     hidden = draft.fc(batch.aux) if dc.needs_fc else batch.aux
     cos_sin = draft.cos_sin.index_select(0, batch.positions.reshape(-1))  # (B*L, D)
     keys, values, logits = [], [], []
+    out = hidden  # the previous step's output, set at the end of each step
     for t in range(num_steps):
         if t > 0:
             hidden = _shift_right(out, 1)  # step t at p consumes step t-1's output at p-1
