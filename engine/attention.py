@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .kernels.attention import decode_attention_ref
+
 
 def attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     start_pos: int, scale: float) -> torch.Tensor:
@@ -58,22 +60,4 @@ def attend(q, k_cache, v_cache, positions, start_pos: int | None, scale: float, 
         return kernel(q, k_cache, v_cache, positions, scale)
     if start_pos is not None:
         return attention_eager(q, k_cache, v_cache, start_pos, scale)
-    return attention_by_positions_ref(q, k_cache, v_cache, positions, scale)
-
-
-def attention_by_positions_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               positions: torch.Tensor, scale: float) -> torch.Tensor:
-    """Graph-safe reference: row t of q (T, Hq, D) sees cache rows 0..positions[t].
-
-    Reads the whole (S_max, Hkv, D) cache with a mask, so its cost grows with S_max; the
-    Triton kernel in engine.kernels.attention is the fast version of the same contract.
-    """
-    T, Hq, D = q.shape
-    Hkv = k_cache.shape[1]
-    g = Hq // Hkv
-    qg = q.float().view(T, Hkv, g, D)
-    scores = torch.einsum("thgd,shd->hgts", qg, k_cache.float()) * scale  # (Hkv, g, T, S)
-    visible = torch.arange(k_cache.shape[0], device=q.device)[None, :] <= positions[:, None]  # (T, S)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    out = torch.einsum("hgts,shd->thgd", torch.softmax(scores, dim=-1), v_cache.float())
-    return out.reshape(T, Hq, D).to(q.dtype)
+    return decode_attention_ref(q, k_cache, v_cache, positions, scale)

@@ -5,30 +5,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
 from .errors import UserError
 from .runner import ModelRunner
-from .sampling import apply_repetition_penalty, choose_tokens
+from .decode import DecodeState, choose_next, plain_steps
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
 
 Progress = Callable[[str, "float | None"], None]
-
-
-@dataclass
-class DecodeState:
-    """What a token generator shares with the facade while it runs."""
-
-    tokens: list[int]  # prompt + every token produced so far
-    kv_len: int  # leading tokens of `tokens` whose K/V are in the target cache
-    params: SamplingParams
-    generator: torch.Generator | None
-    seen: torch.Tensor | None = None  # (V,) bool, for the repetition penalty
-    accept_lens: list[int] = field(default_factory=list)  # per verify step (speculation)
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -159,20 +146,8 @@ class Engine:
         if step is not None and p.is_greedy and state.seen is None:
             yield from self._greedy_graph_tokens(step, logits[-1].argmax().view(1), state)
             return
-        while True:
-            row = logits[-1]
-            if state.seen is not None:
-                row = apply_repetition_penalty(row, state.seen, p.repetition_penalty)
-            tok = choose_tokens(row, p, state.generator).view(1)
-            if state.seen is not None:
-                state.seen[tok] = True
-            t = int(tok)
-            state.tokens.append(t)
-            yield [t]
-            if state.kv_len >= runner.max_len:
-                return
-            logits, _, _ = runner.forward(tok, state.kv_len)
-            state.kv_len += 1
+        yield [choose_next(logits[-1], state)]
+        yield from plain_steps(runner, state)
 
     def _greedy_graph_tokens(self, step, first: torch.Tensor, state: DecodeState) -> Iterator[list[int]]:
         """Greedy decoding with the argmax inside the decode graph: one replay and one sync a token."""

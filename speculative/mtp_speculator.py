@@ -25,7 +25,8 @@ import torch
 from engine.batch import ForwardBatch
 from engine.kv_cache import KVCache
 from engine.rope import rope_cos_sin
-from engine.sampling import apply_repetition_penalty, choose_tokens, probabilities, sample_from
+from engine.decode import choose_next, plain_steps
+from engine.sampling import probabilities, sample_from
 
 from .mtp import MTPDraft
 from .mtp_graphs import MTPWindow
@@ -74,22 +75,22 @@ class MTPSpeculator:
         logits, hidden, _ = runner.forward(new, start, all_logits=False)
         states = [hidden.clone()]  # target states of positions start .. kv_len - 1
         state.kv_len = len(state.tokens)
-        yield [self._append(self._choose(logits[-1], state), state)]
+        yield [choose_next(logits[-1], state)]
         while state.kv_len < S:  # the first window needs S positions before the bonus token
             n = state.kv_len
             logits, hidden, _ = runner.forward(torch.tensor([state.tokens[n]], device=dev), n)
             states.append(hidden.clone())
             state.kv_len = n + 1
-            yield [self._append(self._choose(logits[-1], state), state)]
+            yield [choose_next(logits[-1], state)]
         P = state.kv_len
         if P + S + 1 > runner.max_len:
-            yield from self._plain_tail(runner, state)
+            yield from plain_steps(runner, state)
             return
         drafts, q = self._prefill(state, start, torch.cat(states))
         while True:
             n = state.kv_len
             if n + S + 1 > runner.max_len:
-                yield from self._plain_tail(runner, state)
+                yield from plain_steps(runner, state)
                 return
             bonus = torch.tensor([state.tokens[n]], dtype=torch.long, device=dev)
             logits, hidden, _ = runner.forward(torch.cat([bonus, drafts]), n)
@@ -158,24 +159,3 @@ class MTPSpeculator:
             return accepted, logits[accepted].argmax()
         return accept_drafts(drafts, q, logits, state.params, state.seen, state.generator)
 
-    def _choose(self, row: torch.Tensor, state) -> torch.Tensor:
-        if state.seen is not None:
-            row = apply_repetition_penalty(row, state.seen, state.params.repetition_penalty)
-        return choose_tokens(row, state.params, state.generator)
-
-    @staticmethod
-    def _append(tok: torch.Tensor, state) -> int:
-        t = int(tok)
-        state.tokens.append(t)
-        if state.seen is not None:
-            state.seen[t] = True
-        return t
-
-    def _plain_tail(self, runner, state):
-        """Near the end of the context there is no room for S drafts: decode one at a time."""
-        while state.kv_len < runner.max_len:
-            n = state.kv_len
-            tok = torch.tensor([state.tokens[n]], dtype=torch.long, device=runner.device)
-            logits, _, _ = runner.forward(tok, n)
-            state.kv_len = n + 1
-            yield [self._append(self._choose(logits[-1], state), state)]

@@ -7,11 +7,12 @@ from typing import Iterator
 import torch
 
 from engine.kv_cache import KVCache
-from engine.sampling import apply_repetition_penalty, choose_tokens, probabilities, sample_from
+from engine.decode import choose_next, plain_steps
+from engine.sampling import probabilities, sample_from
 
 from .draft_graphs import DraftGraphs
 from .eagle3 import Eagle3Draft
-from .verify import greedy_accept, rejection_accept
+from .verify import accept_drafts
 
 
 class Eagle3Speculator:
@@ -49,11 +50,7 @@ class Eagle3Speculator:
         logits, _, aux = runner.forward(new, start, want_aux=True, all_logits=False)
         target_states = self._target_states(aux, _)
         state.kv_len = len(state.tokens)
-        first = self._choose(logits[-1], state)
-        state.tokens.append(int(first))
-        if state.seen is not None:
-            state.seen[first] = True
-        yield [state.tokens[-1]]
+        yield [choose_next(logits[-1], state)]
         # Draft prefill: entries start..n-1 pair target state j with token j + 1.
         ids = torch.tensor(state.tokens[start + 1:], dtype=torch.long, device=dev)
         pos = torch.arange(start, state.kv_len, device=dev)
@@ -63,7 +60,7 @@ class Eagle3Speculator:
         while True:
             n = state.kv_len
             if n + k + 1 > runner.max_len:
-                yield from self._plain_tail(runner, state)
+                yield from plain_steps(runner, state)
                 return
             bonus = torch.tensor([state.tokens[n]], dtype=torch.long, device=dev)
             drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
@@ -88,11 +85,6 @@ class Eagle3Speculator:
     # --- pieces ---------------------------------------------------------------------------
     def _target_states(self, aux, hidden):
         return aux if self.config.use_aux_hidden_state else hidden
-
-    def _choose(self, row: torch.Tensor, state) -> torch.Tensor:
-        if state.seen is not None:
-            row = apply_repetition_penalty(row, state.seen, state.params.repetition_penalty)
-        return choose_tokens(row, state.params, state.generator)
 
     def _draft_chain(self, d_logits, d_hidden, n: int, state):
         """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities."""
@@ -126,31 +118,10 @@ class Eagle3Speculator:
         return logits[accepted].unsqueeze(0), hidden[accepted].unsqueeze(0)
 
     def _accept(self, drafts, q, logits, state):
-        p = state.params
         if self.force_accept is not None:  # benchmark only: not lossless
             accepted = torch.tensor(self.force_accept - 1, device=drafts.device)
             return accepted, logits[accepted].argmax()
-        if state.seen is not None:  # row i also sees the drafts before it
-            hits = torch.zeros(self.k + 1, self.vocab_size, dtype=torch.bool, device=drafts.device)
-            hits[torch.arange(1, self.k + 1, device=drafts.device), drafts] = True
-            seen = state.seen | hits.cumsum(0).bool()
-            logits = apply_repetition_penalty(logits, seen, p.repetition_penalty)
-        if p.is_greedy:
-            return greedy_accept(drafts, logits.argmax(-1))
-        return rejection_accept(drafts, q, probabilities(logits, p), state.generator)
-
-    def _plain_tail(self, runner, state):
-        """Near the end of the context there is no room for k drafts: decode one at a time."""
-        while state.kv_len < runner.max_len:
-            n = state.kv_len
-            tok = torch.tensor([state.tokens[n]], dtype=torch.long, device=runner.device)
-            logits, _, _ = runner.forward(tok, n)
-            state.kv_len = n + 1
-            nxt = int(self._choose(logits[-1], state))
-            state.tokens.append(nxt)
-            if state.seen is not None:
-                state.seen[nxt] = True
-            yield [nxt]
+        return accept_drafts(drafts, q, logits, state.params, state.seen, state.generator)
 
     def measure_components(self, runner, iters: int = 50) -> dict:
         """Benchmark only: mean ms of one verify, one draft decode step and one draft-extend

@@ -5,7 +5,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.batch import ForwardBatch
-from engine.engine import DecodeState, Engine
+from engine.decode import DecodeState
+from engine.engine import Engine
 from engine.errors import ModelLoadError
 from engine.kv_cache import KVCache
 from engine.types import SamplingParams

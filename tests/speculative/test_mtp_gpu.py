@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from engine.engine import DecodeState, Engine
+from engine.decode import DecodeState
+from engine.engine import Engine
 from engine.types import SamplingParams
 from tests.speculative.mtp_layers import map_layer, markov_target, random_layers, write_localchat_mtp
 from tests.tiny import read_config

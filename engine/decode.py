@@ -1,0 +1,46 @@
+"""DecodeState and the plain decoding steps shared by the facade and every speculator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .sampling import apply_repetition_penalty, choose_tokens
+from .types import SamplingParams
+
+
+@dataclass
+class DecodeState:
+    """What a token generator shares with the facade while it runs."""
+
+    tokens: list[int]  # prompt + every token produced so far
+    kv_len: int  # leading tokens of `tokens` whose K/V are in the target cache
+    params: SamplingParams
+    generator: torch.Generator | None
+    seen: torch.Tensor | None = None  # (V,) bool, for the repetition penalty
+    accept_lens: list[int] = field(default_factory=list)  # per verify step (speculation)
+
+
+def choose_next(row: torch.Tensor, state: DecodeState) -> int:
+    """Picks the token after `row` (V,) logits, appends it to the state and returns it (syncs)."""
+    if state.seen is not None:
+        row = apply_repetition_penalty(row, state.seen, state.params.repetition_penalty)
+    tok = choose_tokens(row, state.params, state.generator)
+    if state.seen is not None:
+        state.seen[tok] = True
+    t = int(tok)
+    state.tokens.append(t)
+    return t
+
+
+def plain_steps(runner, state: DecodeState) -> Iterator[list[int]]:
+    """One token a step from a state whose last token is not in the cache yet, until the
+    context is full (the caller stops earlier on EOS or max_tokens)."""
+    while state.kv_len < runner.max_len:
+        n = state.kv_len
+        tok = torch.tensor([state.tokens[n]], dtype=torch.long, device=runner.device)
+        logits, _, _ = runner.forward(tok, n)
+        state.kv_len = n + 1
+        yield [choose_next(logits[-1], state)]
