@@ -40,13 +40,7 @@ def save_layers(folder: Path, mc: MTPConfig, draft) -> None:
     save_file(layer_tensors(draft), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def write_provenance(folder: Path, prov: dict) -> None:
-    folder = Path(folder)
-    (folder / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
-    (folder / "README.md").write_text(_readme(prov))
-
-
-def _readme(p: dict) -> str:
+def layers_readme(p: dict) -> str:
     ev = p.get("final_eval", {})
     spec = ev.get("speculator", {})
     t = p["train"]

@@ -131,7 +131,8 @@ def train(draft, target: _Target, teacher: Teacher, pools, val, opts, deadline, 
 def cmd_train_mtp(args) -> int:
     from engine.engine import pick_device
 
-    from .mtp_export import save_layers, write_provenance
+    from .mtp_export import layers_readme, save_layers
+    from .train_export import write_provenance
     from .train import TrainOptions, _command, _load_target, _log, _train_prompts
 
     t_start = time.perf_counter()
@@ -209,9 +210,5 @@ def cmd_train_mtp(args) -> int:
         "validation_history": res.history,
         "final_eval": final,
     }
-    write_provenance(opts.out, prov)
-    spec = final.get("speculator")
-    _log(f"saved {opts.out} in {wall:.0f} s; held-out acc {final.get('step_acc')}, est. accept len "
-         f"{final.get('accept_len_estimate')}" + (f"; speculator: accept len {spec['accept_len_mean']:.2f}, "
-                                                 f"identical {spec['identical']}/{spec['prompts']}" if spec else ""))
+    write_provenance(opts.out, prov, layers_readme(prov), _log)
     return 1 if failed else 0

@@ -157,7 +157,7 @@ def cmd_train(args) -> int:
          f"loss {res.first_loss:.3f} -> {res.last_loss:.3f}")
 
     t = time.perf_counter()
-    from .train_export import save_head, write_provenance
+    from .train_export import head_readme, save_head, write_provenance
 
     save_head(opts.out, config, draft, cfg.vocab_size)  # first: a failing check below loses nothing
     final, failed = {}, None
@@ -190,11 +190,7 @@ def cmd_train(args) -> int:
         "validation_history": res.history,
         "final_eval": final,
     }
-    write_provenance(opts.out, prov)
-    spec = final.get("speculator")
-    _log(f"saved {opts.out} in {wall:.0f} s; held-out acc {final.get('step_acc')}, est. accept len "
-         f"{final.get('accept_len_estimate')}" + (f"; speculator: accept len {spec['accept_len_mean']:.2f}, "
-                                                 f"identical {spec['identical']}/{spec['prompts']}" if spec else ""))
+    write_provenance(opts.out, prov, head_readme(prov), _log)
     return 1 if failed else 0
 
 

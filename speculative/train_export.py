@@ -81,13 +81,19 @@ def save_head(folder: Path, config: dict, draft, target_vocab: int) -> None:
     save_file(head_tensors(draft, target_vocab), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def write_provenance(folder: Path, prov: dict) -> None:
+def write_provenance(folder: Path, prov: dict, readme: str, log) -> None:
+    """provenance.json and README.md beside the weights, then one line on what was saved."""
     folder = Path(folder)
     (folder / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
-    (folder / "README.md").write_text(_readme(prov))
+    (folder / "README.md").write_text(readme)
+    final = prov["final_eval"]
+    spec = final.get("speculator")
+    log(f"saved {folder} in {prov['wall_s']:.0f} s; held-out acc {final.get('step_acc')}, est. accept len "
+        f"{final.get('accept_len_estimate')}" + (f"; speculator: accept len {spec['accept_len_mean']:.2f}, "
+                                                f"identical {spec['identical']}/{spec['prompts']}" if spec else ""))
 
 
-def _readme(p: dict) -> str:
+def head_readme(p: dict) -> str:
     ev = p.get("final_eval", {})
     spec = ev.get("speculator", {})
     lines = [
