@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
-from engine.kernels.attention_fused import decode_attention_fused  # noqa: E402
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref  # noqa: E402
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 
@@ -102,7 +101,7 @@ def attention_cases(args):
             return run
 
         want = decode_attention_ref(q, *caches[0], positions, scale)
-        impls = {"triton": decode_attention, "fused": decode_attention_fused, "ref": decode_attention_ref,
+        impls = {"triton": decode_attention, "ref": decode_attention_ref,
                  "sdpa": decode_attention_sdpa}
         for impl, op in impls.items():
             diff = max_diff(op(q, *caches[0], positions, scale), want)

@@ -18,7 +18,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from engine.kernels import attention_fused, gemv, next_pow2  # noqa: E402
+from engine.kernels import gemv, next_pow2  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -52,29 +52,9 @@ def gemv_variants():
                     cfg.num_warps, cfg.num_stages
 
 
-def attention_variants():
-    kern = attention_fused._kernels()
-    strides = ["stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot", "stride_oh"]
-    sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "pos_ptr": "*i32", "part_o_ptr": "*fp32",
-           "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "count_ptr": "*i32", "num_rows": "i32",
-           **{s: "i32" for s in strides}, "qk_scale": "fp32"}
-    divisible = [a for a in sig if a.endswith("_ptr")] + strides
-    for rows, heads, kv_heads, head_dim, max_seq_len in [(1, 32, 8, 128, 4096), (6, 32, 8, 128, 4096),
-                                                         (16, 32, 8, 128, 32768), (1, 9, 3, 64, 4096),
-                                                         (6, 9, 3, 64, 4096)]:
-        group = heads // kv_heads
-        splits = attention_fused._num_splits(kv_heads, max_seq_len, 64, 132)
-        block_m, block_d = max(16, next_pow2(rows * group)), max(16, next_pow2(head_dim))
-        consts = dict(GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=64,
-                      BLOCK_D=block_d, MERGE_ROWS=max(1, min(next_pow2(rows * group), 8192 // (splits * block_d))),
-                      DOT_F32=False)
-        yield f"attention_fused T={rows} Hq={heads} Hkv={kv_heads} D={head_dim} S={max_seq_len}", kern, sig, \
-            consts, divisible, 4 if block_m <= 32 else 8, 2
-
-
 def main() -> None:
     failed = 0
-    for variant in (*gemv_variants(), *attention_variants()):
+    for variant in gemv_variants():
         name, *rest = variant
         try:
             ptx = compile_one(*rest).asm["ptx"]

@@ -23,7 +23,6 @@ if INTERPRET:
 
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
-from engine.kernels.attention_fused import decode_attention_fused  # noqa: E402
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref  # noqa: E402
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 
@@ -140,7 +139,7 @@ def test_norm_and_activation_refs():
 # ---- kernels vs references (CUDA, or the CPU interpreter on request) -----------------------
 
 
-ATTN_OPS = [pytest.param(decode_attention, id="split+reduce"), pytest.param(decode_attention_fused, id="fused")]
+ATTN_OPS = [pytest.param(decode_attention, id="split+reduce")]
 
 
 @pytest.mark.parametrize("device", DEVICES)
