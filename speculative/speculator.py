@@ -12,6 +12,7 @@ from engine.sampling import probabilities, sample_from
 
 from .draft_graphs import DraftGraphs
 from .eagle3 import Eagle3Draft
+from .greedy_loop import GreedyIteration
 from .verify import accept_drafts
 
 
@@ -28,6 +29,7 @@ class Eagle3Speculator:
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
+        self.fused = GreedyIteration(self, runner)  # greedy without a penalty: one graph an iteration
 
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
@@ -41,6 +43,7 @@ class Eagle3Speculator:
 
     def capture(self) -> None:
         self.graphs = DraftGraphs(self, self.kv)
+        self.fused.capture()
 
     def tokens(self, runner, state) -> Iterator[list[int]]:
         k = self.k
@@ -57,6 +60,9 @@ class Eagle3Speculator:
         d_logits, d_hidden = self.draft(ids, pos, target_states, True, self.embed, self.kv, start_pos=start)
         d_logits, d_hidden = d_logits[-1:], d_hidden[-1:]
         self._seq = state.tokens[:state.kv_len + 1]
+        if state.params.is_greedy and state.seen is None and self.force_accept is None:
+            yield from self._fused_tokens(runner, state, d_logits, d_hidden)
+            return
         while True:
             n = state.kv_len
             if n + k + 1 > runner.max_len:
@@ -81,6 +87,23 @@ class Eagle3Speculator:
             if state.seen is not None:
                 state.seen[torch.tensor(out, device=dev)] = True
             yield out
+
+    def _fused_tokens(self, runner, state, d_logits, d_hidden) -> Iterator[list[int]]:
+        """The greedy loop: the first k drafts here, then one GreedyIteration per verify step."""
+        k, it = self.k, self.fused
+        n = state.kv_len
+        if n + k + 1 <= runner.max_len:
+            drafts, _ = self._draft_chain(d_logits, d_hidden, n, state)
+            it.start(n, state.tokens[n], drafts)
+        while n + k + 1 <= runner.max_len:
+            a, nxt, *proposed = it.run()
+            out = proposed[:a] + [nxt]
+            state.tokens.extend(out)
+            state.kv_len = n = n + a + 1
+            state.accept_lens.append(a + 1)
+            self._seq = state.tokens[:n + 1]
+            yield out
+        yield from plain_steps(runner, state)
 
     # --- pieces ---------------------------------------------------------------------------
     def _target_states(self, aux, hidden):

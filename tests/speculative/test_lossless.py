@@ -149,3 +149,25 @@ def test_draft_for_another_target_is_refused(tmp_path, targets):
     head = write_head(tmp_path / "h2", wrong, "sglang", t, 64, (1, 2, 3))
     with pytest.raises(ModelLoadError, match="hidden size 96.*64"):
         Engine.load(str(targets["llama"]), draft=str(head), device="cpu")
+
+
+@pytest.mark.parametrize("mode", ["full", "partial"])
+def test_speculation_runs_to_the_end_of_the_context_like_plain(tmp_path, targets, mode):
+    """The greedy loop drafts past the context's end inside its iteration; the host must switch
+    to plain steps in time and stop where plain decoding stops, token for token."""
+    src = targets["llama"]
+    cfg = read_config(src)
+    probe = Engine.load(str(src), device="cpu")
+    last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
+    a, b = 40, 41
+    edges = {last: a, a: a} if mode == "full" else {last: a, a: b, b: a}
+    target = _markov_target(src, tmp_path / "target", edges)
+    head = _constant_draft(tmp_path, cfg, a)
+    n_prompt = len(probe.tokenizer.apply_chat_template(PROMPT))
+    for room in (9, 10, 11, 12):  # tokens left in the context after the prompt, around k + 1
+        e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=4, max_seq_len=n_prompt + room)
+        e.tokenizer.eos_token_ids = frozenset()
+        plain, _ = _run(e, False, n=64)
+        spec, stats = _run(e, True, n=64)
+        assert spec == plain and len(plain) == room + 1, (mode, room)  # the last needs no K/V
+        assert stats.verify_steps > 0
