@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
     train.add_argument("--lr", type=float, default=None, help="peak learning rate (default 6e-4)")
     train.add_argument("--gen", type=int, default=None,
-                       help="training prompts the target answers itself, greedy (default: 3000 GPU, 0 CPU)")
+                       help="training prompts the target answers itself, greedy (default: 6000 GPU, 0 CPU)")
     train.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
     train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
     train.add_argument("--eval-prompts", type=int, default=None,

@@ -34,9 +34,9 @@ class TrainOptions:
     eval_prompts: int  # held-out prompts decoded with the saved head at the end
     seed: int = 0
     decay: float = 0.8  # loss weight of draft step t is decay ** t (EAGLE-3)
-    # Share of a step's sequences drawn from the target's own replies: they are what gets drafted,
-    # but there are few of them (generation is batch-1), so the rest keeps them from being memorised.
-    gen_frac: float = 0.35
+    # Share of a step's sequences drawn from the target's own replies: they are what gets drafted;
+    # the conversations' human turns keep the head from memorising a few thousand replies.
+    gen_frac: float = 0.7
     gen_share: float = 0.45  # share of the time budget after which no new reply is started
     reserve_s: float = 25.0  # budget kept for validation, saving and the speculator check
     val_conversations: int = 48
@@ -73,7 +73,7 @@ class TrainOptions:
                    draft_vocab=int(opt("draft_vocab", 8192, 8192)), steps=int(opt("steps", 3000, 200)),
                    seq_len=int(opt("seq_len", 1024, 512)), batch_tokens=int(opt("batch_tokens", 16384, 2048)),
                    ttt_steps=int(opt("ttt_steps", 5, 5)), lr=float(opt("lr", 6e-4, 6e-4)),
-                   gen_prompts=int(opt("gen", 3000, 0)), gen_tokens=int(opt("gen_tokens", 256, 128)),
+                   gen_prompts=int(opt("gen", 6000, 0)), gen_tokens=int(opt("gen_tokens", 256, 128)),
                    time_budget=opt("time_budget", 420.0, None), eval_every=int(opt("eval_every", 250, 100)),
                    eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
