@@ -8,6 +8,7 @@ import time
 import torch
 
 from engine.batch import ForwardBatch
+from engine.batched import greedy_batch, kv_bytes_per_token
 from engine.kv_cache import KVCache
 from engine.runner import ModelRunner
 
@@ -16,10 +17,12 @@ from .ttt import DocFeatures
 
 
 class Teacher:
-    def __init__(self, loaded, aux_layer_ids: tuple[int, ...], max_len: int, cache_bytes: int):
+    def __init__(self, loaded, aux_layer_ids: tuple[int, ...], max_len: int, cache_bytes: int,
+                 gen_batch: int | None = None, gen_kv_bytes: int | None = None):
         cfg = loaded.config
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
+        self.eos_ids = frozenset(loaded.tokenizer.eos_token_ids)  # replies stop after one of these
         self.config = cfg
         self.aux_layer_ids = aux_layer_ids
         self.device = self.model.lm_head.weight.device
@@ -30,6 +33,12 @@ class Teacher:
         self._cache: dict = {}
         self._cache_left = cache_bytes
         self.forward_s = 0.0  # time spent computing features (for the throughput report)
+        # Generation batches: at most gen_batch prompts, and their K/V (prompt + reply tokens,
+        # all layers) within gen_kv_bytes. A few GB on CUDA keeps a 135M target at 256 rows and
+        # an 8B one at about 64; on the CPU small batches already amortize the per-step work.
+        cuda = self.device.type == "cuda"
+        self.gen_batch = gen_batch or (256 if cuda else 8)
+        self.gen_kv_bytes = gen_kv_bytes or ((4 << 30) if cuda else (256 << 20))
 
     @property
     def embed(self) -> torch.nn.Embedding:
@@ -95,39 +104,62 @@ class Teacher:
             self.runner.capture([1])  # no-op on CPU
         return self.runner
 
+    GEN_WINDOW = 8  # batches' worth of prompts sorted by length together
+
     def generate(self, prompts: list[list[int]], max_tokens: int, deadline: float | None,
                  log=None) -> list[Sequence]:
-        """The target's greedy replies (until EOS, included, or max_tokens), prompt first. Stops
-        early at `deadline` (perf_counter seconds); each sequence records where its reply starts."""
-        runner = self._runner()
-        eos = self.tokenizer.eos_token_ids
-        out: list[Sequence] = []
-        t0, last_log, made = time.perf_counter(), time.perf_counter(), 0
-        for prompt in prompts:
-            if deadline is not None and time.perf_counter() > deadline:
-                break
-            reply = self._greedy(runner, prompt, max_tokens, eos)
-            made += len(reply)
-            out.append(Sequence(list(prompt) + reply, response_start=len(prompt)))
+        """The target's greedy replies (until EOS, included, or max_tokens, or the context is
+        full), prompt first, in the order of `prompts`. Runs batches of prompts of similar length
+        (sorted inside windows of GEN_WINDOW batches taken in order, so a deadline cuts off the
+        tail of the list, not its longest prompts); starts no batch after `deadline`
+        (perf_counter seconds). Each sequence records where its reply starts."""
+        per_token = kv_bytes_per_token(self.model)
+        room = min(self.max_len, self.model.cos_sin.shape[0])
+        limits = [min(max_tokens, room - len(p)) for p in prompts]
+        replies: dict[int, list[int]] = {}
+        t0 = last_log = time.perf_counter()
+        made = 0
+
+        def progress(n: int) -> None:
+            nonlocal made, last_log
+            made += n
             if log and time.perf_counter() - last_log > 10:
                 last_log = time.perf_counter()
-                log(f"  generated {len(out)}/{len(prompts)} replies, {made / (last_log - t0):.0f} tokens/s")
-        return out
+                log(f"  generated {len(replies)}/{len(prompts)} replies, {made / (last_log - t0):.0f} tokens/s")
 
-    @torch.no_grad()
-    def _greedy(self, runner: ModelRunner, prompt: list[int], max_tokens: int, eos) -> list[int]:
-        ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
-        logits, _, _ = runner.forward(ids, 0, all_logits=False)
-        n, reply = len(prompt), []
-        while len(reply) < max_tokens and n < runner.max_len:
-            tok = logits[-1].argmax().view(1)
-            t = int(tok)
-            reply.append(t)
-            if t in eos or n + 1 >= runner.max_len:
+        todo = [i for i in range(len(prompts)) if limits[i] > 0 and prompts[i]]
+        for i in range(len(prompts)):
+            if not (limits[i] > 0 and prompts[i]):
+                replies[i] = []  # no room for a reply (an empty prompt has nothing to answer)
+        window = self.GEN_WINDOW * self.gen_batch
+        order: list[int] = []
+        while todo or order:
+            if deadline is not None and time.perf_counter() > deadline:
                 break
-            logits, _, _ = runner.forward(tok, n)
+            if not order:
+                order = sorted(todo[:window], key=lambda i: len(prompts[i]))
+                del todo[:window]
+            batch = self._take_batch(order, prompts, limits, per_token)
+            got = greedy_batch(self.model, [prompts[i] for i in batch], [limits[i] for i in batch],
+                               self.eos_ids, progress)
+            replies.update(zip(batch, got))
+        return [Sequence(list(prompts[i]) + replies[i], response_start=len(prompts[i]))
+                for i in range(len(prompts)) if i in replies]
+
+    def _take_batch(self, order: list[int], prompts, limits, per_token: int) -> list[int]:
+        """Pops the next batch off `order` (ascending length): as many prompts as fit gen_batch
+        and, K/V for longest prompt + longest reply per row, gen_kv_bytes (always at least one)."""
+        n, longest, most = 0, 0, 0
+        while n < min(len(order), self.gen_batch):
+            i = order[n]
+            cols = max(longest, len(prompts[i])) + max(most, limits[i])
+            if n and (n + 1) * cols * per_token > self.gen_kv_bytes:
+                break
+            longest, most = max(longest, len(prompts[i])), max(most, limits[i])
             n += 1
-        return reply
+        batch = order[:n]
+        del order[:n]
+        return batch
 
     def check_speculator(self, folder, prompts: list[list[dict]], k: int, max_tokens: int) -> dict:
         """Loads the saved head as the engine would and decodes held-out prompts greedily with and

@@ -1,0 +1,100 @@
+"""Batched greedy generation (Teacher.generate) equals batch-1 greedy decoding, token for token."""
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import batched
+from engine.loader import load_folder
+from engine.runner import ModelRunner
+from speculative.teacher import Teacher
+from tests.tiny import make_tiny_model
+
+MAX_LEN = 48  # the 30-token prompt has room for 18 reply tokens only
+MAX_TOKENS = 20
+LENGTHS = (5, 17, 9, 30, 1, 12)  # not sorted: results must come back in this order
+
+
+def one_at_a_time(runner: ModelRunner, prompt: list[int], max_tokens: int, eos) -> list[int]:
+    """The batch-1 reference: the engine's own forward over its static cache, one token a step."""
+    logits, _, _ = runner.forward(torch.tensor(prompt), 0, all_logits=False)
+    n, reply = len(prompt), []
+    while len(reply) < max_tokens and n < runner.max_len:
+        t = int(logits[-1].argmax())
+        reply.append(t)
+        if t in eos or n + 1 >= runner.max_len:
+            break
+        logits, _, _ = runner.forward(torch.tensor([t]), n)
+        n += 1
+    return reply
+
+
+@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2", "qwen3"])
+def target(request, tmp_path_factory):
+    folder = make_tiny_model(tmp_path_factory.mktemp(request.param), request.param, num_layers=3, seed=1)
+    loaded = load_folder(folder, torch.device("cpu"), torch.float32, MAX_LEN)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 380, (n,), generator=g).tolist() for n in LENGTHS]
+    runner = ModelRunner(loaded.model, MAX_LEN)
+    plain = [one_at_a_time(runner, p, MAX_TOKENS, ()) for p in prompts]
+    # EOS: a token the target emits in the middle of some reply, so that some replies stop on
+    # it (right after its first occurrence) and others run to max_tokens or the context end.
+    eos = plain[1][6]
+    ref = [one_at_a_time(runner, p, MAX_TOKENS, {eos}) for p in prompts]
+    return loaded, prompts, plain, eos, ref
+
+
+def _teacher(loaded, eos, **kw) -> Teacher:
+    teacher = Teacher(loaded, (1,), MAX_LEN, 1 << 20, **kw)
+    teacher.eos_ids = frozenset(eos)
+    return teacher
+
+
+@pytest.mark.parametrize("gen_batch", [2, 4, 64])  # batches of 2 + 2 + 2, 4 + 2, or one of all six
+def test_batched_equals_one_at_a_time(target, gen_batch):
+    loaded, prompts, _, eos, ref = target
+    stopped = [r for r in ref if r and r[-1] == eos]
+    assert stopped and any(len(r) > 1 for r in stopped), "setup: the EOS token must end some reply"
+    assert any(len(r) == MAX_TOKENS and eos not in r for r in ref), "setup: some reply must reach max_tokens"
+    assert len(ref[3]) == MAX_LEN - LENGTHS[3] or eos in ref[3], "setup: the long prompt fills the context"
+
+    teacher = _teacher(loaded, {eos}, gen_batch=gen_batch)
+    seqs = teacher.generate(prompts, MAX_TOKENS, None)
+    assert [s.ids[:s.response_start] for s in seqs] == prompts
+    assert [s.ids[s.response_start:] for s in seqs] == ref
+    for s in seqs:
+        reply = s.ids[s.response_start:]
+        assert eos not in reply[:-1] and len(reply) <= MAX_TOKENS and len(s.ids) <= MAX_LEN
+
+
+def test_kv_budget_and_deadline(target):
+    loaded, prompts, ref, _, _ = target
+    # A budget of one row's K/V: every batch holds a single prompt, the same replies come back.
+    teacher = _teacher(loaded, (), gen_batch=64, gen_kv_bytes=1)
+    calls = []
+    teacher._take_batch = lambda *a, f=teacher._take_batch: calls.append(f(*a)) or calls[-1]
+    assert [s.ids[s.response_start:] for s in teacher.generate(prompts, MAX_TOKENS, None)] == ref
+    assert len(calls) == len(prompts) and all(len(b) == 1 for b in calls)
+    # No batch starts after the deadline.
+    assert teacher.generate(prompts, MAX_TOKENS, time.perf_counter() - 1) == []
+
+
+def test_prefill_in_row_chunks(target, monkeypatch):
+    loaded, prompts, _, eos, ref = target
+    monkeypatch.setattr(batched, "PREFILL_TOKENS", 2 * max(LENGTHS))  # 2 rows of 30 a forward
+    forwards = []
+    run = batched._next_tokens
+    monkeypatch.setattr(batched, "_next_tokens", lambda model, ids, *a: forwards.append(ids.shape) or run(model, ids, *a))
+    seqs = _teacher(loaded, {eos}, gen_batch=64).generate(prompts, MAX_TOKENS, None)
+    assert [s.ids[s.response_start:] for s in seqs] == ref
+    assert forwards[:3] == [(2, max(LENGTHS))] * 3 and all(shape[1] == 1 for shape in forwards[3:])
+
+
+def test_no_room_for_a_reply(target):
+    loaded, prompts = target[:2]
+    full = prompts[0] * 10  # 50 tokens > MAX_LEN
+    seqs = _teacher(loaded, ()).generate([full, prompts[0]], 3, None)
+    assert seqs[0].ids == full and seqs[0].response_start == len(full)
+    assert len(seqs[1].ids) == len(prompts[0]) + 3
