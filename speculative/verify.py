@@ -14,7 +14,8 @@ def greedy_accept(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> tu
     """
     matches = (draft_tokens == target_choice[:-1]).to(torch.int64)
     accepted = matches.cumprod(0).sum()
-    return accepted, target_choice[accepted]
+    # index_select, not [accepted]: indexing by a tensor syncs, which a CUDA graph cannot hold
+    return accepted, target_choice.index_select(0, accepted.view(1))[0]
 
 
 def rejection_accept(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
