@@ -35,11 +35,13 @@ class RMSNorm(nn.Module):
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), with gate and up fused into one projection."""
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False, silu_and_mul=None, row_linear=None):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, silu_and_mul=None, row_linear=None,
+                 linear=None):
         super().__init__()
         self.intermediate = intermediate
         self.silu_and_mul = silu_and_mul
         self.row_linear = row_linear  # the GEMV for single-token steps on CUDA
+        self.linear = linear  # Ops.linear: batch-invariant projections when switched on
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
@@ -49,7 +51,7 @@ class GatedMLP(nn.Module):
         return {"gate_proj": ("gate_up_proj", 0, I), "up_proj": ("gate_up_proj", I, I)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        gate_up = self.linear(x, self.gate_up_proj) if self.linear else self.gate_up_proj(x)
         if self.silu_and_mul is not None:
             act = self.silu_and_mul(gate_up)
             return self.row_linear(act, self.down_proj) if self.row_linear else self.down_proj(act)

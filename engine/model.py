@@ -45,7 +45,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cos_sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_table: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.ops.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
@@ -71,7 +71,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, ops)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, silu_and_mul=ops.silu_and_mul,
-                            row_linear=ops.row_linear)
+                            row_linear=ops.row_linear, linear=ops.linear)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
 
@@ -122,7 +122,7 @@ class CausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(T, H) -> (T, V) fp32."""
-        return self.lm_head(hidden).float()
+        return self.ops.linear(hidden, self.lm_head).float()
 
     def checkpoint_target(self, name: str) -> tuple[str, int, int] | None:
         """Maps a checkpoint tensor name to (parameter name, row offset, rows) for fused

@@ -31,8 +31,12 @@ def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_na
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
     if MTPConfig.describes_mtp(raw):
-        return build_mtp(folder, MTPConfig.from_hf(raw, target_cfg), runner, target_cfg, num_steps, target_name)
-    return build_eagle3(folder, runner, target_cfg, num_steps, target_name)
+        spec = build_mtp(folder, MTPConfig.from_hf(raw, target_cfg), runner, target_cfg, num_steps, target_name)
+    else:
+        spec = build_eagle3(folder, runner, target_cfg, num_steps, target_name)
+    # Verify rows must carry the bits of the decode steps they stand for (engine/ops.py).
+    runner.model.ops.set_batch_invariant(True)
+    return spec
 
 
 def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, num_steps: int, target_name: str):

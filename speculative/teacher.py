@@ -29,7 +29,6 @@ class Teacher:
         self.dtype = self.model.lm_head.weight.dtype
         self.max_len = max_len
         self.kv = KVCache(cfg.num_layers, max_len, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
-        self.runner: ModelRunner | None = None  # made for generation, graphs captured on CUDA
         self._cache: dict = {}
         self._cache_left = cache_bytes
         self.forward_s = 0.0  # time spent computing features (for the throughput report)
@@ -98,12 +97,6 @@ class Teacher:
         w = self.model.lm_head.weight.index_select(0, draft_ids)
         return torch.nn.functional.linear(label_hidden.to(w.dtype), w).float()
 
-    def _runner(self) -> ModelRunner:
-        if self.runner is None:
-            self.runner = ModelRunner(self.model, self.max_len)
-            self.runner.capture([1])  # no-op on CPU
-        return self.runner
-
     GEN_WINDOW = 8  # batches' worth of prompts sorted by length together
 
     def generate(self, prompts: list[list[int]], max_tokens: int, deadline: float | None,
@@ -169,8 +162,11 @@ class Teacher:
 
         from .build import build_speculator
 
-        runner = self._runner()
+        runner = ModelRunner(self.model, self.max_len)  # its graphs see the batch-invariant switch
         spec = build_speculator(folder, runner, self.config, k, "the target")
+        runner.capture([1, spec.k + 1])  # no-op on CPU
+        if self.device.type == "cuda":
+            spec.capture()
         engine = Engine(runner, self.tokenizer, "target", spec, "trained head")
         params = SamplingParams(max_tokens=max_tokens)
         identical, steps, tokens, plain_s, spec_s = 0, 0, 0, 0.0, 0.0
@@ -185,6 +181,7 @@ class Teacher:
             plain_s += plain.stats.decode_s
             spec_s += fast.stats.decode_s
         engine.reset()
+        self.model.ops.set_batch_invariant(False)
         return {"prompts": len(prompts), "k": k, "max_tokens": max_tokens,
                 "accept_len_mean": tokens / max(steps, 1), "identical": identical,
                 "plain_decode_s": round(plain_s, 3), "spec_decode_s": round(spec_s, 3)}

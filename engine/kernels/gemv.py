@@ -172,13 +172,18 @@ def _kernels():
     return gemv_kernel
 
 
-def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
+            invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """invariant: one compiled kernel and tile for every row count (the tensor-core path over
+    MAX_ROWS rows, the config of a MAX_ROWS-row call), so row i's result does not depend on how
+    many rows came with it: a verify row equals the decode step of the same token bit for bit."""
     num_rows = x.shape[0]
     n = weight.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
     assert bias is None or bias.shape == (n,)
-    cfg = config or default_config(num_rows, n, k, _num_sms(x.device))
+    cfg = config or default_config(MAX_ROWS if invariant else num_rows, n, k, _num_sms(x.device))
+    dot = invariant or num_rows > 1
     kernel = _kernels()
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     new_res = None
@@ -203,11 +208,11 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config) ->
         x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
         num_rows, n, k, x.stride(0), res.stride(0), new_res_arg.stride(0), weight.stride(0), out.stride(0),
         float(eps),
-        PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=num_rows > 1,
+        PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=dot,
         DOT_F32=x.dtype == torch.float32 or interpreting,
         SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
-        BLOCK_M=1 if num_rows == 1 else max(16, next_pow2(num_rows)),
-        BLOCK_N=cfg.block_n if num_rows == 1 else max(16, cfg.block_n), BLOCK_K=cfg.block_k,
+        BLOCK_M=MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows))),
+        BLOCK_N=max(16, cfg.block_n) if dot else cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages,
     )
     return out, new_res
@@ -221,13 +226,13 @@ def _num_sms(device: torch.device) -> int:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None) -> torch.Tensor:
+         config: GemvConfig | None = None, invariant: bool = False) -> torch.Tensor:
     """x (M, K), weight (N, K) as nn.Linear holds it -> (M, N) in x's dtype, fp32 accumulation.
 
     CUDA (or the Triton interpreter); no host sync; graph-capturable. `config` overrides
-    the built-in table (benchmarks).
+    the built-in table (benchmarks). invariant: each row's result is independent of M.
     """
-    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config)[0]
+    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, invariant)[0]
 
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

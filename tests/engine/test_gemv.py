@@ -135,3 +135,18 @@ def test_split_k_graph_replay():
         x.copy_(torch.randn(x.shape, generator=gen))
         graph.replay()
         torch.testing.assert_close(out, gemv_ref(x, weight, bias), **BF16_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k", [(960, 576), (3072, 576), (576, 1536), (4096, 4096), (49152, 576)])
+def test_invariant_rows_equal_single_row_bits(n, k):
+    """Batch-invariant mode: each row of an M-row call has exactly the bits of a 1-row call."""
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    w = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16) * 0.05
+    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    singles = torch.cat([gemv(x[i:i + 1], w, invariant=True) for i in range(16)])
+    for m in (2, 6, 9, 16):
+        assert torch.equal(gemv(x[:m], w, invariant=True), singles[:m]), m
+    ref = torch.nn.functional.linear(x, w)
+    assert (singles.float() - ref.float()).abs().max() < 0.05

@@ -53,3 +53,22 @@ def test_spec_graph_equals_eager_500_tokens(tmp_path, tiny_models, fmt, use_aux)
         assert len(a) == 500 and a == b
     plain = _tokens(g, ids, SamplingParams(max_tokens=500), False)
     assert plain == _tokens(g, ids, SamplingParams(max_tokens=500), True)
+
+
+def test_greedy_speculation_equals_plain_on_a_wide_random_model(tmp_path):
+    """Random weights give many near-tied logits: a verify row whose bits differ from the decode
+    step it stands for shows up within a few hundred tokens (it did, before batch invariance)."""
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import make_tiny_model, read_config
+
+    target = make_tiny_model(tmp_path / "wide", "llama", num_layers=6, hidden=576, seed=5,
+                             num_attention_heads=9, num_key_value_heads=3)
+    cfg = read_config(target)
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(576, 576, 3, cfg["vocab_size"], 200),
+                      576, (1, 3, 5))
+    e = Engine.load(str(target), draft=str(head), device="cuda", draft_steps=5)
+    e.tokenizer.eos_token_ids = frozenset()
+    for text in ("The quick brown fox", "Once upon a time", "hello"):
+        ids = e.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+        p = SamplingParams(max_tokens=300)
+        assert _tokens(e, ids, p, False) == _tokens(e, ids, p, True), text
