@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from .demo import demo_draft_path
 from .errors import UserError
 from .loader import load_folder, load_gguf
 from .resolve import resolve
@@ -39,15 +40,18 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     speculator, draft_name = None, None
     draft_spec = draft
     if draft_spec is None and src.is_demo:
-        from .demo import demo_draft_path
-
         found = demo_draft_path()
         draft_spec = str(found) if found else None
     if draft_spec and draft_spec != "none":
         say("loading the draft", 0.6)
         from speculative.build import build_speculator  # the one place engine reaches into speculative
 
-        if draft_spec == "mtp:builtin":  # MTP layers shipped inside the target checkpoint
+        shipped = demo_draft_path(draft_spec[len("demo-"):]) if draft_spec in ("demo-eagle3", "demo-mtp") else None
+        if draft_spec in ("demo-eagle3", "demo-mtp") and not src.is_demo:
+            raise UserError(f"--draft {draft_spec} was trained for the demo model, not {src.name}")
+        if shipped is not None:  # the drafts trained for the demo model, in assets/
+            draft_path, draft_name = shipped, draft_spec
+        elif draft_spec == "mtp:builtin":  # MTP layers shipped inside the target checkpoint
             if src.is_gguf or loaded.config.architecture != "MiMoForCausalLM":
                 raise UserError(f"--draft mtp:builtin: {src.name} ships no MTP layers (MiMoForCausalLM "
                                 "checkpoints do); give a draft folder instead")

@@ -96,3 +96,25 @@ def test_shipped_head_is_lossless_on_cpu(demo_gguf):
         assert spec.token_ids == plain.token_ids
         accepted.append(spec.stats.accept_len_mean)
     assert sum(accepted) / len(accepted) > 1.1  # the trained head does get drafts accepted
+
+
+def test_shipped_mtp_layers_are_lossless_on_cpu(demo_gguf):
+    engine = Engine.load("demo", draft="demo-mtp", device="cpu")
+    assert engine.has_draft and engine.draft_name == "demo-mtp"
+    msgs = [{"role": "user", "content": PROMPTS[2]}]
+    engine.reset()
+    plain = engine.generate(msgs, SamplingParams(max_tokens=48), speculative=False)
+    engine.reset()
+    spec = engine.generate(msgs, SamplingParams(max_tokens=48), speculative=True)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accept_len_mean > 1.1
+
+
+def test_demo_drafts_are_refused_for_another_model(tmp_path):
+    from tests.tiny import make_tiny_model
+
+    target = make_tiny_model(tmp_path / "t", "llama")
+    res = subprocess.run([sys.executable, "-m", "app.cli", "run", "--model", str(target), "--draft", "demo-mtp",
+                          "--device", "cpu", "hi"], capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "trained for the demo model" in res.stderr.strip().splitlines()[-1]
