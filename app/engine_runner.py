@@ -1,4 +1,8 @@
-"""The engine thread: loads the model, runs one generation at a time, and reports by posting messages."""
+"""The engine thread: loads the model, runs one generation at a time, and reports by posting messages.
+
+While an answer streams, the engine thread only appends its text to an `AnswerStream`; the UI reads it
+at its own pace (see app/pacing.py). Nothing is posted per token: the engine thread needs the GIL back after
+every GPU sync, and each message it posts wakes the UI, whose work then holds the GIL."""
 
 from __future__ import annotations
 
@@ -31,10 +35,41 @@ class ChatEngine(Protocol):
     has_draft: bool
 
     def stream(self, messages: list[dict], params: SamplingParams, speculative: bool | None = None,
-               stop_event: threading.Event | None = None) -> Iterator[StreamEvent]: ...
+               stop_event: threading.Event | None = None, t0: float | None = None) -> Iterator[StreamEvent]: ...
 
 
 EngineFactory = Callable[[ProgressCallback], ChatEngine]
+
+
+class AnswerStream:
+    """One answer as the engine thread writes it. The engine thread appends; the UI thread takes what is new
+    whenever it chooses to show it (appending to and reading a list is safe under the GIL)."""
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []
+        self._taken = 0
+        self._stats: Any = None  # the engine's live GenerationStats: copy before reading (snapshot)
+
+    def write(self, text: str, stats: Any) -> None:
+        """Engine thread."""
+        if text:
+            self._pieces.append(text)
+        self._stats = stats
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    def take(self) -> str:
+        """UI thread: the text written since the previous take."""
+        end = len(self._pieces)
+        new = "".join(self._pieces[self._taken:end])
+        self._taken = end
+        return new
+
+    def stats(self) -> Any:
+        """UI thread: a copy of the latest stats."""
+        return _snapshot(self._stats)
 
 
 @dataclass
@@ -43,8 +78,11 @@ class _Job:
     target: MessagePump
     messages: list[dict]
     settings: Settings
-    sides: tuple[tuple[str, bool], ...]  # (side name, speculative) run one after the other
+    side: str
+    speculative: bool
     stop_event: threading.Event
+    asked_at: float  # time.perf_counter() when the UI asked: time to first token counts from here
+    go: threading.Event  # set by release(): the UI has drawn the answer's place, decoding may start
 
 
 @dataclass
@@ -55,6 +93,7 @@ class _Reload:
 def _release_gpu_memory() -> None:
     import gc
 
+    gc.unfreeze()  # the old model may have been frozen out of collections after its load
     gc.collect()
     import torch
 
@@ -63,9 +102,10 @@ def _release_gpu_memory() -> None:
 
 
 class EngineRunner:
-    """Owns the only thread that touches the engine. Never blocks on the UI: it only posts messages."""
+    """Owns the only thread that touches the engine. Never blocks on the UI while decoding: it posts messages
+    and appends to an AnswerStream. Only before a held job starts does it wait for the UI (release)."""
 
-    UPDATE_INTERVAL_S = 1 / 25  # text deltas are coalesced: the UI refreshes at most 25 times a second
+    HOLD_MAX_S = 1.0  # the longest a held job waits for release() before it starts anyway
 
     @dataclass
     class LoadProgress(Message):
@@ -84,11 +124,11 @@ class EngineRunner:
         error: str
 
     @dataclass
-    class Delta(Message):
+    class Started(Message):
+        """The answer's first text is in `stream`: show it now, then read the rest from `stream` at the UI's pace."""
         job_id: int
         side: str
-        text: str  # added since the previous Delta of this job and side
-        stats: GenerationStats
+        stream: AnswerStream
 
     @dataclass
     class Finished(Message):
@@ -110,7 +150,7 @@ class EngineRunner:
         self.load_error: str | None = None
         self._jobs: queue.Queue[_Job | _Reload | None] = queue.Queue()
         self._job_ids = itertools.count(1)
-        self._pending: dict[int, threading.Event] = {}
+        self._pending: dict[int, _Job] = {}
         self._thread = threading.Thread(target=self._run, name="localchat-engine", daemon=True)
         self._load_target: MessagePump | None = None
 
@@ -120,12 +160,23 @@ class EngineRunner:
         self._thread.start()
 
     def generate(self, target: MessagePump, messages: list[dict], settings: Settings,
-                 speculative: bool, side: str = "answer") -> int:
-        return self._submit(target, messages, settings, ((side, speculative),))
+                 speculative: bool, side: str = "answer", hold: bool = False) -> int:
+        """Queue an answer; reports go to `target`. With `hold`, decoding waits for release(job_id) (at most
+        HOLD_MAX_S): the UI calls it once the answer's widgets are mounted and drawn, so that layout work does
+        not run alongside decoding. Time to first token still counts from now."""
+        job = _Job(next(self._job_ids), target, [dict(m) for m in messages], settings, side, speculative,
+                   threading.Event(), time.perf_counter(), threading.Event())
+        if not hold:
+            job.go.set()
+        self._pending[job.job_id] = job
+        self._jobs.put(job)
+        return job.job_id
 
-    def compare(self, target: MessagePump, messages: list[dict], settings: Settings) -> int:
-        """The same prompt with speculation off, then on (never both at once: they would share the GPU)."""
-        return self._submit(target, messages, settings, (("off", False), ("on", True)))
+    def release(self, job_id: int) -> None:
+        """Let a held job start decoding."""
+        job = self._pending.get(job_id)
+        if job is not None:
+            job.go.set()
 
     def reload(self, factory: EngineFactory) -> None:
         """Swap in another model: the current engine is released first, on the engine thread."""
@@ -134,8 +185,9 @@ class EngineRunner:
 
     def stop(self) -> None:
         """Stop the running answer at once and drop the queued ones."""
-        for event in list(self._pending.values()):
-            event.set()
+        for job in list(self._pending.values()):
+            job.stop_event.set()
+            job.go.set()
 
     def shutdown(self) -> None:
         self.stop()
@@ -144,13 +196,6 @@ class EngineRunner:
     @property
     def busy(self) -> bool:
         return bool(self._pending)
-
-    def _submit(self, target: MessagePump, messages: list[dict], settings: Settings,
-                sides: tuple[tuple[str, bool], ...]) -> int:
-        job = _Job(next(self._job_ids), target, [dict(m) for m in messages], settings, sides, threading.Event())
-        self._pending[job.job_id] = job.stop_event
-        self._jobs.put(job)
-        return job.job_id
 
     # Everything below runs on the engine thread.
 
@@ -163,11 +208,11 @@ class EngineRunner:
                 self._load()
                 continue
             try:
-                for side, speculative in job.sides:
-                    if job.stop_event.is_set():
-                        job.target.post_message(self.Finished(job.job_id, side, "", None, "cancelled"))
-                        continue
-                    self._generate(job, side, speculative)
+                job.go.wait(self.HOLD_MAX_S)
+                if job.stop_event.is_set():
+                    job.target.post_message(self.Finished(job.job_id, job.side, "", None, "cancelled"))
+                else:
+                    self._generate(job)
             finally:
                 self._pending.pop(job.job_id, None)
 
@@ -187,39 +232,35 @@ class EngineRunner:
         self.engine = engine
         target.post_message(self.Loaded(engine.model_name, engine.draft_name, engine.device, engine.has_draft))
 
-    def _generate(self, job: _Job, side: str, speculative: bool) -> None:
-        target = job.target
+    def _generate(self, job: _Job) -> None:
+        target, side = job.target, job.side
         if self.engine is None:
             target.post_message(self.Failed(job.job_id, side, f"No model is loaded: {self.load_error}"))
             return
-        pieces: list[str] = []
-        unsent: list[str] = []
+        stream = AnswerStream()
         stats: Any = None
         finish_reason = "stop"
-        last_post = 0.0  # the first token goes out at once: time to first token is what the user sees
+        started = False
         try:
             from engine.types import SamplingParams
 
             params = SamplingParams(**job.settings.sampling_kwargs())
-            for event in self.engine.stream(job.messages, params, speculative=speculative,
-                                            stop_event=job.stop_event):
-                pieces.append(event.text)
-                unsent.append(event.text)
+            for event in self.engine.stream(job.messages, params, speculative=job.speculative,
+                                            stop_event=job.stop_event, t0=job.asked_at):
+                stream.write(event.text, event.stats)
                 stats = event.stats
                 if event.finished:
                     finish_reason = event.finish_reason or "stop"
                     break
-                now = time.monotonic()
-                if now - last_post >= self.UPDATE_INTERVAL_S:
-                    target.post_message(self.Delta(job.job_id, side, "".join(unsent), _snapshot(stats)))
-                    unsent.clear()
-                    last_post = now
+                if not started and event.text and not __import__("os").environ.get("NOSTART"):  # the first text goes out at once: time to first token
+                    started = True
+                    target.post_message(self.Started(job.job_id, side, stream))
         except Exception as e:
             target.post_message(self.Failed(job.job_id, side, _describe(e)))
             return
         if job.stop_event.is_set():
             finish_reason = "cancelled"
-        target.post_message(self.Finished(job.job_id, side, "".join(pieces), _snapshot(stats), finish_reason))
+        target.post_message(self.Finished(job.job_id, side, stream.text, _snapshot(stats), finish_reason))
 
 
 def _snapshot(stats: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 from pathlib import Path
@@ -61,6 +62,7 @@ class LocalChatApp(App):
         if self.chat_screen is not None:
             self.chat_screen.save_unfinished()
         self.store.close()
+        gc.unfreeze()  # the load froze the heap (see _load_engine): let the interpreter's exit free it
 
     def watch_theme(self, theme: str) -> None:
         if theme != self.settings.theme and self.is_mounted:
@@ -119,7 +121,13 @@ def _load_engine(model: str, **load_kwargs) -> EngineFactory:
     def load(on_progress: ProgressCallback):
         from engine import Engine  # imports torch: only ever on the engine thread
 
-        return Engine.load(model, on_progress=on_progress, **load_kwargs)
+        engine = Engine.load(model, on_progress=on_progress, **load_kwargs)
+        # Torch, the model and the app are a large heap that lives as long as the model: a full collection
+        # of it holds the GIL for 100 ms or more, as long as a whole answer on a GPU. Freezing it keeps it
+        # out of later collections (EngineRunner unfreezes before a reload lets it go).
+        gc.collect()
+        gc.freeze()
+        return engine
 
     return load
 

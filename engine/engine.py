@@ -60,8 +60,11 @@ class Engine:
         return GenerationResult("".join(text), ids, last.stats, last.finish_reason)
 
     def stream(self, messages: list[dict], params: SamplingParams = SamplingParams(),
-               speculative: bool | None = None, stop_event: threading.Event | None = None) -> Iterator[StreamEvent]:
-        t0 = time.perf_counter()
+               speculative: bool | None = None, stop_event: threading.Event | None = None,
+               t0: float | None = None) -> Iterator[StreamEvent]:
+        """`t0`: the `time.perf_counter()` at which the answer was asked for (time to first token counts from
+        it); now by default."""
+        t0 = time.perf_counter() if t0 is None else t0
         ids = self.tokenizer.apply_chat_template(messages)
         return self.stream_ids(ids, params, speculative, stop_event, t0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
@@ -12,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Label, OptionList
 
 from ..engine_runner import EngineRunner
+from ..pacing import LiveAnswer, release_when_drawn
 from ..store import ChatRecord
 from ..widgets.chat_list import ChatList
 from ..widgets.conversation import Conversation
@@ -31,6 +33,12 @@ class _Answer:
     job_id: int
     chat_id: int | None  # None: its chat was deleted, nothing to save
     view: MessageView
+    live: LiveAnswer | None = None  # from the first text on
+
+    @property
+    def text(self) -> str:
+        """All the engine has written so far (the view may be a little behind)."""
+        return self.live.stream.text if self.live is not None else self.view.content
 
 
 class ChatScreen(Screen):
@@ -200,9 +208,11 @@ class ChatScreen(Screen):
         assert self.chat is not None
         messages = self.engine_messages()
         view = await self.conversation.add(MessageView("assistant"))
-        job_id = self.app.runner.generate(self, messages, self.app.settings, self.speculative)
-        self.answer = _Answer(job_id, self.chat.id, view)
         view.start_stream("thinking…" if self.app.runner.engine else "waiting for the model to load…")
+        # Decoding starts once the new messages are laid out and drawn, not alongside that work.
+        job_id = self.app.runner.generate(self, messages, self.app.settings, self.speculative, hold=True)
+        self.answer = _Answer(job_id, self.chat.id, view)
+        release_when_drawn(self, self.app.runner, job_id)
 
     def action_stop(self) -> None:
         if self.answer is not None:
@@ -270,18 +280,29 @@ class ChatScreen(Screen):
         self.status.model_ok = False
         self.notify(message.error, title="The model failed to load", severity="error", timeout=30)
 
-    async def on_engine_runner_delta(self, message: EngineRunner.Delta) -> None:
-        if self.answer and message.job_id == self.answer.job_id:
-            await self.answer.view.append(message.text, message.stats)
-            self.status.show_stats(message.stats)
+    async def on_engine_runner_started(self, message: EngineRunner.Started) -> None:
+        answer = self.answer
+        if answer is None or message.job_id != answer.job_id:
+            return
+
+        async def show(text: str, stats: Any) -> None:
+            if answer.view.is_attached:  # not when the user has moved to another chat meanwhile
+                await answer.view.append(text, stats)
+                self.status.show_stats(stats)
+
+        answer.live = LiveAnswer(self, message.stream, show)
+        await answer.live.start()
 
     async def on_engine_runner_finished(self, message: EngineRunner.Finished) -> None:
         answer = self.answer
         if answer is None or message.job_id != answer.job_id:
             return
         self.answer = None
+        if answer.live is not None:
+            answer.live.stop()
         stats = message.stats
-        await answer.view.finish(message.text, stats, message.finish_reason, self.model_name)
+        if answer.view.is_attached:
+            await answer.view.finish(message.text, stats, message.finish_reason, self.model_name)
         if stats is not None:
             self.status.show_stats(stats)
         if answer.chat_id is not None:
@@ -292,14 +313,16 @@ class ChatScreen(Screen):
     def save_unfinished(self) -> None:
         """On quit: keep what the answer being written has so far."""
         answer, self.answer = self.answer, None
-        if answer is not None and answer.chat_id is not None and answer.view.content:
-            self.store.add_message(answer.chat_id, "assistant", answer.view.content, None, "cancelled",
-                                   self.model_name)
+        if answer is not None and answer.chat_id is not None and answer.text:
+            self.store.add_message(answer.chat_id, "assistant", answer.text, None, "cancelled", self.model_name)
 
     async def on_engine_runner_failed(self, message: EngineRunner.Failed) -> None:
         answer = self.answer
         if answer is None or message.job_id != answer.job_id:
             return
         self.answer = None
-        await answer.view.fail(message.error)
+        if answer.live is not None:
+            answer.live.stop()
+        if answer.view.is_attached:
+            await answer.view.fail(message.error)
         self.notify(message.error, title="Generation failed", severity="error", timeout=15)

@@ -9,16 +9,21 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
 from ..engine_runner import EngineRunner
+from ..pacing import LiveAnswer, release_when_drawn
 from ..widgets.compare_pane import ComparePane
 
 
 class CompareScreen(ModalScreen[None]):
+    """Each side is its own job, queued once the screen has drawn what the previous one left, so that neither
+    side's decoding shares the main thread with layout work."""
+
     BINDINGS = [Binding("escape", "close", "Stop / close")]
 
     def __init__(self, messages: list[dict]) -> None:
         super().__init__()
         self.messages = messages
         self.job_id: int | None = None
+        self.live: LiveAnswer | None = None
 
     def compose(self) -> ComposeResult:
         prompt = " ".join(self.messages[-1]["content"].split())
@@ -32,29 +37,49 @@ class CompareScreen(ModalScreen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.job_id = self.app.runner.compare(self, self.messages, self.app.settings)
+        self.run_side("off", speculative=False)
+
+    def run_side(self, side: str, speculative: bool) -> None:
+        runner = self.app.runner
+        self.job_id = runner.generate(self, self.messages, self.app.settings, speculative, side=side, hold=True)
+        release_when_drawn(self, runner, self.job_id)
 
     def pane(self, side: str) -> ComparePane:
         return self.query_one(f"#pane-{side}", ComparePane)
 
-    async def on_engine_runner_delta(self, message: EngineRunner.Delta) -> None:
+    async def on_engine_runner_started(self, message: EngineRunner.Started) -> None:
         if message.job_id == self.job_id:
-            await self.pane(message.side).append(message.text, message.stats)
+            self.live = LiveAnswer(self, message.stream, self.pane(message.side).append)
+            await self.live.start()
+
+    def _stop_live(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
 
     async def on_engine_runner_finished(self, message: EngineRunner.Finished) -> None:
         if message.job_id != self.job_id:
             return
+        self._stop_live()
         await self.pane(message.side).finish(message.text, message.stats, message.finish_reason)
-        if message.side == "off" and message.finish_reason != "cancelled":
-            self.query_one("#compare-verdict", Static).update("Running with speculation on…")
+        await self._next_side(message.side, message.finish_reason)
+
+    async def _next_side(self, side: str, finish_reason: str) -> None:
+        if side == "off":
+            if finish_reason == "cancelled":
+                await self.pane("on").finish("", None, "cancelled")
+            else:
+                self.query_one("#compare-verdict", Static).update("Running with speculation on…")
+                self.run_side("on", speculative=True)
         self._update_verdict()
 
     async def on_engine_runner_failed(self, message: EngineRunner.Failed) -> None:
         if message.job_id != self.job_id:
             return
+        self._stop_live()
         await self.pane(message.side).finish("", None, "failed", error=message.error)
         self.notify(message.error, title="Compare failed", severity="error", timeout=10)
-        self._update_verdict()
+        await self._next_side(message.side, "failed")
 
     def _update_verdict(self) -> None:
         off, on = self.pane("off"), self.pane("on")
@@ -73,6 +98,7 @@ class CompareScreen(ModalScreen[None]):
         verdict.add_class("identical" if off.text == on.text else "different")
 
     def action_close(self) -> None:
+        self._stop_live()
         if not (self.pane("off").done and self.pane("on").done):
             self.app.runner.stop()
         self.dismiss(None)

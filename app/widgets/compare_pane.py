@@ -7,7 +7,6 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label, Markdown
-from textual.widgets.markdown import MarkdownStream
 
 from .stats_line import StatsLine, stats_dict
 
@@ -20,7 +19,7 @@ class ComparePane(Vertical):
         self.stats: dict[str, Any] = {}
         self.finish_reason: str | None = None
         self.done = False
-        self._stream: MarkdownStream | None = None
+        self._streaming = False
 
     def compose(self) -> ComposeResult:
         yield Label(self.title, classes="pane-title")
@@ -29,18 +28,19 @@ class ComparePane(Vertical):
         yield StatsLine("waiting…", classes="stats")
 
     async def append(self, text: str, stats: Any) -> None:
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        """More of the answer being written: parsed incrementally (Markdown.append)."""
+        if not self._streaming:
+            self._streaming = True
             self.add_class("streaming")
         self.text += text
         self.stats = stats_dict(stats)
         self.query_one(StatsLine).show_stats(stats)
-        await self._stream.write(text)
+        await self.query_one(Markdown).append(text)
 
     async def finish(self, text: str, stats: Any, finish_reason: str, error: str | None = None) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        if self._streaming and not error and text.startswith(self.text) and len(text) > len(self.text):
+            await self.append(text[len(self.text):], stats)  # the rest: no full re-parse
+        self._streaming = False
         self.remove_class("streaming")
         self.done = True
         self.finish_reason = finish_reason

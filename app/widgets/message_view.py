@@ -8,7 +8,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Label, Markdown
-from textual.widgets.markdown import MarkdownStream
 
 from .stats_line import StatsLine
 
@@ -26,7 +25,7 @@ class MessageView(Vertical, can_focus=True):
         self.message_id = message_id
         self.model = model
         self._initial = (stats, finish_reason)
-        self._stream: MarkdownStream | None = None
+        self._streaming = False
 
     def compose(self) -> ComposeResult:
         yield Label(ROLE_TITLES.get(self.role, self.role), classes="role")
@@ -38,10 +37,10 @@ class MessageView(Vertical, can_focus=True):
 
     @property
     def is_streaming(self) -> bool:
-        return self._stream is not None
+        return self._streaming
 
     def start_stream(self, waiting_text: str) -> None:
-        self._stream = Markdown.get_stream(self.query_one(Markdown))
+        self._streaming = True
         self.add_class("streaming")
         self.set_waiting(waiting_text)
 
@@ -50,17 +49,18 @@ class MessageView(Vertical, can_focus=True):
             self.query_one(StatsLine).update(text)
 
     async def append(self, text: str, stats: Any) -> None:
-        if self._stream is None:
+        """More of the answer being written: parsed incrementally (Markdown.append), not the whole text again."""
+        if not self._streaming:
             return
         self.content += text
         self.query_one(StatsLine).show_stats(stats)
-        await self._stream.write(text)
+        await self.query_one(Markdown).append(text)
 
     async def finish(self, text: str, stats: Any, finish_reason: str | None, model: str | None) -> None:
         """Show the final text and stats; `text` is the whole answer as the engine produced it."""
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        if self._streaming and text.startswith(self.content) and len(text) > len(self.content):
+            await self.append(text[len(self.content):], stats)  # the rest: no full re-parse
+        self._streaming = False
         self.remove_class("streaming")
         self.model = model
         if text != self.content:
@@ -69,9 +69,7 @@ class MessageView(Vertical, can_focus=True):
         self.query_one(StatsLine).show_stats(stats, finish_reason, model)
 
     async def fail(self, error: str) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        self._streaming = False
         self.remove_class("streaming")
         self.add_class("failed")
         self.query_one(Markdown).display = bool(self.content)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rich.cells import cell_len
 from textual.widgets import Static
 
 
@@ -38,5 +39,18 @@ def format_stats(stats: Any, finish_reason: str | None = None, model: str | None
 
 
 class StatsLine(Static):
+    _text = "\n"  # the text shown, as far as its height goes ("\n": unknown)
+
     def show_stats(self, stats: Any, finish_reason: str | None = None, model: str | None = None) -> None:
         self.update(format_stats(stats, finish_reason, model))
+
+    def update(self, content: Any = "", *, layout: bool | None = None) -> None:
+        """Without `layout`, lays the screen out again only when the line's height may change: a new text
+        that fits on one line, like the old one, needs a repaint only (cheap, while an answer streams)."""
+        text = content if isinstance(content, str) else None
+        if layout is None:
+            width = self.content_region.width
+            layout = not (text and self._text and width and "\n" not in text + self._text
+                          and cell_len(text) <= width and cell_len(self._text) <= width)
+        self._text = text or "\n"
+        super().update(content, layout=layout)

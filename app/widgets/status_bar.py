@@ -47,7 +47,13 @@ class StatusBar(Horizontal):
     def _watch_model(self) -> None:
         self._render_all()
 
-    _watch_draft = _watch_speculative = _watch_has_draft = _watch_stats = _watch_load_text = _watch_model_ok = _watch_model
+    _watch_draft = _watch_speculative = _watch_has_draft = _watch_load_text = _watch_model_ok = _watch_model
+
+    def _watch_stats(self) -> None:
+        """Live while an answer streams: only the speed field changes, and its size cannot (1fr wide, one
+        line), so a repaint is enough."""
+        if self.is_mounted:
+            self.query_one("#status-speed", Static).update(self._speed_text(), layout=False)
 
     def _render_all(self) -> None:
         if not self.is_mounted:

@@ -53,15 +53,15 @@ class FakeEngine:
         self._lock = threading.Lock()  # the real engine is not thread-safe either: catch misuse
 
     def stream(self, messages: list[dict], params: SamplingParams, speculative: bool | None = None,
-               stop_event: threading.Event | None = None) -> Iterator[StreamEvent]:
+               stop_event: threading.Event | None = None, t0: float | None = None) -> Iterator[StreamEvent]:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("FakeEngine.stream called from two threads at once")
         try:
-            yield from self._stream(messages, params, speculative, stop_event)
+            yield from self._stream(messages, params, speculative, stop_event, t0)
         finally:
             self._lock.release()
 
-    def _stream(self, messages, params, speculative, stop_event) -> Iterator[StreamEvent]:
+    def _stream(self, messages, params, speculative, stop_event, t0) -> Iterator[StreamEvent]:
         is_spec = self.has_draft and (True if speculative is None else speculative)
         self.calls.append({"messages": messages, "speculative": is_spec, "thread": threading.get_ident()})
         if self.fail_stream is not None:
@@ -69,7 +69,7 @@ class FakeEngine:
         tokens = split_tokens(answer_for(messages))[: params.max_tokens]
         stats = GenerationStats(prompt_tokens=sum(len(m["content"].split()) for m in messages),
                                 speculative=is_spec, draft_steps=5 if is_spec else 0)
-        start = time.perf_counter()
+        start = time.perf_counter() if t0 is None else t0  # time to first token counts from t0, as in Engine
         time.sleep(self.step_delay_s)  # prefill
         stats.ttft_s = 0.05 if self.fixed_stats else time.perf_counter() - start
         pos, step = 0, 0

@@ -238,3 +238,20 @@ async def test_quitting_mid_answer_keeps_what_was_written(make_app):
         saved = again.store.messages(chat_id)
         assert [m.role for m in saved] == ["user", "assistant"]
         assert saved[1].finish_reason == "cancelled" and saved[1].content.startswith(shown)
+
+
+async def test_new_chat_mid_answer_stops_it_and_keeps_it_in_its_chat(make_app):
+    app = make_app(step_delay_s=0.05)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "a long answer please", wait=False)
+        await wait_for(pilot, lambda: len(answer_text(app)) > 0)
+        chat_id = app.screen.chat.id
+        await pilot.press("ctrl+n")  # the answer's view is gone: its last updates must go nowhere, quietly
+        await wait_for(pilot, lambda: app.screen.answer is None)
+        await pilot.pause(0.2)
+        assert app.is_running and app.screen.conversation.views == []
+        saved = app.store.messages(chat_id)
+        assert [m.role for m in saved] == ["user", "assistant"] and saved[1].finish_reason == "cancelled"
+        await send(pilot, "next")
+        assert answer_text(app).startswith("You said: **next**")
