@@ -38,6 +38,8 @@ def bare(args, prompts) -> list[float]:
 
 async def in_app(args, home) -> list[float]:
     """The chat app loading the model on its own engine thread, as `localchat` does."""
+    from textual import events
+
     from app.settings import Settings, save_settings
     from app.tui import LocalChatApp
     from app.widgets.prompt_input import PromptInput
@@ -54,7 +56,9 @@ async def in_app(args, home) -> list[float]:
             await pilot.press("ctrl+n")  # each prompt in a new chat, as `bare` runs them
             await asyncio.sleep(1.0)  # a person reads and types: the UI settles between answers
             app.screen.query_one(PromptInput).text = p
-            await pilot.press("enter")
+            # Enter as the terminal driver sends it. pilot.press would then wait for the process to go idle,
+            # polling 50 times a second for a second or two while the engine decodes: test-harness work.
+            app.post_message(events.Key("enter", "\r"))
             deadline = time.monotonic() + 120
             # Plain sleeps, not pilot.pause: a pause forces a full repaint, which is test-harness
             # work a real terminal session does not do.
