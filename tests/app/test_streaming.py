@@ -63,6 +63,19 @@ def test_a_held_job_decodes_only_once_released_and_counts_the_wait_in_ttft(runne
     assert not runner.busy
 
 
+def test_asked_while_loading_time_to_first_token_counts_from_the_load():
+    inbox = Inbox()
+    runner = EngineRunner(fake_factory(load_delay_s=0.4, step_delay_s=0.002))
+    runner.start(inbox)
+    try:
+        job = runner.generate(inbox, MESSAGES, Settings(), speculative=False, hold=True)
+        runner.release(job)
+        finished = inbox.wait_for(EngineRunner.Finished)
+        assert inbox.of(EngineRunner.Loaded) and 0 < finished.stats.ttft_s < 0.3
+    finally:
+        runner.shutdown()
+
+
 def test_stop_cancels_a_held_job_at_once(runner):
     runner, inbox = runner
     job = runner.generate(inbox, MESSAGES, Settings(), speculative=False, hold=True)
