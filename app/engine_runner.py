@@ -255,7 +255,7 @@ class EngineRunner:
                 if event.finished:
                     finish_reason = event.finish_reason or "stop"
                     break
-                if not started and event.text and not __import__("os").environ.get("NOSTART"):  # the first text goes out at once: time to first token
+                if not started and event.text:  # the first text goes out at once: time to first token
                     started = True
                     target.post_message(self.Started(job.job_id, side, stream))
         except Exception as e:
