@@ -81,7 +81,7 @@ class _Job:
     side: str
     speculative: bool
     stop_event: threading.Event
-    asked_at: float  # time.perf_counter() when the UI asked: time to first token counts from here
+    asked_at: float  # time.perf_counter() when the UI asked: time to first token counts from here (or the load)
     go: threading.Event  # set by release(): the UI has drawn the answer's place, decoding may start
 
 
@@ -153,6 +153,7 @@ class EngineRunner:
         self._pending: dict[int, _Job] = {}
         self._thread = threading.Thread(target=self._run, name="localchat-engine", daemon=True)
         self._load_target: MessagePump | None = None
+        self._loaded_at = 0.0
 
     def start(self, target: MessagePump) -> None:
         """Load the model in the background; progress and the outcome go to `target`."""
@@ -163,7 +164,8 @@ class EngineRunner:
                  speculative: bool, side: str = "answer", hold: bool = False) -> int:
         """Queue an answer; reports go to `target`. With `hold`, decoding waits for release(job_id) (at most
         HOLD_MAX_S): the UI calls it once the answer's widgets are mounted and drawn, so that layout work does
-        not run alongside decoding. Time to first token still counts from now."""
+        not run alongside decoding. Time to first token still counts from now (or, asked while the model
+        loads, from the end of the load)."""
         job = _Job(next(self._job_ids), target, [dict(m) for m in messages], settings, side, speculative,
                    threading.Event(), time.perf_counter(), threading.Event())
         if not hold:
@@ -230,6 +232,7 @@ class EngineRunner:
             target.post_message(self.LoadFailed(self.load_error))
             return
         self.engine = engine
+        self._loaded_at = time.perf_counter()
         target.post_message(self.Loaded(engine.model_name, engine.draft_name, engine.device, engine.has_draft))
 
     def _generate(self, job: _Job) -> None:
@@ -246,13 +249,13 @@ class EngineRunner:
 
             params = SamplingParams(**job.settings.sampling_kwargs())
             for event in self.engine.stream(job.messages, params, speculative=job.speculative,
-                                            stop_event=job.stop_event, t0=job.asked_at):
+                                            stop_event=job.stop_event, t0=max(job.asked_at, self._loaded_at)):
                 stream.write(event.text, event.stats)
                 stats = event.stats
                 if event.finished:
                     finish_reason = event.finish_reason or "stop"
                     break
-                if not started and event.text and not __import__("os").environ.get("NOSTART"):  # the first text goes out at once: time to first token
+                if not started and event.text:  # the first text goes out at once: time to first token
                     started = True
                     target.post_message(self.Started(job.job_id, side, stream))
         except Exception as e:

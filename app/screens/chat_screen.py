@@ -208,7 +208,7 @@ class ChatScreen(Screen):
         assert self.chat is not None
         messages = self.engine_messages()
         view = await self.conversation.add(MessageView("assistant"))
-        view.start_stream("thinking…" if self.app.runner.engine else "waiting for the model to load…")
+        await view.start_stream("thinking…" if self.app.runner.engine else "waiting for the model to load…")
         # Decoding starts once the new messages are laid out and drawn, not alongside that work.
         job_id = self.app.runner.generate(self, messages, self.app.settings, self.speculative, hold=True)
         self.answer = _Answer(job_id, self.chat.id, view)

@@ -8,6 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label, Markdown
 
+from .markdown_feed import MarkdownFeed
 from .stats_line import StatsLine, stats_dict
 
 
@@ -19,6 +20,7 @@ class ComparePane(Vertical):
         self.stats: dict[str, Any] = {}
         self.finish_reason: str | None = None
         self.done = False
+        self._feed: MarkdownFeed | None = None
         self._streaming = False
 
     def compose(self) -> ComposeResult:
@@ -27,19 +29,25 @@ class ComparePane(Vertical):
             yield Markdown("")
         yield StatsLine("waiting…", classes="stats")
 
+    async def on_mount(self) -> None:
+        self._feed = MarkdownFeed(self.query_one(Markdown))  # its placeholder is drawn before decoding starts
+        await self._feed.start()
+
     async def append(self, text: str, stats: Any) -> None:
-        """More of the answer being written: parsed incrementally (Markdown.append)."""
+        """More of the answer being written."""
         if not self._streaming:
             self._streaming = True
             self.add_class("streaming")
         self.text += text
         self.stats = stats_dict(stats)
         self.query_one(StatsLine).show_stats(stats)
-        await self.query_one(Markdown).append(text)
+        if self._feed is not None:
+            await self._feed.append(text)
 
     async def finish(self, text: str, stats: Any, finish_reason: str, error: str | None = None) -> None:
-        if self._streaming and not error and text.startswith(self.text) and len(text) > len(self.text):
-            await self.append(text[len(self.text):], stats)  # the rest: no full re-parse
+        if self._feed is not None:
+            await self._feed.finish(self.text if error else text)
+            self._feed = None
         self._streaming = False
         self.remove_class("streaming")
         self.done = True
@@ -49,7 +57,5 @@ class ComparePane(Vertical):
             self.query_one(StatsLine).update(f"failed: {error}")
             return
         self.stats = stats_dict(stats)
-        if text != self.text:
-            self.text = text
-            await self.query_one(Markdown).update(text)
+        self.text = text
         self.query_one(StatsLine).show_stats(stats, finish_reason)

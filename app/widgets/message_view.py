@@ -9,6 +9,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Label, Markdown
 
+from .markdown_feed import MarkdownFeed
 from .stats_line import StatsLine
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -25,7 +26,7 @@ class MessageView(Vertical, can_focus=True):
         self.message_id = message_id
         self.model = model
         self._initial = (stats, finish_reason)
-        self._streaming = False
+        self._feed: MarkdownFeed | None = None  # while the answer streams
 
     def compose(self) -> ComposeResult:
         yield Label(ROLE_TITLES.get(self.role, self.role), classes="role")
@@ -37,10 +38,11 @@ class MessageView(Vertical, can_focus=True):
 
     @property
     def is_streaming(self) -> bool:
-        return self._streaming
+        return self._feed is not None
 
-    def start_stream(self, waiting_text: str) -> None:
-        self._streaming = True
+    async def start_stream(self, waiting_text: str) -> None:
+        self._feed = MarkdownFeed(self.query_one(Markdown))
+        await self._feed.start()
         self.add_class("streaming")
         self.set_waiting(waiting_text)
 
@@ -49,27 +51,29 @@ class MessageView(Vertical, can_focus=True):
             self.query_one(StatsLine).update(text)
 
     async def append(self, text: str, stats: Any) -> None:
-        """More of the answer being written: parsed incrementally (Markdown.append), not the whole text again."""
-        if not self._streaming:
+        """More of the answer being written."""
+        if self._feed is None:
             return
         self.content += text
         self.query_one(StatsLine).show_stats(stats)
-        await self.query_one(Markdown).append(text)
+        await self._feed.append(text)
 
     async def finish(self, text: str, stats: Any, finish_reason: str | None, model: str | None) -> None:
         """Show the final text and stats; `text` is the whole answer as the engine produced it."""
-        if self._streaming and text.startswith(self.content) and len(text) > len(self.content):
-            await self.append(text[len(self.content):], stats)  # the rest: no full re-parse
-        self._streaming = False
+        if self._feed is not None:
+            await self._feed.finish(text)
+            self._feed = None
+        elif text != self.content:
+            await self.query_one(Markdown).update(text)
+        self.content = text
         self.remove_class("streaming")
         self.model = model
-        if text != self.content:
-            self.content = text
-            await self.query_one(Markdown).update(text)
         self.query_one(StatsLine).show_stats(stats, finish_reason, model)
 
     async def fail(self, error: str) -> None:
-        self._streaming = False
+        if self._feed is not None:
+            await self._feed.finish(self.content)
+            self._feed = None
         self.remove_class("streaming")
         self.add_class("failed")
         self.query_one(Markdown).display = bool(self.content)

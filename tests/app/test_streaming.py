@@ -1,4 +1,5 @@
-"""The engine thread's side of streaming (held jobs, AnswerStream, time to first token) and the UI's pacing."""
+"""The engine thread's side of streaming (held jobs, AnswerStream, time to first token), the UI's pacing and
+MarkdownFeed."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import threading
 import time
 
 import pytest
+from textual.app import App
+from textual.widgets import Markdown
+from textual.widgets.markdown import MarkdownBlock
 
 from app import pacing
 from app.engine_runner import EngineRunner
 from app.settings import Settings
+from app.widgets.markdown_feed import PLACEHOLDER, MarkdownFeed
 from tests.app.fake_engine import answer_for, fake_factory
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -61,6 +66,19 @@ def test_a_held_job_decodes_only_once_released_and_counts_the_wait_in_ttft(runne
     assert finished.text == answer_for(MESSAGES) == started.stream.text
     assert finished.stats.ttft_s >= 0.2  # from the request, not from when decoding was let start
     assert not runner.busy
+
+
+def test_asked_while_loading_time_to_first_token_counts_from_the_load():
+    inbox = Inbox()
+    runner = EngineRunner(fake_factory(load_delay_s=0.4, step_delay_s=0.002))
+    runner.start(inbox)
+    try:
+        job = runner.generate(inbox, MESSAGES, Settings(), speculative=False, hold=True)
+        runner.release(job)
+        finished = inbox.wait_for(EngineRunner.Finished)
+        assert inbox.of(EngineRunner.Loaded) and 0 < finished.stats.ttft_s < 0.3
+    finally:
+        runner.shutdown()
 
 
 def test_stop_cancels_a_held_job_at_once(runner):
@@ -131,3 +149,44 @@ def test_pacer_shows_progress_at_least_min_fps(clock):
     assert pacer.wait_s() == pytest.approx(1 / pacing.UpdatePacer.MIN_FPS - 0.1)
     clock.wall += 1 / pacing.UpdatePacer.MIN_FPS
     assert pacer.wait_s() == 0.0
+
+
+class MarkdownApp(App):
+    def compose(self):
+        yield Markdown()
+
+
+def blocks(markdown: Markdown) -> list[tuple[str, str]]:
+    return [(type(b).__name__, str(b.render())) for b in markdown.query(MarkdownBlock)]
+
+
+async def test_the_first_text_replaces_the_placeholder_block_in_place():
+    app = MarkdownApp()
+    async with app.run_test() as pilot:
+        markdown = app.query_one(Markdown)
+        feed = MarkdownFeed(markdown)
+        await feed.start()
+        await pilot.pause()
+        assert blocks(markdown) == [("MarkdownParagraph", PLACEHOLDER)]
+        placeholder = markdown.query_one(MarkdownBlock)
+        await feed.append("Hello")
+        await pilot.pause()
+        assert blocks(markdown) == [("MarkdownParagraph", "Hello")] and markdown.query_one(MarkdownBlock) is placeholder
+        await feed.append(" world\n\n- a\n")
+        await feed.finish("Hello world\n\n- a\n- b\n\nEnd")
+        await pilot.pause()
+        assert markdown.source == "Hello world\n\n- a\n- b\n\nEnd"
+        assert [kind for kind, _ in blocks(markdown)][:2] == ["MarkdownParagraph", "MarkdownBulletList"]
+        assert PLACEHOLDER not in "".join(text for _, text in blocks(markdown))
+
+
+async def test_an_answer_that_never_starts_leaves_no_placeholder():
+    app = MarkdownApp()
+    async with app.run_test() as pilot:
+        markdown = app.query_one(Markdown)
+        feed = MarkdownFeed(markdown)
+        await feed.start()
+        await feed.append("\n")  # whitespace: still the placeholder
+        await feed.finish("\n")
+        await pilot.pause()
+        assert blocks(markdown) == []
