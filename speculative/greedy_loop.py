@@ -47,8 +47,8 @@ class GreedyIteration:
         """One iteration; returns [a, next_token, d_1..d_k] (syncs once)."""
         if self.graph is not None:
             self.graph.replay()
-        else:
-            self._body()
+        else:  # eager: the host knows the lengths, so attention reads only the filled cache
+            self._body(int(self.n))
         return self.result.tolist()
 
     def start(self, n: int, bonus: int, drafts: torch.Tensor) -> None:
@@ -56,10 +56,11 @@ class GreedyIteration:
         self.ids[0] = bonus
         self.ids[1:].copy_(drafts)
 
-    def _body(self) -> None:
+    def _body(self, n: int | None = None) -> None:
+        """n: the cache length when the host knows it (eager), None inside the graph."""
         spec, runner, model, k = self.spec, self.runner, self.runner.model, self.k
         torch.add(self.offsets, self.n, out=self.positions)
-        out = model(ForwardBatch(self.ids, self.positions, start_pos=None), runner.kv, runner.aux_layer_ids)
+        out = model(ForwardBatch(self.ids, self.positions, start_pos=n), runner.kv, runner.aux_layer_ids)
         choice = model.logits(out.hidden).argmax(-1)
         drafts = self.ids[1:]
         accepted, next_token = greedy_accept(drafts, choice)
@@ -70,10 +71,11 @@ class GreedyIteration:
         # at n+i+1; rows past the accepted ones carry the next token and are never read.
         window = torch.where(self.rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
         states = spec._target_states(out.aux_hidden, out.hidden)
-        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv)
+        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv, start_pos=n)
         d_logits, d_hidden = logits.index_select(0, accepted.view(1)), hidden.index_select(0, accepted.view(1))
         # The next iteration starts at n + a + 1 with the next token as its bonus.
         self.n.add_(accepted + 1)
+        n_next = None if n is None else n + int(accepted) + 1
         self.ids[0].copy_(next_token)
         for s in range(k):
             tok = spec.draft.to_target_ids(d_logits[-1].argmax().view(1))
@@ -82,4 +84,5 @@ class GreedyIteration:
                 # Past the context the host switches to plain steps before using these drafts;
                 # clamping only keeps the writes inside the cache.
                 pos = (self.n + s).clamp_max(self.last_pos).view(1)
-                d_logits, d_hidden = spec.draft(tok, pos, d_hidden, False, spec.embed, spec.kv)
+                start = None if n_next is None else min(n_next + s, self.last_pos)
+                d_logits, d_hidden = spec.draft(tok, pos, d_hidden, False, spec.embed, spec.kv, start_pos=start)
