@@ -49,7 +49,7 @@ _LIMITS = {
     "top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "top_k": (lambda v: v >= 0, "must be >= 0 (0 turns it off)"),
     "max_tokens": (lambda v: v >= 1, "must be >= 1"),
-    "draft_steps": (lambda v: 1 <= v <= 16, "must be between 1 and 16"),
+    "draft_steps": (lambda v: 1 <= v <= 15, "must be between 1 and 15"),
 }
 
 

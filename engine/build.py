@@ -23,8 +23,8 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
 
     if max_seq_len is not None and max_seq_len < 16:
         raise UserError(f"--max-seq-len must be at least 16, got {max_seq_len}")
-    if not 1 <= draft_steps <= 16:
-        raise UserError(f"--draft-steps must be between 1 and 16, got {draft_steps}")
+    if not 1 <= draft_steps <= 15:  # a verify step of k + 1 <= 16 rows keeps batch invariance (ops.py)
+        raise UserError(f"--draft-steps must be between 1 and 15, got {draft_steps}")
     dev = pick_device(device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     t0 = time.perf_counter()
