@@ -34,6 +34,7 @@ class _Answer:
     chat_id: int | None  # None: its chat was deleted, nothing to save
     view: MessageView
     live: LiveAnswer | None = None  # from the first text on
+    saved: bool = False
 
     @property
     def text(self) -> str:
@@ -297,32 +298,39 @@ class ChatScreen(Screen):
         answer = self.answer
         if answer is None or message.job_id != answer.job_id:
             return
-        self.answer = None
         if answer.live is not None:
             answer.live.stop()
         stats = message.stats
-        if answer.view.is_attached:
-            await answer.view.finish(message.text, stats, message.finish_reason, self.model_name)
-        if stats is not None:
-            self.status.show_stats(stats)
         if answer.chat_id is not None:
+            answer.saved = True
             answer.view.message_id = self.store.add_message(
                 answer.chat_id, "assistant", message.text, stats.to_json() if stats else None,
                 message.finish_reason, self.model_name)
+        try:
+            if answer.view.is_attached:
+                await answer.view.finish(message.text, stats, message.finish_reason, self.model_name)
+            if stats is not None:
+                self.status.show_stats(stats)
+        finally:  # the answer is over once it shows as finished
+            if self.answer is answer:
+                self.answer = None
 
     def save_unfinished(self) -> None:
         """On quit: keep what the answer being written has so far."""
         answer, self.answer = self.answer, None
-        if answer is not None and answer.chat_id is not None and answer.text:
+        if answer is not None and not answer.saved and answer.chat_id is not None and answer.text:
             self.store.add_message(answer.chat_id, "assistant", answer.text, None, "cancelled", self.model_name)
 
     async def on_engine_runner_failed(self, message: EngineRunner.Failed) -> None:
         answer = self.answer
         if answer is None or message.job_id != answer.job_id:
             return
-        self.answer = None
         if answer.live is not None:
             answer.live.stop()
-        if answer.view.is_attached:
-            await answer.view.fail(message.error)
+        try:
+            if answer.view.is_attached:
+                await answer.view.fail(message.error)
+        finally:
+            if self.answer is answer:
+                self.answer = None
         self.notify(message.error, title="Generation failed", severity="error", timeout=15)
