@@ -14,7 +14,6 @@ from .mtp import MTPDraft
 from .mtp_config import MTPConfig
 from .mtp_unroll import TOP_K, chain_accept_len, mtp_loss, unroll, valid
 from .teacher import Teacher
-from .train_data import SPLIT_RULE, load_conversations, prompt_prefix, split, tokenize
 from .train_loop import Batcher, LoopResult, _autocast, lr_at, val_rows
 from .ttt import TTTBatch
 
@@ -133,7 +132,7 @@ def cmd_train_mtp(args) -> int:
 
     from .mtp_export import layers_readme, save_layers
     from .train_export import write_provenance
-    from .train import TrainOptions, _command, _load_target, _log, _train_prompts
+    from .train import TrainOptions, _command, _load_target, _log, prepare_data
 
     t_start = time.perf_counter()
     dev = pick_device(getattr(args, "device", None))
@@ -152,30 +151,12 @@ def cmd_train_mtp(args) -> int:
     target = _Target(loaded)
     phases["load_s"] = time.perf_counter() - t_start
 
-    convs, source = load_conversations(opts.data, _log)
-    train_convs, held = split(convs)
-    if not train_convs or not held:
-        raise UserError(f"the data has {len(convs)} conversations; the 5% held-out split needs more "
-                        "(a few hundred at least)")
-    tok = loaded.tokenizer
-    text = tokenize(tok, train_convs, opts.seq_len)
-    val_text = tokenize(tok, held[:opts.val_conversations], opts.seq_len)
-    eval_msgs = [p for p in (prompt_prefix(c.messages, 1) for c in held) if p is not None]
-    _log(f"{len(convs)} conversations: {len(train_convs)} for training, {len(held)} held out")
-    t = time.perf_counter()
-    gen, val_gen = [], []
-    if opts.gen_prompts:
-        val_gen = teacher.generate([tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]],
-                                   opts.gen_tokens, None)
-        gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
-        gen = teacher.generate(_train_prompts(train_convs, tok, opts), opts.gen_tokens, gen_deadline, _log)
-        phases["generate_s"] = time.perf_counter() - t
-        _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts in "
-             f"{phases['generate_s']:.1f} s")
+    data = prepare_data(opts, loaded, teacher, t_start, deadline, phases)
+    text, gen = data.text, data.gen
 
     train_deadline = None if deadline is None else deadline - opts.reserve_s
     _log(f"training {opts.mtp_layers} chain-MTP layers: {opts.steps} steps of {opts.batch_tokens} tokens")
-    val_seqs = val_gen + val_text
+    val_seqs = data.val_gen + data.val_text
     val = val_rows(val_seqs, opts)
     res = train(draft, target, teacher, {"text": text, "gen": gen}, val, opts, train_deadline, _log)
     phases["train_s"], phases["target_features_s"] = res.train_s, teacher.forward_s
@@ -187,7 +168,7 @@ def cmd_train_mtp(args) -> int:
     try:
         final = validate(draft, target, teacher, val, opts) if val else {}
         if opts.eval_prompts:
-            final["speculator"] = teacher.check_speculator(opts.out, eval_msgs[:opts.eval_prompts],
+            final["speculator"] = teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts],
                                                            opts.mtp_layers, opts.gen_tokens)
     except Exception as e:  # recorded in the provenance and reported; the layers are already saved
         failed = f"{type(e).__name__}: {e}"
@@ -201,9 +182,7 @@ def cmd_train_mtp(args) -> int:
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
         "wall_s": round(wall, 1), "phases_s": {k: round(v, 1) for k, v in phases.items()},
         "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1) if dev.type == "cuda" else None,
-        "data": {**source, "split": SPLIT_RULE, "conversations": len(convs), "train_conversations": len(train_convs),
-                 "heldout_conversations": len(held), "train_tokens": sum(len(s.ids) for s in text),
-                 "generated_responses": len(gen)},
+        "data": data.provenance(),
         "train": {**{k: v for k, v in asdict(opts).items() if k not in skip}, "top_k": TOP_K,
                   "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
                   "last_loss": round(res.last_loss, 4), "tokens_per_s": round(res.entries / max(res.train_s, 1e-9))},

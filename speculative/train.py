@@ -111,32 +111,8 @@ def cmd_train(args) -> int:
     teacher = Teacher(loaded, aux_ids, opts.max_len, opts.cache_bytes)
     phases["load_s"] = time.perf_counter() - t_start
 
-    t = time.perf_counter()
-    convs, source = load_conversations(opts.data, _log)
-    train_convs, held = split(convs)
-    if not train_convs or not held:
-        raise UserError(f"the data has {len(convs)} conversations; the 5% held-out split needs more "
-                        "(a few hundred at least)")
-    tok = loaded.tokenizer
-    text = tokenize(tok, train_convs, opts.seq_len)
-    val_text = tokenize(tok, held[:opts.val_conversations], opts.seq_len)
-    eval_msgs = [p for p in (prompt_prefix(c.messages, 1) for c in held) if p is not None]
-    phases["data_s"] = time.perf_counter() - t
-    _log(f"{len(convs)} conversations: {len(train_convs)} for training ({sum(len(s.ids) for s in text):,} "
-         f"tokens), {len(held)} held out; {phases['data_s']:.1f} s")
-
-    t = time.perf_counter()
-    gen: list[Sequence] = []
-    val_gen: list[Sequence] = []
-    if opts.gen_prompts:
-        val_prompts = [tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]]
-        val_gen = teacher.generate(val_prompts, opts.gen_tokens, None)
-        gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
-        gen = teacher.generate(_train_prompts(train_convs, tok, opts), opts.gen_tokens, gen_deadline, _log)
-        made = sum(len(s.ids) - s.response_start for s in gen + val_gen)
-        phases["generate_s"] = time.perf_counter() - t
-        _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts: {made:,} tokens in "
-             f"{phases['generate_s']:.1f} s ({made / phases['generate_s']:,.0f} tokens/s)")
+    data = prepare_data(opts, loaded, teacher, t_start, deadline, phases)
+    text, gen, val_gen, val_text = data.text, data.gen, data.val_gen, data.val_text
 
     draft_ids, coverage = choose_draft_vocab(text, gen, cfg.vocab_size, opts.draft_vocab, dev)
     _log(f"draft vocabulary: {opts.draft_vocab} tokens cover {coverage['text']:.1%} of the conversation tokens"
@@ -164,7 +140,7 @@ def cmd_train(args) -> int:
     try:
         final = validate(draft, teacher, val_rows(val_seqs, opts), opts, draft_ids) if val_seqs else {}
         if opts.eval_prompts:
-            final["speculator"] = teacher.check_speculator(opts.out, eval_msgs[:opts.eval_prompts],
+            final["speculator"] = teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts],
                                                            opts.ttt_steps, opts.gen_tokens)
     except Exception as e:  # recorded in the provenance and reported; the head is already saved
         failed = f"{type(e).__name__}: {e}"
@@ -179,11 +155,7 @@ def cmd_train(args) -> int:
         "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1) if dev.type == "cuda" else None, "phases_s": {k: round(v, 1) for k, v in phases.items()},
         "draft_vocab_size": opts.draft_vocab, "aux_layer_ids_input": list(aux_ids),
         "draft_vocab_coverage": coverage,
-        "data": {**source, "split": SPLIT_RULE, "conversations": len(convs), "train_conversations": len(train_convs),
-                 "heldout_conversations": len(held), "train_tokens": sum(len(s.ids) for s in text),
-                 "generated_responses": len(gen), "generated_tokens": sum(len(s.ids) - s.response_start for s in gen),
-                 "validation": f"the first {len(val_text)} held-out conversations and the target's replies to "
-                               f"the first user turns of {len(val_gen)} held-out conversations"},
+        "data": data.provenance(),
         "train": {**{k: v for k, v in asdict(opts).items() if k not in ("out", "model", "data")},
                   "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
                   "last_loss": round(res.last_loss, 4), "tokens_per_s": round(res.entries / max(res.train_s, 1e-9))},
@@ -192,6 +164,62 @@ def cmd_train(args) -> int:
     }
     write_provenance(opts.out, prov, head_readme(prov), _log)
     return 1 if failed else 0
+
+
+@dataclass
+class TrainData:
+    """The conversations, their split, and the target's own replies, as both trainers use them."""
+
+    source: dict
+    convs: list[Conversation]
+    train_convs: list[Conversation]
+    held: list[Conversation]
+    text: list[Sequence]  # training conversations, tokenized
+    val_text: list[Sequence]  # the first held-out conversations, tokenized
+    eval_msgs: list[list[dict]]  # first user turns of held-out conversations
+    gen: list[Sequence]  # the target's greedy replies to training prompts
+    val_gen: list[Sequence]  # ... and to held-out first turns
+
+    def provenance(self) -> dict:
+        return {**self.source, "split": SPLIT_RULE, "conversations": len(self.convs),
+                "train_conversations": len(self.train_convs), "heldout_conversations": len(self.held),
+                "train_tokens": sum(len(s.ids) for s in self.text), "generated_responses": len(self.gen),
+                "generated_tokens": sum(len(s.ids) - s.response_start for s in self.gen),
+                "validation": f"the first {len(self.val_text)} held-out conversations and the target's replies to "
+                              f"the first user turns of {len(self.val_gen)} held-out conversations"}
+
+
+def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: float | None,
+                 phases: dict) -> TrainData:
+    """Loads and splits the conversations, tokenizes them and has the target answer training
+    prompts (until gen_share of the time budget); records data_s and generate_s in phases."""
+    t = time.perf_counter()
+    convs, source = load_conversations(opts.data, _log)
+    train_convs, held = split(convs)
+    if not train_convs or not held:
+        raise UserError(f"the data has {len(convs)} conversations; the 5% held-out split needs more "
+                        "(a few hundred at least)")
+    tok = loaded.tokenizer
+    text = tokenize(tok, train_convs, opts.seq_len)
+    val_text = tokenize(tok, held[:opts.val_conversations], opts.seq_len)
+    eval_msgs = [p for p in (prompt_prefix(c.messages, 1) for c in held) if p is not None]
+    phases["data_s"] = time.perf_counter() - t
+    _log(f"{len(convs)} conversations: {len(train_convs)} for training ({sum(len(s.ids) for s in text):,} "
+         f"tokens), {len(held)} held out; {phases['data_s']:.1f} s")
+
+    t = time.perf_counter()
+    gen: list[Sequence] = []
+    val_gen: list[Sequence] = []
+    if opts.gen_prompts:
+        val_prompts = [tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]]
+        val_gen = teacher.generate(val_prompts, opts.gen_tokens, None)
+        gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
+        gen = teacher.generate(_train_prompts(train_convs, tok, opts), opts.gen_tokens, gen_deadline, _log)
+        made = sum(len(s.ids) - s.response_start for s in gen + val_gen)
+        phases["generate_s"] = time.perf_counter() - t
+        _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts: {made:,} tokens in "
+             f"{phases['generate_s']:.1f} s ({made / max(phases['generate_s'], 1e-9):,.0f} tokens/s)")
+    return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen)
 
 
 def _load_target(opts: TrainOptions, dev: torch.device):
