@@ -169,19 +169,21 @@ class Teacher:
             spec.capture()
         engine = Engine(runner, self.tokenizer, "target", spec, "trained head")
         params = SamplingParams(max_tokens=max_tokens)
-        identical, steps, tokens, plain_s, spec_s = 0, 0, 0, 0.0, 0.0
-        for msgs in prompts:
+        try:
+            identical, steps, tokens, plain_s, spec_s = 0, 0, 0, 0.0, 0.0
+            for msgs in prompts:
+                engine.reset()
+                plain = engine.generate(msgs, params, speculative=False)
+                engine.reset()
+                fast = engine.generate(msgs, params, speculative=True)
+                identical += plain.token_ids == fast.token_ids
+                steps += fast.stats.verify_steps
+                tokens += fast.stats.accept_len_mean * fast.stats.verify_steps
+                plain_s += plain.stats.decode_s
+                spec_s += fast.stats.decode_s
+        finally:
             engine.reset()
-            plain = engine.generate(msgs, params, speculative=False)
-            engine.reset()
-            fast = engine.generate(msgs, params, speculative=True)
-            identical += plain.token_ids == fast.token_ids
-            steps += fast.stats.verify_steps
-            tokens += fast.stats.accept_len_mean * fast.stats.verify_steps
-            plain_s += plain.stats.decode_s
-            spec_s += fast.stats.decode_s
-        engine.reset()
-        self.model.ops.set_batch_invariant(False)
+            self.model.ops.set_batch_invariant(False)  # features and generation run the fast kernels
         return {"prompts": len(prompts), "k": k, "max_tokens": max_tokens,
                 "accept_len_mean": tokens / max(steps, 1), "identical": identical,
                 "plain_decode_s": round(plain_s, 3), "spec_decode_s": round(spec_s, 3)}
