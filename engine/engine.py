@@ -153,22 +153,33 @@ class Engine:
         yield from plain_steps(runner, state)
 
     def _greedy_graph_tokens(self, step, first: torch.Tensor, state: DecodeState) -> Iterator[list[int]]:
-        """Greedy decoding with the argmax inside the decode graph: one replay and one sync a token."""
+        """Greedy decoding with the argmax inside the decode graph. The replay after the next is
+        queued before the host reads a token (ReadAhead), so the GPU does not wait for the host."""
         t = int(first)
         state.tokens.append(t)
         yield [t]
-        if state.kv_len >= self.runner.max_len:
+        max_len = self.runner.max_len
+        if state.kv_len >= max_len:
             return
         with torch.inference_mode():  # the graph's buffers are inference tensors
             step.input_ids.copy_(first)
             step.positions.fill_(state.kv_len)
-        while True:
-            t = step.replay_greedy()
-            state.kv_len += 1
-            state.tokens.append(t)
-            yield [t]
-            if state.kv_len >= self.runner.max_len:
-                return
+        reader = step.read_ahead()
+        reader.drain()
+        pos = state.kv_len  # where the next queued replay writes
+        try:
+            while True:
+                while reader.in_flight < 2 and pos < max_len:
+                    reader.queue(step.graph.replay)
+                    pos += 1
+                t = reader.take()[0]
+                state.kv_len += 1
+                state.tokens.append(t)
+                yield [t]
+                if state.kv_len >= max_len:
+                    return
+        finally:
+            reader.drain()  # a replay queued past the answer's end wrote only past kv_len
 
     def reset(self) -> None:
         """Forgets the cached conversation (the next prompt is prefilled in full)."""

@@ -47,6 +47,15 @@ class CapturedStep:
             return logits, out.hidden, out.aux_hidden
 
         self.graph, (self.logits, self.hidden, self.aux_hidden) = capture(run, pool)
+        self._reader = None
+
+    def read_ahead(self):
+        """A ReadAhead over the decode graph's next token (made once, kept with the graph)."""
+        if self._reader is None:
+            from .read_ahead import ReadAhead
+
+            self._reader = ReadAhead(self.next_token)
+        return self._reader
 
     def replay_greedy(self) -> int:
         """Decodes one more token from the buffers the previous replay left (decode graph only);

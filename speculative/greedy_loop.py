@@ -35,12 +35,28 @@ class GreedyIteration:
         self.positions = self.offsets.clone()
         self.last_pos = runner.max_len - 1
         self.graph = None
+        self.reader = None
 
     def capture(self) -> None:
         if self.runner.device.type != "cuda":
             return
         with torch.inference_mode():
             self.graph, _ = capture(self._body, torch.cuda.graph_pool_handle())
+
+    def queue(self) -> None:
+        """Queues one iteration on the graph (CUDA); its result comes from take()."""
+        if self.reader is None:
+            from engine.read_ahead import ReadAhead
+
+            self.reader = ReadAhead(self.result)
+        self.reader.queue(self.graph.replay)
+
+    def take(self) -> list[int]:
+        return self.reader.take()
+
+    def drain(self) -> None:
+        if self.reader is not None:
+            self.reader.drain()
 
     @torch.inference_mode()
     def run(self) -> list[int]:

@@ -89,21 +89,50 @@ class Eagle3Speculator:
             yield out
 
     def _fused_tokens(self, runner, state, d_logits, d_hidden) -> Iterator[list[int]]:
-        """The greedy loop: the first k drafts here, then one GreedyIteration per verify step."""
+        """The greedy loop: the first k drafts here, then one GreedyIteration per verify step.
+        With a graph, the iteration after the next is queued before the host reads a result
+        (it needs nothing from the host), whenever it surely fits in the context."""
         k, it = self.k, self.fused
         n = state.kv_len
-        if n + k + 1 <= runner.max_len:
-            drafts, _ = self._draft_chain(d_logits, d_hidden, n, state)
-            it.start(n, state.tokens[n], drafts)
-        while n + k + 1 <= runner.max_len:
-            a, nxt, *proposed = it.run()
-            out = proposed[:a] + [nxt]
-            state.tokens.extend(out)
-            state.kv_len = n = n + a + 1
-            state.accept_lens.append(a + 1)
-            self._seq = state.tokens[:n + 1]
-            yield out
+        if n + k + 1 > runner.max_len:
+            yield from plain_steps(runner, state)
+            return
+        drafts, _ = self._draft_chain(d_logits, d_hidden, n, state)
+        it.start(n, state.tokens[n], drafts)
+        if it.graph is None:  # eager: one iteration at a time
+            while n + k + 1 <= runner.max_len:
+                out, n = self._fused_step(it.run(), n, state)
+                yield out
+            yield from plain_steps(runner, state)
+            return
+        it.drain()
+        try:
+            it.queue()
+            queued = 1
+            while queued:
+                # The queued iteration starts at n; the one after it at n + k + 1 at most.
+                if queued == 1 and n + 2 * (k + 1) <= runner.max_len:
+                    it.queue()
+                    queued += 1
+                out, n = self._fused_step(it.take(), n, state)
+                queued -= 1
+                if not queued and n + k + 1 <= runner.max_len:
+                    it.queue()
+                    queued = 1
+                yield out
+        finally:
+            it.drain()  # an iteration queued past the answer's end wrote only at or past kv_len
         yield from plain_steps(runner, state)
+
+    def _fused_step(self, result: list[int], n: int, state) -> tuple[list[int], int]:
+        a, nxt, *proposed = result
+        out = proposed[:a] + [nxt]
+        state.tokens.extend(out)
+        n = n + a + 1
+        state.kv_len = n
+        state.accept_lens.append(a + 1)
+        self._seq = state.tokens[:n + 1]
+        return out, n
 
     # --- pieces ---------------------------------------------------------------------------
     def _target_states(self, aux, hidden):

@@ -27,7 +27,7 @@ def test_graph_decode_equals_eager_200_steps(arch, temperature, tiny_models):
     assert len(a) == 200 and a == b
 
 
-def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k):
+def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k, max_seq_len=1024):
     from tests.speculative.heads import head_tensors, write_head
     from tests.tiny import read_config
 
@@ -37,7 +37,7 @@ def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k):
     out = []
     for graphs in (True, False):
         e = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cuda", use_graphs=graphs, draft_steps=k,
-                        max_seq_len=1024)
+                        max_seq_len=max_seq_len)
         e.tokenizer.eos_token_ids = frozenset()
         out.append(e)
     return out
@@ -72,3 +72,27 @@ def test_greedy_speculation_equals_plain_on_a_wide_random_model(tmp_path):
         ids = e.tokenizer.apply_chat_template([{"role": "user", "content": text}])
         p = SamplingParams(max_tokens=300)
         assert _tokens(e, ids, p, False) == _tokens(e, ids, p, True), text
+
+
+def test_read_ahead_stops_cleanly_and_keeps_the_conversation(tmp_path, tiny_models):
+    """Graph loops queue the next replay before reading a result: answers cut short by
+    max_tokens, answers that fill the context, and a second turn on the same cache must all
+    equal the eager engine's, for plain and speculative greedy decoding."""
+    g, e = _spec_engines(tmp_path, tiny_models, "sglang", True, 4, max_seq_len=160)
+    first = [{"role": "user", "content": "Hello"}]
+    ids = g.tokenizer.apply_chat_template(first)
+    for spec in (False, True):
+        for n in (1, 2, 3, 7, 40, 1000):  # 1000: until the context is full
+            p = SamplingParams(max_tokens=n)
+            a, b = _tokens(g, ids, p, spec), _tokens(e, ids, p, spec)
+            assert a == b and len(a) == min(n, 160 - len(ids)), (spec, n)
+        turns = []
+        for engine in (g, e):
+            engine.reset()
+            p = SamplingParams(max_tokens=9)
+            one = [t for ev in engine.stream_ids(ids, p, speculative=spec) for t in ev.token_ids]
+            more = ids + one + ids[-3:]  # the next prompt extends the cached conversation
+            two = [t for ev in engine.stream_ids(more, SamplingParams(max_tokens=30), speculative=spec)
+                   for t in ev.token_ids]
+            turns.append((one, two))
+        assert turns[0] == turns[1], spec
