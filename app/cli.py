@@ -70,14 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 3000 on GPU, 200 on CPU)")
     train.add_argument("--device", default=None)
     train.add_argument("--time-budget", type=float, default=None,
-                       help="seconds for the whole run; training is annealed to stop in time (default: 420 on GPU)")
+                       help="seconds for the whole run; training is annealed to stop in time (default: 840 on GPU)")
     train.add_argument("--seq-len", type=int, default=None, help="tokens per packed row (default: 1024 GPU, 512 CPU)")
     train.add_argument("--batch-tokens", type=int, default=None, help="tokens per step (default: 16384 GPU, 2048 CPU)")
     train.add_argument("--mtp-layers", type=int, default=None, help="--kind mtp: chained MTP layers (default 3)")
     train.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
     train.add_argument("--lr", type=float, default=None, help="peak learning rate (default 6e-4)")
     train.add_argument("--gen", type=int, default=None,
-                       help="training prompts the target answers itself, greedy (default: 6000 GPU, 0 CPU)")
+                       help="training prompts the target answers itself, greedy (default: 24000 GPU, 0 CPU; several turns of a conversation may be used)")
     train.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
     train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
     train.add_argument("--eval-prompts", type=int, default=None,

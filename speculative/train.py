@@ -73,11 +73,18 @@ class TrainOptions:
                    draft_vocab=int(opt("draft_vocab", 8192, 8192)), steps=int(opt("steps", 3000, 200)),
                    seq_len=int(opt("seq_len", 1024, 512)), batch_tokens=int(opt("batch_tokens", 16384, 2048)),
                    ttt_steps=int(opt("ttt_steps", 5, 5)), lr=float(opt("lr", 6e-4, 6e-4)),
-                   gen_prompts=int(opt("gen", 6000, 0)), gen_tokens=int(opt("gen_tokens", 256, 128)),
-                   time_budget=opt("time_budget", 420.0, None), eval_every=int(opt("eval_every", 250, 100)),
+                   gen_prompts=int(opt("gen", 24000, 0)), gen_tokens=int(opt("gen_tokens", 256, 128)),
+                   time_budget=opt("time_budget", 840.0, None), eval_every=int(opt("eval_every", 250, 100)),
                    eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
-                   cache_bytes=(48 << 30) if gpu else (2 << 30), mtp_layers=int(opt("mtp_layers", 3, 3)))
+                   cache_bytes=_feature_cache_bytes(device), mtp_layers=int(opt("mtp_layers", 3, 3)))
+
+
+def _feature_cache_bytes(device: torch.device) -> int:
+    """Target features kept on the device: half the free memory, at most 64 GiB (2 GiB on CPU)."""
+    if device.type != "cuda":
+        return 2 << 30
+    return min(64 << 30, torch.cuda.mem_get_info(device)[0] // 2)
 
 
 def _log(msg: str) -> None:
@@ -236,24 +243,33 @@ def _load_target(opts: TrainOptions, dev: torch.device):
 
 
 def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> list[list[int]]:
-    """Prefixes of training conversations ending on a user turn: half the first turn, half a
-    random later one; each short enough to leave room for a full reply."""
+    """Prefixes of training conversations ending on a user turn, each short enough to leave
+    room for a full reply. Taken in rounds over the shuffled conversations, one unused turn of
+    each per round (in the first round the first turn for half of them), so --gen may ask for
+    more replies than there are conversations and every conversation is used before any twice."""
     rng = random.Random(opts.seed + 1)
     order = list(range(len(convs)))
     rng.shuffle(order)
     room = opts.seq_len - opts.gen_tokens - 1
-    out = []
-    for i in order:
-        if len(out) == opts.gen_prompts:
-            break
-        msgs = convs[i].messages
-        turns = 1 if rng.random() < 0.5 else rng.randint(1, max(1, user_turns(msgs)))
-        for n in (turns, 1):
-            prefix = prompt_prefix(msgs, n)
+    free = {i: list(range(1, user_turns(convs[i].messages) + 1)) for i in order}
+    out: list[list[int]] = []
+    first_round = True
+    while len(out) < opts.gen_prompts and any(free.values()):
+        for i in order:
+            if len(out) == opts.gen_prompts:
+                break
+            turns = free[i]
+            if not turns:
+                continue
+            t = 1 if first_round and turns[0] == 1 and rng.random() < 0.5 else rng.choice(turns)
+            turns.remove(t)
+            prefix = prompt_prefix(convs[i].messages, t)
             ids = tok.apply_chat_template(prefix) if prefix else []
             if 0 < len(ids) <= room:
                 out.append(ids)
-                break
+            elif len(ids) > room:  # later turns are longer still
+                free[i] = [u for u in turns if u < t]
+        first_round = False
     return out
 
 

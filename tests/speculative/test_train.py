@@ -106,3 +106,34 @@ def test_bad_data(tmp_path):
     bad.write_text('{"messages": "hi"}\n')
     with pytest.raises(UserError, match="line 1"):
         load_jsonl(bad)
+
+
+def test_train_prompts_use_every_conversation_before_any_twice():
+    from types import SimpleNamespace
+
+    from speculative.train import _train_prompts
+    from speculative.train_data import Conversation
+
+    def conv(i, turns):
+        msgs = []
+        for t in range(turns):
+            msgs += [{"role": "user", "content": f"c{i} u{t} " + "x" * (40 * t)},
+                     {"role": "assistant", "content": f"c{i} a{t}"}]
+        return Conversation(id=str(i), messages=msgs)
+
+    class Tok:  # one token per character: later turns are longer
+        def apply_chat_template(self, msgs):
+            return [ord(c) for m in msgs for c in m["content"]] + [0]
+
+    convs = [conv(i, 1 + i % 4) for i in range(10)]  # 25 user turns in all
+    opts = SimpleNamespace(seed=0, seq_len=330, gen_tokens=100, gen_prompts=12)
+    out = _train_prompts(convs, Tok(), opts)
+    assert len(out) == 12
+    first_ten = {bytes(p[:3]).decode() for p in out[:10]}
+    assert len(first_ten) == 10  # every conversation once before any twice
+    opts.gen_prompts = 100
+    out = _train_prompts(convs, Tok(), opts)
+    # Each prompt ends on a user turn and leaves room for a reply; too-long later turns are skipped.
+    assert all(len(p) <= opts.seq_len - opts.gen_tokens - 1 for p in out)
+    assert len({tuple(p) for p in out}) == len(out)
+    assert 10 < len(out) < 25
