@@ -124,6 +124,7 @@ def cmd_bench(args) -> int:
                           else platform.processor() or "cpu", "cuda": torch.version.cuda},
               "model": engine.model_name, "draft": engine.draft_name, "draft_steps": args.draft_steps,
               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "startup_s": startup_s,
+              "startup_phases_s": getattr(engine, "load_phases", None),
               "graphs": engine.runner.uses_graphs, "temperature": args.temperature}
     bw = copy_bandwidth(dev)
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())

@@ -36,6 +36,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     else:
         loaded = load_folder(src.path, dev, dtype, max_seq_len)
     runner = ModelRunner(loaded.model, loaded.model.cos_sin.shape[0])
+    phases = {"load_s": time.perf_counter() - t0}
 
     speculator, draft_name = None, None
     draft_spec = draft
@@ -60,12 +61,17 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
             draft_src = resolve(draft_spec, log=say, what="draft")
             draft_path, draft_name = draft_src.path, draft_src.name
         speculator = build_speculator(draft_path, runner, loaded.config, draft_steps, src.name)
+    t1 = time.perf_counter()
+    phases["draft_s"] = t1 - t0 - phases["load_s"]
     if use_graphs and dev.type == "cuda":
         say("capturing CUDA graphs", 0.8)
         runner.capture([1] + ([speculator.k + 1] if speculator else []))
+        phases["target_graphs_s"] = time.perf_counter() - t1
         if speculator is not None:
             speculator.capture()
     engine = cls(runner, loaded.tokenizer, src.name, speculator, draft_name)
     engine.load_s = time.perf_counter() - t0
+    phases["capture_s"] = engine.load_s - t1 + t0
+    engine.load_phases = {k: round(v, 3) for k, v in phases.items()}
     say("ready", 1.0)
     return engine

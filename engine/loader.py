@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
+from torch import nn
 
 from .config import ModelConfig
 from .errors import ModelLoadError
@@ -25,13 +27,29 @@ class LoadedModel:
     source: Path
 
 
+def build_uninitialized(make: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """make() on `device` with its floating parameters in `dtype` and left uninitialized: the
+    checkpoint fills them next. (Building on the meta device instead costs about a second of
+    lazy torch imports at every start; building in fp32 and casting doubles peak memory.)
+    Float buffers a constructor computes come out in `dtype` too: recompute any that need fp32."""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters, torch.get_default_dtype()
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = _no_init
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return make()
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved[:2]
+        torch.set_default_dtype(saved[2])
+
+
+def _no_init(module: nn.Module) -> None:
+    pass
+
+
 def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dtype: torch.dtype,
                 max_len: int) -> CausalLM:
-    with torch.device("meta"):
-        model = CausalLM(cfg, max_len, Ops.for_device(device))
-    model = model.to_empty(device=device).to(dtype)
-    if cfg.tie_word_embeddings:  # to_empty makes new parameters: tie them again
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model = build_uninitialized(lambda: CausalLM(cfg, max_len, Ops.for_device(device)), device, dtype)
     model.cos_sin = rope_cos_sin(cfg, max_len).to(device)
     load_weights(model, tensors, source)
     return model.eval().requires_grad_(False)

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import ModelLoadError
+from engine.loader import build_uninitialized
 from engine.ops import Ops
 from engine.rope import rope_cos_sin
 from engine.weights import iter_safetensors, load_weights, safetensors_files
@@ -42,9 +43,7 @@ def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_na
 def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, num_steps: int, target_name: str):
     mc.check_fits(target_cfg, folder.name, target_name)
     dev, dtype = runner.device, runner.dtype
-    with torch.device("meta"):
-        draft = MTPDraft(mc, target_cfg, Ops.for_device(dev))
-    draft = draft.to_empty(device=dev).to(dtype)
+    draft = build_uninitialized(lambda: MTPDraft(mc, target_cfg, Ops.for_device(dev)), dev, dtype)
     # A MiMo checkpoint holds the target too: read only the MTP namespace (whole-prefix match).
     tensors = ((name, t) for name, t in iter_safetensors(safetensors_files(folder))
                if mc.format != "mimo" or name.startswith(mc.prefix))
@@ -56,9 +55,8 @@ def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: 
     dc = DraftConfig.from_folder(folder, target_cfg)
     dc.check_fits(target_cfg, folder.name, target_name)
     dev, dtype = runner.device, runner.dtype
-    with torch.device("meta"):
-        draft = Eagle3Draft(dc, target_cfg, runner.max_len, Ops.for_device(dev).attention)
-    draft = draft.to_empty(device=dev).to(dtype)
+    draft = build_uninitialized(lambda: Eagle3Draft(dc, target_cfg, runner.max_len, Ops.for_device(dev).attention),
+                                dev, dtype)
     draft.cos_sin = rope_cos_sin(dc.layer_config(target_cfg), runner.max_len).to(dev)
     d2t_seen = False
 
