@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--kind", choices=["eagle3", "mtp"], default="eagle3")
     train.add_argument("--data", default=None, help="JSONL conversations, or a local chitchat-dataset wheel (default: chitchat-dataset from PyPI)")
     train.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default 8192)")
-    train.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 3000 on GPU, 200 on CPU)")
+    train.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 20000 on GPU, 200 on CPU; the time budget usually ends training first)")
     train.add_argument("--device", default=None)
     train.add_argument("--time-budget", type=float, default=None,
                        help="seconds for the whole run; training is annealed to stop in time (default: 840 on GPU)")

@@ -9,6 +9,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from . import read_ahead
 from .errors import UserError
 from .runner import ModelRunner
 from .decode import DecodeState, choose_next, plain_steps
@@ -169,7 +170,7 @@ class Engine:
         pos = state.kv_len  # where the next queued replay writes
         try:
             while True:
-                while reader.in_flight < 2 and pos < max_len:
+                while reader.in_flight < read_ahead.DEPTH and pos < max_len:
                     reader.queue(step.graph.replay)
                     pos += 1
                 t = reader.take()[0]

@@ -15,6 +15,11 @@ from typing import Callable
 import torch
 
 
+# Replays in flight in the greedy graph loops: 2 reads each result one replay late, 1 waits
+# for every replay before queueing the next (benchmarks/profile_spec.py compares the two).
+DEPTH = 2
+
+
 class ReadAhead:
     def __init__(self, result: torch.Tensor, depth: int = 2):
         """result: the device tensor each replay writes; depth: replays in flight at most."""

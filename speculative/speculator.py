@@ -6,8 +6,9 @@ from typing import Iterator
 
 import torch
 
-from engine.kv_cache import KVCache
+from engine import read_ahead
 from engine.decode import choose_next, plain_steps
+from engine.kv_cache import KVCache
 from engine.sampling import probabilities, sample_from
 
 from .draft_graphs import DraftGraphs
@@ -111,7 +112,7 @@ class Eagle3Speculator:
             queued = 1
             while queued:
                 # The queued iteration starts at n; the one after it at n + k + 1 at most.
-                if queued == 1 and n + 2 * (k + 1) <= runner.max_len:
+                if queued < read_ahead.DEPTH and n + 2 * (k + 1) <= runner.max_len:
                     it.queue()
                     queued += 1
                 out, n = self._fused_step(it.take(), n, state)
