@@ -94,7 +94,7 @@ def random_draft(cfg, runner, k: int, force_accept: int):
     from engine.ops import Ops
 
     with torch.device(runner.device):
-        draft = Eagle3Draft(dc, cfg, runner.max_len, Ops.for_device(runner.device).attention).to(runner.dtype)
+        draft = Eagle3Draft(dc, cfg, runner.max_len, Ops.for_device(runner.device)).to(runner.dtype)
     for p in draft.parameters():
         torch.nn.init.normal_(p, std=0.02)
     spec = Eagle3Speculator(draft.eval().requires_grad_(False), runner, k)

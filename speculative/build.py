@@ -55,7 +55,7 @@ def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: 
     dc = DraftConfig.from_folder(folder, target_cfg)
     dc.check_fits(target_cfg, folder.name, target_name)
     dev, dtype = runner.device, runner.dtype
-    draft = build_uninitialized(lambda: Eagle3Draft(dc, target_cfg, runner.max_len, Ops.for_device(dev).attention),
+    draft = build_uninitialized(lambda: Eagle3Draft(dc, target_cfg, runner.max_len, Ops.for_device(dev)),
                                 dev, dtype)
     draft.cos_sin = rope_cos_sin(dc.layer_config(target_cfg), runner.max_len).to(dev)
     d2t_seen = False

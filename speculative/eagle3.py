@@ -7,6 +7,7 @@ from torch import nn
 
 from engine.attention import attend
 from engine.layers import GatedMLP, RMSNorm
+from engine.ops import Ops
 from engine.rope import apply_rope, rope_cos_sin
 
 from .config import DraftConfig
@@ -35,6 +36,7 @@ class Eagle3Layer(nn.Module):
         return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
 
     def forward(self, embeds, hidden, positions, start_pos, cos_sin, k_cache, v_cache, kernel):
+        """The layer in plain torch (CPU, and the reference for fused_forward)."""
         T = embeds.shape[0]
         normed_h = self.hidden_norm(hidden)
         residual = normed_h if self.norm_before_residual else hidden
@@ -48,9 +50,32 @@ class Eagle3Layer(nn.Module):
         h = residual + self.self_attn.o_proj(o.reshape(T, self.q_size))
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def fused_forward(self, embeds, hidden, positions, start_pos, cos_sin_table, k_cache, v_cache, ops,
+                      final_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward() then final_norm, with the GPU kernels (norms, RoPE with the cache write,
+        SiLU-and-mul; the residual adds ride on the norms): about a third of the launches of
+        the torch version, which matters because the draft runs k times per verify step.
+        Returns (final_norm(out), out)."""
+        T = embeds.shape[0]
+        eps = self.hidden_norm.eps
+        normed_h, _ = ops.add_rms_norm(hidden, None, self.hidden_norm.weight, eps)
+        residual = normed_h if self.norm_before_residual else hidden
+        normed_e, _ = ops.add_rms_norm(embeds, None, self.input_layernorm.weight, self.input_layernorm.eps)
+        qkv = self.self_attn.qkv_proj(torch.cat([normed_e, normed_h], dim=-1))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
+                               v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention)
+        attn_out = self.self_attn.o_proj(o.reshape(T, self.q_size))
+        normed, h = ops.add_rms_norm(attn_out, residual, self.post_attention_layernorm.weight,
+                                     self.post_attention_layernorm.eps)
+        mlp_out = self.mlp.down_proj(ops.silu_and_mul(self.mlp.gate_up_proj(normed)))
+        normed_out, out = ops.add_rms_norm(mlp_out, h, final_norm.weight, final_norm.eps)
+        return normed_out, out
+
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, dc: DraftConfig, target_cfg, max_len: int, attention_kernel):
+    def __init__(self, dc: DraftConfig, target_cfg, max_len: int, ops: Ops | None):
         super().__init__()
         self.config = dc
         if dc.needs_fc:
@@ -63,7 +88,9 @@ class Eagle3Draft(nn.Module):
         # draft id -> target id offset: target = draft + d2t[draft]
         self.register_buffer("d2t", torch.zeros(dc.draft_vocab_size, dtype=torch.long))
         self.register_buffer("cos_sin", rope_cos_sin(dc.layer_config(target_cfg), max_len), persistent=False)
-        self.attention_kernel = attention_kernel  # Triton on CUDA, None on CPU
+        self.ops = ops  # inference kernels: Ops.for_device (Triton on CUDA); None: plain torch (training)
+        self.attention_kernel = ops.attention if ops is not None else None
+        self.fused = ops is not None and ops.rope_and_cache is not None
 
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
                 start_pos: int | None = None):
@@ -72,6 +99,10 @@ class Eagle3Draft(nn.Module):
         out_hidden (T, H) pre-norm: the state the next draft step consumes)."""
         if is_extend and self.config.needs_fc:
             hidden = self.fc(hidden)
+        if self.fused:
+            normed, out = self.midlayer.fused_forward(embed(input_ids), hidden, positions, start_pos, self.cos_sin,
+                                                      kv.k[0], kv.v[0], self.ops, self.norm)
+            return self.lm_head(normed).float(), out
         cos_sin = self.cos_sin.index_select(0, positions)
         out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], self.attention_kernel)
         return self.lm_head(self.norm(out)).float(), out
