@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
 from typing import Callable
 
 import torch
 
 from .kernels.activation import silu_and_mul, silu_and_mul_ref
 from .kernels.attention import decode_attention
-from .kernels.gemv import MAX_ROWS, GemvConfig, gemv
+from .kernels.gemv import MAX_ROWS, GemvConfig, gemv, rms_norm_gemv, silu_mul_gemv
 from .kernels.norm import add_rms_norm, add_rms_norm_ref
 from .kernels.rope import rope_and_cache
 
@@ -35,6 +36,20 @@ class Ops:
             inv = BatchInvariance()
             return cls(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention, inv.row_linear, inv.linear, inv)
         return cls(add_rms_norm_ref, silu_and_mul_ref, None, None)
+
+    def layer_kernels(self, x: torch.Tensor, batch) -> "LayerKernels":
+        """The kernels a decoder layer runs on x (T, H) for `batch`: the one place that picks
+        fused norm/activation + projection launches (CUDA with Triton, bf16, a decode or verify
+        step; see BatchInvariance.fused) or the unfused ops (CPU, prefill, packed forwards)."""
+        if self.invariance is not None and batch.segment_ids is None:
+            fused = self.invariance.fused(x)
+            if fused is not None:
+                return fused
+        return self._unfused
+
+    @functools.cached_property
+    def _unfused(self) -> "LayerKernels":
+        return LayerKernels(self.linear)
 
     def set_batch_invariant(self, on: bool) -> None:
         """Speculation verifies k+1 rows where plain decoding runs one: in bf16, cuBLAS picks other
@@ -79,3 +94,66 @@ class BatchInvariance:
         if self._invariant(x):
             return gemv(x, linear.weight, linear.bias, invariant=True)
         return linear(x)
+
+    def fused(self, x: torch.Tensor) -> "FusedLayerKernels | None":
+        """Fused kernels where the GEMV runs anyway (the rows row_linear takes): batch-invariant
+        ones for a step of up to 16 bf16 rows while switched on, the M = 1 tiles for a bf16
+        decode step otherwise; None: the unfused ops (cuBLAS for the other row counts)."""
+        if self._invariant(x):
+            return _FUSED_INVARIANT
+        if x.shape[0] == 1 and x.dtype == torch.bfloat16:
+            return _FUSED_ROW
+        return None
+
+
+class LayerKernels:
+    """A decoder layer's two norm + projection pairs and its MLP's down projection, unfused:
+    add_rms_norm then Ops.linear; silu_and_mul then the down projection (GatedMLP.down)."""
+
+    def __init__(self, linear: Callable):
+        self.linear = linear
+
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm, linear: torch.nn.Linear):
+        """-> (linear(norm(x + residual)), x + residual); residual None: the stream is x."""
+        h, stream = norm.add_forward(x, residual)
+        return self.linear(h, linear), stream
+
+    def mlp_down(self, gate_up: torch.Tensor, mlp) -> torch.Tensor:
+        """(T, 2I) [gate | up] -> down(silu(gate) * up)."""
+        return mlp.down(gate_up)
+
+
+# M = 1 tiles of the fused kernels by (kernel, N, K), for the decode step without a draft.
+# A shape not listed gets default_config (rms_norm_gemv: the qkv and gate_up projections) or
+# _ROW_GEMV (silu_mul_gemv: the down projection's tuned tile). Pick entries from
+# `python benchmarks/bench_gemv.py --rows 1 --only qkv,gate_up,down` on the GPU.
+FUSED_ROW_CONFIGS: dict[tuple[str, int, int], GemvConfig] = {}
+
+
+class FusedLayerKernels(LayerKernels):
+    """One launch each: rms_norm_gemv for add_rms_norm + qkv and add_rms_norm + gate_up,
+    silu_mul_gemv for silu_and_mul + down. invariant: the batch-invariant tile (each row's
+    bits the same for any row count up to 16); else the M = 1 tiles above."""
+
+    def __init__(self, invariant: bool):
+        self.invariant = invariant
+
+    def _config(self, kernel: str, weight: torch.Tensor) -> GemvConfig | None:
+        if self.invariant:
+            return None  # _launch picks the one invariant config of the shape
+        n, k = weight.shape
+        if (kernel, n, k) in FUSED_ROW_CONFIGS:
+            return FUSED_ROW_CONFIGS[kernel, n, k]
+        return _ROW_GEMV if kernel == "silu_mul_gemv" else None  # None: default_config
+
+    def norm_linear(self, x, residual, norm, linear):
+        cfg = self._config("rms_norm_gemv", linear.weight)
+        return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, cfg, self.invariant)
+
+    def mlp_down(self, gate_up, mlp):
+        down = mlp.down_proj
+        return silu_mul_gemv(gate_up, down.weight, down.bias, self._config("silu_mul_gemv", down.weight),
+                             self.invariant)
+
+
+_FUSED_ROW, _FUSED_INVARIANT = FusedLayerKernels(invariant=False), FusedLayerKernels(invariant=True)
