@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import functools
+import os
 from typing import Callable
 
 import torch
@@ -29,19 +30,23 @@ class Ops:
     # mode the GEMV that gives each of up to 16 rows the same bits whatever the row count.
     linear: Callable = lambda x, linear: linear(x)
     invariance: "BatchInvariance | None" = None
+    # Decode and verify steps run the fused norm/activation + projection kernels where valid
+    # (layer_kernels). False: never (LOCALCHAT_FUSE=0, to compare in benchmarks and tests).
+    fuse: bool = True
 
     @classmethod
     def for_device(cls, device: torch.device) -> "Ops":
         if device.type == "cuda" and _has_triton():
             inv = BatchInvariance()
-            return cls(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention, inv.row_linear, inv.linear, inv)
+            return cls(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention, inv.row_linear, inv.linear, inv,
+                       fuse=os.environ.get("LOCALCHAT_FUSE", "1") != "0")
         return cls(add_rms_norm_ref, silu_and_mul_ref, None, None)
 
     def layer_kernels(self, x: torch.Tensor, batch) -> "LayerKernels":
         """The kernels a decoder layer runs on x (T, H) for `batch`: the one place that picks
         fused norm/activation + projection launches (CUDA with Triton, bf16, a decode or verify
         step; see BatchInvariance.fused) or the unfused ops (CPU, prefill, packed forwards)."""
-        if self.invariance is not None and batch.segment_ids is None:
+        if self.fuse and self.invariance is not None and batch.segment_ids is None:
             fused = self.invariance.fused(x)
             if fused is not None:
                 return fused
