@@ -7,7 +7,8 @@ sequences they replace, in the decode step's mode (M = 1: add_rms_norm + cuBLAS,
 + the row GEMV) and in batch-invariant mode (a draft loaded: "inv" rows, any M). A few
 alternative tile configs are swept for the M=1 shapes that matter most, for the plain GEMV
 (the built-in table in engine/kernels/gemv.py) and for the fused kernels (the decode step's
-tiles: FUSED_ROW_CONFIGS in engine/ops.py, printed ready to paste at the end).
+tiles: FUSED_TILES in engine/ops.py, printed ready to paste at the end; the invariant tile
+is swept at the first M > 1 in --rows).
 A case that fails is reported and skipped; the sweep stops at --max-seconds.
 
     python benchmarks/bench_gemv.py --out bench_gemv.json
@@ -33,7 +34,7 @@ from engine.kernels.gemv import (  # noqa: E402
     GemvConfig, default_config, gemv, gemv_ref, rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
 )
 from engine.kernels.norm import add_rms_norm  # noqa: E402
-from engine.ops import _ROW_GEMV, FUSED_ROW_CONFIGS  # noqa: E402
+from engine.ops import UNFUSED, _ROW_GEMV, fused_tile  # noqa: E402
 
 DTYPE = torch.bfloat16
 PEAK_GB_S = 4300.0
@@ -57,7 +58,19 @@ FUSED_SWEEP = SWEEP + [GemvConfig(*c) for c in [
     (8, 256, 2, 4, 3), (8, 256, 3, 4, 3), (4, 256, 3, 4, 3), (16, 256, 2, 4, 3), (4, 512, 2, 4, 3),
     (16, 128, 4, 4, 3), (32, 512, 1, 8, 3), (8, 1024, 1, 8, 3),
 ]]
+# The invariant (tensor-core, 16-row) tile: block_n >= 16; swept at one M > 1.
+INVARIANT_SWEEP = [GemvConfig(*c) for c in [
+    (16, 256, 1, 4, 2), (16, 256, 2, 4, 2), (16, 128, 4, 4, 2), (32, 256, 1, 4, 2), (16, 512, 1, 8, 2),
+    (32, 128, 2, 4, 2), (16, 64, 8, 4, 2),
+]]
 FUSED_KERNEL = {"rms_norm+linear": "rms_norm_gemv", "silu_mul+linear": "silu_mul_gemv"}
+
+
+def current_tile(mode: str, kernel: str, n: int, k: int) -> GemvConfig | None:
+    """The tile the engine runs for this fused kernel (None: the built-in one, also where
+    FUSED_TILES says UNFUSED, so the fused kernel is still timed)."""
+    tile = fused_tile(mode, kernel, n, k)
+    return None if tile == UNFUSED else tile
 
 
 def label(impl: str, cfg: GemvConfig) -> str:
@@ -104,7 +117,8 @@ def make_inputs(m: int, n: int, k: int):
     )
 
 
-def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool, no_sweep: bool = False):
+def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool, no_sweep: bool = False,
+          invariant_sweep: bool = False):
     """Yields (variant, impl, fn(i), check() -> max diff vs reference)."""
     ws, x, res, nw, gu = inp["weights"], inp["x"], inp["residual"], inp["norm_weight"], inp["gate_up"]
     w0 = ws[0]
@@ -116,12 +130,14 @@ def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool, no_sweep: b
             yield "linear", label("gemv", cfg), (lambda i, c=cfg: gemv(x, ws[i % len(ws)], config=c)), \
                 (lambda c=cfg: max_diff(gemv(x, w0, config=c), want))
     fused_sweep = FUSED_SWEEP if m == 1 and not no_sweep else []
+    inv_sweep = INVARIANT_SWEEP if invariant_sweep and not no_sweep else []
     if name in RMS_SHAPES:
-        # What a decode step ran before fusion (M = 1: cuBLAS), what it runs now (rms_norm_gemv
-        # with the M = 1 tile: FUSED_ROW_CONFIGS or default_config), and the same pair in
+        # The unfused pair a decode step runs (M = 1: cuBLAS), the fused kernel with the
+        # engine's M = 1 tile (FUSED_TILES or default_config), and the same pair in
         # batch-invariant mode.
         want_rms = rms_norm_gemv_ref(x, res, nw, 1e-5, w0)
-        row_cfg = FUSED_ROW_CONFIGS.get(("rms_norm_gemv", n, k))
+        row_cfg = current_tile("row", "rms_norm_gemv", n, k) if m == 1 else None
+        inv_cfg = current_tile("invariant", "rms_norm_gemv", n, k)
         yield "rms_norm+linear", "add_rms_norm+cublas", \
             lambda i: F.linear(add_rms_norm(x, res, nw, 1e-5)[0], ws[i % len(ws)]), lambda: 0.0
         yield "rms_norm+linear", "add_rms_norm+gemv", \
@@ -132,15 +148,20 @@ def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool, no_sweep: b
         yield "rms_norm+linear", "inv add_rms_norm+gemv", \
             lambda i: gemv(add_rms_norm(x, res, nw, 1e-5)[0], ws[i % len(ws)], invariant=True), lambda: 0.0
         yield "rms_norm+linear", "inv rms_norm_gemv", \
-            lambda i: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)], invariant=True), \
-            lambda: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0, invariant=True), want_rms)
+            lambda i: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)], config=inv_cfg, invariant=True), \
+            lambda: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0, config=inv_cfg, invariant=True), want_rms)
         for cfg in fused_sweep:
             yield "rms_norm+linear", label("rms_norm_gemv", cfg), \
                 (lambda i, c=cfg: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)], config=c)), \
                 (lambda c=cfg: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0, config=c), want_rms))
+        for cfg in inv_sweep:
+            yield "rms_norm+linear", label("inv rms_norm_gemv", cfg), \
+                (lambda i, c=cfg: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)], config=c, invariant=True)), \
+                (lambda c=cfg: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0, config=c, invariant=True), want_rms))
     if name in SILU_SHAPES:
         want_silu = silu_mul_gemv_ref(gu, w0)
-        row_cfg = FUSED_ROW_CONFIGS.get(("silu_mul_gemv", n, k), _ROW_GEMV) if m == 1 else None
+        row_cfg = current_tile("row", "silu_mul_gemv", n, k) or _ROW_GEMV if m == 1 else None
+        inv_cfg = current_tile("invariant", "silu_mul_gemv", n, k)
         yield "silu_mul+linear", "silu_and_mul+cublas", lambda i: F.linear(silu_and_mul(gu), ws[i % len(ws)]), \
             lambda: 0.0
         yield "silu_mul+linear", "silu_and_mul+gemv", \
@@ -150,12 +171,16 @@ def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool, no_sweep: b
         yield "silu_mul+linear", "inv silu_and_mul+gemv", \
             lambda i: gemv(silu_and_mul(gu), ws[i % len(ws)], invariant=True), lambda: 0.0
         yield "silu_mul+linear", "inv silu_mul_gemv", \
-            lambda i: silu_mul_gemv(gu, ws[i % len(ws)], invariant=True), \
-            lambda: max_diff(silu_mul_gemv(gu, w0, invariant=True), want_silu)
+            lambda i: silu_mul_gemv(gu, ws[i % len(ws)], config=inv_cfg, invariant=True), \
+            lambda: max_diff(silu_mul_gemv(gu, w0, config=inv_cfg, invariant=True), want_silu)
         for cfg in fused_sweep:
             yield "silu_mul+linear", label("silu_mul_gemv", cfg), \
                 (lambda i, c=cfg: silu_mul_gemv(gu, ws[i % len(ws)], config=c)), \
                 (lambda c=cfg: max_diff(silu_mul_gemv(gu, w0, config=c), want_silu))
+        for cfg in inv_sweep:
+            yield "silu_mul+linear", label("inv silu_mul_gemv", cfg), \
+                (lambda i, c=cfg: silu_mul_gemv(gu, ws[i % len(ws)], config=c, invariant=True)), \
+                (lambda c=cfg: max_diff(silu_mul_gemv(gu, w0, config=c, invariant=True), want_silu))
 
 
 def main() -> None:
@@ -174,7 +199,9 @@ def main() -> None:
     began = time.time()
     results = []
     print(f"{'M':>2s} {'shape':13s} {'variant':16s} {'impl':32s} {'us':>8s} {'GB/s':>7s} {'%peak':>6s} {'diff':>8s}")
-    for m in (int(r) for r in args.rows.split(",")):
+    row_counts = [int(r) for r in args.rows.split(",")]
+    inv_sweep_m = next((m for m in row_counts if m > 1), None)
+    for m in row_counts:
         for name, (n, k) in SHAPES.items():
             if args.only and not any(s in name for s in args.only.split(",")):
                 continue
@@ -186,7 +213,7 @@ def main() -> None:
             sweep = m == 1 and name in SWEEP_SHAPES and not args.no_sweep
             weight_bytes = n * k * 2
             default = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-            for variant, impl, fn, check in cases(m, name, n, k, inp, sweep, args.no_sweep):
+            for variant, impl, fn, check in cases(m, name, n, k, inp, sweep, args.no_sweep, m == inv_sweep_m):
                 if " bn" in impl and time.time() - began > args.max_seconds:
                     continue
                 row = dict(m=m, shape=name, n=n, k=k, variant=variant, impl=impl, default_config=default.__dict__)
@@ -228,33 +255,43 @@ def main() -> None:
 
 
 def print_fused_choice(results: list[dict]) -> None:
-    """The fastest fused config per M = 1 shape, as FUSED_ROW_CONFIGS entries (engine/ops.py),
-    beside the unfused sequence a decode step ran before (add_rms_norm + cuBLAS; silu_and_mul +
-    the row GEMV)."""
-    before = {"rms_norm+linear": "add_rms_norm+cublas", "silu_mul+linear": "silu_and_mul+gemv"}
-    timed = [r for r in results if r["m"] == 1 and "us" in r and r["variant"] in FUSED_KERNEL]
+    """Per mode and shape, the fastest fused tile against the unfused pair the engine would run
+    instead, as FUSED_TILES entries (engine/ops.py): row mode from the M = 1 rows, invariant
+    mode from the M > 1 rows that were swept."""
+    unfused = {("row", "rms_norm+linear"): "add_rms_norm+cublas", ("row", "silu_mul+linear"): "silu_and_mul+gemv",
+               ("invariant", "rms_norm+linear"): "inv add_rms_norm+gemv",
+               ("invariant", "silu_mul+linear"): "inv silu_and_mul+gemv"}
     lines = []
-    for name in dict.fromkeys(r["shape"] for r in timed):
-        rows = [r for r in timed if r["shape"] == name]
-        variant = rows[0]["variant"]
-        kernel = FUSED_KERNEL[variant]
-        fused = [r for r in rows if r["impl"] == kernel or r["impl"].startswith(kernel + " bn")]
-        if not fused:
-            continue
-        best = min(fused, key=lambda r: r["us"])
-        now = next((r["us"] for r in rows if r["impl"] == kernel), float("nan"))
-        old = next((r["us"] for r in rows if r["impl"] == before[variant]), float("nan"))
-        if best["impl"] == kernel:
-            cfg = "(the current choice)"
-        else:
-            bn, bk, sk, w, st = (int(t[len(p):]) for t, p in zip(best["impl"].split()[1:], ("bn", "bk", "sk", "w", "s")))
-            cfg = f"GemvConfig({bn}, {bk}, {sk}, {w}, {st}),"
-        lines.append(f'    ("{kernel}", {best["n"]}, {best["k"]}): {cfg}  # {name}: {best["us"]:.2f} us; '
-                     f'current {now:.2f}, unfused {old:.2f}')
+    for mode in ("row", "invariant"):
+        prefix = "inv " if mode == "invariant" else ""
+        timed = [r for r in results if "us" in r and r["variant"] in FUSED_KERNEL]
+        if mode == "row":
+            timed = [r for r in timed if r["m"] == 1]
+        else:  # the M whose invariant tiles were swept
+            swept = {r["m"] for r in timed if r["impl"].startswith("inv ") and " bn" in r["impl"]}
+            timed = [r for r in timed if r["m"] in swept]
+        for name in dict.fromkeys(r["shape"] for r in timed):
+            rows = [r for r in timed if r["shape"] == name]
+            variant = rows[0]["variant"]
+            kernel = FUSED_KERNEL[variant]
+            fused = [r for r in rows if r["impl"] == prefix + kernel or r["impl"].startswith(prefix + kernel + " bn")]
+            old = next((r["us"] for r in rows if r["impl"] == unfused[mode, variant]), float("nan"))
+            if not fused:
+                continue
+            best = min(fused, key=lambda r: r["us"])
+            if not best["us"] < old:
+                entry = "UNFUSED"
+            elif " bn" not in best["impl"]:
+                entry = "the built-in or current tile"
+            else:
+                fields = best["impl"].split()[-5:]
+                entry = "GemvConfig({}, {}, {}, {}, {})".format(
+                    *(int(f.lstrip("bnkswt")) for f in fields))
+            lines.append(f'    ("{mode}", "{kernel}", {best["n"]}, {best["k"]}): {entry},  # {name} M={best["m"]}: '
+                         f'fused {best["us"]:.2f} us ({best["impl"]}), unfused {old:.2f}')
     if lines:
-        print("\nfastest fused M = 1 config per shape (FUSED_ROW_CONFIGS entries, engine/ops.py):")
+        print("\nfastest fused tile per mode and shape against the unfused pair (FUSED_TILES, engine/ops.py):")
         print("\n".join(lines))
-
 
 if __name__ == "__main__":
     main()

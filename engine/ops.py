@@ -84,6 +84,8 @@ class BatchInvariance:
 
     def __init__(self):
         self.on = False
+        self._fused_row = FusedLayerKernels(invariant=False, linear=self.linear)
+        self._fused_invariant = FusedLayerKernels(invariant=True, linear=self.linear)
 
     def _invariant(self, x: torch.Tensor) -> bool:
         return self.on and x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
@@ -105,9 +107,9 @@ class BatchInvariance:
         ones for a step of up to 16 bf16 rows while switched on, the M = 1 tiles for a bf16
         decode step otherwise; None: the unfused ops (cuBLAS for the other row counts)."""
         if self._invariant(x):
-            return _FUSED_INVARIANT
+            return self._fused_invariant
         if x.shape[0] == 1 and x.dtype == torch.bfloat16:
-            return _FUSED_ROW
+            return self._fused_row
         return None
 
 
@@ -128,37 +130,57 @@ class LayerKernels:
         return mlp.down(gate_up)
 
 
-# M = 1 tiles of the fused kernels by (kernel, N, K), for the decode step without a draft.
-# A shape not listed gets default_config (rms_norm_gemv: the qkv and gate_up projections) or
-# _ROW_GEMV (silu_mul_gemv: the down projection's tuned tile). Pick entries from
-# `python benchmarks/bench_gemv.py --rows 1 --only qkv,gate_up,down` on the GPU.
-FUSED_ROW_CONFIGS: dict[tuple[str, int, int], GemvConfig] = {}
+UNFUSED = "unfused"
+# The fused kernels' tiles by (mode, kernel, N, K). mode "row": a decode step without a draft
+# (M = 1); "invariant": a step of up to 16 rows in batch-invariant mode (one tile for every M,
+# so each row's bits stay independent of M). A GemvConfig: fuse with that tile. UNFUSED: run
+# the unfused pair for that projection. A shape not listed: fuse with the built-in tile
+# (row: default_config for rms_norm_gemv, _ROW_GEMV for silu_mul_gemv; invariant: _launch's).
+# The UNFUSED entries are the shapes where the fused kernel lost in
+# benchmarks/results/h200_gemv.json (us, fused vs unfused; its M = 6 rows run the invariant
+# tile): every program redoes the rms pre-pass over K (costly at K = 4096), and the 16-row
+# prologues are slower than their separate kernels. Re-measure on the GPU and edit:
+#     python benchmarks/bench_gemv.py --rows 1,6 --only qkv,gate_up,down --out fused.json
+FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
+    ("row", "rms_norm_gemv", 6144, 4096): UNFUSED,  # Llama-3.1-8B qkv: 25.5 vs 17.9
+    ("row", "rms_norm_gemv", 28672, 4096): UNFUSED,  # 8B gate_up: 77.9 vs 58.8
+    ("row", "rms_norm_gemv", 3072, 576): UNFUSED,  # SmolLM2 gate_up: 5.9 vs 4.7 (cuBLAS)
+    ("invariant", "rms_norm_gemv", 6144, 4096): UNFUSED,  # 36.5 vs 24.8
+    ("invariant", "rms_norm_gemv", 28672, 4096): UNFUSED,  # 159.7 vs 74.7
+    ("invariant", "rms_norm_gemv", 3072, 576): UNFUSED,  # 8.3 vs 6.9
+    ("invariant", "silu_mul_gemv", 4096, 14336): UNFUSED,  # 201.0 vs 44.3
+    ("invariant", "silu_mul_gemv", 576, 1536): UNFUSED,  # 7.9 vs 5.3
+}
+
+
+def fused_tile(mode: str, kernel: str, n: int, k: int) -> GemvConfig | str | None:
+    """FUSED_TILES' entry: a GemvConfig, UNFUSED, or None (fuse with the built-in tile)."""
+    tile = FUSED_TILES.get((mode, kernel, n, k))
+    if tile is None and mode == "row" and kernel == "silu_mul_gemv":
+        return _ROW_GEMV  # the down projection's tuned M = 1 tile, as unfused
+    return tile
 
 
 class FusedLayerKernels(LayerKernels):
     """One launch each: rms_norm_gemv for add_rms_norm + qkv and add_rms_norm + gate_up,
-    silu_mul_gemv for silu_and_mul + down. invariant: the batch-invariant tile (each row's
-    bits the same for any row count up to 16); else the M = 1 tiles above."""
+    silu_mul_gemv for silu_and_mul + down, each with its FUSED_TILES tile, or unfused where
+    that says so. invariant: the batch-invariant kernels (a row's bits the same for any row
+    count up to 16); else the M = 1 tiles."""
 
-    def __init__(self, invariant: bool):
+    def __init__(self, invariant: bool, linear: Callable):
+        super().__init__(linear)
         self.invariant = invariant
-
-    def _config(self, kernel: str, weight: torch.Tensor) -> GemvConfig | None:
-        if self.invariant:
-            return None  # _launch picks the one invariant config of the shape
-        n, k = weight.shape
-        if (kernel, n, k) in FUSED_ROW_CONFIGS:
-            return FUSED_ROW_CONFIGS[kernel, n, k]
-        return _ROW_GEMV if kernel == "silu_mul_gemv" else None  # None: default_config
+        self.mode = "invariant" if invariant else "row"
 
     def norm_linear(self, x, residual, norm, linear):
-        cfg = self._config("rms_norm_gemv", linear.weight)
-        return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, cfg, self.invariant)
+        tile = fused_tile(self.mode, "rms_norm_gemv", *linear.weight.shape)
+        if tile == UNFUSED:
+            return super().norm_linear(x, residual, norm, linear)
+        return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant)
 
     def mlp_down(self, gate_up, mlp):
         down = mlp.down_proj
-        return silu_mul_gemv(gate_up, down.weight, down.bias, self._config("silu_mul_gemv", down.weight),
-                             self.invariant)
-
-
-_FUSED_ROW, _FUSED_INVARIANT = FusedLayerKernels(invariant=False), FusedLayerKernels(invariant=True)
+        tile = fused_tile(self.mode, "silu_mul_gemv", *down.weight.shape)
+        if tile == UNFUSED:
+            return super().mlp_down(gate_up, mlp)
+        return silu_mul_gemv(gate_up, down.weight, down.bias, tile, self.invariant)

@@ -75,15 +75,31 @@ def test_layer_kernels_choice():
     assert kind(_bf16(1), o=Ops.for_device(torch.device("cpu"))) == "unfused"
 
 
-def test_fused_row_configs_override(monkeypatch):
-    """FUSED_ROW_CONFIGS picks the M = 1 tile per (kernel, N, K); invariant mode ignores it."""
+def test_fused_tiles_table(monkeypatch):
+    """FUSED_TILES picks the tile per (mode, kernel, N, K), or UNFUSED: that projection runs
+    the unfused pair; shapes not listed fuse with the built-in tile."""
     cfg = ops_module.GemvConfig(16, 256, 2, 4, 3)
-    monkeypatch.setitem(ops_module.FUSED_ROW_CONFIGS, ("rms_norm_gemv", 960, 576), cfg)
-    row, inv = FusedLayerKernels(invariant=False), FusedLayerKernels(invariant=True)
-    w = torch.zeros(960, 576)
-    assert row._config("rms_norm_gemv", w) is cfg and inv._config("rms_norm_gemv", w) is None
-    assert row._config("rms_norm_gemv", torch.zeros(3072, 576)) is None  # default_config
-    assert row._config("silu_mul_gemv", torch.zeros(576, 1536)) is ops_module._ROW_GEMV
+    monkeypatch.setitem(ops_module.FUSED_TILES, ("row", "rms_norm_gemv", 960, 576), cfg)
+    assert ops_module.fused_tile("row", "rms_norm_gemv", 960, 576) is cfg
+    assert ops_module.fused_tile("invariant", "rms_norm_gemv", 960, 576) is None
+    assert ops_module.fused_tile("row", "silu_mul_gemv", 576, 1536) is ops_module._ROW_GEMV
+    assert ops_module.fused_tile("row", "rms_norm_gemv", 28672, 4096) == ops_module.UNFUSED
+    for (mode, kernel, _, _), tile in ops_module.FUSED_TILES.items():
+        assert mode in ("row", "invariant") and kernel in ("rms_norm_gemv", "silu_mul_gemv")
+        assert tile == ops_module.UNFUSED or isinstance(tile, ops_module.GemvConfig)
+
+
+def test_unfused_entries_fall_back_to_the_unfused_pair(monkeypatch):
+    """An UNFUSED shape runs add_rms_norm + Ops.linear / GatedMLP.down, as without fusion."""
+    calls = []
+    kernels = FusedLayerKernels(invariant=False, linear=lambda h, lin: calls.append("linear") or lin(h))
+    lin = torch.nn.Linear(8, 4, bias=False)
+    monkeypatch.setitem(ops_module.FUSED_TILES, ("row", "rms_norm_gemv", 4, 8), ops_module.UNFUSED)
+    norm = __import__("engine.layers", fromlist=["RMSNorm"]).RMSNorm(8, 1e-6)
+    x, res = torch.randn(1, 8), torch.randn(1, 8)
+    out, stream = kernels.norm_linear(x, res, norm, lin)
+    assert calls == ["linear"] and torch.equal(stream, x + res)
+    torch.testing.assert_close(out, lin(norm(x + res)))
 
 
 # --- model steps -------------------------------------------------------------------------
@@ -133,6 +149,23 @@ def step_logits(model: CausalLM, kv: KVCache, ids: torch.Tensor, start: int) -> 
     return model.logits(out.hidden)
 
 
+@pytest.fixture(params=["all fused", "FUSED_TILES"])
+def tiles(request, monkeypatch):
+    """Every projection fused (the kernels' correctness), or the shipped table (UNFUSED shapes)."""
+    if request.param == "all fused":
+        monkeypatch.setattr(ops_module, "FUSED_TILES", {})
+    return request.param
+
+
+def expected_launches(cfg: ModelConfig, invariant: bool) -> dict[str, int]:
+    mode = "invariant" if invariant else "row"
+    fused = lambda kernel, n, k: ops_module.fused_tile(mode, kernel, n, k) != ops_module.UNFUSED  # noqa: E731
+    qkv = cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    return {"rms_norm_gemv": cfg.num_layers * (fused("rms_norm_gemv", qkv, H) + fused("rms_norm_gemv", 2 * I, H)),
+            "silu_mul_gemv": cfg.num_layers * fused("silu_mul_gemv", H, I)}
+
+
 @pytest.fixture
 def fused_calls(monkeypatch):
     """Counts the fused launches the model makes: {"rms_norm_gemv": n, "silu_mul_gemv": n}."""
@@ -170,18 +203,19 @@ def _fused_vs_unfused(device: str, arch: str, rows: int, invariant: bool, small:
         before = dict(fused_calls)
         out.append(step_logits(model, kv, ids[PROMPT:], PROMPT))
         launches = {k: fused_calls[k] - before[k] for k in fused_calls}
-        expect = 2 * cfg.num_layers if model is fused else 0
-        assert launches == {"rms_norm_gemv": expect, "silu_mul_gemv": expect // 2}, launches
+        expect = expected_launches(cfg, invariant) if model is fused else {k: 0 for k in launches}
+        assert launches == expect, launches
     assert got[0].shape == (rows, cfg.vocab_size)
     assert_close_rel(got[0], want[0], rel)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("rows,invariant", [(1, False), (1, True), (6, True)])
-def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, fused_calls):
+def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, fused_calls, monkeypatch):
     """A tiny model's decode/verify step with fused kernels == the unfused step (CPU interpreter)."""
     if not INTERPRET:
         pytest.skip("set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
+    monkeypatch.setattr(ops_module, "FUSED_TILES", {})  # tiny shapes: all fused anyway
     _fused_vs_unfused("cpu", arch, rows, invariant, True, fused_calls, rel=2.5e-2)
 
 
@@ -189,7 +223,7 @@ def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, fused_call
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("rows,invariant", [(1, False), (1, True), (6, True), (16, True)])
-def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, fused_calls):
+def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, tiles, fused_calls):
     """A SmolLM2-135M-shaped random model (30 layers as Llama): the fused decode (1 row) and
     verify (6, 16 rows) steps give the unfused step's logits within bf16 tolerance."""
     _fused_vs_unfused("cuda", arch, rows, invariant, False, fused_calls, rel=3e-2)
@@ -199,7 +233,7 @@ def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, fused_ca
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("use_graphs", [False, True])
-def test_fused_invariant_verify_rows_equal_decode_steps(arch, use_graphs, fused_calls):
+def test_fused_invariant_verify_rows_equal_decode_steps(arch, use_graphs, tiles, fused_calls):
     """Batch-invariant mode, end to end: each row of a 6-row and a 16-row step (fused
     kernels) has exactly the logits of the 1-row decode step of its token, eager and in
     captured graphs (ModelRunner)."""
@@ -220,7 +254,7 @@ def test_fused_invariant_verify_rows_equal_decode_steps(arch, use_graphs, fused_
         before = fused_calls["rms_norm_gemv"]
         verify = runner.forward(ids[PROMPT:PROMPT + rows], PROMPT)[0].clone()
         if not use_graphs:
-            assert fused_calls["rms_norm_gemv"] - before == 2 * cfg.num_layers
+            assert fused_calls["rms_norm_gemv"] - before == expected_launches(cfg, True)["rms_norm_gemv"]
         assert torch.equal(verify, singles[:rows]), rows
     # and the 1-row steps again after the verify steps rewrote the cache rows: same bits
     again = runner.forward(ids[PROMPT + 3:PROMPT + 4], PROMPT + 3)[0]
