@@ -226,7 +226,7 @@ def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, fused_call
 def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, tiles, fused_calls):
     """A SmolLM2-135M-shaped random model (30 layers as Llama): the fused decode (1 row) and
     verify (6, 16 rows) steps give the unfused step's logits within bf16 tolerance."""
-    _fused_vs_unfused("cuda", arch, rows, invariant, False, fused_calls, rel=3e-2)
+    _fused_vs_unfused("cuda", arch, rows, invariant, False, fused_calls, rel=5e-2)
 
 
 @pytest.mark.gpu
