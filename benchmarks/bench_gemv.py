@@ -3,11 +3,16 @@
 Every case runs inside a CUDA graph of `--calls` back-to-back calls, each reading a
 different copy of the weight (together larger than L2, as a decode step reads them), timed
 with CUDA events over `--iters` replays. Fused prologues are timed against the unfused
-sequences they replace. A few alternative tile configs are swept for the M=1 shapes that
-matter most, so the built-in table in engine/kernels/gemv.py can be corrected from one run.
+sequences they replace, in the decode step's mode (M = 1: add_rms_norm + cuBLAS, silu_and_mul
++ the row GEMV) and in batch-invariant mode (a draft loaded: "inv" rows, any M). A few
+alternative tile configs are swept for the M=1 shapes that matter most, for the plain GEMV
+(the built-in table in engine/kernels/gemv.py) and for the fused kernels (the decode step's
+tiles: FUSED_TILES in engine/ops.py, printed ready to paste at the end; the invariant tile
+is swept at the first M > 1 in --rows).
 A case that fails is reported and skipped; the sweep stops at --max-seconds.
 
     python benchmarks/bench_gemv.py --out bench_gemv.json
+    python benchmarks/bench_gemv.py --rows 1 --only qkv,gate_up,down --out fused_m1.json
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from engine.kernels.gemv import (  # noqa: E402
     GemvConfig, default_config, gemv, gemv_ref, rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
 )
 from engine.kernels.norm import add_rms_norm  # noqa: E402
+from engine.ops import UNFUSED, _ROW_GEMV, fused_tile  # noqa: E402
 
 DTYPE = torch.bfloat16
 PEAK_GB_S = 4300.0
@@ -46,6 +52,29 @@ SWEEP = [GemvConfig(*c) for c in [  # (block_n, block_k, split_k, num_warps, num
     (8, 512, 1, 4, 3), (16, 512, 1, 4, 3), (4, 512, 1, 4, 3), (8, 256, 1, 4, 3), (8, 512, 2, 4, 3),
     (32, 256, 1, 8, 3), (8, 256, 4, 4, 3),
 ]]
+# Fused kernels at M = 1 (every RMS_SHAPES / SILU_SHAPES entry): the plain sweep plus short
+# splits for K = 576 / 1536 (SmolLM2), where the rms pre-pass and latency dominate.
+FUSED_SWEEP = SWEEP + [GemvConfig(*c) for c in [
+    (8, 256, 2, 4, 3), (8, 256, 3, 4, 3), (4, 256, 3, 4, 3), (16, 256, 2, 4, 3), (4, 512, 2, 4, 3),
+    (16, 128, 4, 4, 3), (32, 512, 1, 8, 3), (8, 1024, 1, 8, 3),
+]]
+# The invariant (tensor-core, 16-row) tile: block_n >= 16; swept at one M > 1.
+INVARIANT_SWEEP = [GemvConfig(*c) for c in [
+    (16, 256, 1, 4, 2), (16, 256, 2, 4, 2), (16, 128, 4, 4, 2), (32, 256, 1, 4, 2), (16, 512, 1, 8, 2),
+    (32, 128, 2, 4, 2), (16, 64, 8, 4, 2),
+]]
+FUSED_KERNEL = {"rms_norm+linear": "rms_norm_gemv", "silu_mul+linear": "silu_mul_gemv"}
+
+
+def current_tile(mode: str, kernel: str, n: int, k: int) -> GemvConfig | None:
+    """The tile the engine runs for this fused kernel (None: the built-in one, also where
+    FUSED_TILES says UNFUSED, so the fused kernel is still timed)."""
+    tile = fused_tile(mode, kernel, n, k)
+    return None if tile == UNFUSED else tile
+
+
+def label(impl: str, cfg: GemvConfig) -> str:
+    return f"{impl} bn{cfg.block_n} bk{cfg.block_k} sk{cfg.split_k} w{cfg.num_warps} s{cfg.num_stages}"
 
 
 def time_graph(fn, iters: int, calls: int) -> float:
@@ -88,7 +117,8 @@ def make_inputs(m: int, n: int, k: int):
     )
 
 
-def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool):
+def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool, no_sweep: bool = False,
+          invariant_sweep: bool = False):
     """Yields (variant, impl, fn(i), check() -> max diff vs reference)."""
     ws, x, res, nw, gu = inp["weights"], inp["x"], inp["residual"], inp["norm_weight"], inp["gate_up"]
     w0 = ws[0]
@@ -97,25 +127,60 @@ def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool):
     yield "linear", "gemv", lambda i: gemv(x, ws[i % len(ws)]), lambda: max_diff(gemv(x, w0), want)
     if sweep:
         for cfg in SWEEP:
-            label = f"gemv bn{cfg.block_n} bk{cfg.block_k} sk{cfg.split_k} w{cfg.num_warps} s{cfg.num_stages}"
-            yield "linear", label, (lambda i, c=cfg: gemv(x, ws[i % len(ws)], config=c)), \
+            yield "linear", label("gemv", cfg), (lambda i, c=cfg: gemv(x, ws[i % len(ws)], config=c)), \
                 (lambda c=cfg: max_diff(gemv(x, w0, config=c), want))
+    fused_sweep = FUSED_SWEEP if m == 1 and not no_sweep else []
+    inv_sweep = INVARIANT_SWEEP if invariant_sweep and not no_sweep else []
     if name in RMS_SHAPES:
+        # The unfused pair a decode step runs (M = 1: cuBLAS), the fused kernel with the
+        # engine's M = 1 tile (FUSED_TILES or default_config), and the same pair in
+        # batch-invariant mode.
         want_rms = rms_norm_gemv_ref(x, res, nw, 1e-5, w0)
+        row_cfg = current_tile("row", "rms_norm_gemv", n, k) if m == 1 else None
+        inv_cfg = current_tile("invariant", "rms_norm_gemv", n, k)
         yield "rms_norm+linear", "add_rms_norm+cublas", \
             lambda i: F.linear(add_rms_norm(x, res, nw, 1e-5)[0], ws[i % len(ws)]), lambda: 0.0
         yield "rms_norm+linear", "add_rms_norm+gemv", \
             lambda i: gemv(add_rms_norm(x, res, nw, 1e-5)[0], ws[i % len(ws)]), lambda: 0.0
-        yield "rms_norm+linear", "rms_norm_gemv", lambda i: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)]), \
-            lambda: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0), want_rms)
+        yield "rms_norm+linear", "rms_norm_gemv", \
+            lambda i: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)], config=row_cfg), \
+            lambda: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0, config=row_cfg), want_rms)
+        yield "rms_norm+linear", "inv add_rms_norm+gemv", \
+            lambda i: gemv(add_rms_norm(x, res, nw, 1e-5)[0], ws[i % len(ws)], invariant=True), lambda: 0.0
+        yield "rms_norm+linear", "inv rms_norm_gemv", \
+            lambda i: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)], config=inv_cfg, invariant=True), \
+            lambda: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0, config=inv_cfg, invariant=True), want_rms)
+        for cfg in fused_sweep:
+            yield "rms_norm+linear", label("rms_norm_gemv", cfg), \
+                (lambda i, c=cfg: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)], config=c)), \
+                (lambda c=cfg: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0, config=c), want_rms))
+        for cfg in inv_sweep:
+            yield "rms_norm+linear", label("inv rms_norm_gemv", cfg), \
+                (lambda i, c=cfg: rms_norm_gemv(x, res, nw, 1e-5, ws[i % len(ws)], config=c, invariant=True)), \
+                (lambda c=cfg: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0, config=c, invariant=True), want_rms))
     if name in SILU_SHAPES:
         want_silu = silu_mul_gemv_ref(gu, w0)
+        row_cfg = current_tile("row", "silu_mul_gemv", n, k) or _ROW_GEMV if m == 1 else None
+        inv_cfg = current_tile("invariant", "silu_mul_gemv", n, k)
         yield "silu_mul+linear", "silu_and_mul+cublas", lambda i: F.linear(silu_and_mul(gu), ws[i % len(ws)]), \
             lambda: 0.0
-        yield "silu_mul+linear", "silu_and_mul+gemv", lambda i: gemv(silu_and_mul(gu), ws[i % len(ws)]), \
-            lambda: 0.0
-        yield "silu_mul+linear", "silu_mul_gemv", lambda i: silu_mul_gemv(gu, ws[i % len(ws)]), \
-            lambda: max_diff(silu_mul_gemv(gu, w0), want_silu)
+        yield "silu_mul+linear", "silu_and_mul+gemv", \
+            lambda i: gemv(silu_and_mul(gu), ws[i % len(ws)], config=_ROW_GEMV if m == 1 else None), lambda: 0.0
+        yield "silu_mul+linear", "silu_mul_gemv", lambda i: silu_mul_gemv(gu, ws[i % len(ws)], config=row_cfg), \
+            lambda: max_diff(silu_mul_gemv(gu, w0, config=row_cfg), want_silu)
+        yield "silu_mul+linear", "inv silu_and_mul+gemv", \
+            lambda i: gemv(silu_and_mul(gu), ws[i % len(ws)], invariant=True), lambda: 0.0
+        yield "silu_mul+linear", "inv silu_mul_gemv", \
+            lambda i: silu_mul_gemv(gu, ws[i % len(ws)], config=inv_cfg, invariant=True), \
+            lambda: max_diff(silu_mul_gemv(gu, w0, config=inv_cfg, invariant=True), want_silu)
+        for cfg in fused_sweep:
+            yield "silu_mul+linear", label("silu_mul_gemv", cfg), \
+                (lambda i, c=cfg: silu_mul_gemv(gu, ws[i % len(ws)], config=c)), \
+                (lambda c=cfg: max_diff(silu_mul_gemv(gu, w0, config=c), want_silu))
+        for cfg in inv_sweep:
+            yield "silu_mul+linear", label("inv silu_mul_gemv", cfg), \
+                (lambda i, c=cfg: silu_mul_gemv(gu, ws[i % len(ws)], config=c, invariant=True)), \
+                (lambda c=cfg: max_diff(silu_mul_gemv(gu, w0, config=c, invariant=True), want_silu))
 
 
 def main() -> None:
@@ -126,7 +191,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,6", help="comma list of M values")
     parser.add_argument("--only", default="", help="comma list of shape-name substrings (default: all)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the tile-config sweep")
-    parser.add_argument("--max-seconds", type=float, default=50.0, help="sweep cases stop after this")
+    parser.add_argument("--max-seconds", type=float, default=150.0, help="sweep cases stop after this")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA GPU")
@@ -134,7 +199,9 @@ def main() -> None:
     began = time.time()
     results = []
     print(f"{'M':>2s} {'shape':13s} {'variant':16s} {'impl':32s} {'us':>8s} {'GB/s':>7s} {'%peak':>6s} {'diff':>8s}")
-    for m in (int(r) for r in args.rows.split(",")):
+    row_counts = [int(r) for r in args.rows.split(",")]
+    inv_sweep_m = next((m for m in row_counts if m > 1), None)
+    for m in row_counts:
         for name, (n, k) in SHAPES.items():
             if args.only and not any(s in name for s in args.only.split(",")):
                 continue
@@ -146,8 +213,8 @@ def main() -> None:
             sweep = m == 1 and name in SWEEP_SHAPES and not args.no_sweep
             weight_bytes = n * k * 2
             default = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-            for variant, impl, fn, check in cases(m, name, n, k, inp, sweep):
-                if impl.startswith("gemv b") and time.time() - began > args.max_seconds:
+            for variant, impl, fn, check in cases(m, name, n, k, inp, sweep, args.no_sweep, m == inv_sweep_m):
+                if " bn" in impl and time.time() - began > args.max_seconds:
                     continue
                 row = dict(m=m, shape=name, n=n, k=k, variant=variant, impl=impl, default_config=default.__dict__)
                 try:
@@ -183,8 +250,48 @@ def main() -> None:
         cublas = next((r for r in results if r["m"] == m and r["shape"] == name and r["impl"] == "cublas"
                        and "us" in r), None)
         print(f"{m:2d} {name:13s} {row['impl']:32s} {row['us']:8.2f} vs {cublas['us'] if cublas else float('nan'):8.2f}")
+    print_fused_choice(results)
     print(f"wrote {args.out} in {time.time() - began:.0f} s")
 
+
+def print_fused_choice(results: list[dict]) -> None:
+    """Per mode and shape, the fastest fused tile against the unfused pair the engine would run
+    instead, as FUSED_TILES entries (engine/ops.py): row mode from the M = 1 rows, invariant
+    mode from the M > 1 rows that were swept."""
+    unfused = {("row", "rms_norm+linear"): "add_rms_norm+cublas", ("row", "silu_mul+linear"): "silu_and_mul+gemv",
+               ("invariant", "rms_norm+linear"): "inv add_rms_norm+gemv",
+               ("invariant", "silu_mul+linear"): "inv silu_and_mul+gemv"}
+    lines = []
+    for mode in ("row", "invariant"):
+        prefix = "inv " if mode == "invariant" else ""
+        timed = [r for r in results if "us" in r and r["variant"] in FUSED_KERNEL]
+        if mode == "row":
+            timed = [r for r in timed if r["m"] == 1]
+        else:  # the M whose invariant tiles were swept
+            swept = {r["m"] for r in timed if r["impl"].startswith("inv ") and " bn" in r["impl"]}
+            timed = [r for r in timed if r["m"] in swept]
+        for name in dict.fromkeys(r["shape"] for r in timed):
+            rows = [r for r in timed if r["shape"] == name]
+            variant = rows[0]["variant"]
+            kernel = FUSED_KERNEL[variant]
+            fused = [r for r in rows if r["impl"] == prefix + kernel or r["impl"].startswith(prefix + kernel + " bn")]
+            old = next((r["us"] for r in rows if r["impl"] == unfused[mode, variant]), float("nan"))
+            if not fused:
+                continue
+            best = min(fused, key=lambda r: r["us"])
+            if not best["us"] < old:
+                entry = "UNFUSED"
+            elif " bn" not in best["impl"]:
+                entry = "the built-in or current tile"
+            else:
+                fields = best["impl"].split()[-5:]
+                entry = "GemvConfig({}, {}, {}, {}, {})".format(
+                    *(int(f.lstrip("bnkswt")) for f in fields))
+            lines.append(f'    ("{mode}", "{kernel}", {best["n"]}, {best["k"]}): {entry},  # {name} M={best["m"]}: '
+                         f'fused {best["us"]:.2f} us ({best["impl"]}), unfused {old:.2f}')
+    if lines:
+        print("\nfastest fused tile per mode and shape against the unfused pair (FUSED_TILES, engine/ops.py):")
+        print("\n".join(lines))
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,12 @@
 
 Eager mode launches the same kernels the captured graph replays, so the sum of kernel
 times, against the graph's step time, shows how much is launch gap versus kernel work.
+--rows N profiles an N-row (verify) step instead, --invariant the batch-invariant kernels a
+loaded draft switches on, --no-fuse the unfused norm/activation launches (LOCALCHAT_FUSE=0):
+
+    python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json
+    python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json --no-fuse
+    python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json --invariant --rows 6
 """
 
 from __future__ import annotations
@@ -21,7 +27,14 @@ def main() -> None:
     ap.add_argument("--random-weights", default="llama-8b")
     ap.add_argument("--context", type=int, default=768)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rows", type=int, default=1, help="tokens per step (1: decode, k + 1: verify)")
+    ap.add_argument("--invariant", action="store_true", help="batch-invariant projections (as with a draft)")
+    ap.add_argument("--no-fuse", action="store_true", help="unfused norm/activation + projection launches")
     args = ap.parse_args()
+    import os
+
+    if args.no_fuse:
+        os.environ["LOCALCHAT_FUSE"] = "0"  # read by Ops.for_device
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -31,25 +44,30 @@ def main() -> None:
                             force_accept=None, draft_steps=5, no_graphs=False)
     engine = build_bench_engine(ns)
     r = engine.runner
+    if args.invariant:
+        r.model.ops.set_batch_invariant(True)
+        r.graphs.clear()  # captured with the switch off: capture again
+    r.capture([args.rows])
+    from engine.batch import ForwardBatch
+
     _mode = torch.inference_mode()
     _mode.__enter__()
-    tok = torch.zeros(1, dtype=torch.long, device="cuda")
+    tok = torch.zeros(args.rows, dtype=torch.long, device="cuda")
     for _ in range(3):
-        r.model(__import__("engine.batch", fromlist=["ForwardBatch"]).ForwardBatch.eager(tok, args.context), r.kv)
+        r.model(ForwardBatch.eager(tok, args.context), r.kv)
     torch.cuda.synchronize()
-    step = r.graphs[1]
+    step = r.graphs[args.rows]
     n = 100
     t = time.perf_counter()
     for _ in range(n):
         step.replay(tok, args.context)
     torch.cuda.synchronize()
     graph_ms = (time.perf_counter() - t) / n * 1000
-    from engine.batch import ForwardBatch
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             out = r.model(ForwardBatch.eager(tok, args.context), r.kv)
-            r.model.logits(out.hidden[-1:])
+            r.model.logits(out.hidden)
         torch.cuda.synchronize()
     groups: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     total = 0.0
@@ -61,9 +79,16 @@ def main() -> None:
             total += us
     rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
     weight_bytes = sum(p.numel() * p.element_size() for p in r.model.parameters())
-    report = {"graph_step_ms": graph_ms, "kernel_sum_ms": total / 1000, "weight_GB": weight_bytes / 1e9,
+    launches = sum(v[1] for _, v in rows)
+    layers = r.config.num_layers
+    report = {"rows": args.rows, "invariant": args.invariant, "fused": r.model.ops.fuse,
+              "graph_step_ms": graph_ms, "kernel_sum_ms": total / 1000, "weight_GB": weight_bytes / 1e9,
+              "launches_per_step": launches, "launches_per_layer": launches / layers,
               "kernels": [{"name": k, "us_per_step": v[0], "launches_per_step": v[1]} for k, v in rows[:25]]}
-    print(f"graph step {graph_ms:.3f} ms, kernel sum {total / 1000:.3f} ms, weights {weight_bytes / 1e9:.2f} GB")
+    print(f"{args.rows}-row step ({'fused' if r.model.ops.fuse else 'unfused'}"
+          f"{', batch-invariant' if args.invariant else ''}): graph step {graph_ms:.3f} ms, "
+          f"kernel sum {total / 1000:.3f} ms, weights {weight_bytes / 1e9:.2f} GB")
+    print(f"{launches:.0f} kernel launches per step, {launches / layers:.1f} per layer ({layers} layers)")
     for k, v in rows[:15]:
         print(f"{v[0]:9.1f} us  x{v[1]:5.0f}  {k}")
     if args.out:

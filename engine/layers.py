@@ -52,6 +52,10 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.linear(x, self.gate_up_proj) if self.linear else self.gate_up_proj(x)
+        return self.down(gate_up)
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """(T, 2I) [gate | up] -> down_proj(silu(gate) * up)."""
         if self.silu_and_mul is not None:
             act = self.silu_and_mul(gate_up)
             return self.row_linear(act, self.down_proj) if self.row_linear else self.down_proj(act)

@@ -42,10 +42,12 @@ class Attention(nn.Module):
         q, kv = self.q_size, self.kv_size
         return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cos_sin: torch.Tensor,
+    def forward(self, qkv: torch.Tensor, batch: ForwardBatch, cos_sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_table: torch.Tensor) -> torch.Tensor:
-        T = x.shape[0]
-        q, k, v = self.ops.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        """qkv: (T, q_size + 2 * kv_size), qkv_proj's output (the layer runs it, fused with the
+        norm where it can: Ops.layer_kernels). Returns o_proj's output (T, H)."""
+        T = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
@@ -74,13 +76,16 @@ class DecoderLayer(nn.Module):
                             row_linear=ops.row_linear, linear=ops.linear)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
+        self.ops = ops
 
     def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, cos_sin_table):
-        """x: the last sublayer's output, residual: the stream before it (None at layer 0)."""
-        h, residual = self.input_layernorm.add_forward(x, residual)
-        x = self.self_attn(h, batch, cos_sin, k_cache, v_cache, cos_sin_table)
-        h, residual = self.post_attention_layernorm.add_forward(x, residual)
-        return self.mlp(h), residual
+        """x: the last sublayer's output, residual: the stream before it (None at layer 0).
+        Returns (the MLP's output, the stream before it)."""
+        kernels = self.ops.layer_kernels(x, batch)  # fused norm + projection launches, or not
+        qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj)
+        x = self.self_attn(qkv, batch, cos_sin, k_cache, v_cache, cos_sin_table)
+        gate_up, residual = kernels.norm_linear(x, residual, self.post_attention_layernorm, self.mlp.gate_up_proj)
+        return kernels.mlp_down(gate_up, self.mlp), residual
 
 
 class TransformerBody(nn.Module):

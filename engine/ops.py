@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
+import os
 from typing import Callable
 
 import torch
 
 from .kernels.activation import silu_and_mul, silu_and_mul_ref
 from .kernels.attention import decode_attention
-from .kernels.gemv import MAX_ROWS, GemvConfig, gemv
+from .kernels.gemv import MAX_ROWS, GemvConfig, gemv, rms_norm_gemv, silu_mul_gemv
 from .kernels.norm import add_rms_norm, add_rms_norm_ref
 from .kernels.rope import rope_and_cache
 
@@ -28,13 +30,31 @@ class Ops:
     # mode the GEMV that gives each of up to 16 rows the same bits whatever the row count.
     linear: Callable = lambda x, linear: linear(x)
     invariance: "BatchInvariance | None" = None
+    # Decode and verify steps run the fused norm/activation + projection kernels where valid
+    # (layer_kernels). False: never (LOCALCHAT_FUSE=0, to compare in benchmarks and tests).
+    fuse: bool = True
 
     @classmethod
     def for_device(cls, device: torch.device) -> "Ops":
         if device.type == "cuda" and _has_triton():
             inv = BatchInvariance()
-            return cls(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention, inv.row_linear, inv.linear, inv)
+            return cls(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention, inv.row_linear, inv.linear, inv,
+                       fuse=os.environ.get("LOCALCHAT_FUSE", "1") != "0")
         return cls(add_rms_norm_ref, silu_and_mul_ref, None, None)
+
+    def layer_kernels(self, x: torch.Tensor, batch) -> "LayerKernels":
+        """The kernels a decoder layer runs on x (T, H) for `batch`: the one place that picks
+        fused norm/activation + projection launches (CUDA with Triton, bf16, a decode or verify
+        step; see BatchInvariance.fused) or the unfused ops (CPU, prefill, packed forwards)."""
+        if self.fuse and self.invariance is not None and batch.segment_ids is None:
+            fused = self.invariance.fused(x)
+            if fused is not None:
+                return fused
+        return self._unfused
+
+    @functools.cached_property
+    def _unfused(self) -> "LayerKernels":
+        return LayerKernels(self.linear)
 
     def set_batch_invariant(self, on: bool) -> None:
         """Speculation verifies k+1 rows where plain decoding runs one: in bf16, cuBLAS picks other
@@ -64,6 +84,8 @@ class BatchInvariance:
 
     def __init__(self):
         self.on = False
+        self._fused_row = FusedLayerKernels(invariant=False, linear=self.linear)
+        self._fused_invariant = FusedLayerKernels(invariant=True, linear=self.linear)
 
     def _invariant(self, x: torch.Tensor) -> bool:
         return self.on and x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
@@ -79,3 +101,86 @@ class BatchInvariance:
         if self._invariant(x):
             return gemv(x, linear.weight, linear.bias, invariant=True)
         return linear(x)
+
+    def fused(self, x: torch.Tensor) -> "FusedLayerKernels | None":
+        """Fused kernels where the GEMV runs anyway (the rows row_linear takes): batch-invariant
+        ones for a step of up to 16 bf16 rows while switched on, the M = 1 tiles for a bf16
+        decode step otherwise; None: the unfused ops (cuBLAS for the other row counts)."""
+        if self._invariant(x):
+            return self._fused_invariant
+        if x.shape[0] == 1 and x.dtype == torch.bfloat16:
+            return self._fused_row
+        return None
+
+
+class LayerKernels:
+    """A decoder layer's two norm + projection pairs and its MLP's down projection, unfused:
+    add_rms_norm then Ops.linear; silu_and_mul then the down projection (GatedMLP.down)."""
+
+    def __init__(self, linear: Callable):
+        self.linear = linear
+
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm, linear: torch.nn.Linear):
+        """-> (linear(norm(x + residual)), x + residual); residual None: the stream is x."""
+        h, stream = norm.add_forward(x, residual)
+        return self.linear(h, linear), stream
+
+    def mlp_down(self, gate_up: torch.Tensor, mlp) -> torch.Tensor:
+        """(T, 2I) [gate | up] -> down(silu(gate) * up)."""
+        return mlp.down(gate_up)
+
+
+UNFUSED = "unfused"
+# The fused kernels' tiles by (mode, kernel, N, K). mode "row": a decode step without a draft
+# (M = 1); "invariant": a step of up to 16 rows in batch-invariant mode (one tile for every M,
+# so each row's bits stay independent of M). A GemvConfig: fuse with that tile. UNFUSED: run
+# the unfused pair for that projection. A shape not listed: fuse with the built-in tile
+# (row: default_config for rms_norm_gemv, _ROW_GEMV for silu_mul_gemv; invariant: _launch's).
+# The UNFUSED entries are the shapes where the fused kernel lost in
+# benchmarks/results/h200_gemv.json (us, fused vs unfused; its M = 6 rows run the invariant
+# tile): every program redoes the rms pre-pass over K (costly at K = 4096), and the 16-row
+# prologues are slower than their separate kernels. Re-measure on the GPU and edit:
+#     python benchmarks/bench_gemv.py --rows 1,6 --only qkv,gate_up,down --out fused.json
+FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
+    ("row", "rms_norm_gemv", 6144, 4096): UNFUSED,  # Llama-3.1-8B qkv: 25.5 vs 17.9
+    ("row", "rms_norm_gemv", 28672, 4096): UNFUSED,  # 8B gate_up: 77.9 vs 58.8
+    ("row", "rms_norm_gemv", 3072, 576): UNFUSED,  # SmolLM2 gate_up: 5.9 vs 4.7 (cuBLAS)
+    ("invariant", "rms_norm_gemv", 6144, 4096): UNFUSED,  # 36.5 vs 24.8
+    ("invariant", "rms_norm_gemv", 28672, 4096): UNFUSED,  # 159.7 vs 74.7
+    ("invariant", "rms_norm_gemv", 3072, 576): UNFUSED,  # 8.3 vs 6.9
+    ("invariant", "silu_mul_gemv", 4096, 14336): UNFUSED,  # 201.0 vs 44.3
+    ("invariant", "silu_mul_gemv", 576, 1536): UNFUSED,  # 7.9 vs 5.3
+}
+
+
+def fused_tile(mode: str, kernel: str, n: int, k: int) -> GemvConfig | str | None:
+    """FUSED_TILES' entry: a GemvConfig, UNFUSED, or None (fuse with the built-in tile)."""
+    tile = FUSED_TILES.get((mode, kernel, n, k))
+    if tile is None and mode == "row" and kernel == "silu_mul_gemv":
+        return _ROW_GEMV  # the down projection's tuned M = 1 tile, as unfused
+    return tile
+
+
+class FusedLayerKernels(LayerKernels):
+    """One launch each: rms_norm_gemv for add_rms_norm + qkv and add_rms_norm + gate_up,
+    silu_mul_gemv for silu_and_mul + down, each with its FUSED_TILES tile, or unfused where
+    that says so. invariant: the batch-invariant kernels (a row's bits the same for any row
+    count up to 16); else the M = 1 tiles."""
+
+    def __init__(self, invariant: bool, linear: Callable):
+        super().__init__(linear)
+        self.invariant = invariant
+        self.mode = "invariant" if invariant else "row"
+
+    def norm_linear(self, x, residual, norm, linear):
+        tile = fused_tile(self.mode, "rms_norm_gemv", *linear.weight.shape)
+        if tile == UNFUSED:
+            return super().norm_linear(x, residual, norm, linear)
+        return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant)
+
+    def mlp_down(self, gate_up, mlp):
+        down = mlp.down_proj
+        tile = fused_tile(self.mode, "silu_mul_gemv", *down.weight.shape)
+        if tile == UNFUSED:
+            return super().mlp_down(gate_up, mlp)
+        return silu_mul_gemv(gate_up, down.weight, down.bias, tile, self.invariant)

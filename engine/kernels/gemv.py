@@ -243,15 +243,15 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
 
 def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                   weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  config: GemvConfig | None = None, invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm followed by a projection, in one launch: returns (out, x + residual).
 
     x, residual (M, K) (residual None: the first layer; the stream returned is x itself);
     norm_weight (K,); weight (N, K). Every program recomputes the
     row's rms (one extra pass over 2 * M * K elements from L2); column tile 0 writes the
-    new residual.
+    new residual. invariant: as for gemv (the rms too is computed by the same tile for any M).
     """
-    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config)
+    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant)
 
 
 def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
@@ -262,10 +262,11 @@ def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=N
 
 
 def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  config: GemvConfig | None = None) -> torch.Tensor:
-    """gate_up (M, 2I) = [gate | up], weight (N, I) -> (silu(gate) * up) @ weight.T, (M, N)."""
+                  config: GemvConfig | None = None, invariant: bool = False) -> torch.Tensor:
+    """gate_up (M, 2I) = [gate | up], weight (N, I) -> (silu(gate) * up) @ weight.T, (M, N).
+    invariant: as for gemv."""
     assert gate_up.shape[1] % 2 == 0
-    return _launch(SILU_MUL, gate_up, None, None, 0.0, weight, bias, gate_up.shape[1] // 2, config)[0]
+    return _launch(SILU_MUL, gate_up, None, None, 0.0, weight, bias, gate_up.shape[1] // 2, config, invariant)[0]
 
 
 def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
