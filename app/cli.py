@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-tokens", type=int, default=None, help="tokens per step (default: 16384 GPU, 2048 CPU)")
     train.add_argument("--mtp-layers", type=int, default=None, help="--kind mtp: chained MTP layers (default 3)")
     train.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
-    train.add_argument("--lr", type=float, default=None, help="peak learning rate (default 6e-4)")
+    train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1.2e-3 GPU, 6e-4 CPU)")
     train.add_argument("--gen", type=int, default=None,
                        help="training prompts the target answers itself, greedy (default: 24000 GPU, 0 CPU; several turns of a conversation may be used)")
     train.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
