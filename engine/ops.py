@@ -31,7 +31,8 @@ class Ops:
     linear: Callable = lambda x, linear: linear(x)
     invariance: "BatchInvariance | None" = None
     # Decode and verify steps run the fused norm/activation + projection kernels where valid
-    # (layer_kernels). False: never (LOCALCHAT_FUSE=0, to compare in benchmarks and tests).
+    # (layer_kernels). False: never (LOCALCHAT_FUSE=0, to compare in benchmarks and tests;
+    # LOCALCHAT_FUSE=all fuses even the shapes FUSED_TILES keeps unfused).
     fuse: bool = True
 
     @classmethod
@@ -153,9 +154,15 @@ FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
 }
 
 
+# LOCALCHAT_FUSE=all ignores the UNFUSED entries (benchmarks: every fusion against the table).
+_FUSE_ALL = os.environ.get("LOCALCHAT_FUSE") == "all"
+
+
 def fused_tile(mode: str, kernel: str, n: int, k: int) -> GemvConfig | str | None:
     """FUSED_TILES' entry: a GemvConfig, UNFUSED, or None (fuse with the built-in tile)."""
     tile = FUSED_TILES.get((mode, kernel, n, k))
+    if tile == UNFUSED and _FUSE_ALL:
+        tile = None
     if tile is None and mode == "row" and kernel == "silu_mul_gemv":
         return _ROW_GEMV  # the down projection's tuned M = 1 tile, as unfused
     return tile
