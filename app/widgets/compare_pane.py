@@ -27,7 +27,7 @@ class ComparePane(Vertical):
         yield Label(self.title, classes="pane-title")
         with VerticalScroll(classes="pane-body"):
             yield Markdown("")
-        yield StatsLine("waiting…", classes="stats")
+        yield StatsLine("waiting…", classes="stats", compact=True)
 
     async def on_mount(self) -> None:
         self._feed = MarkdownFeed(self.query_one(Markdown))  # its placeholder is drawn before decoding starts

@@ -18,12 +18,21 @@ def stats_dict(stats: Any) -> dict[str, Any]:
     return dict(stats)
 
 
-def format_stats(stats: Any, finish_reason: str | None = None, model: str | None = None) -> str:
+def format_stats(stats: Any, finish_reason: str | None = None, model: str | None = None,
+                 compact: bool = False) -> str:
+    """compact: the short form for a half-width pane whose title already says speculation off or
+    on (the full line would wrap there)."""
     s = stats_dict(stats)
     parts: list[str] = []
     if model:
         parts.append(model)
-    if s:
+    if s and compact:  # about 36 cells: speed, time to first token, accepted length
+        speed = s.get("decode_tok_s", 0.0)
+        parts.append(f"{speed:.0f} tok/s" if speed >= 100 else f"{speed:.1f} tok/s")
+        parts.append(f"TTFT {s.get('ttft_s', 0.0) * 1000:.0f} ms")
+        if s.get("speculative"):
+            parts.append(f"accept {s.get('accept_len_mean', 0.0):.2f}")
+    elif s:
         parts.append(f"{s.get('decode_tok_s', 0.0):.1f} tok/s")
         parts.append(f"TTFT {s.get('ttft_s', 0.0) * 1000:.0f} ms")
         parts.append(f"{s.get('generated_tokens', 0)} tokens")
@@ -41,8 +50,12 @@ def format_stats(stats: Any, finish_reason: str | None = None, model: str | None
 class StatsLine(Static):
     _text = "\n"  # the text shown, as far as its height goes ("\n": unknown)
 
+    def __init__(self, *args, compact: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.compact = compact
+
     def show_stats(self, stats: Any, finish_reason: str | None = None, model: str | None = None) -> None:
-        self.update(format_stats(stats, finish_reason, model))
+        self.update(format_stats(stats, finish_reason, model, self.compact))
 
     def update(self, content: Any = "", *, layout: bool | None = None) -> None:
         """Without `layout`, lays the screen out again only when the line's height may change: a new text
