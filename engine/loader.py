@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -20,21 +19,12 @@ from .tokenizer import Tokenizer
 from .weights import iter_safetensors, load_weights, safetensors_files
 
 
+@dataclass
 class LoadedModel:
-    """A built model and its tokenizer. `tokenizer` may still be loading on a thread (importing
-    `transformers` takes seconds at start-up, as long as building the model and capturing its
-    graphs on the GPU); reading it waits for it and raises what the load raised."""
-
-    def __init__(self, model: CausalLM, tokenizer: "Tokenizer | Future[Tokenizer]", config: ModelConfig,
-                 source: Path):
-        self.model, self.config, self.source = model, config, source
-        self._tokenizer = tokenizer
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if isinstance(self._tokenizer, Future):
-            self._tokenizer = self._tokenizer.result()
-        return self._tokenizer
+    model: CausalLM
+    tokenizer: Tokenizer
+    config: ModelConfig
+    source: Path
 
 
 def build_uninitialized(make: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype) -> nn.Module:
@@ -72,30 +62,9 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
     cfg = ModelConfig.from_file(folder / "config.json")
     files = safetensors_files(folder)
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
+    model = build_model(cfg, iter_safetensors(files), folder.name, device, dtype, max_len)
     eos = _generation_eos(folder) or cfg.eos_token_ids
-    tokenizer = _background(Tokenizer.from_folder, folder, eos)
-    try:
-        model = build_model(cfg, iter_safetensors(files), folder.name, device, dtype, max_len)
-    except BaseException:
-        tokenizer.cancel()
-        raise
-    return LoadedModel(model, tokenizer, cfg, folder)
-
-
-def _background(fn, *args) -> Future:
-    """fn(*args) on a daemon thread of its own: the thread is gone when the result is in."""
-    future: Future = Future()
-
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn(*args))
-        except BaseException as e:  # handed to whoever reads the result
-            future.set_exception(e)
-
-    threading.Thread(target=run, name="tokenizer-load", daemon=True).start()
-    return future
+    return LoadedModel(model, Tokenizer.from_folder(folder, eos), cfg, folder)
 
 
 def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int | None,
