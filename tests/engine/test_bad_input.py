@@ -101,3 +101,10 @@ def test_invalid_sampling_values(flag, value):
 
 def test_bad_device():
     _assert_one_line_error(_run("run", "--device", "tpu", "hi"), "--device")
+
+
+def test_corrupt_tokenizer(tmp_path, tiny_models):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_models["llama"], folder)
+    (folder / "tokenizer.json").write_text("{not json")
+    _assert_one_line_error(_run("run", "--model", str(folder), "--device", "cpu", "hi"), "cannot load the tokenizer")
