@@ -108,7 +108,7 @@ class BatchInvariance:
         ones for a step of up to 16 bf16 rows while switched on, the M = 1 tiles for a bf16
         decode step otherwise; None: the unfused ops (cuBLAS for the other row counts)."""
         if self._invariant(x):
-            return self._fused_invariant
+            return self._fused_invariant if FUSE_INVARIANT else None
         if x.shape[0] == 1 and x.dtype == torch.bfloat16:
             return self._fused_row
         return None
@@ -130,6 +130,13 @@ class LayerKernels:
         """(T, 2I) [gate | up] -> down(silu(gate) * up)."""
         return mlp.down(gate_up)
 
+
+# Batch-invariant mode (a draft loaded) keeps the unfused invariant GEMVs. On the H200 the fused
+# invariant kernels gave 6- and 16-row steps whose logits differed from the 1-row steps in the
+# last bits for a 30-layer Llama-shaped model (tests/engine/test_fused_layers.py, session 3), and
+# the demo head's accepted length fell from 3.19 to 2.22 in the run that used them; until that is
+# understood, speculation runs the verified kernels. True: use them (tests of the kernels).
+FUSE_INVARIANT = False
 
 UNFUSED = "unfused"
 # The fused kernels' tiles by (mode, kernel, N, K). mode "row": a decode step without a draft

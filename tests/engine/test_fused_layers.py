@@ -69,7 +69,12 @@ def test_layer_kernels_choice():
     assert kind(_bf16(1, torch.float32)) == kind(_bf16(1, torch.float16)) == "unfused"
     assert kind(_bf16(1), packed) == "unfused"
     ops.set_batch_invariant(True)
-    assert [kind(_bf16(m)) for m in (1, 2, 6, 16)] == ["invariant"] * 4
+    assert [kind(_bf16(m)) for m in (1, 2, 6, 16)] == ["unfused"] * 4  # FUSE_INVARIANT is off
+    ops_module.FUSE_INVARIANT = True
+    try:
+        assert [kind(_bf16(m)) for m in (1, 2, 6, 16)] == ["invariant"] * 4
+    finally:
+        ops_module.FUSE_INVARIANT = False
     assert kind(_bf16(17)) == kind(_bf16(6, torch.float32)) == kind(_bf16(6), packed) == "unfused"
     assert kind(_bf16(1), o=dataclasses.replace(ops, fuse=False)) == "unfused"
     assert kind(_bf16(1), o=Ops.for_device(torch.device("cpu"))) == "unfused"
@@ -188,7 +193,9 @@ def assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
     assert diff <= rel * scale, f"max diff {diff:.3e} vs max |ref| {scale:.3e}"
 
 
-def _fused_vs_unfused(device: str, arch: str, rows: int, invariant: bool, small: bool, fused_calls, rel: float):
+def _fused_vs_unfused(device: str, arch: str, rows: int, invariant: bool, small: bool, fused_calls, rel: float,
+                      monkeypatch):
+    monkeypatch.setattr(ops_module, "FUSE_INVARIANT", True)  # the kernels' math, in both modes
     cfg = model_config(arch, small)
     ops = Ops.for_device(torch.device(device)) if device == "cuda" else _cpu_kernel_ops()
     ops = dataclasses.replace(ops, fuse=True)  # whatever LOCALCHAT_FUSE says
@@ -216,29 +223,36 @@ def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, fused_call
     if not INTERPRET:
         pytest.skip("set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
     monkeypatch.setattr(ops_module, "FUSED_TILES", {})  # tiny shapes: all fused anyway
-    _fused_vs_unfused("cpu", arch, rows, invariant, True, fused_calls, rel=2.5e-2)
+    _fused_vs_unfused("cpu", arch, rows, invariant, True, fused_calls, rel=2.5e-2, monkeypatch=monkeypatch)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("rows,invariant", [(1, False), (1, True), (6, True), (16, True)])
-def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, tiles, fused_calls):
+def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, tiles, fused_calls, monkeypatch):
     """A SmolLM2-135M-shaped random model (30 layers as Llama): the fused decode (1 row) and
     verify (6, 16 rows) steps give the unfused step's logits within bf16 tolerance."""
-    _fused_vs_unfused("cuda", arch, rows, invariant, False, fused_calls, rel=5e-2)
+    _fused_vs_unfused("cuda", arch, rows, invariant, False, fused_calls, rel=5e-2, monkeypatch=monkeypatch)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("use_graphs", [False, True])
-def test_fused_invariant_verify_rows_equal_decode_steps(arch, use_graphs, tiles, fused_calls):
-    """Batch-invariant mode, end to end: each row of a 6-row and a 16-row step (fused
-    kernels) has exactly the logits of the 1-row decode step of its token, eager and in
-    captured graphs (ModelRunner)."""
+@pytest.mark.parametrize("fuse_invariant", [
+    False,  # what speculation runs
+    pytest.param(True, marks=pytest.mark.xfail(reason="the fused invariant kernels differed in the last bits "
+                                                      "for the Llama shape on the H200 (session 3); see ops.FUSE_INVARIANT")),
+])
+def test_fused_invariant_verify_rows_equal_decode_steps(arch, use_graphs, fuse_invariant, tiles, fused_calls,
+                                                        monkeypatch):
+    """Batch-invariant mode, end to end: each row of a 6-row and a 16-row step has exactly the
+    logits of the 1-row decode step of its token, eager and in captured graphs (ModelRunner),
+    with the shipped policy and with the fused invariant kernels."""
     from engine.runner import ModelRunner
 
+    monkeypatch.setattr(ops_module, "FUSE_INVARIANT", fuse_invariant)
     cfg = model_config(arch, small=False)
     ops = dataclasses.replace(Ops.for_device(torch.device("cuda")), fuse=True)
     ops.set_batch_invariant(True)
@@ -254,7 +268,8 @@ def test_fused_invariant_verify_rows_equal_decode_steps(arch, use_graphs, tiles,
         before = fused_calls["rms_norm_gemv"]
         verify = runner.forward(ids[PROMPT:PROMPT + rows], PROMPT)[0].clone()
         if not use_graphs:
-            assert fused_calls["rms_norm_gemv"] - before == expected_launches(cfg, True)["rms_norm_gemv"]
+            want = expected_launches(cfg, True)["rms_norm_gemv"] if fuse_invariant else 0
+            assert fused_calls["rms_norm_gemv"] - before == want
         assert torch.equal(verify, singles[:rows]), rows
     # and the 1-row steps again after the verify steps rewrote the cache rows: same bits
     again = runner.forward(ids[PROMPT + 3:PROMPT + 4], PROMPT + 3)[0]

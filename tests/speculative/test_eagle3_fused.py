@@ -20,11 +20,15 @@ from engine.config import ModelConfig  # noqa: E402
 from engine.kv_cache import KVCache  # noqa: E402
 from engine.rope import rope_cos_sin  # noqa: E402
 from speculative.config import DraftConfig  # noqa: E402
+import speculative.eagle3 as eagle3_module  # noqa: E402
 from speculative.eagle3 import Eagle3Draft  # noqa: E402
 from speculative.train_export import head_config  # noqa: E402
 
-CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
-CPU = pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)"))
+_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+_INTERPRETER = pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
+# (device, dtype, tolerance relative to the reference's largest magnitude). Not bf16 on the
+# interpreter: it truncates where a GPU rounds to bf16, so its results drift for that reason.
+CASES = [pytest.param("cuda", torch.bfloat16, 3e-2, marks=_GPU), pytest.param("cpu", torch.float32, 1e-4, marks=_INTERPRETER)]
 
 # SmolLM2-135M's shape: hidden 576, 9 heads of 64, 3 KV heads.
 TARGET = ModelConfig(architecture="LlamaForCausalLM", vocab_size=512, hidden_size=576, intermediate_size=1536,
@@ -41,11 +45,19 @@ def _ops():
     return Ops(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention)
 
 
-@pytest.mark.parametrize("device", [CUDA, CPU])
+def _assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
+    """Max abs difference within rel of the reference's largest magnitude: in bf16 the two
+    versions round at different points (the kernels keep fp32 inside a launch)."""
+    scale = want.float().abs().max().item()
+    diff = (got.float() - want.float()).abs().max().item()
+    assert diff <= rel * scale, f"max diff {diff:.3e} vs max |ref| {scale:.3e}"
+
+
+@pytest.mark.parametrize("device,dtype,rel", CASES)
 @pytest.mark.parametrize("norm_before_residual", [False, True])
-def test_fused_draft_step_equals_torch(device, norm_before_residual):
+def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual, monkeypatch):
+    monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", True)
     dev = torch.device(device)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     cfg = head_config(TARGET, 256, (2, 15, 27))
     cfg["norm_before_residual"] = norm_before_residual
     dc = DraftConfig.from_hf(cfg, TARGET)
@@ -66,6 +78,8 @@ def test_fused_draft_step_equals_torch(device, norm_before_residual):
     for d in drafts:
         d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), max_len).to(dev)
     assert drafts[0].fused and not drafts[1].fused
+    monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", False)
+    assert not Eagle3Draft(dc, TARGET, max_len, _ops()).fused  # off by default (see FUSED_DRAFT)
     assert drafts[0].midlayer.norm_before_residual == norm_before_residual
     embed = torch.nn.Embedding(TARGET.vocab_size, TARGET.hidden_size).to(dev, dtype)
     caches = [KVCache(1, max_len, dc.num_kv_heads, dc.head_dim, dtype, dev) for _ in drafts]
@@ -85,11 +99,9 @@ def test_fused_draft_step_equals_torch(device, norm_before_residual):
                 logits, hidden = d(tok, p, hidden[-1:], False, embed, kv, start_pos=12 + s)
                 steps.append((logits, hidden))
             outs.append(steps)
-    tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else dict(atol=2e-3, rtol=2e-3)
     for (lf, hf), (lt, ht) in zip(*outs):
-        torch.testing.assert_close(hf.float(), ht.float(), **tol)
-        scale = lt.abs().max()
-        assert (lf - lt).abs().max() <= 0.03 * scale
+        _assert_close_rel(hf, ht, rel)
+        _assert_close_rel(lf, lt, rel)
     # The cache rows written by both agree too.
-    torch.testing.assert_close(caches[0].k[0][:15].float(), caches[1].k[0][:15].float(), **tol)
-    torch.testing.assert_close(caches[0].v[0][:15].float(), caches[1].v[0][:15].float(), **tol)
+    _assert_close_rel(caches[0].k[0][:15], caches[1].k[0][:15], rel)
+    _assert_close_rel(caches[0].v[0][:15], caches[1].v[0][:15], rel)
