@@ -57,12 +57,6 @@ class CapturedStep:
             self._reader = ReadAhead(self.next_token)
         return self._reader
 
-    def replay_greedy(self) -> int:
-        """Decodes one more token from the buffers the previous replay left (decode graph only);
-        returns its id (syncs)."""
-        self.graph.replay()
-        return int(self.next_token)
-
     def replay(self, input_ids: torch.Tensor, start_pos: int):
         self.input_ids.copy_(input_ids)
         torch.add(self.offsets, start_pos, out=self.positions)  # no host sync
