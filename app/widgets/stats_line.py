@@ -20,8 +20,8 @@ def stats_dict(stats: Any) -> dict[str, Any]:
 
 def format_stats(stats: Any, finish_reason: str | None = None, model: str | None = None,
                  compact: bool = False) -> str:
-    """compact: the short form for a half-width pane whose title already says speculation off or
-    on (the full line would wrap there)."""
+    """compact: the short form, for a half-width pane whose title already says speculation off
+    or on, and for any answer whose full line would wrap."""
     s = stats_dict(stats)
     parts: list[str] = []
     if model:
@@ -30,8 +30,7 @@ def format_stats(stats: Any, finish_reason: str | None = None, model: str | None
         speed = s.get("decode_tok_s", 0.0)
         parts.append(f"{speed:.0f} tok/s" if speed >= 100 else f"{speed:.1f} tok/s")
         parts.append(f"TTFT {s.get('ttft_s', 0.0) * 1000:.0f} ms")
-        if s.get("speculative"):
-            parts.append(f"accept {s.get('accept_len_mean', 0.0):.2f}")
+        parts.append(f"accept {s.get('accept_len_mean', 0.0):.2f}" if s.get("speculative") else "spec off")
     elif s:
         parts.append(f"{s.get('decode_tok_s', 0.0):.1f} tok/s")
         parts.append(f"TTFT {s.get('ttft_s', 0.0) * 1000:.0f} ms")
@@ -53,13 +52,25 @@ class StatsLine(Static):
     def __init__(self, *args, compact: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.compact = compact
+        self._shown: tuple | None = None  # show_stats' arguments, to choose the form again on resize
 
     def show_stats(self, stats: Any, finish_reason: str | None = None, model: str | None = None) -> None:
-        self.update(format_stats(stats, finish_reason, model, self.compact))
+        """The full line where it fits on one line of the widget, else the short form."""
+        text = format_stats(stats, finish_reason, model, self.compact)
+        width = self.content_region.width
+        if not self.compact and width and cell_len(text) > width:
+            text = format_stats(stats, finish_reason, model, compact=True)
+        self.update(text)
+        self._shown = (stats, finish_reason, model)
+
+    def on_resize(self) -> None:
+        if self._shown is not None:
+            self.show_stats(*self._shown)
 
     def update(self, content: Any = "", *, layout: bool | None = None) -> None:
         """Without `layout`, lays the screen out again only when the line's height may change: a new text
         that fits on one line, like the old one, needs a repaint only (cheap, while an answer streams)."""
+        self._shown = None  # other text from here on (show_stats sets it again)
         text = content if isinstance(content, str) else None
         if layout is None:
             width = self.content_region.width

@@ -190,3 +190,30 @@ async def test_an_answer_that_never_starts_leaves_no_placeholder():
         await feed.finish("\n")
         await pilot.pause()
         assert blocks(markdown) == []
+
+
+async def test_stats_line_takes_the_short_form_where_the_full_one_would_wrap():
+    from textual.app import App
+
+    from app.widgets.stats_line import StatsLine
+
+    stats = {"decode_tok_s": 1437.2, "ttft_s": 0.015, "generated_tokens": 256, "speculative": True,
+             "draft_steps": 5, "accept_len_mean": 2.74}
+
+    class One(App):
+        CSS = "StatsLine { width: 100%; }"
+
+        def compose(self):
+            yield StatsLine()
+
+    for width, want in ((120, "· 256 tokens · spec k=5, accept len 2.74"), (60, "1437 tok/s · TTFT 15 ms · accept 2.74")):
+        app = One()
+        async with app.run_test(size=(width, 5)) as pilot:
+            line = app.query_one(StatsLine)
+            line.show_stats(stats, model="SmolLM2-135M-Instruct (Q4_1 GGUF)")
+            await pilot.pause()
+            assert want in str(line.render()), (width, str(line.render()))
+            if width == 60:  # wider again: the full line comes back
+                await pilot.resize_terminal(140, 5)
+                await pilot.pause()
+                assert "spec k=5" in str(line.render())
