@@ -135,8 +135,9 @@ class LayerKernels:
 # invariant kernels gave 6- and 16-row steps whose logits differed from the 1-row steps in the
 # last bits for a 30-layer Llama-shaped model (tests/engine/test_fused_layers.py, session 3), and
 # the demo head's accepted length fell from 3.19 to 2.22 in the run that used them; until that is
-# understood, speculation runs the verified kernels. True: use them (tests of the kernels).
-FUSE_INVARIANT = False
+# understood, speculation runs the verified kernels. True: use them (tests of the kernels;
+# LOCALCHAT_FUSE_INVARIANT=1 for a benchmark run).
+FUSE_INVARIANT = os.environ.get("LOCALCHAT_FUSE_INVARIANT") == "1"
 
 UNFUSED = "unfused"
 # The fused kernels' tiles by (mode, kernel, N, K). mode "row": a decode step without a draft

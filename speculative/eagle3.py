@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -17,8 +19,9 @@ from .config import DraftConfig
 # iteration of the demo model 34% faster (1.86 -> 1.23 ms), but that run also had the fused
 # batch-invariant target kernels on (engine/ops.py FUSE_INVARIANT) and the accepted length fell
 # from 3.19 to 2.22. On CPU (Triton's interpreter, fp32 and bf16) the fused draft accepts what
-# the torch one does. Off until a GPU run separates the two; True: use them.
-FUSED_DRAFT = False
+# the torch one does. Off until a GPU run separates the two; True: use them
+# (LOCALCHAT_FUSED_DRAFT=1 for a benchmark run).
+FUSED_DRAFT = os.environ.get("LOCALCHAT_FUSED_DRAFT") == "1"
 
 
 class Eagle3Layer(nn.Module):

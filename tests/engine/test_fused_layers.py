@@ -50,7 +50,7 @@ def _cpu_kernel_ops() -> Ops:
     return Ops(add_rms_norm_ref, silu_and_mul_ref, None, None, inv.row_linear, inv.linear, inv)
 
 
-def test_layer_kernels_choice():
+def test_layer_kernels_choice(monkeypatch):
     """Fused only where the GEMV runs anyway: a bf16 decode row, or up to 16 bf16 rows in
     batch-invariant mode; never for packed forwards, longer steps, other dtypes, CPU ops."""
     ops = _cpu_kernel_ops()
@@ -69,12 +69,10 @@ def test_layer_kernels_choice():
     assert kind(_bf16(1, torch.float32)) == kind(_bf16(1, torch.float16)) == "unfused"
     assert kind(_bf16(1), packed) == "unfused"
     ops.set_batch_invariant(True)
-    assert [kind(_bf16(m)) for m in (1, 2, 6, 16)] == ["unfused"] * 4  # FUSE_INVARIANT is off
-    ops_module.FUSE_INVARIANT = True
-    try:
-        assert [kind(_bf16(m)) for m in (1, 2, 6, 16)] == ["invariant"] * 4
-    finally:
-        ops_module.FUSE_INVARIANT = False
+    monkeypatch.setattr(ops_module, "FUSE_INVARIANT", False)  # the default
+    assert [kind(_bf16(m)) for m in (1, 2, 6, 16)] == ["unfused"] * 4
+    monkeypatch.setattr(ops_module, "FUSE_INVARIANT", True)
+    assert [kind(_bf16(m)) for m in (1, 2, 6, 16)] == ["invariant"] * 4
     assert kind(_bf16(17)) == kind(_bf16(6, torch.float32)) == kind(_bf16(6), packed) == "unfused"
     assert kind(_bf16(1), o=dataclasses.replace(ops, fuse=False)) == "unfused"
     assert kind(_bf16(1), o=Ops.for_device(torch.device("cpu"))) == "unfused"
