@@ -20,23 +20,27 @@ PROMPTS = ["Tell me a short story about a robot learning to paint.",
            "Write a poem about autumn leaves."]
 
 
-def bare(args, prompts) -> list[float]:
-    """What `localchat run --json` reports, one process per prompt."""
+def bare(args, prompts) -> list[dict]:
+    """What `localchat run --json` reports, one process per prompt, with the app's system prompt
+    (the same messages, so greedy decoding writes the same answers)."""
     import subprocess
+
+    from app.settings import Settings
 
     out = []
     for p in prompts:
         cmd = [sys.executable, "-m", "app.cli", "run", "--json", "--model", args.model, "--max-tokens",
-               str(args.max_tokens)]
+               str(args.max_tokens), "--system", Settings().system_prompt]
         cmd += ["--draft", args.draft] if args.draft else []
         cmd += ["--device", args.device] if args.device else []
         cmd += ["--no-spec"] if args.no_spec else []
         res = subprocess.run(cmd + [p], capture_output=True, text=True, check=True)
-        out.append(json.loads(res.stdout)["stats"]["decode_tok_s"])
+        report = json.loads(res.stdout)
+        out.append({"tok_s": report["stats"]["decode_tok_s"], "text": report["text"]})
     return out
 
 
-async def in_app(args, home) -> list[float]:
+async def in_app(args, home) -> list[dict]:
     """The chat app loading the model on its own engine thread, as `localchat` does."""
     from textual import events
 
@@ -72,7 +76,7 @@ async def in_app(args, home) -> list[float]:
             else:
                 raise RuntimeError(f"no answer stored for {p!r}: {[m.role for m in msgs]}")
             if not first:
-                rates.append(msgs[-1].stats["decode_tok_s"])
+                rates.append({"tok_s": msgs[-1].stats["decode_tok_s"], "text": msgs[-1].content})
             first = False
     return rates
 
@@ -91,8 +95,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         ui = asyncio.run(in_app(args, home))
     plain = bare(args, PROMPTS)
+    app_rates, bare_rates = [r["tok_s"] for r in ui], [r["tok_s"] for r in plain]
     report = {"model": args.model, "draft": args.draft, "device": args.device, "speculative": not args.no_spec,
-              "bare_tok_s": plain, "app_tok_s": ui, "ratio": sum(ui) / sum(plain)}
+              "max_tokens": args.max_tokens, "bare_tok_s": bare_rates, "app_tok_s": app_rates,
+              # Greedy decoding of the same messages: the answers must match, or the rates compare
+              # different texts (and, with speculation, different accepted lengths).
+              "same_text": [a["text"] == b["text"] for a, b in zip(ui, plain)],
+              "ratio_per_prompt": [a / b for a, b in zip(app_rates, bare_rates)],
+              "ratio": sum(app_rates) / sum(bare_rates)}
     print(json.dumps(report, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
