@@ -85,7 +85,8 @@ def rows() -> list[str]:
                    f"plain {b['plain']['decode_tok_s']:.0f} tok/s | {s['speedup']:.2f}x | |")
     b = _load("h200_ui_cost.json")
     if b:
-        out.append(f"| chat app attached (headless), demo model + head, 256-token answers (session 2) | "
+        out.append(f"| chat app attached (headless), demo model + head, 256-token answers (session 2; its bare "
+                   f"side had no system prompt, so the two sides wrote different answers) | "
                    f"{sum(b['app_tok_s']) / len(b['app_tok_s']):.0f} tok/s | engine alone "
                    f"{sum(b['bare_tok_s']) / len(b['bare_tok_s']):.0f} tok/s | {b['ratio'] * 100:.0f}% | >= 95% |")
     b = _load("cpu_demo_plain.json")
