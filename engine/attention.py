@@ -33,17 +33,24 @@ def attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out.squeeze(0).transpose(0, 1)
 
 
-def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_ids: torch.Tensor,
+def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: tuple[int, ...],
                      scale: float) -> torch.Tensor:
-    """q: (T, Hq, D), k, v: (T, Hkv, D) of packed independent sequences; causal inside each
-    segment, nothing across. Returns (T, Hq, D)."""
-    T = q.shape[0]
-    rows = torch.arange(T, device=q.device)
-    mask = (rows[None, :] <= rows[:, None]) & (segment_ids[None, :] == segment_ids[:, None])
-    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                         v.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
-    return out.squeeze(0).transpose(0, 1)
+    """q: (T, Hq, D), k, v: (T, Hkv, D) of packed independent sequences of `lengths` (summing to
+    T); causal inside each, nothing across. Returns (T, Hq, D). One causal attention per
+    sequence, which the fused (flash) kernels serve; a T x T block-diagonal mask would send the
+    whole pack to a masked backend that computes every cross-sequence score (on CPU, 8
+    sequences in 4096 tokens: 0.12 s against 0.23 s)."""
+    gqa = q.shape[1] != k.shape[1]
+    out, start = [], 0
+    for n in lengths:
+        end = start + n
+        o = F.scaled_dot_product_attention(q[start:end].transpose(0, 1), k[start:end].transpose(0, 1),
+                                           v[start:end].transpose(0, 1), is_causal=True, scale=scale,
+                                           enable_gqa=gqa)
+        out.append(o.transpose(0, 1))
+        start = end
+    assert start == q.shape[0], "segment lengths must sum to the tokens"
+    return torch.cat(out)
 
 
 MAX_KERNEL_ROWS = 16  # the decode/verify kernel serves up to this many query rows

@@ -18,13 +18,15 @@ class ForwardBatch:
     # positions restart at 0 in each segment, attention stays inside a segment, and the KV
     # cache is neither read nor written.
     segment_ids: torch.Tensor | None = None
+    segment_lengths: tuple[int, ...] = ()  # of the packed segments, in order (host side)
 
     @classmethod
     def packed(cls, input_ids: torch.Tensor, lengths: list[int]) -> "ForwardBatch":
         dev = input_ids.device
         seg = torch.repeat_interleave(torch.arange(len(lengths), device=dev), torch.tensor(lengths, device=dev))
         positions = torch.cat([torch.arange(n, device=dev) for n in lengths])
-        return cls(input_ids=input_ids, positions=positions, start_pos=0, segment_ids=seg)
+        return cls(input_ids=input_ids, positions=positions, start_pos=0, segment_ids=seg,
+                   segment_lengths=tuple(lengths))
 
     @classmethod
     def eager(cls, input_ids: torch.Tensor, start_pos: int) -> "ForwardBatch":

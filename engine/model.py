@@ -55,7 +55,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if batch.segment_ids is not None:
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-            o = attention_packed(q, k, v, batch.segment_ids, self.scale).reshape(T, self.q_size)
+            o = attention_packed(q, k, v, batch.segment_lengths, self.scale).reshape(T, self.q_size)
             return self.o_proj(o)
         if self.ops.rope_and_cache is not None:
             q = self.ops.rope_and_cache(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache)

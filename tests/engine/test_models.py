@@ -54,3 +54,24 @@ def test_cached_decode_equals_full_recompute(tiny_models):
     last, _, _ = r.forward(torch.tensor(ids[-1:]), len(ids) - 1)
     full, _, _ = r.forward(torch.tensor(ids), 0)
     assert torch.allclose(last[-1], full[-1], atol=1e-5)
+
+
+def test_packed_attention_equals_a_block_diagonal_causal_mask():
+    """attention_packed (one causal attention per sequence) == one masked attention over the
+    whole pack, GQA included, with sequences of 1 token and of uneven lengths."""
+    import torch.nn.functional as F
+
+    from engine.attention import attention_packed
+
+    g = torch.Generator().manual_seed(0)
+    lengths = (5, 1, 17, 9)
+    T, Hq, Hkv, D = sum(lengths), 6, 2, 16
+    q, k, v = (torch.randn(T, h, D, generator=g) for h in (Hq, Hkv, Hkv))
+    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    rows = torch.arange(T)
+    mask = (rows[None, :] <= rows[:, None]) & (seg[None, :] == seg[:, None])
+    want = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
+                                          scale=0.3, enable_gqa=True).transpose(0, 1)
+    torch.testing.assert_close(attention_packed(q, k, v, lengths, 0.3), want)
+    with pytest.raises(AssertionError):
+        attention_packed(q, k, v, lengths[:-1], 0.3)
