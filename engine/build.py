@@ -36,7 +36,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     else:
         loaded = load_folder(src.path, dev, dtype, max_seq_len)
     runner = ModelRunner(loaded.model, loaded.model.cos_sin.shape[0])
-    phases = {"load_s": time.perf_counter() - t0}
+    t_loaded = time.perf_counter()
 
     speculator, draft_name = None, None
     draft_spec = draft
@@ -61,17 +61,19 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
             draft_src = resolve(draft_spec, log=say, what="draft")
             draft_path, draft_name = draft_src.path, draft_src.name
         speculator = build_speculator(draft_path, runner, loaded.config, draft_steps, src.name)
-    t1 = time.perf_counter()
-    phases["draft_s"] = t1 - t0 - phases["load_s"]
+    t_draft = time.perf_counter()
+    t_target_graphs = t_draft
     if use_graphs and dev.type == "cuda":
         say("capturing CUDA graphs", 0.8)
         runner.capture([1] + ([speculator.k + 1] if speculator else []))
-        phases["target_graphs_s"] = time.perf_counter() - t1
+        t_target_graphs = time.perf_counter()
         if speculator is not None:
             speculator.capture()
     engine = cls(runner, loaded.tokenizer, src.name, speculator, draft_name)
-    engine.load_s = time.perf_counter() - t0
-    phases["capture_s"] = engine.load_s - t1 + t0
-    engine.load_phases = {k: round(v, 3) for k, v in phases.items()}
+    t_end = time.perf_counter()
+    engine.load_s = t_end - t0
+    engine.load_phases = {k: round(v, 3) for k, v in (
+        ("load_s", t_loaded - t0), ("draft_s", t_draft - t_loaded),
+        ("target_graphs_s", t_target_graphs - t_draft), ("capture_s", t_end - t_draft))}
     say("ready", 1.0)
     return engine

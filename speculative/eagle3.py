@@ -100,7 +100,6 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(dc.draft_vocab_size, dtype=torch.long))
         self.register_buffer("cos_sin", rope_cos_sin(dc.layer_config(target_cfg), max_len), persistent=False)
         self.ops = ops  # inference kernels: Ops.for_device (Triton on CUDA); None: plain torch (training)
-        self.attention_kernel = ops.attention if ops is not None else None
         self.fused = FUSED_DRAFT and ops is not None and ops.rope_and_cache is not None
 
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
@@ -115,7 +114,8 @@ class Eagle3Draft(nn.Module):
                                                       kv.k[0], kv.v[0], self.ops, self.norm)
             return self.lm_head(normed).float(), out
         cos_sin = self.cos_sin.index_select(0, positions)
-        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], self.attention_kernel)
+        kernel = self.ops.attention if self.ops is not None else None  # Triton on CUDA
+        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel)
         return self.lm_head(self.norm(out)).float(), out
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
