@@ -130,7 +130,8 @@ def cmd_bench(args) -> int:
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
     report.update(copy_bandwidth_GBps=bw / 1e9, weight_bytes=weight_bytes,
                   bandwidth_limit_tok_s=bw / weight_bytes if bw else None)
-    prompts = bench_prompts(engine, args)
+    prompts, report["prompt_set"] = bench_prompts(engine, args)
+    report["prompts"] = len(prompts)
     runs = {"plain": [], "spec": []}
     for ids in prompts:
         time_decode(engine, ids, 8, speculative=False)  # warm-up
@@ -166,7 +167,8 @@ def cmd_bench(args) -> int:
 
 
 def _table(r: dict) -> str:
-    rows = [("startup (load + capture)", f"{r['startup_s']:.2f} s"),
+    rows = [("prompts", f"{r['prompts']}: {r['prompt_set']}"),
+            ("startup (load + capture)", f"{r['startup_s']:.2f} s"),
             ("plain decode", f"{r['plain']['decode_tok_s']:.1f} tok/s"),
             ("plain TTFT", f"{r['plain']['ttft_s'] * 1000:.1f} ms")]
     if r.get("bandwidth_limit_tok_s"):

@@ -155,14 +155,23 @@ def _kernels():
     return split_kernel, reduce_kernel
 
 
+MAX_INVARIANT_ROWS = 16  # the longest verify step (15 draft tokens + 1) of batch-invariant mode
+
+
 def decode_attention(
     q: torch.Tensor,  # (T, Hq, D), last dim contiguous
     k_cache: torch.Tensor,  # (S_max, Hkv, D), holds the new rows already
     v_cache: torch.Tensor,  # (S_max, Hkv, D)
     positions: torch.Tensor,  # (T,) int32/int64 on q's device; row t sees cache rows 0..positions[t]
     scale: float,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
+
+    invariant: one tile shape for every row count up to MAX_INVARIANT_ROWS, so a row's bits do
+    not depend on how many rows came with it (a verify row equals the decode step of its
+    token). Otherwise the tile follows the row count: on the H200 a 16-row step of a 3-group
+    model (a 64-row tile, 8 warps) differed from the 1-row step in the last bits.
 
     CUDA (or the Triton interpreter). No host sync; graph-capturable. Allocates fp32
     partials of (T, Hq, S_max / split_size, D) from the caching allocator on each call.
@@ -178,7 +187,7 @@ def decode_attention(
     part_o = torch.empty((num_rows, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((num_rows, num_heads, num_splits), dtype=torch.float32, device=q.device)
     out = torch.empty((num_rows, num_heads, head_dim), dtype=q.dtype, device=q.device)
-    block_m = max(16, next_pow2(num_rows * group))  # tl.dot needs >= 16 rows
+    block_m = max(16, next_pow2((MAX_INVARIANT_ROWS if invariant else num_rows) * group))  # tl.dot: >= 16
     block_d = max(16, next_pow2(head_dim))
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
     split_kernel[(num_kv_heads, num_splits)](

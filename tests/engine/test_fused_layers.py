@@ -238,11 +238,7 @@ def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, tiles, f
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("use_graphs", [False, True])
-@pytest.mark.parametrize("fuse_invariant", [
-    False,  # what speculation runs
-    pytest.param(True, marks=pytest.mark.xfail(reason="the fused invariant kernels differed in the last bits "
-                                                      "for the Llama shape on the H200 (session 3); see ops.FUSE_INVARIANT")),
-])
+@pytest.mark.parametrize("fuse_invariant", [True, False])  # what speculation runs; the unfused invariant ops
 def test_fused_invariant_verify_rows_equal_decode_steps(arch, use_graphs, fuse_invariant, tiles, fused_calls,
                                                         monkeypatch):
     """Batch-invariant mode, end to end: each row of a 6-row and a 16-row step has exactly the

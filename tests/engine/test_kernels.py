@@ -164,6 +164,27 @@ def test_decode_attention(device, dtype, shape, kind, op):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (32, 8), (16, 16)])
+def test_decode_attention_invariant_rows(num_heads, num_kv_heads):
+    """invariant=True: each row of a 2..16-row call has the bits of the 1-row call for its
+    query (the verify step of speculation must reproduce plain decoding)."""
+    gen = torch.Generator().manual_seed(num_heads)
+    head_dim, max_seq_len, start = 64, 512, 300
+    q = torch.randn(16, num_heads, head_dim, generator=gen).cuda().bfloat16()
+    k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).cuda().bfloat16()
+    v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).cuda().bfloat16()
+    positions = torch.arange(start, start + 16, device="cuda")
+    singles = torch.cat([decode_attention(q[i:i + 1], k_cache, v_cache, positions[i:i + 1], 0.125, invariant=True)
+                         for i in range(16)])
+    for rows in (2, 6, 9, 16):
+        out = decode_attention(q[:rows], k_cache, v_cache, positions[:rows], 0.125, invariant=True)
+        assert torch.equal(out, singles[:rows]), rows
+    torch.testing.assert_close(singles, decode_attention_ref(q, k_cache, v_cache, positions, 0.125),
+                               **TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("op", ATTN_OPS)
 def test_decode_attention_graph_replay(op):
     """Captured once, replayed with new positions and cache contents: equals eager."""
