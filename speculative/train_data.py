@@ -163,16 +163,7 @@ def user_turns(messages) -> int:
 # --- tokens -------------------------------------------------------------------------------
 def format_conversation(tokenizer, messages) -> list[int]:
     """A whole conversation through the model's chat template, BOS handled like the engine's prompts."""
-    hf = tokenizer.hf
-    if hf.chat_template:
-        text = hf.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=False)
-    else:
-        text = "\n\n".join(m["content"] for m in messages)
-    ids = tokenizer.encode(text)
-    bos = hf.bos_token_id
-    if bos is not None and getattr(hf, "add_bos_token", False) and (not ids or ids[0] != bos):
-        ids = [bos] + ids
-    return ids
+    return tokenizer.with_bos(tokenizer.encode(tokenizer.render(list(messages), add_generation_prompt=False)))
 
 
 def tokenize(tokenizer, convs: list[Conversation], seq_len: int) -> list[Sequence]:
