@@ -22,6 +22,10 @@ from .config import DraftConfig
 FUSED_DRAFT = os.environ.get("LOCALCHAT_FUSED_DRAFT", "1") != "0"
 
 
+def _plain(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    return linear(x)
+
+
 class Eagle3Layer(nn.Module):
     """Attention reads [input_layernorm(embed(token)), hidden_norm(h)], 2H wide."""
 
@@ -70,15 +74,16 @@ class Eagle3Layer(nn.Module):
         normed_h, _ = ops.add_rms_norm(hidden, None, self.hidden_norm.weight, eps)
         residual = normed_h if self.norm_before_residual else hidden
         normed_e, _ = ops.add_rms_norm(embeds, None, self.input_layernorm.weight, self.input_layernorm.eps)
-        qkv = self.self_attn.qkv_proj(torch.cat([normed_e, normed_h], dim=-1))
+        lin = ops.row_linear or _plain  # our M = 1 GEMV for a draft step (faster than cuBLAS there)
+        qkv = lin(torch.cat([normed_e, normed_h], dim=-1), self.self_attn.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
                                v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
         o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention)
-        attn_out = self.self_attn.o_proj(o.reshape(T, self.q_size))
+        attn_out = lin(o.reshape(T, self.q_size), self.self_attn.o_proj)
         normed, h = ops.add_rms_norm(attn_out, residual, self.post_attention_layernorm.weight,
                                      self.post_attention_layernorm.eps)
-        mlp_out = self.mlp.down_proj(ops.silu_and_mul(self.mlp.gate_up_proj(normed)))
+        mlp_out = lin(ops.silu_and_mul(lin(normed, self.mlp.gate_up_proj)), self.mlp.down_proj)
         normed_out, out = ops.add_rms_norm(mlp_out, h, final_norm.weight, final_norm.eps)
         return normed_out, out
 
@@ -110,7 +115,7 @@ class Eagle3Draft(nn.Module):
         if self.fused:
             normed, out = self.midlayer.fused_forward(embed(input_ids), hidden, positions, start_pos, self.cos_sin,
                                                       kv.k[0], kv.v[0], self.ops, self.norm)
-            return self.lm_head(normed).float(), out
+            return (self.ops.row_linear or _plain)(normed, self.lm_head).float(), out
         cos_sin = self.cos_sin.index_select(0, positions)
         kernel = self.ops.attention if self.ops is not None else None  # Triton on CUDA
         out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel)

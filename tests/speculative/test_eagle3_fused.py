@@ -40,9 +40,10 @@ def _ops():
     from engine.kernels.attention import decode_attention
     from engine.kernels.norm import add_rms_norm
     from engine.kernels.rope import rope_and_cache
-    from engine.ops import Ops
+    from engine.ops import BatchInvariance, Ops
 
-    return Ops(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention)
+    inv = BatchInvariance()  # off, as in a draft's Ops.for_device: its 1-row GEMV for single-token steps
+    return Ops(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention, inv.row_linear, inv.linear, inv)
 
 
 def _assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
@@ -79,7 +80,7 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
         d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), max_len).to(dev)
     assert drafts[0].fused and not drafts[1].fused
     monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", False)
-    assert not Eagle3Draft(dc, TARGET, max_len, _ops()).fused  # off by default (see FUSED_DRAFT)
+    assert not Eagle3Draft(dc, TARGET, max_len, _ops()).fused  # the switch (LOCALCHAT_FUSED_DRAFT=0) turns it off
     assert drafts[0].midlayer.norm_before_residual == norm_before_residual
     embed = torch.nn.Embedding(TARGET.vocab_size, TARGET.hidden_size).to(dev, dtype)
     caches = [KVCache(1, max_len, dc.num_kv_heads, dc.head_dim, dtype, dev) for _ in drafts]
