@@ -13,6 +13,7 @@ from engine.sampling import probabilities, sample_from
 
 from .draft_graphs import DraftGraphs
 from .eagle3 import Eagle3Draft
+from . import sampled_loop
 from .greedy_loop import GreedyIteration
 from .verify import accept_drafts
 
@@ -31,6 +32,7 @@ class Eagle3Speculator:
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
         self.fused = GreedyIteration(self, runner)  # greedy without a penalty: one graph an iteration
+        self.sampled = sampled_loop.SampledIteration(self, runner)  # temperature only: the same
 
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
@@ -64,6 +66,9 @@ class Eagle3Speculator:
         if state.params.is_greedy and state.seen is None and self.force_accept is None:
             yield from self._fused_tokens(runner, state, d_logits, d_hidden)
             return
+        if sampled_loop.supports(state.params, state) and self.force_accept is None:
+            yield from self._sampled_tokens(runner, state, d_logits, d_hidden)
+            return
         while True:
             n = state.kv_len
             if n + k + 1 > runner.max_len:
@@ -90,16 +95,35 @@ class Eagle3Speculator:
             yield out
 
     def _fused_tokens(self, runner, state, d_logits, d_hidden) -> Iterator[list[int]]:
-        """The greedy loop: the first k drafts here, then one GreedyIteration per verify step.
-        With a graph, the iteration after the next is queued before the host reads a result
-        (it needs nothing from the host), whenever it surely fits in the context."""
-        k, it = self.k, self.fused
+        """The greedy loop: the first k drafts here, then one GreedyIteration per verify step."""
         n = state.kv_len
-        if n + k + 1 > runner.max_len:
+        if n + self.k + 1 > runner.max_len:
             yield from plain_steps(runner, state)
             return
         drafts, _ = self._draft_chain(d_logits, d_hidden, n, state)
-        it.start(n, state.tokens[n], drafts)
+        self.fused.start(n, state.tokens[n], drafts)
+        yield from self._iterations(runner, state, self.fused)
+
+    def _sampled_tokens(self, runner, state, d_logits, d_hidden) -> Iterator[list[int]]:
+        """Temperature sampling: the first k drafts here, then one SampledIteration per verify
+        step (its graph captured on first use)."""
+        n = state.kv_len
+        if n + self.k + 1 > runner.max_len:
+            yield from plain_steps(runner, state)
+            return
+        it = self.sampled
+        if self.graphs is not None:  # graphs on (CUDA): capture on first use, before start(),
+            it.capture(n)  # since its warm-up runs move the iteration's state
+        drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
+        it.start(n, state.tokens[n], drafts, q, state.params.temperature, state.generator)
+        yield from self._iterations(runner, state, it)
+
+    def _iterations(self, runner, state, it) -> Iterator[list[int]]:
+        """Runs a started whole-iteration loop (GreedyIteration or SampledIteration) to the end
+        of the context, then plain steps. With a graph, the iteration after the next is queued
+        before the host reads a result (it needs nothing from the host), whenever it surely fits
+        in the context."""
+        k, n = self.k, state.kv_len
         if it.graph is None:  # eager: one iteration at a time
             while n + k + 1 <= runner.max_len:
                 out, n = self._fused_step(it.run(), n, state)

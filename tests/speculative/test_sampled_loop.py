@@ -1,0 +1,117 @@
+"""Temperature sampling with speculation through SampledIteration: the target's distribution,
+reproducible with a seed, and its acceptance rule equal to verify.rejection_accept."""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import speculative.sampled_loop as sampled_loop
+from engine.engine import Engine
+from engine.types import SamplingParams
+from speculative.verify import rejection_accept
+from tests.speculative.heads import head_tensors, write_head
+from tests.tiny import make_tiny_model, read_config
+
+PROMPT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
+
+
+def test_accept_with_draws_is_rejection_accept_with_its_draws():
+    """Given the random numbers rejection_accept would draw, the graph-safe rule gives the same
+    accepted count and next token, over many random distributions."""
+    g = torch.Generator().manual_seed(0)
+    k, V = 4, 12
+    for trial in range(300):
+        p = torch.softmax(torch.randn(k + 1, V, generator=g) * 2, -1)
+        q = torch.softmax(torch.randn(k, V, generator=g) * 2, -1)
+        if trial % 3 == 0:
+            q[:, 5] = 0.0  # tokens the draft never proposes
+            q = q / q.sum(-1, keepdim=True)
+        drafts = torch.stack([torch.multinomial(q[i], 1, generator=g)[0] for i in range(k)])
+        seed = 1000 + trial
+        want = rejection_accept(drafts, q, p, torch.Generator().manual_seed(seed))
+        draws = torch.Generator().manual_seed(seed)
+        u = torch.rand(k, generator=draws)
+        e = torch.empty(V).exponential_(1.0, generator=draws)
+        got = sampled_loop.accept_with_draws(drafts, q, p, u, e)
+        assert (int(got[0]), int(got[1])) == (int(want[0]), int(want[1]))
+
+
+@pytest.fixture(scope="module")
+def coin(tmp_path_factory):
+    """A target that after token A says B or C with equal probability, and A after either:
+    B's and C's lm_head rows are the same, so their logits tie exactly in every context."""
+    base = tmp_path_factory.mktemp("coin")
+    src = make_tiny_model(base / "src", "llama", num_layers=4, seed=3)
+    probe = Engine.load(str(src), device="cpu")
+    last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
+    a, b, c = 40, 41, 42
+    dst = base / "target"
+    shutil.copytree(src, dst)
+    sd = load_file(dst / "model.safetensors")
+    for name in list(sd):
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            sd[name] = torch.zeros_like(sd[name])
+    emb = sd["model.embed_tokens.weight"]
+    e = emb / emb.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    head = 0.5 * e.clone()
+    head[a] += 2 * (e[last] + e[b] + e[c])
+    head[b] += 2 * e[a]
+    head[c] = head[b]
+    sd["lm_head.weight"] = head
+    sd["model.norm.weight"] = torch.ones_like(sd["model.norm.weight"])
+    save_file(sd, dst / "model.safetensors")
+    cfg = read_config(src)
+    t = head_tensors(64, 64, 3, cfg["vocab_size"], 1, seed=2)  # a one-token draft vocabulary: always B
+    t["d2t"] = torch.tensor([b])
+    head_dir = write_head(base / "head", cfg, "sglang", t, 64, (1, 2, 3))
+    eng = Engine.load(str(dst), draft=str(head_dir), device="cpu", draft_steps=4)
+    eng.tokenizer.eos_token_ids = frozenset()
+    return eng, (a, b, c)
+
+
+def _run(engine, speculative, **kw):
+    engine.reset()
+    ids = engine.tokenizer.apply_chat_template(PROMPT)
+    events = list(engine.stream_ids(ids, SamplingParams(**kw), speculative=speculative))
+    return [t for ev in events for t in ev.token_ids], events[-1].stats
+
+
+def test_a_draft_that_always_says_b_still_gives_b_half_the_time(coin, monkeypatch):
+    engine, (a, b, c) = coin
+    bodies = []
+    real = sampled_loop.SampledIteration._body
+    monkeypatch.setattr(sampled_loop.SampledIteration, "_body", lambda self, n=None: bodies.append(n) or real(self, n))
+    counts = {}
+    for speculative in (False, True):
+        picks = []
+        for seed in range(6):
+            out, stats = _run(engine, speculative, max_tokens=64, temperature=1.0, seed=seed)
+            assert len(out) == 64 and set(out[0::2]) == {a} and set(out[1::2]) <= {b, c}
+            picks += out[1::2]
+        counts[speculative] = picks.count(b) / len(picks)
+    assert bodies, "temperature-only speculation did not run SampledIteration"
+    # 192 coin flips each: 0.5 +- 0.036; a draft-biased rule would give B almost always.
+    assert 0.35 < counts[False] < 0.65 and 0.35 < counts[True] < 0.65, counts
+    # From A the draft's B is kept half the time (2 tokens), else C comes (1), then A (1): 4/3.
+    assert 1.15 < stats.accept_len_mean < 1.55, stats.accept_len_mean
+
+
+def test_temperature_sampling_is_reproducible_and_takes_the_iteration(tmp_path, monkeypatch):
+    target = make_tiny_model(tmp_path / "t", "qwen3", num_layers=2, seed=4)
+    cfg = read_config(target)
+    head = write_head(tmp_path / "h", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=4),
+                      64, (0, 1, 2))
+    e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=3)
+    e.tokenizer.eos_token_ids = frozenset()
+    bodies = []
+    real = sampled_loop.SampledIteration._body
+    monkeypatch.setattr(sampled_loop.SampledIteration, "_body", lambda self, n=None: bodies.append(n) or real(self, n))
+    a, _ = _run(e, True, max_tokens=50, temperature=0.7, seed=5)
+    b, _ = _run(e, True, max_tokens=50, temperature=0.7, seed=5)
+    c, _ = _run(e, True, max_tokens=50, temperature=0.7, seed=6)
+    assert a == b and len(a) == 50 and a != c and len(bodies) > 10
+    bodies.clear()
+    _run(e, True, max_tokens=20, temperature=0.7, top_p=0.9, seed=5)  # top-p: the step-by-step loop
+    assert not bodies
