@@ -39,6 +39,47 @@ def probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return probs
 
 
+class SamplingTensors:
+    """A request's sampling parameters as device tensors, so one captured graph serves every
+    value: temperature, top_k (V: off), top_p (2.0: off), min_p (0.0: off)."""
+
+    def __init__(self, device: torch.device):
+        self.temperature = torch.ones((), dtype=torch.float32, device=device)
+        self.top_k = torch.zeros((), dtype=torch.long, device=device)
+        self.top_p = torch.full((), 2.0, dtype=torch.float32, device=device)
+        self.min_p = torch.zeros((), dtype=torch.float32, device=device)
+
+    def set(self, p: SamplingParams, vocab: int) -> None:
+        self.temperature.fill_(p.temperature)
+        self.top_k.fill_(p.top_k if 0 < p.top_k < vocab else vocab)
+        self.top_p.fill_(p.top_p if p.top_p < 1.0 else 2.0)
+        self.min_p.fill_(p.min_p)
+
+
+def filtered(p: SamplingParams) -> bool:
+    """Whether top-k, top-p or min-p cut the distribution (probabilities_t's sorting pass)."""
+    return p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0
+
+
+def probabilities_t(logits: torch.Tensor, t: SamplingTensors, cut: bool) -> torch.Tensor:
+    """probabilities() with the parameters in device tensors and no branch on their values
+    (graph-safe). cut=False: temperature only (the request has no top-k/top-p/min-p)."""
+    logits = logits / t.temperature
+    if not cut:
+        return torch.softmax(logits, dim=-1)
+    vocab = logits.shape[-1]
+    kth = torch.sort(logits, dim=-1, descending=True).values.index_select(-1, (t.top_k.clamp(1, vocab) - 1).view(1))
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= t.top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    probs = probs.masked_fill(drop, 0.0)
+    probs = probs / probs.sum(-1, keepdim=True)
+    probs = probs.masked_fill(probs < t.min_p * probs.amax(-1, keepdim=True), 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Draws one token per row. Exponential race (argmax p/E, E ~ Exp(1)) equals multinomial
     sampling and needs no host sync."""

@@ -1,14 +1,17 @@
-"""SampledIteration: one whole EAGLE-3 iteration with temperature sampling (verify, speculative
-sampling, draft-extend, the next k sampled drafts) over static device buffers, captured as one
-CUDA graph: the sampled counterpart of GreedyIteration (greedy_loop.py).
+"""SampledIteration: one whole EAGLE-3 iteration with sampling (verify, speculative sampling,
+draft-extend, the next k sampled drafts) over static device buffers, captured as one CUDA graph:
+the sampled counterpart of GreedyIteration (greedy_loop.py).
 
-It serves temperature-only sampling (no top-k, top-p, min-p or repetition penalty; those keep the
-step-by-step loop in speculator.py). The temperature lives in a device tensor, so one graph serves
-every temperature. A graph holds no random number generator: before each replay the host fills
+It serves sampling with temperature, top-k, top-p and min-p (a repetition penalty keeps the
+step-by-step loop in speculator.py). The parameters live in device tensors (SamplingTensors), so
+one graph serves every value; there are two graphs, one for temperature alone and one with the
+sorting pass the cuts need (engine/sampling.probabilities_t). A graph holds no random number
+generator: before each replay the host fills
 static buffers from the request's generator (uniforms for the acceptance tests, Exp(1) variates
 for the residual draw and for the k draft draws), so with a seed the graph and the eager body
-produce the same tokens. The graph is captured on first use, with its warm-up runs writing only
-at the end of the caches (see capture()).
+produce the same tokens. Each graph is captured on first use, with its warm-up runs writing
+only at the end of the caches, and kept only if one replay equals the eager body (see capture());
+otherwise speculator.py keeps its step-by-step loop for that kind of sampling.
 
 State carried between replays, on the device:
     n      () the target cache length before this iteration's verify
@@ -23,12 +26,12 @@ import torch
 
 from engine.batch import ForwardBatch
 from engine.graphs import capture
+from engine.sampling import SamplingTensors, filtered, probabilities_t
 
 
 def supports(params, state) -> bool:
     """Whether a request's sampling is what this iteration computes."""
-    return (not params.is_greedy and params.top_k == 0 and params.top_p == 1.0 and params.min_p == 0.0
-            and params.repetition_penalty == 1.0 and state.seen is None)
+    return not params.is_greedy and params.repetition_penalty == 1.0 and state.seen is None
 
 
 def accept_with_draws(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u: torch.Tensor,
@@ -55,7 +58,8 @@ class SampledIteration:
         self.n = torch.zeros((), dtype=torch.long, device=dev)
         self.ids = torch.zeros(k + 1, dtype=torch.long, device=dev)
         self.q = torch.zeros(k, V, dtype=torch.float32, device=dev)
-        self.temperature = torch.ones((), dtype=torch.float32, device=dev)
+        self.params = SamplingTensors(dev)
+        self.cut = False  # the request has top-k, top-p or min-p: the graph with the sorting pass
         self.u = torch.zeros(k, dtype=torch.float32, device=dev)
         self.e_residual = torch.ones(V, dtype=torch.float32, device=dev)
         self.e_drafts = torch.ones(k, V, dtype=torch.float32, device=dev)
@@ -65,36 +69,65 @@ class SampledIteration:
         self.last_pos = runner.max_len - 1
         self.draft_rows = torch.arange(spec.draft.d2t.shape[0], device=dev)
         self.generator: torch.Generator | None = None
-        self.graph = None
+        self.graphs: dict[bool, torch.cuda.CUDAGraph | None] = {False: None, True: None}
         self.reader = None
-        self._capture_failed = False
+        self._capture_failed = {False: False, True: False}
+
+    @property
+    def graph(self):
+        """The captured graph for the selected request's kind of sampling, or None (eager)."""
+        return self.graphs[self.cut]
+
+    def select(self, params) -> None:
+        """Takes a request's sampling parameters (before capture() and start())."""
+        self.cut = filtered(params)
+        self.params.set(params, self.runner.config.vocab_size)
 
     # --- the host side ------------------------------------------------------------------------
     def capture(self, kv_len: int) -> bool:
-        """Captures the graph (CUDA, once). Its warm-up runs execute the body for real, so they
-        run at the end of the caches, past anything valid (kv_len: the live conversation's cache
-        length). Returns whether a graph is ready."""
-        if self.graph is not None:
+        """Captures the selected kind's graph (CUDA, once). Its warm-up runs execute the body for
+        real, so they run at the end of the caches, past anything valid (kv_len: the live
+        conversation's cache length). Returns whether a graph is ready."""
+        cut = self.cut
+        if self.graphs[cut] is not None:
             return True
         scratch = self.runner.max_len - 3 * (self.k + 1)
-        if self.runner.device.type != "cuda" or self._capture_failed or kv_len + self.k + 1 >= scratch:
+        if self.runner.device.type != "cuda" or self._capture_failed[cut] or kv_len + self.k + 1 >= scratch:
             return False
         self.n.fill_(scratch)
         try:
             with torch.inference_mode():
-                self.graph, _ = capture(self._body, torch.cuda.graph_pool_handle())
-        except RuntimeError:  # out of memory, or an op that cannot be captured: stay eager
-            self._capture_failed = True
-            self.graph = None
-        return self.graph is not None
+                self.graphs[cut], _ = capture(self._body, torch.cuda.graph_pool_handle())
+                ok = self._replay_equals_eager()
+        except RuntimeError:  # out of memory, or an op that cannot be captured
+            ok = False
+        if not ok:  # the caller keeps the step-by-step loop for this kind of sampling
+            self._capture_failed[cut] = True
+            self.graphs[cut] = None
+        return ok
 
-    def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor, temperature: float,
+    def _replay_equals_eager(self) -> bool:
+        """One replay against one eager run of the body from the same state and draws (the
+        warm-ups left a valid state at the caches' end): a graph that computes anything else
+        is never used."""
+        self.u.fill_(0.5)
+        self.e_residual.fill_(1.0)
+        self.e_drafts.fill_(1.0)
+        state = [t.clone() for t in (self.n, self.ids, self.q)]
+        self.graph.replay()
+        replayed = [t.clone() for t in (self.result, self.n, self.ids, self.q)]
+        for t, saved in zip((self.n, self.ids, self.q), state):
+            t.copy_(saved)
+        self._body(int(self.n))
+        eager = (self.result, self.n, self.ids, self.q)
+        return all(torch.equal(a, b) for a, b in zip(replayed, eager))
+
+    def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor,
               generator: torch.Generator | None) -> None:
         self.n.fill_(n)
         self.ids[0] = bonus
         self.ids[1:].copy_(drafts)
         self.q.copy_(q)
-        self.temperature.fill_(temperature)
         self.generator = generator
 
     def _draw(self) -> None:
@@ -136,7 +169,7 @@ class SampledIteration:
         spec, runner, model, k = self.spec, self.runner, self.runner.model, self.k
         torch.add(self.offsets, self.n, out=self.positions)
         out = model(ForwardBatch(self.ids, self.positions, start_pos=n), runner.kv, runner.aux_layer_ids)
-        p = torch.softmax(model.logits(out.hidden) / self.temperature, dim=-1)
+        p = probabilities_t(model.logits(out.hidden), self.params, self.cut)
         drafts = self.ids[1:]
         accepted, next_token = accept_with_draws(drafts, self.q, p, self.u, self.e_residual)
         self.result[0].copy_(accepted)
@@ -152,7 +185,7 @@ class SampledIteration:
         self.ids[0].copy_(next_token)
         targets = spec.draft.d2t + self.draft_rows  # draft id -> target id
         for s in range(k):
-            qd = torch.softmax(d_logits[-1] / self.temperature, dim=-1)
+            qd = probabilities_t(d_logits[-1:], self.params, self.cut)[0]  # over the draft vocabulary
             q = self.q[s]
             q.zero_()
             q.index_add_(0, targets, qd)

@@ -32,7 +32,7 @@ class Eagle3Speculator:
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
         self.fused = GreedyIteration(self, runner)  # greedy without a penalty: one graph an iteration
-        self.sampled = sampled_loop.SampledIteration(self, runner)  # temperature only: the same
+        self.sampled = sampled_loop.SampledIteration(self, runner)  # sampling without a penalty: the same
 
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
@@ -66,7 +66,7 @@ class Eagle3Speculator:
         if state.params.is_greedy and state.seen is None and self.force_accept is None:
             yield from self._fused_tokens(runner, state, d_logits, d_hidden)
             return
-        if sampled_loop.supports(state.params, state) and self.force_accept is None:
+        if sampled_loop.supports(state.params, state) and self.force_accept is None and self._sampled_ready(state):
             yield from self._sampled_tokens(runner, state, d_logits, d_hidden)
             return
         while True:
@@ -105,18 +105,24 @@ class Eagle3Speculator:
         yield from self._iterations(runner, state, self.fused)
 
     def _sampled_tokens(self, runner, state, d_logits, d_hidden) -> Iterator[list[int]]:
-        """Temperature sampling: the first k drafts here, then one SampledIteration per verify
-        step (its graph captured on first use)."""
+        """Sampling without a penalty: the first k drafts here, then one SampledIteration per
+        verify step (its graph captured on first use)."""
         n = state.kv_len
         if n + self.k + 1 > runner.max_len:
             yield from plain_steps(runner, state)
             return
         it = self.sampled
-        if self.graphs is not None:  # graphs on (CUDA): capture on first use, before start(),
-            it.capture(n)  # since its warm-up runs move the iteration's state
         drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
-        it.start(n, state.tokens[n], drafts, q, state.params.temperature, state.generator)
+        it.start(n, state.tokens[n], drafts, q, state.generator)
         yield from self._iterations(runner, state, it)
+
+    def _sampled_ready(self, state) -> bool:
+        """Selects the request's sampling in SampledIteration. With graphs (CUDA) it runs only
+        as a graph, captured on first use (before start(), since the warm-ups move its state);
+        where that fails, the step-by-step loop, which replays the verify and draft graphs, is
+        faster than the iteration's eager body."""
+        self.sampled.select(state.params)
+        return self.graphs is None or self.sampled.capture(state.kv_len)
 
     def _iterations(self, runner, state, it) -> Iterator[list[int]]:
         """Runs a started whole-iteration loop (GreedyIteration or SampledIteration) to the end

@@ -47,10 +47,11 @@ def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k, max_seq_len=1024):
 def test_spec_graph_equals_eager_500_tokens(tmp_path, tiny_models, fmt, use_aux):
     g, e = _spec_engines(tmp_path, tiny_models, fmt, use_aux, 4)
     ids = g.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
-    for temp in (0.0, 0.9):
-        p = SamplingParams(max_tokens=500, temperature=temp, seed=7)
+    # greedy, temperature alone, and with the cuts (the two SampledIteration graphs)
+    for kw in ({}, {"temperature": 0.9}, {"temperature": 0.9, "top_k": 40, "top_p": 0.9, "min_p": 0.01}):
+        p = SamplingParams(max_tokens=500, seed=7, **kw)
         a, b = _tokens(g, ids, p, True), _tokens(e, ids, p, True)
-        assert len(a) == 500 and a == b
+        assert len(a) == 500 and a == b, kw
     plain = _tokens(g, ids, SamplingParams(max_tokens=500), False)
     assert plain == _tokens(g, ids, SamplingParams(max_tokens=500), True)
 

@@ -78,7 +78,8 @@ def _run(engine, speculative, **kw):
     return [t for ev in events for t in ev.token_ids], events[-1].stats
 
 
-def test_a_draft_that_always_says_b_still_gives_b_half_the_time(coin, monkeypatch):
+@pytest.mark.parametrize("cut", [{}, {"top_k": 2, "top_p": 0.99}], ids=["temperature", "top-k+top-p"])
+def test_a_draft_that_always_says_b_still_gives_b_half_the_time(coin, monkeypatch, cut):
     engine, (a, b, c) = coin
     bodies = []
     real = sampled_loop.SampledIteration._body
@@ -87,31 +88,78 @@ def test_a_draft_that_always_says_b_still_gives_b_half_the_time(coin, monkeypatc
     for speculative in (False, True):
         picks = []
         for seed in range(6):
-            out, stats = _run(engine, speculative, max_tokens=64, temperature=1.0, seed=seed)
+            out, stats = _run(engine, speculative, max_tokens=64, temperature=1.0, seed=seed, **cut)
             assert len(out) == 64 and set(out[0::2]) == {a} and set(out[1::2]) <= {b, c}
             picks += out[1::2]
         counts[speculative] = picks.count(b) / len(picks)
-    assert bodies, "temperature-only speculation did not run SampledIteration"
+    assert bodies, "speculative sampling did not run SampledIteration"
     # 192 coin flips each: 0.5 +- 0.036; a draft-biased rule would give B almost always.
     assert 0.35 < counts[False] < 0.65 and 0.35 < counts[True] < 0.65, counts
     # From A the draft's B is kept half the time (2 tokens), else C comes (1), then A (1): 4/3.
     assert 1.15 < stats.accept_len_mean < 1.55, stats.accept_len_mean
 
 
-def test_temperature_sampling_is_reproducible_and_takes_the_iteration(tmp_path, monkeypatch):
-    target = make_tiny_model(tmp_path / "t", "qwen3", num_layers=2, seed=4)
+@pytest.fixture(scope="module")
+def random_pair(tmp_path_factory):
+    base = tmp_path_factory.mktemp("pair")
+    target = make_tiny_model(base / "t", "qwen3", num_layers=2, seed=4)
     cfg = read_config(target)
-    head = write_head(tmp_path / "h", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=4),
+    head = write_head(base / "h", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=4),
                       64, (0, 1, 2))
     e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=3)
     e.tokenizer.eos_token_ids = frozenset()
+    return e
+
+
+def test_sampling_is_reproducible_and_takes_the_iteration(random_pair, monkeypatch):
+    e = random_pair
     bodies = []
     real = sampled_loop.SampledIteration._body
     monkeypatch.setattr(sampled_loop.SampledIteration, "_body", lambda self, n=None: bodies.append(n) or real(self, n))
-    a, _ = _run(e, True, max_tokens=50, temperature=0.7, seed=5)
-    b, _ = _run(e, True, max_tokens=50, temperature=0.7, seed=5)
-    c, _ = _run(e, True, max_tokens=50, temperature=0.7, seed=6)
-    assert a == b and len(a) == 50 and a != c and len(bodies) > 10
-    bodies.clear()
-    _run(e, True, max_tokens=20, temperature=0.7, top_p=0.9, seed=5)  # top-p: the step-by-step loop
+    for cut in ({}, {"top_p": 0.9, "top_k": 50, "min_p": 0.02}):
+        a, _ = _run(e, True, max_tokens=50, temperature=0.7, seed=5, **cut)
+        b, _ = _run(e, True, max_tokens=50, temperature=0.7, seed=5, **cut)
+        c, _ = _run(e, True, max_tokens=50, temperature=0.7, seed=6, **cut)
+        assert a == b and len(a) == 50 and a != c and len(bodies) > 10
+        bodies.clear()
+    _run(e, True, max_tokens=20, temperature=0.7, repetition_penalty=1.2, seed=5)  # the step-by-step loop
     assert not bodies
+
+
+def test_top_k_1_sampling_with_speculation_is_greedy_decoding(random_pair):
+    """top-k 1 leaves one token with probability 1: the iteration must reproduce plain greedy
+    decoding token for token, whatever its random draws."""
+    e = random_pair
+    greedy, _ = _run(e, False, max_tokens=80)
+    for seed in (1, 2):
+        sampled, stats = _run(e, True, max_tokens=80, temperature=0.9, top_k=1, seed=seed)
+        assert sampled == greedy
+    assert stats.verify_steps > 0
+
+
+def test_a_graph_is_kept_only_when_its_replay_equals_the_eager_body(random_pair):
+    """capture()'s self-check on CPU, with stand-in graphs: one that runs the eager body is kept,
+    one whose replay computes something else is refused."""
+    e = random_pair
+    it = e.speculator.sampled
+    it.select(SamplingParams(temperature=0.8, top_p=0.9))
+    it.n.fill_(e.runner.max_len - 3 * (it.k + 1))
+    it.ids.copy_(torch.tensor([5, 6, 7, 8]))
+    it.q.fill_(1.0 / it.q.shape[1])
+
+    class Graph:
+        def __init__(self, wrong):
+            self.wrong = wrong
+
+        def replay(self):
+            it._body(int(it.n))
+            if self.wrong:
+                it.ids[2] += 1
+
+    try:
+        for wrong in (False, True):
+            it.graphs[it.cut] = Graph(wrong)
+            with torch.inference_mode():
+                assert it._replay_equals_eager() is (not wrong)
+    finally:
+        it.graphs[it.cut] = None
