@@ -22,7 +22,13 @@ from engine.graphs import capture
 from .verify import greedy_accept
 
 
-class GreedyIteration:
+class WholeIteration:
+    """What the whole-iteration graphs share: the state carried between replays, the host side
+    (queue / take / drain with a ReadAhead, or eager run()), and the verify and draft-extend
+    halves of the body. Subclasses write _body() and may draw inputs in _prepare()."""
+
+    graph = None  # the captured graph (subclasses), None: eager
+
     def __init__(self, spec, runner):
         self.spec, self.runner = spec, runner
         k, dev = spec.k, runner.device
@@ -31,17 +37,17 @@ class GreedyIteration:
         self.ids = torch.zeros(k + 1, dtype=torch.long, device=dev)
         self.result = torch.zeros(k + 2, dtype=torch.long, device=dev)
         self.offsets = torch.arange(k + 1, dtype=torch.long, device=dev)
-        self.rows = self.offsets.clone()
         self.positions = self.offsets.clone()
         self.last_pos = runner.max_len - 1
-        self.graph = None
         self.reader = None
 
-    def capture(self) -> None:
-        if self.runner.device.type != "cuda":
-            return
-        with torch.inference_mode():
-            self.graph, _ = capture(self._body, torch.cuda.graph_pool_handle())
+    # --- the host side ------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Before each iteration, on the stream (the sampled one draws its random numbers)."""
+
+    def _replay(self) -> None:
+        self._prepare()
+        self.graph.replay()
 
     def queue(self) -> None:
         """Queues one iteration on the graph (CUDA); its result comes from take()."""
@@ -49,7 +55,7 @@ class GreedyIteration:
             from engine.read_ahead import ReadAhead
 
             self.reader = ReadAhead(self.result)
-        self.reader.queue(self.graph.replay)
+        self.reader.queue(self._replay)
 
     def take(self) -> list[int]:
         return self.reader.take()
@@ -62,10 +68,62 @@ class GreedyIteration:
     def run(self) -> list[int]:
         """One iteration; returns [a, next_token, d_1..d_k] (syncs once)."""
         if self.graph is not None:
-            self.graph.replay()
+            self._replay()
         else:  # eager: the host knows the lengths, so attention reads only the filled cache
+            self._prepare()
             self._body(int(self.n))
         return self.result.tolist()
+
+    # --- the device side ----------------------------------------------------------------------
+    def _body(self, n: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _verify(self, n: int | None):
+        """The target forward over [bonus, d_1..d_k] at n..n+k; returns its ForwardOutput."""
+        runner = self.runner
+        torch.add(self.offsets, self.n, out=self.positions)
+        return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n), runner.kv, runner.aux_layer_ids)
+
+    def _extend(self, out, accepted, next_token, n: int | None):
+        """Writes result, runs the draft-extend over the k+1 rows and moves n and the bonus on.
+        Returns (the draft's logits and state at the last accepted row, the next n when the
+        host knows it)."""
+        spec = self.spec
+        drafts = self.ids[1:]
+        self.result[0].copy_(accepted)
+        self.result[1].copy_(next_token)
+        self.result[2:].copy_(drafts)
+        # Row i pairs target state n+i with the token at n+i+1; rows past the accepted ones carry
+        # the next token and are never read.
+        window = torch.where(self.offsets < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
+        states = spec._target_states(out.aux_hidden, out.hidden)
+        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv, start_pos=n)
+        d_logits, d_hidden = logits.index_select(0, accepted.view(1)), hidden.index_select(0, accepted.view(1))
+        # The next iteration starts at n + a + 1 with the next token as its bonus.
+        self.n.add_(accepted + 1)
+        self.ids[0].copy_(next_token)
+        return d_logits, d_hidden, (None if n is None else n + int(accepted) + 1)
+
+    def _draft_step(self, tok, s: int, d_hidden, n_next: int | None):
+        """Draft step s + 1 of the next chain (its input: draft token s at n + s)."""
+        spec = self.spec
+        # Past the context the host switches to plain steps before using these drafts;
+        # clamping only keeps the writes inside the cache.
+        pos = (self.n + s).clamp_max(self.last_pos).view(1)
+        start = None if n_next is None else min(n_next + s, self.last_pos)
+        return spec.draft(tok, pos, d_hidden, False, spec.embed, spec.kv, start_pos=start)
+
+
+class GreedyIteration(WholeIteration):
+    def __init__(self, spec, runner):
+        super().__init__(spec, runner)
+        self.graph = None
+
+    def capture(self) -> None:
+        if self.runner.device.type != "cuda":
+            return
+        with torch.inference_mode():
+            self.graph, _ = capture(self._body, torch.cuda.graph_pool_handle())
 
     def start(self, n: int, bonus: int, drafts: torch.Tensor) -> None:
         self.n.fill_(n)
@@ -74,31 +132,11 @@ class GreedyIteration:
 
     def _body(self, n: int | None = None) -> None:
         """n: the cache length when the host knows it (eager), None inside the graph."""
-        spec, runner, model, k = self.spec, self.runner, self.runner.model, self.k
-        torch.add(self.offsets, self.n, out=self.positions)
-        out = model(ForwardBatch(self.ids, self.positions, start_pos=n), runner.kv, runner.aux_layer_ids)
-        choice = model.logits(out.hidden).argmax(-1)
-        drafts = self.ids[1:]
-        accepted, next_token = greedy_accept(drafts, choice)
-        self.result[0].copy_(accepted)
-        self.result[1].copy_(next_token)
-        self.result[2:].copy_(drafts)
-        # Draft-extend over the window of k+1 rows: row i pairs target state n+i with the token
-        # at n+i+1; rows past the accepted ones carry the next token and are never read.
-        window = torch.where(self.rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
-        states = spec._target_states(out.aux_hidden, out.hidden)
-        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv, start_pos=n)
-        d_logits, d_hidden = logits.index_select(0, accepted.view(1)), hidden.index_select(0, accepted.view(1))
-        # The next iteration starts at n + a + 1 with the next token as its bonus.
-        self.n.add_(accepted + 1)
-        n_next = None if n is None else n + int(accepted) + 1
-        self.ids[0].copy_(next_token)
-        for s in range(k):
-            tok = spec.draft.to_target_ids(d_logits[-1].argmax().view(1))
+        out = self._verify(n)
+        accepted, next_token = greedy_accept(self.ids[1:], self.runner.model.logits(out.hidden).argmax(-1))
+        d_logits, d_hidden, n_next = self._extend(out, accepted, next_token, n)
+        for s in range(self.k):
+            tok = self.spec.draft.to_target_ids(d_logits[-1].argmax().view(1))
             self.ids[s + 1].copy_(tok[0])
-            if s < k - 1:
-                # Past the context the host switches to plain steps before using these drafts;
-                # clamping only keeps the writes inside the cache.
-                pos = (self.n + s).clamp_max(self.last_pos).view(1)
-                start = None if n_next is None else min(n_next + s, self.last_pos)
-                d_logits, d_hidden = spec.draft(tok, pos, d_hidden, False, spec.embed, spec.kv, start_pos=start)
+            if s < self.k - 1:
+                d_logits, d_hidden = self._draft_step(tok, s, d_hidden, n_next)

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.batch import ForwardBatch
 from engine.graphs import capture
 from engine.sampling import SamplingTensors, filtered, probabilities_t
+
+from .greedy_loop import WholeIteration
 
 
 def supports(params, state) -> bool:
@@ -50,27 +51,19 @@ def accept_with_draws(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u:
     return accepted[0], (residual / e).argmax()
 
 
-class SampledIteration:
+class SampledIteration(WholeIteration):
     def __init__(self, spec, runner):
-        self.spec, self.runner = spec, runner
+        super().__init__(spec, runner)
         k, dev, V = spec.k, runner.device, runner.config.vocab_size
-        self.k = k
-        self.n = torch.zeros((), dtype=torch.long, device=dev)
-        self.ids = torch.zeros(k + 1, dtype=torch.long, device=dev)
         self.q = torch.zeros(k, V, dtype=torch.float32, device=dev)
         self.params = SamplingTensors(dev)
         self.cut = False  # the request has top-k, top-p or min-p: the graph with the sorting pass
         self.u = torch.zeros(k, dtype=torch.float32, device=dev)
         self.e_residual = torch.ones(V, dtype=torch.float32, device=dev)
         self.e_drafts = torch.ones(k, V, dtype=torch.float32, device=dev)
-        self.result = torch.zeros(k + 2, dtype=torch.long, device=dev)
-        self.offsets = torch.arange(k + 1, dtype=torch.long, device=dev)
-        self.positions = self.offsets.clone()
-        self.last_pos = runner.max_len - 1
         self.draft_rows = torch.arange(spec.draft.d2t.shape[0], device=dev)
         self.generator: torch.Generator | None = None
         self.graphs: dict[bool, torch.cuda.CUDAGraph | None] = {False: None, True: None}
-        self.reader = None
         self._capture_failed = {False: False, True: False}
 
     @property
@@ -130,68 +123,26 @@ class SampledIteration:
         self.q.copy_(q)
         self.generator = generator
 
-    def _draw(self) -> None:
+    def _prepare(self) -> None:
+        # Stream-ordered: these land after the previous replay has read the last draws.
         g = self.generator
         self.u.uniform_(generator=g)
         self.e_residual.exponential_(generator=g)
         self.e_drafts.exponential_(generator=g)
 
-    def queue(self) -> None:
-        if self.reader is None:
-            from engine.read_ahead import ReadAhead
-
-            self.reader = ReadAhead(self.result)
-        self.reader.queue(self._replay)
-
-    def _replay(self) -> None:
-        self._draw()  # stream-ordered: the draws land after the replay before this one has read them
-        self.graph.replay()
-
-    def take(self) -> list[int]:
-        return self.reader.take()
-
-    def drain(self) -> None:
-        if self.reader is not None:
-            self.reader.drain()
-
-    @torch.inference_mode()
-    def run(self) -> list[int]:
-        """One iteration; returns [a, next_token, d_1..d_k] (syncs once)."""
-        if self.graph is not None:
-            self._replay()
-        else:
-            self._draw()
-            self._body(int(self.n))
-        return self.result.tolist()
-
     # --- the device side --------------------------------------------------------------------
     def _body(self, n: int | None = None) -> None:
-        spec, runner, model, k = self.spec, self.runner, self.runner.model, self.k
-        torch.add(self.offsets, self.n, out=self.positions)
-        out = model(ForwardBatch(self.ids, self.positions, start_pos=n), runner.kv, runner.aux_layer_ids)
-        p = probabilities_t(model.logits(out.hidden), self.params, self.cut)
-        drafts = self.ids[1:]
-        accepted, next_token = accept_with_draws(drafts, self.q, p, self.u, self.e_residual)
-        self.result[0].copy_(accepted)
-        self.result[1].copy_(next_token)
-        self.result[2:].copy_(drafts)
-        rows = self.offsets
-        window = torch.where(rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
-        states = spec._target_states(out.aux_hidden, out.hidden)
-        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv, start_pos=n)
-        d_logits, d_hidden = logits.index_select(0, accepted.view(1)), hidden.index_select(0, accepted.view(1))
-        self.n.add_(accepted + 1)
-        n_next = None if n is None else n + int(accepted) + 1
-        self.ids[0].copy_(next_token)
-        targets = spec.draft.d2t + self.draft_rows  # draft id -> target id
-        for s in range(k):
+        out = self._verify(n)
+        p = probabilities_t(self.runner.model.logits(out.hidden), self.params, self.cut)
+        accepted, next_token = accept_with_draws(self.ids[1:], self.q, p, self.u, self.e_residual)
+        d_logits, d_hidden, n_next = self._extend(out, accepted, next_token, n)
+        targets = self.spec.draft.d2t + self.draft_rows  # draft id -> target id
+        for s in range(self.k):
             qd = probabilities_t(d_logits[-1:], self.params, self.cut)[0]  # over the draft vocabulary
             q = self.q[s]
             q.zero_()
             q.index_add_(0, targets, qd)
             tok = (q / self.e_drafts[s]).argmax().view(1)  # a draw from q (exponential race)
             self.ids[s + 1].copy_(tok[0])
-            if s < k - 1:
-                pos = (self.n + s).clamp_max(self.last_pos).view(1)
-                start = None if n_next is None else min(n_next + s, self.last_pos)
-                d_logits, d_hidden = spec.draft(tok, pos, d_hidden, False, spec.embed, spec.kv, start_pos=start)
+            if s < self.k - 1:
+                d_logits, d_hidden = self._draft_step(tok, s, d_hidden, n_next)

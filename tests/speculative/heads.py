@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 
 def head_tensors(hidden: int, target_hidden: int, num_aux: int, vocab: int, draft_vocab: int,
@@ -77,3 +78,26 @@ def write_head(folder: Path, target_cfg: dict, fmt: str, tensors: dict[str, torc
     (folder / "config.json").write_text(json.dumps(cfg, indent=1))
     save_file({k: v.contiguous() for k, v in names.items()}, str(folder / "model.safetensors"))
     return folder
+
+
+def markov_target(src, dst, edges: dict[int, int], ties: dict[int, int] | None = None):
+    """A target whose next token depends only on the current one: attention and MLP outputs are
+    zeroed, so lm_head reads the (normed) embedding; rows of lm_head encode `edges`, and every
+    other token repeats itself with a lower score. ties {t: u}: token t's row becomes u's, so the
+    two score exactly alike in every context."""
+    shutil.copytree(src, dst)
+    sd = load_file(dst / "model.safetensors")
+    for name in list(sd):
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            sd[name] = torch.zeros_like(sd[name])
+    emb = sd["model.embed_tokens.weight"]
+    e = emb / emb.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    head = 0.5 * e.clone()
+    for t, nxt in edges.items():
+        head[nxt] = head[nxt] + e[t] * 2
+    for t, u in (ties or {}).items():
+        head[t] = head[u]
+    sd["lm_head.weight"] = head
+    sd["model.norm.weight"] = torch.ones_like(sd["model.norm.weight"])
+    save_file(sd, dst / "model.safetensors")
+    return dst

@@ -1,15 +1,12 @@
 """Speculation is lossless: greedy output equals plain decoding for every draft format and mode."""
 
-import shutil
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from engine.engine import Engine
 from engine.errors import ModelLoadError
 from engine.types import SamplingParams
-from tests.speculative.heads import head_tensors, write_head
+from tests.speculative.heads import head_tensors, markov_target, write_head
 from tests.tiny import make_tiny_model, read_config
 
 PROMPT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
@@ -58,26 +55,6 @@ def test_greedy_speculation_equals_plain(tmp_path, targets, arch, fmt, use_aux, 
         assert 1.0 <= stats.accept_len_mean <= k + 1
 
 
-def _markov_target(src, dst, edges: dict[int, int]):
-    """A target whose next token depends only on the current one: attention and MLP outputs are
-    zeroed, so lm_head reads the (normed) embedding; rows of lm_head encode `edges`, and every
-    other token repeats itself with a lower score."""
-    shutil.copytree(src, dst)
-    sd = load_file(dst / "model.safetensors")
-    for name in list(sd):
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            sd[name] = torch.zeros_like(sd[name])
-    emb = sd["model.embed_tokens.weight"]
-    e = emb / emb.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
-    head = 0.5 * e.clone()
-    for t, nxt in edges.items():
-        head[nxt] = head[nxt] + e[t] * 2
-    sd["lm_head.weight"] = head
-    sd["model.norm.weight"] = torch.ones_like(sd["model.norm.weight"])
-    save_file(sd, dst / "model.safetensors")
-    return dst
-
-
 def _constant_draft(tmp_path, cfg, token: int):
     """A head whose logits are all equal, so it always proposes draft id 0 -> `token`."""
     t = head_tensors(64, 64, 3, cfg["vocab_size"], 16, seed=2)
@@ -100,7 +77,7 @@ def test_accepted_lengths_for_constructed_drafts(tmp_path, targets, mode):
         edges, draft_token = {last: a, a: b, b: a}, a
     else:  # a, b, a, b, ...; the draft says c, which never comes
         edges, draft_token = {last: a, a: b, b: a}, c
-    target = _markov_target(src, tmp_path / "target", edges)
+    target = markov_target(src, tmp_path / "target", edges)
     k = 4
     e = _engine(target, _constant_draft(tmp_path, cfg, draft_token), k)
     plain, _ = _run(e, False, n=64)
@@ -161,7 +138,7 @@ def test_speculation_runs_to_the_end_of_the_context_like_plain(tmp_path, targets
     last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
     a, b = 40, 41
     edges = {last: a, a: a} if mode == "full" else {last: a, a: b, b: a}
-    target = _markov_target(src, tmp_path / "target", edges)
+    target = markov_target(src, tmp_path / "target", edges)
     head = _constant_draft(tmp_path, cfg, a)
     n_prompt = len(probe.tokenizer.apply_chat_template(PROMPT))
     for room in (9, 10, 11, 12):  # tokens left in the context after the prompt, around k + 1

@@ -1,17 +1,14 @@
 """Temperature sampling with speculation through SampledIteration: the target's distribution,
 reproducible with a seed, and its acceptance rule equal to verify.rejection_accept."""
 
-import shutil
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import speculative.sampled_loop as sampled_loop
 from engine.engine import Engine
 from engine.types import SamplingParams
 from speculative.verify import rejection_accept
-from tests.speculative.heads import head_tensors, write_head
+from tests.speculative.heads import head_tensors, markov_target, write_head
 from tests.tiny import make_tiny_model, read_config
 
 PROMPT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
@@ -47,21 +44,7 @@ def coin(tmp_path_factory):
     probe = Engine.load(str(src), device="cpu")
     last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
     a, b, c = 40, 41, 42
-    dst = base / "target"
-    shutil.copytree(src, dst)
-    sd = load_file(dst / "model.safetensors")
-    for name in list(sd):
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            sd[name] = torch.zeros_like(sd[name])
-    emb = sd["model.embed_tokens.weight"]
-    e = emb / emb.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
-    head = 0.5 * e.clone()
-    head[a] += 2 * (e[last] + e[b] + e[c])
-    head[b] += 2 * e[a]
-    head[c] = head[b]
-    sd["lm_head.weight"] = head
-    sd["model.norm.weight"] = torch.ones_like(sd["model.norm.weight"])
-    save_file(sd, dst / "model.safetensors")
+    dst = markov_target(src, base / "target", {last: a, a: b, b: a, c: a}, ties={c: b})
     cfg = read_config(src)
     t = head_tensors(64, 64, 3, cfg["vocab_size"], 1, seed=2)  # a one-token draft vocabulary: always B
     t["d2t"] = torch.tensor([b])
