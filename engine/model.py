@@ -53,7 +53,7 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if batch.segment_ids is not None:
+        if batch.is_packed:
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
             o = attention_packed(q, k, v, batch.segment_lengths, self.scale).reshape(T, self.q_size)
             return self.o_proj(o)
@@ -111,7 +111,7 @@ class CausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, kv: KVCache, aux_layer_ids: tuple[int, ...] = ()) -> ForwardOutput:
         """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream)."""
-        fused_rope = self.ops.rope_and_cache is not None and batch.segment_ids is None
+        fused_rope = self.ops.rope_and_cache is not None and not batch.is_packed
         cos_sin = None if fused_rope else self.cos_sin.index_select(0, batch.positions)
         x, residual = self.model.embed_tokens(batch.input_ids), None
         captured: dict[int, torch.Tensor] = {}

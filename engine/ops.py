@@ -47,7 +47,7 @@ class Ops:
         """The kernels a decoder layer runs on x (T, H) for `batch`: the one place that picks
         fused norm/activation + projection launches (CUDA with Triton, bf16, a decode or verify
         step; see BatchInvariance.fused) or the unfused ops (CPU, prefill, packed forwards)."""
-        if self.fuse and self.invariance is not None and batch.segment_ids is None:
+        if self.fuse and self.invariance is not None and not batch.is_packed:
             fused = self.invariance.fused(x)
             if fused is not None:
                 return fused

@@ -22,10 +22,6 @@ from .config import DraftConfig
 FUSED_DRAFT = os.environ.get("LOCALCHAT_FUSED_DRAFT", "1") != "0"
 
 
-def _plain(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    return linear(x)
-
-
 class Eagle3Layer(nn.Module):
     """Attention reads [input_layernorm(embed(token)), hidden_norm(h)], 2H wide."""
 
@@ -74,7 +70,7 @@ class Eagle3Layer(nn.Module):
         normed_h, _ = ops.add_rms_norm(hidden, None, self.hidden_norm.weight, eps)
         residual = normed_h if self.norm_before_residual else hidden
         normed_e, _ = ops.add_rms_norm(embeds, None, self.input_layernorm.weight, self.input_layernorm.eps)
-        lin = ops.row_linear or _plain  # our M = 1 GEMV for a draft step (faster than cuBLAS there)
+        lin = ops.row_linear  # our M = 1 GEMV for a draft step (faster than cuBLAS there); cuBLAS otherwise
         qkv = lin(torch.cat([normed_e, normed_h], dim=-1), self.self_attn.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
@@ -103,7 +99,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(dc.draft_vocab_size, dtype=torch.long))
         self.register_buffer("cos_sin", rope_cos_sin(dc.layer_config(target_cfg), max_len), persistent=False)
         self.ops = ops  # inference kernels: Ops.for_device (Triton on CUDA); None: plain torch (training)
-        self.fused = FUSED_DRAFT and ops is not None and ops.rope_and_cache is not None
+        self.fused = FUSED_DRAFT and ops is not None and None not in (ops.rope_and_cache, ops.row_linear)
 
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
                 start_pos: int | None = None):
@@ -115,7 +111,7 @@ class Eagle3Draft(nn.Module):
         if self.fused:
             normed, out = self.midlayer.fused_forward(embed(input_ids), hidden, positions, start_pos, self.cos_sin,
                                                       kv.k[0], kv.v[0], self.ops, self.norm)
-            return (self.ops.row_linear or _plain)(normed, self.lm_head).float(), out
+            return self.ops.row_linear(normed, self.lm_head).float(), out
         cos_sin = self.cos_sin.index_select(0, positions)
         kernel = self.ops.attention if self.ops is not None else None  # Triton on CUDA
         out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel)

@@ -42,6 +42,14 @@ class WholeIteration:
         self.reader = None
 
     # --- the host side ------------------------------------------------------------------------
+    def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
+              generator: torch.Generator | None = None) -> None:
+        """The first iteration's inputs: the bonus token at n and the k drafts after it (q: the
+        distributions they were drawn from, and the request's generator, when sampling)."""
+        self.n.fill_(n)
+        self.ids[0] = bonus
+        self.ids[1:].copy_(drafts)
+
     def _prepare(self) -> None:
         """Before each iteration, on the stream (the sampled one draws its random numbers)."""
 
@@ -124,11 +132,6 @@ class GreedyIteration(WholeIteration):
             return
         with torch.inference_mode():
             self.graph, _ = capture(self._body, torch.cuda.graph_pool_handle())
-
-    def start(self, n: int, bonus: int, drafts: torch.Tensor) -> None:
-        self.n.fill_(n)
-        self.ids[0] = bonus
-        self.ids[1:].copy_(drafts)
 
     def _body(self, n: int | None = None) -> None:
         """n: the cache length when the host knows it (eager), None inside the graph."""

@@ -115,11 +115,9 @@ class SampledIteration(WholeIteration):
         eager = (self.result, self.n, self.ids, self.q)
         return all(torch.equal(a, b) for a, b in zip(replayed, eager))
 
-    def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor,
-              generator: torch.Generator | None) -> None:
-        self.n.fill_(n)
-        self.ids[0] = bonus
-        self.ids[1:].copy_(drafts)
+    def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
+              generator: torch.Generator | None = None) -> None:
+        super().start(n, bonus, drafts)
         self.q.copy_(q)
         self.generator = generator
 

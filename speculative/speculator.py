@@ -64,10 +64,10 @@ class Eagle3Speculator:
         d_logits, d_hidden = d_logits[-1:], d_hidden[-1:]
         self._seq = state.tokens[:state.kv_len + 1]
         if state.params.is_greedy and state.seen is None and self.force_accept is None:
-            yield from self._fused_tokens(runner, state, d_logits, d_hidden)
+            yield from self._whole_iterations(runner, state, self.fused, d_logits, d_hidden)
             return
         if sampled_loop.supports(state.params, state) and self.force_accept is None and self._sampled_ready(state):
-            yield from self._sampled_tokens(runner, state, d_logits, d_hidden)
+            yield from self._whole_iterations(runner, state, self.sampled, d_logits, d_hidden)
             return
         while True:
             n = state.kv_len
@@ -94,24 +94,13 @@ class Eagle3Speculator:
                 state.seen[torch.tensor(out, device=dev)] = True
             yield out
 
-    def _fused_tokens(self, runner, state, d_logits, d_hidden) -> Iterator[list[int]]:
-        """The greedy loop: the first k drafts here, then one GreedyIteration per verify step."""
+    def _whole_iterations(self, runner, state, it, d_logits, d_hidden) -> Iterator[list[int]]:
+        """The first k drafts here, then one `it` (GreedyIteration or SampledIteration) per
+        verify step."""
         n = state.kv_len
         if n + self.k + 1 > runner.max_len:
             yield from plain_steps(runner, state)
             return
-        drafts, _ = self._draft_chain(d_logits, d_hidden, n, state)
-        self.fused.start(n, state.tokens[n], drafts)
-        yield from self._iterations(runner, state, self.fused)
-
-    def _sampled_tokens(self, runner, state, d_logits, d_hidden) -> Iterator[list[int]]:
-        """Sampling without a penalty: the first k drafts here, then one SampledIteration per
-        verify step (its graph captured on first use)."""
-        n = state.kv_len
-        if n + self.k + 1 > runner.max_len:
-            yield from plain_steps(runner, state)
-            return
-        it = self.sampled
         drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
         it.start(n, state.tokens[n], drafts, q, state.generator)
         yield from self._iterations(runner, state, it)
