@@ -10,12 +10,12 @@ def _progress(msg: str, frac) -> None:
     print(f"[localchat] {msg}", file=sys.stderr, flush=True)
 
 
-def load_engine(args, quiet: bool = False):
+def load_engine(args, quiet: bool = False, defer_capture: bool = False):
     from engine import Engine
 
     return Engine.load(args.model, draft=args.draft, device=args.device, max_seq_len=args.max_seq_len,
                        draft_steps=args.draft_steps, use_graphs=not args.no_graphs,
-                       on_progress=None if quiet else _progress)
+                       on_progress=None if quiet else _progress, defer_capture=defer_capture)
 
 
 def sampling_from_args(args):
@@ -32,7 +32,8 @@ def cmd_run(args) -> int:
     if not args.prompt.strip():
         raise UserError("the prompt is empty")
     params = sampling_from_args(args)  # validate before the slow load
-    engine = load_engine(args, quiet=args.json)
+    # One answer: graphs it would not replay are not captured before its first token.
+    engine = load_engine(args, quiet=args.json, defer_capture=True)
     messages = ([{"role": "system", "content": args.system}] if args.system else [])
     messages.append({"role": "user", "content": args.prompt})
     text, ids, last = [], [], None

@@ -14,7 +14,7 @@ from .runner import ModelRunner
 
 
 def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq_len: int | None,
-                 draft_steps: int, use_graphs: bool, on_progress):
+                 draft_steps: int, use_graphs: bool, on_progress, defer_capture: bool = False):
     from .engine import pick_device
 
     def say(msg: str, frac: float | None = None) -> None:
@@ -65,7 +65,11 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     t_target_graphs = t_draft
     if use_graphs and dev.type == "cuda":
         say("capturing CUDA graphs", 0.8)
-        runner.capture([1] + ([speculator.k + 1] if speculator else []))
+        target_counts = [1] + ([speculator.k + 1] if speculator else [])
+        if defer_capture and speculator is not None:
+            runner.defer(target_counts)
+        else:
+            runner.capture(target_counts)
         t_target_graphs = time.perf_counter()
         if speculator is not None:
             speculator.capture()

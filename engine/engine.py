@@ -47,10 +47,14 @@ class Engine:
     @classmethod
     def load(cls, model: str, draft: str | None = None, device: str | None = None,
              max_seq_len: int | None = None, draft_steps: int = 5, use_graphs: bool = True,
-             on_progress: Progress | None = None) -> "Engine":
+             on_progress: Progress | None = None, defer_capture: bool = False) -> "Engine":
+        """defer_capture: with a draft, the target's own decode and verify graphs are captured on
+        first use instead of at load (a one-shot answer with greedy speculation never uses
+        them); the draft's graphs are captured at load either way."""
         from .build import build_engine
 
-        return build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress)
+        return build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress,
+                            defer_capture)
 
     def generate(self, messages: list[dict], params: SamplingParams = SamplingParams(), **kw) -> GenerationResult:
         text, ids, last = [], [], None
@@ -146,7 +150,7 @@ class Engine:
         new = torch.tensor(state.tokens[state.kv_len:], dtype=torch.long, device=runner.device)
         logits, _, _ = runner.forward(new, state.kv_len, all_logits=False)
         state.kv_len = len(state.tokens)
-        step = runner.graphs.get(1)
+        step = runner.graph(1, state.kv_len)
         if step is not None and p.is_greedy and state.seen is None:
             yield from self._greedy_graph_tokens(step, logits[-1].argmax().view(1), state)
             return

@@ -31,7 +31,9 @@ class CapturedStep:
         self.num_tokens = num_tokens
         self.input_ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
         self.offsets = torch.arange(num_tokens, dtype=torch.long, device=dev)
-        self.positions = self.offsets.clone()
+        # Warm-ups run for real: they write K/V at the end of the cache, past anything live,
+        # so a graph can be captured in the middle of a conversation too.
+        self.positions = self.offsets + self.scratch_start(kv.max_len, num_tokens)
         batch = ForwardBatch(self.input_ids, self.positions, start_pos=None)
 
         def run():
@@ -48,6 +50,12 @@ class CapturedStep:
 
         self.graph, (self.logits, self.hidden, self.aux_hidden) = capture(run, pool)
         self._reader = None
+
+    @staticmethod
+    def scratch_start(max_len: int, num_tokens: int) -> int:
+        """First cache position a capture's warm-ups write (two runs, the decode graph moving
+        one position per run)."""
+        return max(0, max_len - num_tokens - 3)
 
     def read_ahead(self):
         """A ReadAhead over the decode graph's next token (made once, kept with the graph)."""

@@ -21,10 +21,29 @@ class ModelRunner:
         self.kv = KVCache(cfg.num_layers, max_len, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
         self.aux_layer_ids: tuple[int, ...] = ()  # set by a speculative decoder that needs them
         self.graphs: dict[int, CapturedStep] = {}
+        self._deferred: set[int] = set()  # token counts captured on first use
 
     @property
     def uses_graphs(self) -> bool:
-        return bool(self.graphs)
+        return bool(self.graphs or self._deferred)
+
+    def defer(self, token_counts: list[int]) -> None:
+        """Captures these graphs on first use instead of now (CUDA): a one-shot answer whose
+        path never replays them (greedy speculation runs its own whole-iteration graph) does
+        not wait for them before its first token."""
+        if self.device.type == "cuda":
+            self._deferred.update(n for n in token_counts if n not in self.graphs)
+
+    def graph(self, num_tokens: int, start_pos: int) -> CapturedStep | None:
+        """The graph for num_tokens new tokens at start_pos, capturing a deferred one now. A
+        capture's warm-up runs write K/V near the end of the cache (CapturedStep), so it needs
+        the live tokens to end before that; otherwise None (the caller runs eagerly)."""
+        step = self.graphs.get(num_tokens)
+        if step is None and num_tokens in self._deferred \
+                and start_pos + num_tokens <= CapturedStep.scratch_start(self.max_len, num_tokens):
+            self.capture([num_tokens])
+            step = self.graphs.get(num_tokens)
+        return step
 
     @torch.inference_mode()
     def capture(self, token_counts: list[int]) -> None:
@@ -33,6 +52,7 @@ class ModelRunner:
             return
         pool = torch.cuda.graph_pool_handle()
         for n in token_counts:
+            self._deferred.discard(n)
             if n not in self.graphs:
                 aux = self.aux_layer_ids if n > 1 else ()
                 self.graphs[n] = CapturedStep(self.model, self.kv, n, aux, pool)
@@ -48,7 +68,7 @@ class ModelRunner:
         next replay. Aux states from a decode graph (T == 1) are not captured.
         """
         T = input_ids.shape[0]
-        step = self.graphs.get(T)
+        step = self.graph(T, start_pos)
         if step is not None and (not want_aux or step.aux_hidden is not None):
             return step.replay(input_ids, start_pos)
         out = self.model(ForwardBatch.eager(input_ids, start_pos), self.kv,

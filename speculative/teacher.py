@@ -33,13 +33,14 @@ class Teacher:
         self._cache_left = cache_bytes
         self.forward_s = 0.0  # time spent computing features (for the throughput report)
         # Generation batches: at most gen_batch prompts, and their K/V (prompt + reply tokens,
-        # all layers) within gen_kv_bytes. On CUDA a quarter of the free memory, at most 16 GiB:
-        # a 135M target then decodes 1024 rows a step (launch-bound until the batch is large);
-        # on the CPU small batches already amortize the per-step work.
+        # all layers) within gen_kv_bytes. On CUDA a third of the free memory, at most 40 GiB
+        # (generation runs before the feature cache fills): a 135M target then decodes about
+        # 2,048 rows a step, and a step's host work is shared by that many tokens; on the CPU
+        # small batches already amortize the per-step work.
         cuda = self.device.type == "cuda"
-        self.gen_batch = gen_batch or (1024 if cuda else 8)
+        self.gen_batch = gen_batch or (2048 if cuda else 8)
         if gen_kv_bytes is None:
-            gen_kv_bytes = min(16 << 30, torch.cuda.mem_get_info(self.device)[0] // 4) if cuda else 256 << 20
+            gen_kv_bytes = min(40 << 30, torch.cuda.mem_get_info(self.device)[0] // 3) if cuda else 256 << 20
         self.gen_kv_bytes = gen_kv_bytes
 
     @property

@@ -27,7 +27,7 @@ def test_graph_decode_equals_eager_200_steps(arch, temperature, tiny_models):
     assert len(a) == 200 and a == b
 
 
-def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k, max_seq_len=1024):
+def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k, max_seq_len=1024, defer_capture=False):
     from tests.speculative.heads import head_tensors, write_head
     from tests.tiny import read_config
 
@@ -37,7 +37,7 @@ def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k, max_seq_len=1024):
     out = []
     for graphs in (True, False):
         e = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cuda", use_graphs=graphs, draft_steps=k,
-                        max_seq_len=max_seq_len)
+                        max_seq_len=max_seq_len, defer_capture=defer_capture and graphs)
         e.tokenizer.eos_token_ids = frozenset()
         out.append(e)
     return out
@@ -99,3 +99,28 @@ def test_read_ahead_stops_cleanly_and_keeps_the_conversation(tmp_path, tiny_mode
                    for t in ev.token_ids]
             turns.append((one, two))
         assert turns[0] == turns[1], spec
+
+
+def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
+    """`localchat run` defers the target's decode and verify graphs (defer_capture): greedy
+    speculation never replays them, and the first plain or penalised answer captures them in
+    the middle of a conversation, whose cache their warm-ups must leave alone."""
+    g, e = _spec_engines(tmp_path, tiny_models, "sglang", True, 4, defer_capture=True)
+    assert g.runner.uses_graphs and not g.runner.graphs
+    ids = g.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
+    turns = []
+    for engine in (g, e):
+        engine.reset()
+        one = [t for ev in engine.stream_ids(ids, SamplingParams(max_tokens=40), speculative=True)
+               for t in ev.token_ids]
+        if engine is g:
+            assert not g.runner.graphs  # the whole-iteration graph served it
+        more = ids + one + ids[-3:]
+        two = [t for ev in engine.stream_ids(more, SamplingParams(max_tokens=60), speculative=False)
+               for t in ev.token_ids]
+        more2 = more + two + ids[-3:]
+        p = SamplingParams(max_tokens=50, temperature=0.8, seed=3, repetition_penalty=1.2)
+        three = [t for ev in engine.stream_ids(more2, p, speculative=True) for t in ev.token_ids]
+        turns.append((one, two, three))
+    assert sorted(g.runner.graphs) == [1, 5]
+    assert turns[0] == turns[1]

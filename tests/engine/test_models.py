@@ -57,14 +57,20 @@ def test_cached_decode_equals_full_recompute(tiny_models):
 
 
 def test_packed_attention_equals_a_block_diagonal_causal_mask():
-    """attention_packed (one causal attention per sequence) == one masked attention over the
-    whole pack, GQA included, with sequences of 1 token and of uneven lengths."""
-    import torch.nn.functional as F
-
+    """attention_packed (padded batches of similar lengths) == one masked attention over the
+    whole pack, GQA included: sequences of 1 token, uneven lengths, and groups of several."""
     from engine.attention import attention_packed
 
     g = torch.Generator().manual_seed(0)
-    lengths = (5, 1, 17, 9)
+    for lengths in ((5, 1, 17, 9), (5, 1, 17, 9, 16, 15, 4, 5, 5, 1), (7,)):
+        _check_packed(attention_packed, lengths, g)
+    with pytest.raises(AssertionError):
+        attention_packed(*(torch.zeros(4, h, 8) for h in (2, 2, 2)), (1, 2), 0.3)
+
+
+def _check_packed(attention_packed, lengths, g):
+    import torch.nn.functional as F
+
     T, Hq, Hkv, D = sum(lengths), 6, 2, 16
     q, k, v = (torch.randn(T, h, D, generator=g) for h in (Hq, Hkv, Hkv))
     seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
@@ -73,5 +79,3 @@ def test_packed_attention_equals_a_block_diagonal_causal_mask():
     want = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
                                           scale=0.3, enable_gqa=True).transpose(0, 1)
     torch.testing.assert_close(attention_packed(q, k, v, lengths, 0.3), want)
-    with pytest.raises(AssertionError):
-        attention_packed(q, k, v, lengths[:-1], 0.3)
