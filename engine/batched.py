@@ -119,31 +119,6 @@ def _next_tokens(model: CausalLM, ids: torch.Tensor, positions: torch.Tensor, kv
     return model.logits(hidden).argmax(-1)
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """(n, G, D) x (n, S, D) -> (n, G, S) fp32. On CUDA, bf16/fp16 inputs accumulate into fp32
-    outputs directly (no fp32 copy of the keys, no rounding of the scores to 8 bits)."""
-    if q.is_cuda and q.dtype != torch.float32:
-        try:
-            return torch.bmm(q, k.transpose(1, 2), out_dtype=torch.float32)
-        except (RuntimeError, TypeError):  # an older torch without bmm(out_dtype=)
-            pass
-    return torch.bmm(q, k.transpose(1, 2)).float()
-
-
-def _decode_attention(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                      scale: float) -> torch.Tensor:
-    """One new token per row. qh: (B, Hkv, G, D); k, v: (B, Hkv, S, D) the filled columns; mask:
-    (B, 1, S) visible keys. Two batched matmuls read every cached key and value once; the masked
-    SDPA kernels tile queries 64 rows at a time and spend most of their work on the G rows
-    (H200: most of a generation step's time at 1,024 rows)."""
-    B, Hkv, G, D = qh.shape
-    S = k.shape[2]
-    s = _scores(qh.reshape(B * Hkv, G, D), k.reshape(B * Hkv, S, D)).view(B, Hkv, G, S) * scale
-    s = s.masked_fill(~mask[:, :, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1).to(v.dtype)
-    return torch.bmm(p.view(B * Hkv, G, S), v.reshape(B * Hkv, S, D)).view(B, Hkv, G, D)
-
-
 def _attention(attn: Attention, x: torch.Tensor, B: int, T: int, cos_sin: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
     N = B * T
@@ -160,9 +135,6 @@ def _attention(attn: Attention, x: torch.Tensor, B: int, T: int, cos_sin: torch.
     # become G * T query rows against that head, so no backend needs GQA support.
     G = Hq // Hkv
     qh = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, D)
-    if T == 1:
-        o = _decode_attention(qh, k_cache[:, :, :end], v_cache[:, :, :end], mask, attn.scale)
-        return attn.o_proj(o.reshape(N, attn.q_size))
     # Keys in buckets of KEY_BUCKET columns (masked past `end`): the attention's shapes change
     # once per bucket instead of every step, so no backend re-plans per step.
     span = min(k_cache.shape[2], -(-end // KEY_BUCKET) * KEY_BUCKET)

@@ -1,0 +1,36 @@
+"""Where a fresh process's time to first token goes: importing torch, CUDA init, importing the
+engine, Engine.load (with its own phases) and the first streamed token. Prints one JSON line;
+run it several times (the first runs on a machine fill its caches).
+
+    python benchmarks/startup_phases.py [--defer]
+"""
+
+import time
+
+t0 = time.perf_counter()
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+t1 = time.perf_counter()
+torch.zeros(1, device="cuda")
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+from engine.engine import Engine  # noqa: E402
+from engine.types import SamplingParams  # noqa: E402
+
+t3 = time.perf_counter()
+e = Engine.load("demo", device="cuda", defer_capture="--defer" in sys.argv)
+t4 = time.perf_counter()
+first = None
+for ev in e.stream([{"role": "user", "content": "Say hello."}], SamplingParams(max_tokens=8)):
+    if first is None:
+        first = time.perf_counter()
+t5 = time.perf_counter()
+print(json.dumps({"import_torch": t1 - t0, "cuda_init": t2 - t1, "import_engine": t3 - t2, "load": t4 - t3,
+                  "phases": e.load_phases, "first_token_after_load": first - t4, "first_token_total": first - t0,
+                  "end": t5 - t0, "deferred": "--defer" in sys.argv}))
