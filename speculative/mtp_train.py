@@ -14,7 +14,7 @@ from .mtp import MTPDraft
 from .mtp_config import MTPConfig
 from .mtp_unroll import TOP_K, chain_accept_len, mtp_loss, unroll, valid
 from .teacher import Teacher
-from .train_loop import Batcher, LoopResult, _autocast, lr_at, val_rows
+from .train_loop import Batcher, LoopResult, _autocast, lr_at, on_ctrl_c, val_rows
 from .ttt import TTTBatch
 
 
@@ -88,40 +88,43 @@ def train(draft, target: _Target, teacher: Teacher, pools, val, opts, deadline, 
     t0 = last_log = time.perf_counter()
     budget = None if deadline is None else max(30.0, deadline - t0)
     step = 0
-    while step < opts.steps:
-        progress = step / opts.steps if budget is None else max(step / opts.steps, (time.perf_counter() - t0) / budget)
-        if progress >= 1.0:
-            break
-        lr = lr_at(step, progress, opts.lr, warmup)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
-        rows = batcher.next_rows()
-        flat, i, packed = teacher.features_many([it for row in rows for it in row]), 0, []
-        for row in rows:
-            packed.append(flat[i:i + len(row)])
-            i += len(row)
-        batch = TTTBatch.from_rows(packed, opts.seq_len)
-        st = target.stats(draft, batch, opts.decay)
-        opt.zero_grad(set_to_none=True)
-        st.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        loss = float(st.loss.detach())  # syncs: the step time is measured honestly
-        res.entries += int(valid(batch, 0).sum())
-        res.first_loss = loss if step == 0 else res.first_loss
-        res.last_loss = loss
-        step += 1
-        now = time.perf_counter()
-        if step % log_every == 0 or step == opts.steps or now - last_log > 15:
-            acc = " ".join(f"{a:.2f}" for a in st.step_acc)
-            log(f"step {step}/{opts.steps}  loss {loss:.3f}  acc[{acc}]  lr {lr:.2e}  "
-                f"{res.entries / (now - t0):,.0f} tok/s  {(now - t0) / step:.3f} s/step  {now - t0:.0f} s")
-            last_log = now
-        if val and opts.eval_every and step % opts.eval_every == 0 and step < opts.steps:
-            v = {**validate(draft, target, teacher, val, opts), "step": step}
-            res.history.append(v)
-            log(f"held-out @ {step}: acc {v['step_acc']}  loss {v['loss']}  est. accept len "
-                f"{v['accept_len_estimate']} (k={v['k']})")
+    try:
+        while step < opts.steps:
+            progress = step / opts.steps if budget is None else max(step / opts.steps, (time.perf_counter() - t0) / budget)
+            if progress >= 1.0:
+                break
+            lr = lr_at(step, progress, opts.lr, warmup)
+            for grp in opt.param_groups:
+                grp["lr"] = lr
+            rows = batcher.next_rows()
+            flat, i, packed = teacher.features_many([it for row in rows for it in row]), 0, []
+            for row in rows:
+                packed.append(flat[i:i + len(row)])
+                i += len(row)
+            batch = TTTBatch.from_rows(packed, opts.seq_len)
+            st = target.stats(draft, batch, opts.decay)
+            opt.zero_grad(set_to_none=True)
+            st.loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            loss = float(st.loss.detach())  # syncs: the step time is measured honestly
+            res.entries += int(valid(batch, 0).sum())
+            res.first_loss = loss if step == 0 else res.first_loss
+            res.last_loss = loss
+            step += 1
+            now = time.perf_counter()
+            if step % log_every == 0 or step == opts.steps or now - last_log > 15:
+                acc = " ".join(f"{a:.2f}" for a in st.step_acc)
+                log(f"step {step}/{opts.steps}  loss {loss:.3f}  acc[{acc}]  lr {lr:.2e}  "
+                    f"{res.entries / (now - t0):,.0f} tok/s  {(now - t0) / step:.3f} s/step  {now - t0:.0f} s")
+                last_log = now
+            if val and opts.eval_every and step % opts.eval_every == 0 and step < opts.steps:
+                v = {**validate(draft, target, teacher, val, opts), "step": step}
+                res.history.append(v)
+                log(f"held-out @ {step}: acc {v['step_acc']}  loss {v['loss']}  est. accept len "
+                    f"{v['accept_len_estimate']} (k={v['k']})")
+    except KeyboardInterrupt:
+        on_ctrl_c(res, step, log)
     res.steps_done = step
     res.train_s = time.perf_counter() - t0
     return res
@@ -165,15 +168,18 @@ def cmd_train_mtp(args) -> int:
     t = time.perf_counter()
     save_layers(opts.out, mc, draft)  # first: a failing check below loses nothing
     final, failed = {}, None
-    try:
-        final = validate(draft, target, teacher, val, opts) if val else {}
-        if opts.eval_prompts:
-            final["speculator"] = teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts],
-                                                           opts.mtp_layers, opts.gen_tokens)
-    except Exception as e:  # recorded in the provenance and reported; the layers are already saved
-        failed = f"{type(e).__name__}: {e}"
-        final["error"] = failed
-        _log(f"final check failed: {failed}")
+    if res.interrupted:  # Ctrl+C: saved as it stands, without the final checks
+        final = {"skipped": f"interrupted after {res.steps_done} steps"}
+    else:
+        try:
+            final = validate(draft, target, teacher, val, opts) if val else {}
+            if opts.eval_prompts:
+                final["speculator"] = teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts],
+                                                               opts.mtp_layers, opts.gen_tokens)
+        except Exception as e:  # recorded in the provenance and reported; the layers are already saved
+            failed = f"{type(e).__name__}: {e}"
+            final["error"] = failed
+            _log(f"final check failed: {failed}")
     phases["final_eval_s"] = time.perf_counter() - t
     wall = time.perf_counter() - t_start
     skip = ("out", "model", "data", "draft_vocab", "ttt_steps")
@@ -186,8 +192,8 @@ def cmd_train_mtp(args) -> int:
         "train": {**{k: v for k, v in asdict(opts).items() if k not in skip}, "top_k": TOP_K,
                   "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
                   "last_loss": round(res.last_loss, 4), "tokens_per_s": round(res.entries / max(res.train_s, 1e-9))},
-        "validation_history": res.history,
+        "interrupted": res.interrupted, "validation_history": res.history,
         "final_eval": final,
     }
     write_provenance(opts.out, prov, layers_readme(prov), _log)
-    return 1 if failed else 0
+    return 130 if res.interrupted else 1 if failed else 0

@@ -144,15 +144,18 @@ def cmd_train(args) -> int:
 
     save_head(opts.out, config, draft, cfg.vocab_size)  # first: a failing check below loses nothing
     final, failed = {}, None
-    try:
-        final = validate(draft, teacher, val_rows(val_seqs, opts), opts, draft_ids) if val_seqs else {}
-        if opts.eval_prompts:
-            final["speculator"] = teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts],
-                                                           opts.ttt_steps, opts.gen_tokens)
-    except Exception as e:  # recorded in the provenance and reported; the head is already saved
-        failed = f"{type(e).__name__}: {e}"
-        final["error"] = failed
-        _log(f"final check failed: {failed}")
+    if res.interrupted:  # Ctrl+C: saved as it stands, without the final checks
+        final = {"skipped": f"interrupted after {res.steps_done} steps"}
+    else:
+        try:
+            final = validate(draft, teacher, val_rows(val_seqs, opts), opts, draft_ids) if val_seqs else {}
+            if opts.eval_prompts:
+                final["speculator"] = teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts],
+                                                               opts.ttt_steps, opts.gen_tokens)
+        except Exception as e:  # recorded in the provenance and reported; the head is already saved
+            failed = f"{type(e).__name__}: {e}"
+            final["error"] = failed
+            _log(f"final check failed: {failed}")
     phases["final_eval_s"] = time.perf_counter() - t
     wall = time.perf_counter() - t_start
     prov = {
@@ -166,11 +169,11 @@ def cmd_train(args) -> int:
         "train": {**{k: v for k, v in asdict(opts).items() if k not in ("out", "model", "data")},
                   "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
                   "last_loss": round(res.last_loss, 4), "tokens_per_s": round(res.entries / max(res.train_s, 1e-9))},
-        "validation_history": res.history,
+        "interrupted": res.interrupted, "validation_history": res.history,
         "final_eval": final,
     }
     write_provenance(opts.out, prov, head_readme(prov), _log)
-    return 1 if failed else 0
+    return 130 if res.interrupted else 1 if failed else 0
 
 
 @dataclass

@@ -88,6 +88,9 @@ def write_provenance(folder: Path, prov: dict, readme: str, log) -> None:
     (folder / "README.md").write_text(readme)
     final = prov["final_eval"]
     spec = final.get("speculator")
+    if "skipped" in final:
+        log(f"saved {folder} in {prov['wall_s']:.0f} s ({final['skipped']}: the final checks were skipped)")
+        return
     log(f"saved {folder} in {prov['wall_s']:.0f} s; held-out acc {final.get('step_acc')}, est. accept len "
         f"{final.get('accept_len_estimate')}" + (f"; speculator: accept len {spec['accept_len_mean']:.2f}, "
                                                 f"identical {spec['identical']}/{spec['prompts']}" if spec else ""))
@@ -128,6 +131,8 @@ def head_readme(p: dict) -> str:
         f"- Top-1 agreement with the target's greedy token, per draft step: {ev.get('step_acc')}",
         f"- Estimated tokens per verify step (k = {ev.get('k')}): {ev.get('accept_len_estimate')}",
     ]
+    if p.get("interrupted"):
+        lines.append(f"- Stopped with Ctrl+C ({ev.get('skipped')}): the final checks were skipped.")
     if spec:
         lines.append(f"- Real speculator, greedy, {spec['prompts']} held-out prompts, k = {spec['k']}: mean "
                      f"accepted length {spec['accept_len_mean']:.2f}; output identical to plain decoding "

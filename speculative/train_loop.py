@@ -24,6 +24,16 @@ class LoopResult:
     first_loss: float = float("nan")
     last_loss: float = float("nan")
     history: list[dict] = field(default_factory=list)  # validation points
+    interrupted: bool = False  # stopped by Ctrl+C: the steps done are kept and saved
+
+
+def on_ctrl_c(res: LoopResult, step: int, log) -> None:
+    """A Ctrl+C during training keeps what the finished steps learned (the caller saves it);
+    before the first step there is nothing to keep, and the interrupt goes on."""
+    if step == 0:
+        raise KeyboardInterrupt
+    res.interrupted = True
+    log(f"interrupted after {step} steps: saving the head trained so far (Ctrl+C again aborts)")
 
 
 class Batcher:
@@ -127,50 +137,53 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
     log_every = max(1, min(50, opts.steps // 20))
     window_entries, window_t = 0, t0
     step = 0
-    while step < opts.steps:
-        now = time.perf_counter()
-        progress = step / opts.steps if budget is None else max(step / opts.steps, (now - t0) / budget)
-        if progress >= 1.0:
-            break
-        lr = lr_at(step, progress, opts.lr, warmup)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        next_rows = batcher.next_rows()
-        flat = teacher.features_many([item for row in next_rows for item in row])
-        rows, i = [], 0
-        for row in next_rows:
-            rows.append(flat[i:i + len(row)])
-            i += len(row)
-        batch = TTTBatch.from_rows(rows, opts.seq_len)
-        target_logits = teacher.label_logits(batch.label_hidden, draft_ids)
-        with _autocast(dev):
-            logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
-        stats = ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay)
-        opt.zero_grad(set_to_none=True)
-        stats.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        loss = float(stats.loss.detach())  # syncs: the step time is measured honestly
-        n = int(batch.valid(0).sum())
-        res.entries += n
-        window_entries += n
-        if step == 0:
-            res.first_loss = loss
-        res.last_loss = loss
-        step += 1
-        now = time.perf_counter()
-        if step % log_every == 0 or step == opts.steps or now - last_log > 15:
-            rate = window_entries / max(now - window_t, 1e-9)
-            acc = " ".join(f"{a:.2f}" for a in stats.step_acc)
-            log(f"step {step}/{opts.steps}  loss {loss:.3f}  acc[{acc}]  lr {lr:.2e}  "
-                f"{rate:,.0f} tok/s  {(now - t0) / step:.3f} s/step  {now - t0:.0f} s")
-            last_log, window_entries, window_t = now, 0, now
-        if val and opts.eval_every and step % opts.eval_every == 0 and step < opts.steps:
-            v = validate(draft, teacher, val, opts, draft_ids)
-            v["step"] = step
-            res.history.append(v)
-            log(f"held-out @ {step}: acc {v['step_acc']}  loss {v['loss']}  est. accept len "
-                f"{v['accept_len_estimate']} (k={v['k']})")
+    try:
+        while step < opts.steps:
+            now = time.perf_counter()
+            progress = step / opts.steps if budget is None else max(step / opts.steps, (now - t0) / budget)
+            if progress >= 1.0:
+                break
+            lr = lr_at(step, progress, opts.lr, warmup)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            next_rows = batcher.next_rows()
+            flat = teacher.features_many([item for row in next_rows for item in row])
+            rows, i = [], 0
+            for row in next_rows:
+                rows.append(flat[i:i + len(row)])
+                i += len(row)
+            batch = TTTBatch.from_rows(rows, opts.seq_len)
+            target_logits = teacher.label_logits(batch.label_hidden, draft_ids)
+            with _autocast(dev):
+                logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
+            stats = ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay)
+            opt.zero_grad(set_to_none=True)
+            stats.loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            loss = float(stats.loss.detach())  # syncs: the step time is measured honestly
+            n = int(batch.valid(0).sum())
+            res.entries += n
+            window_entries += n
+            if step == 0:
+                res.first_loss = loss
+            res.last_loss = loss
+            step += 1
+            now = time.perf_counter()
+            if step % log_every == 0 or step == opts.steps or now - last_log > 15:
+                rate = window_entries / max(now - window_t, 1e-9)
+                acc = " ".join(f"{a:.2f}" for a in stats.step_acc)
+                log(f"step {step}/{opts.steps}  loss {loss:.3f}  acc[{acc}]  lr {lr:.2e}  "
+                    f"{rate:,.0f} tok/s  {(now - t0) / step:.3f} s/step  {now - t0:.0f} s")
+                last_log, window_entries, window_t = now, 0, now
+            if val and opts.eval_every and step % opts.eval_every == 0 and step < opts.steps:
+                v = validate(draft, teacher, val, opts, draft_ids)
+                v["step"] = step
+                res.history.append(v)
+                log(f"held-out @ {step}: acc {v['step_acc']}  loss {v['loss']}  est. accept len "
+                    f"{v['accept_len_estimate']} (k={v['k']})")
+    except KeyboardInterrupt:
+        on_ctrl_c(res, step, log)
     res.steps_done = step
     res.train_s = time.perf_counter() - t0
     return res

@@ -137,3 +137,44 @@ def test_train_prompts_use_every_conversation_before_any_twice():
     assert all(len(p) <= opts.seq_len - opts.gen_tokens - 1 for p in out)
     assert len({tuple(p) for p in out}) == len(out)
     assert 10 < len(out) < 25
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_ctrl_c_saves_what_is_trained(tmp_path, monkeypatch, kind):
+    """Ctrl+C during training stops it, saves the head (or layers) trained so far, which loads,
+    records the interruption, and exits with 130; before the first step it just stops."""
+    import speculative.ttt as ttt
+
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl")
+    calls = {"n": 0}
+    real = ttt.TTTBatch.from_rows
+
+    def interrupt_at(n):
+        def from_rows(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise KeyboardInterrupt
+            return real(*a, **kw)
+        return classmethod(lambda cls, *a, **kw: from_rows(*a, **kw))
+
+    def args(out):
+        return Namespace(model=str(target), out=str(out), kind=kind, data=str(data), draft_vocab=128, steps=40,
+                         device="cpu", seq_len=128, batch_tokens=512, gen=0, gen_tokens=16, eval_every=0,
+                         eval_prompts=1, lr=2e-3, time_budget=None, mtp_layers=2)
+
+    monkeypatch.setattr(ttt.TTTBatch, "from_rows", interrupt_at(6))
+    out = tmp_path / "head"
+    assert cmd_train(args(out)) == 130
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["interrupted"] and prov["train"]["steps_done"] == 5
+    assert prov["final_eval"] == {"skipped": "interrupted after 5 steps"}
+    assert "Ctrl+C" in (out / "README.md").read_text()
+    engine = Engine.load(str(target), draft=str(out), device="cpu", draft_steps=2)
+    assert engine.generate([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=8)).token_ids
+
+    calls["n"] = 0
+    monkeypatch.setattr(ttt.TTTBatch, "from_rows", interrupt_at(1))
+    with pytest.raises(KeyboardInterrupt):
+        cmd_train(args(tmp_path / "none"))
+    assert not (tmp_path / "none" / "model.safetensors").exists()
