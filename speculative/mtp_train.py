@@ -135,7 +135,7 @@ def cmd_train_mtp(args) -> int:
 
     from .mtp_export import layers_readme, save_layers
     from .train_export import write_provenance
-    from .train import TrainOptions, _command, _load_target, _log, prepare_data
+    from .train import TrainOptions, _command, _load_target, _log, prepare_data, reply_cache
 
     t_start = time.perf_counter()
     dev = pick_device(getattr(args, "device", None))
@@ -146,7 +146,7 @@ def cmd_train_mtp(args) -> int:
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     phases: dict[str, float] = {}
-    loaded, target_name = _load_target(opts, dev)
+    loaded, target_name, target_path = _load_target(opts, dev)
     cfg = loaded.config
     # aux = the final residual stream (the input of "layer L"); its final norm is h_p.
     teacher = Teacher(loaded, (cfg.num_layers,), opts.max_len, opts.cache_bytes)
@@ -154,7 +154,7 @@ def cmd_train_mtp(args) -> int:
     target = _Target(loaded)
     phases["load_s"] = time.perf_counter() - t_start
 
-    data = prepare_data(opts, loaded, teacher, t_start, deadline, phases)
+    data = prepare_data(opts, loaded, teacher, t_start, deadline, phases, reply_cache(opts, target_path, loaded))
     text, gen = data.text, data.gen
 
     train_deadline = None if deadline is None else deadline - opts.reserve_s

@@ -107,7 +107,7 @@ def cmd_train(args) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     phases: dict[str, float] = {}
 
-    loaded, target_name = _load_target(opts, dev)
+    loaded, target_name, target_path = _load_target(opts, dev)
     cfg = loaded.config
     if opts.draft_vocab > cfg.vocab_size:
         raise UserError(f"--draft-vocab {opts.draft_vocab} exceeds the target's vocabulary {cfg.vocab_size}")
@@ -118,7 +118,7 @@ def cmd_train(args) -> int:
     teacher = Teacher(loaded, aux_ids, opts.max_len, opts.cache_bytes)
     phases["load_s"] = time.perf_counter() - t_start
 
-    data = prepare_data(opts, loaded, teacher, t_start, deadline, phases)
+    data = prepare_data(opts, loaded, teacher, t_start, deadline, phases, reply_cache(opts, target_path, loaded))
     text, gen, val_gen, val_text = data.text, data.gen, data.val_gen, data.val_text
 
     draft_ids, coverage = choose_draft_vocab(text, gen, cfg.vocab_size, opts.draft_vocab, dev)
@@ -189,20 +189,36 @@ class TrainData:
     eval_msgs: list[list[dict]]  # first user turns of held-out conversations
     gen: list[Sequence]  # the target's greedy replies to training prompts
     val_gen: list[Sequence]  # ... and to held-out first turns
+    cached_replies: int = 0  # of gen + val_gen, taken from the reply cache
 
     def provenance(self) -> dict:
         return {**self.source, "split": SPLIT_RULE, "conversations": len(self.convs),
                 "train_conversations": len(self.train_convs), "heldout_conversations": len(self.held),
                 "train_tokens": sum(len(s.ids) for s in self.text), "generated_responses": len(self.gen),
+                "responses_from_cache": self.cached_replies,
                 "generated_tokens": sum(len(s.ids) - s.response_start for s in self.gen),
                 "validation": f"the first {len(self.val_text)} held-out conversations and the target's replies to "
                               f"the first user turns of {len(self.val_gen)} held-out conversations"}
 
 
+def reply_cache(opts: TrainOptions, target_path: Path, loaded):
+    """The reply cache for this target, device and reply limits (speculative/reply_cache.py)."""
+    from engine.paths import cache_dir
+
+    from .reply_cache import ReplyCache, target_identity
+
+    w = loaded.model.lm_head.weight
+    identity = {"target": target_identity(target_path), "eos": sorted(loaded.tokenizer.eos_token_ids),
+                "device": w.device.type, "dtype": str(w.dtype), "gen_tokens": opts.gen_tokens,
+                "max_len": opts.max_len}
+    return ReplyCache.for_run(cache_dir() / "train-draft" / "replies", identity)
+
+
 def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: float | None,
-                 phases: dict) -> TrainData:
+                 phases: dict, cache=None) -> TrainData:
     """Loads and splits the conversations, tokenizes them and has the target answer training
-    prompts (until gen_share of the time budget); records data_s and generate_s in phases."""
+    prompts (until gen_share of the time budget), taking the replies it already has from
+    `cache` (a ReplyCache) and adding the new ones to it; records data_s and generate_s."""
     t = time.perf_counter()
     convs, source = load_conversations(opts.data, _log)
     train_convs, held = split(convs)
@@ -220,16 +236,31 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
     t = time.perf_counter()
     gen: list[Sequence] = []
     val_gen: list[Sequence] = []
+    cached = 0
     if opts.gen_prompts:
+        from .reply_cache import replies_for
+
+        known = cache.load() if cache is not None else {}
+        added: dict = {}
         val_prompts = [tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]]
-        val_gen = teacher.generate(val_prompts, opts.gen_tokens, None)
+        val_gen, n_val, new = replies_for(val_prompts, known, lambda ps: teacher.generate(ps, opts.gen_tokens, None))
+        added.update(new)
         gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
-        gen = teacher.generate(_train_prompts(train_convs, tok, opts), opts.gen_tokens, gen_deadline, _log)
+        gen, n_gen, new = replies_for(_train_prompts(train_convs, tok, opts), known,
+                                      lambda ps: teacher.generate(ps, opts.gen_tokens, gen_deadline, _log))
+        added.update(new)
+        cached = n_val + n_gen
+        if cache is not None and added:
+            try:
+                cache.save({**known, **added})
+            except OSError as e:  # a full or read-only disk costs the next run time, not this one
+                _log(f"could not keep the replies for later runs: {e}")
         made = sum(len(s.ids) - s.response_start for s in gen + val_gen)
         phases["generate_s"] = time.perf_counter() - t
         _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts: {made:,} tokens in "
-             f"{phases['generate_s']:.1f} s ({made / max(phases['generate_s'], 1e-9):,.0f} tokens/s)")
-    return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen)
+             f"{phases['generate_s']:.1f} s" + (f", {cached} of the replies from earlier runs" if cached else
+                                                f" ({made / max(phases['generate_s'], 1e-9):,.0f} tokens/s)"))
+    return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen, cached)
 
 
 def _load_target(opts: TrainOptions, dev: torch.device):
@@ -241,8 +272,8 @@ def _load_target(opts: TrainOptions, dev: torch.device):
     _log(f"loading {src.name} on {dev}")
     if src.is_gguf:
         prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
-        return load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared), src.name
-    return load_folder(src.path, dev, dtype, opts.max_len), src.name
+        return load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared), src.name, src.path
+    return load_folder(src.path, dev, dtype, opts.max_len), src.name, src.path
 
 
 def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> list[list[int]]:

@@ -178,3 +178,57 @@ def test_ctrl_c_saves_what_is_trained(tmp_path, monkeypatch, kind):
     with pytest.raises(KeyboardInterrupt):
         cmd_train(args(tmp_path / "none"))
     assert not (tmp_path / "none" / "model.safetensors").exists()
+
+
+def test_a_second_run_reuses_the_replies(tmp_path, monkeypatch):
+    """The target's replies are kept (speculative/reply_cache.py): a second run for the same
+    target takes them from the cache and generates nothing; another target does not see them."""
+    import speculative.teacher as teacher_mod
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl")
+
+    def args(out, model=target):
+        return Namespace(model=str(model), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=3,
+                         device="cpu", seq_len=128, batch_tokens=512, gen=5, gen_tokens=12, eval_every=0,
+                         eval_prompts=0, lr=2e-3, time_budget=None)
+
+    assert cmd_train(args(tmp_path / "a")) == 0
+    first = json.loads((tmp_path / "a" / "provenance.json").read_text())["data"]
+    assert first["generated_responses"] == 5 and first["responses_from_cache"] == 0
+
+    def no_generation(self, prompts, *a, **kw):
+        raise AssertionError(f"generated {len(prompts)} replies again")
+
+    monkeypatch.setattr(teacher_mod.Teacher, "generate", no_generation)
+    assert cmd_train(args(tmp_path / "b")) == 0
+    second = json.loads((tmp_path / "b" / "provenance.json").read_text())["data"]
+    assert second["generated_responses"] == 5 and second["responses_from_cache"] == 5 + 4  # + held-out replies
+    assert second["generated_tokens"] == first["generated_tokens"]
+
+    other = make_tiny_model(tmp_path / "other", "llama", num_layers=4, seed=9)
+    with pytest.raises(AssertionError, match="generated"):
+        cmd_train(args(tmp_path / "c", other))
+
+
+def test_reply_cache_pieces(tmp_path):
+    from speculative.reply_cache import ReplyCache, replies_for
+    from speculative.train_data import Sequence
+
+    cache = ReplyCache(tmp_path / "c")
+    assert cache.load() == {}
+    prompts = [[1, 2], [3], [4, 5, 6], [7]]
+
+    def partial(ps):  # a deadline: only the first two missing prompts get replies
+        return [Sequence(p + [9, 9], response_start=len(p)) for p in ps[:2]]
+
+    seqs, cached, new = replies_for(prompts, {}, partial)
+    assert [s.ids for s in seqs] == [[1, 2, 9, 9], [3, 9, 9]] and cached == 0 and len(new) == 2
+    cache.save(new)
+    known = cache.load()
+    assert known == new
+    seqs, cached, new = replies_for(prompts, known, lambda ps: [Sequence(p + [8], response_start=len(p)) for p in ps])
+    assert [s.ids for s in seqs] == [[1, 2, 9, 9], [3, 9, 9], [4, 5, 6, 8], [7, 8]] and cached == 2 and len(new) == 2
+    cache.file.write_text('{"p": "x", "r": [1, "a"]}\n')  # damaged: counts as empty
+    assert cache.load() == {}
