@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-prompts", type=int, default=None,
                        help="held-out prompts decoded with the saved head at the end (default: 8 GPU, 2 CPU)")
     train.add_argument("--seed", type=int, default=None)
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run for this --out that Ctrl+C (or SIGTERM) stopped, with the same settings")
 
     sub.add_parser("doctor", help="GPU, VRAM, versions, paths")
     try:

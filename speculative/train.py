@@ -3,8 +3,11 @@ layers: speculative/mtp_train.py) from a target on chat data."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,10 +95,34 @@ def _log(msg: str) -> None:
 
 
 def cmd_train(args) -> int:
-    if getattr(args, "kind", "eagle3") == "mtp":
-        from .mtp_train import cmd_train_mtp
+    with _sigterm_as_ctrl_c():
+        if getattr(args, "kind", "eagle3") == "mtp":
+            if getattr(args, "resume", False):
+                raise UserError("--resume: only EAGLE-3 runs (--kind eagle3) can be continued")
+            from .mtp_train import cmd_train_mtp
 
-        return cmd_train_mtp(args)
+            return cmd_train_mtp(args)
+        return _train_eagle3(args)
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """SIGTERM (a job scheduler's stop, `timeout`) stops training as Ctrl+C does: the head is saved."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train_eagle3(args) -> int:
     from engine.engine import pick_device
 
     t_start = time.perf_counter()
@@ -111,20 +138,35 @@ def cmd_train(args) -> int:
     cfg = loaded.config
     if opts.draft_vocab > cfg.vocab_size:
         raise UserError(f"--draft-vocab {opts.draft_vocab} exceeds the target's vocabulary {cfg.vocab_size}")
+    from . import train_checkpoint
+    from .reply_cache import target_identity
     from .teacher import Teacher
     from .train_export import default_aux_layers
+
+    run_settings = train_checkpoint.settings(opts, target_identity(target_path), dev.type)
+    resume = train_checkpoint.load(opts.out, run_settings, dev) if getattr(args, "resume", False) else None
+    if resume:
+        plan = f"{resume['schedule_s']:.0f} s" if resume["schedule_s"] else f"{opts.steps} steps"
+        _log(f"resuming the stopped run at step {resume['step']} ({resume['schedule_used_s']:.0f} s trained; "
+             f"its schedule: {plan})")
 
     aux_ids = default_aux_layers(cfg.num_layers)
     teacher = Teacher(loaded, aux_ids, opts.max_len, opts.cache_bytes)
     phases["load_s"] = time.perf_counter() - t_start
 
-    data = prepare_data(opts, loaded, teacher, t_start, deadline, phases, reply_cache(opts, target_path, loaded))
+    data = prepare_data(opts, loaded, teacher, t_start, deadline, phases, reply_cache(opts, target_path, loaded),
+                        generate=resume is None)  # a resumed run trains on the replies it had
     text, gen, val_gen, val_text = data.text, data.gen, data.val_gen, data.val_text
 
-    draft_ids, coverage = choose_draft_vocab(text, gen, cfg.vocab_size, opts.draft_vocab, dev)
+    if resume:
+        draft_ids, coverage = resume["draft_ids"].to(dev), resume["coverage"]
+    else:
+        draft_ids, coverage = choose_draft_vocab(text, gen, cfg.vocab_size, opts.draft_vocab, dev)
     _log(f"draft vocabulary: {opts.draft_vocab} tokens cover {coverage['text']:.1%} of the conversation tokens"
-         + (f" and {coverage['replies']:.1%} of the target's replies" if gen else ""))
+         + (f" and {coverage['replies']:.1%} of the target's replies" if "replies" in coverage else ""))
     draft, config = _init_draft(loaded, aux_ids, draft_ids, opts)
+    if resume:
+        draft.load_state_dict(resume["draft"])
 
     from .train_loop import train, val_rows, validate
 
@@ -132,17 +174,24 @@ def cmd_train(args) -> int:
     _log(f"training {opts.steps} steps of {opts.batch_tokens} tokens ({opts.ttt_steps} unrolled draft steps)"
          + (f", stopping by {train_deadline - t_start:.0f} s into the run" if deadline else ""))
     val_seqs = val_gen + val_text  # replies first: the first validation rows hold them all
-    res = train(draft, teacher, {"text": text, "gen": gen}, val_seqs, opts, draft_ids, train_deadline, _log)
+    res = train(draft, teacher, {"text": text, "gen": gen}, val_seqs, opts, draft_ids, train_deadline, _log,
+                resume=resume)
     phases["train_s"] = res.train_s
     phases["target_features_s"] = teacher.forward_s
-    _log(f"trained {res.steps_done} steps in {res.train_s:.1f} s: {res.entries / res.train_s:,.0f} tokens/s, "
-         f"{res.train_s / max(res.steps_done, 1):.3f} s/step (target features: {teacher.forward_s:.1f} s); "
+    ran = res.steps_done - (resume["step"] if resume else 0)
+    _log(f"trained {ran} steps in {res.train_s:.1f} s: {res.entries / res.train_s:,.0f} tokens/s, "
+         f"{res.train_s / max(ran, 1):.3f} s/step (target features: {teacher.forward_s:.1f} s); "
          f"loss {res.first_loss:.3f} -> {res.last_loss:.3f}")
 
     t = time.perf_counter()
     from .train_export import head_readme, save_head, write_provenance
 
     save_head(opts.out, config, draft, cfg.vocab_size)  # first: a failing check below loses nothing
+    if res.interrupted:
+        train_checkpoint.save(opts.out, draft, res, draft_ids, coverage, run_settings)
+        _log(f"to train on along the same schedule: {_command(args, resume=True)}")
+    else:
+        train_checkpoint.discard(opts.out)
     final, failed = {}, None
     if res.interrupted:  # Ctrl+C: saved as it stands, without the final checks
         final = {"skipped": f"interrupted after {res.steps_done} steps"}
@@ -169,7 +218,8 @@ def cmd_train(args) -> int:
         "train": {**{k: v for k, v in asdict(opts).items() if k not in ("out", "model", "data")},
                   "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
                   "last_loss": round(res.last_loss, 4), "tokens_per_s": round(res.entries / max(res.train_s, 1e-9))},
-        "interrupted": res.interrupted, "validation_history": res.history,
+        "interrupted": res.interrupted, "resumed_at_step": resume["step"] if resume else None,
+        "validation_history": res.history,
         "final_eval": final,
     }
     write_provenance(opts.out, prov, head_readme(prov), _log)
@@ -215,7 +265,7 @@ def reply_cache(opts: TrainOptions, target_path: Path, loaded):
 
 
 def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: float | None,
-                 phases: dict, cache=None) -> TrainData:
+                 phases: dict, cache=None, generate: bool = True) -> TrainData:
     """Loads and splits the conversations, tokenizes them and has the target answer training
     prompts (until gen_share of the time budget), taking the replies it already has from
     `cache` (a ReplyCache) and adding the new ones to it; records data_s and generate_s."""
@@ -240,14 +290,17 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
     if opts.gen_prompts:
         from .reply_cache import replies_for
 
+        def answer(prompts, gen_deadline=None, log=None):
+            return teacher.generate(prompts, opts.gen_tokens, gen_deadline, log) if generate else []
+
         known = cache.load() if cache is not None else {}
         added: dict = {}
         val_prompts = [tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]]
-        val_gen, n_val, new = replies_for(val_prompts, known, lambda ps: teacher.generate(ps, opts.gen_tokens, None))
+        val_gen, n_val, new = replies_for(val_prompts, known, answer)
         added.update(new)
         gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
         gen, n_gen, new = replies_for(_train_prompts(train_convs, tok, opts), known,
-                                      lambda ps: teacher.generate(ps, opts.gen_tokens, gen_deadline, _log))
+                                      lambda ps: answer(ps, gen_deadline, _log))
         added.update(new)
         cached = n_val + n_gen
         if cache is not None and added:
@@ -342,8 +395,9 @@ def _init_draft(loaded, aux_ids, draft_ids: torch.Tensor, opts: TrainOptions):
     return draft, config
 
 
-def _command(args) -> str:
-    """The command line that reproduces this run, from the parsed flags."""
+def _command(args, resume: bool | None = None) -> str:
+    """The command line that reproduces this run, from the parsed flags (resume: with or
+    without --resume instead of as given)."""
     parts = ["localchat", "train-draft"]
     for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "steps", "device", "time_budget",
                  "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_tokens", "eval_every", "eval_prompts", "seed"):
@@ -352,4 +406,6 @@ def _command(args) -> str:
             continue  # flags the other kind ignores
         if value is not None:
             parts += [f"--{name.replace('_', '-')}", str(value)]
+    if (getattr(args, "resume", False) if resume is None else resume):
+        parts.append("--resume")
     return " ".join(parts)

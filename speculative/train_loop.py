@@ -25,6 +25,11 @@ class LoopResult:
     last_loss: float = float("nan")
     history: list[dict] = field(default_factory=list)  # validation points
     interrupted: bool = False  # stopped by Ctrl+C: the steps done are kept and saved
+    # The schedule, for a checkpoint: training seconds it spans (None: by steps) and has used,
+    # counting a resumed run's earlier part; the optimizer's state.
+    schedule_s: float | None = None
+    schedule_used_s: float = 0.0
+    opt_state: dict | None = None
 
 
 def on_ctrl_c(res: LoopResult, step: int, log) -> None:
@@ -116,32 +121,44 @@ def validate(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids) 
 
 
 def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: list[Sequence], opts,
-          draft_ids: torch.Tensor, train_deadline: float | None, log) -> LoopResult:
+          draft_ids: torch.Tensor, train_deadline: float | None, log, resume: dict | None = None) -> LoopResult:
+    """resume: a checkpoint of a stopped run (speculative/train_checkpoint.py): its optimizer
+    state, step and schedule continue; the run ends with that schedule or at train_deadline."""
     dev = teacher.device
     rows_per_step = max(1, opts.batch_tokens // opts.seq_len)
-    batcher = Batcher(pools, opts.gen_frac, opts.seq_len, rows_per_step, opts.seed)
+    step = resume["step"] if resume else 0
+    batcher = Batcher(pools, opts.gen_frac, opts.seq_len, rows_per_step, opts.seed + step)
     val = val_rows(val_seqs, opts)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01,
                             fused=dev.type == "cuda")
+    if resume:
+        opt.load_state_dict(resume["opt"])
     warmup = max(1, min(100, opts.steps // 20))
     res = LoopResult()
+    if resume:
+        res.history = list(resume.get("history", []))
+        res.first_loss = resume.get("first_loss", float("nan"))
     draft.train()
     t0 = last_log = time.perf_counter()
     budget = None
-    if train_deadline is not None:
+    used = 0.0  # training seconds of the schedule spent before this run
+    if resume:
+        budget, used = resume["schedule_s"], resume["schedule_used_s"]
+    elif train_deadline is not None:
         budget = train_deadline - t0
         if budget < 30:
             log(f"only {budget:.0f} s of the time budget are left for training; training 30 s anyway")
             budget = 30.0
+    stop_at = train_deadline if resume else None  # a resumed run also keeps its own budget
     log_every = max(1, min(50, opts.steps // 20))
     window_entries, window_t = 0, t0
-    step = 0
+    first = step
     try:
         while step < opts.steps:
             now = time.perf_counter()
-            progress = step / opts.steps if budget is None else max(step / opts.steps, (now - t0) / budget)
-            if progress >= 1.0:
+            progress = step / opts.steps if budget is None else max(step / opts.steps, (used + now - t0) / budget)
+            if progress >= 1.0 or (stop_at is not None and now >= stop_at):
                 break
             lr = lr_at(step, progress, opts.lr, warmup)
             for g in opt.param_groups:
@@ -165,7 +182,7 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
             n = int(batch.valid(0).sum())
             res.entries += n
             window_entries += n
-            if step == 0:
+            if step == 0 or (step == first and res.first_loss != res.first_loss):  # NaN: not set yet
                 res.first_loss = loss
             res.last_loss = loss
             step += 1
@@ -174,7 +191,7 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
                 rate = window_entries / max(now - window_t, 1e-9)
                 acc = " ".join(f"{a:.2f}" for a in stats.step_acc)
                 log(f"step {step}/{opts.steps}  loss {loss:.3f}  acc[{acc}]  lr {lr:.2e}  "
-                    f"{rate:,.0f} tok/s  {(now - t0) / step:.3f} s/step  {now - t0:.0f} s")
+                    f"{rate:,.0f} tok/s  {(now - t0) / (step - first):.3f} s/step  {now - t0:.0f} s")
                 last_log, window_entries, window_t = now, 0, now
             if val and opts.eval_every and step % opts.eval_every == 0 and step < opts.steps:
                 v = validate(draft, teacher, val, opts, draft_ids)
@@ -183,7 +200,9 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
                 log(f"held-out @ {step}: acc {v['step_acc']}  loss {v['loss']}  est. accept len "
                     f"{v['accept_len_estimate']} (k={v['k']})")
     except KeyboardInterrupt:
-        on_ctrl_c(res, step, log)
+        on_ctrl_c(res, step - first, log)
     res.steps_done = step
     res.train_s = time.perf_counter() - t0
+    res.schedule_s, res.schedule_used_s = budget, used + res.train_s
+    res.opt_state = opt.state_dict()
     return res

@@ -232,3 +232,84 @@ def test_reply_cache_pieces(tmp_path):
     assert [s.ids for s in seqs] == [[1, 2, 9, 9], [3, 9, 9], [4, 5, 6, 8], [7, 8]] and cached == 2 and len(new) == 2
     cache.file.write_text('{"p": "x", "r": [1, "a"]}\n')  # damaged: counts as empty
     assert cache.load() == {}
+
+
+def test_resume_continues_a_stopped_run(tmp_path, monkeypatch):
+    """A run stopped with Ctrl+C leaves a checkpoint; --resume continues it along the same
+    schedule with the same vocabulary and replies (no new generation) to the planned step
+    count; the finished run removes the checkpoint; mismatched settings are refused."""
+    import speculative.teacher as teacher_mod
+    from speculative import train_checkpoint
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl")
+    out = tmp_path / "head"
+
+    def args(**kw):
+        base = dict(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=12,
+                    device="cpu", seq_len=128, batch_tokens=512, gen=4, gen_tokens=12, eval_every=4,
+                    eval_prompts=1, lr=2e-3, time_budget=None, resume=False)
+        return Namespace(**{**base, **kw})
+
+    real_clip = torch.nn.utils.clip_grad_norm_
+    calls = {"n": 0}
+
+    def clip(*a, **kw):  # called once per training step, between backward and the optimizer step
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real_clip(*a, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    assert cmd_train(args()) == 130
+    stopped = json.loads((out / "provenance.json").read_text())
+    assert stopped["interrupted"] and stopped["train"]["steps_done"] == 7
+    assert (train_checkpoint.folder_for(out) / "state.pt").is_file()
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
+
+    with pytest.raises(UserError, match="--lr"):
+        cmd_train(args(resume=True, lr=1e-3))
+
+    def no_generation(self, prompts, *a, **kw):
+        raise AssertionError("a resumed run generated replies")
+
+    monkeypatch.setattr(teacher_mod.Teacher, "generate", no_generation)
+    assert cmd_train(args(resume=True)) == 0
+    done = json.loads((out / "provenance.json").read_text())
+    assert done["resumed_at_step"] == 7 and done["train"]["steps_done"] == 12 and not done["interrupted"]
+    assert done["data"]["generated_responses"] == 4 and done["command"].endswith("--resume")
+    assert [v["step"] for v in done["validation_history"]] == [4, 8]
+    assert done["final_eval"]["speculator"]["identical"] == 1
+    assert not (train_checkpoint.folder_for(out) / "state.pt").exists()
+    with pytest.raises(UserError, match="no stopped run"):
+        cmd_train(args(resume=True))
+    with pytest.raises(UserError, match="only EAGLE-3"):
+        cmd_train(args(resume=True, kind="mtp"))
+
+
+def test_sigterm_stops_like_ctrl_c(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl")
+    real_clip = torch.nn.utils.clip_grad_norm_
+    calls = {"n": 0}
+
+    def clip(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_clip(*a, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    before = signal.getsignal(signal.SIGTERM)
+    args = Namespace(model=str(target), out=str(tmp_path / "head"), kind="eagle3", data=str(data), draft_vocab=128,
+                     steps=20, device="cpu", seq_len=128, batch_tokens=512, gen=0, gen_tokens=12, eval_every=0,
+                     eval_prompts=0, lr=2e-3, time_budget=None)
+    assert cmd_train(args) == 130
+    prov = json.loads((tmp_path / "head" / "provenance.json").read_text())
+    assert prov["interrupted"] and 2 <= prov["train"]["steps_done"] <= 3
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is put back
