@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Every figure of the README's benchmark table, on one CUDA GPU, into one folder of JSON files:
+#
+#     bash benchmarks/run_all.sh OUTDIR [quick]
+#
+# Needs the demo model (and, for held-out prompts, the chitchat data set) in the cache: run
+# `localchat run --model demo hi` and `python -c "from speculative.train_data import
+# load_chitchat; load_chitchat()"` once with network first. About 10 minutes on an H200
+# ("quick": the demo rows only, about 4). Copy the files into benchmarks/results/ under the
+# names that benchmarks/update_readme.py reads, then run it.
+set -u
+out=${1:?usage: bash benchmarks/run_all.sh OUTDIR [quick]}
+mode=${2:-full}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+lc() { python3 -m app.cli "$@"; }
+step() { echo "== $*" >&2; }
+
+step "demo + shipped head, greedy, k = 5 (speculation off vs on, held-out prompts)"
+lc bench --model demo --prompts 8 --no-peer --out "$out/h200_demo_spec.json"
+step "the same at temperature 0.7"
+lc bench --model demo --prompts 8 --no-peer --temperature 0.7 --out "$out/h200_demo_spec_t07.json"
+step "sampled speculation with top-p and top-k + min-p"
+python3 benchmarks/sampled_cuts.py "$out/h200_demo_sampled_cuts.json"
+step "start-up of fresh localchat run processes (first byte of the answer)"
+python3 benchmarks/startup.py --model demo --runs 4 --out "$out/h200_startup_first_token.json"
+for i in 1 2; do python3 benchmarks/startup_phases.py --defer; done > "$out/h200_startup_phases.jsonl"
+step "demo model, no draft, against transformers"
+lc bench --model demo --draft none --prompts 4 --out "$out/h200_demo_plain.json"
+[ "$mode" = quick ] && exit 0
+
+step "8B shape, random weights, against transformers"
+lc bench --random-weights llama-8b --prompts 2 --out "$out/h200_8b_plain.json"
+step "8B shape, forced accept length 4"
+lc bench --random-weights llama-8b --force-accept 4 --draft-steps 5 --prompts 1 --no-peer \
+    --out "$out/h200_8b_forced_accept4.json"
+step "chat app attached (headless) against the bare engine"
+python3 benchmarks/bench_ui.py --model demo --device cuda --out "$out/h200_ui_cost.json"
