@@ -14,7 +14,7 @@ from .mtp import MTPDraft
 from .mtp_config import MTPConfig
 from .mtp_unroll import TOP_K, chain_accept_len, mtp_loss, unroll, valid
 from .teacher import Teacher
-from .train_loop import Batcher, LoopResult, _autocast, lr_at, on_ctrl_c, val_rows
+from .train_loop import Batcher, LoopResult, _autocast, final_checks, lr_at, on_ctrl_c, val_rows
 from .ttt import TTTBatch
 
 
@@ -167,19 +167,10 @@ def cmd_train_mtp(args) -> int:
 
     t = time.perf_counter()
     save_layers(opts.out, mc, draft)  # first: a failing check below loses nothing
-    final, failed = {}, None
-    if res.interrupted:  # Ctrl+C: saved as it stands, without the final checks
-        final = {"skipped": f"interrupted after {res.steps_done} steps"}
-    else:
-        try:
-            final = validate(draft, target, teacher, val, opts) if val else {}
-            if opts.eval_prompts:
-                final["speculator"] = teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts],
-                                                               opts.mtp_layers, opts.gen_tokens)
-        except Exception as e:  # recorded in the provenance and reported; the layers are already saved
-            failed = f"{type(e).__name__}: {e}"
-            final["error"] = failed
-            _log(f"final check failed: {failed}")
+    final, failed = final_checks(
+        res, lambda: validate(draft, target, teacher, val, opts) if val else {},
+        (lambda: teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts], opts.mtp_layers,
+                                          opts.gen_tokens)) if opts.eval_prompts else None, _log)
     phases["final_eval_s"] = time.perf_counter() - t
     wall = time.perf_counter() - t_start
     skip = ("out", "model", "data", "draft_vocab", "ttt_steps")

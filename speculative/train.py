@@ -168,7 +168,7 @@ def _train_eagle3(args) -> int:
     if resume:
         draft.load_state_dict(resume["draft"])
 
-    from .train_loop import train, val_rows, validate
+    from .train_loop import final_checks, train, val_rows, validate
 
     train_deadline = None if deadline is None else deadline - opts.reserve_s
     _log(f"training {opts.steps} steps of {opts.batch_tokens} tokens ({opts.ttt_steps} unrolled draft steps)"
@@ -192,19 +192,10 @@ def _train_eagle3(args) -> int:
         _log(f"to train on along the same schedule: {_command(args, resume=True)}")
     else:
         train_checkpoint.discard(opts.out)
-    final, failed = {}, None
-    if res.interrupted:  # Ctrl+C: saved as it stands, without the final checks
-        final = {"skipped": f"interrupted after {res.steps_done} steps"}
-    else:
-        try:
-            final = validate(draft, teacher, val_rows(val_seqs, opts), opts, draft_ids) if val_seqs else {}
-            if opts.eval_prompts:
-                final["speculator"] = teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts],
-                                                               opts.ttt_steps, opts.gen_tokens)
-        except Exception as e:  # recorded in the provenance and reported; the head is already saved
-            failed = f"{type(e).__name__}: {e}"
-            final["error"] = failed
-            _log(f"final check failed: {failed}")
+    final, failed = final_checks(
+        res, lambda: validate(draft, teacher, val_rows(val_seqs, opts), opts, draft_ids) if val_seqs else {},
+        (lambda: teacher.check_speculator(opts.out, data.eval_msgs[:opts.eval_prompts], opts.ttt_steps,
+                                          opts.gen_tokens)) if opts.eval_prompts else None, _log)
     phases["final_eval_s"] = time.perf_counter() - t
     wall = time.perf_counter() - t_start
     prov = {

@@ -41,6 +41,25 @@ def on_ctrl_c(res: LoopResult, step: int, log) -> None:
     log(f"interrupted after {step} steps: saving the head trained so far (Ctrl+C again aborts)")
 
 
+def final_checks(res: LoopResult, validation, speculator, log) -> tuple[dict, str | None]:
+    """After training: the held-out figures (validation()) and the real speculator's check
+    (speculator(), or None to skip it), or a note that Ctrl+C skipped both. Returns (figures,
+    failure message or None); a failure is recorded, not raised, since the weights are saved."""
+    if res.interrupted:
+        return {"skipped": f"interrupted after {res.steps_done} steps"}, None
+    final: dict = {}
+    try:
+        final = validation()
+        if speculator is not None:
+            final["speculator"] = speculator()
+    except Exception as e:
+        failed = f"{type(e).__name__}: {e}"
+        final["error"] = failed
+        log(f"final check failed: {failed}")
+        return final, failed
+    return final, None
+
+
 class Batcher:
     """Rows of whole sequences, drawn from the reply pool with probability `gen_frac`."""
 
