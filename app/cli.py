@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
     train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1.2e-3 GPU, 6e-4 CPU)")
     train.add_argument("--gen", type=int, default=None,
-                       help="training prompts the target answers itself, greedy (default: 40000 GPU, 0 CPU; generation stops at 45% of the time budget; several turns of a conversation may be used)")
+                       help="training prompts the target answers itself, greedy (default: 40000 GPU, 0 CPU; generation stops at 45%% of the time budget; several turns of a conversation may be used)")
     train.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
     train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
     train.add_argument("--eval-prompts", type=int, default=None,
