@@ -29,6 +29,26 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     t0 = time.perf_counter()
     src = resolve(model, log=say)
+    draft_spec = draft
+    if draft_spec is None and src.is_demo:
+        found = demo_draft_path()
+        draft_spec = str(found) if found else None
+    if draft_spec == "none":
+        draft_spec = None
+    # The draft is found before the target loads: a wrong --draft fails in a moment, not after
+    # loading a large model.
+    draft_path = draft_name = None
+    if draft_spec in ("demo-eagle3", "demo-mtp"):  # the drafts trained for the demo model, in assets/
+        if not src.is_demo:
+            raise UserError(f"--draft {draft_spec} was trained for the demo model, not {src.name}")
+        draft_path, draft_name = demo_draft_path(draft_spec[len("demo-"):]), draft_spec
+    if draft_spec == "mtp:builtin" and src.is_gguf:
+        raise UserError(f"--draft mtp:builtin: {src.name} ships no MTP layers (MiMoForCausalLM checkpoints do); "
+                        "give a draft folder instead")
+    if draft_spec and draft_path is None and draft_spec != "mtp:builtin":
+        draft_src = resolve(draft_spec, log=say, what="draft")
+        draft_path, draft_name = draft_src.path, draft_src.name
+
     say(f"loading {src.name}", 0.1)
     if src.is_gguf:
         prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
@@ -38,28 +58,16 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     runner = ModelRunner(loaded.model, loaded.model.cos_sin.shape[0])
     t_loaded = time.perf_counter()
 
-    speculator, draft_name = None, None
-    draft_spec = draft
-    if draft_spec is None and src.is_demo:
-        found = demo_draft_path()
-        draft_spec = str(found) if found else None
-    if draft_spec and draft_spec != "none":
+    speculator = None
+    if draft_spec:
         say("loading the draft", 0.6)
         from speculative.build import build_speculator  # the one place engine reaches into speculative
 
-        shipped = demo_draft_path(draft_spec[len("demo-"):]) if draft_spec in ("demo-eagle3", "demo-mtp") else None
-        if draft_spec in ("demo-eagle3", "demo-mtp") and not src.is_demo:
-            raise UserError(f"--draft {draft_spec} was trained for the demo model, not {src.name}")
-        if shipped is not None:  # the drafts trained for the demo model, in assets/
-            draft_path, draft_name = shipped, draft_spec
-        elif draft_spec == "mtp:builtin":  # MTP layers shipped inside the target checkpoint
-            if src.is_gguf or loaded.config.architecture != "MiMoForCausalLM":
+        if draft_spec == "mtp:builtin":  # MTP layers shipped inside the target checkpoint
+            if loaded.config.architecture != "MiMoForCausalLM":
                 raise UserError(f"--draft mtp:builtin: {src.name} ships no MTP layers (MiMoForCausalLM "
                                 "checkpoints do); give a draft folder instead")
             draft_path, draft_name = src.path, f"{src.name} (built-in MTP)"
-        else:
-            draft_src = resolve(draft_spec, log=say, what="draft")
-            draft_path, draft_name = draft_src.path, draft_src.name
         speculator = build_speculator(draft_path, runner, loaded.config, draft_steps, src.name)
     t_draft = time.perf_counter()
     t_target_graphs = t_draft

@@ -108,3 +108,20 @@ def test_corrupt_tokenizer(tmp_path, tiny_models):
     shutil.copytree(tiny_models["llama"], folder)
     (folder / "tokenizer.json").write_text("{not json")
     _assert_one_line_error(_run("run", "--model", str(folder), "--device", "cpu", "hi"), "cannot load the tokenizer")
+
+
+def test_a_wrong_draft_fails_before_the_target_loads(tmp_path, tiny_models, monkeypatch):
+    """--draft is found before the target's weights load: a typo costs a moment, not a long load."""
+    import engine.build as build
+    from engine import Engine
+    from engine.errors import UserError
+
+    def no_load(*a, **kw):
+        raise AssertionError("the target was loaded before the draft was checked")
+
+    monkeypatch.setattr(build, "load_folder", no_load)
+    monkeypatch.setattr(build, "load_gguf", no_load)
+    with pytest.raises(UserError, match="no such file or folder"):
+        Engine.load(str(tiny_models["llama"]), draft=str(tmp_path / "nope"), device="cpu")
+    with pytest.raises(UserError, match="trained for the demo model"):
+        Engine.load(str(tiny_models["llama"]), draft="demo-eagle3", device="cpu")
