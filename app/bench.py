@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+from pathlib import Path
 
 LLAMA_8B = {
     "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
@@ -115,6 +116,17 @@ def cmd_bench(args) -> int:
 
     if args.prompt_tokens < 1 or args.new_tokens < 2:
         raise UserError("--prompt-tokens must be >= 1 and --new-tokens >= 2")
+    if args.out:  # checked now, not after minutes of benchmarking
+        out = Path(args.out).expanduser()
+        existed = out.exists()
+        try:
+            with open(out, "a"):
+                pass
+            if not existed:
+                out.unlink()
+        except OSError as e:
+            raise UserError(f"--out {args.out}: cannot write a file there ({e.strerror or type(e).__name__})") \
+                from None
     t0 = time.perf_counter()
     engine = build_bench_engine(args)
     startup_s = time.perf_counter() - t0

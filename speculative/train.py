@@ -95,6 +95,7 @@ def _log(msg: str) -> None:
 
 
 def cmd_train(args) -> int:
+    check_out(Path(args.out).expanduser())  # before minutes of work, not at the save after them
     with _sigterm_as_ctrl_c():
         if getattr(args, "kind", "eagle3") == "mtp":
             if getattr(args, "resume", False):
@@ -103,6 +104,23 @@ def cmd_train(args) -> int:
 
             return cmd_train_mtp(args)
         return _train_eagle3(args)
+
+
+def check_out(out: Path) -> None:
+    """--out must be a folder this process can write (created if missing); a head already there
+    is replaced when the run saves, which the log says up front."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder for the head")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".localchat-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write there ({e.strerror or type(e).__name__}); give another folder") \
+            from None
+    if (out / "model.safetensors").exists():
+        _log(f"{out} already holds a head or layers: this run replaces them when it saves")
 
 
 @contextlib.contextmanager

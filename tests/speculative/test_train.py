@@ -313,3 +313,17 @@ def test_sigterm_stops_like_ctrl_c(tmp_path, monkeypatch):
     prov = json.loads((tmp_path / "head" / "provenance.json").read_text())
     assert prov["interrupted"] and 2 <= prov["train"]["steps_done"] <= 3
     assert signal.getsignal(signal.SIGTERM) == before  # the handler is put back
+
+
+def test_out_must_be_a_writable_folder(tmp_path):
+    """A bad --out fails before any work (it used to fail at the save, after the training)."""
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    base = dict(model=str(tmp_path / "no-model"), kind="eagle3", data=None, draft_vocab=128, steps=1, device="cpu")
+    with pytest.raises(UserError, match="is a file"):
+        cmd_train(Namespace(out=str(a_file), **base))
+    with pytest.raises(UserError, match="cannot write there"):
+        cmd_train(Namespace(out=str(a_file / "sub"), **base))
+    with pytest.raises(UserError, match="no such file or folder"):  # the model is checked next
+        cmd_train(Namespace(out=str(tmp_path / "new" / "head"), **base))
+    assert (tmp_path / "new" / "head").is_dir()

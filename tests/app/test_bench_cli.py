@@ -1,0 +1,54 @@
+"""`localchat bench` as the command line runs it, on CPU with tiny models: the JSON report's
+contract (plain, speculative, the transformers peer, random weights from a config), and a bad
+--out that fails before any work."""
+
+import json
+
+import pytest
+
+from app.cli import main
+
+
+def _head(tmp_path, target):
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import read_config
+
+    cfg = read_config(target)
+    return write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200), 64,
+                      (0, 1, 2))
+
+
+def test_bench_reports_plain_speculative_and_the_peer(tmp_path, tiny_models, capsys):
+    out = tmp_path / "r.json"
+    code = main(["bench", "--model", str(tiny_models["llama"]), "--draft", str(_head(tmp_path, tiny_models["llama"])),
+                 "--device", "cpu", "--prompts", "1", "--new-tokens", "8", "--out", str(out)])
+    assert code == 0
+    r = json.loads(out.read_text())
+    assert r["prompts"] == 1 and r["prompt_set"] and r["draft_steps"] == 5 and r["new_tokens"] == 8
+    assert r["plain"]["decode_tok_s"] > 0 and r["plain"]["ttft_s"] > 0 and r["startup_s"] > 0
+    assert r["spec"]["accept_len_mean"] >= 1 and r["spec"]["speedup"] > 0 and len(r["spec"]["per_prompt"]) == 1
+    assert r["transformers"]["decode_tok_s"] > 0 and r["speedup_vs_transformers"] > 0
+    table = capsys.readouterr().out
+    assert "plain decode" in table and "speculative decode" in table and "transformers generate" in table
+
+
+def test_bench_random_weights_from_a_config(tmp_path, tiny_models):
+    out = tmp_path / "r.json"
+    code = main(["bench", "--random-weights", str(tiny_models["qwen3"] / "config.json"), "--device", "cpu",
+                 "--prompts", "1", "--prompt-tokens", "12", "--new-tokens", "6", "--no-peer", "--out", str(out)])
+    assert code == 0
+    r = json.loads(out.read_text())
+    assert r["prompt_tokens"] == 12 and r["prompt_set"].startswith("random token ids")
+    assert r["plain"]["decode_tok_s"] > 0 and "spec" not in r and "transformers" not in r
+
+
+def test_bench_bad_out_fails_first(tmp_path, monkeypatch, capsys):
+    import app.bench_setup as setup
+
+    def no_load(*a, **kw):
+        raise AssertionError("loaded a model before checking --out")
+
+    monkeypatch.setattr(setup, "build_bench_engine", no_load)
+    assert main(["bench", "--model", "demo", "--out", str(tmp_path / "missing" / "r.json")]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["bench", "--model", "demo", "--out", str(tmp_path)]) == 2
