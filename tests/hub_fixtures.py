@@ -136,7 +136,7 @@ def fake_hub():
 @pytest.fixture
 def hub_env(fake_hub, tmp_path, monkeypatch):
     """huggingface_hub talks to the fake Hub with a fresh HF_HOME; returns the cache folder."""
-    from huggingface_hub import constants, file_download
+    from huggingface_hub import constants, file_download, hf_api
 
     home = tmp_path / "hf_home"
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE"):
@@ -152,6 +152,10 @@ def hub_env(fake_hub, tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
     monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    # Module-level helpers such as huggingface_hub.whoami (used by login) are bound to one HfApi
+    # made at import, with the endpoint of that moment: an earlier test that imported it (through
+    # transformers, say) would send them to the real Hub.
+    monkeypatch.setattr(hf_api.api, "endpoint", fake_hub.url)
     # huggingface_hub waits a second before resuming a dropped transfer; not in tests
     monkeypatch.setattr(file_download, "time", SimpleNamespace(sleep=lambda s: None))
     fake_hub.reset()

@@ -28,10 +28,8 @@ class WizardApp(App):
         self.result = result
 
 
-async def until(pilot, condition, timeout: float = 60.0) -> None:
-    """Let workers run and messages land until `condition()` holds. Each wait takes a second or
-    two; the limit is generous because the worker threads talk HTTP to the fake Hub, and one CI
-    run on a loaded 2-core machine once took over 15 s for the token check and download."""
+async def until(pilot, condition, timeout: float = 15.0) -> None:
+    """Let workers run and messages land until `condition()` holds."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while not condition():
