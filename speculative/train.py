@@ -95,15 +95,22 @@ def _log(msg: str) -> None:
 
 
 def cmd_train(args) -> int:
-    check_out(Path(args.out).expanduser())  # before minutes of work, not at the save after them
-    with _sigterm_as_ctrl_c():
-        if getattr(args, "kind", "eagle3") == "mtp":
-            if getattr(args, "resume", False):
-                raise UserError("--resume: only EAGLE-3 runs (--kind eagle3) can be continued")
-            from .mtp_train import cmd_train_mtp
+    out = Path(args.out).expanduser()
+    created = not out.exists()
+    check_out(out)  # before minutes of work, not at the save after them
+    try:
+        with _sigterm_as_ctrl_c():
+            if getattr(args, "kind", "eagle3") == "mtp":
+                if getattr(args, "resume", False):
+                    raise UserError("--resume: only EAGLE-3 runs (--kind eagle3) can be continued")
+                from .mtp_train import cmd_train_mtp
 
-            return cmd_train_mtp(args)
-        return _train_eagle3(args)
+                return cmd_train_mtp(args)
+            return _train_eagle3(args)
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a run that saved nothing leaves no empty folder behind
+        raise
 
 
 def check_out(out: Path) -> None:
