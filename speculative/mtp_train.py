@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import asdict, replace
 
@@ -13,8 +14,9 @@ from engine.ops import Ops
 from .mtp import MTPDraft
 from .mtp_config import MTPConfig
 from .mtp_unroll import TOP_K, chain_accept_len, mtp_loss, unroll, valid
+from .progress import ProgressBar
 from .teacher import Teacher
-from .train_loop import Batcher, LoopResult, _autocast, final_checks, lr_at, on_ctrl_c, val_rows
+from .train_loop import Batcher, LoopResult, _autocast, final_checks, lr_at, on_ctrl_c, show_step, val_rows
 from .ttt import TTTBatch
 
 
@@ -79,6 +81,8 @@ def validate(draft, target: _Target, teacher: Teacher, rows, opts) -> dict:
 
 def train(draft, target: _Target, teacher: Teacher, pools, val, opts, deadline, log) -> LoopResult:
     dev = teacher.device
+    bar = ProgressBar()
+    log = functools.partial(bar.log, log)  # log lines print above the bar
     batcher = Batcher(pools, opts.gen_frac, opts.seq_len, max(1, opts.batch_tokens // opts.seq_len), opts.seed)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01, fused=dev.type == "cuda")
@@ -113,6 +117,8 @@ def train(draft, target: _Target, teacher: Teacher, pools, val, opts, deadline, 
             res.last_loss = loss
             step += 1
             now = time.perf_counter()
+            show_step(bar, step, opts.steps, budget, now - t0, loss, st.step_acc[0], res.entries / max(now - t0, 1e-9),
+                      (now - t0) / step)
             if step % log_every == 0 or step == opts.steps or now - last_log > 15:
                 acc = " ".join(f"{a:.2f}" for a in st.step_acc)
                 log(f"step {step}/{opts.steps}  loss {loss:.3f}  acc[{acc}]  lr {lr:.2e}  "
@@ -124,7 +130,10 @@ def train(draft, target: _Target, teacher: Teacher, pools, val, opts, deadline, 
                 log(f"held-out @ {step}: acc {v['step_acc']}  loss {v['loss']}  est. accept len "
                     f"{v['accept_len_estimate']} (k={v['k']})")
     except KeyboardInterrupt:
+        bar.close()
         on_ctrl_c(res, step, log)
+    finally:
+        bar.close()
     res.steps_done = step
     res.train_s = time.perf_counter() - t0
     return res

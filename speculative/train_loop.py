@@ -4,6 +4,7 @@ AdamW with warm-up and cosine decay over steps or wall time, periodic held-out v
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 import time
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .progress import ProgressBar, remaining
 from .teacher import Teacher
 from .train_data import Sequence, pack
 from .ttt import TTTBatch, chain_accept_len, ttt_loss, unroll
@@ -58,6 +60,16 @@ def final_checks(res: LoopResult, validation, speculator, log) -> tuple[dict, st
         log(f"final check failed: {failed}")
         return final, failed
     return final, None
+
+
+def show_step(bar: ProgressBar, step: int, steps: int, budget: float | None, elapsed: float, loss: float,
+              first_acc: float, tokens_per_s: float, per_step_s: float) -> None:
+    """The progress bar after a training step: the schedule's fraction done (steps or seconds,
+    whichever ends it first) and the time left."""
+    fraction = step / steps if budget is None else max(step / steps, elapsed / budget)
+    left = (steps - step) * per_step_s if budget is None else min(budget - elapsed, (steps - step) * per_step_s)
+    bar.update(fraction, f"step {step:,}  loss {loss:.3f}  acc {first_acc:.2f}  {tokens_per_s:,.0f} tok/s  "
+                         f"{remaining(left)}")
 
 
 class Batcher:
@@ -144,6 +156,8 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
     """resume: a checkpoint of a stopped run (speculative/train_checkpoint.py): its optimizer
     state, step and schedule continue; the run ends with that schedule or at train_deadline."""
     dev = teacher.device
+    bar = ProgressBar()
+    log = functools.partial(bar.log, log)  # log lines print above the bar
     rows_per_step = max(1, opts.batch_tokens // opts.seq_len)
     step = resume["step"] if resume else 0
     batcher = Batcher(pools, opts.gen_frac, opts.seq_len, rows_per_step, opts.seed + step)
@@ -206,6 +220,8 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
             res.last_loss = loss
             step += 1
             now = time.perf_counter()
+            show_step(bar, step, opts.steps, budget, used + now - t0, loss, stats.step_acc[0],
+                      res.entries / max(now - t0, 1e-9), (now - t0) / (step - first))
             if step % log_every == 0 or step == opts.steps or now - last_log > 15:
                 rate = window_entries / max(now - window_t, 1e-9)
                 acc = " ".join(f"{a:.2f}" for a in stats.step_acc)
@@ -219,7 +235,10 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
                 log(f"held-out @ {step}: acc {v['step_acc']}  loss {v['loss']}  est. accept len "
                     f"{v['accept_len_estimate']} (k={v['k']})")
     except KeyboardInterrupt:
+        bar.close()
         on_ctrl_c(res, step - first, log)
+    finally:
+        bar.close()
     res.steps_done = step
     res.train_s = time.perf_counter() - t0
     res.schedule_s, res.schedule_used_s = budget, used + res.train_s

@@ -327,3 +327,32 @@ def test_out_must_be_a_writable_folder(tmp_path):
     with pytest.raises(UserError, match="no such file or folder"):  # the model is checked next
         cmd_train(Namespace(out=str(tmp_path / "new" / "head"), **base))
     assert not (tmp_path / "new" / "head").exists()  # the folder it made for the head is gone again
+
+
+def test_progress_bar_on_a_terminal_only():
+    import io
+
+    from speculative.progress import ProgressBar
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    bar = ProgressBar(stream=tty, width=10, min_interval=0)
+    bar.update(0.5, "step 5")
+    bar.log(lambda m: tty.write(m + "\n"), "held-out @ 5")
+    bar.update(1.0, "step 10")
+    bar.close()
+    out = tty.getvalue()
+    assert "[#####-----]  50%  step 5" in out and "[##########] 100%  step 10" in out
+    # the log line is written on a cleared line, and the bar comes back under it
+    assert "\r\x1b[2Kheld-out @ 5\n[#####-----]" in out
+    assert out.endswith("\r\x1b[2K")
+
+    plain = io.StringIO()  # a log file: no bar at all, log lines as they are
+    bar = ProgressBar(stream=plain, min_interval=0)
+    bar.update(0.5, "step 5")
+    bar.log(lambda m: plain.write(m + "\n"), "held-out @ 5")
+    bar.close()
+    assert plain.getvalue() == "held-out @ 5\n"
