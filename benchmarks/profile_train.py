@@ -54,8 +54,7 @@ def main() -> None:
     from speculative.teacher import Teacher
     from speculative.train import TrainOptions, _load_target, choose_draft_vocab, _init_draft, prepare_data
     from speculative.train_export import default_aux_layers
-    from speculative.train_loop import Batcher, _autocast
-    from speculative.ttt import TTTBatch, ttt_loss, unroll
+    from speculative.train_loop import Batcher, train_step
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":
@@ -93,21 +92,7 @@ def main() -> None:
     batcher = Batcher(pools, 0.0, opts.seq_len, max(1, opts.batch_tokens // opts.seq_len), 0)
 
     def step() -> None:
-        rows = batcher.next_rows()
-        flat = teacher.features_many([item for row in rows for item in row])  # keys ("text", i): cached
-        packed, i = [], 0
-        for row in rows:
-            packed.append(flat[i:i + len(row)])
-            i += len(row)
-        batch = TTTBatch.from_rows(packed, opts.seq_len)
-        labels = teacher.label_logits(batch.label_hidden, draft_ids)
-        with _autocast(dev):
-            logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
-        stats = ttt_loss(logits, batch, labels, draft.d2t, opts.decay)
-        opt.zero_grad(set_to_none=True)
-        stats.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        train_step(draft, teacher, batcher.next_rows(), opts, draft_ids, opt, params)
 
     for _ in range(3):
         step()

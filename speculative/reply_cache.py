@@ -70,26 +70,32 @@ class ReplyCache:
         os.replace(tmp, self.file)
 
 
+class GenerationStopped(KeyboardInterrupt):
+    """Ctrl+C during generation, carrying the replies finished by then (`made`: Sequences in
+    prompt order; after replies_for, `new`: their cache entries) so that they are kept."""
+
+    def __init__(self, made: list):
+        super().__init__()
+        self.made = made
+        self.new: dict[str, list[int]] = {}
+
+
 def replies_for(prompts: list[list[int]], known: dict[str, list[int]], generate) -> tuple[list, int, dict]:
     """Sequences (prompt + reply, in prompt order) for the prompts that have a reply: cached
     ones, then `generate(missing prompts)` -> Sequences for those it managed (a deadline may cut
-    it short). Returns (sequences, how many came from the cache, the new entries)."""
+    it short). Returns (sequences, how many came from the cache, the new entries). A
+    GenerationStopped from `generate` goes on with its entries in `new`."""
     from .train_data import Sequence
 
     keys = [_prompt_key(p) for p in prompts]
     missing = [i for i, k in enumerate(keys) if k not in known]
-    made = generate([prompts[i] for i in missing]) if missing else []
-    new: dict[str, list[int]] = {}
-    by_index: dict[int, list[int]] = {}
-    for seq in made:  # generate returns its prompts' sequences in order, possibly fewer of them
-        prompt = seq.ids[:seq.response_start]
-        while missing and prompts[missing[0]] != prompt:
-            missing.pop(0)  # not reached before the deadline
-        if not missing:
-            break
-        i = missing.pop(0)
-        by_index[i] = seq.ids[seq.response_start:]
-        new[keys[i]] = by_index[i]
+    try:
+        made = generate([prompts[i] for i in missing]) if missing else []
+    except GenerationStopped as stop:
+        stop.new = {keys[i]: reply for i, reply in _match(prompts, missing, stop.made).items()}
+        raise
+    by_index = _match(prompts, missing, made)
+    new = {keys[i]: reply for i, reply in by_index.items()}
     out, cached = [], 0
     for i, p in enumerate(prompts):
         reply = known.get(keys[i])
@@ -100,3 +106,18 @@ def replies_for(prompts: list[list[int]], known: dict[str, list[int]], generate)
         if reply is not None:
             out.append(Sequence(list(p) + list(reply), response_start=len(p)))
     return out, cached, new
+
+
+def _match(prompts: list[list[int]], missing: list[int], made: list) -> dict[int, list[int]]:
+    """prompt index -> reply, for the sequences `generate` returned for prompts[missing] (in
+    order, possibly fewer of them)."""
+    todo = list(missing)
+    out: dict[int, list[int]] = {}
+    for seq in made:
+        prompt = seq.ids[:seq.response_start]
+        while todo and prompts[todo[0]] != prompt:
+            todo.pop(0)  # not reached
+        if not todo:
+            break
+        out[todo.pop(0)] = seq.ids[seq.response_start:]
+    return out

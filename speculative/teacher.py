@@ -117,12 +117,21 @@ class Teacher:
         t0 = last_log = time.perf_counter()
         made = 0
 
+        from .progress import ProgressBar, remaining
+
+        bar = ProgressBar() if log else None
+
         def progress(n: int) -> None:
             nonlocal made, last_log
             made += n
-            if log and time.perf_counter() - last_log > 10:
-                last_log = time.perf_counter()
-                log(f"  generated {len(replies)}/{len(prompts)} replies, {made / (last_log - t0):.0f} tokens/s")
+            now = time.perf_counter()
+            if bar is not None:  # a terminal: the replies done so far, and the time the deadline leaves
+                left = f"  {remaining(deadline - now)} at most" if deadline is not None else ""
+                bar.update(len(replies) / max(len(prompts), 1),
+                           f"replies {len(replies):,}/{len(prompts):,}  {made / max(now - t0, 1e-9):,.0f} tokens/s{left}")
+            if log and now - last_log > 10:
+                last_log = now
+                bar.log(log, f"  generated {len(replies)}/{len(prompts)} replies, {made / (now - t0):.0f} tokens/s")
 
         todo = [i for i in range(len(prompts)) if limits[i] > 0 and prompts[i]]
         for i in range(len(prompts)):
@@ -130,16 +139,28 @@ class Teacher:
                 replies[i] = []  # no room for a reply (an empty prompt has nothing to answer)
         window = self.GEN_WINDOW * self.gen_batch
         order: list[int] = []
-        while todo or order:
-            if deadline is not None and time.perf_counter() > deadline:
-                break
-            if not order:
-                order = sorted(todo[:window], key=lambda i: len(prompts[i]))
-                del todo[:window]
-            batch = self._take_batch(order, prompts, limits, per_token)
-            got = greedy_batch(self.model, [prompts[i] for i in batch], [limits[i] for i in batch],
-                               self.eos_ids, progress)
-            replies.update(zip(batch, got))
+        try:
+            while todo or order:
+                if deadline is not None and time.perf_counter() > deadline:
+                    break
+                if not order:
+                    order = sorted(todo[:window], key=lambda i: len(prompts[i]))
+                    del todo[:window]
+                batch = self._take_batch(order, prompts, limits, per_token)
+                got = greedy_batch(self.model, [prompts[i] for i in batch], [limits[i] for i in batch],
+                                   self.eos_ids, progress)
+                replies.update(zip(batch, got))
+        except KeyboardInterrupt:  # Ctrl+C: the finished replies go with it, to be kept
+            from .reply_cache import GenerationStopped
+
+            raise GenerationStopped(self._sequences(prompts, replies)) from None
+        finally:
+            if bar is not None:
+                bar.close()
+        return self._sequences(prompts, replies)
+
+    @staticmethod
+    def _sequences(prompts: list[list[int]], replies: dict[int, list[int]]) -> list[Sequence]:
         return [Sequence(list(prompts[i]) + replies[i], response_start=len(prompts[i]))
                 for i in range(len(prompts)) if i in replies]
 

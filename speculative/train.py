@@ -304,26 +304,34 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
     val_gen: list[Sequence] = []
     cached = 0
     if opts.gen_prompts:
-        from .reply_cache import replies_for
+        from .reply_cache import GenerationStopped, replies_for
 
         def answer(prompts, gen_deadline=None, log=None):
             return teacher.generate(prompts, opts.gen_tokens, gen_deadline, log) if generate else []
 
+        def keep(entries: dict) -> None:
+            if cache is not None and entries:
+                try:
+                    cache.save({**known, **entries})
+                except OSError as e:  # a full or read-only disk costs the next run time, not this one
+                    _log(f"could not keep the replies for later runs: {e}")
+
         known = cache.load() if cache is not None else {}
         added: dict = {}
-        val_prompts = [tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]]
-        val_gen, n_val, new = replies_for(val_prompts, known, answer)
-        added.update(new)
-        gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
-        gen, n_gen, new = replies_for(_train_prompts(train_convs, tok, opts), known,
-                                      lambda ps: answer(ps, gen_deadline, _log))
-        added.update(new)
+        try:
+            val_prompts = [tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]]
+            val_gen, n_val, new = replies_for(val_prompts, known, answer)
+            added.update(new)
+            gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
+            gen, n_gen, new = replies_for(_train_prompts(train_convs, tok, opts), known,
+                                          lambda ps: answer(ps, gen_deadline, _log))
+            added.update(new)
+        except GenerationStopped as stop:  # Ctrl+C: the replies made so far serve the next run
+            keep({**added, **stop.new})
+            _log(f"interrupted while generating: {len(added) + len(stop.new)} new replies kept for the next run")
+            raise KeyboardInterrupt from None
         cached = n_val + n_gen
-        if cache is not None and added:
-            try:
-                cache.save({**known, **added})
-            except OSError as e:  # a full or read-only disk costs the next run time, not this one
-                _log(f"could not keep the replies for later runs: {e}")
+        keep(added)
         made = sum(len(s.ids) - s.response_start for s in gen + val_gen)
         phases["generate_s"] = time.perf_counter() - t
         _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts: {made:,} tokens in "

@@ -15,7 +15,7 @@ import torch
 from .progress import ProgressBar, remaining
 from .teacher import Teacher
 from .train_data import Sequence, pack
-from .ttt import TTTBatch, chain_accept_len, ttt_loss, unroll
+from .ttt import StepStats, TTTBatch, chain_accept_len, ttt_loss, unroll
 
 
 @dataclass
@@ -151,6 +151,27 @@ def validate(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids) 
             "accept_len_estimate": round(chains / max(starts, 1), 3), "k": opts.ttt_steps}
 
 
+def train_step(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids: torch.Tensor, opt,
+               params: list) -> tuple[StepStats, TTTBatch]:
+    """One optimizer step on packed rows of (key, sequence) items: the teacher's features
+    (cached after their first use), the unrolled draft steps, the loss, the update."""
+    flat = teacher.features_many([item for row in rows for item in row])
+    packed, i = [], 0
+    for row in rows:
+        packed.append(flat[i:i + len(row)])
+        i += len(row)
+    batch = TTTBatch.from_rows(packed, opts.seq_len)
+    target_logits = teacher.label_logits(batch.label_hidden, draft_ids)
+    with _autocast(teacher.device):
+        logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
+    stats = ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay)
+    opt.zero_grad(set_to_none=True)
+    stats.loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return stats, batch
+
+
 def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: list[Sequence], opts,
           draft_ids: torch.Tensor, train_deadline: float | None, log, resume: dict | None = None) -> LoopResult:
     """resume: a checkpoint of a stopped run (speculative/train_checkpoint.py): its optimizer
@@ -196,21 +217,7 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
             lr = lr_at(step, progress, opts.lr, warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
-            next_rows = batcher.next_rows()
-            flat = teacher.features_many([item for row in next_rows for item in row])
-            rows, i = [], 0
-            for row in next_rows:
-                rows.append(flat[i:i + len(row)])
-                i += len(row)
-            batch = TTTBatch.from_rows(rows, opts.seq_len)
-            target_logits = teacher.label_logits(batch.label_hidden, draft_ids)
-            with _autocast(dev):
-                logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
-            stats = ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay)
-            opt.zero_grad(set_to_none=True)
-            stats.loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            stats, batch = train_step(draft, teacher, batcher.next_rows(), opts, draft_ids, opt, params)
             loss = float(stats.loss.detach())  # syncs: the step time is measured honestly
             n = int(batch.valid(0).sum())
             res.entries += n

@@ -356,3 +356,44 @@ def test_progress_bar_on_a_terminal_only():
     bar.log(lambda m: plain.write(m + "\n"), "held-out @ 5")
     bar.close()
     assert plain.getvalue() == "held-out @ 5\n"
+
+
+def test_ctrl_c_while_generating_keeps_the_replies(tmp_path, monkeypatch):
+    """Ctrl+C during generation stops the run; the replies finished by then are in the cache,
+    and the next run generates only the rest."""
+    import speculative.teacher as teacher_mod
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl")
+    real = teacher_mod.greedy_batch
+    calls = {"n": 0}
+
+    def batch_then_stop(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:  # held-out replies, one training batch, then Ctrl+C
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(teacher_mod, "greedy_batch", batch_then_stop)
+    real_init = teacher_mod.Teacher.__init__
+
+    def small_batches(self, *a, **kw):
+        real_init(self, *a, **kw)
+        self.gen_batch = 4
+
+    monkeypatch.setattr(teacher_mod.Teacher, "__init__", small_batches)
+
+    def args(out):
+        return Namespace(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=2,
+                         device="cpu", seq_len=128, batch_tokens=512, gen=10, gen_tokens=8, eval_every=0,
+                         eval_prompts=0, lr=2e-3, time_budget=None)
+
+    with pytest.raises(KeyboardInterrupt):
+        cmd_train(args(tmp_path / "a"))
+    assert not (tmp_path / "a").exists()
+    monkeypatch.setattr(teacher_mod, "greedy_batch", real)
+    assert cmd_train(args(tmp_path / "b")) == 0
+    data_b = json.loads((tmp_path / "b" / "provenance.json").read_text())["data"]
+    assert data_b["generated_responses"] == 10
+    assert data_b["responses_from_cache"] == 4 + 4  # the held-out replies and the first training batch
