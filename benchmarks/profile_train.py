@@ -52,7 +52,7 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from speculative.teacher import Teacher
-    from speculative.train import TrainOptions, _load_target, choose_draft_vocab, _init_draft, prepare_data
+    from speculative.train import TrainOptions, _init_draft, _load_target, choose_draft_vocab, prepare_data
     from speculative.train_export import default_aux_layers
     from speculative.train_loop import Batcher, train_step
 

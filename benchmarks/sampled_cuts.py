@@ -27,8 +27,8 @@ def main() -> None:
                        "python": platform.python_version()},
            "model": "demo", "draft": e.draft_name, "draft_steps": e.speculator.k, "max_tokens": 256,
            "seeds": "prompt index", "prompt_set": which, "rows": []}
-    for name, kw in [("t0.7", dict(temperature=0.7)), ("t0.7 top_p0.9", dict(temperature=0.7, top_p=0.9)),
-                     ("t0.7 top_k40 min_p0.05", dict(temperature=0.7, top_k=40, min_p=0.05))]:
+    for name, kw in [("t0.7", {"temperature": 0.7}), ("t0.7 top_p0.9", {"temperature": 0.7, "top_p": 0.9}),
+                     ("t0.7 top_k40 min_p0.05", {"temperature": 0.7, "top_k": 40, "min_p": 0.05})]:
         plain_s = spec_s = plain_n = spec_n = 0
         accept = []
         for i, m in enumerate(prompts):

@@ -8,20 +8,20 @@ run it several times (the first runs on a machine fill its caches).
 import time
 
 t0 = time.perf_counter()
-import json  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import json
+import sys
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
 t1 = time.perf_counter()
 torch.zeros(1, device="cuda")
 torch.cuda.synchronize()
 t2 = time.perf_counter()
-from engine.engine import Engine  # noqa: E402
-from engine.types import SamplingParams  # noqa: E402
+from engine.engine import Engine
+from engine.types import SamplingParams
 
 t3 = time.perf_counter()
 e = Engine.load("demo", device="cuda", defer_capture="--defer" in sys.argv)

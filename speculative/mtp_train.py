@@ -143,8 +143,8 @@ def cmd_train_mtp(args) -> int:
     from engine.engine import pick_device
 
     from .mtp_export import layers_readme, save_layers
-    from .train_export import write_provenance
     from .train import TrainOptions, _command, _load_target, _log, prepare_data, reply_cache
+    from .train_export import write_provenance
 
     t_start = time.perf_counter()
     dev = pick_device(getattr(args, "device", None))

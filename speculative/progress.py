@@ -29,7 +29,7 @@ class ProgressBar:
             return
         self._last = now
         fraction = min(max(fraction, 0.0), 1.0)
-        filled = int(round(fraction * self.width))
+        filled = round(fraction * self.width)
         self._line = f"[{'#' * filled}{'-' * (self.width - filled)}] {fraction * 100:3.0f}%  {text}"
         self.stream.write("\r\x1b[2K" + self._line)
         self.stream.flush()

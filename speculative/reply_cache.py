@@ -41,7 +41,7 @@ class ReplyCache:
         self.file = self.folder / "replies.jsonl"
 
     @classmethod
-    def for_run(cls, root: Path, identity: dict) -> "ReplyCache":
+    def for_run(cls, root: Path, identity: dict) -> ReplyCache:
         key = hashlib.sha256(json.dumps({**identity, "format": FORMAT}, sort_keys=True).encode()).hexdigest()
         return cls(Path(root) / key[:24])
 

@@ -4,8 +4,6 @@ contract (plain, speculative, the transformers peer, random weights from a confi
 
 import json
 
-import pytest
-
 from app.cli import main
 
 
