@@ -97,7 +97,7 @@ def rows() -> list[str]:
                    f"{check['max_tokens']} tokens (train-draft's final check) | {check['identical']}/{check['prompts']} "
                    f"identical, accept length {check['accept_len_mean']:.2f} | | | all |")
     out.append(_spec_row("h200_demo_mtp.json", "demo model + shipped 2-layer chain-MTP (`--draft demo-mtp`), greedy, "
-                         "held-out prompts, k = 2 (session 2)", ""))
+                         "held-out prompts, k = 2 (measured with an earlier build)", ""))
     out.append(_spec_row("h200_demo_spec_t07.json", "demo model + shipped head, temperature 0.7, held-out prompts", ""))
     b = _load("h200_demo_sampled_cuts.json")
     for r in (b or {}).get("rows", []):
