@@ -17,6 +17,8 @@ class Settings:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off
     max_tokens: int = 512
     # Draft tokens proposed per verify step; the EAGLE-3 papers find 5-7 best for chat.
     draft_steps: int = 5
@@ -36,18 +38,22 @@ class Settings:
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
             "max_tokens": self.max_tokens,
         }
 
 
 _TYPES: dict[str, type] = {
-    "temperature": float, "top_p": float, "top_k": int, "max_tokens": int,
+    "temperature": float, "top_p": float, "top_k": int, "min_p": float, "repetition_penalty": float, "max_tokens": int,
     "draft_steps": int, "speculative": bool, "theme": str, "system_prompt": str,
 }
 _LIMITS = {
     "temperature": (lambda v: v >= 0, "must be >= 0"),
     "top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "top_k": (lambda v: v >= 0, "must be >= 0 (0 turns it off)"),
+    "min_p": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 turns it off)"),
+    "repetition_penalty": (lambda v: v > 0, "must be > 0 (1 turns it off)"),
     "max_tokens": (lambda v: v >= 1, "must be >= 1"),
     "draft_steps": (lambda v: 1 <= v <= 15, "must be between 1 and 15"),
 }

@@ -16,6 +16,8 @@ NUMBER_FIELDS = (
     ("temperature", "Temperature", "0 = greedy"),
     ("top_p", "Top-p", "1 = off"),
     ("top_k", "Top-k", "0 = off"),
+    ("min_p", "Min-p", "0 = off"),
+    ("repetition_penalty", "Repetition penalty", "1 = off"),
     ("max_tokens", "Max tokens", "per answer"),
     ("draft_steps", "Draft steps", "applies at next start"),
 )

@@ -63,7 +63,8 @@ class FakeEngine:
 
     def _stream(self, messages, params, speculative, stop_event, t0) -> Iterator[StreamEvent]:
         is_spec = self.has_draft and (True if speculative is None else speculative)
-        self.calls.append({"messages": messages, "speculative": is_spec, "thread": threading.get_ident()})
+        self.calls.append({"messages": messages, "speculative": is_spec, "thread": threading.get_ident(),
+                           "params": params})
         if self.fail_stream is not None:
             raise self.fail_stream
         tokens = split_tokens(answer_for(messages))[: params.max_tokens]

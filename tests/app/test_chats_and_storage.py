@@ -145,6 +145,26 @@ async def test_settings_screen_rejects_bad_values(make_app):
         assert app.settings.top_p == 1.0
 
 
+async def test_min_p_and_repetition_penalty_reach_the_engine(make_app):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("f4")
+        await pilot.pause()
+        app.screen.query_one("#set-repetition_penalty", Input).value = "0"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert "repetition_penalty must be > 0" in str(app.screen.query_one("#settings-error").render())
+        app.screen.query_one("#set-repetition_penalty", Input).value = "1.15"
+        app.screen.query_one("#set-min_p", Input).value = "0.05"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert (app.settings.min_p, app.settings.repetition_penalty) == (0.05, 1.15)
+        await send(pilot, "hello there")
+        params = engine_of(app).calls[-1]["params"]
+        assert (params.min_p, params.repetition_penalty) == (0.05, 1.15)
+
+
 async def test_corrupt_database_is_moved_aside(make_app, home: Path):
     db = home / "data" / "chats.db"
     db.parent.mkdir(parents=True)
