@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from engine.errors import UserError
@@ -106,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("localchat: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except OSError:
+            pass
+        return 141
     except Exception as e:  # runtime failure: one clear line, no traceback
         name = type(e).__name__
         msg = str(e).strip().splitlines()[0] if str(e).strip() else name

@@ -125,3 +125,14 @@ def test_a_wrong_draft_fails_before_the_target_loads(tmp_path, tiny_models, monk
         Engine.load(str(tiny_models["llama"]), draft=str(tmp_path / "nope"), device="cpu")
     with pytest.raises(UserError, match="trained for the demo model"):
         Engine.load(str(tiny_models["llama"]), draft="demo-eagle3", device="cpu")
+
+
+def test_a_closed_stdout_ends_quietly(tiny_models):
+    """`localchat run ... | head -c 5`: when the reader goes away, no error and no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--model", str(tiny_models["llama"]), "--device",
+                             "cpu", "--max-tokens", "20", "hello"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ))
+    proc.stdout.close()  # before the answer starts: its first write hits a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=240) == 141
+    assert "error" not in err.lower() and "Traceback" not in err, err
