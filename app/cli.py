@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_options(run)
     run.add_argument("--system", default=None, help="system prompt")
     run.add_argument("--json", action="store_true", help="print one JSON result object at the end")
-    run.add_argument("prompt", help="the question")
+    run.add_argument("prompt", help="the question ('-' reads it from stdin)")
 
     bench = sub.add_parser("bench", help="speculation off vs on (and peers) in one run")
     _model_options(bench)

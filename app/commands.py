@@ -29,6 +29,11 @@ def sampling_from_args(args):
 def cmd_run(args) -> int:
     from engine.errors import UserError
 
+    if args.prompt == "-":  # `... | localchat run -`: the prompt is what comes in on stdin
+        try:
+            args.prompt = sys.stdin.read()
+        except UnicodeDecodeError:
+            raise UserError("the prompt on stdin is not UTF-8 text") from None
     if not args.prompt.strip():
         raise UserError("the prompt is empty")
     params = sampling_from_args(args)  # validate before the slow load

@@ -136,3 +136,14 @@ def test_a_closed_stdout_ends_quietly(tiny_models):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=240) == 141
     assert "error" not in err.lower() and "Traceback" not in err, err
+
+
+def test_prompt_from_stdin(tiny_models):
+    args = ("run", "--model", str(tiny_models["llama"]), "--device", "cpu", "--max-tokens", "4", "--json", "-")
+    out = subprocess.run([sys.executable, "-m", "app.cli", *args], input="hello there\n", capture_output=True,
+                         text=True, timeout=240, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["stats"]["prompt_tokens"] > 0
+    empty = subprocess.run([sys.executable, "-m", "app.cli", *args], input="  \n", capture_output=True, text=True,
+                           timeout=240, env=dict(os.environ))
+    _assert_one_line_error(empty, "the prompt is empty")
