@@ -52,9 +52,10 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from speculative.teacher import Teacher
-    from speculative.train import TrainOptions, _init_draft, _load_target, choose_draft_vocab, prepare_data
+    from speculative.train import TrainOptions, _init_draft, _load_target
     from speculative.train_export import default_aux_layers
     from speculative.train_loop import Batcher, train_step
+    from speculative.train_prepare import choose_draft_vocab, prepare_data
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":

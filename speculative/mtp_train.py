@@ -143,8 +143,9 @@ def cmd_train_mtp(args) -> int:
     from engine.engine import pick_device
 
     from .mtp_export import layers_readme, save_layers
-    from .train import TrainOptions, _command, _load_target, _log, prepare_data, reply_cache
+    from .train import TrainOptions, _command, _load_target, _log
     from .train_export import write_provenance
+    from .train_prepare import prepare_data, reply_cache
 
     t_start = time.perf_counter()
     dev = pick_device(getattr(args, "device", None))

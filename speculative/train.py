@@ -4,7 +4,6 @@ layers: speculative/mtp_train.py) from a target on chat data."""
 from __future__ import annotations
 
 import contextlib
-import random
 import signal
 import sys
 import threading
@@ -16,7 +15,7 @@ import torch
 
 from engine.errors import UserError
 
-from .train_data import SPLIT_RULE, Conversation, Sequence, load_conversations, prompt_prefix, split, tokenize, user_turns
+from .train_prepare import choose_draft_vocab, prepare_data, reply_cache
 
 
 @dataclass(frozen=True)
@@ -242,104 +241,6 @@ def _train_eagle3(args) -> int:
     return 130 if res.interrupted else 1 if failed else 0
 
 
-@dataclass
-class TrainData:
-    """The conversations, their split, and the target's own replies, as both trainers use them."""
-
-    source: dict
-    convs: list[Conversation]
-    train_convs: list[Conversation]
-    held: list[Conversation]
-    text: list[Sequence]  # training conversations, tokenized
-    val_text: list[Sequence]  # the first held-out conversations, tokenized
-    eval_msgs: list[list[dict]]  # first user turns of held-out conversations
-    gen: list[Sequence]  # the target's greedy replies to training prompts
-    val_gen: list[Sequence]  # ... and to held-out first turns
-    cached_replies: int = 0  # of gen + val_gen, taken from the reply cache
-
-    def provenance(self) -> dict:
-        return {**self.source, "split": SPLIT_RULE, "conversations": len(self.convs),
-                "train_conversations": len(self.train_convs), "heldout_conversations": len(self.held),
-                "train_tokens": sum(len(s.ids) for s in self.text), "generated_responses": len(self.gen),
-                "responses_from_cache": self.cached_replies,
-                "generated_tokens": sum(len(s.ids) - s.response_start for s in self.gen),
-                "validation": f"the first {len(self.val_text)} held-out conversations and the target's replies to "
-                              f"the first user turns of {len(self.val_gen)} held-out conversations"}
-
-
-def reply_cache(opts: TrainOptions, target_path: Path, loaded):
-    """The reply cache for this target, device and reply limits (speculative/reply_cache.py)."""
-    from engine.paths import cache_dir
-
-    from .reply_cache import ReplyCache, target_identity
-
-    w = loaded.model.lm_head.weight
-    identity = {"target": target_identity(target_path), "eos": sorted(loaded.tokenizer.eos_token_ids),
-                "device": w.device.type, "dtype": str(w.dtype), "gen_tokens": opts.gen_tokens,
-                "max_len": opts.max_len}
-    return ReplyCache.for_run(cache_dir() / "train-draft" / "replies", identity)
-
-
-def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: float | None,
-                 phases: dict, cache=None, generate: bool = True) -> TrainData:
-    """Loads and splits the conversations, tokenizes them and has the target answer training
-    prompts (until gen_share of the time budget), taking the replies it already has from
-    `cache` (a ReplyCache) and adding the new ones to it; records data_s and generate_s."""
-    t = time.perf_counter()
-    convs, source = load_conversations(opts.data, _log)
-    train_convs, held = split(convs)
-    if not train_convs or not held:
-        raise UserError(f"the data has {len(convs)} conversations; the 5% held-out split needs more "
-                        "(a few hundred at least)")
-    tok = loaded.tokenizer
-    text = tokenize(tok, train_convs, opts.seq_len)
-    val_text = tokenize(tok, held[:opts.val_conversations], opts.seq_len)
-    eval_msgs = [p for p in (prompt_prefix(c.messages, 1) for c in held) if p is not None]
-    phases["data_s"] = time.perf_counter() - t
-    _log(f"{len(convs)} conversations: {len(train_convs)} for training ({sum(len(s.ids) for s in text):,} "
-         f"tokens), {len(held)} held out; {phases['data_s']:.1f} s")
-
-    t = time.perf_counter()
-    gen: list[Sequence] = []
-    val_gen: list[Sequence] = []
-    cached = 0
-    if opts.gen_prompts:
-        from .reply_cache import GenerationStopped, replies_for
-
-        def answer(prompts, gen_deadline=None, log=None):
-            return teacher.generate(prompts, opts.gen_tokens, gen_deadline, log) if generate else []
-
-        def keep(entries: dict) -> None:
-            if cache is not None and entries:
-                try:
-                    cache.save({**known, **entries})
-                except OSError as e:  # a full or read-only disk costs the next run time, not this one
-                    _log(f"could not keep the replies for later runs: {e}")
-
-        known = cache.load() if cache is not None else {}
-        added: dict = {}
-        try:
-            val_prompts = [tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]]
-            val_gen, n_val, new = replies_for(val_prompts, known, answer)
-            added.update(new)
-            gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
-            gen, n_gen, new = replies_for(_train_prompts(train_convs, tok, opts), known,
-                                          lambda ps: answer(ps, gen_deadline, _log))
-            added.update(new)
-        except GenerationStopped as stop:  # Ctrl+C: the replies made so far serve the next run
-            keep({**added, **stop.new})
-            _log(f"interrupted while generating: {len(added) + len(stop.new)} new replies kept for the next run")
-            raise KeyboardInterrupt from None
-        cached = n_val + n_gen
-        keep(added)
-        made = sum(len(s.ids) - s.response_start for s in gen + val_gen)
-        phases["generate_s"] = time.perf_counter() - t
-        _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts: {made:,} tokens in "
-             f"{phases['generate_s']:.1f} s" + (f", {cached} of the replies from earlier runs" if cached else
-                                                f" ({made / max(phases['generate_s'], 1e-9):,.0f} tokens/s)"))
-    return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen, cached)
-
-
 def _load_target(opts: TrainOptions, dev: torch.device):
     from engine.loader import load_folder, load_gguf
     from engine.resolve import resolve
@@ -351,53 +252,6 @@ def _load_target(opts: TrainOptions, dev: torch.device):
         prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
         return load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared), src.name, src.path
     return load_folder(src.path, dev, dtype, opts.max_len), src.name, src.path
-
-
-def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> list[list[int]]:
-    """Prefixes of training conversations ending on a user turn, each short enough to leave
-    room for a full reply. Taken in rounds over the shuffled conversations, one unused turn of
-    each per round (in the first round the first turn for half of them), so --gen may ask for
-    more replies than there are conversations and every conversation is used before any twice."""
-    rng = random.Random(opts.seed + 1)
-    order = list(range(len(convs)))
-    rng.shuffle(order)
-    room = opts.seq_len - opts.gen_tokens - 1
-    free = {i: list(range(1, user_turns(convs[i].messages) + 1)) for i in order}
-    out: list[list[int]] = []
-    first_round = True
-    while len(out) < opts.gen_prompts and any(free.values()):
-        for i in order:
-            if len(out) == opts.gen_prompts:
-                break
-            turns = free[i]
-            if not turns:
-                continue
-            t = 1 if first_round and turns[0] == 1 and rng.random() < 0.5 else rng.choice(turns)
-            turns.remove(t)
-            prefix = prompt_prefix(convs[i].messages, t)
-            ids = tok.apply_chat_template(prefix) if prefix else []
-            if 0 < len(ids) <= room:
-                out.append(ids)
-            elif len(ids) > room:  # later turns are longer still
-                free[i] = [u for u in turns if u < t]
-        first_round = False
-    return out
-
-
-def choose_draft_vocab(text: list[Sequence], gen: list[Sequence], vocab: int, size: int, dev):
-    """The `size` most frequent tokens (replies of the target count 4x: they are what gets
-    drafted), sorted by id. Returns (ids on dev, coverage figures)."""
-    def counts(seqs, from_reply):
-        ids = [t for s in seqs for t in (s.ids[s.response_start:] if from_reply else s.ids[1:])]
-        return torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab).double() if ids else \
-            torch.zeros(vocab, dtype=torch.double)
-
-    c_text, c_gen = counts(text, False), counts(gen, True)
-    chosen = torch.topk(c_text + 4 * c_gen, size).indices.sort().values
-    cov = {"text": float(c_text[chosen].sum() / c_text.sum().clamp(min=1))}
-    if gen:
-        cov["replies"] = float(c_gen[chosen].sum() / c_gen.sum().clamp(min=1))
-    return chosen.to(dev), {k: round(v, 4) for k, v in cov.items()}
 
 
 def _init_draft(loaded, aux_ids, draft_ids: torch.Tensor, opts: TrainOptions):

@@ -111,8 +111,8 @@ def test_bad_data(tmp_path):
 def test_train_prompts_use_every_conversation_before_any_twice():
     from types import SimpleNamespace
 
-    from speculative.train import _train_prompts
     from speculative.train_data import Conversation
+    from speculative.train_prepare import _train_prompts
 
     def conv(i, turns):
         msgs = []
