@@ -1,4 +1,4 @@
-"""A one-line progress bar for train-draft on a terminal.
+"""train-draft's terminal output: its log lines, and a one-line progress bar.
 
 The bar is redrawn in place (at most a few times a second) on stderr; log lines print above it.
 When stderr is not a terminal (a log file, CI) the bar stays silent and the periodic log lines
@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import sys
 import time
+
+
+def log(msg: str) -> None:
+    """One line of train-draft's log, on stderr."""
+    print(f"train-draft: {msg}", file=sys.stderr, flush=True)
 
 
 class ProgressBar:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -15,6 +14,7 @@ import torch
 
 from engine.errors import UserError
 
+from .progress import log as _log
 from .train_prepare import choose_draft_vocab, prepare_data, reply_cache
 
 
@@ -87,10 +87,6 @@ def _feature_cache_bytes(device: torch.device) -> int:
     if device.type != "cuda":
         return 2 << 30
     return min(64 << 30, torch.cuda.mem_get_info(device)[0] // 2)
-
-
-def _log(msg: str) -> None:
-    print(f"train-draft: {msg}", file=sys.stderr, flush=True)
 
 
 def cmd_train(args) -> int:

@@ -66,6 +66,8 @@ def show_step(bar: ProgressBar, step: int, steps: int, budget: float | None, ela
               first_acc: float, tokens_per_s: float, per_step_s: float) -> None:
     """The progress bar after a training step: the schedule's fraction done (steps or seconds,
     whichever ends it first) and the time left."""
+    if not bar.enabled:
+        return
     fraction = step / steps if budget is None else max(step / steps, elapsed / budget)
     left = (steps - step) * per_step_s if budget is None else min(budget - elapsed, (steps - step) * per_step_s)
     bar.update(fraction, f"step {step:,}  loss {loss:.3f}  acc {first_acc:.2f}  {tokens_per_s:,.0f} tok/s  "

@@ -5,7 +5,6 @@ reduced draft vocabulary chosen from token frequencies."""
 from __future__ import annotations
 
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 
 from engine.errors import UserError
 
+from .progress import log as _log
 from .train_data import (
     SPLIT_RULE,
     Conversation,
@@ -28,10 +28,6 @@ from .train_data import (
 
 if TYPE_CHECKING:
     from .train import TrainOptions
-
-
-def _log(msg: str) -> None:
-    print(f"train-draft: {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -130,19 +130,27 @@ async def test_restart_keeps_history_and_settings(make_app, home: Path):
         assert len(engine_of(again).calls[-1]["messages"]) == 4  # system, user, assistant, user
 
 
+async def _save_settings(pilot, app, **values) -> str:
+    """Types values into the open settings screen, presses Ctrl+S; returns its error line."""
+    for name, value in values.items():
+        app.screen.query_one(f"#set-{name}", Input).value = value
+    await pilot.press("ctrl+s")
+    await pilot.pause()
+    error = app.screen.query("#settings-error")
+    return str(error.first().render()) if error else ""
+
+
 async def test_settings_screen_rejects_bad_values(make_app):
     app = make_app()
     async with app.run_test() as pilot:
         await ready(pilot)
         await pilot.press("f4")
         await pilot.pause()
-        app.screen.query_one("#set-top_p", Input).value = "2"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
-        assert "top_p must be in (0, 1]" in str(app.screen.query_one("#settings-error").render())
+        assert "top_p must be in (0, 1]" in await _save_settings(pilot, app, top_p="2")
+        assert "repetition_penalty must be > 0" in await _save_settings(pilot, app, top_p="1", repetition_penalty="0")
         await pilot.press("escape")
         await pilot.pause()
-        assert app.settings.top_p == 1.0
+        assert app.settings.top_p == 1.0 and app.settings.repetition_penalty == 1.0
 
 
 async def test_min_p_and_repetition_penalty_reach_the_engine(make_app):
@@ -151,14 +159,7 @@ async def test_min_p_and_repetition_penalty_reach_the_engine(make_app):
         await ready(pilot)
         await pilot.press("f4")
         await pilot.pause()
-        app.screen.query_one("#set-repetition_penalty", Input).value = "0"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
-        assert "repetition_penalty must be > 0" in str(app.screen.query_one("#settings-error").render())
-        app.screen.query_one("#set-repetition_penalty", Input).value = "1.15"
-        app.screen.query_one("#set-min_p", Input).value = "0.05"
-        await pilot.press("ctrl+s")
-        await pilot.pause()
+        assert await _save_settings(pilot, app, repetition_penalty="1.15", min_p="0.05") == ""
         assert (app.settings.min_p, app.settings.repetition_penalty) == (0.05, 1.15)
         await send(pilot, "hello there")
         params = engine_of(app).calls[-1]["params"]
