@@ -52,9 +52,9 @@ def load(out: Path, run_settings: dict, device: torch.device) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         saved = state["settings"]
-    except Exception as e:
-        raise UserError(f"--resume: the checkpoint {path} cannot be read ({type(e).__name__}); "
-                        "start a new run without --resume") from None
+    except Exception:
+        raise UserError(f"--resume: the checkpoint {path} cannot be read (damaged, or written by another "
+                        "version); start a new run without --resume") from None
     for key, value in run_settings.items():
         if saved.get(key) != value:
             what = "the target model's files" if key == "target" else f"--{key.replace('_', '-')}"

@@ -270,6 +270,12 @@ def test_resume_continues_a_stopped_run(tmp_path, monkeypatch):
 
     with pytest.raises(UserError, match="--lr"):
         cmd_train(args(resume=True, lr=1e-3))
+    state = train_checkpoint.folder_for(out) / "state.pt"
+    saved = state.read_bytes()
+    state.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="cannot be read"):
+        cmd_train(args(resume=True))
+    state.write_bytes(saved)
 
     def no_generation(self, prompts, *a, **kw):
         raise AssertionError("a resumed run generated replies")
