@@ -39,6 +39,8 @@ class TrainOptions:
     # Share of a step's sequences drawn from the target's own replies: they are what gets drafted;
     # the conversations' human turns keep the head from memorising a few thousand replies.
     gen_frac: float = 0.7
+    # Weight of an extra hard cross-entropy on the target's greedy token (0: soft labels only).
+    greedy_weight: float = 0.0
     gen_share: float = 0.45  # share of the time budget after which no new reply is started
     reserve_s: float = 25.0  # budget kept for validation, saving and the speculator check
     val_conversations: int = 48
@@ -54,6 +56,10 @@ class TrainOptions:
         if self.seq_len < self.gen_tokens + 16 and self.gen_prompts:
             raise UserError(f"--seq-len {self.seq_len} leaves no room for prompts before --gen-tokens "
                             f"{self.gen_tokens} of reply")
+        if not 0 <= self.gen_frac <= 1:
+            raise UserError(f"--gen-frac must be in [0, 1], got {self.gen_frac}")
+        if not 0 <= self.greedy_weight <= 100:
+            raise UserError(f"--greedy-weight must be in [0, 100], got {self.greedy_weight}")
         if not 0 < self.lr < 1:
             raise UserError(f"--lr must be in (0, 1), got {self.lr}")
         if self.time_budget is not None and self.time_budget < 2 * self.reserve_s:
@@ -79,7 +85,8 @@ class TrainOptions:
                    time_budget=opt("time_budget", 840.0, None), eval_every=int(opt("eval_every", 250, 100)),
                    eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
-                   cache_bytes=_feature_cache_bytes(device), mtp_layers=int(opt("mtp_layers", 3, 3)))
+                   cache_bytes=_feature_cache_bytes(device), mtp_layers=int(opt("mtp_layers", 3, 3)),
+                   gen_frac=float(opt("gen_frac", 0.7, 0.7)), greedy_weight=float(opt("greedy_weight", 0.0, 0.0)))
 
 
 def _feature_cache_bytes(device: torch.device) -> int:

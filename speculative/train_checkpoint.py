@@ -17,7 +17,8 @@ import torch
 from engine.errors import UserError
 
 # Options that must match between the stopped run and --resume.
-MATCHED = ("draft_vocab", "seq_len", "batch_tokens", "ttt_steps", "steps", "lr", "decay", "seed")
+MATCHED = ("draft_vocab", "seq_len", "batch_tokens", "ttt_steps", "steps", "lr", "decay", "seed", "gen_frac",
+           "greedy_weight")
 
 
 def folder_for(out: Path) -> Path:

@@ -15,7 +15,7 @@ import torch
 from .progress import ProgressBar, remaining
 from .teacher import Teacher
 from .train_data import Sequence, pack
-from .ttt import StepStats, TTTBatch, chain_accept_len, ttt_loss, unroll
+from .ttt import StepStats, TTTBatch, chain_accept_len, greedy_in_draft, ttt_loss, unroll
 
 
 @dataclass
@@ -153,10 +153,8 @@ def validate(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids) 
             "accept_len_estimate": round(chains / max(starts, 1), 3), "k": opts.ttt_steps}
 
 
-def train_step(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids: torch.Tensor, opt,
-               params: list) -> tuple[StepStats, TTTBatch]:
-    """One optimizer step on packed rows of (key, sequence) items: the teacher's features
-    (cached after their first use), the unrolled draft steps, the loss, the update."""
+def _step_loss(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids: torch.Tensor,
+               attention: str) -> tuple[StepStats, TTTBatch, list[torch.Tensor]]:
     flat = teacher.features_many([item for row in rows for item in row])
     packed, i = [], 0
     for row in rows:
@@ -165,13 +163,72 @@ def train_step(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids
     batch = TTTBatch.from_rows(packed, opts.seq_len)
     target_logits = teacher.label_logits(batch.label_hidden, draft_ids)
     with _autocast(teacher.device):
-        logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
-    stats = ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay)
+        logits = unroll(draft, teacher.embed, batch, opts.ttt_steps, attention)
+    weight = getattr(opts, "greedy_weight", 0.0)
+    greedy = greedy_in_draft(batch.greedy, draft_ids, teacher.embed.num_embeddings) if weight > 0 else None
+    return ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay, greedy, weight), batch, logits
+
+
+def train_step(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids: torch.Tensor, opt,
+               params: list, attention: str = "sdpa") -> tuple[StepStats, TTTBatch]:
+    """One optimizer step on packed rows of (key, sequence) items: the teacher's features
+    (cached after their first use), the unrolled draft steps, the loss, the update."""
+    stats, batch, _ = _step_loss(draft, teacher, rows, opts, draft_ids, attention)
     opt.zero_grad(set_to_none=True)
     stats.loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     return stats, batch
+
+
+def choose_attention(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids: torch.Tensor,
+                     log) -> str:
+    """The training-time test's attention on this device: "flex" (compiled, block-sparse) on
+    CUDA when it compiles here and its logits, loss and gradients agree with the SDPA path on
+    these rows; else "sdpa". LOCALCHAT_TTT_ATTENTION=sdpa|flex forces one (flex still checked)."""
+    import os
+
+    forced = os.environ.get("LOCALCHAT_TTT_ATTENTION", "")
+    if forced == "sdpa" or (teacher.device.type != "cuda" and forced != "flex"):
+        return "sdpa"
+    t = time.perf_counter()
+    params = [p for p in draft.parameters() if p.requires_grad]
+    try:
+        grads = {}
+        for name in ("sdpa", "flex"):
+            draft.zero_grad(set_to_none=True)
+            stats, _, logits = _step_loss(draft, teacher, rows, opts, draft_ids, name)
+            stats.loss.backward()
+            grads[name] = (float(stats.loss.detach()), [x.detach() for x in logits],
+                           torch.cat([p.grad.float().flatten() for p in params if p.grad is not None]))
+        draft.zero_grad(set_to_none=True)
+    except Exception as e:  # a compiler or kernel failure: the step runs as before
+        draft.zero_grad(set_to_none=True)
+        log(f"flex attention unavailable here ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}); "
+            "training with SDPA")
+        return "sdpa"
+    (ls, lg_s, g_s), (lf, lg_f, g_f) = grads["sdpa"], grads["flex"]
+    logit_err = max(float((a - b).abs().max()) / max(float(a.abs().max()), 1e-6) for a, b in zip(lg_s, lg_f))
+    grad_err = float((g_s - g_f).norm() / g_s.norm().clamp(min=1e-12))
+    loss_err = abs(ls - lf) / max(abs(ls), 1e-6)
+    ok = logit_err < 0.03 and grad_err < 0.05 and loss_err < 0.01
+    compiled_s = time.perf_counter() - t
+    ms = {}
+    if ok:  # compiled and right: keep it only where it is faster (a recompiling flex would not be)
+        for name in ("sdpa", "flex", "sdpa", "flex"):
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            stats, _, _ = _step_loss(draft, teacher, rows, opts, draft_ids, name)
+            stats.loss.backward()
+            torch.cuda.synchronize()
+            ms[name] = (time.perf_counter() - t1) * 1e3
+        draft.zero_grad(set_to_none=True)
+    use = "flex" if ok and ms["flex"] < ms["sdpa"] else "sdpa"
+    timing = f"; forward+backward {ms['sdpa']:.0f} ms SDPA, {ms['flex']:.0f} ms flex" if ms else ""
+    log(f"flex attention {'agrees' if ok else 'DISAGREES'} with SDPA on the first batch (logits {logit_err:.1e}, "
+        f"loss {loss_err:.1e}, gradient {grad_err:.1e} relative; compiled in {compiled_s:.0f} s{timing}): "
+        f"training with {'flex' if use == 'flex' else 'SDPA'}")
+    return use
 
 
 def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: list[Sequence], opts,
@@ -196,6 +253,7 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
         res.history = list(resume.get("history", []))
         res.first_loss = resume.get("first_loss", float("nan"))
     draft.train()
+    attention = choose_attention(draft, teacher, batcher.next_rows(), opts, draft_ids, log)
     t0 = last_log = time.perf_counter()
     budget = None
     used = 0.0  # training seconds of the schedule spent before this run
@@ -219,7 +277,7 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
             lr = lr_at(step, progress, opts.lr, warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
-            stats, batch = train_step(draft, teacher, batcher.next_rows(), opts, draft_ids, opt, params)
+            stats, batch = train_step(draft, teacher, batcher.next_rows(), opts, draft_ids, opt, params, attention)
             loss = float(stats.loss.detach())  # syncs: the step time is measured honestly
             n = int(batch.valid(0).sum())
             res.entries += n

@@ -54,34 +54,41 @@ class TTTBatch:
 
     @classmethod
     def from_rows(cls, rows: list[list[DocFeatures]], seq_len: int) -> "TTTBatch":
-        """Packs rows of sequences into (B, seq_len) tensors; every row's entries fit in seq_len."""
+        """Packs rows of sequences into (B, seq_len) tensors; every row's entries fit in seq_len.
+        One concatenation and one scatter per field (not one copy per sequence and field)."""
         first = rows[0][0]
         dev = first.tokens.device
         B = len(rows)
-        out = cls(
-            tokens=torch.zeros(B, seq_len, dtype=torch.long, device=dev),
-            positions=torch.zeros(B, seq_len, dtype=torch.long, device=dev),
-            doc=torch.full((B, seq_len), -1, dtype=torch.long, device=dev),
-            aux=first.aux.new_zeros(B, seq_len, first.aux.shape[-1]),
-            label_hidden=first.label_hidden.new_zeros(B, seq_len, first.label_hidden.shape[-1]),
-            greedy=torch.zeros(B, seq_len, dtype=torch.long, device=dev),
-            is_response=torch.zeros(B, seq_len, dtype=torch.bool, device=dev),
-        )
+        flat_at, positions, docs = [], [], []
         for b, row in enumerate(rows):
             at = 0
             for d, f in enumerate(row):
                 m = f.num_entries
-                sl = slice(at, at + m)
-                out.tokens[b, sl] = f.tokens
-                out.positions[b, sl] = torch.arange(m, device=dev)
-                out.doc[b, sl] = d
-                out.aux[b, sl] = f.aux
-                out.label_hidden[b, sl] = f.label_hidden
-                out.greedy[b, sl] = f.greedy
-                out.is_response[b, sl] = f.is_response
+                flat_at.append(torch.arange(b * seq_len + at, b * seq_len + at + m))
+                positions.append(torch.arange(m))
+                docs.append(torch.full((m,), d, dtype=torch.long))
                 at += m
             assert at <= seq_len, "a packed row is longer than seq_len"
-        return out
+        idx = torch.cat(flat_at).to(dev, non_blocking=True)
+        feats = [f for row in rows for f in row]
+        index_like = torch.empty(0, dtype=torch.long)
+
+        def place(name: str, fill, like: torch.Tensor, cpu_values: list[torch.Tensor] | None = None):
+            out = torch.full((B * seq_len, *like.shape[1:]), fill, dtype=like.dtype, device=dev)
+            values = torch.cat(cpu_values).to(dev, non_blocking=True) if cpu_values is not None \
+                else torch.cat([getattr(f, name) for f in feats])
+            out[idx] = values
+            return out.view(B, seq_len, *like.shape[1:])
+
+        return cls(
+            tokens=place("tokens", 0, first.tokens),
+            positions=place("", 0, index_like, positions),
+            doc=place("", -1, index_like, docs),
+            aux=place("aux", 0, first.aux),
+            label_hidden=place("label_hidden", 0, first.label_hidden),
+            greedy=place("greedy", 0, first.greedy),
+            is_response=place("is_response", False, first.is_response),
+        )
 
     def valid(self, t: int) -> torch.Tensor:
         """(B, L) entries that exist at step t: step t at p needs step t-1 at p-1 in the same sequence."""
@@ -107,8 +114,47 @@ def _step_mask(batch: TTTBatch, t: int) -> torch.Tensor:
     return torch.cat([first] + [eye] * t, dim=-1).unsqueeze(1)
 
 
-def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int) -> list[torch.Tensor]:
-    """Returns the draft's logits (B, L, Vd) fp32 for steps 0..num_steps-1."""
+_compiled_flex = None
+
+
+def _flex_attention(q, k, v, block_mask, scale):
+    """flex_attention, compiled on CUDA (fused, skips the masked-out blocks); eager elsewhere
+    (it materialises the scores: for tests)."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if q.is_cuda:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        fn = _compiled_flex
+    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+
+
+def _flex_block_mask(batch: TTTBatch, t: int):
+    """The mask of `_step_mask` as a flex BlockMask. Step 0's block is causal-minus-t within a
+    sequence and every later block is diagonal, so at L = 1024 and t = 4 about 85% of the
+    128x128 tiles are empty: the flex kernel skips them, where SDPA computes every score."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, L = batch.tokens.shape
+    doc, pos, valid = batch.doc, batch.positions, batch.valid(t)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        blk = kv_idx // L
+        j = kv_idx - blk * L
+        first = (doc[b, j] == doc[b, q_idx]) & (doc[b, q_idx] >= 0) & (pos[b, j] <= pos[b, q_idx] - t)
+        first = first | ((j == q_idx) & ~valid[b, q_idx])
+        return torch.where(blk == 0, first, j == q_idx)
+
+    return create_block_mask(mask_mod, B, None, L, (t + 1) * L, device=doc.device)
+
+
+def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int,
+           attention: str = "sdpa") -> list[torch.Tensor]:
+    """Returns the draft's logits (B, L, Vd) fp32 for steps 0..num_steps-1. attention: "sdpa"
+    (masked memory-efficient kernel over every key) or "flex" (block-sparse flex_attention; the
+    same function, see train_loop.choose_attention)."""
     layer = draft.midlayer
     dc = draft.config
     B, L = batch.tokens.shape
@@ -133,12 +179,16 @@ def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int) ->
         # Keys of step t: step 0 as is, step i (1..t) shifted so that row p holds position p-t+i.
         k_all = torch.cat([keys[0]] + [_shift_right(keys[i], t - i) for i in range(1, t + 1)], dim=1)
         v_all = torch.cat([values[0]] + [_shift_right(values[i], t - i) for i in range(1, t + 1)], dim=1)
-        g = Hq // Hkv  # GQA by repeating: keeps SDPA on its masked memory-efficient kernel
-        k_all = k_all.repeat_interleave(g, dim=2).transpose(1, 2)  # (B, Hq, S, D)
-        v_all = v_all.repeat_interleave(g, dim=2).transpose(1, 2)
-        with sdpa_kernel(_MASKED_BACKENDS):
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k_all, v_all, attn_mask=_step_mask(batch, t),
-                                               scale=layer.scale)  # (B, Hq, L, D)
+        if attention == "flex":
+            o = _flex_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
+                                _flex_block_mask(batch, t), layer.scale)  # (B, Hq, L, D)
+        else:
+            g = Hq // Hkv  # GQA by repeating: keeps SDPA on its masked memory-efficient kernel
+            k_all = k_all.repeat_interleave(g, dim=2).transpose(1, 2)  # (B, Hq, S, D)
+            v_all = v_all.repeat_interleave(g, dim=2).transpose(1, 2)
+            with sdpa_kernel(_MASKED_BACKENDS):
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), k_all, v_all,
+                                                   attn_mask=_step_mask(batch, t), scale=layer.scale)
         h = residual + layer.self_attn.o_proj(o.transpose(1, 2).reshape(B, L, Hq * D))
         out = h + layer.mlp(layer.post_attention_layernorm(h))
         logits.append(draft.lm_head(draft.norm(out)).float())
@@ -153,18 +203,35 @@ class StepStats:
     correct: list[torch.Tensor]  # (B, L) bool per step
 
 
+def greedy_in_draft(greedy: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The target's greedy tokens as draft-vocabulary indices; -1 where the draft lacks the token."""
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=draft_ids.device)
+    t2d[draft_ids] = torch.arange(draft_ids.numel(), device=draft_ids.device)
+    return t2d[greedy]
+
+
 def ttt_loss(step_logits: list[torch.Tensor], batch: TTTBatch, target_logits: torch.Tensor,
-             d2t: torch.Tensor, decay: float) -> StepStats:
-    """Soft cross-entropy against the target's distribution over the draft vocabulary.
-    target_logits: (B, L, Vd) the target's logits at p+1 restricted to the draft vocabulary."""
+             d2t: torch.Tensor, decay: float, greedy_draft: torch.Tensor | None = None,
+             greedy_weight: float = 0.0) -> StepStats:
+    """Soft cross-entropy against the target's distribution over the draft vocabulary, plus
+    greedy_weight times the hard cross-entropy on the target's greedy token (greedy_draft: its
+    draft index, -1 where the draft vocabulary lacks it), which is what greedy verification
+    accepts. target_logits: (B, L, Vd) the target's logits at p+1 restricted to the draft
+    vocabulary. The per-step figures reach the host in one transfer."""
     target_p = torch.softmax(target_logits.float(), dim=-1)
     total, weight_sum = 0.0, 0.0
-    losses, accs, corrects = [], [], []
+    loss_t_all, acc_all, corrects = [], [], []
+    use_hard = greedy_weight > 0 and greedy_draft is not None
     for t, logits in enumerate(step_logits):
         valid = batch.valid(t)
-        ce = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)  # (B, L)
+        logp = torch.log_softmax(logits, dim=-1)
+        ce = -(target_p * logp).sum(-1)  # (B, L)
         n = valid.sum().clamp(min=1)
         loss_t = (ce * valid).sum() / n
+        if use_hard:
+            has = valid & (greedy_draft >= 0)
+            hard = -logp.gather(-1, greedy_draft.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            loss_t = loss_t + greedy_weight * (hard * has).sum() / has.sum().clamp(min=1)
         w = decay ** t
         total = total + w * loss_t
         weight_sum += w
@@ -172,9 +239,11 @@ def ttt_loss(step_logits: list[torch.Tensor], batch: TTTBatch, target_logits: to
             pred = logits.argmax(-1)
             correct = ((pred + d2t[pred]) == batch.greedy) & valid
             corrects.append(correct)
-            losses.append(float(loss_t))
-            accs.append(float(correct.sum() / n))
-    return StepStats(total / weight_sum, losses, accs, corrects)
+            loss_t_all.append(loss_t.detach())
+            acc_all.append(correct.sum() / n)
+    figures = torch.stack(loss_t_all + acc_all).float().tolist()
+    k = len(step_logits)
+    return StepStats(total / weight_sum, figures[:k], figures[k:], corrects)
 
 
 def chain_accept_len(batch: TTTBatch, correct: list[torch.Tensor]) -> tuple[float, int]:

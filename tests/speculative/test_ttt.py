@@ -1,5 +1,6 @@
 """Training-time test computes what the speculator computes: extend, then chained decode steps."""
 
+import pytest
 import torch
 
 from engine.config import ModelConfig
@@ -105,3 +106,79 @@ def test_unrolled_head_learns_a_predictable_target():
         opt.step()
     assert min(stats.step_acc) > 0.9, stats.step_acc
     assert chain_accept_len(batch, stats.correct)[0] > 3.0
+
+
+def _flex_vs_sdpa(device: str, grads: bool, L: int = 20):
+    g = torch.Generator().manual_seed(5)
+    docs = [_doc(7, g), _doc(11, g), _doc(5, g), _doc(L - 12, g)]
+    docs = [DocFeatures(**{k: getattr(d, k).to(device) for k in ("tokens", "aux", "label_hidden", "greedy",
+                                                                    "is_response")}) for d in docs]
+    batch = TTTBatch.from_rows([[docs[0], docs[1]], [docs[2], docs[3]]], seq_len=L)
+    embed = torch.nn.Embedding(96, 32).to(device)
+    target = torch.randn(2, L, 40, device=device)
+    out = {}
+    for attention in ("sdpa", "flex"):
+        draft = _draft().to(device)
+        with torch.set_grad_enabled(grads):
+            logits = unroll(draft, embed, batch, 4, attention)
+        if grads:
+            ttt_loss(logits, batch, target, draft.d2t, 0.8).loss.backward()
+        out[attention] = ([x.detach() for x in logits], {n: p.grad for n, p in draft.named_parameters()
+                                                          if p.grad is not None})
+    for t, (a, b) in enumerate(zip(out["sdpa"][0], out["flex"][0])):
+        valid = batch.valid(t)
+        torch.testing.assert_close(a[valid], b[valid], rtol=1e-4, atol=1e-4)
+    if grads:
+        assert out["sdpa"][1].keys() == out["flex"][1].keys() and out["sdpa"][1]
+        for name, grad in out["sdpa"][1].items():
+            torch.testing.assert_close(grad, out["flex"][1][name], rtol=1e-3, atol=1e-4)
+
+
+def test_flex_attention_path_equals_sdpa_path():
+    """The block-sparse flex path computes the same logits as the masked SDPA path: packed rows
+    of several sequences, padding, 4 steps (eager flex: the CPU has no flex backward)."""
+    _flex_vs_sdpa("cpu", grads=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_flex_attention_equals_sdpa_with_gradients():
+    """On CUDA the flex path is compiled; its logits and every gradient equal the SDPA path's
+    (fp32), at a row length that is and one that is not a multiple of the 128-wide tiles."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _flex_vs_sdpa("cuda", grads=True, L=20)
+    _flex_vs_sdpa("cuda", grads=True, L=256)
+
+
+def test_packing_places_each_sequence_and_pads_the_rest():
+    g = torch.Generator().manual_seed(6)
+    a, b, c = _doc(4, g, resp=True), _doc(3, g), _doc(6, g)
+    batch = TTTBatch.from_rows([[a, b], [c]], seq_len=8)
+    assert batch.doc.tolist() == [[0, 0, 0, 0, 1, 1, 1, -1], [0, 0, 0, 0, 0, 0, -1, -1]]
+    assert batch.positions.tolist() == [[0, 1, 2, 3, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5, 0, 0]]
+    assert torch.equal(batch.tokens[0, 4:7], b.tokens) and torch.equal(batch.aux[1, :6], c.aux)
+    assert torch.equal(batch.greedy[0, :4], a.greedy) and batch.is_response[0].tolist() == [True] * 4 + [False] * 4
+    assert not batch.aux[1, 6:].any() and not batch.label_hidden[0, 7].any()
+
+
+def test_greedy_weight_adds_the_hard_loss_on_the_greedy_token():
+    from speculative.ttt import greedy_in_draft
+
+    draft = _draft()
+    embed = torch.nn.Embedding(96, 32)
+    g = torch.Generator().manual_seed(7)
+    batch = TTTBatch.from_rows([[_doc(9, g), _doc(6, g)]], seq_len=16)
+    draft_ids = torch.arange(40) * 2  # as _draft's d2t: draft i is target 2i
+    greedy = greedy_in_draft(batch.greedy, draft_ids, 96)
+    assert ((greedy >= 0) == ((batch.greedy % 2 == 0) & (batch.greedy < 80))).all()
+    assert torch.equal(draft_ids[greedy[greedy >= 0]], batch.greedy[greedy >= 0])
+    target = torch.randn(1, 16, 40)
+    with torch.no_grad():
+        logits = unroll(draft, embed, batch, 2)
+    soft = ttt_loss(logits, batch, target, draft.d2t, 1.0)
+    both = ttt_loss(logits, batch, target, draft.d2t, 1.0, greedy, 0.5)
+    for t in range(2):
+        has = batch.valid(t) & (greedy >= 0)
+        hard = -torch.log_softmax(logits[t], -1).gather(-1, greedy.clamp(min=0)[..., None])[..., 0][has].mean()
+        assert abs(both.step_loss[t] - (soft.step_loss[t] + 0.5 * float(hard))) < 1e-4
+    assert both.step_acc == soft.step_acc
