@@ -53,7 +53,7 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from speculative.teacher import Teacher
-    from speculative.train import TrainOptions, _init_draft, _load_target
+    from speculative.train import TrainOptions, _init_draft, _load_target, feature_cache_bytes
     from speculative.train_export import default_aux_layers
     from speculative.train_loop import Batcher, train_step
     from speculative.train_prepare import choose_draft_vocab, prepare_data
@@ -64,6 +64,7 @@ def main() -> None:
     args = SimpleNamespace(model=a.model, out="unused", gen=a.gen, time_budget=None)
     opts = TrainOptions.from_args(args, dev)
     loaded, name, _ = _load_target(opts, dev)
+    opts = feature_cache_bytes(opts, dev)
     teacher = Teacher(loaded, default_aux_layers(loaded.config.num_layers), opts.max_len, opts.cache_bytes)
     report: dict = {"model": name, "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
                     "torch": torch.__version__, "seq_len": opts.seq_len, "batch_tokens": opts.batch_tokens,

@@ -143,7 +143,7 @@ def cmd_train_mtp(args) -> int:
     from engine.engine import pick_device
 
     from .mtp_export import layers_readme, save_layers
-    from .train import TrainOptions, _command, _load_target, _log
+    from .train import TrainOptions, _command, _load_target, _log, feature_cache_bytes
     from .train_export import write_provenance
     from .train_prepare import prepare_data, reply_cache
 
@@ -157,6 +157,7 @@ def cmd_train_mtp(args) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     phases: dict[str, float] = {}
     loaded, target_name, target_path = _load_target(opts, dev)
+    opts = feature_cache_bytes(opts, dev)
     cfg = loaded.config
     # aux = the final residual stream (the input of "layer L"); its final norm is h_p.
     teacher = Teacher(loaded, (cfg.num_layers,), opts.max_len, opts.cache_bytes)

@@ -7,7 +7,7 @@ import contextlib
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -85,15 +85,21 @@ class TrainOptions:
                    time_budget=opt("time_budget", 840.0, None), eval_every=int(opt("eval_every", 250, 100)),
                    eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
-                   cache_bytes=_feature_cache_bytes(device), mtp_layers=int(opt("mtp_layers", 3, 3)),
+                   cache_bytes=2 << 30, mtp_layers=int(opt("mtp_layers", 3, 3)),
                    gen_frac=float(opt("gen_frac", 0.7, 0.7)), greedy_weight=float(opt("greedy_weight", 0.0, 0.0)))
 
 
-def _feature_cache_bytes(device: torch.device) -> int:
-    """Target features kept on the device: half the free memory, at most 64 GiB (2 GiB on CPU)."""
+def feature_cache_bytes(opts: TrainOptions, device: torch.device) -> TrainOptions:
+    """opts with the bytes of target features to keep on the device, set once the target is
+    loaded: on CUDA the free memory less what a training step needs (about 12 GiB at 16,384
+    tokens a step, so 16 GiB per 16,384 are kept back); 2 GiB elsewhere. The features of the
+    default demo run (the target's replies with their prompts, and the conversations) take about
+    90 GB; a cache that cannot hold them recomputes the rest at every step, at about half the
+    speed. Generation runs before the cache fills and frees its K/V."""
     if device.type != "cuda":
-        return 2 << 30
-    return min(64 << 30, torch.cuda.mem_get_info(device)[0] // 2)
+        return replace(opts, cache_bytes=2 << 30)
+    keep = (16 << 30) * max(1.0, opts.batch_tokens / 16384)
+    return replace(opts, cache_bytes=int(max(1 << 30, torch.cuda.mem_get_info(device)[0] - keep)))
 
 
 def cmd_train(args) -> int:
@@ -162,6 +168,7 @@ def _train_eagle3(args) -> int:
     phases: dict[str, float] = {}
 
     loaded, target_name, target_path = _load_target(opts, dev)
+    opts = feature_cache_bytes(opts, dev)
     cfg = loaded.config
     if opts.draft_vocab > cfg.vocab_size:
         raise UserError(f"--draft-vocab {opts.draft_vocab} exceeds the target's vocabulary {cfg.vocab_size}")

@@ -4,6 +4,7 @@ loads through Engine.load, and speculation with it is lossless (greedy)."""
 import json
 import random
 from argparse import Namespace
+from dataclasses import replace
 
 import pytest
 import torch
@@ -426,3 +427,20 @@ def test_greedy_weight_gen_frac_and_a_flex_fallback(tmp_path, monkeypatch, capsy
     bad = Namespace(**{**vars(args), "greedy_weight": -1.0, "out": str(tmp_path / "bad")})
     with pytest.raises(UserError, match="--greedy-weight"):
         cmd_train(bad)
+
+
+def test_feature_cache_takes_the_free_memory_less_a_steps_working_set(monkeypatch):
+    """Set after the target is loaded: free memory less 16 GiB per 16,384 tokens a step (the
+    demo run's features, about 90 GB, fit on a 141 GB GPU; the old cap of 64 GiB made every
+    later step recompute a third of them)."""
+    from speculative.train import TrainOptions, feature_cache_bytes
+
+    opts = TrainOptions.from_args(Namespace(model="m", out="o"), torch.device("cpu"))
+    assert feature_cache_bytes(opts, torch.device("cpu")).cache_bytes == 2 << 30
+    free = {"b": 130 << 30}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["b"], 141 << 30))
+    gpu = replace(opts, batch_tokens=16384)
+    assert feature_cache_bytes(gpu, torch.device("cuda")).cache_bytes == 114 << 30
+    assert feature_cache_bytes(replace(gpu, batch_tokens=32768), torch.device("cuda")).cache_bytes == 98 << 30
+    free["b"] = 10 << 30  # a small card: still a little cache
+    assert feature_cache_bytes(gpu, torch.device("cuda")).cache_bytes == 1 << 30
