@@ -80,9 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--gen", type=int, default=None,
                        help="training prompts the target answers itself, greedy (default: 40000 GPU, 0 CPU; generation stops at 45%% of the time budget; several turns of a conversation may be used)")
     train.add_argument("--gen-frac", type=float, default=None,
-                       help="share of each step's sequences taken from the target's own replies (default 0.7)")
+                       help="share of each step's sequences taken from the target's own replies (default 0.85)")
     train.add_argument("--greedy-weight", type=float, default=None,
-                       help="weight of an extra loss on the target's greedy token, which greedy verification accepts (default 0: the target's distribution only)")
+                       help="weight of an extra loss on the target's greedy token, which greedy verification accepts, beside the loss on the target's distribution (default 0.5; 0: the distribution only)")
     train.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
     train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
     train.add_argument("--eval-prompts", type=int, default=None,

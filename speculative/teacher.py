@@ -74,7 +74,9 @@ class Teacher:
         lengths = [len(seq.ids) for _, seq in chunk]
         ids = torch.tensor([t for _, seq in chunk for t in seq.ids], dtype=torch.long, device=self.device)
         out = self.model(ForwardBatch.packed(ids, lengths), self.kv, self.aux_layer_ids)
-        greedy_all = self.model.logits(out.hidden).argmax(-1)
+        # argmax of the logits in the model's dtype: the same index as over their fp32 copy
+        # (the conversion is exact and keeps the order), without writing T x V floats
+        greedy_all = self.model.ops.linear(out.hidden, self.model.lm_head).argmax(-1)
         made, start = {}, 0
         for (key, seq), n in zip(chunk, lengths):
             sl = slice(start, start + n)
