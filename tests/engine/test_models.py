@@ -61,11 +61,46 @@ def test_packed_attention_equals_a_block_diagonal_causal_mask():
     whole pack, GQA included: sequences of 1 token, uneven lengths, and groups of several."""
     from engine.attention import attention_packed
 
+    import engine.attention as attention
+
     g = torch.Generator().manual_seed(0)
-    for lengths in ((5, 1, 17, 9), (5, 1, 17, 9, 16, 15, 4, 5, 5, 1), (7,)):
-        _check_packed(attention_packed, lengths, g)
+    groups, default = {}, attention.PAD_SLACK
+    for slack in (attention.PAD_SLACK, attention.PAD_SLACK_CUDA, 100.0):  # 100: one padded group
+        attention.PAD_SLACK = slack
+        attention._pack_plan.cache_clear()
+        try:
+            for lengths in ((5, 1, 17, 9), (5, 1, 17, 9, 16, 15, 4, 5, 5, 1), (7,)):
+                _check_packed(attention_packed, lengths, g)
+            groups[slack] = len(attention._pack_plan((5, 1, 17, 9, 16, 15, 4, 5, 5, 1), torch.device("cpu")))
+        finally:
+            attention.PAD_SLACK = default
+            attention._pack_plan.cache_clear()
+    assert list(groups.values()) == sorted(groups.values(), reverse=True) and groups[100.0] == 1
+    assert groups[default] > groups[100.0]
     with pytest.raises(AssertionError):
         attention_packed(*(torch.zeros(4, h, 8) for h in (2, 2, 2)), (1, 2), 0.3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_attention_on_cuda_with_its_wider_groups():
+    """On CUDA groups pad up to PAD_SLACK_CUDA times their tokens (fewer, larger batches);
+    bf16 results equal the block-diagonal reference within bf16 rounding."""
+    import torch.nn.functional as F
+
+    from engine.attention import attention_packed
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for lengths in ((5, 1, 17, 9, 16, 15, 4, 5, 5, 1), (300, 40, 700, 41, 128, 9, 515)):
+        T, Hq, Hkv, D = sum(lengths), 9, 3, 64
+        q, k, v = (torch.randn(T, h, D, generator=g, device="cuda", dtype=torch.bfloat16) for h in (Hq, Hkv, Hkv))
+        seg = torch.repeat_interleave(torch.arange(len(lengths), device="cuda"), torch.tensor(lengths, device="cuda"))
+        rows = torch.arange(T, device="cuda")
+        mask = (rows[None, :] <= rows[:, None]) & (seg[None, :] == seg[:, None])
+        want = F.scaled_dot_product_attention(*(x.float().transpose(0, 1) for x in (q, k, v)), attn_mask=mask,
+                                              scale=0.125, enable_gqa=True).transpose(0, 1)
+        got = attention_packed(q, k, v, lengths, 0.125).float()
+        assert (got - want).abs().max() < 0.03
 
 
 def _check_packed(attention_packed, lengths, g):
