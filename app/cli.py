@@ -92,6 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run for this --out that Ctrl+C (or SIGTERM) stopped, with the same settings")
 
     sub.add_parser("doctor", help="GPU, VRAM, versions, paths")
+
+    def _chats(args):
+        from app.chat_export import cmd_chats
+
+        return cmd_chats(args)
+
+    def _export(args):
+        from app.chat_export import cmd_export
+
+        return cmd_export(args)
+
+    sub.add_parser("chats", help="list the saved chats with their ids").set_defaults(handler=_chats)
+    export = sub.add_parser("export", help="write a saved chat as Markdown (stdout, or --out FILE or FOLDER)")
+    export.add_argument("chat_id", type=int, metavar="ID", help="the chat's id, from `localchat chats`")
+    export.add_argument("--out", default=None, help="a file, or a folder that gets the chat's own file name")
+    export.set_defaults(handler=_export)
     try:
         from app.hub_commands import add_subcommands
     except ImportError:

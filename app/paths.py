@@ -15,6 +15,7 @@ APP_NAME = "localchat"
 class AppPaths:
     data_dir: Path
     config_dir: Path
+    export_dir: Path  # where Ctrl+S writes a chat as Markdown
 
     @classmethod
     def resolve(cls, home: str | os.PathLike | None = None) -> AppPaths:
@@ -22,10 +23,11 @@ class AppPaths:
         home = home if home is not None else os.environ.get("LOCALCHAT_HOME") or None
         if home is not None:
             root = Path(home).expanduser()
-            return cls(data_dir=root / "data", config_dir=root / "config")
+            return cls(data_dir=root / "data", config_dir=root / "config", export_dir=root / "exports")
         return cls(
             data_dir=Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)),
             config_dir=Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)),
+            export_dir=Path(platformdirs.user_documents_dir()) / APP_NAME,
         )
 
     @property

@@ -109,6 +109,8 @@ class LocalChatApp(App):
         yield SystemCommand("Stop answer", "Stop the answer being written (Esc)", screen.action_stop)
         yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard (Ctrl+O)",
                             screen.action_copy_answer)
+        yield SystemCommand("Export chat", f"Write this chat as Markdown into {self.paths.export_dir} (Ctrl+S)",
+                            screen.action_export_chat)
         yield SystemCommand("New chat", "Start a new conversation (Ctrl+N)", screen.action_new_chat)
         yield SystemCommand("Rename chat", "Give this conversation a new title (F2)", screen.action_rename_chat)
         yield SystemCommand("Delete chat", "Delete this conversation (F8)", screen.action_delete_chat)

@@ -49,6 +49,7 @@ class ChatScreen(Screen):
         Binding("ctrl+t", "toggle_speculation", "Speculation"),
         Binding("ctrl+b", "compare", "Compare"),
         Binding("ctrl+o", "copy_answer", "Copy answer"),
+        Binding("ctrl+s", "export_chat", "Export", show=False),
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("f2", "rename_chat", "Rename", show=False),
         Binding("f8", "delete_chat", "Delete chat", show=False),
@@ -232,6 +233,24 @@ class ChatScreen(Screen):
                 self.store.delete_message(views[-1].message_id)
             await self.conversation.remove_view(views[-1])
         await self.start_answer()
+
+    def action_export_chat(self) -> None:
+        """Writes this chat as Markdown into the export folder (Documents/localchat)."""
+        from app.chat_export import write_export
+
+        if self.answer is not None:
+            self.notify("Wait for the answer to finish, or press Esc to stop it.", severity="warning")
+            return
+        messages = self.store.messages(self.chat.id) if self.chat is not None and self.chat.id > 0 else []
+        if not messages:
+            self.notify("Nothing to export yet: this chat has no saved messages.")
+            return
+        try:
+            path = write_export(self.chat, messages, self.app.paths.export_dir)
+        except OSError as e:
+            self.notify(f"Could not export to {self.app.paths.export_dir}: {e.strerror or e}", severity="error")
+            return
+        self.notify(f"Exported {len(messages)} messages to {path}", timeout=6)
 
     def action_copy_answer(self) -> None:
         view = self.conversation.last_assistant()
