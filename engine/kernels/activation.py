@@ -7,6 +7,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from . import pdl_args
+
 triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 1024  # output columns per program
@@ -19,7 +21,11 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def silu_and_mul_kernel(gate_up_ptr, out_ptr, inter, stride_in, stride_out, BLOCK: tl.constexpr):
+    def silu_and_mul_kernel(gate_up_ptr, out_ptr, inter, stride_in, stride_out, BLOCK: tl.constexpr,
+                            USE_PDL: tl.constexpr):
+        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < inter
@@ -42,7 +48,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     num_rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((num_rows, inter), dtype=gate_up.dtype, device=gate_up.device)
     kernel[(num_rows, -(-inter // _BLOCK))](
-        gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=_BLOCK, num_warps=4
+        gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=_BLOCK, num_warps=4,
+        **pdl_args(gate_up.device),
     )
     return out
 

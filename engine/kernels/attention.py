@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import next_pow2, triton_interpreting
+from . import next_pow2, pdl_args, triton_interpreting
 
 triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -49,8 +49,11 @@ def _kernels():
         qk_scale,  # scale * log2(e): the softmax runs in base 2
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        DOT_F32: tl.constexpr,
+        DOT_F32: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         kv_head = tl.program_id(0)
         split = tl.program_id(1)
         num_heads = tl.num_programs(0) * GROUP
@@ -117,8 +120,11 @@ def _kernels():
         part_o_ptr, part_lse_ptr, pos_ptr, out_ptr,
         num_splits, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0)
         head = tl.program_id(1)
         num_heads = tl.num_programs(1)
@@ -190,6 +196,7 @@ def decode_attention(
     block_m = max(16, next_pow2((MAX_INVARIANT_ROWS if invariant else num_rows) * group))  # tl.dot: >= 16
     block_d = max(16, next_pow2(head_dim))
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
+    pdl = pdl_args(q.device)
     split_kernel[(num_kv_heads, num_splits)](
         q, k_cache, v_cache, positions, part_o, part_lse,
         num_rows, num_splits,
@@ -200,13 +207,14 @@ def decode_attention(
         DOT_F32=dot_f32,
         num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
+        **pdl,
     )
     reduce_kernel[(num_rows, num_heads)](
         part_o, part_lse, positions, out,
         num_splits, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d,
-        num_warps=4,
+        num_warps=4, **pdl,
     )
     return out
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import next_pow2, triton_interpreting
+from . import next_pow2, pdl_args, triton_interpreting
 
 triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -82,8 +82,11 @@ def _kernels():
         num_rows, N, K, stride_x, stride_res, stride_new_res, stride_w, stride_out, eps,
         PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
@@ -213,7 +216,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
         BLOCK_M=MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows))),
         BLOCK_N=max(16, cfg.block_n) if dot else cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device),
     )
     return out, new_res
 

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from . import next_pow2
+from . import next_pow2, pdl_args
 
 triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -21,8 +21,11 @@ def _kernels():
     def add_rms_norm_kernel(
         x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
         hidden, stride_x, stride_res, stride_out, stride_new_res, eps,
-        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         ok = offs < hidden
@@ -69,7 +72,7 @@ def add_rms_norm(
         x, res, weight, out, new_res,
         hidden, x.stride(0), res.stride(0), out.stride(0), new_res.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=min(16, max(4, block // 256)),
+        num_warps=min(16, max(4, block // 256)), **pdl_args(x.device),
     )
     return out, new_res
 

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from . import next_pow2
+from . import next_pow2, pdl_args
 
 triton = tl = rotate_rows = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -55,8 +55,11 @@ def _kernels():
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qo_t, stride_qo_h,
         stride_kc_t, stride_kc_h, stride_vc_t, stride_vc_h, stride_cs,
         HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
-        BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0)
         pos = tl.load(pos_ptr + t).to(tl.int64)
         offs_d = tl.arange(0, BLOCK_HALF)
@@ -106,7 +109,7 @@ def rope_and_cache(
         cos_sin_cache.stride(0),
         HEAD_DIM=head_dim, HALF=head_dim // 2, BLOCK_HQ=next_pow2(num_q_heads), BLOCK_HKV=next_pow2(num_kv_heads),
         BLOCK_HALF=next_pow2(head_dim // 2), BLOCK_D=next_pow2(head_dim),
-        num_warps=4,
+        num_warps=4, **pdl_args(q.device),
     )
     return q_out
 

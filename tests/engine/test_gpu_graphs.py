@@ -124,3 +124,28 @@ def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
         turns.append((one, two, three))
     assert sorted(g.runner.graphs) == [1, 5]
     assert turns[0] == turns[1]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available()
+                    or __import__("torch").cuda.get_device_capability()[0] < 9, reason="PDL needs Hopper")
+def test_pdl_graphs_equal_plain_launches(tmp_path, tiny_models):
+    """Programmatic dependent launch (LOCALCHAT_PDL=1) changes when kernels start, never what
+    they compute: graph decode (greedy and seeded sampling) and greedy speculation give the
+    same tokens with it as without, and every kernel of the set ran with USE_PDL on."""
+    from engine import kernels
+
+    ids_msg = [{"role": "user", "content": "The quick brown fox"}]
+    runs = {}
+    try:
+        for on in (False, True):
+            kernels.set_pdl(on)
+            assert kernels.pdl_args(__import__("torch").device("cuda"))["USE_PDL"] is on
+            e = Engine.load(str(tiny_models["llama"]), device="cuda", use_graphs=True)
+            e.tokenizer.eos_token_ids = frozenset()
+            ids = e.tokenizer.apply_chat_template(ids_msg)
+            runs[on] = [_tokens(e, ids, SamplingParams(max_tokens=200, temperature=t, seed=7)) for t in (0.0, 0.8)]
+            spec, _ = _spec_engines(tmp_path / str(on), tiny_models, "sglang", True, 5)
+            runs[on].append(_tokens(spec, ids, SamplingParams(max_tokens=200), speculative=True))
+    finally:
+        kernels.set_pdl(None)
+    assert all(len(r) == 200 for r in runs[True]) and runs[True] == runs[False]

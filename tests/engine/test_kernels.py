@@ -307,3 +307,75 @@ def test_rope_and_cache(device, dtype, shape):
     torch.testing.assert_close(k_cache, want_k_cache, **tol(device, dtype))
     assert torch.equal(v_cache, want_v_cache)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="PDL needs Hopper")
+def test_every_kernel_with_pdl_equals_its_plain_launch():
+    """Each kernel launched with programmatic dependent launch gives the bits of its plain
+    launch, back to back in one stream (each reads what the one before it wrote)."""
+    from engine import kernels
+    from engine.kernels.activation import silu_and_mul
+    from engine.kernels.attention import decode_attention
+    from engine.kernels.gemv import gemv, rms_norm_gemv, silu_mul_gemv
+    from engine.kernels.norm import add_rms_norm
+    from engine.kernels.rope import rope_and_cache
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+
+    def chain():
+        x = torch.randn(1, 576, generator=g, **bf)
+        res = torch.randn(1, 576, generator=g, **bf)
+        nw = torch.rand(576, generator=g, **bf)
+        w_qkv = torch.randn(960, 576, generator=g, **bf) * 0.05
+        k_cache = torch.zeros(256, 3, 64, **bf)
+        v_cache = torch.zeros(256, 3, 64, **bf)
+        cos_sin = torch.randn(256, 64, generator=g, device="cuda")
+        pos = torch.tensor([17], device="cuda")
+        qkv, h = rms_norm_gemv(x, res, nw, 1e-5, w_qkv)
+        q, k, v = qkv.split([576, 192, 192], dim=-1)
+        q = rope_and_cache(q.view(1, 9, 64), k.view(1, 3, 64), v.view(1, 3, 64), cos_sin, pos, k_cache, v_cache)
+        o = decode_attention(q, k_cache, v_cache, pos, 0.125)
+        o2 = gemv(o.reshape(1, 576), torch.randn(576, 576, generator=g, **bf) * 0.05)
+        normed, h2 = add_rms_norm(o2, h, nw, 1e-5)
+        gate_up = gemv(normed, torch.randn(3072, 576, generator=g, **bf) * 0.05)
+        act = silu_and_mul(gate_up)
+        down = silu_mul_gemv(gate_up, torch.randn(576, 1536, generator=g, **bf) * 0.05)
+        return [qkv, h, q, k_cache, v_cache, o, o2, normed, h2, gate_up, act, down]
+
+    outs = {}
+    try:
+        for on in (False, True):
+            kernels.set_pdl(on)
+            g.manual_seed(0)
+            outs[on] = chain()
+            torch.cuda.synchronize()
+    finally:
+        kernels.set_pdl(None)
+    for a, b in zip(outs[False], outs[True]):
+        assert torch.equal(a, b)
+
+
+def test_pdl_launch_arguments(monkeypatch):
+    """PDL is off by default and on a CPU; LOCALCHAT_PDL=1 (or set_pdl) turns it on for a
+    Hopper-class CUDA device whose Triton knows the option."""
+    from engine import kernels
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.delenv("LOCALCHAT_PDL", raising=False)
+    monkeypatch.setattr(kernels, "triton_interpreting", lambda: False)
+    monkeypatch.setattr(kernels, "_pdl_supported", lambda index: True)
+    try:
+        assert kernels.pdl_args(cuda) == {"USE_PDL": False}
+        monkeypatch.setenv("LOCALCHAT_PDL", "1")
+        assert kernels.pdl_args(cuda) == {"USE_PDL": True, "launch_pdl": True}
+        assert kernels.pdl_args(cpu) == {"USE_PDL": False}
+        kernels._pdl_override = False
+        assert kernels.pdl_args(cuda) == {"USE_PDL": False}
+        kernels._pdl_override = None
+        monkeypatch.setattr(kernels, "_pdl_supported", lambda index: False)  # older GPU or Triton
+        assert kernels.pdl_args(cuda) == {"USE_PDL": False}
+    finally:
+        kernels._pdl_override = None

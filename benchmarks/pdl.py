@@ -1,0 +1,96 @@
+"""Programmatic dependent launch off vs on, in one process: each setting gets its own engine
+(graphs capture the launch attribute), measured in alternating rounds (off, on, off, on) so
+that clock drift falls on both. Demo model with its shipped head (plain decode and greedy
+speculation on held-out prompts), and with --llama-8b the 8B shape with random weights
+(plain decode, 512-token prompt). Tokens must match between the settings.
+
+    python benchmarks/pdl.py --out pdl.json [--llama-8b] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--llama-8b", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (PDL is CUDA-only)")
+    a = ap.parse_args()
+
+    import torch
+
+    from app.bench import time_decode
+    from app.bench_setup import build_bench_engine, chat_prompts_from
+    from engine import kernels
+    from engine.engine import Engine
+    from engine.types import SamplingParams
+
+    def demo():
+        return Engine.load("demo", device=a.device)
+
+    def llama_8b():
+        args = SimpleNamespace(random_weights="llama-8b", device=a.device, max_seq_len=1024, force_accept=None,
+                               draft_steps=5, no_graphs=False)
+        return build_bench_engine(args)
+
+    setups = [("demo", demo)] + ([("llama-8b", llama_8b)] if a.llama_8b else [])
+    gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
+    report = {"machine": {"device": gpu, "torch": torch.__version__,
+                          "python": platform.python_version()}, "rounds": a.rounds, "results": {}}
+    for name, make in setups:
+        engines = {}
+        for on in (False, True):
+            kernels.set_pdl(on)
+            engines[on] = make()
+        kernels.set_pdl(None)
+        if name == "demo":
+            msgs, which = chat_prompts_from(a.prompts)
+            prompts = [engines[False].tokenizer.apply_chat_template(m) for m in msgs]
+            modes = [("plain", False), ("speculative", True)]
+        else:
+            prompts = [torch.randint(0, 32000, (512,), generator=torch.Generator().manual_seed(0)).tolist()]
+            which, modes = "512 random token ids", [("plain", False)]
+        res = {"prompt_set": which}
+        for mode, spec in modes:
+            speeds = {False: [], True: []}
+            tokens = {}
+            for on in (False, True):  # warm-up, not counted: first-use allocations and caches
+                time_decode(engines[on], prompts[0], a.new_tokens, spec)
+            for _ in range(a.rounds):
+                for on in (False, True):
+                    runs = [time_decode(engines[on], p, a.new_tokens, spec) for p in prompts]
+                    speeds[on].append(statistics.mean(r["decode_tok_s"] for r in runs))
+            for on in (False, True):  # the tokens themselves, once more, to compare
+                e = engines[on]
+                e.reset()
+                tokens[on] = [t for ev in e.stream_ids(prompts[0], SamplingParams(max_tokens=64), speculative=spec)
+                              for t in ev.token_ids]
+            off, on_ = statistics.mean(speeds[False]), statistics.mean(speeds[True])
+            res[mode] = {"pdl_off_tok_s": round(off, 1), "pdl_on_tok_s": round(on_, 1), "ratio": round(on_ / off, 4),
+                         "rounds_off": [round(x, 1) for x in speeds[False]],
+                         "rounds_on": [round(x, 1) for x in speeds[True]],
+                         "same_tokens": tokens[False] == tokens[True]}
+            print(f"{name:9s} {mode:12s} off {off:8.1f} tok/s  on {on_:8.1f} tok/s  x{on_ / off:.3f}  "
+                  f"same tokens: {tokens[False] == tokens[True]}", flush=True)
+        report["results"][name] = res
+        del engines
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+    Path(a.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
