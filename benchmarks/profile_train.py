@@ -96,9 +96,8 @@ def main() -> None:
 
     from speculative.train_loop import choose_attention
 
-    rows0 = batcher.next_rows()
-    modes = ["sdpa"]
-    if dev.type == "cuda" and choose_attention(draft, teacher, rows0, opts, draft_ids, print) == "flex":
+    modes = ["sdpa"]  # and flex where LOCALCHAT_TTT_ATTENTION=flex is set and it passes its check
+    if dev.type == "cuda" and choose_attention(draft, teacher, batcher, opts, draft_ids, print) == "flex":
         modes.append("flex")
     report["step"] = {}
     for mode in modes:

@@ -181,8 +181,7 @@ def train_step(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids
     return stats, batch
 
 
-def choose_attention(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids: torch.Tensor,
-                     log) -> str:
+def choose_attention(draft, teacher: Teacher, batcher: "Batcher", opts, draft_ids: torch.Tensor, log) -> str:
     """The training-time test's attention: "sdpa" unless LOCALCHAT_TTT_ATTENTION=flex asks for
     the compiled block-sparse flex path, which is then kept only if it runs here, its logits,
     loss and gradients agree with SDPA on these rows, and it is faster. On an H200 (torch 2.11,
@@ -192,6 +191,7 @@ def choose_attention(draft, teacher: Teacher, rows: list[list[tuple]], opts, dra
 
     if os.environ.get("LOCALCHAT_TTT_ATTENTION", "") != "flex":
         return "sdpa"
+    rows = batcher.next_rows()  # the check's batch (not trained on)
     t = time.perf_counter()
     params = [p for p in draft.parameters() if p.requires_grad]
     try:
@@ -254,7 +254,7 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
         res.history = list(resume.get("history", []))
         res.first_loss = resume.get("first_loss", float("nan"))
     draft.train()
-    attention = choose_attention(draft, teacher, batcher.next_rows(), opts, draft_ids, log)
+    attention = choose_attention(draft, teacher, batcher, opts, draft_ids, log)
     t0 = last_log = time.perf_counter()
     budget = None
     used = 0.0  # training seconds of the schedule spent before this run
