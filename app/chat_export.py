@@ -58,6 +58,8 @@ def _open_store(paths: AppPaths) -> ChatStore | None:
     store = ChatStore.open(paths.db_path)
     if store.path is None:  # locked or unreadable: ChatStore fell back to memory
         raise UserError(" ".join(store.notes) or f"cannot open the chat history {paths.db_path}")
+    for note in store.notes:  # e.g. a damaged file moved aside, as the app would do
+        print(f"localchat: {note}", file=sys.stderr)
     return store
 
 

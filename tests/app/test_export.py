@@ -55,7 +55,12 @@ async def test_ctrl_s_writes_the_chat_and_the_cli_lists_and_exports_it(make_app,
     text = path.read_text()
     assert text.startswith("# hello there\n") and "## You\n\nhello there\n" in text and "## Assistant" in text
 
+    from app.paths import AppPaths
+    from app.store import ChatStore
+
+    running = ChatStore.open(AppPaths.resolve(home).db_path)  # as if the app were still open
     listed = _cli(home, "chats")
+    running.close()
     assert listed.returncode == 0 and f"{chat_id}  " in listed.stdout and "hello there" in listed.stdout
     shown = _cli(home, "export", str(chat_id))
     assert shown.returncode == 0 and shown.stdout.split("\n", 3)[3] == text.split("\n", 3)[3]  # past the date line
