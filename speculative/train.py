@@ -144,19 +144,34 @@ def check_out(out: Path) -> None:
 
 @contextlib.contextmanager
 def _sigterm_as_ctrl_c():
-    """SIGTERM (a job scheduler's stop, `timeout`) stops training as Ctrl+C does: the head is saved."""
+    """SIGTERM (a job scheduler's stop, `timeout`) stops training as Ctrl+C does: the head is
+    saved. A second stop within REPEAT_S of the first is the same stop delivered twice (GNU
+    `timeout` signals the process and then its process group) and is ignored; a later one
+    aborts the save. SIGINT gets the same handling unless it was ignored when the process
+    started (a background job)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    first: list[float] = []
 
     def interrupt(signum, frame):
+        now = time.monotonic()
+        if first and now - first[0] < REPEAT_S:
+            return
+        first[:] = [now]
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+REPEAT_S = 2.0
 
 
 def _train_eagle3(args) -> int:

@@ -295,7 +295,10 @@ def test_resume_continues_a_stopped_run(tmp_path, monkeypatch):
         cmd_train(args(resume=True, kind="mtp"))
 
 
-def test_sigterm_stops_like_ctrl_c(tmp_path, monkeypatch):
+@pytest.mark.parametrize("signum,times", [("SIGTERM", 1), ("SIGTERM", 2), ("SIGINT", 2)])
+def test_sigterm_stops_like_ctrl_c(tmp_path, monkeypatch, signum, times):
+    """SIGTERM stops training as Ctrl+C does and the head is saved; the same stop delivered
+    twice at once (GNU timeout signals the process, then its group) still saves."""
     import os
     import signal
 
@@ -308,8 +311,19 @@ def test_sigterm_stops_like_ctrl_c(tmp_path, monkeypatch):
     def clip(*a, **kw):
         calls["n"] += 1
         if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), getattr(signal, signum))
         return real_clip(*a, **kw)
+
+    import speculative.train_loop as train_loop
+
+    real_on_ctrl_c = train_loop.on_ctrl_c
+
+    def on_ctrl_c(*a):  # the second delivery lands while the first stop is being handled
+        if times == 2:
+            os.kill(os.getpid(), getattr(signal, signum))
+        return real_on_ctrl_c(*a)
+
+    monkeypatch.setattr(train_loop, "on_ctrl_c", on_ctrl_c)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     before = signal.getsignal(signal.SIGTERM)
@@ -319,7 +333,8 @@ def test_sigterm_stops_like_ctrl_c(tmp_path, monkeypatch):
     assert cmd_train(args) == 130
     prov = json.loads((tmp_path / "head" / "provenance.json").read_text())
     assert prov["interrupted"] and 2 <= prov["train"]["steps_done"] <= 3
-    assert signal.getsignal(signal.SIGTERM) == before  # the handler is put back
+    assert signal.getsignal(signal.SIGTERM) == before  # the handlers are put back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_out_must_be_a_writable_folder(tmp_path):
