@@ -447,7 +447,7 @@ def test_greedy_weight_gen_frac_and_a_flex_fallback(tmp_path, monkeypatch, capsy
 def test_feature_cache_takes_the_free_memory_less_a_steps_working_set(monkeypatch):
     """Set after the target is loaded: free memory less 16 GiB per 16,384 tokens a step (the
     demo run's features, about 86 GB, fit on a 141 GB GPU; the old cap of 64 GiB made every
-    later step recompute a third of them)."""
+    later step recompute about a quarter of them)."""
     from speculative.train import TrainOptions, feature_cache_bytes
 
     opts = TrainOptions.from_args(Namespace(model="m", out="o"), torch.device("cpu"))
