@@ -106,6 +106,8 @@ class LocalChatApp(App):
         yield SystemCommand("Compare speculation off vs on", "Rerun the last prompt both ways, side by side "
                             "(Ctrl+B)", screen.action_compare)
         yield SystemCommand("Regenerate answer", "Write the last answer again (Ctrl+R)", screen.action_regenerate)
+        yield SystemCommand("Edit last message", "Put your last message back in the box; sending it replaces "
+                            "it and its answer (Up in an empty box)", screen.action_edit_last)
         yield SystemCommand("Stop answer", "Stop the answer being written (Esc)", screen.action_stop)
         yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard (Ctrl+O)",
                             screen.action_copy_answer)

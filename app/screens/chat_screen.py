@@ -185,6 +185,38 @@ class ChatScreen(Screen):
                      if v.role in ("user", "assistant") and "failed" not in v.classes]
         return messages
 
+    @on(PromptInput.EditLast)
+    def action_edit_last(self) -> None:
+        """Puts the last message you sent back in the box; sending it replaces that message and
+        everything after it (its answer)."""
+        prompt = self.query_one(PromptInput)
+        if self.answer is not None:
+            self.notify("Wait for the answer to finish, or press Esc to stop it.", severity="warning")
+            return
+        last = next((v for v in reversed(self.conversation.views) if v.role == "user"), None)
+        if last is None:
+            self.notify("No message to edit yet.")
+            return
+        if prompt.text.strip() and not prompt.editing:
+            self.notify("Empty the message box first: editing would replace what is in it.")
+            return
+        prompt.start_editing(last.content)
+        prompt.focus()
+
+    @on(PromptInput.CancelEdit)
+    def cancel_edit(self) -> None:
+        prompt = self.query_one(PromptInput)
+        prompt.stop_editing()
+        prompt.clear()
+
+    async def _drop_from(self, view: MessageView) -> None:
+        """Removes `view` and every message after it, from the screen and the history."""
+        views = self.conversation.views
+        for v in views[views.index(view):]:
+            if v.message_id is not None:
+                self.store.delete_message(v.message_id)
+            await self.conversation.remove_view(v)
+
     @on(PromptInput.Submitted)
     async def send(self, event: PromptInput.Submitted) -> None:
         text = event.text.strip()
@@ -197,6 +229,11 @@ class ChatScreen(Screen):
             self.notify(f"No model is loaded ({self.app.runner.load_error}). Restart localchat with another "
                         "--model or --device.", severity="error", timeout=10)
             return
+        if event.prompt_input.editing:
+            event.prompt_input.stop_editing()
+            last = next((v for v in reversed(self.conversation.views) if v.role == "user"), None)
+            if last is not None:
+                await self._drop_from(last)
         event.prompt_input.clear()
         if self.chat is None:
             title = " ".join(text.split())

@@ -1,4 +1,5 @@
-"""The multi-line message box: Enter sends, Shift+Enter or Ctrl+J starts a new line."""
+"""The multi-line message box: Enter sends, Shift+Enter or Ctrl+J starts a new line, Up in an
+empty box edits the last message sent."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from textual.widgets import TextArea
 
 
 class PromptInput(TextArea):
+    """Up in an empty box asks to edit the last message you sent (EditLast); while editing, Esc
+    gives up the edit (CancelEdit) and the box says what Enter will do."""
+
+    PLACEHOLDER = "Message (Enter sends, Shift+Enter or Ctrl+J adds a line)"
+
     @dataclass
     class Submitted(Message):
         prompt_input: PromptInput
@@ -19,12 +25,41 @@ class PromptInput(TextArea):
         def control(self) -> PromptInput:
             return self.prompt_input
 
+    class EditLast(Message):
+        pass
+
+    class CancelEdit(Message):
+        pass
+
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
                          compact=True, highlight_cursor_line=False, **kwargs)
-        self.placeholder = "Message (Enter sends, Shift+Enter or Ctrl+J adds a line)"
+        self.placeholder = self.PLACEHOLDER
+        self.editing = False
+
+    def start_editing(self, text: str) -> None:
+        self.editing = True
+        self.add_class("editing")
+        self.border_title = "Editing · Enter resends · Esc cancels"
+        self.text = text
+        self.move_cursor(self.document.end)
+
+    def stop_editing(self) -> None:
+        self.editing = False
+        self.remove_class("editing")
+        self.border_title = None
 
     async def _on_key(self, event: events.Key) -> None:
+        if event.key == "up" and not self.editing and not self.text:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.EditLast())
+            return
+        if event.key == "escape" and self.editing:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.CancelEdit())
+            return
         if event.key == "enter":
             event.stop()
             event.prevent_default()
