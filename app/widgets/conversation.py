@@ -12,10 +12,9 @@ from .message_view import MessageView
 
 WELCOME = (
     "[b]Start a conversation[/b]\n\n"
-    "[b]Enter[/] send · [b]Shift+Enter[/] or [b]Ctrl+J[/] new line · [b]Esc[/] stop\n"
+    "[b]Enter[/] send · [b]Shift+Enter[/] new line · [b]Up[/] edit last · [b]Esc[/] stop\n"
     "[b]Ctrl+T[/] speculation on/off · [b]Ctrl+B[/] compare off vs on\n"
-    "[b]Ctrl+R[/] regenerate · [b]Up[/] edit your last message · [b]Ctrl+S[/] save as Markdown\n"
-    "[b]F3[/] system prompt · [b]F4[/] settings · [b]Ctrl+P[/] all commands"
+    "[b]Ctrl+R[/] regenerate · [b]Ctrl+S[/] save · [b]Ctrl+P[/] all commands"
 )
 
 
