@@ -182,3 +182,29 @@ def test_greedy_weight_adds_the_hard_loss_on_the_greedy_token():
         hard = -torch.log_softmax(logits[t], -1).gather(-1, greedy.clamp(min=0)[..., None])[..., 0][has].mean()
         assert abs(both.step_loss[t] - (soft.step_loss[t] + 0.5 * float(hard))) < 1e-4
     assert both.step_acc == soft.step_acc
+
+
+@pytest.mark.parametrize("chunk", [7, 8, 16])
+def test_chunked_queries_compute_what_one_call_computes(monkeypatch, chunk):
+    """Queries in chunks (each with step 0's keys up to its last row and the later steps' keys
+    of its own rows) give the logits and gradients of one call over every key."""
+    import speculative.ttt as ttt
+
+    g = torch.Generator().manual_seed(9)
+    docs = [_doc(7, g), _doc(11, g), _doc(5, g), _doc(9, g)]
+    batch = TTTBatch.from_rows([[docs[0], docs[1]], [docs[2], docs[3]]], seq_len=24)
+    embed = torch.nn.Embedding(96, 32)
+    target = torch.randn(2, 24, 40, generator=g)
+    out = {}
+    for name, size in (("one call", 10 ** 9), ("chunks", chunk)):
+        monkeypatch.setattr(ttt, "Q_CHUNK", size)
+        draft = _draft()
+        logits = unroll(draft, embed, batch, 4)
+        ttt_loss(logits, batch, target, draft.d2t, 0.8).loss.backward()
+        out[name] = ([x.detach() for x in logits], {n: p.grad for n, p in draft.named_parameters()})
+    for t, (a, b) in enumerate(zip(out["one call"][0], out["chunks"][0])):
+        valid = batch.valid(t)
+        torch.testing.assert_close(a[valid], b[valid], rtol=1e-5, atol=1e-5)
+    for name, grad in out["one call"][1].items():
+        if grad is not None:
+            torch.testing.assert_close(grad, out["chunks"][1][name], rtol=1e-4, atol=1e-6)
