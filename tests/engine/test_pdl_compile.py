@@ -1,0 +1,78 @@
+"""Every Triton kernel compiles for an sm90 GPU with programmatic dependent launch on (and its
+PTX waits on the previous grid before anything else), and without it (no grid-dependency
+instructions). Compiled on the CPU with Triton's own ptxas: no GPU needed; skipped where
+Triton or its CUDA backend is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "part_o_ptr": "*fp32",
+            "part_lse_ptr": "*fp32", "cos_sin_ptr": "*fp32"}
+FLOATS = {"eps", "qk_scale"}
+
+
+def _kernels():
+    import engine.kernels.activation as activation
+    import engine.kernels.attention as attention
+    import engine.kernels.gemv as gemv
+    import engine.kernels.norm as norm
+    import engine.kernels.rope as rope
+
+    split, reduce = attention._kernels()
+    gemv_base = dict(HAS_RESIDUAL=True, HAS_BIAS=False, DOT_F32=False, SPLIT_K=1, K_PER_SPLIT=768, EVEN_K=False,
+                     BLOCK_K=256)
+    return [
+        ("add_rms_norm", norm._kernels(), dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
+        ("silu_and_mul", activation._kernels(), dict(BLOCK=1024), 4),
+        ("rope_and_cache", rope._kernels(), dict(HEAD_DIM=64, HALF=32, BLOCK_HQ=16, BLOCK_HKV=4, BLOCK_HALF=32,
+                                                 BLOCK_D=64), 4),
+        ("attention split", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_M=16, BLOCK_N=64, BLOCK_D=64,
+                                        DOT_F32=False), 4),
+        ("attention reduce", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64), 4),
+        ("gemv rms_norm M=1", gemv._kernels(), dict(gemv_base, PROLOGUE=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8), 4),
+        ("gemv silu_mul M=16 split", gemv._kernels(),
+         dict(gemv_base, PROLOGUE=2, USE_DOT=True, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512,
+              EVEN_K=True), 4),
+    ]
+
+
+def _compile(fn, constexprs: dict, num_warps: int, pdl: bool):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts = {**constexprs, "USE_PDL": pdl}
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = POINTERS.get(name, "*bf16")
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    options = {"num_warps": num_warps, **({"launch_pdl": True} if pdl else {})}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
+    try:
+        name, fn, constexprs, warps = _kernels()[index]
+        on = _compile(fn, constexprs, warps, pdl=True)
+    except (ImportError, RuntimeError) as e:  # no CUDA backend or ptxas in this Triton build
+        if "ptxas" in str(e) or isinstance(e, ImportError):
+            pytest.skip(f"Triton cannot compile for CUDA here: {e}")
+        raise
+    ptx = on.asm["ptx"]
+    body = ptx[ptx.index("{", ptx.index(".entry")):]
+    first_memory = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("atom.")) if i >= 0)
+    assert 0 <= body.find("griddepcontrol.wait") < first_memory, name
+    assert "griddepcontrol.launch_dependents" in body and on.asm.get("cubin"), name
+    off = _compile(fn, constexprs, warps, pdl=False)
+    assert "griddepcontrol" not in off.asm["ptx"], name
