@@ -27,6 +27,7 @@ triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 
 NONE, RMS_NORM, SILU_MUL = 0, 1, 2  # prologue kinds
 MAX_ROWS = 16
+PREFETCH_LINES = 16  # with PDL: 128-byte lines of each weight row requested before the wait (2 KB)
 _MAX_TILES = 1 << 16  # split-K counters per device
 
 
@@ -83,10 +84,8 @@ def _kernels():
         PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr,
     ):
-        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
@@ -95,6 +94,16 @@ def _kernels():
         n_ok = offs_n < N
         w_rows = tl.where(n_ok, offs_n, 0)  # clamped instead of masked: loads stay vectorized
         k_start = pid_k * K_PER_SPLIT
+        if USE_PDL:
+            # The weights are never written by a kernel: the first PREFETCH_LINES 128-byte lines
+            # (LINE elements each) of this program's rows are requested into L2 while the
+            # previous kernel may still run. Then wait for its writes, and let the next launch.
+            lines = k_start + tl.arange(0, PREFETCH_LINES) * LINE
+            line_ptrs = w_ptr + w_rows[:, None] * stride_w + tl.minimum(lines, K - 1)[None, :]
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [line_ptrs], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
         if PROLOGUE == 1:
             # The norm needs the whole row's mean square first: a pass over K (L2-resident).
@@ -217,6 +226,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         BLOCK_M=MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows))),
         BLOCK_N=max(16, cfg.block_n) if dot else cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device),
+        LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES,
     )
     return out, new_res
 
