@@ -2,8 +2,7 @@
 
   generate   the target's greedy replies (batched), tokens/s
   features   the teacher's packed forwards (aux states, labels), tokens/s
-  step       one training step with the features cached, ms, and its top CUDA kernels, with
-             the SDPA attention and (where it compiles and agrees) the flex one
+  step       one training step with the features cached, ms, and its top CUDA kernels
 
     python benchmarks/profile_train.py --model demo --gen 4096 --out profile_train.json
 
@@ -94,33 +93,26 @@ def main() -> None:
     pools = {"text": data.text[:a.feature_seqs]}
     batcher = Batcher(pools, 0.0, opts.seq_len, max(1, opts.batch_tokens // opts.seq_len), 0)
 
-    from speculative.train_loop import choose_attention
+    def step() -> None:
+        train_step(draft, teacher, batcher.next_rows(), opts, draft_ids, opt, params)
 
-    modes = ["sdpa"]  # and flex where LOCALCHAT_TTT_ATTENTION=flex is set and it passes its check
-    if dev.type == "cuda" and choose_attention(draft, teacher, batcher, opts, draft_ids, print) == "flex":
-        modes.append("flex")
-    report["step"] = {}
-    for mode in modes:
-        def step() -> None:
-            train_step(draft, teacher, batcher.next_rows(), opts, draft_ids, opt, params, mode)
-
+    for _ in range(3):
+        step()
+    sync()
+    t = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    sync()
+    report["step"] = {"ms": (time.perf_counter() - t) / a.steps * 1e3}
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
         for _ in range(3):
             step()
         sync()
-        t = time.perf_counter()
-        for _ in range(a.steps):
-            step()
-        sync()
-        r = report["step"][mode] = {"ms": (time.perf_counter() - t) / a.steps * 1e3}
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-        with profile(activities=acts) as prof:
-            for _ in range(3):
-                step()
-            sync()
-        r["top_kernels_3_steps"] = top_kernels(prof, 25)
-        print(f"step ({mode}): {r['ms']:.1f} ms", flush=True)
-        for k in r["top_kernels_3_steps"][:8]:
-            print(f"  {k['ms']:8.2f} ms {k['calls']:6d}x {k['name']}")
+    report["step"]["top_kernels_3_steps"] = top_kernels(prof, 25)
+    print(f"step: {report['step']['ms']:.1f} ms", flush=True)
+    for k in report["step"]["top_kernels_3_steps"][:8]:
+        print(f"  {k['ms']:8.2f} ms {k['calls']:6d}x {k['name']}")
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1))
 

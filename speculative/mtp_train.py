@@ -16,7 +16,8 @@ from .mtp_config import MTPConfig
 from .mtp_unroll import TOP_K, chain_accept_len, mtp_loss, unroll, valid
 from .progress import ProgressBar
 from .teacher import Teacher
-from .train_loop import Batcher, LoopResult, _autocast, final_checks, lr_at, on_ctrl_c, show_step, val_rows
+from .train_loop import (Batcher, LoopResult, _autocast, features_batch, final_checks, lr_at, on_ctrl_c, show_step,
+                         val_rows)
 from .ttt import TTTBatch
 
 
@@ -100,12 +101,7 @@ def train(draft, target: _Target, teacher: Teacher, pools, val, opts, deadline, 
             lr = lr_at(step, progress, opts.lr, warmup)
             for grp in opt.param_groups:
                 grp["lr"] = lr
-            rows = batcher.next_rows()
-            flat, i, packed = teacher.features_many([it for row in rows for it in row]), 0, []
-            for row in rows:
-                packed.append(flat[i:i + len(row)])
-                i += len(row)
-            batch = TTTBatch.from_rows(packed, opts.seq_len)
+            batch = features_batch(teacher, batcher.next_rows(), opts.seq_len)
             st = target.stats(draft, batch, opts.decay)
             opt.zero_grad(set_to_none=True)
             st.loss.backward()

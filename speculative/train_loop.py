@@ -40,7 +40,7 @@ def on_ctrl_c(res: LoopResult, step: int, log) -> None:
     if step == 0:
         raise KeyboardInterrupt
     res.interrupted = True
-    log(f"interrupted after {step} steps: saving the head trained so far (Ctrl+C again aborts)")
+    log(f"interrupted after {step} steps: saving the head trained so far (a second Ctrl+C, 2 s or more later, aborts)")
 
 
 def final_checks(res: LoopResult, validation, speculator, log) -> tuple[dict, str | None]:
@@ -153,83 +153,38 @@ def validate(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids) 
             "accept_len_estimate": round(chains / max(starts, 1), 3), "k": opts.ttt_steps}
 
 
-def _step_loss(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids: torch.Tensor,
-               attention: str) -> tuple[StepStats, TTTBatch, list[torch.Tensor]]:
+def features_batch(teacher: Teacher, rows: list[list[tuple]], seq_len: int) -> TTTBatch:
+    """The teacher's features of rows of (key, sequence) items (computed once, cached after
+    their first use), packed into a TTTBatch."""
     flat = teacher.features_many([item for row in rows for item in row])
     packed, i = [], 0
     for row in rows:
         packed.append(flat[i:i + len(row)])
         i += len(row)
-    batch = TTTBatch.from_rows(packed, opts.seq_len)
+    return TTTBatch.from_rows(packed, seq_len)
+
+
+def _step_loss(draft, teacher: Teacher, rows: list[list[tuple]], opts,
+               draft_ids: torch.Tensor) -> tuple[StepStats, TTTBatch]:
+    batch = features_batch(teacher, rows, opts.seq_len)
     target_logits = teacher.label_logits(batch.label_hidden, draft_ids)
     with _autocast(teacher.device):
-        logits = unroll(draft, teacher.embed, batch, opts.ttt_steps, attention)
+        logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
     weight = getattr(opts, "greedy_weight", 0.0)
     greedy = greedy_in_draft(batch.greedy, draft_ids, teacher.embed.num_embeddings) if weight > 0 else None
-    return ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay, greedy, weight), batch, logits
+    return ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay, greedy, weight), batch
 
 
 def train_step(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids: torch.Tensor, opt,
-               params: list, attention: str = "sdpa") -> tuple[StepStats, TTTBatch]:
+               params: list) -> tuple[StepStats, TTTBatch]:
     """One optimizer step on packed rows of (key, sequence) items: the teacher's features
     (cached after their first use), the unrolled draft steps, the loss, the update."""
-    stats, batch, _ = _step_loss(draft, teacher, rows, opts, draft_ids, attention)
+    stats, batch = _step_loss(draft, teacher, rows, opts, draft_ids)
     opt.zero_grad(set_to_none=True)
     stats.loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     return stats, batch
-
-
-def choose_attention(draft, teacher: Teacher, batcher: "Batcher", opts, draft_ids: torch.Tensor, log) -> str:
-    """The training-time test's attention: "sdpa" unless LOCALCHAT_TTT_ATTENTION=flex asks for
-    the compiled block-sparse flex path, which is then kept only if it runs here, its logits,
-    loss and gradients agree with SDPA on these rows, and it is faster. On an H200 (torch 2.11,
-    demo target) it agreed but took 129 to 179 ms a step against 72 ms, after a 34 to 39 s
-    compile, mostly building its block masks; so it is not the default."""
-    import os
-
-    if os.environ.get("LOCALCHAT_TTT_ATTENTION", "") != "flex":
-        return "sdpa"
-    rows = batcher.next_rows()  # the check's batch (not trained on)
-    t = time.perf_counter()
-    params = [p for p in draft.parameters() if p.requires_grad]
-    try:
-        grads = {}
-        for name in ("sdpa", "flex"):
-            draft.zero_grad(set_to_none=True)
-            stats, _, logits = _step_loss(draft, teacher, rows, opts, draft_ids, name)
-            stats.loss.backward()
-            grads[name] = (float(stats.loss.detach()), [x.detach() for x in logits],
-                           torch.cat([p.grad.float().flatten() for p in params if p.grad is not None]))
-        draft.zero_grad(set_to_none=True)
-    except Exception as e:  # a compiler or kernel failure: the step runs as before
-        draft.zero_grad(set_to_none=True)
-        log(f"flex attention unavailable here ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}); "
-            "training with SDPA")
-        return "sdpa"
-    (ls, lg_s, g_s), (lf, lg_f, g_f) = grads["sdpa"], grads["flex"]
-    logit_err = max(float((a - b).abs().max()) / max(float(a.abs().max()), 1e-6) for a, b in zip(lg_s, lg_f))
-    grad_err = float((g_s - g_f).norm() / g_s.norm().clamp(min=1e-12))
-    loss_err = abs(ls - lf) / max(abs(ls), 1e-6)
-    ok = logit_err < 0.03 and grad_err < 0.05 and loss_err < 0.01
-    compiled_s = time.perf_counter() - t
-    ms = {}
-    if ok:  # compiled and right: keep it only where it is faster (a recompiling flex would not be)
-        for name in ("sdpa", "flex", "sdpa", "flex"):
-            torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            stats, _, _ = _step_loss(draft, teacher, rows, opts, draft_ids, name)
-            stats.loss.backward()
-            torch.cuda.synchronize()
-            ms[name] = (time.perf_counter() - t1) * 1e3
-        draft.zero_grad(set_to_none=True)
-    use = "flex" if ok and ms["flex"] < ms["sdpa"] else "sdpa"
-    timing = f"; forward+backward {ms['sdpa']:.0f} ms SDPA, {ms['flex']:.0f} ms flex" if ms else ""
-    log(f"flex attention {'agrees' if ok else 'DISAGREES'} with SDPA on the first batch (logits {logit_err:.1e}, "
-        f"loss {loss_err:.1e}, gradient {grad_err:.1e} relative; compiled in {compiled_s:.0f} s{timing}): "
-        f"training with {'flex' if use == 'flex' else 'SDPA'}")
-    return use
 
 
 def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: list[Sequence], opts,
@@ -254,7 +209,6 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
         res.history = list(resume.get("history", []))
         res.first_loss = resume.get("first_loss", float("nan"))
     draft.train()
-    attention = choose_attention(draft, teacher, batcher, opts, draft_ids, log)
     t0 = last_log = time.perf_counter()
     budget = None
     used = 0.0  # training seconds of the schedule spent before this run
@@ -278,7 +232,7 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
             lr = lr_at(step, progress, opts.lr, warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
-            stats, batch = train_step(draft, teacher, batcher.next_rows(), opts, draft_ids, opt, params, attention)
+            stats, batch = train_step(draft, teacher, batcher.next_rows(), opts, draft_ids, opt, params)
             loss = float(stats.loss.detach())  # syncs: the step time is measured honestly
             n = int(batch.valid(0).sum())
             res.entries += n

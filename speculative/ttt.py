@@ -144,48 +144,8 @@ def _masked_attention(q, key_blocks, value_blocks, batch: TTTBatch, t: int, scal
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
-_compiled_flex = None
-
-
-def _flex_attention(q, k, v, block_mask, scale):
-    """flex_attention, compiled on CUDA (fused, skips the masked-out blocks); eager elsewhere
-    (it materialises the scores: for tests)."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    fn = flex_attention
-    if q.is_cuda:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=False)
-        fn = _compiled_flex
-    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
-
-
-def _flex_block_mask(batch: TTTBatch, t: int):
-    """The mask of `_step_mask` as a flex BlockMask. Step 0's block is causal-minus-t within a
-    sequence and every later block is diagonal, so at L = 1024 and t = 4 at least 78% of the
-    128x128 tiles are empty (more with several sequences to a row): the flex kernel skips them,
-    where SDPA computes every score."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    B, L = batch.tokens.shape
-    doc, pos, valid = batch.doc, batch.positions, batch.valid(t)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        blk = kv_idx // L
-        j = kv_idx - blk * L
-        first = (doc[b, j] == doc[b, q_idx]) & (doc[b, q_idx] >= 0) & (pos[b, j] <= pos[b, q_idx] - t)
-        first = first | ((j == q_idx) & ~valid[b, q_idx])
-        return torch.where(blk == 0, first, j == q_idx)
-
-    return create_block_mask(mask_mod, B, None, L, (t + 1) * L, device=doc.device)
-
-
-def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int,
-           attention: str = "sdpa") -> list[torch.Tensor]:
-    """Returns the draft's logits (B, L, Vd) fp32 for steps 0..num_steps-1. attention: "sdpa"
-    (masked memory-efficient kernel over every key) or "flex" (block-sparse flex_attention; the
-    same function, see train_loop.choose_attention)."""
+def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int) -> list[torch.Tensor]:
+    """Returns the draft's logits (B, L, Vd) fp32 for steps 0..num_steps-1."""
     layer = draft.midlayer
     dc = draft.config
     B, L = batch.tokens.shape
@@ -210,12 +170,7 @@ def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int,
         # Keys of step t: step 0 as is, step i (1..t) shifted so that row p holds position p-t+i.
         key_blocks = [keys[0]] + [_shift_right(keys[i], t - i) for i in range(1, t + 1)]
         value_blocks = [values[0]] + [_shift_right(values[i], t - i) for i in range(1, t + 1)]
-        if attention == "flex":
-            k_all, v_all = torch.cat(key_blocks, dim=1), torch.cat(value_blocks, dim=1)
-            o = _flex_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
-                                _flex_block_mask(batch, t), layer.scale)  # (B, Hq, L, D)
-        else:
-            o = _masked_attention(q, key_blocks, value_blocks, batch, t, layer.scale)  # (B, Hq, L, D)
+        o = _masked_attention(q, key_blocks, value_blocks, batch, t, layer.scale)  # (B, Hq, L, D)
         h = residual + layer.self_attn.o_proj(o.transpose(1, 2).reshape(B, L, Hq * D))
         out = h + layer.mlp(layer.post_attention_layernorm(h))
         logits.append(draft.lm_head(draft.norm(out)).float())

@@ -108,48 +108,6 @@ def test_unrolled_head_learns_a_predictable_target():
     assert chain_accept_len(batch, stats.correct)[0] > 3.0
 
 
-def _flex_vs_sdpa(device: str, grads: bool, L: int = 20):
-    g = torch.Generator().manual_seed(5)
-    docs = [_doc(7, g), _doc(11, g), _doc(5, g), _doc(L - 12, g)]
-    docs = [DocFeatures(**{k: getattr(d, k).to(device) for k in ("tokens", "aux", "label_hidden", "greedy",
-                                                                    "is_response")}) for d in docs]
-    batch = TTTBatch.from_rows([[docs[0], docs[1]], [docs[2], docs[3]]], seq_len=L)
-    embed = torch.nn.Embedding(96, 32).to(device)
-    target = torch.randn(2, L, 40, device=device)
-    out = {}
-    for attention in ("sdpa", "flex"):
-        draft = _draft().to(device)
-        with torch.set_grad_enabled(grads):
-            logits = unroll(draft, embed, batch, 4, attention)
-        if grads:
-            ttt_loss(logits, batch, target, draft.d2t, 0.8).loss.backward()
-        out[attention] = ([x.detach() for x in logits], {n: p.grad for n, p in draft.named_parameters()
-                                                          if p.grad is not None})
-    for t, (a, b) in enumerate(zip(out["sdpa"][0], out["flex"][0])):
-        valid = batch.valid(t)
-        torch.testing.assert_close(a[valid], b[valid], rtol=1e-4, atol=1e-4)
-    if grads:
-        assert out["sdpa"][1].keys() == out["flex"][1].keys() and out["sdpa"][1]
-        for name, grad in out["sdpa"][1].items():
-            torch.testing.assert_close(grad, out["flex"][1][name], rtol=1e-3, atol=1e-4)
-
-
-def test_flex_attention_path_equals_sdpa_path():
-    """The block-sparse flex path computes the same logits as the masked SDPA path: packed rows
-    of several sequences, padding, 4 steps (eager flex: the CPU has no flex backward)."""
-    _flex_vs_sdpa("cpu", grads=False)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_compiled_flex_attention_equals_sdpa_with_gradients():
-    """On CUDA the flex path is compiled; its logits and every gradient equal the SDPA path's
-    (fp32), at a row length that is and one that is not a multiple of the 128-wide tiles."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    _flex_vs_sdpa("cuda", grads=True, L=20)
-    _flex_vs_sdpa("cuda", grads=True, L=256)
-
-
 def test_packing_places_each_sequence_and_pads_the_rest():
     g = torch.Generator().manual_seed(6)
     a, b, c = _doc(4, g, resp=True), _doc(3, g), _doc(6, g)
