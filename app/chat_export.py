@@ -40,14 +40,18 @@ def file_name(chat: ChatRecord) -> str:
     return f"{slug}-{chat.id}.md"
 
 
+def _write(path: Path, text: str) -> None:
+    """Through a temporary name: a failed write leaves an earlier file whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def write_export(chat: ChatRecord, messages: list[MessageRecord], folder: Path) -> Path:
-    """Writes the chat's Markdown into `folder` (created if missing); returns the file's path.
-    Written to a temporary name first: a failed write leaves an earlier export whole."""
+    """Writes the chat's Markdown into `folder` (created if missing); returns the file's path."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / file_name(chat)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(chat_markdown(chat, messages), encoding="utf-8")
-    tmp.replace(path)
+    _write(path, chat_markdown(chat, messages))
     return path
 
 
@@ -96,9 +100,7 @@ def cmd_export(args) -> int:
         else:
             if not out.parent.is_dir():
                 raise UserError(f"--out {out}: the folder {out.parent} does not exist")
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(chat_markdown(chat, messages), encoding="utf-8")
-            tmp.replace(out)
+            _write(out, chat_markdown(chat, messages))
             path = out
     except OSError as e:
         raise UserError(f"cannot write {out}: {e.strerror or e}") from None

@@ -49,7 +49,7 @@ class TrainOptions:
     reserve_s: float = 25.0  # budget kept for validation, saving and the speculator check
     val_conversations: int = 48
     val_rows: int = 4
-    cache_bytes: int = 2 << 30  # target features kept on the device
+    cache_bytes: int = 2 << 30  # target features kept on the device (feature_cache_bytes sets it)
     mtp_layers: int = 3  # --kind mtp: chained MTP layers S, also k of the final check
 
 
@@ -89,7 +89,7 @@ class TrainOptions:
                    time_budget=opt("time_budget", 840.0, None), eval_every=int(opt("eval_every", 250, 100)),
                    eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
-                   cache_bytes=2 << 30, mtp_layers=int(opt("mtp_layers", 3, 3)),
+                   mtp_layers=int(opt("mtp_layers", 3, 3)),
                    gen_frac=float(opt("gen_frac", 0.85, 0.85)), greedy_weight=float(opt("greedy_weight", 0.5, 0.5)))
 
 
@@ -98,8 +98,8 @@ def feature_cache_bytes(opts: TrainOptions, device: torch.device) -> TrainOption
     loaded: on CUDA the free memory less what a training step needs (about 12 GiB at 16,384
     tokens a step, so 16 GiB per 16,384 are kept back); 2 GiB elsewhere. The features of the
     default demo run (16.5 M tokens of prompts and the target's replies, 2.2 M of conversations,
-    4.6 KB each) take about 86 GB; a cache that cannot hold them recomputes the rest at every step, at about half the
-    speed. Generation runs before the cache fills and frees its K/V."""
+    4.6 KB each) take about 86 GB; a cache that cannot hold them recomputes the rest at every
+    step, at about half the speed. Generation runs before the cache fills and frees its K/V."""
     if device.type != "cuda":
         return replace(opts, cache_bytes=2 << 30)
     keep = (16 << 30) * max(1.0, opts.batch_tokens / 16384)
@@ -111,7 +111,7 @@ def cmd_train(args) -> int:
     created = not out.exists()
     check_out(out)  # before minutes of work, not at the save after them
     try:
-        with _sigterm_as_ctrl_c():
+        with _stop_signals_as_ctrl_c():
             if getattr(args, "kind", "eagle3") == "mtp":
                 if getattr(args, "resume", False):
                     raise UserError("--resume: only EAGLE-3 runs (--kind eagle3) can be continued")
@@ -143,7 +143,7 @@ def check_out(out: Path) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_ctrl_c():
+def _stop_signals_as_ctrl_c():
     """SIGTERM (a job scheduler's stop, `timeout`) stops training as Ctrl+C does: the head is
     saved. A second stop within REPEAT_S of the first is the same stop delivered twice (GNU
     `timeout` signals the process and then its process group) and is ignored; a later one

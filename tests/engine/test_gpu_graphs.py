@@ -1,6 +1,7 @@
 """GPU: graph replay equals eager, speculation in graph mode equals eager and plain (bf16)."""
 
 import pytest
+import torch
 
 from engine.engine import Engine
 from engine.types import SamplingParams
@@ -126,8 +127,8 @@ def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
     assert turns[0] == turns[1]
 
 
-@pytest.mark.skipif(not __import__("torch").cuda.is_available()
-                    or __import__("torch").cuda.get_device_capability()[0] < 9, reason="PDL needs Hopper")
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="PDL needs Hopper")
 def test_pdl_graphs_equal_plain_launches(tmp_path, tiny_models):
     """Programmatic dependent launch (LOCALCHAT_PDL=1) changes when kernels start, never what
     they compute: graph decode (greedy and seeded sampling) and greedy speculation give the
@@ -139,7 +140,7 @@ def test_pdl_graphs_equal_plain_launches(tmp_path, tiny_models):
     try:
         for on in (False, True):
             kernels.set_pdl(on)
-            assert kernels.pdl_args(__import__("torch").device("cuda"))["USE_PDL"] is on
+            assert kernels.pdl_args(torch.device("cuda"))["USE_PDL"] is on
             e = Engine.load(str(tiny_models["llama"]), device="cuda", use_graphs=True)
             e.tokenizer.eos_token_ids = frozenset()
             ids = e.tokenizer.apply_chat_template(ids_msg)
