@@ -2,9 +2,10 @@
 (graphs capture the launch attribute), measured in alternating rounds (off, on, off, on) so
 that clock drift falls on both. Demo model with its shipped head (plain decode and greedy
 speculation on held-out prompts), and with --llama-8b the 8B shape with random weights
-(plain decode, 512-token prompt). Tokens must match between the settings.
+(plain decode, 512-token prompt); a config JSON (as `bench --random-weights`) likewise. Tokens
+must match between the settings.
 
-    python benchmarks/pdl.py --out pdl.json [--llama-8b] [--rounds 2]
+    python benchmarks/pdl.py --out pdl.json [--models demo,llama-8b,benchmarks/configs/smollm2-135m.json]
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--llama-8b", action="store_true")
+    ap.add_argument("--models", default="demo", help="comma-separated: demo, llama-8b, or a config JSON "
+                    "(random bf16 weights)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -41,12 +43,13 @@ def main() -> None:
     def demo():
         return Engine.load("demo", device=a.device)
 
-    def llama_8b():
-        args = SimpleNamespace(random_weights="llama-8b", device=a.device, max_seq_len=1024, force_accept=None,
+    def random(spec):
+        args = SimpleNamespace(random_weights=spec, device=a.device, max_seq_len=1024, force_accept=None,
                                draft_steps=5, no_graphs=False)
-        return build_bench_engine(args)
+        return lambda: build_bench_engine(args)
 
-    setups = [("demo", demo)] + ([("llama-8b", llama_8b)] if a.llama_8b else [])
+    setups = [(Path(m).stem if m.endswith(".json") else m, demo if m == "demo" else random(m))
+              for m in a.models.split(",") if m]
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
     report = {"machine": {"device": gpu, "torch": torch.__version__,
                           "python": platform.python_version()}, "rounds": a.rounds, "results": {}}

@@ -74,14 +74,44 @@ def _pack_plan(lengths: tuple[int, ...], device: torch.device) -> list[tuple]:
     return plan
 
 
+# On CUDA a pack runs as one variable-length causal flash attention over cumulative sequence
+# starts (one call per layer, GQA native), instead of a padded batch per group of similar
+# lengths (some 40 host operations per group and layer). If the kernel refuses (an older torch
+# or GPU), the reason is kept here and the padded groups serve from then on.
+_VARLEN_FAILED: str | None = None
+USE_VARLEN = True
+
+
+def _varlen_ok(q: torch.Tensor) -> bool:
+    return (USE_VARLEN and _VARLEN_FAILED is None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[-1] <= 256 and q.shape[-1] % 8 == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _cu_seqlens(lengths: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, int]:
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    return torch.tensor(starts, dtype=torch.int32).to(device), max(lengths)
+
+
 def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: tuple[int, ...],
                      scale: float) -> torch.Tensor:
     """q: (T, Hq, D), k, v: (T, Hkv, D) of packed independent sequences of `lengths` (summing to
-    T); causal inside each, nothing across. Returns (T, Hq, D). Sequences of similar length run
-    as one right-padded causal batch (a few fused-kernel calls per pack instead of one per
+    T); causal inside each, nothing across. Returns (T, Hq, D). On CUDA (fp16/bf16): one
+    variable-length flash call. Elsewhere sequences of similar length run as one right-padded
+    causal batch (a few fused-kernel calls per pack instead of one per
     sequence); a T x T block-diagonal mask would send the whole pack to a masked backend that
     computes every cross-sequence score."""
     assert sum(lengths) == q.shape[0], "segment lengths must sum to the tokens"
+    if _varlen_ok(q):
+        try:
+            cu, longest = _cu_seqlens(tuple(lengths), q.device)
+            return torch.ops.aten._flash_attention_forward(
+                q, k.contiguous(), v.contiguous(), cu, cu, longest, longest, 0.0, True, False, scale=scale)[0]
+        except RuntimeError as e:  # a torch or GPU whose flash kernel refuses: padded groups from now on
+            global _VARLEN_FAILED
+            _VARLEN_FAILED = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     G = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
     for gather, rows, dst in _pack_plan(tuple(lengths), q.device):

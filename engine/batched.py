@@ -24,6 +24,7 @@ KEY_BUCKET = 128
 # ~1,200 tokens/s on an H200 with the key length growing every step).
 _BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 PREFILL_TOKENS = 32768  # prompt tokens (padding included) per prefill forward
+SYNC_EVERY = 8  # decode steps queued between two reads of the new tokens by the host
 
 
 def kv_bytes_per_token(model: CausalLM) -> int:
@@ -72,18 +73,25 @@ def greedy_batch(model: CausalLM, prompts: list[list[int]], limits: list[int], e
     replies: list[list[int]] = [[] for _ in range(B)]
     rows = list(range(B))  # batch row -> prompt index; finished rows are dropped now and then
     col = P
+    queued = [tok]  # each step's new tokens, not read by the host yet
     while True:
+        # One read for up to SYNC_EVERY steps: the host queues the next steps while the GPU runs
+        # these, instead of waiting for every step's tokens. A row that ends inside a run of
+        # steps computes a few more that are dropped here.
         live, added = [], 0
-        for i, t in enumerate(tok.tolist()):
+        for i, new in enumerate(torch.stack(queued, 1).tolist()):
             r = rows[i]
             if r < 0:
                 continue
-            replies[r].append(t)
-            added += 1
-            if t in eos or len(replies[r]) >= limits[r]:
-                rows[i] = -1
-            else:
+            for t in new:
+                replies[r].append(t)
+                added += 1
+                if t in eos or len(replies[r]) >= limits[r]:
+                    rows[i] = -1
+                    break
+            if rows[i] >= 0:
                 live.append(i)
+        queued = []
         if on_step is not None:
             on_step(added)
         if not live:
@@ -94,11 +102,15 @@ def greedy_batch(model: CausalLM, prompts: list[list[int]], limits: list[int], e
                 kv[layer] = (kv[layer][0].index_select(0, keep), kv[layer][1].index_select(0, keep))
             pad, tok = pad.index_select(0, keep), tok.index_select(0, keep)
             rows = [rows[i] for i in live]
-        keys = torch.arange(col + 1, device=dev)
-        positions = (col - pad).clamp(max=max_pos)[:, None]  # finished rows may run past the table
-        mask = (keys[None, :] >= pad[:, None])[:, None, :]  # (B, 1, col + 1)
-        tok = _next_tokens(model, tok[:, None], positions, kv, col, mask)
-        col += 1
+        # no row needs more steps than its own limit leaves (so K/V stays inside S columns)
+        steps = min(SYNC_EVERY, max(limits[r] - len(replies[r]) for r in rows if r >= 0))
+        for _ in range(steps):
+            keys = torch.arange(col + 1, device=dev)
+            positions = (col - pad).clamp(max=max_pos)[:, None]  # finished rows may run past the table
+            mask = (keys[None, :] >= pad[:, None])[:, None, :]  # (B, 1, col + 1)
+            tok = _next_tokens(model, tok[:, None], positions, kv, col, mask)
+            queued.append(tok)
+            col += 1
     return replies
 
 

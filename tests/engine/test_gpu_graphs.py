@@ -130,7 +130,7 @@ def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="PDL needs Hopper")
 def test_pdl_graphs_equal_plain_launches(tmp_path, tiny_models):
-    """Programmatic dependent launch (LOCALCHAT_PDL=1) changes when kernels start, never what
+    """Programmatic dependent launch (on by default; LOCALCHAT_PDL=0 off) changes when kernels start, never what
     they compute: graph decode (greedy and seeded sampling) and greedy speculation give the
     same tokens with it as without, and every kernel of the set ran with USE_PDL on."""
     from engine import kernels

@@ -359,8 +359,8 @@ def test_every_kernel_with_pdl_equals_its_plain_launch():
 
 
 def test_pdl_launch_arguments(monkeypatch):
-    """PDL is off by default and on a CPU; LOCALCHAT_PDL=1 (or set_pdl) turns it on for a
-    Hopper-class CUDA device whose Triton knows the option."""
+    """PDL is on by default for a Hopper-class CUDA device whose Triton knows the option, and
+    off on a CPU; LOCALCHAT_PDL=0 (or set_pdl(False)) turns it off."""
     from engine import kernels
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
@@ -368,6 +368,8 @@ def test_pdl_launch_arguments(monkeypatch):
     monkeypatch.setattr(kernels, "triton_interpreting", lambda: False)
     monkeypatch.setattr(kernels, "_pdl_supported", lambda index: True)
     try:
+        assert kernels.pdl_args(cuda) == {"USE_PDL": True, "launch_pdl": True}
+        monkeypatch.setenv("LOCALCHAT_PDL", "0")
         assert kernels.pdl_args(cuda) == {"USE_PDL": False}
         monkeypatch.setenv("LOCALCHAT_PDL", "1")
         assert kernels.pdl_args(cuda) == {"USE_PDL": True, "launch_pdl": True}

@@ -83,24 +83,33 @@ def test_packed_attention_equals_a_block_diagonal_causal_mask():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_packed_attention_on_cuda_with_its_wider_groups():
-    """On CUDA groups pad up to PAD_SLACK_CUDA times their tokens (fewer, larger batches);
-    bf16 results equal the block-diagonal reference within bf16 rounding."""
+def test_packed_attention_on_cuda_varlen_and_padded_groups():
+    """On CUDA a pack runs as one variable-length flash call (and that call works on this GPU);
+    the padded groups (PAD_SLACK_CUDA, the fallback) too. Both equal the block-diagonal
+    reference within bf16 rounding, from q/k/v split out of one qkv row as the model does."""
     import torch.nn.functional as F
 
+    import engine.attention as attention
     from engine.attention import attention_packed
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    for lengths in ((5, 1, 17, 9, 16, 15, 4, 5, 5, 1), (300, 40, 700, 41, 128, 9, 515)):
+    for lengths in ((5, 1, 17, 9, 16, 15, 4, 5, 5, 1), (300, 40, 700, 41, 128, 9, 515), (1,)):
         T, Hq, Hkv, D = sum(lengths), 9, 3, 64
-        q, k, v = (torch.randn(T, h, D, generator=g, device="cuda", dtype=torch.bfloat16) for h in (Hq, Hkv, Hkv))
+        qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g, device="cuda", dtype=torch.bfloat16)
+        q, k, v = (x.view(T, -1, D) for x in qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1))
         seg = torch.repeat_interleave(torch.arange(len(lengths), device="cuda"), torch.tensor(lengths, device="cuda"))
         rows = torch.arange(T, device="cuda")
         mask = (rows[None, :] <= rows[:, None]) & (seg[None, :] == seg[:, None])
         want = F.scaled_dot_product_attention(*(x.float().transpose(0, 1) for x in (q, k, v)), attn_mask=mask,
                                               scale=0.125, enable_gqa=True).transpose(0, 1)
-        got = attention_packed(q, k, v, lengths, 0.125).float()
-        assert (got - want).abs().max() < 0.03
+        for varlen in (True, False):
+            attention.USE_VARLEN = varlen
+            try:
+                got = attention_packed(q, k, v, lengths, 0.125).float()
+            finally:
+                attention.USE_VARLEN = True
+            assert attention._VARLEN_FAILED is None
+            assert got.shape == want.shape and (got - want).abs().max() < 0.03, varlen
 
 
 def _check_packed(attention_packed, lengths, g):

@@ -53,7 +53,18 @@ def _teacher(loaded, eos, **kw) -> Teacher:
 
 
 @pytest.mark.parametrize("gen_batch", [2, 4, 64])  # batches of 2 + 2 + 2, 4 + 2, or one of all six
-def test_batched_equals_one_at_a_time(target, gen_batch):
+@pytest.mark.parametrize("sync", [1, 3, batched.SYNC_EVERY, 64])  # steps between reads of the tokens
+def test_batched_equals_one_at_a_time(target, gen_batch, sync, monkeypatch):
+    """Rows that end inside a run of unread steps (EOS, their limit, the context's end) keep
+    exactly their reply; no step writes K/V past the batch's columns."""
+    monkeypatch.setattr(batched, "SYNC_EVERY", sync)
+    run = batched._next_tokens
+
+    def inside_the_columns(model, ids, positions, kv, start, mask):
+        assert start + ids.shape[1] <= kv[0][0].shape[2]
+        return run(model, ids, positions, kv, start, mask)
+
+    monkeypatch.setattr(batched, "_next_tokens", inside_the_columns)
     loaded, prompts, _, eos, ref = target
     stopped = [r for r in ref if r and r[-1] == eos]
     assert stopped and any(len(r) > 1 for r in stopped), "setup: the EOS token must end some reply"
