@@ -7,7 +7,8 @@
 # `localchat run --model demo hi` and `python -c "from speculative.train_data import
 # load_chitchat; load_chitchat()"` once with network first. About 10 minutes on an H200
 # ("quick": the demo rows only, about 4). Copy the files into benchmarks/results/ under the
-# names that benchmarks/update_readme.py reads, then run it.
+# names that benchmarks/update_readme.py reads (the session-7 rows read files named *_session7),
+# then run it.
 set -u
 out=${1:?usage: bash benchmarks/run_all.sh OUTDIR [quick]}
 mode=${2:-full}
@@ -36,3 +37,7 @@ lc bench --random-weights llama-8b --force-accept 4 --draft-steps 5 --prompts 1 
     --out "$out/h200_8b_forced_accept4.json"
 step "chat app attached (headless) against the bare engine"
 python3 benchmarks/bench_ui.py --model demo --device cuda --out "$out/h200_ui_cost.json"
+step "programmatic dependent launch off vs on"
+python3 benchmarks/pdl.py --models demo,benchmarks/configs/smollm2-135m.json,llama-8b --rounds 3 --out "$out/h200_pdl.json"
+step "train-draft's generation and teacher features, old paths vs new"
+python3 benchmarks/teacher_paths.py --out "$out/h200_teacher_paths.json"
