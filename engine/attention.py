@@ -109,6 +109,8 @@ def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
             cu, longest = _cu_seqlens(tuple(lengths), q.device)
             return torch.ops.aten._flash_attention_forward(
                 q, k.contiguous(), v.contiguous(), cu, cu, longest, longest, 0.0, True, False, scale=scale)[0]
+        except torch.cuda.OutOfMemoryError:
+            raise  # the padded groups would need more memory, not less
         except (RuntimeError, TypeError) as e:  # a torch or GPU whose flash kernel refuses: padded groups from now on
             global _VARLEN_FAILED
             _VARLEN_FAILED = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

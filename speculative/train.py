@@ -235,6 +235,10 @@ def _train_eagle3(args) -> int:
     _log(f"trained {ran} steps in {res.train_s:.1f} s: {res.entries / res.train_s:,.0f} tokens/s, "
          f"{res.train_s / max(ran, 1):.3f} s/step (target features: {teacher.forward_s:.1f} s); "
          f"loss {res.first_loss:.3f} -> {res.last_loss:.3f}")
+    from engine import attention
+
+    if attention._VARLEN_FAILED:
+        _log(f"(the target's packed forwards fell back to padded attention: {attention._VARLEN_FAILED})")
 
     t = time.perf_counter()
     from .train_export import head_readme, save_head, write_provenance

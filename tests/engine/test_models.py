@@ -81,6 +81,20 @@ def test_packed_attention_equals_a_block_diagonal_causal_mask():
         attention_packed(*(torch.zeros(4, h, 8) for h in (2, 2, 2)), (1, 2), 0.3)
 
 
+def test_packed_attention_falls_back_when_the_flash_call_refuses(monkeypatch):
+    """Where the variable-length flash call raises (here: a CPU, which has no such kernel), the
+    pack is computed by the padded groups, the reason is kept, and later packs skip the call."""
+    import engine.attention as attention
+    from engine.attention import attention_packed
+
+    monkeypatch.setattr(attention, "_VARLEN_FAILED", None)
+    monkeypatch.setattr(attention, "_varlen_ok", lambda q: attention._VARLEN_FAILED is None)
+    g = torch.Generator().manual_seed(1)
+    _check_packed(attention_packed, (5, 1, 17, 9), g)
+    assert attention._VARLEN_FAILED and attention._VARLEN_FAILED.startswith("NotImplementedError")
+    _check_packed(attention_packed, (3, 4), g)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_packed_attention_on_cuda_varlen_and_padded_groups():
