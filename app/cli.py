@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--kind", choices=["eagle3", "mtp"], default="eagle3")
     train.add_argument("--data", default=None, help="JSONL conversations, or a local chitchat-dataset wheel (default: chitchat-dataset from PyPI)")
     train.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default 8192)")
+    train.add_argument("--draft-intermediate", type=int, default=None,
+                       help="EAGLE-3: the head's MLP width (default: the target's intermediate size)")
     train.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 20000 on GPU, 200 on CPU; the time budget usually ends training first)")
     train.add_argument("--device", default=None)
     train.add_argument("--time-budget", type=float, default=None,

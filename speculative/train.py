@@ -51,6 +51,7 @@ class TrainOptions:
     val_rows: int = 4
     cache_bytes: int = 2 << 30  # target features kept on the device (feature_cache_bytes sets it)
     mtp_layers: int = 3  # --kind mtp: chained MTP layers S, also k of the final check
+    draft_intermediate: int = 0  # the head's MLP width (0: the target's intermediate size)
 
 
     def __post_init__(self) -> None:
@@ -81,6 +82,9 @@ class TrainOptions:
             v = getattr(args, name, None)
             return v if v is not None else (gpu_default if gpu else cpu_default)
 
+        width = getattr(args, "draft_intermediate", None)
+        if width is not None and width < 1:
+            raise UserError(f"--draft-intermediate must be positive, got {width}")
         return cls(model=args.model, out=Path(args.out).expanduser(), data=getattr(args, "data", None),
                    draft_vocab=int(opt("draft_vocab", 8192, 8192)), steps=int(opt("steps", 20000, 200)),
                    seq_len=int(opt("seq_len", 1024, 512)), batch_tokens=int(opt("batch_tokens", 16384, 2048)),
@@ -89,7 +93,7 @@ class TrainOptions:
                    time_budget=opt("time_budget", 840.0, None), eval_every=int(opt("eval_every", 250, 100)),
                    eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
-                   mtp_layers=int(opt("mtp_layers", 3, 3)),
+                   mtp_layers=int(opt("mtp_layers", 3, 3)), draft_intermediate=int(width or 0),
                    gen_frac=float(opt("gen_frac", 0.85, 0.85)), greedy_weight=float(opt("greedy_weight", 0.5, 0.5)))
 
 
@@ -115,6 +119,8 @@ def cmd_train(args) -> int:
             if getattr(args, "kind", "eagle3") == "mtp":
                 if getattr(args, "resume", False):
                     raise UserError("--resume: only EAGLE-3 runs (--kind eagle3) can be continued")
+                if getattr(args, "draft_intermediate", None) is not None:
+                    raise UserError("--draft-intermediate sets an EAGLE-3 head's MLP; MTP layers keep the target's")
                 from .mtp_train import cmd_train_mtp
 
                 return cmd_train_mtp(args)
@@ -295,7 +301,7 @@ def _init_draft(loaded, aux_ids, draft_ids: torch.Tensor, opts: TrainOptions):
     from .train_export import head_config
 
     cfg = loaded.config
-    config = head_config(cfg, opts.draft_vocab, aux_ids)
+    config = head_config(cfg, opts.draft_vocab, aux_ids, opts.draft_intermediate or None)
     dc = DraftConfig.from_hf(config, cfg)
     dev = draft_ids.device
     draft = Eagle3Draft(dc, cfg, opts.seq_len, None).to(dev)
@@ -310,10 +316,12 @@ def _command(args, resume: bool | None = None) -> str:
     """The command line that reproduces this run, from the parsed flags (resume: with or
     without --resume instead of as given)."""
     parts = ["localchat", "train-draft"]
-    for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "steps", "device", "time_budget",
-                 "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_tokens", "eval_every", "eval_prompts", "seed"):
+    for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "draft_intermediate", "steps", "device",
+                 "time_budget", "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_frac", "greedy_weight",
+                 "gen_tokens", "eval_every", "eval_prompts", "seed"):
         value = getattr(args, name, None)
-        if name in (("draft_vocab", "ttt_steps") if getattr(args, "kind", None) == "mtp" else ("mtp_layers",)):
+        if name in (("draft_vocab", "draft_intermediate", "ttt_steps") if getattr(args, "kind", None) == "mtp"
+                    else ("mtp_layers",)):
             continue  # flags the other kind ignores
         if value is not None:
             parts += [f"--{name.replace('_', '-')}", str(value)]

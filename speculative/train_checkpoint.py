@@ -18,7 +18,11 @@ from engine.errors import UserError
 
 # Options that must match between the stopped run and --resume.
 MATCHED = ("draft_vocab", "seq_len", "batch_tokens", "ttt_steps", "steps", "lr", "decay", "seed", "gen_frac",
-           "greedy_weight")
+           "greedy_weight", "draft_intermediate")
+
+
+# Settings added after checkpoints were first written, with the value those runs had.
+ADDED_LATER = {"draft_intermediate": 0}
 
 
 def folder_for(out: Path) -> Path:
@@ -57,7 +61,7 @@ def load(out: Path, run_settings: dict, device: torch.device) -> dict:
         raise UserError(f"--resume: the checkpoint {path} cannot be read (damaged, or written by another "
                         "version); start a new run without --resume") from None
     for key, value in run_settings.items():
-        if saved.get(key) != value:
+        if saved.get(key, ADDED_LATER.get(key)) != value:
             what = "the target model's files" if key == "target" else f"--{key.replace('_', '-')}"
             raise UserError(f"--resume: {what} differ from the stopped run's ({saved.get(key)!r} then, "
                             f"{value!r} now); give the same settings or start a new run")

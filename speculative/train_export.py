@@ -18,14 +18,16 @@ def default_aux_layers(num_layers: int) -> tuple[int, ...]:
     return (1, max(1, num_layers // 2), max(1, num_layers - 1))
 
 
-def head_config(target: ModelConfig, draft_vocab: int, aux_layer_ids: tuple[int, ...]) -> dict:
-    """The head's config.json: one decoder layer shaped like the target's. SGLang names aux
-    states by the layer that outputs them, so its ids are our input-of-layer ids minus one."""
+def head_config(target: ModelConfig, draft_vocab: int, aux_layer_ids: tuple[int, ...],
+                intermediate_size: int | None = None) -> dict:
+    """The head's config.json: one decoder layer shaped like the target's (its MLP
+    `intermediate_size` wide if given). SGLang names aux states by the layer that outputs them,
+    so its ids are our input-of-layer ids minus one."""
     cfg = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "hidden_size": target.hidden_size,
-        "intermediate_size": target.intermediate_size,
+        "intermediate_size": intermediate_size or target.intermediate_size,
         "num_attention_heads": target.num_heads,
         "num_key_value_heads": target.num_kv_heads,
         "head_dim": target.head_dim,

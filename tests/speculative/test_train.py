@@ -456,3 +456,29 @@ def test_feature_cache_takes_the_free_memory_less_a_steps_working_set(monkeypatc
     assert feature_cache_bytes(replace(gpu, batch_tokens=32768), torch.device("cuda")).cache_bytes == 98 << 30
     free["b"] = 10 << 30  # a small card: still a little cache
     assert feature_cache_bytes(gpu, torch.device("cuda")).cache_bytes == 1 << 30
+
+
+def test_draft_intermediate_sets_the_heads_mlp_and_reaches_the_command(tmp_path):
+    """--draft-intermediate N: the head's MLP is N wide in its config and weights, it loads
+    and stays lossless; the recorded command carries it (with --gen-frac and --greedy-weight,
+    which --resume must match); bad values and --kind mtp get a one-line error."""
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl", n=60)
+    out = tmp_path / "head"
+    args = Namespace(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=4,
+                     device="cpu", seq_len=128, batch_tokens=512, gen=2, gen_tokens=12, eval_every=0,
+                     eval_prompts=1, lr=2e-3, time_budget=None, draft_intermediate=40, gen_frac=0.6,
+                     greedy_weight=0.25)
+    assert cmd_train(args) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["intermediate_size"] == 40
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        assert tuple(f.get_tensor("midlayer.mlp.gate_proj.weight").shape) == (40, 64)
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["train"]["draft_intermediate"] == 40 and prov["final_eval"]["speculator"]["identical"] == 1
+    for flag in ("--draft-intermediate 40", "--gen-frac 0.6", "--greedy-weight 0.25"):
+        assert flag in prov["command"]
+    with pytest.raises(UserError, match="--draft-intermediate must be positive"):
+        cmd_train(Namespace(**{**vars(args), "draft_intermediate": 0, "out": str(tmp_path / "bad")}))
+    with pytest.raises(UserError, match="--draft-intermediate sets an EAGLE-3"):
+        cmd_train(Namespace(**{**vars(args), "kind": "mtp", "out": str(tmp_path / "bad")}))
