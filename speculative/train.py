@@ -43,7 +43,8 @@ class TrainOptions:
     # verification accepts (0: the target's distribution only). 0.85 and 0.5 against 0.7 and 0
     # on an H200, demo target, same budget: held-out accepted length 2.52 vs 2.40 at step 750,
     # 2.74 vs 2.66 at step 1250, and 2.50 vs 2.25 measured by `bench` (benchmarks/results/
-    # h200_train_ab_session6.json).
+    # h200_train_ab_session6.json). A full-length run ended level with 0.7 and 0 at equal steps
+    # (held-out 3.20 at step 3,994; h200_train_s7_part2.log).
     greedy_weight: float = 0.5
     gen_share: float = 0.45  # share of the time budget after which no new reply is started
     reserve_s: float = 25.0  # budget kept for validation, saving and the speculator check

@@ -257,7 +257,6 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
                 log(f"held-out @ {step}: acc {v['step_acc']}  loss {v['loss']}  est. accept len "
                     f"{v['accept_len_estimate']} (k={v['k']})")
     except KeyboardInterrupt:
-        bar.close()
         on_ctrl_c(res, step - first, log)
     finally:
         bar.close()
