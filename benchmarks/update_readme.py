@@ -78,11 +78,12 @@ def rows() -> list[str]:
                    f"{lc.get('verify_ms', 0):.2f} ms + {b['draft_steps'] - 1} draft steps x "
                    f"{lc.get('draft_step_ms', 0):.2f} ms + extend {lc.get('extend_ms', 0):.2f} ms) | "
                    f"{s['decode_tok_s'] / max(lc.get('ideal_tok_s', 1), 1e-9) * 100:.0f}% of ideal | >= 85% |")
-    out.append(_spec_row("h200_demo_spec_session7.json", "demo model + shipped EAGLE-3 head, greedy, held-out prompts, "
+    out.append(_spec_row("h200_demo_spec_session8.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
                          "k = 5 (plain decode with a head loaded runs batch-invariant projections)", ">= 2.5x, >= 3.5"))
-    out.append(_spec_row("h200_demo_spec.json", "the same before PDL (session 4)", ""))
-    for k in (6, 7):
-        out.append(_spec_row(f"h200_demo_spec_k{k}.json", f"the same, k = {k} (an hour earlier: the draft's projections on cuBLAS)", ""))
+    out.append(_spec_row("h200_demo_spec_oldhead_session8.json", "the head it replaced (1536-wide MLP, 8192-token "
+                         "vocabulary), same prompts, same machine, minutes apart", ""))
+    out.append(_spec_row("h200_demo_spec_p16_session8.json", "shipped head, 16 held-out prompts (the 8 above and 8 more)", ""))
+    out.append(_spec_row("h200_demo_spec_p16_oldhead_session8.json", "the head it replaced, the same 16 prompts", ""))
     b = _load("h200_demo_spec.json")
     if b:
         out.append(f"| start-up (load + graph capture, in the bench process), demo model + head, warm start "
@@ -123,10 +124,11 @@ def rows() -> list[str]:
                    f"identical, accept length {check['accept_len_mean']:.2f} | | | all |")
     out.append(_spec_row("h200_demo_mtp.json", "demo model + shipped 2-layer chain-MTP (`--draft demo-mtp`), greedy, "
                          "held-out prompts, k = 2 (measured with an earlier build)", ""))
-    out.append(_spec_row("h200_demo_spec_t07.json", "demo model + shipped head, temperature 0.7, held-out prompts", ""))
+    out.append(_spec_row("h200_demo_spec_t07_session8.json", "demo model + shipped head, temperature 0.7, 8 held-out prompts", ""))
+    out.append(_spec_row("h200_demo_spec_t07_oldhead_session8.json", "the head it replaced, temperature 0.7, the same prompts", ""))
     b = _load("h200_demo_sampled_cuts.json")
     for r in (b or {}).get("rows", []):
-        out.append(f"| demo model + shipped head, {_sampling_label(r['sampling'])}, seeded, "
+        out.append(f"| demo model + the session-4 head, {_sampling_label(r['sampling'])}, seeded, "
                    f"held-out prompts (`benchmarks/sampled_cuts.py`){', one graph an iteration' if r['graph'] else ''} | "
                    f"{r['spec_tok_s']:.0f} tok/s | plain {r['plain_tok_s']:.0f} tok/s | {r['speedup']:.2f}x, accept "
                    f"{r['accept']:.2f} | |")
