@@ -80,6 +80,11 @@ def _has_triton() -> bool:
 _ROW_GEMV = GemvConfig(block_n=4, block_k=512, split_k=1, num_warps=4, num_stages=3)
 
 
+# LOCALCHAT_ROW_GEMV=all: the other projections of a one-token step (qkv, gate_up, lm_head) run
+# our GEMV too, instead of cuBLAS, so that every launch of the step is one of our PDL kernels.
+ROW_GEMV_ALL = os.environ.get("LOCALCHAT_ROW_GEMV") == "all"
+
+
 class BatchInvariance:
     """The switch Ops.set_batch_invariant flips, read on every projection call."""
 
@@ -106,6 +111,8 @@ class BatchInvariance:
     def linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
         if self._invariant(x):
             return gemv(x, linear.weight, linear.bias, invariant=True)
+        if ROW_GEMV_ALL and x.shape[0] == 1 and x.dtype == torch.bfloat16:
+            return gemv(x, linear.weight, linear.bias)
         return linear(x)
 
     def fused(self, x: torch.Tensor) -> "FusedLayerKernels | None":

@@ -1,0 +1,119 @@
+"""Kernel-routing variants of the plain decode step, in one process: each variant gets its own
+engine (its graphs capture the kernels the variant picks), measured in alternating rounds so
+that clock drift falls on all of them. Random bf16 weights from a config (as `bench
+--random-weights`), 512-token prompt, plain decode.
+
+Variants (comma-separated, any order; the first is the baseline of the ratios):
+  base          the defaults
+  row_all       LOCALCHAT_ROW_GEMV=all: qkv, gate_up and lm_head of a one-token step run our
+                GEMV as well, so every launch of the step is one of our PDL kernels
+  pfN           the GEMV requests N 128-byte lines of each weight row before its PDL wait
+                (default 16)
+  pdl_off       programmatic dependent launch off
+  joined by '+': row_all+pf64
+
+    python benchmarks/variants.py --models llama-8b --variants base,row_all,pf64,row_all+pf64 --out v.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+@contextlib.contextmanager
+def variant(spec: str):
+    """Set the module switches `spec` names, and put them back after."""
+    from engine import kernels, ops
+    from engine.kernels import gemv
+
+    saved = (ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES, kernels._pdl_override)
+    try:
+        for part in spec.split("+"):
+            if part == "base":
+                pass
+            elif part == "row_all":
+                ops.ROW_GEMV_ALL = True
+            elif part.startswith("pf") and part[2:].isdigit():
+                gemv.PREFETCH_LINES = int(part[2:])
+            elif part == "pdl_off":
+                kernels.set_pdl(False)
+            else:
+                raise SystemExit(f"variants.py: unknown variant {part!r}")
+        yield
+    finally:
+        ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES = saved[:2]
+        kernels.set_pdl(saved[2])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="llama-8b", help="comma-separated: a --random-weights name or config JSON")
+    ap.add_argument("--variants", default="base,row_all")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script")
+    a = ap.parse_args()
+
+    import torch
+
+    from app.bench import time_decode
+    from app.bench_setup import build_bench_engine
+    from engine.types import SamplingParams
+
+    names = [v for v in a.variants.split(",") if v]
+    for name in names:  # unknown names fail before any model is built
+        with variant(name):
+            pass
+    gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
+    report = {"machine": {"device": gpu, "torch": torch.__version__, "python": platform.python_version()},
+              "rounds": a.rounds, "new_tokens": a.new_tokens, "prompt": "512 random token ids", "results": {}}
+    prompt = torch.randint(0, 32000, (512,), generator=torch.Generator().manual_seed(0)).tolist()
+    for model in [m for m in a.models.split(",") if m]:
+        args = SimpleNamespace(random_weights=model, device=a.device, max_seq_len=1024, force_accept=None,
+                               draft_steps=5, no_graphs=False)
+        engines = {}
+        for name in names:
+            with variant(name):
+                engines[name] = build_bench_engine(args)
+        speeds = {name: [] for name in names}
+        for name in names:  # warm-up, not counted
+            with variant(name):
+                time_decode(engines[name], prompt, a.new_tokens, False)
+        for _ in range(a.rounds):
+            for name in names:
+                with variant(name):
+                    speeds[name].append(time_decode(engines[name], prompt, a.new_tokens, False)["decode_tok_s"])
+        tokens = {}
+        for name in names:
+            with variant(name):
+                e = engines[name]
+                e.reset()
+                tokens[name] = [t for ev in e.stream_ids(prompt, SamplingParams(max_tokens=64)) for t in ev.token_ids]
+        base = statistics.mean(speeds[names[0]])
+        res = {}
+        for name in names:
+            mean = statistics.mean(speeds[name])
+            res[name] = {"tok_s": round(mean, 1), "ratio": round(mean / base, 4),
+                         "rounds": [round(x, 1) for x in speeds[name]],
+                         "same_tokens_as_first": tokens[name] == tokens[names[0]]}
+            print(f"{Path(model).stem:14s} {name:18s} {mean:8.1f} tok/s  x{mean / base:.3f}  "
+                  f"same tokens: {tokens[name] == tokens[names[0]]}", flush=True)
+        report["results"][Path(model).stem] = res
+        del engines
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+    Path(a.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
