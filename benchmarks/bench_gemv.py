@@ -52,6 +52,12 @@ SWEEP = [GemvConfig(*c) for c in [  # (block_n, block_k, split_k, num_warps, num
     (8, 512, 1, 4, 3), (16, 512, 1, 4, 3), (4, 512, 1, 4, 3), (8, 256, 1, 4, 3), (8, 512, 2, 4, 3),
     (32, 256, 1, 8, 3), (8, 256, 4, 4, 3),
 ]]
+# --wide-sweep adds these M = 1 tiles (narrower and deeper tiles, other warp and stage counts).
+WIDE_SWEEP = [GemvConfig(*c) for c in [
+    (2, 512, 1, 4, 3), (2, 1024, 1, 4, 3), (4, 1024, 1, 4, 3), (4, 1024, 1, 8, 3), (4, 512, 1, 4, 4),
+    (4, 512, 1, 4, 5), (4, 512, 1, 2, 3), (4, 2048, 1, 8, 2), (8, 1024, 1, 8, 3), (8, 512, 1, 8, 3),
+    (2, 512, 1, 2, 4), (4, 256, 1, 2, 4), (4, 512, 2, 4, 3), (2, 2048, 1, 8, 2),
+]]
 # Fused kernels at M = 1 (every RMS_SHAPES / SILU_SHAPES entry): the plain sweep plus short
 # splits for K = 576 / 1536 (SmolLM2), where the rms pre-pass and latency dominate.
 FUSED_SWEEP = SWEEP + [GemvConfig(*c) for c in [
@@ -192,7 +198,11 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma list of shape-name substrings (default: all)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the tile-config sweep")
     parser.add_argument("--max-seconds", type=float, default=150.0, help="sweep cases stop after this")
+    parser.add_argument("--wide-sweep", action="store_true", help="sweep WIDE_SWEEP's M = 1 tiles too")
     args = parser.parse_args()
+    if args.wide_sweep:
+        SWEEP.extend(WIDE_SWEEP)
+        FUSED_SWEEP.extend(WIDE_SWEEP)
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA GPU")
     torch.manual_seed(0)
