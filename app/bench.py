@@ -62,6 +62,36 @@ def time_decode(engine, prompt_ids, new_tokens, speculative, temperature=0.0):
             "accept_hist": s.accept_hist}
 
 
+def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculative: bool, rounds: int,
+                       setting=None) -> tuple[dict, dict]:
+    """Decode speed of several engines over the same prompts, in alternating rounds so that clock
+    drift falls on all of them, after one uncounted warm-up each (first-use allocations and
+    caches); and the first 64 tokens each gives for prompts[0], to compare. setting(name): a
+    context entered around every use of that engine (benchmarks that switch module flags).
+    Returns ({name: mean tok/s of each round}, {name: tokens})."""
+    import contextlib
+    import statistics
+
+    from engine.types import SamplingParams
+
+    use = setting or (lambda name: contextlib.nullcontext())
+    speeds, tokens = {name: [] for name in engines}, {}
+    for name, e in engines.items():
+        with use(name):
+            time_decode(e, prompts[0], new_tokens, speculative)
+    for _ in range(rounds):
+        for name, e in engines.items():
+            with use(name):
+                runs = [time_decode(e, p, new_tokens, speculative) for p in prompts]
+            speeds[name].append(statistics.mean(r["decode_tok_s"] for r in runs))
+    for name, e in engines.items():
+        with use(name):
+            e.reset()
+            tokens[name] = [t for ev in e.stream_ids(prompts[0], SamplingParams(max_tokens=64), speculative=speculative)
+                            for t in ev.token_ids]
+    return speeds, tokens
+
+
 def time_transformers(engine, prompt_ids, new_tokens, src_path=None):
     """transformers `generate` on the same weights (copied into its own model)."""
     import torch

@@ -34,11 +34,10 @@ def main() -> None:
 
     import torch
 
-    from app.bench import time_decode
+    from app.bench import alternating_rounds
     from app.bench_setup import build_bench_engine, chat_prompts_from
     from engine import kernels
     from engine.engine import Engine
-    from engine.types import SamplingParams
 
     def demo():
         return Engine.load("demo", device=a.device)
@@ -68,19 +67,7 @@ def main() -> None:
             which, modes = "512 random token ids", [("plain", False)]
         res = {"prompt_set": which}
         for mode, spec in modes:
-            speeds = {False: [], True: []}
-            tokens = {}
-            for on in (False, True):  # warm-up, not counted: first-use allocations and caches
-                time_decode(engines[on], prompts[0], a.new_tokens, spec)
-            for _ in range(a.rounds):
-                for on in (False, True):
-                    runs = [time_decode(engines[on], p, a.new_tokens, spec) for p in prompts]
-                    speeds[on].append(statistics.mean(r["decode_tok_s"] for r in runs))
-            for on in (False, True):  # the tokens themselves, once more, to compare
-                e = engines[on]
-                e.reset()
-                tokens[on] = [t for ev in e.stream_ids(prompts[0], SamplingParams(max_tokens=64), speculative=spec)
-                              for t in ev.token_ids]
+            speeds, tokens = alternating_rounds(engines, prompts, a.new_tokens, spec, a.rounds)
             off, on_ = statistics.mean(speeds[False]), statistics.mean(speeds[True])
             res[mode] = {"pdl_off_tok_s": round(off, 1), "pdl_on_tok_s": round(on_, 1), "ratio": round(on_ / off, 4),
                          "rounds_off": [round(x, 1) for x in speeds[False]],

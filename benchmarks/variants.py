@@ -66,9 +66,8 @@ def main() -> None:
 
     import torch
 
-    from app.bench import time_decode
+    from app.bench import alternating_rounds
     from app.bench_setup import build_bench_engine
-    from engine.types import SamplingParams
 
     names = [v for v in a.variants.split(",") if v]
     for name in names:  # unknown names fail before any model is built
@@ -85,20 +84,7 @@ def main() -> None:
         for name in names:
             with variant(name):
                 engines[name] = build_bench_engine(args)
-        speeds = {name: [] for name in names}
-        for name in names:  # warm-up, not counted
-            with variant(name):
-                time_decode(engines[name], prompt, a.new_tokens, False)
-        for _ in range(a.rounds):
-            for name in names:
-                with variant(name):
-                    speeds[name].append(time_decode(engines[name], prompt, a.new_tokens, False)["decode_tok_s"])
-        tokens = {}
-        for name in names:
-            with variant(name):
-                e = engines[name]
-                e.reset()
-                tokens[name] = [t for ev in e.stream_ids(prompt, SamplingParams(max_tokens=64)) for t in ev.token_ids]
+        speeds, tokens = alternating_rounds(engines, [prompt], a.new_tokens, False, a.rounds, variant)
         base = statistics.mean(speeds[names[0]])
         res = {}
         for name in names:
