@@ -10,9 +10,15 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
   pfN           the GEMV requests N 128-byte lines of each weight row before its PDL wait
                 (default 16)
   pdl_off       programmatic dependent launch off
+  lean_off      the EAGLE-3 draft's session-8 step (fused_forward, an argmax, gather and copy per
+                draft token) instead of its lean one (LOCALCHAT_LEAN_DRAFT=0)
   joined by '+': row_all+pf64
 
+Models: a --random-weights name or config JSON (plain decode, 512 random token ids), or `demo`
+(the demo model with its shipped head: plain decode and greedy speculation on held-out prompts).
+
     python benchmarks/variants.py --models llama-8b --variants base,row_all,pf64,row_all+pf64 --out v.json
+    python benchmarks/variants.py --models demo --variants base,lean_off --prompts 8 --out lean.json
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ def variant(spec: str):
     """Set the module switches `spec` names, and put them back after."""
     from engine import kernels, ops
     from engine.kernels import gemv
+    from speculative import eagle3
 
-    saved = (ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES, kernels._pdl_override)
+    saved = (ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT)
     try:
         for part in spec.split("+"):
             if part == "base":
@@ -46,12 +53,15 @@ def variant(spec: str):
                 gemv.PREFETCH_LINES = int(part[2:])
             elif part == "pdl_off":
                 kernels.set_pdl(False)
+            elif part == "lean_off":
+                eagle3.LEAN_DRAFT = False
             else:
                 raise SystemExit(f"variants.py: unknown variant {part!r}")
         yield
     finally:
         ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES = saved[:2]
         kernels.set_pdl(saved[2])
+        eagle3.LEAN_DRAFT = saved[3]
 
 
 def main() -> None:
@@ -61,13 +71,15 @@ def main() -> None:
     ap.add_argument("--variants", default="base,row_all")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--prompts", type=int, default=8, help="demo: held-out chat prompts")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script")
     a = ap.parse_args()
 
     import torch
 
     from app.bench import alternating_rounds
-    from app.bench_setup import build_bench_engine
+    from app.bench_setup import build_bench_engine, chat_prompts_from
+    from engine.engine import Engine
 
     names = [v for v in a.variants.split(",") if v]
     for name in names:  # unknown names fail before any model is built
@@ -83,17 +95,25 @@ def main() -> None:
         engines = {}
         for name in names:
             with variant(name):
-                engines[name] = build_bench_engine(args)
-        speeds, tokens = alternating_rounds(engines, [prompt], a.new_tokens, False, a.rounds, variant)
-        base = statistics.mean(speeds[names[0]])
-        res = {}
-        for name in names:
-            mean = statistics.mean(speeds[name])
-            res[name] = {"tok_s": round(mean, 1), "ratio": round(mean / base, 4),
-                         "rounds": [round(x, 1) for x in speeds[name]],
-                         "same_tokens_as_first": tokens[name] == tokens[names[0]]}
-            print(f"{Path(model).stem:14s} {name:18s} {mean:8.1f} tok/s  x{mean / base:.3f}  "
-                  f"same tokens: {tokens[name] == tokens[names[0]]}", flush=True)
+                engines[name] = Engine.load("demo", device=a.device) if model == "demo" else build_bench_engine(args)
+        if model == "demo":
+            msgs, which = chat_prompts_from(a.prompts)
+            prompts = [engines[names[0]].tokenizer.apply_chat_template(m) for m in msgs]
+            modes = [("plain", False), ("speculative", True)]
+        else:
+            prompts, which, modes = [prompt], "512 random token ids", [("plain", False)]
+        res = {"prompt_set": which}
+        for mode, spec in modes:
+            speeds, tokens = alternating_rounds(engines, prompts, a.new_tokens, spec, a.rounds, variant)
+            base = statistics.mean(speeds[names[0]])
+            res[mode] = {}
+            for name in names:
+                mean = statistics.mean(speeds[name])
+                res[mode][name] = {"tok_s": round(mean, 1), "ratio": round(mean / base, 4),
+                                   "rounds": [round(x, 1) for x in speeds[name]],
+                                   "same_tokens_as_first": tokens[name] == tokens[names[0]]}
+                print(f"{Path(model).stem:14s} {mode:11s} {name:18s} {mean:8.1f} tok/s  x{mean / base:.3f}  "
+                      f"same tokens: {tokens[name] == tokens[names[0]]}", flush=True)
         report["results"][Path(model).stem] = res
         del engines
         if a.device == "cuda":

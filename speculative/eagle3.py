@@ -20,6 +20,10 @@ from .config import DraftConfig
 # 1214 without, with the same accepted length (2.256 vs 2.255) and the same answers.
 # LOCALCHAT_FUSED_DRAFT=0 runs the torch layer instead (comparisons).
 FUSED_DRAFT = os.environ.get("LOCALCHAT_FUSED_DRAFT", "1") != "0"
+# Within the fused draft: the lean step (Eagle3Layer.lean_forward), nine launches a draft token
+# instead of about twenty. LOCALCHAT_LEAN_DRAFT=0 runs fused_forward instead (comparisons).
+LEAN_DRAFT = os.environ.get("LOCALCHAT_LEAN_DRAFT", "1") != "0"
+LEAN_MAX_ROWS = 16  # the GEMV's row limit; longer extends (a prompt's) run fused_forward
 
 
 class Eagle3Layer(nn.Module):
@@ -84,6 +88,36 @@ class Eagle3Layer(nn.Module):
         return normed_out, out
 
 
+    def lean_forward(self, input_ids, embed_weight, hidden, positions, start_pos, cos_sin_table, k_cache, v_cache,
+                     ops, final_norm: RMSNorm, lm_head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+        """fused_forward plus the lm_head, in fewer launches: the embedding lookup, both input norms
+        and their concatenation in one (embed_pair_norm); each later norm rides on the projection
+        after it (rms_norm_gemv), SiLU-and-mul on the down projection (silu_mul_gemv). The GEMVs
+        use their fast tiles, not the batch-invariant ones the target needs: a draft's last bits
+        do not matter to the output, only to which tokens it proposes. Returns (logits in the
+        weights' dtype, out)."""
+        from engine.kernels.gemv import gemv, rms_norm_gemv, silu_mul_gemv
+        from engine.kernels.norm import embed_pair_norm
+        from engine.ops import _ROW_GEMV
+
+        T, H = hidden.shape
+        row_tile = _ROW_GEMV if T == 1 else None  # the tuned M = 1 tile (o_proj, down)
+        x = embed_pair_norm(input_ids, embed_weight, hidden, self.input_layernorm.weight, self.hidden_norm.weight,
+                            self.input_layernorm.eps, self.hidden_norm.eps)
+        residual = x[:, H:] if self.norm_before_residual else hidden
+        qkv = gemv(x, self.self_attn.qkv_proj.weight)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
+                               v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention)
+        attn_out = gemv(o.reshape(T, self.q_size), self.self_attn.o_proj.weight, config=row_tile)
+        post = self.post_attention_layernorm
+        gate_up, h = rms_norm_gemv(attn_out, residual, post.weight, post.eps, self.mlp.gate_up_proj.weight)
+        mlp_out = silu_mul_gemv(gate_up, self.mlp.down_proj.weight, config=row_tile)
+        logits, out = rms_norm_gemv(mlp_out, h, final_norm.weight, final_norm.eps, lm_head.weight)
+        return logits, out
+
+
 class Eagle3Draft(nn.Module):
     def __init__(self, dc: DraftConfig, target_cfg, max_len: int, ops: Ops | None):
         super().__init__()
@@ -102,12 +136,17 @@ class Eagle3Draft(nn.Module):
         self.fused = FUSED_DRAFT and ops is not None and None not in (ops.rope_and_cache, ops.row_linear)
 
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
-                start_pos: int | None = None):
+                start_pos: int | None = None, fp32_logits: bool = True):
         """input_ids: (T,) target ids; hidden: (T, extend_width) target states when is_extend,
-        else (T, decode_width) the draft's previous outputs. Returns (logits (T, Vd) fp32,
-        out_hidden (T, H) pre-norm: the state the next draft step consumes)."""
+        else (T, decode_width) the draft's previous outputs. Returns (logits (T, Vd), fp32 unless
+        fp32_logits is False (then maybe the weights' dtype: enough for an argmax), out_hidden
+        (T, H) pre-norm: the state the next draft step consumes)."""
         if is_extend and self.config.needs_fc:
             hidden = self.fc(hidden)
+        if self.lean and hidden.shape[0] <= LEAN_MAX_ROWS:
+            logits, out = self.midlayer.lean_forward(input_ids, embed.weight, hidden, positions, start_pos,
+                                                     self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, self.lm_head)
+            return (logits.float() if fp32_logits else logits), out
         if self.fused:
             normed, out = self.midlayer.fused_forward(embed(input_ids), hidden, positions, start_pos, self.cos_sin,
                                                       kv.k[0], kv.v[0], self.ops, self.norm)
@@ -116,6 +155,11 @@ class Eagle3Draft(nn.Module):
         kernel = self.ops.attention if self.ops is not None else None  # Triton on CUDA
         out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel)
         return self.lm_head(self.norm(out)).float(), out
+
+    @property
+    def lean(self) -> bool:
+        """Draft steps run Eagle3Layer.lean_forward (and the greedy loop picks on the device)."""
+        return self.fused and LEAN_DRAFT
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -18,6 +18,7 @@ import torch
 
 from engine.batch import ForwardBatch
 from engine.graphs import capture
+from engine.kernels.pick import argmax_pick, argmax_pick_ref
 
 from .verify import greedy_accept
 
@@ -38,6 +39,7 @@ class WholeIteration:
         self.result = torch.zeros(k + 2, dtype=torch.long, device=dev)
         self.offsets = torch.arange(k + 1, dtype=torch.long, device=dev)
         self.positions = self.offsets.clone()
+        self.draft_pos = self.offsets.clone()  # where the draft steps of the next chain write
         self.last_pos = runner.max_len - 1
         self.reader = None
 
@@ -92,10 +94,10 @@ class WholeIteration:
         torch.add(self.offsets, self.n, out=self.positions)
         return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n), runner.kv, runner.aux_layer_ids)
 
-    def _extend(self, out, accepted, next_token, n: int | None):
+    def _extend(self, out, accepted, next_token, n: int | None, select: bool = True):
         """Writes result, runs the draft-extend over the k+1 rows and moves n and the bonus on.
-        Returns (the draft's logits and state at the last accepted row, the next n when the
-        host knows it)."""
+        Returns (the draft's logits at the last accepted row, or at every row with select False
+        (then in the weights' dtype), its state at that row, the next n when the host knows it)."""
         spec = self.spec
         drafts = self.ids[1:]
         self.result[0].copy_(accepted)
@@ -105,21 +107,26 @@ class WholeIteration:
         # the next token and are never read.
         window = torch.where(self.offsets < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
         states = spec._target_states(out.aux_hidden, out.hidden)
-        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv, start_pos=n)
-        d_logits, d_hidden = logits.index_select(0, accepted.view(1)), hidden.index_select(0, accepted.view(1))
-        # The next iteration starts at n + a + 1 with the next token as its bonus.
+        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv, start_pos=n,
+                                    fp32_logits=select)
+        if select:
+            logits = logits.index_select(0, accepted.view(1))
+        d_hidden = hidden.index_select(0, accepted.view(1))
+        # The next iteration starts at n + a + 1 with the next token as its bonus; the draft steps
+        # write at n + a + 1 + s (clamped: past the context the host switches to plain steps
+        # before using these drafts, and the writes stay inside the cache).
         self.n.add_(accepted + 1)
         self.ids[0].copy_(next_token)
-        return d_logits, d_hidden, (None if n is None else n + int(accepted) + 1)
+        torch.add(self.offsets, self.n, out=self.draft_pos)
+        self.draft_pos.clamp_(max=self.last_pos)
+        return logits, d_hidden, (None if n is None else n + int(accepted) + 1)
 
-    def _draft_step(self, tok, s: int, d_hidden, n_next: int | None):
+    def _draft_step(self, tok, s: int, d_hidden, n_next: int | None, fp32_logits: bool = True):
         """Draft step s + 1 of the next chain (its input: draft token s at n + s)."""
         spec = self.spec
-        # Past the context the host switches to plain steps before using these drafts;
-        # clamping only keeps the writes inside the cache.
-        pos = (self.n + s).clamp_max(self.last_pos).view(1)
         start = None if n_next is None else min(n_next + s, self.last_pos)
-        return spec.draft(tok, pos, d_hidden, False, spec.embed, spec.kv, start_pos=start)
+        return spec.draft(tok, self.draft_pos[s:s + 1], d_hidden, False, spec.embed, spec.kv, start_pos=start,
+                          fp32_logits=fp32_logits)
 
 
 class GreedyIteration(WholeIteration):
@@ -137,9 +144,13 @@ class GreedyIteration(WholeIteration):
         """n: the cache length when the host knows it (eager), None inside the graph."""
         out = self._verify(n)
         accepted, next_token = greedy_accept(self.ids[1:], self.runner.model.logits(out.hidden).argmax(-1))
-        d_logits, d_hidden, n_next = self._extend(out, accepted, next_token, n)
+        lean = self.spec.draft.lean  # GPU kernels: the pick reads the accepted row on the device
+        d_logits, d_hidden, n_next = self._extend(out, accepted, next_token, n, select=not lean)
+        row = accepted if lean else None
         for s in range(self.k):
-            tok = self.spec.draft.to_target_ids(d_logits[-1].argmax().view(1))
-            self.ids[s + 1].copy_(tok[0])
+            slot = self.ids[s + 1:s + 2]  # draft token s + 1, and the next step's input
+            pick = argmax_pick if lean else argmax_pick_ref
+            pick(d_logits, self.spec.draft.d2t, slot, row)
+            row = None
             if s < self.k - 1:
-                d_logits, d_hidden = self._draft_step(tok, s, d_hidden, n_next)
+                d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n_next, fp32_logits=not lean)

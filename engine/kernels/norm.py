@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from . import next_pow2, pdl_args
 
@@ -43,7 +44,33 @@ def _kernels():
         normed = (hf * inv_rms).to(x.dtype).to(tl.float32)  # HF casts before the weight
         tl.store(out_ptr + row * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=ok)
 
-    return add_rms_norm_kernel
+    @triton.jit
+    def embed_pair_norm_kernel(
+        ids_ptr, table_ptr, b_ptr, wa_ptr, wb_ptr, out_ptr,
+        hidden, stride_table, stride_b, stride_out, eps_a, eps_b,
+        BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+    ):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        ok = offs < hidden
+        token = tl.load(ids_ptr + row)
+        a = tl.load(table_ptr + token * stride_table + offs, mask=ok, other=0.0)
+        b = tl.load(b_ptr + row * stride_b + offs, mask=ok, other=0.0)
+        af, bf = a.to(tl.float32), b.to(tl.float32)
+        inv_a = tl.rsqrt(tl.sum(af * af, axis=0) / hidden + eps_a)
+        inv_b = tl.rsqrt(tl.sum(bf * bf, axis=0) / hidden + eps_b)
+        wa = tl.load(wa_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        wb = tl.load(wb_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        na = (af * inv_a).to(a.dtype).to(tl.float32)
+        nb = (bf * inv_b).to(b.dtype).to(tl.float32)
+        dst = out_ptr + row * stride_out + offs
+        tl.store(dst, (na * wa).to(out_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst + hidden, (nb * wb).to(out_ptr.dtype.element_ty), mask=ok)
+
+    return add_rms_norm_kernel, embed_pair_norm_kernel
 
 
 def add_rms_norm(
@@ -59,7 +86,7 @@ def add_rms_norm(
     CUDA (or the Triton interpreter); no host sync; one program per row.
     """
     assert x.dim() == 2 and x.stride(1) == 1 and weight.shape == (x.shape[1],)
-    kernel = _kernels()
+    kernel = _kernels()[0]
     num_rows, hidden = x.shape
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if residual is None:
@@ -85,3 +112,31 @@ def add_rms_norm_ref(
     hf = h.float()
     normed = (hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
     return (normed * weight).to(x.dtype), h
+
+
+def embed_pair_norm(ids: torch.Tensor, table: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor,
+                    weight_b: torch.Tensor, eps_a: float, eps_b: float) -> torch.Tensor:
+    """[rms_norm(table[ids]) * weight_a, rms_norm(b) * weight_b] side by side, (T, 2H), in one launch.
+
+    ids (T,) row indices into table (V, H) (an embedding lookup); b (T, H). Each half is
+    normed like add_rms_norm without a residual. The EAGLE-3 draft's input: the token's
+    embedding and the incoming hidden state, each normed, concatenated for its attention.
+    CUDA (or the Triton interpreter); no host sync; one program per row.
+    """
+    num_rows, hidden = b.shape
+    assert ids.shape == (num_rows,) and table.dim() == 2 and table.shape[1] == hidden and table.stride(1) == 1
+    assert b.stride(1) == 1 and weight_a.shape == weight_b.shape == (hidden,) and table.dtype == b.dtype
+    out = torch.empty((num_rows, 2 * hidden), dtype=b.dtype, device=b.device)
+    block = next_pow2(hidden)
+    _kernels()[1][(num_rows,)](
+        ids, table, b, weight_a, weight_b, out,
+        hidden, table.stride(0), b.stride(0), out.stride(0), eps_a, eps_b,
+        BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl_args(b.device),
+    )
+    return out
+
+
+def embed_pair_norm_ref(ids, table, b, weight_a, weight_b, eps_a, eps_b) -> torch.Tensor:
+    """Reference and CPU path."""
+    a = F.embedding(ids, table)
+    return torch.cat([add_rms_norm_ref(a, None, weight_a, eps_a)[0], add_rms_norm_ref(b, None, weight_b, eps_b)[0]], dim=-1)

@@ -23,7 +23,8 @@ if INTERPRET:
 
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
-from engine.kernels.norm import add_rms_norm, add_rms_norm_ref  # noqa: E402
+from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref  # noqa: E402
+from engine.kernels.pick import argmax_pick, argmax_pick_ref  # noqa: E402
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 
 DEVICES = [
@@ -264,6 +265,53 @@ def test_add_rms_norm(device, dtype, shape, with_residual):
         assert torch.equal(new_residual, want_residual)
     else:
         torch.testing.assert_close(new_residual, want_residual, **tol(device, dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 576), (6, 576), (3, 1000), (2, 4096)])
+def test_embed_pair_norm(device, dtype, shape):
+    gen = torch.Generator().manual_seed(shape[0] + shape[1])
+    rows, hidden = shape
+    table = (torch.randn(97, hidden, generator=gen) * 2).to(device, dtype)
+    b = (torch.randn(rows, hidden, generator=gen) * 5).to(device, dtype)
+    wa, wb = ((1 + 0.1 * torch.randn(hidden, generator=gen)).to(device, dtype) for _ in range(2))
+    ids = torch.randint(0, 97, (rows,), generator=gen)
+    ids[0] = 96  # the table's last row
+    ids = ids.to(device)
+    out = embed_pair_norm(ids, table, b, wa, wb, 1e-5, 1e-6)
+    want = embed_pair_norm_ref(ids, table, b, wa, wb, 1e-5, 1e-6)
+    assert out.shape == (rows, 2 * hidden) and out.dtype == dtype
+    # the reference is add_rms_norm_ref on each half, checked against the Llama formula above
+    torch.testing.assert_close(want[:, hidden:], add_rms_norm_ref(b, None, wb, 1e-6)[0], rtol=0, atol=0)
+    torch.testing.assert_close(out, want, **tol(device, dtype))
+    if device == "cuda":  # each half rounds as add_rms_norm does
+        assert torch.equal(out[:, hidden:], add_rms_norm(b, None, wb, 1e-6)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [7, 2048, 6144, 49152 + 5])
+@pytest.mark.parametrize("with_row", [False, True])
+def test_argmax_pick(device, dtype, vocab, with_row):
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(6, vocab, generator=gen).to(device, dtype)
+    offsets = torch.randint(-3, 1000, (vocab,), generator=gen).to(device)
+    row = torch.tensor(4, device=device) if with_row else None
+    r = 4 if with_row else 0
+    for case in ("random", "tie", "last", "neg"):
+        x = logits.clone()
+        if case == "tie":  # equal maxima: the lowest index wins, as torch.argmax
+            x[r, vocab // 3] = x[r, vocab - 1] = x[r].max() + 1
+        elif case == "last":
+            x[r, vocab - 1] = x[r].max() + 1
+        elif case == "neg":
+            x = -x.abs() - 1
+        for offs in (offsets, None):
+            got = argmax_pick(x, offs, torch.full((3,), -1, dtype=torch.long, device=device)[1:2], row)
+            want = argmax_pick_ref(x, offs, torch.full((1,), -1, dtype=torch.long, device=device), row)
+            i = int(x[r].float().argmax())
+            assert int(got) == int(want) == i + (int(offsets[i]) if offs is not None else 0), (case, offs is None)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -11,9 +11,10 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 
-POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "part_o_ptr": "*fp32",
+POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_ptr": "*i64", "row_ptr": "*i64",
+            "offsets_ptr": "*i64", "part_o_ptr": "*fp32",
             "part_lse_ptr": "*fp32", "cos_sin_ptr": "*fp32"}
-FLOATS = {"eps", "qk_scale"}
+FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 
 
 def _kernels():
@@ -21,13 +22,16 @@ def _kernels():
     import engine.kernels.attention as attention
     import engine.kernels.gemv as gemv
     import engine.kernels.norm as norm
+    import engine.kernels.pick as pick
     import engine.kernels.rope as rope
 
     split, reduce = attention._kernels()
     gemv_base = dict(HAS_RESIDUAL=True, HAS_BIAS=False, DOT_F32=False, SPLIT_K=1, K_PER_SPLIT=768, EVEN_K=False,
                      BLOCK_K=256, LINE=64, PREFETCH_LINES=gemv.PREFETCH_LINES)
     return [
-        ("add_rms_norm", norm._kernels(), dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
+        ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
+        ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
+        ("argmax_pick", pick._kernels(), dict(HAS_ROW=True, HAS_OFFSETS=True, BLOCK=2048), 8),
         ("silu_and_mul", activation._kernels(), dict(BLOCK=1024), 4),
         ("rope_and_cache", rope._kernels(), dict(HEAD_DIM=64, HALF=32, BLOCK_HQ=16, BLOCK_HKV=4, BLOCK_HALF=32,
                                                  BLOCK_D=64), 4),
@@ -60,7 +64,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool):
                           options=options)
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(9))
 def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
     try:
         name, fn, constexprs, warps = _kernels()[index]

@@ -56,8 +56,12 @@ def _assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None
 
 @pytest.mark.parametrize("device,dtype,rel", CASES)
 @pytest.mark.parametrize("norm_before_residual", [False, True])
-def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual, monkeypatch):
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "fused"])
+def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual, lean, monkeypatch):
+    """Both GPU paths of a draft step (lean_forward, the default, and fused_forward) against the
+    torch layer: an extend over 12 rows, then single-token steps."""
     monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", True)
+    monkeypatch.setattr(eagle3_module, "LEAN_DRAFT", lean)
     dev = torch.device(device)
     cfg = head_config(TARGET, 256, (2, 15, 27))
     cfg["norm_before_residual"] = norm_before_residual
@@ -78,31 +82,33 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
     drafts = [d.to(dev, dtype).eval() for d in drafts]
     for d in drafts:
         d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), max_len).to(dev)
-    assert drafts[0].fused and not drafts[1].fused
+    assert drafts[0].fused and not drafts[1].fused and drafts[0].lean == lean and not drafts[1].lean
     monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", False)
     assert not Eagle3Draft(dc, TARGET, max_len, _ops()).fused  # the switch (LOCALCHAT_FUSED_DRAFT=0) turns it off
     assert drafts[0].midlayer.norm_before_residual == norm_before_residual
     embed = torch.nn.Embedding(TARGET.vocab_size, TARGET.hidden_size).to(dev, dtype)
     caches = [KVCache(1, max_len, dc.num_kv_heads, dc.head_dim, dtype, dev) for _ in drafts]
     g = torch.Generator().manual_seed(1)
-    # Extend over 12 positions, then three chained single-token steps.
-    ids = torch.randint(0, TARGET.vocab_size, (12,), generator=g).to(dev)
-    aux = (torch.randn(12, 3 * TARGET.hidden_size, generator=g) * 0.5).to(dev, dtype)
-    pos = torch.arange(12, device=dev)
+    # A prompt's extend over 20 positions (more rows than the lean path takes), a verify window's
+    # over 6, then three chained single-token steps.
+    ids = torch.randint(0, TARGET.vocab_size, (26,), generator=g).to(dev)
+    aux = (torch.randn(26, 3 * TARGET.hidden_size, generator=g) * 0.5).to(dev, dtype)
+    pos = torch.arange(26, device=dev)
     outs = []
     with torch.inference_mode():
         for d, kv in zip(drafts, caches):
-            logits, hidden = d(ids, pos, aux, True, embed, kv, start_pos=0)
-            steps = [(logits, hidden)]
+            steps = [d(ids[:20], pos[:20], aux[:20], True, embed, kv, start_pos=0),
+                     d(ids[20:], pos[20:], aux[20:], True, embed, kv, start_pos=20)]
+            hidden = steps[-1][1]
             for s in range(3):
                 tok = torch.tensor([s + 3], device=dev)
-                p = torch.tensor([12 + s], device=dev)
-                logits, hidden = d(tok, p, hidden[-1:], False, embed, kv, start_pos=12 + s)
+                p = torch.tensor([26 + s], device=dev)
+                logits, hidden = d(tok, p, hidden[-1:], False, embed, kv, start_pos=26 + s)
                 steps.append((logits, hidden))
             outs.append(steps)
     for (lf, hf), (lt, ht) in zip(*outs):
         _assert_close_rel(hf, ht, rel)
         _assert_close_rel(lf, lt, rel)
     # The cache rows written by both agree too.
-    _assert_close_rel(caches[0].k[0][:15], caches[1].k[0][:15], rel)
-    _assert_close_rel(caches[0].v[0][:15], caches[1].v[0][:15], rel)
+    _assert_close_rel(caches[0].k[0][:29], caches[1].k[0][:29], rel)
+    _assert_close_rel(caches[0].v[0][:29], caches[1].v[0][:29], rel)
