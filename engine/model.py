@@ -125,9 +125,10 @@ class CausalLM(nn.Module):
         aux = torch.cat([captured[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
         return ForwardOutput(hidden=hidden, aux_hidden=aux)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(T, H) -> (T, V) fp32."""
-        return self.ops.linear(hidden, self.lm_head).float()
+    def logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """(T, H) -> (T, V) fp32 (fp32 False: in the weights' dtype, enough for an argmax)."""
+        out = self.ops.linear(hidden, self.lm_head)
+        return out.float() if fp32 else out
 
     def checkpoint_target(self, name: str) -> tuple[str, int, int] | None:
         """Maps a checkpoint tensor name to (parameter name, row offset, rows) for fused

@@ -18,9 +18,8 @@ import torch
 
 from engine.batch import ForwardBatch
 from engine.graphs import capture
-from engine.kernels.pick import argmax_pick, argmax_pick_ref
+from engine.kernels.pick import ChainState, argmax_pick, argmax_pick_ref, greedy_verify, greedy_verify_ref
 
-from .verify import greedy_accept
 
 
 class WholeIteration:
@@ -32,15 +31,13 @@ class WholeIteration:
 
     def __init__(self, spec, runner):
         self.spec, self.runner = spec, runner
-        k, dev = spec.k, runner.device
+        k = spec.k
         self.k = k
-        self.n = torch.zeros((), dtype=torch.long, device=dev)
-        self.ids = torch.zeros(k + 1, dtype=torch.long, device=dev)
-        self.result = torch.zeros(k + 2, dtype=torch.long, device=dev)
-        self.offsets = torch.arange(k + 1, dtype=torch.long, device=dev)
-        self.positions = self.offsets.clone()
-        self.draft_pos = self.offsets.clone()  # where the draft steps of the next chain write
         self.last_pos = runner.max_len - 1
+        self.chain = chain = ChainState(k, self.last_pos, runner.device)
+        self.n, self.ids, self.result, self.offsets = chain.n, chain.ids, chain.result, chain.offsets
+        self.draft_pos = chain.draft_pos  # where the draft steps of the next chain write
+        self.positions = self.offsets.clone()
         self.reader = None
 
     # --- the host side ------------------------------------------------------------------------
@@ -94,10 +91,10 @@ class WholeIteration:
         torch.add(self.offsets, self.n, out=self.positions)
         return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n), runner.kv, runner.aux_layer_ids)
 
-    def _extend(self, out, accepted, next_token, n: int | None, select: bool = True):
-        """Writes result, runs the draft-extend over the k+1 rows and moves n and the bonus on.
-        Returns (the draft's logits at the last accepted row, or at every row with select False
-        (then in the weights' dtype), its state at that row, the next n when the host knows it)."""
+    def _extend(self, out, accepted, next_token, n: int | None):
+        """Writes result, runs the draft-extend over the k+1 rows and moves n and the bonus on
+        (the sampled loop; the greedy one has greedy_verify write these). Returns (the draft's
+        logits and state at the last accepted row, the next n when the host knows it)."""
         spec = self.spec
         drafts = self.ids[1:]
         self.result[0].copy_(accepted)
@@ -107,10 +104,8 @@ class WholeIteration:
         # the next token and are never read.
         window = torch.where(self.offsets < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
         states = spec._target_states(out.aux_hidden, out.hidden)
-        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv, start_pos=n,
-                                    fp32_logits=select)
-        if select:
-            logits = logits.index_select(0, accepted.view(1))
+        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv, start_pos=n)
+        logits = logits.index_select(0, accepted.view(1))
         d_hidden = hidden.index_select(0, accepted.view(1))
         # The next iteration starts at n + a + 1 with the next token as its bonus; the draft steps
         # write at n + a + 1 + s (clamped: past the context the host switches to plain steps
@@ -142,15 +137,19 @@ class GreedyIteration(WholeIteration):
 
     def _body(self, n: int | None = None) -> None:
         """n: the cache length when the host knows it (eager), None inside the graph."""
+        spec, chain = self.spec, self.chain
         out = self._verify(n)
-        accepted, next_token = greedy_accept(self.ids[1:], self.runner.model.logits(out.hidden).argmax(-1))
-        lean = self.spec.draft.lean  # GPU kernels: the pick reads the accepted row on the device
-        d_logits, d_hidden, n_next = self._extend(out, accepted, next_token, n, select=not lean)
-        row = accepted if lean else None
+        lean = spec.draft.lean  # GPU kernels: acceptance and picks in one launch each
+        (greedy_verify if lean else greedy_verify_ref)(self.runner.model.logits(out.hidden, fp32=not lean), chain)
+        states = spec._target_states(out.aux_hidden, out.hidden)
+        d_logits, hidden = spec.draft(chain.window, self.positions, states, True, spec.embed, spec.kv, start_pos=n,
+                                      fp32_logits=not lean)
+        d_hidden = hidden.index_select(0, chain.accepted.view(1))
+        n_next = None if n is None else n + int(chain.accepted) + 1
+        row = chain.accepted  # the draft's logits at the last accepted row start the chain
         for s in range(self.k):
             slot = self.ids[s + 1:s + 2]  # draft token s + 1, and the next step's input
-            pick = argmax_pick if lean else argmax_pick_ref
-            pick(d_logits, self.spec.draft.d2t, slot, row)
+            (argmax_pick if lean else argmax_pick_ref)(d_logits, spec.draft.d2t, slot, row)
             row = None
             if s < self.k - 1:
                 d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n_next, fp32_logits=not lean)

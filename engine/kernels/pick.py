@@ -1,6 +1,8 @@
-"""Greedy pick: the argmax of one row of logits, mapped through an offset table, written to a slot.
+"""Greedy picks over logits, each one launch with no host sync (safe to capture in a CUDA graph).
 
     argmax_pick(logits, offsets, out, row)    i = argmax(logits[row]); out[0] = i + offsets[i]
+    greedy_verify(logits, chain, ...)         a verify step's greedy acceptance, and the chain
+                                              state moved on (see greedy_verify)
 
 A draft with a reduced vocabulary maps its ids to the target's this way (EAGLE-3's d2t:
 target = draft + d2t[draft]). One launch replaces an argmax, a gather, an add and a copy
@@ -54,7 +56,47 @@ def _kernels():
             idx = idx + tl.load(offsets_ptr + idx)
         tl.store(out_ptr, idx.to(out_ptr.dtype.element_ty))
 
-    return argmax_pick_kernel
+    @triton.jit
+    def greedy_verify_kernel(logits_ptr, ids_ptr, n_ptr, result_ptr, window_ptr, accepted_ptr, draft_pos_ptr,
+                             choice_ptr, count_ptr, vocab, stride_row, rows, last_pos,
+                             BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        r = tl.program_id(0)
+        base = logits_ptr + r * stride_row
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_i = tl.zeros([BLOCK], tl.int32)
+        for v0 in range(0, vocab, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+            better = x > best
+            best = tl.where(better, x, best)
+            best_i = tl.where(better, offs, best_i)
+        top = tl.max(best, axis=0)
+        choice = tl.minimum(tl.min(tl.where(best == top, best_i, vocab), axis=0), vocab - 1)
+        tl.store(choice_ptr + r, choice.to(tl.int64))
+        tl.debug_barrier()  # the choice is written before the counter moves
+        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == rows - 1:  # the last row's program: accept, and move the chain on
+            lane = tl.arange(0, BLOCK_R)
+            c = tl.load(choice_ptr + lane, mask=lane < rows, other=-1, cache_modifier=".cg")
+            is_draft = lane < rows - 1
+            d = tl.load(ids_ptr + 1 + lane, mask=is_draft, other=-1)  # draft i + 1 at lane i
+            a = tl.min(tl.where(is_draft & (d != c), lane, rows - 1), axis=0)  # leading matches
+            nxt = tl.sum(tl.where(lane == a, c, 0), axis=0)
+            tl.store(result_ptr + lane, tl.where(lane == 0, a, nxt).to(tl.int64), mask=lane < 2)
+            tl.store(result_ptr + 2 + lane, d, mask=is_draft)
+            # extend row i pairs target state n + i with the token at n + i + 1
+            tl.store(window_ptr + lane, tl.where(lane < a, d, nxt), mask=lane < rows)
+            tl.store(accepted_ptr, a.to(tl.int64))
+            n = tl.load(n_ptr) + a + 1
+            tl.store(n_ptr, n)
+            tl.store(ids_ptr, nxt)
+            tl.store(draft_pos_ptr + lane, tl.minimum(n + lane, last_pos), mask=lane < rows)
+            tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+
+    return argmax_pick_kernel, greedy_verify_kernel
 
 
 def argmax_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor,
@@ -64,7 +106,7 @@ def argmax_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.T
     CUDA (or the Triton interpreter); no host sync."""
     assert logits.dim() == 2 and logits.stride(1) == 1 and out.numel() == 1
     assert offsets is None or offsets.shape == (logits.shape[1],)
-    _kernels()[(1,)](
+    _kernels()[0][(1,)](
         logits, row if row is not None else out, offsets if offsets is not None else out, out,
         logits.shape[1], logits.stride(0),
         HAS_ROW=row is not None, HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8,
@@ -79,3 +121,60 @@ def argmax_pick_ref(logits, offsets, out, row=None) -> torch.Tensor:
     i = x.argmax().view(1)
     out.view(1).copy_(i if offsets is None else i + offsets[i])
     return out
+
+
+class ChainState:
+    """The device state of a greedy draft chain that greedy_verify reads and moves on.
+
+    ids (k+1,): [bonus, d_1..d_k], the token at position n and the k drafts after it; n (): the
+    cache length before the verify. greedy_verify writes result (k+2,) [accepted a, next token,
+    d_1..d_k], window (k+1,) (the draft-extend's tokens: d_1..d_a, then the next token),
+    accepted (), n += a + 1, ids[0] = the next token, and draft_pos (k+1,): min(n + i, last_pos),
+    where the next chain's draft steps write."""
+
+    def __init__(self, k: int, last_pos: int, device):
+        long = dict(dtype=torch.long, device=device)
+        self.k, self.last_pos = k, last_pos
+        self.ids = torch.zeros(k + 1, **long)
+        self.n = torch.zeros((), **long)
+        self.result = torch.zeros(k + 2, **long)
+        self.window = torch.zeros(k + 1, **long)
+        self.accepted = torch.zeros((), **long)
+        self.draft_pos = torch.zeros(k + 1, **long)
+        self.offsets = torch.arange(k + 1, **long)
+        self._choice = torch.zeros(k + 1, **long)
+        self._counter = torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def greedy_verify(logits: torch.Tensor, chain: ChainState) -> None:
+    """logits (k+1, V): the target's after [bonus, d_1..d_k] (any float dtype). The target's
+    choice at each row is its argmax (ties: lowest index); d_1..d_a are accepted where they
+    equal the choices before them, and the next token is the choice after them, so the output
+    is what plain greedy decoding gives. Writes chain's fields (ChainState). One launch: each
+    row's program takes its argmax, and the last to finish does the rest. CUDA (or the Triton
+    interpreter)."""
+    rows = chain.k + 1
+    assert logits.dim() == 2 and logits.shape[0] == rows and logits.stride(1) == 1
+    _kernels()[1][(rows,)](
+        logits, chain.ids, chain.n, chain.result, chain.window, chain.accepted, chain.draft_pos,
+        chain._choice, chain._counter, logits.shape[1], logits.stride(0), rows, chain.last_pos,
+        BLOCK=_BLOCK, BLOCK_R=max(16, 1 << (rows - 1).bit_length()), num_warps=8, **pdl_args(logits.device),
+    )
+
+
+def greedy_verify_ref(logits: torch.Tensor, chain: ChainState) -> None:
+    """Reference and CPU path: the same writes in torch ops."""
+    choice = logits.argmax(-1)
+    drafts = chain.ids[1:]
+    matches = (drafts == choice[:-1]).to(torch.int64)
+    a = matches.cumprod(0).sum()
+    nxt = choice.index_select(0, a.view(1))[0]  # index_select: no host sync
+    chain.result[0].copy_(a)
+    chain.result[1].copy_(nxt)
+    chain.result[2:].copy_(drafts)
+    chain.window.copy_(torch.where(chain.offsets < a, torch.cat([drafts, drafts[-1:]]), nxt))
+    chain.accepted.copy_(a)
+    chain.n.add_(a + 1)
+    chain.ids[0].copy_(nxt)
+    torch.add(chain.offsets, chain.n, out=chain.draft_pos)
+    chain.draft_pos.clamp_(max=chain.last_pos)

@@ -24,7 +24,7 @@ if INTERPRET:
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref  # noqa: E402
-from engine.kernels.pick import argmax_pick, argmax_pick_ref  # noqa: E402
+from engine.kernels.pick import ChainState, argmax_pick, argmax_pick_ref, greedy_verify, greedy_verify_ref  # noqa: E402
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 
 DEVICES = [
@@ -312,6 +312,56 @@ def test_argmax_pick(device, dtype, vocab, with_row):
             want = argmax_pick_ref(x, offs, torch.full((1,), -1, dtype=torch.long, device=device), row)
             i = int(x[r].float().argmax())
             assert int(got) == int(want) == i + (int(offsets[i]) if offs is not None else 0), (case, offs is None)
+
+
+def _chain_case(k: int, vocab: int, agree: int, n: int, last_pos: int, device, dtype, gen):
+    """Logits whose row argmaxes match the first `agree` drafts, and a chain at n."""
+    logits = torch.randn(k + 1, vocab, generator=gen).to(dtype)
+    choice = logits.float().argmax(-1)  # after rounding: bf16 may tie where fp32 did not
+    drafts = choice[:-1].clone()
+    if agree < k:  # draft agree + 1 differs from the target's choice there
+        drafts[agree] = (choice[agree] + 1) % vocab
+    chain = ChainState(k, last_pos, device)
+    chain.ids.copy_(torch.cat([torch.tensor([vocab - 1]), drafts]).to(device))
+    chain.n.fill_(n)
+    chain.result.fill_(-1), chain.window.fill_(-1), chain.draft_pos.fill_(-1)
+    return logits.to(device), chain, choice
+
+
+def test_greedy_verify_ref_accepts_like_greedy_accept():
+    """The reference against speculative.verify.greedy_accept, field by field."""
+    from speculative.verify import greedy_accept
+
+    gen = torch.Generator().manual_seed(5)
+    for k, agree in [(5, 0), (5, 2), (5, 5), (1, 0), (1, 1), (15, 7)]:
+        logits, chain, choice = _chain_case(k, 300, agree, 40, 42, "cpu", torch.float32, gen)
+        drafts = chain.ids[1:].clone()
+        a, nxt = greedy_accept(drafts, choice)
+        assert int(a) == agree
+        greedy_verify_ref(logits, chain)
+        assert chain.result.tolist() == [agree, int(nxt)] + drafts.tolist()
+        assert chain.window.tolist() == drafts.tolist()[:agree] + [int(nxt)] * (k + 1 - agree)
+        assert int(chain.accepted) == agree and int(chain.n) == 40 + agree + 1 and int(chain.ids[0]) == int(nxt)
+        assert chain.ids[1:].tolist() == drafts.tolist()
+        assert chain.draft_pos.tolist() == [min(40 + agree + 1 + i, 42) for i in range(k + 1)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k,vocab", [(5, 49152), (1, 7), (15, 6144), (3, 2049)])
+def test_greedy_verify(device, dtype, k, vocab):
+    gen = torch.Generator().manual_seed(k * vocab)
+    for agree in sorted({0, 1, k // 2, k}):
+        for repeat in range(2):  # twice: the launch leaves its counter ready for the next
+            logits, chain, _ = _chain_case(k, vocab, agree, 100, 100 + k // 2, device, dtype, gen)
+            want = ChainState(k, chain.last_pos, device)
+            for name in ("ids", "n", "result", "window", "draft_pos"):
+                getattr(want, name).copy_(getattr(chain, name))
+            greedy_verify(logits, chain)
+            greedy_verify_ref(logits, want)
+            for name in ("ids", "n", "result", "window", "accepted", "draft_pos"):
+                assert torch.equal(getattr(chain, name), getattr(want, name)), (name, agree)
+            assert int(chain.accepted) == agree
 
 
 @pytest.mark.parametrize("device", DEVICES)

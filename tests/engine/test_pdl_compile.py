@@ -12,7 +12,8 @@ import pytest
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 
 POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_ptr": "*i64", "row_ptr": "*i64",
-            "offsets_ptr": "*i64", "part_o_ptr": "*fp32",
+            "offsets_ptr": "*i64", "n_ptr": "*i64", "result_ptr": "*i64", "window_ptr": "*i64",
+            "accepted_ptr": "*i64", "draft_pos_ptr": "*i64", "choice_ptr": "*i64", "part_o_ptr": "*fp32",
             "part_lse_ptr": "*fp32", "cos_sin_ptr": "*fp32"}
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 
@@ -31,7 +32,8 @@ def _kernels():
     return [
         ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
-        ("argmax_pick", pick._kernels(), dict(HAS_ROW=True, HAS_OFFSETS=True, BLOCK=2048), 8),
+        ("argmax_pick", pick._kernels()[0], dict(HAS_ROW=True, HAS_OFFSETS=True, BLOCK=2048), 8),
+        ("greedy_verify", pick._kernels()[1], dict(BLOCK=2048, BLOCK_R=16), 8),
         ("silu_and_mul", activation._kernels(), dict(BLOCK=1024), 4),
         ("rope_and_cache", rope._kernels(), dict(HEAD_DIM=64, HALF=32, BLOCK_HQ=16, BLOCK_HKV=4, BLOCK_HALF=32,
                                                  BLOCK_D=64), 4),
@@ -64,7 +66,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool):
                           options=options)
 
 
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(10))
 def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
     try:
         name, fn, constexprs, warps = _kernels()[index]
