@@ -95,8 +95,10 @@ def random_draft(cfg, runner, k: int, force_accept: int):
 
     with torch.device(runner.device):
         draft = Eagle3Draft(dc, cfg, runner.max_len, Ops.for_device(runner.device)).to(runner.dtype)
-    for p in draft.parameters():
-        torch.nn.init.normal_(p, std=0.02)
+    gen = torch.Generator(device=runner.device).manual_seed(1)  # the same head in every engine of a run
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.normal_(0, 0.02, generator=gen)
     spec = Eagle3Speculator(draft.eval().requires_grad_(False), runner, k)
     spec.force_accept = force_accept
     return spec

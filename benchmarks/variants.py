@@ -10,12 +10,17 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
   pfN           the GEMV requests N 128-byte lines of each weight row before its PDL wait
                 (default 16)
   pdl_off       programmatic dependent launch off
-  lean_off      the EAGLE-3 draft's session-8 step (fused_forward, an argmax, gather and copy per
-                draft token) instead of its lean one (LOCALCHAT_LEAN_DRAFT=0)
+  fuse_all      fuse every norm/activation with its projection, even the shapes FUSED_TILES keeps
+                unfused (LOCALCHAT_FUSE=all)
+  lean_off      the greedy iteration as in session 8: the draft's fused_forward, an argmax, gather
+                and copy per draft token, and acceptance in torch ops, instead of the lean draft
+                step, argmax_pick and greedy_verify (LOCALCHAT_LEAN_DRAFT=0)
   joined by '+': row_all+pf64
 
-Models: a --random-weights name or config JSON (plain decode, 512 random token ids), or `demo`
-(the demo model with its shipped head: plain decode and greedy speculation on held-out prompts).
+Models: a --random-weights name or config JSON (plain decode, 512 random token ids; with
+--force-accept N also speculation with a random EAGLE-3 head of the model's shape that accepts
+N - 1 drafts, and the speculator's per-part times), or `demo` (the demo model with its shipped
+head: plain decode and greedy speculation on held-out prompts).
 
     python benchmarks/variants.py --models llama-8b --variants base,row_all,pf64,row_all+pf64 --out v.json
     python benchmarks/variants.py --models demo --variants base,lean_off --prompts 8 --out lean.json
@@ -42,7 +47,7 @@ def variant(spec: str):
     from engine.kernels import gemv
     from speculative import eagle3
 
-    saved = (ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT)
+    saved = (ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL)
     try:
         for part in spec.split("+"):
             if part == "base":
@@ -53,6 +58,8 @@ def variant(spec: str):
                 gemv.PREFETCH_LINES = int(part[2:])
             elif part == "pdl_off":
                 kernels.set_pdl(False)
+            elif part == "fuse_all":
+                ops._FUSE_ALL = True
             elif part == "lean_off":
                 eagle3.LEAN_DRAFT = False
             else:
@@ -61,7 +68,7 @@ def variant(spec: str):
     finally:
         ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES = saved[:2]
         kernels.set_pdl(saved[2])
-        eagle3.LEAN_DRAFT = saved[3]
+        eagle3.LEAN_DRAFT, ops._FUSE_ALL = saved[3:]
 
 
 def main() -> None:
@@ -72,6 +79,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=8, help="demo: held-out chat prompts")
+    ap.add_argument("--force-accept", type=int, default=None, help="random weights: add a random head (see above)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script")
     a = ap.parse_args()
 
@@ -90,7 +98,7 @@ def main() -> None:
               "rounds": a.rounds, "new_tokens": a.new_tokens, "prompt": "512 random token ids", "results": {}}
     prompt = torch.randint(0, 32000, (512,), generator=torch.Generator().manual_seed(0)).tolist()
     for model in [m for m in a.models.split(",") if m]:
-        args = SimpleNamespace(random_weights=model, device=a.device, max_seq_len=1024, force_accept=None,
+        args = SimpleNamespace(random_weights=model, device=a.device, max_seq_len=1024, force_accept=a.force_accept,
                                draft_steps=5, no_graphs=False)
         engines = {}
         for name in names:
@@ -101,7 +109,8 @@ def main() -> None:
             prompts = [engines[names[0]].tokenizer.apply_chat_template(m) for m in msgs]
             modes = [("plain", False), ("speculative", True)]
         else:
-            prompts, which, modes = [prompt], "512 random token ids", [("plain", False)]
+            prompts, which = [prompt], "512 random token ids"
+            modes = [("plain", False)] + ([("speculative", True)] if a.force_accept else [])
         res = {"prompt_set": which}
         for mode, spec in modes:
             speeds, tokens = alternating_rounds(engines, prompts, a.new_tokens, spec, a.rounds, variant)
@@ -114,6 +123,12 @@ def main() -> None:
                                    "same_tokens_as_first": tokens[name] == tokens[names[0]]}
                 print(f"{Path(model).stem:14s} {mode:11s} {name:18s} {mean:8.1f} tok/s  x{mean / base:.3f}  "
                       f"same tokens: {tokens[name] == tokens[names[0]]}", flush=True)
+                e = engines[name]
+                if spec and e.speculator is not None and e.speculator.force_accept and a.device == "cuda":
+                    with variant(name):
+                        parts = e.speculator.measure_components(e.runner)
+                    res[mode][name]["parts_ms"] = {k: round(v, 4) for k, v in parts.items()}
+                    print(f"{'':26s} {name:18s} " + "  ".join(f"{k} {v:.4f}" for k, v in parts.items()), flush=True)
         report["results"][Path(model).stem] = res
         del engines
         if a.device == "cuda":

@@ -92,6 +92,10 @@ class BatchInvariance:
         self.on = False
         self._fused_row = FusedLayerKernels(invariant=False, linear=self.linear)
         self._fused_invariant = FusedLayerKernels(invariant=True, linear=self.linear)
+        # A draft's kernels: the fast tiles whatever the switch says (a draft's last bits do not
+        # change the output, only which tokens it proposes).
+        self.row_kernels = FusedLayerKernels(invariant=False, linear=_fast_linear, add_rms_norm=add_rms_norm,
+                                             silu_and_mul=silu_and_mul)
 
     def _invariant(self, x: torch.Tensor) -> bool:
         return self.on and x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
@@ -126,20 +130,35 @@ class BatchInvariance:
         return None
 
 
+def _fast_linear(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
+    """Our GEMV for up to MAX_ROWS bf16 rows (the M = 1 tiles for one row), cuBLAS otherwise."""
+    if x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16:
+        return gemv(x, linear.weight, linear.bias)
+    return linear(x)
+
+
 class LayerKernels:
     """A decoder layer's two norm + projection pairs and its MLP's down projection, unfused:
     add_rms_norm then Ops.linear; silu_and_mul then the down projection (GatedMLP.down)."""
 
-    def __init__(self, linear: Callable):
+    def __init__(self, linear: Callable, add_rms_norm: Callable | None = None, silu_and_mul: Callable | None = None):
         self.linear = linear
+        # None: the modules' own (the target's carry the kernels); a draft's modules are plain
+        # torch, so its kernels come here.
+        self.add_rms_norm, self.silu_and_mul = add_rms_norm, silu_and_mul
 
     def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm, linear: torch.nn.Linear):
         """-> (linear(norm(x + residual)), x + residual); residual None: the stream is x."""
-        h, stream = norm.add_forward(x, residual)
+        if self.add_rms_norm is not None:
+            h, stream = self.add_rms_norm(x, residual, norm.weight, norm.eps)
+        else:
+            h, stream = norm.add_forward(x, residual)
         return self.linear(h, linear), stream
 
     def mlp_down(self, gate_up: torch.Tensor, mlp) -> torch.Tensor:
         """(T, 2I) [gate | up] -> down(silu(gate) * up)."""
+        if self.silu_and_mul is not None:
+            return self.linear(self.silu_and_mul(gate_up), mlp.down_proj)
         return mlp.down(gate_up)
 
 
@@ -194,8 +213,8 @@ class FusedLayerKernels(LayerKernels):
     that says so. invariant: the batch-invariant kernels (a row's bits the same for any row
     count up to 16); else the M = 1 tiles."""
 
-    def __init__(self, invariant: bool, linear: Callable):
-        super().__init__(linear)
+    def __init__(self, invariant: bool, linear: Callable, **unfused):
+        super().__init__(linear, **unfused)
         self.invariant = invariant
         self.mode = "invariant" if invariant else "row"
 

@@ -96,25 +96,26 @@ class Eagle3Layer(nn.Module):
         use their fast tiles, not the batch-invariant ones the target needs: a draft's last bits
         do not matter to the output, only to which tokens it proposes. Returns (logits in the
         weights' dtype, out)."""
-        from engine.kernels.gemv import gemv, rms_norm_gemv, silu_mul_gemv
+        from engine.kernels.gemv import gemv
         from engine.kernels.norm import embed_pair_norm
         from engine.ops import _ROW_GEMV
 
         T, H = hidden.shape
-        row_tile = _ROW_GEMV if T == 1 else None  # the tuned M = 1 tile (o_proj, down)
+        fast = ops.invariance.row_kernels  # fused norm / activation + GEMV where FUSED_TILES says it pays
         x = embed_pair_norm(input_ids, embed_weight, hidden, self.input_layernorm.weight, self.hidden_norm.weight,
                             self.input_layernorm.eps, self.hidden_norm.eps)
         residual = x[:, H:] if self.norm_before_residual else hidden
-        qkv = gemv(x, self.self_attn.qkv_proj.weight)
+        qkv = fast.linear(x, self.self_attn.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
                                v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
         o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention)
-        attn_out = gemv(o.reshape(T, self.q_size), self.self_attn.o_proj.weight, config=row_tile)
-        post = self.post_attention_layernorm
-        gate_up, h = rms_norm_gemv(attn_out, residual, post.weight, post.eps, self.mlp.gate_up_proj.weight)
-        mlp_out = silu_mul_gemv(gate_up, self.mlp.down_proj.weight, config=row_tile)
-        logits, out = rms_norm_gemv(mlp_out, h, final_norm.weight, final_norm.eps, lm_head.weight)
+        o_proj = self.self_attn.o_proj
+        attn_out = gemv(o.reshape(T, self.q_size), o_proj.weight, config=_ROW_GEMV) if T == 1 else fast.linear(
+            o.reshape(T, self.q_size), o_proj)
+        gate_up, h = fast.norm_linear(attn_out, residual, self.post_attention_layernorm, self.mlp.gate_up_proj)
+        mlp_out = fast.mlp_down(gate_up, self.mlp)
+        logits, out = fast.norm_linear(mlp_out, h, final_norm, lm_head)
         return logits, out
 
 
