@@ -127,3 +127,46 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
         err_kernels = (got.float() - want.float()).abs().max().item()
         err_torch = (torch_bf16.float() - want.float()).abs().max().item()
         assert err_kernels <= max(3 * err_torch, rel / 3 * scale), (err_kernels, err_torch, scale)
+
+
+@pytest.mark.parametrize("device,dtype,rel", CASES)
+def test_pick_step_equals_pick_then_step(device, dtype, rel, monkeypatch):
+    """Eagle3Draft.pick_step (the greedy loop's lean draft step) against argmax_pick_ref, the
+    row's hidden state and forward(): the same token, logits, state and cache rows."""
+    from engine.kernels.pick import argmax_pick_ref
+
+    monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", True)
+    monkeypatch.setattr(eagle3_module, "LEAN_DRAFT", True)
+    dev = torch.device(device)
+    dc = DraftConfig.from_hf(head_config(TARGET, 256, (2, 15, 27)), TARGET)
+    torch.manual_seed(0)
+    d = Eagle3Draft(dc, TARGET, 64, _ops())
+    with torch.no_grad():
+        for n, p in d.named_parameters():
+            p.normal_(0, 0.05)
+            if n.endswith("norm.weight"):
+                p.add_(1.0)
+        d.d2t.copy_(torch.randint(0, TARGET.vocab_size - 256, (256,)))
+    d = d.to(dev, dtype).eval()
+    d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), 64).to(dev)
+    assert d.lean
+    embed = torch.nn.Embedding(TARGET.vocab_size, TARGET.hidden_size).to(dev, dtype)
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(6, 256, generator=g).to(dev, dtype)
+    hidden = torch.randn(6, TARGET.hidden_size, generator=g).to(dev, dtype)
+    pos = torch.tensor([9], device=dev)
+    caches = [KVCache(1, 64, dc.num_kv_heads, dc.head_dim, dtype, dev) for _ in range(2)]
+    for c in caches:  # the same earlier rows in both
+        c.k[0][:9] = torch.randn(9, dc.num_kv_heads, dc.head_dim, generator=torch.Generator().manual_seed(3)).to(dev, dtype)
+        c.v[0][:9] = c.k[0][:9] * 0.5
+    for row in (torch.tensor(4, device=dev), None):
+        slots = [torch.full((3,), -1, dtype=torch.long, device=dev) for _ in range(2)]
+        with torch.inference_mode():
+            got_logits, got_out = d.pick_step(logits, row, slots[0][1:2], hidden, pos, embed, caches[0], start_pos=9)
+            argmax_pick_ref(logits, d.d2t, slots[1][1:2], row)
+            r = 0 if row is None else int(row)
+            want_logits, want_out = d(slots[1][1:2], pos, hidden[r:r + 1], False, embed, caches[1], start_pos=9,
+                                      fp32_logits=False)
+        assert slots[0].tolist() == slots[1].tolist() and slots[0][1] >= 0
+        for got, want in ((got_logits, want_logits), (got_out, want_out), (caches[0].k[0][:10], caches[1].k[0][:10])):
+            _assert_close_rel(got, want, rel if device == "cpu" else 1e-6)
