@@ -89,24 +89,21 @@ class Eagle3Layer(nn.Module):
 
 
     def lean_forward(self, input_ids, embed_weight, hidden, positions, start_pos, cos_sin_table, k_cache, v_cache,
-                     ops, final_norm: RMSNorm, lm_head: nn.Linear, x: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     ops, final_norm: RMSNorm, lm_head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
         """fused_forward plus the lm_head, in fewer launches: the embedding lookup, both input norms
         and their concatenation in one (embed_pair_norm); each later norm rides on the projection
         after it (rms_norm_gemv), SiLU-and-mul on the down projection (silu_mul_gemv). The GEMVs
         use their fast tiles, not the batch-invariant ones the target needs: a draft's last bits
         do not matter to the output, only to which tokens it proposes. Returns (logits in the
-        weights' dtype, out). x: the normed input pair when the caller made it already
-        (Eagle3Draft.pick_step)."""
+        weights' dtype, out)."""
         from engine.kernels.gemv import gemv
         from engine.kernels.norm import embed_pair_norm
         from engine.ops import _ROW_GEMV
 
         T, H = hidden.shape
         fast = ops.invariance.row_kernels  # fused norm / activation + GEMV where FUSED_TILES says it pays
-        if x is None:
-            x = embed_pair_norm(input_ids, embed_weight, hidden, self.input_layernorm.weight, self.hidden_norm.weight,
-                                self.input_layernorm.eps, self.hidden_norm.eps)
+        x = embed_pair_norm(input_ids, embed_weight, hidden, self.input_layernorm.weight, self.hidden_norm.weight,
+                            self.input_layernorm.eps, self.hidden_norm.eps)
         residual = x[:, H:] if self.norm_before_residual else hidden
         qkv = fast.linear(x, self.self_attn.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -159,19 +156,6 @@ class Eagle3Draft(nn.Module):
         kernel = self.ops.attention if self.ops is not None else None  # Triton on CUDA
         out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel)
         return self.lm_head(self.norm(out)).float(), out
-
-    def pick_step(self, logits, row, slot, hidden, positions, embed: nn.Embedding, kv, start_pos: int | None = None):
-        """A draft step on the token it picks itself (lean path, CUDA): the argmax of logits[row]
-        (a 0-dim device tensor; None: row 0) as a target id is written to slot (1 element), and
-        the step runs on it with hidden[row] as its input state. One launch fewer than
-        argmax_pick then forward(). Returns (logits in the weights' dtype, out (1, H))."""
-        from engine.kernels.norm import pick_embed_pair_norm
-
-        m = self.midlayer
-        x, h = pick_embed_pair_norm(logits, self.d2t, row, slot, embed.weight, hidden, m.input_layernorm.weight,
-                                    m.hidden_norm.weight, m.input_layernorm.eps, m.hidden_norm.eps)
-        return m.lean_forward(slot, embed.weight, h, positions, start_pos, self.cos_sin, kv.k[0], kv.v[0], self.ops,
-                              self.norm, self.lm_head, x=x)
 
     @property
     def lean(self) -> bool:

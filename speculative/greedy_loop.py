@@ -144,20 +144,12 @@ class GreedyIteration(WholeIteration):
         states = spec._target_states(out.aux_hidden, out.hidden)
         d_logits, hidden = spec.draft(chain.window, self.positions, states, True, spec.embed, spec.kv, start_pos=n,
                                       fp32_logits=not lean)
-        n_next = None if n is None else n + int(chain.accepted) + 1
-        if lean:  # each step picks its own input token: one launch fewer a step
-            row = chain.accepted  # the extend's last accepted row starts the chain
-            for s in range(self.k - 1):
-                start = None if n_next is None else min(n_next + s, self.last_pos)
-                d_logits, hidden = spec.draft.pick_step(d_logits, row, self.ids[s + 1:s + 2], hidden,
-                                                        self.draft_pos[s:s + 1], spec.embed, spec.kv, start)
-                row = None
-            argmax_pick(d_logits, spec.draft.d2t, self.ids[self.k:], row)
-            return
-        d_logits = d_logits.index_select(0, chain.accepted.view(1))
         d_hidden = hidden.index_select(0, chain.accepted.view(1))
+        n_next = None if n is None else n + int(chain.accepted) + 1
+        row = chain.accepted  # the draft's logits at the last accepted row start the chain
         for s in range(self.k):
             slot = self.ids[s + 1:s + 2]  # draft token s + 1, and the next step's input
-            argmax_pick_ref(d_logits, spec.draft.d2t, slot)
+            (argmax_pick if lean else argmax_pick_ref)(d_logits, spec.draft.d2t, slot, row)
+            row = None
             if s < self.k - 1:
-                d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n_next)
+                d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n_next, fp32_logits=not lean)

@@ -47,40 +47,18 @@ def _kernels():
     @triton.jit
     def embed_pair_norm_kernel(
         ids_ptr, table_ptr, b_ptr, wa_ptr, wb_ptr, out_ptr,
-        logits_ptr, row_ptr, offsets_ptr, b_out_ptr,
-        hidden, stride_table, stride_b, stride_out, eps_a, eps_b, vocab, stride_logits,
-        BLOCK: tl.constexpr, PICK: tl.constexpr, HAS_ROW: tl.constexpr, BLOCK_V: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        hidden, stride_table, stride_b, stride_out, eps_a, eps_b,
+        BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        row = tl.program_id(0)  # the output row
-        src = row.to(tl.int64)  # the row of b (and of logits) read
+        row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         ok = offs < hidden
-        if PICK:  # one program: the token is the argmax of a logits row, mapped by offsets
-            if HAS_ROW:
-                src = tl.load(row_ptr).to(tl.int64)
-            lbase = logits_ptr + src * stride_logits
-            best = tl.full([BLOCK_V], float("-inf"), tl.float32)
-            best_i = tl.zeros([BLOCK_V], tl.int32)
-            for v0 in range(0, vocab, BLOCK_V):  # per lane: the first maximum of its slice
-                voffs = v0 + tl.arange(0, BLOCK_V)
-                x = tl.load(lbase + voffs, mask=voffs < vocab, other=float("-inf")).to(tl.float32)
-                better = x > best
-                best = tl.where(better, x, best)
-                best_i = tl.where(better, voffs, best_i)
-            top = tl.max(best, axis=0)
-            token = tl.minimum(tl.min(tl.where(best == top, best_i, vocab), axis=0), vocab - 1)
-            token = token + tl.load(offsets_ptr + token)
-            tl.store(ids_ptr, token.to(ids_ptr.dtype.element_ty))
-        else:
-            token = tl.load(ids_ptr + row)
+        token = tl.load(ids_ptr + row)
         a = tl.load(table_ptr + token * stride_table + offs, mask=ok, other=0.0)
-        b = tl.load(b_ptr + src * stride_b + offs, mask=ok, other=0.0)
-        if PICK:
-            tl.store(b_out_ptr + offs, b, mask=ok)  # the row picked from b, for the caller
+        b = tl.load(b_ptr + row * stride_b + offs, mask=ok, other=0.0)
         af, bf = a.to(tl.float32), b.to(tl.float32)
         inv_a = tl.rsqrt(tl.sum(af * af, axis=0) / hidden + eps_a)
         inv_b = tl.rsqrt(tl.sum(bf * bf, axis=0) / hidden + eps_b)
@@ -146,53 +124,19 @@ def embed_pair_norm(ids: torch.Tensor, table: torch.Tensor, b: torch.Tensor, wei
     CUDA (or the Triton interpreter); no host sync; one program per row.
     """
     num_rows, hidden = b.shape
-    assert ids.shape == (num_rows,)
+    assert ids.shape == (num_rows,) and table.dim() == 2 and table.shape[1] == hidden and table.stride(1) == 1
+    assert b.stride(1) == 1 and weight_a.shape == weight_b.shape == (hidden,) and table.dtype == b.dtype
     out = torch.empty((num_rows, 2 * hidden), dtype=b.dtype, device=b.device)
-    _launch_pair(ids, table, b, weight_a, weight_b, eps_a, eps_b, out, num_rows)
-    return out
-
-
-def pick_embed_pair_norm(logits: torch.Tensor, offsets: torch.Tensor, row: torch.Tensor | None, ids_out: torch.Tensor,
-                         table: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor,
-                         eps_a: float, eps_b: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """argmax_pick and then embed_pair_norm of that one token, in one launch: the next draft
-    step's input straight from the last one's logits.
-
-    The token i + offsets[i], i = argmax(logits[row]) (ties: lowest index), is written to ids_out
-    (1 element); b's row `row` (a 0-dim device tensor; None: row 0) is the hidden half. Returns
-    (x (1, 2H), that row of b (1, H))."""
-    hidden = b.shape[1]
-    assert logits.dim() == 2 and logits.stride(1) == 1 and offsets.shape == (logits.shape[1],) and ids_out.numel() == 1
-    out = torch.empty((1, 2 * hidden), dtype=b.dtype, device=b.device)
-    b_row = torch.empty((1, hidden), dtype=b.dtype, device=b.device)
-    _launch_pair(ids_out, table, b, weight_a, weight_b, eps_a, eps_b, out, 1, (logits, row, offsets, b_row))
-    return out, b_row
-
-
-def _launch_pair(ids, table, b, weight_a, weight_b, eps_a, eps_b, out, programs, pick=None) -> None:
-    hidden = b.shape[1]
-    assert table.dim() == 2 and table.shape[1] == hidden and table.stride(1) == 1 and table.dtype == b.dtype
-    assert b.stride(1) == 1 and weight_a.shape == weight_b.shape == (hidden,)
-    logits, row, offsets, b_out = pick if pick is not None else (out, None, out, out)
     block = next_pow2(hidden)
-    _kernels()[1][(programs,)](
-        ids, table, b, weight_a, weight_b, out, logits, row if row is not None else ids, offsets, b_out,
-        hidden, table.stride(0), b.stride(0), out.stride(0), eps_a, eps_b, logits.shape[1], logits.stride(0),
-        BLOCK=block, PICK=pick is not None, HAS_ROW=row is not None, BLOCK_V=2048,
-        num_warps=min(16, max(4, block // 256)) if pick is None else 8, **pdl_args(b.device),
+    _kernels()[1][(num_rows,)](
+        ids, table, b, weight_a, weight_b, out,
+        hidden, table.stride(0), b.stride(0), out.stride(0), eps_a, eps_b,
+        BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl_args(b.device),
     )
+    return out
 
 
 def embed_pair_norm_ref(ids, table, b, weight_a, weight_b, eps_a, eps_b) -> torch.Tensor:
     """Reference and CPU path."""
     a = F.embedding(ids, table)
     return torch.cat([add_rms_norm_ref(a, None, weight_a, eps_a)[0], add_rms_norm_ref(b, None, weight_b, eps_b)[0]], dim=-1)
-
-
-def pick_embed_pair_norm_ref(logits, offsets, row, ids_out, table, b, weight_a, weight_b, eps_a, eps_b):
-    """Reference and CPU path."""
-    x = logits[0] if row is None else logits.index_select(0, row.view(1))[0]
-    i = x.argmax().view(1)
-    ids_out.view(1).copy_(i + offsets[i])
-    b_row = b[:1] if row is None else b.index_select(0, row.view(1))
-    return embed_pair_norm_ref(ids_out.view(1), table, b_row, weight_a, weight_b, eps_a, eps_b), b_row

@@ -23,9 +23,7 @@ if INTERPRET:
 
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
-from engine.kernels.norm import (  # noqa: E402
-    add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref, pick_embed_pair_norm, pick_embed_pair_norm_ref,
-)
+from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref  # noqa: E402
 from engine.kernels.pick import ChainState, argmax_pick, argmax_pick_ref, greedy_verify, greedy_verify_ref  # noqa: E402
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 
@@ -314,32 +312,6 @@ def test_argmax_pick(device, dtype, vocab, with_row):
             want = argmax_pick_ref(x, offs, torch.full((1,), -1, dtype=torch.long, device=device), row)
             i = int(x[r].float().argmax())
             assert int(got) == int(want) == i + (int(offsets[i]) if offs is not None else 0), (case, offs is None)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("vocab,hidden", [(6144, 576), (7, 64), (32000, 4096)])
-@pytest.mark.parametrize("with_row", [False, True])
-def test_pick_embed_pair_norm(device, dtype, vocab, hidden, with_row):
-    gen = torch.Generator().manual_seed(vocab + hidden)
-    target_vocab = vocab + 50
-    logits = torch.randn(6, vocab, generator=gen).to(device, dtype)
-    offsets = torch.randint(0, 51, (vocab,), generator=gen).to(device)  # draft id -> target id offsets
-    table = torch.randn(target_vocab, hidden, generator=gen).to(device, dtype)
-    b = (torch.randn(6, hidden, generator=gen) * 3).to(device, dtype)
-    wa, wb = ((1 + 0.1 * torch.randn(hidden, generator=gen)).to(device, dtype) for _ in range(2))
-    row = torch.tensor(3, device=device) if with_row else None
-    logits[3 if with_row else 0, vocab // 2] = 50  # a clear maximum
-    slots = [torch.full((4,), -1, dtype=torch.long, device=device) for _ in range(2)]
-    x, b_row = pick_embed_pair_norm(logits, offsets, row, slots[0][2:3], table, b, wa, wb, 1e-5, 1e-6)
-    want_x, want_row = pick_embed_pair_norm_ref(logits, offsets, row, slots[1][2:3], table, b, wa, wb, 1e-5, 1e-6)
-    token = vocab // 2 + int(offsets[vocab // 2])
-    assert slots[0].tolist() == slots[1].tolist() == [-1, -1, token, -1]
-    assert torch.equal(b_row, want_row) and torch.equal(want_row, b[3:4] if with_row else b[:1])
-    assert x.shape == (1, 2 * hidden)
-    torch.testing.assert_close(x, want_x, **tol(device, dtype))
-    if device == "cuda":  # the same bits as the two kernels it replaces
-        assert torch.equal(x, embed_pair_norm(slots[0][2:3], table, b_row, wa, wb, 1e-5, 1e-6))
 
 
 def _chain_case(k: int, vocab: int, agree: int, n: int, last_pos: int, device, dtype, gen):
