@@ -218,15 +218,21 @@ class FusedLayerKernels(LayerKernels):
         self.invariant = invariant
         self.mode = "invariant" if invariant else "row"
 
+    def _tile(self, kernel: str, weight: torch.Tensor, rows: int):
+        tile = fused_tile(self.mode, kernel, *weight.shape)
+        if self.mode == "row" and rows > 1 and isinstance(tile, GemvConfig):
+            return None  # the row tiles are M = 1 tiles: the built-in table's tile for this M
+        return tile
+
     def norm_linear(self, x, residual, norm, linear):
-        tile = fused_tile(self.mode, "rms_norm_gemv", *linear.weight.shape)
+        tile = self._tile("rms_norm_gemv", linear.weight, x.shape[0])
         if tile == UNFUSED:
             return super().norm_linear(x, residual, norm, linear)
         return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant)
 
     def mlp_down(self, gate_up, mlp):
         down = mlp.down_proj
-        tile = fused_tile(self.mode, "silu_mul_gemv", *down.weight.shape)
+        tile = self._tile("silu_mul_gemv", down.weight, gate_up.shape[0])
         if tile == UNFUSED:
             return super().mlp_down(gate_up, mlp)
         return silu_mul_gemv(gate_up, down.weight, down.bias, tile, self.invariant)

@@ -207,7 +207,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
             assert residual.shape == x.shape and residual.stride(1) == 1
             new_res = torch.empty_like(x, memory_format=torch.contiguous_format)
             res, new_res_arg = residual, new_res
-    tiles = -(-n // cfg.block_n)
+    block_n = max(16, cfg.block_n) if dot else cfg.block_n  # tl.dot needs 16 columns or more
+    tiles = -(-n // block_n)
     k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
     if cfg.split_k > 1:
         assert tiles <= _MAX_TILES
@@ -224,7 +225,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         DOT_F32=x.dtype == torch.float32 or interpreting,
         SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
         BLOCK_M=MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows))),
-        BLOCK_N=max(16, cfg.block_n) if dot else cfg.block_n, BLOCK_K=cfg.block_k,
+        BLOCK_N=block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device),
         LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES,
     )
