@@ -200,6 +200,8 @@ _FUSE_ALL = os.environ.get("LOCALCHAT_FUSE") == "all"
 def fused_tile(mode: str, kernel: str, n: int, k: int) -> GemvConfig | str | None:
     """FUSED_TILES' entry: a GemvConfig, UNFUSED, or None (fuse with the built-in tile)."""
     tile = FUSED_TILES.get((mode, kernel, n, k))
+    if tile is None and kernel == "rms_norm_gemv" and k >= 4096:
+        tile = UNFUSED  # as every such shape measured: each program's rms pre-pass over K costs more than it saves
     if tile == UNFUSED and _FUSE_ALL:
         tile = None
     if tile is None and mode == "row" and kernel == "silu_mul_gemv":
@@ -219,10 +221,11 @@ class FusedLayerKernels(LayerKernels):
         self.mode = "invariant" if invariant else "row"
 
     def _tile(self, kernel: str, weight: torch.Tensor, rows: int):
-        tile = fused_tile(self.mode, kernel, *weight.shape)
-        if self.mode == "row" and rows > 1 and isinstance(tile, GemvConfig):
-            return None  # the row tiles are M = 1 tiles: the built-in table's tile for this M
-        return tile
+        if self.mode == "row" and rows > 1:
+            # Several rows (a draft-extend): the "invariant" entries, measured on 6 and 16 rows,
+            # with the built-in tile for this row count; the row tiles are M = 1 tiles.
+            return fused_tile("invariant", kernel, *weight.shape)
+        return fused_tile(self.mode, kernel, *weight.shape)
 
     def norm_linear(self, x, residual, norm, linear):
         tile = self._tile("rms_norm_gemv", linear.weight, x.shape[0])

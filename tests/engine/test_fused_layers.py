@@ -87,6 +87,16 @@ def test_fused_tiles_table(monkeypatch):
     assert ops_module.fused_tile("invariant", "rms_norm_gemv", 960, 576) is None
     assert ops_module.fused_tile("row", "silu_mul_gemv", 576, 1536) is ops_module._ROW_GEMV
     assert ops_module.fused_tile("row", "rms_norm_gemv", 28672, 4096) == ops_module.UNFUSED
+    # not listed, K >= 4096: unfused (an 8B-shaped head's lm_head), unless a tile is listed
+    assert ops_module.fused_tile("row", "rms_norm_gemv", 32000, 4096) == ops_module.UNFUSED
+    monkeypatch.setitem(ops_module.FUSED_TILES, ("row", "rms_norm_gemv", 32000, 4096), cfg)
+    assert ops_module.fused_tile("row", "rms_norm_gemv", 32000, 4096) is cfg
+    # a row-mode kernel set on several rows (a draft-extend) reads the invariant entries
+    row = FusedLayerKernels(invariant=False, linear=None)
+    w = torch.empty(4096, 14336)
+    assert row._tile("silu_mul_gemv", w, 1) is ops_module._ROW_GEMV
+    assert row._tile("silu_mul_gemv", w, 6) == ops_module.UNFUSED
+    assert row._tile("silu_mul_gemv", torch.empty(576, 3072), 6) is None
     for (mode, kernel, _, _), tile in ops_module.FUSED_TILES.items():
         assert mode in ("row", "invariant") and kernel in ("rms_norm_gemv", "silu_mul_gemv")
         assert tile == ops_module.UNFUSED or isinstance(tile, ops_module.GemvConfig)
