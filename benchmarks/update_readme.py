@@ -78,12 +78,29 @@ def rows() -> list[str]:
                    f"{lc.get('verify_ms', 0):.2f} ms + {b['draft_steps'] - 1} draft steps x "
                    f"{lc.get('draft_step_ms', 0):.2f} ms + extend {lc.get('extend_ms', 0):.2f} ms) | "
                    f"{s['decode_tok_s'] / max(lc.get('ideal_tok_s', 1), 1e-9) * 100:.0f}% of ideal | >= 85% |")
-    out.append(_spec_row("h200_demo_spec_session8.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
+    out.append(_spec_row("h200_demo_spec_session9.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
                          "k = 5 (plain decode with a head loaded runs batch-invariant projections)", ">= 2.5x, >= 3.5"))
+    out.append(_spec_row("h200_demo_spec_p16_session9.json", "shipped head, 16 held-out prompts (the 8 above and 8 more)", ""))
+    b = _load("h200_variants_lean_session9.json")
+    for mode, r in (b or {}).get("results", {}).get("demo", {}).items():
+        if mode != "speculative":
+            continue
+        new, old = r["base"], r["lean_off"]
+        out.append(f"| greedy iteration with the lean draft step and one-launch acceptance vs session 8's, demo model + "
+                   f"head, 8 held-out prompts, one process (`benchmarks/variants.py`), same tokens: "
+                   f"{old['same_tokens_as_first']} | {new['tok_s']:.0f} tok/s | {old['tok_s']:.0f} tok/s | "
+                   f"{new['tok_s'] / old['tok_s']:.2f}x | |")
+    b = _load("h200_variants_lean_8b_session9.json")
+    r = (b or {}).get("results", {}).get("llama-8b", {}).get("speculative")
+    if r:
+        new, old = r["base"], r["lean_off"]
+        out.append(f"| the same, 8B shape, random head, forced accept length 4 (draft step {new['parts_ms']['draft_step_ms']:.3f} "
+                   f"vs {old['parts_ms']['draft_step_ms']:.3f} ms, extend {new['parts_ms']['extend_ms']:.3f} vs "
+                   f"{old['parts_ms']['extend_ms']:.3f} ms) | {new['tok_s']:.0f} tok/s | {old['tok_s']:.0f} tok/s | "
+                   f"{new['tok_s'] / old['tok_s']:.2f}x | |")
+    out.append(_spec_row("h200_demo_spec_session8.json", "shipped head with session 8's build, 8 held-out prompts", ""))
     out.append(_spec_row("h200_demo_spec_oldhead_session8.json", "the head it replaced (1536-wide MLP, 8192-token "
-                         "vocabulary), same prompts, same machine, minutes apart", ""))
-    out.append(_spec_row("h200_demo_spec_p16_session8.json", "shipped head, 16 held-out prompts (the 8 above and 8 more)", ""))
-    out.append(_spec_row("h200_demo_spec_p16_oldhead_session8.json", "the head it replaced, the same 16 prompts", ""))
+                         "vocabulary), session 8's build, same prompts, same machine, minutes apart", ""))
     b = _load("h200_demo_spec.json")
     if b:
         out.append(f"| start-up (load + graph capture, in the bench process), demo model + head, warm start "
@@ -124,8 +141,10 @@ def rows() -> list[str]:
                    f"identical, accept length {check['accept_len_mean']:.2f} | | | all |")
     out.append(_spec_row("h200_demo_mtp.json", "demo model + shipped 2-layer chain-MTP (`--draft demo-mtp`), greedy, "
                          "held-out prompts, k = 2 (measured with an earlier build)", ""))
-    out.append(_spec_row("h200_demo_spec_t07_session8.json", "demo model + shipped head, temperature 0.7, 8 held-out prompts", ""))
-    out.append(_spec_row("h200_demo_spec_t07_oldhead_session8.json", "the head it replaced, temperature 0.7, the same prompts", ""))
+    out.append(_spec_row("h200_demo_spec_t07_session9.json", "demo model + shipped head, temperature 0.7, 8 held-out prompts", ""))
+    out.append(_spec_row("h200_demo_spec_t07_session8.json", "the same with session 8's build", ""))
+    out.append(_spec_row("h200_demo_spec_t07_oldhead_session8.json", "the head it replaced, temperature 0.7, the same prompts "
+                         "(session 8)", ""))
     b = _load("h200_demo_sampled_cuts.json")
     for r in (b or {}).get("rows", []):
         out.append(f"| demo model + the session-4 head, {_sampling_label(r['sampling'])}, seeded, "
