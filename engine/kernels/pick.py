@@ -8,7 +8,7 @@ A draft with a reduced vocabulary maps its ids to the target's this way (EAGLE-3
 target = draft + d2t[draft]). One launch replaces an argmax, a gather, an add and a copy
 per draft token; the row index is read on the device (the last accepted row of a
 draft-extend), so it needs no host sync and is safe to capture in a CUDA graph.
-Ties go to the lowest index, as torch.argmax.
+Ties go to the lowest index, as torch.argmax (which, unlike these, would pick a NaN).
 """
 
 from __future__ import annotations
@@ -19,16 +19,31 @@ import torch
 
 from . import pdl_args
 
-triton = tl = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = row_argmax = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 2048  # logits per loop step of the single program
 
 
 @functools.cache
 def _kernels():
-    global triton, tl
+    global triton, tl, row_argmax  # module globals: the kernels below call row_argmax by name
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def row_argmax(base, vocab, BLOCK: tl.constexpr):
+        """The index of the largest of vocab values at base (ties and all -inf: the lowest;
+        NaN never wins, unlike torch.argmax)."""
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_i = tl.zeros([BLOCK], tl.int32)
+        for v0 in range(0, vocab, BLOCK):  # per lane: the first maximum of its strided slice
+            offs = v0 + tl.arange(0, BLOCK)
+            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+            better = x > best
+            best = tl.where(better, x, best)
+            best_i = tl.where(better, offs, best_i)
+        top = tl.max(best, axis=0)
+        return tl.min(tl.where(best == top, best_i, vocab), axis=0)  # the lowest lane index holding it
 
     @triton.jit
     def argmax_pick_kernel(logits_ptr, row_ptr, offsets_ptr, out_ptr, vocab, stride_row,
@@ -40,18 +55,7 @@ def _kernels():
         base = logits_ptr
         if HAS_ROW:
             base += tl.load(row_ptr) * stride_row
-        best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_i = tl.zeros([BLOCK], tl.int32)
-        for v0 in range(0, vocab, BLOCK):  # per lane: the first maximum of its strided slice
-            offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
-            better = x > best
-            best = tl.where(better, x, best)
-            best_i = tl.where(better, offs, best_i)
-        top = tl.max(best, axis=0)
-        # the lowest index among the lanes that hold the maximum
-        idx = tl.min(tl.where(best == top, best_i, vocab), axis=0)
-        idx = tl.minimum(idx, vocab - 1)  # every logit NaN or -inf: index vocab - 1, not out of range
+        idx = row_argmax(base, vocab, BLOCK)
         if HAS_OFFSETS:
             idx = idx + tl.load(offsets_ptr + idx)
         tl.store(out_ptr, idx.to(out_ptr.dtype.element_ty))
@@ -64,17 +68,7 @@ def _kernels():
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         r = tl.program_id(0)
-        base = logits_ptr + r * stride_row
-        best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_i = tl.zeros([BLOCK], tl.int32)
-        for v0 in range(0, vocab, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
-            better = x > best
-            best = tl.where(better, x, best)
-            best_i = tl.where(better, offs, best_i)
-        top = tl.max(best, axis=0)
-        choice = tl.minimum(tl.min(tl.where(best == top, best_i, vocab), axis=0), vocab - 1)
+        choice = row_argmax(logits_ptr + r * stride_row, vocab, BLOCK)
         tl.store(choice_ptr + r, choice.to(tl.int64))
         tl.debug_barrier()  # the choice is written before the counter moves
         arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
