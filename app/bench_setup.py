@@ -114,11 +114,12 @@ def bench_prompts(engine, args) -> tuple[list[list[int]], str]:
         vocab = engine.runner.config.vocab_size
         ids = [torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)]
         return ids, f"random token ids, {args.prompt_tokens} each"
-    prompts, source = chat_prompts_from(args.prompts)
+    prompts, source = chat_prompts_from(args.prompts, getattr(args, "prompt_set", "chitchat"))
     return [engine.tokenizer.apply_chat_template(m) for m in prompts], source
 
 
 HELD_OUT = "held-out chitchat conversations"
+HELD_OUT_INSTRUCT = "held-out built-in instruction prompts (speculative/instruct_prompts.py)"
 BUILT_IN = "built-in prompts (the chitchat data set is not in the cache)"
 
 
@@ -126,11 +127,18 @@ def chat_prompts(n: int) -> list[list[dict]]:
     return chat_prompts_from(n)[0]
 
 
-def chat_prompts_from(n: int) -> tuple[list[list[dict]], str]:
+def chat_prompts_from(n: int, prompt_set: str = "chitchat") -> tuple[list[list[dict]], str]:
     """(prompts, HELD_OUT or BUILT_IN): the first user turns of held-out chitchat conversations
     (never used to train the shipped heads) when the data set is in the cache; otherwise the
     built-in prompts, on which the shipped head accepts less (H200: 2.3 against 3.0). Reports
-    say which, so figures from the two sets are never compared by mistake."""
+    say which, so figures from the two sets are never compared by mistake. prompt_set
+    "instruct": (the held-out instruction prompts of speculative/instruct_prompts.py, in a fixed
+    shuffle that mixes their kinds, HELD_OUT_INSTRUCT)."""
+    if prompt_set == "instruct":
+        from speculative.instruct_prompts import instruct_prompts, interleaved
+
+        held = interleaved(instruct_prompts(heldout=True), 0)
+        return [[{"role": "user", "content": p}] for p in (held * (1 + n // len(held)))[:n]], HELD_OUT_INSTRUCT
     try:
         from speculative.train_data import heldout_prompts
 

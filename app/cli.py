@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--new-tokens", type=int, default=256)
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--prompts", type=int, default=4, help="chat prompts to average over (real models)")
+    bench.add_argument("--prompt-set", choices=["chitchat", "instruct"], default="chitchat",
+                       help="held-out chitchat conversations (default), or held-out built-in instruction-style requests")
     bench.add_argument("--force-accept", type=int, default=None,
                        help="benchmark only: force this accepted length with a random-weight draft")
     bench.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
@@ -86,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--greedy-weight", type=float, default=None,
                        help="weight of an extra loss on the target's greedy token, which greedy verification accepts, beside the loss on the target's distribution (default 0.5; 0: the distribution only)")
     train.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
+    train.add_argument("--instruct-frac", type=float, default=None,
+                       help="share of the self-answered prompts taken from built-in instruction-style requests (lists, how-tos, explanations, code, short writing) instead of the conversations (default 0)")
     train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
     train.add_argument("--eval-prompts", type=int, default=None,
                        help="held-out prompts decoded with the saved head at the end (default: 8 GPU, 2 CPU)")

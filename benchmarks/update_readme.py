@@ -163,6 +163,10 @@ def rows() -> list[str]:
         t = b.get("transformers", {})
         out.append(f"| CPU (2 cores), demo model, fp32 | {b['plain']['decode_tok_s']:.1f} tok/s | transformers "
                    f"{t.get('decode_tok_s', 0):.1f} tok/s | {b.get('speedup_vs_transformers', 0):.2f}x | > 1x |")
+    out.append(_spec_row("cpu_demo_spec_chitchat_session9.json", "CPU (2 cores), demo model + shipped head, greedy, "
+                         "4 held-out chitchat prompts, 128 tokens", ""))
+    out.append(_spec_row("cpu_demo_spec_instruct_session9.json", "the same on 4 held-out instruction-style requests "
+                         "(`--prompt-set instruct`): the head, trained on small talk, drafts them poorly", ""))
     return [row for row in out if row is not None]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .mtp_config import MTPConfig
+from .instruct_prompts import instruct_note
 
 
 def layer_tensors(draft) -> dict[str, torch.Tensor]:
@@ -62,6 +63,7 @@ def layers_readme(p: dict) -> str:
         f"- Held-out split: {p['data']['split']}",
         f"- Self-distillation: labels are the target's own next-token distributions (top {t['top_k']} "
         f"tokens, renormalised); {p['data']['generated_responses']} greedy replies of the target were added.",
+        *instruct_note(p["data"]),
         "",
         "## Training",
         "",

@@ -53,6 +53,11 @@ class TrainOptions:
     cache_bytes: int = 2 << 30  # target features kept on the device (feature_cache_bytes sets it)
     mtp_layers: int = 3  # --kind mtp: chained MTP layers S, also k of the final check
     draft_intermediate: int = 0  # the head's MLP width (0: the target's intermediate size)
+    # Share of the generation prompts taken from speculative/instruct_prompts.py (requests for
+    # lists, how-tos, explanations, code and short writing) instead of the conversations; at
+    # most the ~4,200 training prompts there. 0 (default): conversations only, as the shipped
+    # heads were trained.
+    instruct_frac: float = 0.0
 
 
     def __post_init__(self) -> None:
@@ -64,6 +69,8 @@ class TrainOptions:
                             f"{self.gen_tokens} of reply")
         if not 0 <= self.gen_frac <= 1:
             raise UserError(f"--gen-frac must be in [0, 1], got {self.gen_frac}")
+        if not 0 <= self.instruct_frac <= 1:
+            raise UserError(f"--instruct-frac must be in [0, 1], got {self.instruct_frac}")
         if not 0 <= self.greedy_weight <= 100:
             raise UserError(f"--greedy-weight must be in [0, 100], got {self.greedy_weight}")
         if not 0 < self.lr < 1:
@@ -95,7 +102,8 @@ class TrainOptions:
                    eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
                    mtp_layers=int(opt("mtp_layers", 3, 3)), draft_intermediate=int(width or 0),
-                   gen_frac=float(opt("gen_frac", 0.85, 0.85)), greedy_weight=float(opt("greedy_weight", 0.5, 0.5)))
+                   gen_frac=float(opt("gen_frac", 0.85, 0.85)), greedy_weight=float(opt("greedy_weight", 0.5, 0.5)),
+                   instruct_frac=float(opt("instruct_frac", 0.0, 0.0)))
 
 
 def feature_cache_bytes(opts: TrainOptions, device: torch.device) -> TrainOptions:
@@ -319,7 +327,7 @@ def _command(args, resume: bool | None = None) -> str:
     parts = ["localchat", "train-draft"]
     for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "draft_intermediate", "steps", "device",
                  "time_budget", "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_frac", "greedy_weight",
-                 "gen_tokens", "eval_every", "eval_prompts", "seed"):
+                 "gen_tokens", "instruct_frac", "eval_every", "eval_prompts", "seed"):
         value = getattr(args, name, None)
         if name in (("draft_vocab", "draft_intermediate", "ttt_steps") if getattr(args, "kind", None) == "mtp"
                     else ("mtp_layers",)):

@@ -15,6 +15,7 @@ import torch
 from engine.errors import UserError
 
 from .progress import log as _log
+from .instruct_prompts import SPLIT_RULE as INSTRUCT_SPLIT
 from .train_data import (
     SPLIT_RULE,
     Conversation,
@@ -44,12 +45,14 @@ class TrainData:
     gen: list[Sequence]  # the target's greedy replies to training prompts
     val_gen: list[Sequence]  # ... and to held-out first turns
     cached_replies: int = 0  # of gen + val_gen, taken from the reply cache
+    instruct_prompts: int = 0  # of the prompts behind gen, from instruct_prompts.py
 
     def provenance(self) -> dict:
         return {**self.source, "split": SPLIT_RULE, "conversations": len(self.convs),
                 "train_conversations": len(self.train_convs), "heldout_conversations": len(self.held),
                 "train_tokens": sum(len(s.ids) for s in self.text), "generated_responses": len(self.gen),
-                "responses_from_cache": self.cached_replies,
+                "responses_from_cache": self.cached_replies, "instruct_prompts": self.instruct_prompts,
+                **({"instruct_split": INSTRUCT_SPLIT} if self.instruct_prompts else {}),
                 "generated_tokens": sum(len(s.ids) - s.response_start for s in self.gen),
                 "validation": f"the first {len(self.val_text)} held-out conversations and the target's replies to "
                               f"the first user turns of {len(self.val_gen)} held-out conversations"}
@@ -111,8 +114,8 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
             val_gen, n_val, new = replies_for(val_prompts, known, answer)
             added.update(new)
             gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
-            gen, n_gen, new = replies_for(_train_prompts(train_convs, tok, opts), known,
-                                          lambda ps: answer(ps, gen_deadline, _log))
+            prompts, n_instruct = _train_prompts(train_convs, tok, opts)
+            gen, n_gen, new = replies_for(prompts, known, lambda ps: answer(ps, gen_deadline, _log))
             added.update(new)
         except GenerationStopped as stop:  # Ctrl+C: the replies made so far serve the next run
             keep({**added, **stop.new})
@@ -125,10 +128,34 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
         _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts: {made:,} tokens in "
              f"{phases['generate_s']:.1f} s" + (f", {cached} of the replies from earlier runs" if cached else
                                                 f" ({made / max(phases['generate_s'], 1e-9):,.0f} tokens/s)"))
-    return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen, cached)
+    return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen, cached,
+                     n_instruct if opts.gen_prompts else 0)
 
 
-def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> list[list[int]]:
+def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> tuple[list[list[int]], int]:
+    """The prompts the target answers: --instruct-frac of them from instruct_prompts.py (its
+    training split, in a fixed shuffle; at most all of it), the rest from the conversations
+    (_conversation_prompts), interleaved evenly so that a generation cut short by the time budget
+    keeps the mix. Returns (prompts, how many are instruction prompts)."""
+    room = opts.seq_len - opts.gen_tokens - 1
+    instruct: list[list[int]] = []
+    if opts.instruct_frac > 0:
+        from .instruct_prompts import instruct_prompts, interleaved
+
+        want = round(opts.instruct_frac * opts.gen_prompts)
+        for text in interleaved(instruct_prompts(heldout=False), opts.seed + 2):
+            if len(instruct) == want:
+                break
+            ids = tok.apply_chat_template([{"role": "user", "content": text}])
+            if 0 < len(ids) <= room:
+                instruct.append(ids)
+    chats = _conversation_prompts(convs, tok, opts, opts.gen_prompts - len(instruct))
+    # each list's i-th item at (i + 0.5) / len: an even interleave, stable within each list
+    keyed = [((i + 0.5) / len(lst), j, ids) for j, lst in enumerate((chats, instruct)) for i, ids in enumerate(lst)]
+    return [ids for _, _, ids in sorted(keyed, key=lambda e: e[:2])], len(instruct)
+
+
+def _conversation_prompts(convs: list[Conversation], tok, opts: TrainOptions, count: int) -> list[list[int]]:
     """Prefixes of training conversations ending on a user turn, each short enough to leave
     room for a full reply. Taken in rounds over the shuffled conversations, one unused turn of
     each per round (in the first round the first turn for half of them), so --gen may ask for
@@ -140,9 +167,9 @@ def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> list[l
     free = {i: list(range(1, user_turns(convs[i].messages) + 1)) for i in order}
     out: list[list[int]] = []
     first_round = True
-    while len(out) < opts.gen_prompts and any(free.values()):
+    while len(out) < count and any(free.values()):
         for i in order:
-            if len(out) == opts.gen_prompts:
+            if len(out) == count:
                 break
             turns = free[i]
             if not turns:

@@ -40,7 +40,7 @@ def trained(tmp_path_factory):
     out = base / "head"
     args = Namespace(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=40,
                      device="cpu", seq_len=128, batch_tokens=512, gen=3, gen_tokens=16, eval_every=20,
-                     eval_prompts=2, lr=2e-3, time_budget=None)
+                     eval_prompts=2, lr=2e-3, time_budget=None, instruct_frac=0.34)
     assert cmd_train(args) == 0
     return target, data, out
 
@@ -53,6 +53,9 @@ def test_loss_falls_and_provenance(trained):
     assert prov["validation_history"] and prov["final_eval"]["step_acc"]
     assert prov["final_eval"]["speculator"]["identical"] == 2
     assert "sha256(id)" in prov["data"]["split"]
+    # --instruct-frac 0.34 of 3 prompts: one built-in instruction prompt, recorded with its split
+    assert prov["data"]["instruct_prompts"] == 1 and prov["data"]["generated_responses"] == 3
+    assert "sha256(text)" in prov["data"]["instruct_split"] and "--instruct-frac 0.34" in prov["command"]
     assert (out / "README.md").read_text().startswith("# EAGLE-3 draft head")
 
 
@@ -127,17 +130,53 @@ def test_train_prompts_use_every_conversation_before_any_twice():
             return [ord(c) for m in msgs for c in m["content"]] + [0]
 
     convs = [conv(i, 1 + i % 4) for i in range(10)]  # 25 user turns in all
-    opts = SimpleNamespace(seed=0, seq_len=330, gen_tokens=100, gen_prompts=12)
-    out = _train_prompts(convs, Tok(), opts)
-    assert len(out) == 12
+    opts = SimpleNamespace(seed=0, seq_len=330, gen_tokens=100, gen_prompts=12, instruct_frac=0.0)
+    out, n_instruct = _train_prompts(convs, Tok(), opts)
+    assert len(out) == 12 and n_instruct == 0
     first_ten = {bytes(p[:3]).decode() for p in out[:10]}
     assert len(first_ten) == 10  # every conversation once before any twice
     opts.gen_prompts = 100
-    out = _train_prompts(convs, Tok(), opts)
+    out, _ = _train_prompts(convs, Tok(), opts)
     # Each prompt ends on a user turn and leaves room for a reply; too-long later turns are skipped.
     assert all(len(p) <= opts.seq_len - opts.gen_tokens - 1 for p in out)
     assert len({tuple(p) for p in out}) == len(out)
     assert 10 < len(out) < 25
+
+
+def test_instruct_prompts_split_and_mix():
+    """The built-in instruction prompts: fixed, no duplicates, a held-out split by the same hash
+    rule as the conversations; --instruct-frac takes that share of the generation prompts from the
+    training split only, interleaved evenly with the conversations' prompts."""
+    from types import SimpleNamespace
+
+    from speculative.instruct_prompts import all_prompts, instruct_prompts
+    from speculative.train_data import Conversation, is_heldout
+    from speculative.train_prepare import _train_prompts
+
+    every = all_prompts()
+    assert len(every) == len(set(every)) > 4000
+    train, held = instruct_prompts(heldout=False), instruct_prompts(heldout=True)
+    assert set(train).isdisjoint(held) and len(train) + len(held) == len(every)
+    assert all(is_heldout(p) for p in held) and 0.03 < len(held) / len(every) < 0.07
+    assert any(p.startswith("Write a Python function") for p in train) and any("poem" in p for p in train)
+
+    class Tok:
+        def apply_chat_template(self, msgs):
+            return [ord(c) for m in msgs for c in m["content"]]
+
+    convs = [Conversation(id=str(i), messages=({"role": "user", "content": f"chat {i}"},
+                                               {"role": "assistant", "content": "ok"})) for i in range(40)]
+    opts = SimpleNamespace(seed=0, seq_len=600, gen_tokens=100, gen_prompts=40, instruct_frac=0.25)
+    out, n_instruct = _train_prompts(convs, Tok(), opts)
+    texts = ["".join(map(chr, p)) for p in out]
+    assert len(out) == 40 and n_instruct == 10 and sum(t in train for t in texts) == 10
+    assert not any(t in held for t in texts)
+    positions = [i for i, t in enumerate(texts) if t in train]
+    assert positions[0] < 8 and positions[-1] > 31  # spread over the whole list, not bunched
+    opts.instruct_frac = 1.0  # more than the set holds: all of its training split, then conversations
+    opts.gen_prompts = len(train) + 5
+    out, n_instruct = _train_prompts(convs, Tok(), opts)
+    assert n_instruct == len(train) and len(out) == len(train) + 5
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])
