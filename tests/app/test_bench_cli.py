@@ -30,6 +30,22 @@ def test_bench_reports_plain_speculative_and_the_peer(tmp_path, tiny_models, cap
     assert "plain decode" in table and "speculative decode" in table and "transformers generate" in table
 
 
+def test_bench_instruct_prompt_set(tmp_path, tiny_models):
+    """--prompt-set instruct asks held-out built-in instruction prompts, and says so."""
+    from app.bench_setup import HELD_OUT_INSTRUCT, chat_prompts_from
+    from speculative.instruct_prompts import instruct_prompts
+
+    prompts, which = chat_prompts_from(3, "instruct")
+    held = set(instruct_prompts(heldout=True))
+    assert which == HELD_OUT_INSTRUCT and len(prompts) == 3
+    assert all(len(m) == 1 and m[0]["role"] == "user" and m[0]["content"] in held for m in prompts)
+    assert len({m[0]["content"] for m in prompts}) == 3
+    out = tmp_path / "r.json"
+    code = main(["bench", "--model", str(tiny_models["llama"]), "--device", "cpu", "--prompts", "2",
+                 "--prompt-set", "instruct", "--new-tokens", "4", "--no-peer", "--out", str(out)])
+    assert code == 0 and json.loads(out.read_text())["prompt_set"] == HELD_OUT_INSTRUCT
+
+
 def test_bench_random_weights_from_a_config(tmp_path, tiny_models):
     out = tmp_path / "r.json"
     code = main(["bench", "--random-weights", str(tiny_models["qwen3"] / "config.json"), "--device", "cpu",
