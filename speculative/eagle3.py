@@ -20,8 +20,9 @@ from .config import DraftConfig
 # 1214 without, with the same accepted length (2.256 vs 2.255) and the same answers.
 # LOCALCHAT_FUSED_DRAFT=0 runs the torch layer instead (comparisons).
 FUSED_DRAFT = os.environ.get("LOCALCHAT_FUSED_DRAFT", "1") != "0"
-# Within the fused draft: the lean step (Eagle3Layer.lean_forward), nine launches a draft token
-# instead of about twenty. LOCALCHAT_LEAN_DRAFT=0 runs fused_forward instead (comparisons).
+# Within the fused draft: the lean step (Eagle3Layer.lean_forward), ten launches a draft token with
+# the greedy loop's pick, against about twenty (H200, demo model and head: greedy speculation 1.07x,
+# benchmarks/results/h200_variants_lean_session9.json). LOCALCHAT_LEAN_DRAFT=0 runs fused_forward.
 LEAN_DRAFT = os.environ.get("LOCALCHAT_LEAN_DRAFT", "1") != "0"
 LEAN_MAX_ROWS = 16  # the GEMV's row limit; longer extends (a prompt's) run fused_forward
 
@@ -86,7 +87,6 @@ class Eagle3Layer(nn.Module):
         mlp_out = lin(ops.silu_and_mul(lin(normed, self.mlp.gate_up_proj)), self.mlp.down_proj)
         normed_out, out = ops.add_rms_norm(mlp_out, h, final_norm.weight, final_norm.eps)
         return normed_out, out
-
 
     def lean_forward(self, input_ids, embed_weight, hidden, positions, start_pos, cos_sin_table, k_cache, v_cache,
                      ops, final_norm: RMSNorm, lm_head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:

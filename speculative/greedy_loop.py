@@ -21,7 +21,6 @@ from engine.graphs import capture
 from engine.kernels.pick import ChainState, argmax_pick, argmax_pick_ref, greedy_verify, greedy_verify_ref
 
 
-
 class WholeIteration:
     """What the whole-iteration graphs share: the state carried between replays, the host side
     (queue / take / drain with a ReadAhead, or eager run()), and the verify and draft-extend

@@ -8,8 +8,9 @@ prompts let train-draft have the target answer such requests too (--instruct-fra
 `bench --prompt-set instruct` measure acceptance on them.
 
 Every prompt is one template filled with one item of its list, and maybe a modifier asking for
-another shape of answer: about 4,400, deterministic and in a fixed order. The held-out split follows the chitchat rule on the prompt text: a prompt
-is held out when int(sha256(text).hexdigest()[:8], 16) % 100 < 5 (train_data.is_heldout).
+another shape of answer: about 4,400, deterministic and in a fixed order. The held-out split
+follows the chitchat rule on the prompt text: a prompt is held out when
+int(sha256(text).hexdigest()[:8], 16) % 100 < 5 (train_data.is_heldout).
 """
 
 from __future__ import annotations

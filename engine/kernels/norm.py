@@ -139,4 +139,5 @@ def embed_pair_norm(ids: torch.Tensor, table: torch.Tensor, b: torch.Tensor, wei
 def embed_pair_norm_ref(ids, table, b, weight_a, weight_b, eps_a, eps_b) -> torch.Tensor:
     """Reference and CPU path."""
     a = F.embedding(ids, table)
-    return torch.cat([add_rms_norm_ref(a, None, weight_a, eps_a)[0], add_rms_norm_ref(b, None, weight_b, eps_b)[0]], dim=-1)
+    halves = add_rms_norm_ref(a, None, weight_a, eps_a)[0], add_rms_norm_ref(b, None, weight_b, eps_b)[0]
+    return torch.cat(halves, dim=-1)
