@@ -57,14 +57,18 @@ def _assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None
 @pytest.mark.parametrize("device,dtype,rel", CASES)
 @pytest.mark.parametrize("norm_before_residual", [False, True])
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "fused"])
-def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual, lean, monkeypatch):
+@pytest.mark.parametrize("narrow", [False, True], ids=["target-width", "narrow"])
+def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual, lean, narrow, monkeypatch):
     """Both GPU paths of a draft step (lean_forward, the default, and fused_forward) against the
-    torch layer: a prompt's extend, a verify window's, then single-token steps."""
+    torch layer: a prompt's extend, a verify window's, then single-token steps. narrow: a head
+    narrower than the target (its own embeddings; fc maps the target's states down)."""
     monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", True)
     monkeypatch.setattr(eagle3_module, "LEAN_DRAFT", lean)
     dev = torch.device(device)
     cfg = head_config(TARGET, 256, (2, 15, 27))
     cfg["norm_before_residual"] = norm_before_residual
+    if narrow:
+        cfg.update(hidden_size=384, num_attention_heads=6, num_key_value_heads=2, head_dim=64, intermediate_size=1024)
     dc = DraftConfig.from_hf(cfg, TARGET)
     max_len = 256
     torch.manual_seed(0)
@@ -91,7 +95,8 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
     monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", False)
     assert not Eagle3Draft(dc, TARGET, max_len, _ops()).fused  # the switch (LOCALCHAT_FUSED_DRAFT=0) turns it off
     assert drafts[0].midlayer.norm_before_residual == norm_before_residual
-    embed = torch.nn.Embedding(TARGET.vocab_size, TARGET.hidden_size).to(dev, dtype)
+    assert dc.owns_embeddings == narrow
+    embed = torch.nn.Embedding(TARGET.vocab_size, dc.hidden_size).to(dev, dtype)
     dtypes = [dtype, dtype] + [torch.float32] * len(truth)
     caches = [KVCache(1, max_len, dc.num_kv_heads, dc.head_dim, dt, dev) for dt in dtypes]
     g = torch.Generator().manual_seed(1)
