@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=8, help="demo: held-out chat prompts")
+    ap.add_argument("--prompt-set", choices=["chitchat", "instruct"], default="chitchat", help="demo: which prompts")
     ap.add_argument("--force-accept", type=int, default=None, help="random weights: add a random head (see above)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script")
     a = ap.parse_args()
@@ -105,7 +106,7 @@ def main() -> None:
             with variant(name):
                 engines[name] = Engine.load("demo", device=a.device) if model == "demo" else build_bench_engine(args)
         if model == "demo":
-            msgs, which = chat_prompts_from(a.prompts)
+            msgs, which = chat_prompts_from(a.prompts, a.prompt_set)
             prompts = [engines[names[0]].tokenizer.apply_chat_template(m) for m in msgs]
             modes = [("plain", False), ("speculative", True)]
         else:
