@@ -92,6 +92,36 @@ def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculativ
     return speeds, tokens
 
 
+def comparison_model(model: str, device: str, n_prompts: int, prompt_set: str = "chitchat",
+                     force_accept: int | None = None):
+    """What benchmarks that compare settings in one process (pdl.py, variants.py) run on `model`:
+    `demo` (the demo model with its shipped head; held-out chat prompts of prompt_set; plain and
+    greedy speculative decoding), or a --random-weights name or config JSON (random bf16 weights,
+    512 random token ids, plain decoding; with force_accept also speculation with a random head
+    that accepts force_accept - 1 drafts). Returns (make: () -> a new Engine, workload: engine ->
+    (prompt token ids, what they are, [(mode name, speculative)]))."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.engine import Engine
+
+    from .bench_setup import build_bench_engine, chat_prompts_from
+
+    if model == "demo":
+        def workload(engine):
+            msgs, which = chat_prompts_from(n_prompts, prompt_set)
+            return ([engine.tokenizer.apply_chat_template(m) for m in msgs], which,
+                    [("plain", False), ("speculative", True)])
+
+        return (lambda: Engine.load("demo", device=device)), workload
+    args = SimpleNamespace(random_weights=model, device=device, max_seq_len=1024, force_accept=force_accept,
+                           draft_steps=5, no_graphs=False)
+    prompt = torch.randint(0, 32000, (512,), generator=torch.Generator().manual_seed(0)).tolist()
+    modes = [("plain", False)] + ([("speculative", True)] if force_accept else [])
+    return (lambda: build_bench_engine(args)), (lambda engine: ([prompt], "512 random token ids", modes))
+
+
 def time_transformers(engine, prompt_ids, new_tokens, src_path=None):
     """transformers `generate` on the same weights (copied into its own model)."""
     import torch

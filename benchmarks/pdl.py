@@ -16,7 +16,6 @@ import platform
 import statistics
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -34,37 +33,21 @@ def main() -> None:
 
     import torch
 
-    from app.bench import alternating_rounds
-    from app.bench_setup import build_bench_engine, chat_prompts_from
+    from app.bench import alternating_rounds, comparison_model
     from engine import kernels
-    from engine.engine import Engine
 
-    def demo():
-        return Engine.load("demo", device=a.device)
-
-    def random(spec):
-        args = SimpleNamespace(random_weights=spec, device=a.device, max_seq_len=1024, force_accept=None,
-                               draft_steps=5, no_graphs=False)
-        return lambda: build_bench_engine(args)
-
-    setups = [(Path(m).stem if m.endswith(".json") else m, demo if m == "demo" else random(m))
-              for m in a.models.split(",") if m]
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
     report = {"machine": {"device": gpu, "torch": torch.__version__,
                           "python": platform.python_version()}, "rounds": a.rounds, "results": {}}
-    for name, make in setups:
+    for model in [m for m in a.models.split(",") if m]:
+        name = Path(model).stem if model.endswith(".json") else model
+        make, workload = comparison_model(model, a.device, a.prompts)
         engines = {}
         for on in (False, True):
             kernels.set_pdl(on)
             engines[on] = make()
         kernels.set_pdl(None)
-        if name == "demo":
-            msgs, which = chat_prompts_from(a.prompts)
-            prompts = [engines[False].tokenizer.apply_chat_template(m) for m in msgs]
-            modes = [("plain", False), ("speculative", True)]
-        else:
-            prompts = [torch.randint(0, 32000, (512,), generator=torch.Generator().manual_seed(0)).tolist()]
-            which, modes = "512 random token ids", [("plain", False)]
+        prompts, which, modes = workload(engines[False])
         res = {"prompt_set": which}
         for mode, spec in modes:
             speeds, tokens = alternating_rounds(engines, prompts, a.new_tokens, spec, a.rounds)

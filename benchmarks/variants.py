@@ -35,7 +35,6 @@ import platform
 import statistics
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -86,9 +85,7 @@ def main() -> None:
 
     import torch
 
-    from app.bench import alternating_rounds
-    from app.bench_setup import build_bench_engine, chat_prompts_from
-    from engine.engine import Engine
+    from app.bench import alternating_rounds, comparison_model
 
     names = [v for v in a.variants.split(",") if v]
     for name in names:  # unknown names fail before any model is built
@@ -96,22 +93,14 @@ def main() -> None:
             pass
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
     report = {"machine": {"device": gpu, "torch": torch.__version__, "python": platform.python_version()},
-              "rounds": a.rounds, "new_tokens": a.new_tokens, "prompt": "512 random token ids", "results": {}}
-    prompt = torch.randint(0, 32000, (512,), generator=torch.Generator().manual_seed(0)).tolist()
+              "rounds": a.rounds, "new_tokens": a.new_tokens, "results": {}}
     for model in [m for m in a.models.split(",") if m]:
-        args = SimpleNamespace(random_weights=model, device=a.device, max_seq_len=1024, force_accept=a.force_accept,
-                               draft_steps=5, no_graphs=False)
+        make, workload = comparison_model(model, a.device, a.prompts, a.prompt_set, a.force_accept)
         engines = {}
         for name in names:
             with variant(name):
-                engines[name] = Engine.load("demo", device=a.device) if model == "demo" else build_bench_engine(args)
-        if model == "demo":
-            msgs, which = chat_prompts_from(a.prompts, a.prompt_set)
-            prompts = [engines[names[0]].tokenizer.apply_chat_template(m) for m in msgs]
-            modes = [("plain", False), ("speculative", True)]
-        else:
-            prompts, which = [prompt], "512 random token ids"
-            modes = [("plain", False)] + ([("speculative", True)] if a.force_accept else [])
+                engines[name] = make()
+        prompts, which, modes = workload(engines[names[0]])
         res = {"prompt_set": which}
         for mode, spec in modes:
             speeds, tokens = alternating_rounds(engines, prompts, a.new_tokens, spec, a.rounds, variant)
