@@ -9,6 +9,7 @@ from torch import nn
 
 from engine.attention import attend
 from engine.layers import GatedMLP, RMSNorm
+from engine.kernels.gemv import MAX_ROWS
 from engine.ops import Ops
 from engine.rope import apply_rope, rope_cos_sin
 
@@ -24,7 +25,6 @@ FUSED_DRAFT = os.environ.get("LOCALCHAT_FUSED_DRAFT", "1") != "0"
 # the greedy loop's pick, against about twenty (H200, demo model and head: greedy speculation 1.07x,
 # benchmarks/results/h200_variants_lean_session9.json). LOCALCHAT_LEAN_DRAFT=0 runs fused_forward.
 LEAN_DRAFT = os.environ.get("LOCALCHAT_LEAN_DRAFT", "1") != "0"
-LEAN_MAX_ROWS = 16  # the GEMV's row limit; longer extends (a prompt's) run fused_forward
 
 
 class Eagle3Layer(nn.Module):
@@ -144,7 +144,7 @@ class Eagle3Draft(nn.Module):
         (T, H) pre-norm: the state the next draft step consumes)."""
         if is_extend and self.config.needs_fc:
             hidden = self.fc(hidden)
-        if self.lean and hidden.shape[0] <= LEAN_MAX_ROWS:
+        if self.lean and hidden.shape[0] <= MAX_ROWS:  # the GEMV's limit; a prompt's extend runs fused_forward
             logits, out = self.midlayer.lean_forward(input_ids, embed.weight, hidden, positions, start_pos,
                                                      self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, self.lm_head)
             return (logits.float() if fp32_logits else logits), out

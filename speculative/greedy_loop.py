@@ -91,29 +91,20 @@ class WholeIteration:
         return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n), runner.kv, runner.aux_layer_ids)
 
     def _extend(self, out, accepted, next_token, n: int | None):
-        """Writes result, runs the draft-extend over the k+1 rows and moves n and the bonus on
-        (the sampled loop; the greedy one has greedy_verify write these). Returns (the draft's
-        logits and state at the last accepted row, the next n when the host knows it)."""
+        """Moves the chain on (ChainState.advance: result, extend window, n, bonus, draft
+        positions) and runs the draft-extend over the k+1 rows (the sampled loop; the greedy one
+        has greedy_verify move the chain). Returns (the draft's logits and state at the last
+        accepted row, the next n when the host knows it)."""
         spec = self.spec
-        drafts = self.ids[1:]
-        self.result[0].copy_(accepted)
-        self.result[1].copy_(next_token)
-        self.result[2:].copy_(drafts)
+        self.chain.advance(accepted, next_token)
         # Row i pairs target state n+i with the token at n+i+1; rows past the accepted ones carry
-        # the next token and are never read.
-        window = torch.where(self.offsets < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
+        # the next token and are never read. The draft steps write at n + a + 1 + s (clamped:
+        # past the context the host switches to plain steps before using these drafts).
         states = spec._target_states(out.aux_hidden, out.hidden)
-        logits, hidden = spec.draft(window, self.positions, states, True, spec.embed, spec.kv, start_pos=n)
-        logits = logits.index_select(0, accepted.view(1))
-        d_hidden = hidden.index_select(0, accepted.view(1))
-        # The next iteration starts at n + a + 1 with the next token as its bonus; the draft steps
-        # write at n + a + 1 + s (clamped: past the context the host switches to plain steps
-        # before using these drafts, and the writes stay inside the cache).
-        self.n.add_(accepted + 1)
-        self.ids[0].copy_(next_token)
-        torch.add(self.offsets, self.n, out=self.draft_pos)
-        self.draft_pos.clamp_(max=self.last_pos)
-        return logits, d_hidden, (None if n is None else n + int(accepted) + 1)
+        logits, hidden = spec.draft(self.chain.window, self.positions, states, True, spec.embed, spec.kv, start_pos=n)
+        row = accepted.view(1)
+        return (logits.index_select(0, row), hidden.index_select(0, row),
+                None if n is None else n + int(accepted) + 1)
 
     def _draft_step(self, tok, s: int, d_hidden, n_next: int | None, fp32_logits: bool = True):
         """Draft step s + 1 of the next chain (its input: draft token s at n + s)."""

@@ -139,6 +139,20 @@ class ChainState:
         self._choice = torch.zeros(k + 1, **long)
         self._counter = torch.zeros(1, dtype=torch.int32, device=device)
 
+    def advance(self, a: torch.Tensor, nxt: torch.Tensor) -> None:
+        """greedy_verify's writes in torch ops, for an accepted count a () and next token nxt ()
+        decided elsewhere (the reference, and the sampled loop's rejection sampling); all but
+        `accepted`, which only greedy_verify's callers read."""
+        drafts = self.ids[1:]
+        self.result[0].copy_(a)
+        self.result[1].copy_(nxt)
+        self.result[2:].copy_(drafts)
+        self.window.copy_(torch.where(self.offsets < a, torch.cat([drafts, drafts[-1:]]), nxt))
+        self.n.add_(a + 1)
+        self.ids[0].copy_(nxt)
+        torch.add(self.offsets, self.n, out=self.draft_pos)
+        self.draft_pos.clamp_(max=self.last_pos)
+
 
 def greedy_verify(logits: torch.Tensor, chain: ChainState) -> None:
     """logits (k+1, V): the target's after [bonus, d_1..d_k] (any float dtype). The target's
@@ -159,16 +173,7 @@ def greedy_verify(logits: torch.Tensor, chain: ChainState) -> None:
 def greedy_verify_ref(logits: torch.Tensor, chain: ChainState) -> None:
     """Reference and CPU path: the same writes in torch ops."""
     choice = logits.argmax(-1)
-    drafts = chain.ids[1:]
-    matches = (drafts == choice[:-1]).to(torch.int64)
+    matches = (chain.ids[1:] == choice[:-1]).to(torch.int64)
     a = matches.cumprod(0).sum()
-    nxt = choice.index_select(0, a.view(1))[0]  # index_select: no host sync
-    chain.result[0].copy_(a)
-    chain.result[1].copy_(nxt)
-    chain.result[2:].copy_(drafts)
-    chain.window.copy_(torch.where(chain.offsets < a, torch.cat([drafts, drafts[-1:]]), nxt))
     chain.accepted.copy_(a)
-    chain.n.add_(a + 1)
-    chain.ids[0].copy_(nxt)
-    torch.add(chain.offsets, chain.n, out=chain.draft_pos)
-    chain.draft_pos.clamp_(max=chain.last_pos)
+    chain.advance(a, choice.index_select(0, a.view(1))[0])  # index_select: no host sync
