@@ -478,6 +478,8 @@ def test_greedy_weight_and_gen_frac_reach_the_run(tmp_path):
         cmd_train(bad)
     with pytest.raises(UserError, match=r"--gen-frac must be in \[0, 1\]"):
         cmd_train(Namespace(**{**vars(args), "gen_frac": 1.5, "out": str(tmp_path / "bad")}))
+    with pytest.raises(UserError, match=r"--instruct-frac must be in \[0, 1\]"):
+        cmd_train(Namespace(**{**vars(args), "instruct_frac": -0.1, "out": str(tmp_path / "bad")}))
 
 
 def test_feature_cache_takes_the_free_memory_less_a_steps_working_set(monkeypatch):
