@@ -12,19 +12,21 @@ from engine.graphs import capture
 
 
 class DraftGraphs:
-    def __init__(self, spec, kv):
+    def __init__(self, spec, kv, scratch: int = 0):
+        """scratch: the cache position where the capture's warm-ups write (the decode step at
+        scratch, the extend window from there); nothing live may be at or past it."""
         dc, draft, embed = spec.config, spec.draft, spec.embed
         dev, dtype = kv.k_all.device, kv.k_all.dtype
         rows = spec.k + 1
         pool = torch.cuda.graph_pool_handle()
         # decode step buffers: sized from the draft config's decode width
         self.dec_ids = torch.zeros(1, dtype=torch.long, device=dev)
-        self.dec_pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.dec_pos = torch.full((1,), scratch, dtype=torch.long, device=dev)
         self.dec_hidden = torch.zeros(1, dc.decode_width, dtype=dtype, device=dev)
         # extend window buffers: sized from the extend width
         self.ext_ids = torch.zeros(rows, dtype=torch.long, device=dev)
         self.ext_offsets = torch.arange(rows, dtype=torch.long, device=dev)
-        self.ext_pos = self.ext_offsets.clone()
+        self.ext_pos = self.ext_offsets + scratch
         self.ext_hidden = torch.zeros(rows, dc.extend_width, dtype=dtype, device=dev)
         self.ext_last = torch.zeros((), dtype=torch.long, device=dev)
 

@@ -64,7 +64,9 @@ class MTPSpeculator:
         self._seq = []
         return max(0, m - self.k)
 
-    def capture(self) -> None:
+    def capture(self, defer: bool = False) -> None:
+        """Captures the verify and window graphs now; `defer` is for the EAGLE-3 speculator's
+        graphs alone (these are captured at load either way)."""
         self.runner.capture([self.k + 1])
         self.window.capture()
 

@@ -84,7 +84,7 @@ class SampledIteration(WholeIteration):
         cut = self.cut
         if self.graphs[cut] is not None:
             return True
-        scratch = self.runner.max_len - 3 * (self.k + 1)
+        scratch = self.scratch()
         if self.runner.device.type != "cuda" or self._capture_failed[cut] or kv_len + self.k + 1 >= scratch:
             return False
         self.n.fill_(scratch)

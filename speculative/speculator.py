@@ -27,6 +27,7 @@ class Eagle3Speculator:
         self.embed = draft.embed_tokens if dc.owns_embeddings else runner.model.model.embed_tokens
         self.kv = KVCache(1, runner.max_len, dc.num_kv_heads, dc.head_dim, runner.dtype, runner.device)
         self.graphs: DraftGraphs | None = None
+        self._capture_pending = False  # CUDA graphs not captured yet (capture(defer=True))
         self._seq: list[int] = []  # draft entry j holds (seq[j + 1], target state j) for j < len - 1
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
@@ -44,8 +45,22 @@ class Eagle3Speculator:
         self._seq = []
         return max(0, n - 1)  # entry n-1 pairs with token n, which may change
 
-    def capture(self) -> None:
-        self.graphs = DraftGraphs(self, self.kv)
+    def capture(self, defer: bool = False) -> None:
+        """Captures the draft's decode and extend graphs and the greedy whole-iteration graph
+        (CUDA), their warm-ups writing in the caches' last positions. defer: on the first request
+        instead, after its first token; one whose conversation already reaches those positions
+        runs eagerly and leaves the capture to a later one."""
+        if self.fused.runner.device.type != "cuda":
+            return
+        self._capture_pending = True
+        if not defer:
+            self._capture_if_pending(0)
+
+    def _capture_if_pending(self, kv_len: int) -> None:
+        if not self._capture_pending or (kv_len and kv_len + self.k + 1 >= self.fused.scratch()):
+            return
+        self._capture_pending = False
+        self.graphs = DraftGraphs(self, self.kv, self.fused.scratch())
         self.fused.capture()
 
     def tokens(self, runner, state) -> Iterator[list[int]]:
@@ -63,6 +78,7 @@ class Eagle3Speculator:
         d_logits, d_hidden = self.draft(ids, pos, target_states, True, self.embed, self.kv, start_pos=start)
         d_logits, d_hidden = d_logits[-1:], d_hidden[-1:]
         self._seq = state.tokens[:state.kv_len + 1]
+        self._capture_if_pending(state.kv_len)
         if state.params.is_greedy and state.seen is None and self.force_accept is None:
             yield from self._whole_iterations(runner, state, self.fused, d_logits, d_hidden)
             return
@@ -111,6 +127,8 @@ class Eagle3Speculator:
         where that fails, the step-by-step loop, which replays the verify and draft graphs, is
         faster than the iteration's eager body."""
         self.sampled.select(state.params)
+        if self._capture_pending:  # CUDA, but no graphs yet: this request runs step by step
+            return False
         return self.graphs is None or self.sampled.capture(state.kv_len)
 
     def _iterations(self, runner, state, it) -> Iterator[list[int]]:

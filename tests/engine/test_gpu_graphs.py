@@ -108,6 +108,7 @@ def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
     the middle of a conversation, whose cache their warm-ups must leave alone."""
     g, e = _spec_engines(tmp_path, tiny_models, "sglang", True, 4, defer_capture=True)
     assert g.runner.uses_graphs and not g.runner.graphs
+    assert g.speculator.graphs is None and g.speculator.fused.graph is None  # not before the first answer
     ids = g.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
     turns = []
     for engine in (g, e):
@@ -116,6 +117,7 @@ def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
                for t in ev.token_ids]
         if engine is g:
             assert not g.runner.graphs  # the whole-iteration graph served it
+            assert g.speculator.graphs is not None and g.speculator.fused.graph is not None
         more = ids + one + ids[-3:]
         two = [t for ev in engine.stream_ids(more, SamplingParams(max_tokens=60), speculative=False)
                for t in ev.token_ids]
@@ -125,6 +127,26 @@ def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
         turns.append((one, two, three))
     assert sorted(g.runner.graphs) == [1, 5]
     assert turns[0] == turns[1]
+
+
+@pytest.mark.parametrize("first", ["greedy", "sampled"])
+def test_deferred_draft_capture_never_touches_a_long_conversation(tmp_path, tiny_models, first):
+    """With defer_capture the draft's graphs are captured after the first request's first token,
+    their warm-ups writing in the caches' last 3 (k + 1) positions. A first request whose prompt
+    already reaches there (150 tokens of a 160-token context, k = 5) runs eagerly and captures
+    nothing; the next, shorter one captures. Every answer equals the eager engine's."""
+    g, e = _spec_engines(tmp_path, tiny_models, "sglang", True, 5, max_seq_len=160, defer_capture=True)
+    base = g.tokenizer.apply_chat_template([{"role": "user", "content": "Hello " * 200}])
+    long_ids, short_ids = base[:150], base[:20]
+    sampled = SamplingParams(max_tokens=9, temperature=0.9, seed=5)
+    p_long = SamplingParams(max_tokens=9) if first == "greedy" else sampled
+    assert _tokens(g, long_ids, p_long, True) == _tokens(e, long_ids, p_long, True)
+    assert g.speculator.graphs is None and g.speculator.fused.graph is None
+    for p in (SamplingParams(max_tokens=120), sampled, SamplingParams(max_tokens=120, temperature=0.9, seed=6)):
+        assert _tokens(g, short_ids, p, True) == _tokens(e, short_ids, p, True), p
+        assert g.speculator.graphs is not None and g.speculator.fused.graph is not None
+    # and a long conversation again, now with the graphs captured
+    assert _tokens(g, long_ids, p_long, True) == _tokens(e, long_ids, p_long, True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
