@@ -24,7 +24,10 @@ class Settings:
     draft_steps: int = 5
     speculative: bool = True
     theme: str = "textual-dark"
-    system_prompt: str = "You are a helpful assistant."
+    # Empty: no system message, so the model's chat template supplies its own default, the one
+    # it was tuned with (and the one the shipped draft heads were trained under: a different
+    # system prompt lowers their acceptance).
+    system_prompt: str = ""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -30,7 +30,7 @@ def bare(args, prompts) -> list[dict]:
     out = []
     for p in prompts:
         cmd = [sys.executable, "-m", "app.cli", "run", "--json", "--model", args.model, "--max-tokens",
-               str(args.max_tokens), "--system", Settings().system_prompt]
+               str(args.max_tokens)] + (["--system", Settings().system_prompt] if Settings().system_prompt else [])
         cmd += ["--draft", args.draft] if args.draft else []
         cmd += ["--device", args.device] if args.device else []
         cmd += ["--no-spec"] if args.no_spec else []

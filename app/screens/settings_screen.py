@@ -45,7 +45,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Switch(self.settings.speculative, id="set-speculative")
                 yield Label("default for new sessions", classes="hint")
             yield Label("Default system prompt (for new chats)")
-            yield Input(self.settings.system_prompt, id="set-system_prompt", compact=True)
+            yield Input(self.settings.system_prompt, id="set-system_prompt", compact=True,
+                        placeholder="empty: the model's own default")
             yield Label("", id="settings-error")
             yield Label("Ctrl+S saves · Esc cancels · theme: Ctrl+P → Theme", classes="dialog-help")
 
