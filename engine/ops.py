@@ -72,6 +72,9 @@ def _has_triton() -> bool:
         import triton  # noqa: F401
     except ImportError:
         return False
+    from .kernels.triton_key import remember_triton_key
+
+    remember_triton_key()
     return True
 
 
