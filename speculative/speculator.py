@@ -127,8 +127,8 @@ class Eagle3Speculator:
         where that fails, the step-by-step loop, which replays the verify and draft graphs, is
         faster than the iteration's eager body."""
         self.sampled.select(state.params)
-        if self._capture_pending:  # CUDA, but no graphs yet: this request runs step by step
-            return False
+        # No graphs (CPU, --no-graphs, or not captured yet): the body runs eagerly, drawing the
+        # same numbers as the graph would.
         return self.graphs is None or self.sampled.capture(state.kv_len)
 
     def _iterations(self, runner, state, it) -> Iterator[list[int]]:
