@@ -107,7 +107,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("cos_sin", rope_cos_sin(cfg, max_len), persistent=False)
+        self.register_buffer("cos_sin", rope_cos_sin(cfg, max_len).to(torch.get_default_device()), persistent=False)
 
     def forward(self, batch: ForwardBatch, kv: KVCache, aux_layer_ids: tuple[int, ...] = ()) -> ForwardOutput:
         """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream)."""

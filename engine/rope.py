@@ -60,12 +60,19 @@ def _yarn_inv_freq(cfg: ModelConfig, s: dict) -> tuple[torch.Tensor, float]:
 
 
 def rope_cos_sin(cfg: ModelConfig, max_len: int) -> torch.Tensor:
-    """(max_len, head_dim) fp32 table: cos in the first head_dim/2 columns, sin in the rest.
+    """(max_len, head_dim) fp32 table on the CPU, whatever the default device: cos in the first
+    head_dim/2 columns, sin in the rest. (Built on a GPU, its dozen small kernels each loaded
+    their module on first use: 0.16 s of an H200 host's start-up, for a table of a few MB.)
 
     `dynamic` NTK scaling grows the base once positions pass the trained context; here the
     table row for position p uses the base for a sequence of p + 1 tokens, which is what a
     token-by-token decoder sees.
     """
+    with torch.device("cpu"):
+        return _table(cfg, max_len)
+
+
+def _table(cfg: ModelConfig, max_len: int) -> torch.Tensor:
     dim = cfg.head_dim
     positions = torch.arange(max_len, dtype=torch.float32)
     s = cfg.rope_scaling_dict or {}

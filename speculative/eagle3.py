@@ -132,7 +132,8 @@ class Eagle3Draft(nn.Module):
             self.embed_tokens = nn.Embedding(dc.vocab_size, dc.hidden_size)
         # draft id -> target id offset: target = draft + d2t[draft]
         self.register_buffer("d2t", torch.zeros(dc.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("cos_sin", rope_cos_sin(dc.layer_config(target_cfg), max_len), persistent=False)
+        self.register_buffer("cos_sin", rope_cos_sin(dc.layer_config(target_cfg), max_len).to(torch.get_default_device()),
+                             persistent=False)
         self.ops = ops  # inference kernels: Ops.for_device (Triton on CUDA); None: plain torch (training)
         self.fused = FUSED_DRAFT and ops is not None and None not in (ops.rope_and_cache, ops.row_linear)
 
