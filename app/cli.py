@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="weight of an extra loss on the target's greedy token, which greedy verification accepts, beside the loss on the target's distribution (default 0.5; 0: the distribution only)")
     train.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
     train.add_argument("--instruct-frac", type=float, default=None,
-                       help="share of the self-answered prompts taken from built-in instruction-style requests (lists, how-tos, explanations, code, short writing) instead of the conversations (default 0)")
+                       help="share of the self-answered prompts taken from built-in instruction-style requests (lists, how-tos, explanations, code, short writing) instead of the conversations (default 0.1; 0: conversations only)")
     train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
     train.add_argument("--eval-prompts", type=int, default=None,
                        help="held-out prompts decoded with the saved head at the end (default: 8 GPU, 2 CPU)")
