@@ -78,9 +78,20 @@ def rows() -> list[str]:
                    f"{lc.get('verify_ms', 0):.2f} ms + {b['draft_steps'] - 1} draft steps x "
                    f"{lc.get('draft_step_ms', 0):.2f} ms + extend {lc.get('extend_ms', 0):.2f} ms) | "
                    f"{s['decode_tok_s'] / max(lc.get('ideal_tok_s', 1), 1e-9) * 100:.0f}% of ideal | >= 85% |")
-    out.append(_spec_row("h200_demo_spec_session9.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
+    out.append(_spec_row("h200_demo_spec_session10.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
                          "k = 5 (plain decode with a head loaded runs batch-invariant projections)", ">= 2.5x, >= 3.5"))
-    out.append(_spec_row("h200_demo_spec_p16_session9.json", "shipped head, 16 held-out prompts (the 8 above and 8 more)", ""))
+    out.append(_spec_row("h200_demo_spec_p16_session10.json", "shipped head, 16 held-out prompts (the 8 above and 8 more)", ""))
+    out.append(_spec_row("h200_demo_spec_instruct_session10.json", "shipped head, 8 held-out instruction-style requests "
+                         "(`--prompt-set instruct`)", ""))
+    for prompt_set in ("chitchat", "instruct"):
+        new, old = _load(f"h200_head_ab_{prompt_set}_instruct01_session10.json"), _load(f"h200_head_ab_{prompt_set}_session9head_session10.json")
+        if new and old:
+            out.append(f"| shipped head (`--instruct-frac 0.1`) vs session 9's (conversations only), 8 held-out "
+                       f"{'chitchat prompts' if prompt_set == 'chitchat' else 'instruction requests'}, one after the other on one GPU | "
+                       f"{new['spec']['speedup']:.2f}x plain, accept length {new['spec']['accept_len_mean']:.2f} | "
+                       f"{old['spec']['speedup']:.2f}x plain, accept length {old['spec']['accept_len_mean']:.2f} | "
+                       f"{new['spec']['accept_len_mean'] / old['spec']['accept_len_mean']:.2f}x accepted | |")
+    out.append(_spec_row("h200_demo_spec_session9.json", "session 9's head and build, 8 held-out prompts", ""))
     b = _load("h200_variants_lean_session9.json")
     for mode, r in (b or {}).get("results", {}).get("demo", {}).items():
         if mode != "speculative":
@@ -98,34 +109,24 @@ def rows() -> list[str]:
                    f"vs {old['parts_ms']['draft_step_ms']:.3f} ms, extend {new['parts_ms']['extend_ms']:.3f} vs "
                    f"{old['parts_ms']['extend_ms']:.3f} ms) | {new['tok_s']:.0f} tok/s | {old['tok_s']:.0f} tok/s | "
                    f"{new['tok_s'] / old['tok_s']:.2f}x | |")
-    out.append(_spec_row("h200_demo_spec_session8.json", "shipped head with session 8's build, 8 held-out prompts", ""))
-    out.append(_spec_row("h200_demo_spec_oldhead_session8.json", "the head it replaced (1536-wide MLP, 8192-token "
-                         "vocabulary), session 8's build, same prompts, same machine, minutes apart", ""))
     b = _load("h200_demo_spec.json")
     if b:
         out.append(f"| start-up (load + graph capture, in the bench process), demo model + head, warm start "
                    f"(prepared weights, cached tokenizer and Triton kernels; session 4) | {b['startup_s']:.1f} s | | | <= 5 s |")
-    b = _load("h200_startup_first_token_session5.json")
-    if b:
-        runs = ", ".join(f"{r['first_token_s']:.2f}" for r in b["runs"])
-        out.append(f"| start-up of a fresh `localchat run` process to the first byte of its answer (Python and "
-                   f"torch imports, load, capture, prefill), demo model + head, on a machine warmed by an earlier "
-                   f"call, before `run` deferred the target's graphs (runs: {runs} s) | "
-                   f"{b['best_later_run_s']:.2f} s | of which importing torch 3.1-3.5 s | | <= 5 s |")
-    b = _load("h200_startup_first_token_session6.json")
-    if b:
-        runs = ", ".join(f"{r['first_token_s']:.2f}" for r in b["runs"])
-        phases = [json.loads(line) for line in (ROOT / "benchmarks" / "results" / "h200_startup_phases_session6.jsonl").read_text().splitlines()
-                  if line.strip()]
-        imp = ", ".join(f"{p['import_torch']:.1f}" for p in phases)
-        out.append(f"| the same after `run` deferred the target's graphs, on a two-GPU host (its `import torch` is "
-                   f"slower), warmed by earlier calls (runs: {runs} s) | {min(r['first_token_s'] for r in b['runs']):.2f} s "
-                   f"| of which importing torch {imp} s | | <= 5 s |")
     b = _load("h200_startup_first_token_session7.json")
     if b:
         runs = ", ".join(f"{r['first_token_s']:.2f}" for r in b["runs"])
         out.append(f"| the same on a one-GPU host started minutes earlier, after two `bench` runs, PDL on "
                    f"(session 7; runs: {runs} s) | {min(r['first_token_s'] for r in b['runs']):.2f} s | | | <= 5 s |")
+    for name, what in (("pyc", "with Python's bytecode cache, as after any pip install"),
+                       ("imageenv", "in the device image's environment, which keeps no bytecode (PYTHONDONTWRITEBYTECODE=1, "
+                                    "no `__pycache__` for torch), so every process compiles torch's sources")):
+        b = _load(f"h200_startup_first_token_{name}_session10.json")
+        if b:
+            runs = ", ".join(f"{r['first_token_s']:.2f}" for r in b["runs"])
+            out.append(f"| start-up of a fresh `localchat run` process to the first byte of its answer, demo model + "
+                       f"head, draft graphs captured after the first token, warm machine, {what} (session 10; runs: "
+                       f"{runs} s) | {b['best_later_run_s']:.2f} s | | | <= 5 s |")
     b = _load("h200_teacher_paths_session7.json")
     for name, r in (b or {}).get("results", {}).items():
         what = ("train-draft's reply generation, tokens read every 8 steps vs every step" if name == "generation" else
@@ -141,10 +142,8 @@ def rows() -> list[str]:
                    f"identical, accept length {check['accept_len_mean']:.2f} | | | all |")
     out.append(_spec_row("h200_demo_mtp.json", "demo model + shipped 2-layer chain-MTP (`--draft demo-mtp`), greedy, "
                          "held-out prompts, k = 2 (measured with an earlier build)", ""))
-    out.append(_spec_row("h200_demo_spec_t07_session9.json", "demo model + shipped head, temperature 0.7, 8 held-out prompts", ""))
-    out.append(_spec_row("h200_demo_spec_t07_session8.json", "the same with session 8's build", ""))
-    out.append(_spec_row("h200_demo_spec_t07_oldhead_session8.json", "the head it replaced, temperature 0.7, the same prompts "
-                         "(session 8)", ""))
+    out.append(_spec_row("h200_demo_spec_t07_session10.json", "demo model + shipped head, temperature 0.7, 8 held-out prompts", ""))
+    out.append(_spec_row("h200_demo_spec_t07_session9.json", "session 9's head and build, temperature 0.7", ""))
     b = _load("h200_demo_sampled_cuts.json")
     for r in (b or {}).get("rows", []):
         out.append(f"| demo model + the session-4 head, {_sampling_label(r['sampling'])}, seeded, "
@@ -163,10 +162,14 @@ def rows() -> list[str]:
         t = b.get("transformers", {})
         out.append(f"| CPU (2 cores), demo model, fp32 | {b['plain']['decode_tok_s']:.1f} tok/s | transformers "
                    f"{t.get('decode_tok_s', 0):.1f} tok/s | {b.get('speedup_vs_transformers', 0):.2f}x | > 1x |")
-    out.append(_spec_row("cpu_demo_spec_chitchat_session9.json", "CPU (2 cores), demo model + shipped head, greedy, "
+    out.append(_spec_row("cpu_demo_spec_chitchat_session10.json", "CPU (2 cores), demo model + shipped head, greedy, "
+                         "4 held-out chitchat prompts, 128 tokens", ""))
+    out.append(_spec_row("cpu_demo_spec_instruct_session10.json", "the same on 4 held-out instruction-style requests "
+                         "(`--prompt-set instruct`)", ""))
+    out.append(_spec_row("cpu_demo_spec_chitchat_session9.json", "CPU (2 cores), demo model + session 9's head, greedy, "
                          "4 held-out chitchat prompts, 128 tokens", ""))
     out.append(_spec_row("cpu_demo_spec_instruct_session9.json", "the same on 4 held-out instruction-style requests "
-                         "(`--prompt-set instruct`): the head, trained on small talk, drafts them poorly", ""))
+                         "(`--prompt-set instruct`): that head, trained on small talk only, drafts them poorly", ""))
     return [row for row in out if row is not None]
 
 
