@@ -63,6 +63,7 @@ def remember_triton_key(folder: Path | None = None) -> bool:
             os.replace(tmp, path)
         if not key.startswith(triton.__version__):
             return False
+
         def stored() -> str:
             return key
 
