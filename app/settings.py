@@ -24,10 +24,10 @@ class Settings:
     draft_steps: int = 5
     speculative: bool = True
     theme: str = "textual-dark"
-    # Empty: no system message, so the model's chat template supplies its own default, the one
-    # it was tuned with (and the one the shipped draft heads were trained under: a different
-    # system prompt lowers their acceptance).
-    system_prompt: str = ""
+    # Empty would send no system message, so the model's chat template supplies its own. For the
+    # demo model that answered worse: greedy, on the CPU, "Give me three tips for learning to
+    # cook." gave "1. **1011111111..." under its own default and three tips under this one.
+    system_prompt: str = "You are a helpful assistant."
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
