@@ -43,8 +43,9 @@ class WholeIteration:
         """Where a capture's warm-ups start. engine.graphs.capture runs the body twice for real,
         each run moving n on by at most k + 1 and writing k + 1 rows of both caches from n, so
         started here they stay in the caches' last 3 (k + 1) positions, past anything live
-        while the conversation ends before this position."""
-        return max(0, self.runner.max_len - 3 * (self.k + 1))
+        while the conversation ends before this position. Negative: the context is too short
+        to capture in (the loop runs eagerly)."""
+        return self.runner.max_len - 3 * (self.k + 1)
 
     # --- the host side ------------------------------------------------------------------------
     def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
@@ -129,7 +130,7 @@ class GreedyIteration(WholeIteration):
     def capture(self) -> None:
         """Captures the graph (CUDA), its warm-ups writing at scratch(): the caller makes sure
         nothing live is there (start() then sets the state the first replay reads)."""
-        if self.runner.device.type != "cuda":
+        if self.runner.device.type != "cuda" or self.scratch() < 0:
             return
         self.n.fill_(self.scratch())
         with torch.inference_mode():

@@ -149,6 +149,18 @@ def test_deferred_draft_capture_never_touches_a_long_conversation(tmp_path, tiny
     assert _tokens(g, long_ids, p_long, True) == _tokens(e, long_ids, p_long, True)
 
 
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_context_too_short_to_capture_in_runs_eagerly(tmp_path, tiny_models, defer):
+    """A capture's warm-ups need the caches' last 3 (k + 1) positions: with a 40-token context
+    and k = 15 there is no room, so the draft's graphs are never captured (their warm-ups would
+    write past the cache) and the answers equal the eager engine's."""
+    g, e = _spec_engines(tmp_path, tiny_models, "sglang", True, 15, max_seq_len=40, defer_capture=defer)
+    ids = g.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])[:8]
+    for p in (SamplingParams(max_tokens=30), SamplingParams(max_tokens=30, temperature=0.9, seed=4)):
+        assert _tokens(g, ids, p, True) == _tokens(e, ids, p, True), p
+    assert g.speculator.graphs is None and g.speculator.fused.graph is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="PDL needs Hopper")
 def test_pdl_graphs_equal_plain_launches(tmp_path, tiny_models):
