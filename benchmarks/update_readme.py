@@ -118,7 +118,7 @@ def rows() -> list[str]:
         runs = ", ".join(f"{r['first_token_s']:.2f}" for r in b["runs"])
         out.append(f"| the same on a one-GPU host started minutes earlier, after two `bench` runs, PDL on "
                    f"(session 7; runs: {runs} s) | {min(r['first_token_s'] for r in b['runs']):.2f} s | | | <= 5 s |")
-    for name, what in (("pyc_final", "with Python's bytecode cache, as after any pip install, final code (RoPE table "
+    for name, what in (("pyc_final", "with Python's bytecode cache, as after any pip install, commit b4c7fb8 (RoPE table "
                                       "on the CPU), another host"),
                        ("pyc", "with Python's bytecode cache, as after any pip install"),
                        ("imageenv", "in the device image's environment, which keeps no bytecode (PYTHONDONTWRITEBYTECODE=1, "
