@@ -222,6 +222,7 @@ def cmd_bench(args) -> int:
         report["spec"] = {k: mean(runs["spec"], k) for k in ("decode_tok_s", "ttft_s", "accept_len_mean")}
         report["spec"]["speedup"] = report["spec"]["decode_tok_s"] / report["plain"]["decode_tok_s"]
         report["spec"]["per_prompt"] = runs["spec"]
+        report["spec"]["accept_hist"] = accept_hist_total(runs["spec"], args.draft_steps + 2)
         if engine.speculator.force_accept and dev.type == "cuda":
             report["spec"]["loop_cost"] = engine.speculator.measure_components(engine.runner)
     if not args.no_peer:
@@ -238,6 +239,23 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def accept_hist_total(runs: list[dict], length: int = 0) -> list[int]:
+    """The prompts' accept_hist summed (at least `length` entries): entry n counts the verify
+    steps that gave n tokens."""
+    total = [0] * length
+    for run in runs:
+        hist = run.get("accept_hist") or []
+        total += [0] * (len(hist) - len(total))
+        for n, count in enumerate(hist):
+            total[n] += count
+    return total
+
+
+def _hist_line(hist: list[int]) -> str:
+    steps = sum(hist)
+    return " · ".join(f"{n}: {c / steps * 100:.0f}%" for n, c in enumerate(hist) if n) if steps else ""
+
+
 def _table(r: dict) -> str:
     rows = [("prompts", f"{r['prompts']}: {r['prompt_set']}"),
             ("startup (load + capture)", f"{r['startup_s']:.2f} s"),
@@ -249,6 +267,8 @@ def _table(r: dict) -> str:
     if "spec" in r:
         rows.append(("speculative decode", f"{r['spec']['decode_tok_s']:.1f} tok/s, accept len "
                                            f"{r['spec']['accept_len_mean']:.2f}, {r['spec']['speedup']:.2f}x plain"))
+        if _hist_line(r["spec"].get("accept_hist", [])):
+            rows.append(("tokens per verify step", _hist_line(r["spec"]["accept_hist"])))
     if "transformers" in r:
         rows.append(("transformers generate", f"{r['transformers']['decode_tok_s']:.1f} tok/s "
                                               f"(ours {r['speedup_vs_transformers']:.1f}x)"))

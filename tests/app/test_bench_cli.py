@@ -28,6 +28,19 @@ def test_bench_reports_plain_speculative_and_the_peer(tmp_path, tiny_models, cap
     assert r["transformers"]["decode_tok_s"] > 0 and r["speedup_vs_transformers"] > 0
     table = capsys.readouterr().out
     assert "plain decode" in table and "speculative decode" in table and "transformers generate" in table
+    # the verify steps by tokens they gave, summed over the prompts, and their shares in the table
+    hist = r["spec"]["accept_hist"]
+    one = r["spec"]["per_prompt"][0]["accept_hist"]
+    assert len(hist) == 7 and hist[:len(one)] == one and sum(hist) == sum(one) >= 1
+    assert "tokens per verify step" in table and "6: " in table
+
+
+def test_accept_hist_total_sums_histograms_of_any_length():
+    from app.bench import _hist_line, accept_hist_total
+
+    assert accept_hist_total([{"accept_hist": [0, 2, 1]}, {"accept_hist": [0, 1, 0, 0, 3]}, {}]) == [0, 3, 1, 0, 3]
+    assert accept_hist_total([{"accept_hist": [0, 2]}], 4) == [0, 2, 0, 0]
+    assert _hist_line([0, 1, 0, 3]) == "1: 25% · 2: 0% · 3: 75%" and _hist_line([]) == ""
 
 
 def test_bench_instruct_prompt_set(tmp_path, tiny_models):
