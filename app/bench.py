@@ -176,6 +176,8 @@ def cmd_bench(args) -> int:
 
     if args.prompt_tokens < 1 or args.new_tokens < 2:
         raise UserError("--prompt-tokens must be >= 1 and --new-tokens >= 2")
+    if args.prompts < 1:
+        raise UserError(f"--prompts must be at least 1, got {args.prompts}")
     if args.out:  # checked now, not after minutes of benchmarking
         out = Path(args.out).expanduser()
         existed = out.exists()

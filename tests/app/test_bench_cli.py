@@ -79,3 +79,17 @@ def test_bench_bad_out_fails_first(tmp_path, monkeypatch, capsys):
     assert main(["bench", "--model", "demo", "--out", str(tmp_path / "missing" / "r.json")]) == 2
     assert "--out" in capsys.readouterr().err
     assert main(["bench", "--model", "demo", "--out", str(tmp_path)]) == 2
+
+
+def test_bench_bad_counts_are_one_line_errors(monkeypatch, capsys):
+    import app.bench_setup as setup
+
+    def no_load(*a, **kw):
+        raise AssertionError("loaded a model before checking the counts")
+
+    monkeypatch.setattr(setup, "build_bench_engine", no_load)
+    for flags, says in ((["--prompts", "0"], "--prompts must be at least 1, got 0"),
+                        (["--new-tokens", "1"], "--new-tokens >= 2")):
+        assert main(["bench", "--model", "demo", *flags]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
