@@ -61,11 +61,16 @@ class TrainOptions:
     # (benchmarks/results/h200_head_ab_*_session10.json).
     instruct_frac: float = 0.1
 
-
     def __post_init__(self) -> None:
         for name in ("draft_vocab", "steps", "seq_len", "batch_tokens", "ttt_steps", "mtp_layers"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for flag, value in (("gen", self.gen_prompts), ("eval-every", self.eval_every),
+                            ("eval-prompts", self.eval_prompts)):
+            if value < 0:
+                raise UserError(f"--{flag} must be at least 0 (0: none), got {value}")
+        if self.gen_tokens < 1:
+            raise UserError(f"--gen-tokens must be at least 1, got {self.gen_tokens}")
         if self.seq_len < self.gen_tokens + 16 and self.gen_prompts:
             raise UserError(f"--seq-len {self.seq_len} leaves no room for prompts before --gen-tokens "
                             f"{self.gen_tokens} of reply")
