@@ -19,11 +19,16 @@ step() { echo "== $*" >&2; }
 
 step "demo + shipped head, greedy, k = 5 (speculation off vs on, held-out prompts)"
 lc bench --model demo --prompts 8 --no-peer --out "$out/h200_demo_spec.json"
+step "the same on held-out instruction-style requests"
+lc bench --model demo --prompts 8 --no-peer --prompt-set instruct --out "$out/h200_demo_spec_instruct.json"
 step "the same at temperature 0.7"
 lc bench --model demo --prompts 8 --no-peer --temperature 0.7 --out "$out/h200_demo_spec_t07.json"
 step "sampled speculation with top-p and top-k + min-p"
 python3 benchmarks/sampled_cuts.py "$out/h200_demo_sampled_cuts.json"
 step "start-up of fresh localchat run processes (first byte of the answer)"
+# Python must keep bytecode, as after a pip install: an image with PYTHONDONTWRITEBYTECODE=1 and
+# no __pycache__ compiles torch's sources in every process (seconds of import).
+export PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$out/.pyc}"
 python3 benchmarks/startup.py --model demo --runs 4 --out "$out/h200_startup_first_token.json"
 for i in 1 2; do python3 benchmarks/startup_phases.py --defer; done > "$out/h200_startup_phases.jsonl"
 step "demo model, no draft, against transformers"
