@@ -14,7 +14,6 @@ from .errors import ModelLoadError
 from .gguf_file import hf_config, iter_gguf_tensors, open_gguf
 from .model import CausalLM
 from .ops import Ops
-from .rope import rope_cos_sin
 from .tokenizer import Tokenizer
 from .weights import iter_safetensors, load_weights, safetensors_files
 
@@ -50,7 +49,6 @@ def _no_init(module: nn.Module) -> None:
 def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dtype: torch.dtype,
                 max_len: int) -> CausalLM:
     model = build_uninitialized(lambda: CausalLM(cfg, max_len, Ops.for_device(device)), device, dtype)
-    model.cos_sin = rope_cos_sin(cfg, max_len).to(device)
     load_weights(model, tensors, source)
     return model.eval().requires_grad_(False)
 

@@ -10,7 +10,6 @@ import torch
 from engine.errors import ModelLoadError
 from engine.loader import build_uninitialized
 from engine.ops import Ops
-from engine.rope import rope_cos_sin
 from engine.weights import iter_safetensors, load_weights, safetensors_files
 
 from .config import DraftConfig
@@ -57,7 +56,6 @@ def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: 
     dev, dtype = runner.device, runner.dtype
     draft = build_uninitialized(lambda: Eagle3Draft(dc, target_cfg, runner.max_len, Ops.for_device(dev)),
                                 dev, dtype)
-    draft.cos_sin = rope_cos_sin(dc.layer_config(target_cfg), runner.max_len).to(dev)
     d2t_seen = False
 
     def tensors():

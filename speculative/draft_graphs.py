@@ -12,7 +12,7 @@ from engine.graphs import capture
 
 
 class DraftGraphs:
-    def __init__(self, spec, kv, scratch: int = 0):
+    def __init__(self, spec, kv, scratch: int):
         """scratch: the cache position where the capture's warm-ups write (the decode step at
         scratch, the extend window from there); nothing live may be at or past it."""
         dc, draft, embed = spec.config, spec.draft, spec.embed

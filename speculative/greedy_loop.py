@@ -47,6 +47,11 @@ class WholeIteration:
         to capture in (the loop runs eagerly)."""
         return self.runner.max_len - 3 * (self.k + 1)
 
+    def fits_capture(self, kv_len: int) -> bool:
+        """Whether a capture's warm-ups leave alone a conversation of kv_len cached tokens and
+        the verify after it."""
+        return kv_len + self.k + 1 < self.scratch()
+
     # --- the host side ------------------------------------------------------------------------
     def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
               generator: torch.Generator | None = None) -> None:
@@ -130,7 +135,7 @@ class GreedyIteration(WholeIteration):
     def capture(self) -> None:
         """Captures the graph (CUDA), its warm-ups writing at scratch(): the caller makes sure
         nothing live is there (start() then sets the state the first replay reads)."""
-        if self.runner.device.type != "cuda" or self.scratch() < 0:
+        if self.runner.device.type != "cuda":
             return
         self.n.fill_(self.scratch())
         with torch.inference_mode():

@@ -84,10 +84,9 @@ class SampledIteration(WholeIteration):
         cut = self.cut
         if self.graphs[cut] is not None:
             return True
-        scratch = self.scratch()
-        if self.runner.device.type != "cuda" or self._capture_failed[cut] or kv_len + self.k + 1 >= scratch:
+        if self.runner.device.type != "cuda" or self._capture_failed[cut] or not self.fits_capture(kv_len):
             return False
-        self.n.fill_(scratch)
+        self.n.fill_(self.scratch())
         try:
             with torch.inference_mode():
                 self.graphs[cut], _ = capture(self._body, torch.cuda.graph_pool_handle())

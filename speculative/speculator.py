@@ -57,11 +57,10 @@ class Eagle3Speculator:
             self._capture_if_pending(0)
 
     def _capture_if_pending(self, kv_len: int) -> None:
-        scratch = self.fused.scratch()
-        if not self._capture_pending or scratch < 0 or (kv_len and kv_len + self.k + 1 >= scratch):
-            return  # eager for now (a context shorter than 3 (k + 1) tokens: always)
+        if not self._capture_pending or not self.fused.fits_capture(kv_len):
+            return  # eager for now (in a context shorter than 4 (k + 1) tokens: always)
         self._capture_pending = False
-        self.graphs = DraftGraphs(self, self.kv, scratch)
+        self.graphs = DraftGraphs(self, self.kv, self.fused.scratch())
         self.fused.capture()
 
     def tokens(self, runner, state) -> Iterator[list[int]]:

@@ -59,13 +59,12 @@ class SlowedEngine:
 async def test_real_engine_stops_on_escape(home, tiny_model):
     from engine import Engine
 
-    # With this system prompt the tiny model's greedy answer runs to max_tokens (no EOS).
-    save_settings(home / "config" / "settings.toml", Settings(max_tokens=400, system_prompt="You are a helpful assistant."))
+    save_settings(home / "config" / "settings.toml", Settings(max_tokens=400))
     app = LocalChatApp(lambda on_progress: SlowedEngine(Engine.load(str(tiny_model), device="cpu",
                                                                      on_progress=on_progress)))
     async with app.run_test() as pilot:
         await ready(pilot)
-        await send(pilot, "Numbers: 0 1 2 3", wait=False)
+        await send(pilot, "Numbers: 0 1 2 3", wait=False)  # greedy runs to max_tokens, no EOS
         await wait_for(pilot, lambda: app.screen.conversation.views[-1].content != "")
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.screen.answer is None, timeout_s=10)
