@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .kernels.attention import decode_attention_ref
+from .kernels.attention import decode_attention_ref, decode_attention_sdpa
 
 
 def attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -132,15 +132,19 @@ def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
 MAX_KERNEL_ROWS = 16  # the decode/verify kernel serves up to this many query rows
 
 
-def attend(q, k_cache, v_cache, positions, start_pos: int | None, scale: float, kernel) -> torch.Tensor:
+def attend(q, k_cache, v_cache, positions, start_pos: int | None, scale: float, kernel,
+           own_slots: torch.Tensor | None = None) -> torch.Tensor:
     """One call site for every attention over the cache.
 
     Decode and verify rows go through `kernel` (the Triton op on CUDA) in eager and graph
     mode alike, so a captured graph computes exactly what the eager step computes. Longer
     prefills use SDPA over the filled part; without a kernel (CPU) eager steps use SDPA too.
+    own_slots: where each row's own K/V is when not at its position (ForwardBatch.slots).
     """
     if kernel is not None and q.shape[0] <= MAX_KERNEL_ROWS:
-        return kernel(q, k_cache, v_cache, positions, scale)
+        return kernel(q, k_cache, v_cache, positions, scale, own_slots)
+    if own_slots is not None:
+        return decode_attention_sdpa(q, k_cache, v_cache, positions, scale, own_slots)
     if start_pos is not None:
         return attention_eager(q, k_cache, v_cache, start_pos, scale)
     return decode_attention_ref(q, k_cache, v_cache, positions, scale)

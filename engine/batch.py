@@ -18,6 +18,10 @@ class ForwardBatch:
     # positions restart at 0 in each, attention stays inside one, and the KV cache is neither
     # read nor written. (): one sequence over the cache.
     segment_lengths: tuple[int, ...] = ()
+    # (T,) cache rows the tokens' K/V go to, when not their positions: a verify step's
+    # alternative draft tokens share a position with a chain token and are kept past the chain.
+    # Each row attends to the rows before its position and to its own. None: the positions.
+    slots: torch.Tensor | None = None
 
     @classmethod
     def packed(cls, input_ids: torch.Tensor, lengths: list[int]) -> "ForwardBatch":

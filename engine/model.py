@@ -58,12 +58,14 @@ class Attention(nn.Module):
             o = attention_packed(q, k, v, batch.segment_lengths, self.scale).reshape(T, self.q_size)
             return self.o_proj(o)
         if self.ops.rope_and_cache is not None:
-            q = self.ops.rope_and_cache(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache)
+            q = self.ops.rope_and_cache(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, batch.slots)
         else:
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-            k_cache.index_copy_(0, batch.positions, k)
-            v_cache.index_copy_(0, batch.positions, v)
-        o = attend(q, k_cache, v_cache, batch.positions, batch.start_pos, self.scale, self.ops.attention)
+            rows = batch.positions if batch.slots is None else batch.slots
+            k_cache.index_copy_(0, rows, k)
+            v_cache.index_copy_(0, rows, v)
+        o = attend(q, k_cache, v_cache, batch.positions, batch.start_pos, self.scale, self.ops.attention,
+                   batch.slots)
         o = o.reshape(T, self.q_size)
         return self.ops.row_linear(o, self.o_proj) if self.ops.row_linear else self.o_proj(o)
 

@@ -20,8 +20,8 @@ from .kernels.rope import rope_and_cache
 class Ops:
     add_rms_norm: Callable  # (x, residual | None, weight, eps) -> (normed, x + residual)
     silu_and_mul: Callable  # (T, 2I) -> (T, I)
-    rope_and_cache: Callable | None  # (q, k, v, cos_sin, positions, k_cache, v_cache) -> rotated q; None: unfused
-    attention: Callable | None  # (q, k_cache, v_cache, positions, scale) -> out; graph safe; None: torch
+    rope_and_cache: Callable | None  # (q, k, v, cos_sin, positions, k_cache, v_cache, slots) -> rotated q; None: unfused
+    attention: Callable | None  # (q, k_cache, v_cache, positions, scale, own_slots) -> out; graph safe; None: torch
     # (x, linear) -> linear(x) for the o_proj and down projections of a single-token step;
     # None: the nn.Linear itself (cuBLAS). On the H200 our GEMV beat cuBLAS there
     # (benchmarks/results/h200_gemv.json: 8B o_proj 11.1 vs 13.2 us, SmolLM2 down 2.3 vs 4.8 us).
@@ -103,10 +103,10 @@ class BatchInvariance:
     def _invariant(self, x: torch.Tensor) -> bool:
         return self.on and x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
 
-    def attention(self, q, k_cache, v_cache, positions, scale) -> torch.Tensor:
+    def attention(self, q, k_cache, v_cache, positions, scale, own_slots=None) -> torch.Tensor:
         """decode_attention with one tile for every row count while switched on."""
         return decode_attention(q, k_cache, v_cache, positions, scale,
-                                invariant=self.on and q.shape[0] <= MAX_INVARIANT_ROWS)
+                                invariant=self.on and q.shape[0] <= MAX_INVARIANT_ROWS, own_slots=own_slots)
 
     def row_linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
         if self._invariant(x):

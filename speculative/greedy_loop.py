@@ -7,9 +7,15 @@ waits for the host. Here the host replays one graph and reads one small result p
 
 State carried from one replay to the next, all on the device:
     n      () the target cache length before this iteration's verify
-    ids    (k+1,) [bonus, d_1..d_k]: the token at position n and the k drafts after it
-Each replay writes `result` = [accepted a, the target's next token, d_1..d_k as verified] and
-leaves n, ids ready for the next replay. On CPU the same function runs eagerly.
+    ids    (k+1+k*alts,) [bonus, d_1..d_k, alternatives]: the token at position n, the k drafts
+           after it, and (greedy) the draft's next-best tokens for each draft (ChainState)
+Each replay writes `result` = [accepted a, the target's next token, the k drafts as verified]
+and leaves n, ids ready for the next replay. On CPU the same function runs eagerly.
+
+Alternatives: the verify checks each draft's runner-up tokens too, as extra rows at the draft's
+position, each seeing the chain before it and itself. Where the chain's draft is rejected and
+the target chose one of them, it is accepted as well: one more token for that iteration, for
+rows that cost little in a verify step whose time is launches, not arithmetic.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import torch
 
 from engine.batch import ForwardBatch
 from engine.graphs import capture
-from engine.kernels.pick import ChainState, argmax_pick, argmax_pick_ref, greedy_verify, greedy_verify_ref
+from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref, greedy_verify,
+                                 greedy_verify_ref)
 
 
 class WholeIteration:
@@ -28,38 +35,45 @@ class WholeIteration:
 
     graph = None  # the captured graph (subclasses), None: eager
 
-    def __init__(self, spec, runner):
+    def __init__(self, spec, runner, alts: int = 0):
         self.spec, self.runner = spec, runner
         k = spec.k
         self.k = k
         self.last_pos = runner.max_len - 1
-        self.chain = chain = ChainState(k, self.last_pos, runner.device)
+        self.chain = chain = ChainState(k, self.last_pos, runner.device, alts)
+        self.alts = alts
+        self.width = chain.rows  # verify rows, and the cache rows an iteration writes from n
         self.n, self.ids, self.result, self.offsets = chain.n, chain.ids, chain.result, chain.offsets
         self.draft_pos = chain.draft_pos  # where the draft steps of the next chain write
-        self.positions = self.offsets.clone()
+        self.positions = chain.row_pos.clone()
+        self.slots = chain.row_slots.clone()
         self.reader = None
 
     def scratch(self) -> int:
         """Where a capture's warm-ups start. engine.graphs.capture runs the body twice for real,
-        each run moving n on by at most k + 1 and writing k + 1 rows of both caches from n, so
-        started here they stay in the caches' last 3 (k + 1) positions, past anything live
-        while the conversation ends before this position. Negative: the context is too short
-        to capture in (the loop runs eagerly)."""
-        return self.runner.max_len - 3 * (self.k + 1)
+        each run moving n on by at most k + 1 and writing `width` rows of the target's cache
+        (k + 1 of the draft's) from n, so started here they stay in the caches' last
+        2 (k + 1) + width positions, past anything live while the conversation ends before this
+        position. Negative: the context is too short to capture in (the loop runs eagerly)."""
+        return self.runner.max_len - 2 * (self.k + 1) - self.width
 
     def fits_capture(self, kv_len: int) -> bool:
         """Whether a capture's warm-ups leave alone a conversation of kv_len cached tokens and
         the verify after it."""
-        return kv_len + self.k + 1 < self.scratch()
+        return kv_len + self.width < self.scratch()
 
     # --- the host side ------------------------------------------------------------------------
     def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
-              generator: torch.Generator | None = None) -> None:
+              generator: torch.Generator | None = None, alts: torch.Tensor | None = None) -> None:
         """The first iteration's inputs: the bonus token at n and the k drafts after it (q: the
-        distributions they were drawn from, and the request's generator, when sampling)."""
+        distributions they were drawn from, and the request's generator, when sampling; alts
+        (k, self.alts): each draft's alternatives, or None: none for this iteration)."""
+        k = self.k
         self.n.fill_(n)
         self.ids[0] = bonus
-        self.ids[1:].copy_(drafts)
+        self.ids[1:k + 1].copy_(drafts)
+        if self.alts:  # without alternatives, each draft stands in for its own (never a second hit)
+            self.ids[k + 1:].copy_(drafts.repeat_interleave(self.alts) if alts is None else alts.reshape(-1))
 
     def _prepare(self) -> None:
         """Before each iteration, on the stream (the sampled one draws its random numbers)."""
@@ -98,10 +112,15 @@ class WholeIteration:
         raise NotImplementedError
 
     def _verify(self, n: int | None):
-        """The target forward over [bonus, d_1..d_k] at n..n+k; returns its ForwardOutput."""
-        runner = self.runner
-        torch.add(self.offsets, self.n, out=self.positions)
-        return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n), runner.kv, runner.aux_layer_ids)
+        """The target forward over [bonus, d_1..d_k] at n..n+k (and the alternatives); returns its
+        ForwardOutput."""
+        runner, chain = self.runner, self.chain
+        torch.add(chain.row_pos, self.n, out=self.positions)
+        slots = None
+        if self.alts:
+            slots = torch.add(chain.row_slots, self.n, out=self.slots)
+        return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n, slots=slots), runner.kv,
+                            runner.aux_layer_ids)
 
     def _extend(self, out, accepted, next_token, n: int | None):
         """Moves the chain on (ChainState.advance: result, extend window, n, bonus, draft
@@ -114,7 +133,8 @@ class WholeIteration:
         # the next token and are never read. The draft steps write at n + a + 1 + s (clamped:
         # past the context the host switches to plain steps before using these drafts).
         states = spec._target_states(out.aux_hidden, out.hidden)
-        logits, hidden = spec.draft(self.chain.window, self.positions, states, True, spec.embed, spec.kv, start_pos=n)
+        logits, hidden = spec.draft(self.chain.window, self.positions[:self.k + 1], states, True, spec.embed, spec.kv,
+                                    start_pos=n)
         row = accepted.view(1)
         return (logits.index_select(0, row), hidden.index_select(0, row),
                 None if n is None else n + int(accepted) + 1)
@@ -128,8 +148,8 @@ class WholeIteration:
 
 
 class GreedyIteration(WholeIteration):
-    def __init__(self, spec, runner):
-        super().__init__(spec, runner)
+    def __init__(self, spec, runner, alts: int = 0):
+        super().__init__(spec, runner, alts)
         self.graph = None
 
     def capture(self) -> None:
@@ -148,14 +168,23 @@ class GreedyIteration(WholeIteration):
         lean = spec.draft.lean  # GPU kernels: acceptance and picks in one launch each
         (greedy_verify if lean else greedy_verify_ref)(self.runner.model.logits(out.hidden, fp32=not lean), chain)
         states = spec._target_states(out.aux_hidden, out.hidden)
-        d_logits, hidden = spec.draft(chain.window, self.positions, states, True, spec.embed, spec.kv, start_pos=n,
-                                      fp32_logits=not lean)
+        if self.alts:
+            # An accepted alternative: its K/V to its position, its state into the extend window.
+            src, dst = chain.kv_move[0:1], chain.kv_move[1:2]
+            for cache in (self.runner.kv.k_all, self.runner.kv.v_all):
+                cache.index_copy_(1, dst, cache.index_select(1, src))
+            states = states.index_select(0, chain.state_rows)
+        d_logits, hidden = spec.draft(chain.window, self.positions[:self.k + 1], states, True, spec.embed, spec.kv,
+                                      start_pos=n, fp32_logits=not lean)
         d_hidden = hidden.index_select(0, chain.accepted.view(1))
         n_next = None if n is None else n + int(chain.accepted) + 1
         row = chain.accepted  # the draft's logits at the last accepted row start the chain
         for s in range(self.k):
             slot = self.ids[s + 1:s + 2]  # draft token s + 1, and the next step's input
-            (argmax_pick if lean else argmax_pick_ref)(d_logits, spec.draft.d2t, slot, row)
+            if self.alts:
+                (draft_pick if lean else draft_pick_ref)(d_logits, spec.draft.d2t, slot, chain.alt_slots(s), row)
+            else:
+                (argmax_pick if lean else argmax_pick_ref)(d_logits, spec.draft.d2t, slot, row)
             row = None
             if s < self.k - 1:
                 d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n_next, fp32_logits=not lean)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import torch
 
 from engine import read_ahead
 from engine.decode import choose_next, plain_steps
+from engine.kernels.attention import MAX_INVARIANT_ROWS as MAX_VERIFY_ROWS
+from engine.kernels.pick import MAX_ALTS, draft_pick_ref
 from engine.kv_cache import KVCache
 from engine.sampling import probabilities, sample_from
 
@@ -18,8 +21,19 @@ from .greedy_loop import GreedyIteration
 from .verify import accept_drafts
 
 
+def default_alternatives(k: int) -> int:
+    """Alternatives per draft for greedy verify steps: as many as keep the verify within the 16
+    rows of the batch-invariant kernels (k = 5: 2, 16 rows), at most 2. LOCALCHAT_SPEC_ALTS
+    overrides (0: the plain chain)."""
+    env = os.environ.get("LOCALCHAT_SPEC_ALTS")
+    fit = max(0, (MAX_VERIFY_ROWS - k - 1) // max(k, 1))
+    if env is not None and env.strip().isdigit():
+        return min(int(env), fit, MAX_ALTS)
+    return min(2, fit)
+
+
 class Eagle3Speculator:
-    def __init__(self, draft: Eagle3Draft, runner, num_steps: int):
+    def __init__(self, draft: Eagle3Draft, runner, num_steps: int, alternatives: int | None = None):
         dc = draft.config
         self.draft = draft
         self.config = dc
@@ -32,7 +46,8 @@ class Eagle3Speculator:
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
-        self.fused = GreedyIteration(self, runner)  # greedy without a penalty: one graph an iteration
+        self.alts = default_alternatives(num_steps) if alternatives is None else alternatives
+        self.fused = GreedyIteration(self, runner, self.alts)  # greedy without a penalty: one graph an iteration
         self.sampled = sampled_loop.SampledIteration(self, runner)  # sampling without a penalty: the same
 
     # --- the facade's hooks -------------------------------------------------------------
@@ -114,11 +129,12 @@ class Eagle3Speculator:
         """The first k drafts here, then one `it` (GreedyIteration or SampledIteration) per
         verify step."""
         n = state.kv_len
-        if n + self.k + 1 > runner.max_len:
+        if n + it.width > runner.max_len:
             yield from plain_steps(runner, state)
             return
-        drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
-        it.start(n, state.tokens[n], drafts, q, state.generator)
+        alts = [] if it.alts else None
+        drafts, q = self._draft_chain(d_logits, d_hidden, n, state, alts, it.alts)
+        it.start(n, state.tokens[n], drafts, q, state.generator, torch.cat(alts) if alts else None)
         yield from self._iterations(runner, state, it)
 
     def _sampled_ready(self, state) -> bool:
@@ -136,9 +152,9 @@ class Eagle3Speculator:
         of the context, then plain steps. With a graph, the iteration after the next is queued
         before the host reads a result (it needs nothing from the host), whenever it surely fits
         in the context."""
-        k, n = self.k, state.kv_len
+        k, n, width = self.k, state.kv_len, it.width
         if it.graph is None:  # eager: one iteration at a time
-            while n + k + 1 <= runner.max_len:
+            while n + width <= runner.max_len:
                 out, n = self._fused_step(it.run(), n, state)
                 yield out
             yield from plain_steps(runner, state)
@@ -148,13 +164,14 @@ class Eagle3Speculator:
             it.queue()
             queued = 1
             while queued:
-                # The queued iteration starts at n; the one after it at n + k + 1 at most.
-                if queued < read_ahead.DEPTH and n + 2 * (k + 1) <= runner.max_len:
+                # The queued iteration starts at n; the one after it at n + k + 1 at most, and
+                # each writes `width` cache rows from where it starts.
+                if queued < read_ahead.DEPTH and n + k + 1 + width <= runner.max_len:
                     it.queue()
                     queued += 1
                 out, n = self._fused_step(it.take(), n, state)
                 queued -= 1
-                if not queued and n + k + 1 <= runner.max_len:
+                if not queued and n + width <= runner.max_len:
                     it.queue()
                     queued = 1
                 yield out
@@ -176,12 +193,17 @@ class Eagle3Speculator:
     def _target_states(self, aux, hidden):
         return aux if self.config.use_aux_hidden_state else hidden
 
-    def _draft_chain(self, d_logits, d_hidden, n: int, state):
-        """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities."""
+    def _draft_chain(self, d_logits, d_hidden, n: int, state, alts: list | None = None, num_alts: int = 0):
+        """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities.
+        alts: a list that gets each greedy draft's num_alts next-best tokens."""
         p, k = state.params, self.k
         tokens, probs = [], []
         for s in range(k):
-            if p.is_greedy:
+            if p.is_greedy and alts is not None:
+                tok = torch.zeros(1, dtype=torch.long, device=d_logits.device)
+                alts.append(torch.zeros(num_alts, dtype=torch.long, device=d_logits.device))
+                draft_pick_ref(d_logits[-1:], self.draft.d2t, tok, alts[-1])
+            elif p.is_greedy:
                 tok = self.draft.to_target_ids(d_logits[-1].argmax().view(1))
             else:
                 qd = probabilities(d_logits[-1], p)  # over the draft vocabulary

@@ -43,7 +43,7 @@ def _kernels():
 
     @triton.jit
     def split_kernel(
-        q_ptr, k_ptr, v_ptr, pos_ptr, part_o_ptr, part_lse_ptr,
+        q_ptr, k_ptr, v_ptr, pos_ptr, own_ptr, part_o_ptr, part_lse_ptr,
         num_rows, num_splits,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         qk_scale,  # scale * log2(e): the softmax runs in base 2
@@ -63,6 +63,7 @@ def _kernels():
         head = kv_head * GROUP + offs_m % GROUP
         row_ok = t < num_rows
         pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)  # padded rows see no key
+        own_slot = tl.load(own_ptr + t, mask=row_ok, other=0).to(tl.int64)  # where the row's own K/V is
         start = split * SPLIT_SIZE
         end = tl.minimum(start + SPLIT_SIZE, tl.max(pos, axis=0) + 1)
         if start < end:
@@ -92,7 +93,7 @@ def _kernels():
                     s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
                 else:
                     s = tl.dot(q, tl.trans(k))
-                s = tl.where(offs_n[None, :] <= pos[:, None], s * qk_scale, float("-inf"))
+                s = tl.where(offs_n[None, :] < pos[:, None], s * qk_scale, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
                 alpha = tl.exp2(m_i - m_safe)
@@ -104,6 +105,23 @@ def _kernels():
                     pv = tl.dot(p.to(v.dtype), v)
                 acc = acc * alpha[:, None] + pv
                 m_i = m_new
+            # The row's own key last, read from its own slot and added outside the dot: a verify
+            # row whose K/V sits elsewhere (an alternative draft token) then computes exactly what
+            # the decode step of its token computes, whatever else the tile holds at pos.
+            own = row_ok & (pos >= start) & (pos < start + SPLIT_SIZE)
+            own_mask = own[:, None] & d_ok[None, :]
+            k_own = tl.load(k_ptr + own_slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                            mask=own_mask, other=0.0).to(tl.float32)
+            v_own = tl.load(v_ptr + own_slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                            mask=own_mask, other=0.0).to(tl.float32)
+            s_own = tl.where(own, tl.sum(q.to(tl.float32) * k_own, axis=1) * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, s_own)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p_own = tl.exp2(s_own - m_safe)
+            l_i = l_i * alpha + p_own
+            acc = acc * alpha[:, None] + p_own[:, None] * v_own
+            m_i = m_new
             has_key = l_i > 0.0  # rows whose position is below this split hold no key
             l_safe = tl.where(has_key, l_i, 1.0)
             lse = tl.where(has_key, m_i + tl.log2(l_safe), float("-inf"))
@@ -171,8 +189,13 @@ def decode_attention(
     positions: torch.Tensor,  # (T,) int32/int64 on q's device; row t sees cache rows 0..positions[t]
     scale: float,
     invariant: bool = False,
+    own_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
+
+    own_slots (T,): where row t's own key and value are, in place of cache row positions[t]
+    (None: there). A verify step's alternative draft tokens share a position with a chain
+    token but keep their K/V past the chain's rows.
 
     invariant: one tile shape for every row count up to MAX_INVARIANT_ROWS, so a row's bits do
     not depend on how many rows came with it (a verify row equals the decode step of its
@@ -198,7 +221,7 @@ def decode_attention(
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
     pdl = pdl_args(q.device)
     split_kernel[(num_kv_heads, num_splits)](
-        q, k_cache, v_cache, positions, part_o, part_lse,
+        q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
         num_rows, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         scale * math.log2(math.e),
@@ -219,8 +242,17 @@ def decode_attention(
     return out
 
 
+def _visible(positions: torch.Tensor, own_slots: torch.Tensor | None, num_slots: int) -> torch.Tensor:
+    """(T, S) bool: row t sees cache rows before positions[t] and its own row (own_slots[t], or
+    positions[t])."""
+    slots = torch.arange(num_slots, device=positions.device)
+    own = positions if own_slots is None else own_slots
+    return (slots < positions[:, None]) | (slots == own[:, None])
+
+
 def decode_attention_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, scale: float,
+    own_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference: fp32 einsum over all S_max rows with a position mask. Any device, no
     host sync, correct for any positions; memory and time grow with S_max."""
@@ -229,14 +261,15 @@ def decode_attention_ref(
     max_seq_len, num_kv_heads, _ = k_cache.shape
     qf = q.float().view(num_rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = torch.einsum("tkgd,skd->tkgs", qf, k_cache.float()) * scale  # (T, Hkv, g, S)
-    visible = torch.arange(max_seq_len, device=q.device) <= positions[:, None]  # (T, S)
+    visible = _visible(positions, own_slots, max_seq_len)  # (T, S)
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     out = torch.einsum("tkgs,skd->tkgd", scores.softmax(dim=-1), v_cache.float())
     return out.reshape(num_rows, num_heads, head_dim).to(q.dtype)
 
 
 def decode_attention_sdpa(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, scale: float,
+    own_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain-torch fast variant (the CPU path): SDPA with GQA and a position mask.
 
@@ -245,9 +278,9 @@ def decode_attention_sdpa(
     """
     _check(q, k_cache, v_cache, positions)
     if not q.is_cuda:
-        kv_len = int(positions.max()) + 1
+        kv_len = int((positions if own_slots is None else torch.maximum(positions, own_slots)).max()) + 1
         k_cache, v_cache = k_cache[:kv_len], v_cache[:kv_len]
-    visible = torch.arange(k_cache.shape[0], device=q.device) <= positions[:, None]  # (T, S)
+    visible = _visible(positions, own_slots, k_cache.shape[0])  # (T, S)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1), k_cache.transpose(0, 1), v_cache.transpose(0, 1),
         attn_mask=visible, scale=scale, enable_gqa=True,

@@ -1,6 +1,8 @@
 """Greedy picks over logits, each one launch with no host sync (safe to capture in a CUDA graph).
 
     argmax_pick(logits, offsets, out, row)    i = argmax(logits[row]); out[0] = i + offsets[i]
+    draft_pick(logits, offsets, out, alts, row)   the same, and the next len(alts) best ids
+                                              (mapped the same way) into alts
     greedy_verify(logits, chain, ...)         a verify step's greedy acceptance, and the chain
                                               state moved on (see greedy_verify)
 
@@ -19,14 +21,14 @@ import torch
 
 from . import pdl_args
 
-triton = tl = row_argmax = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = row_argmax = row_argmax_except = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 2048  # logits per loop step of the single program
 
 
 @functools.cache
 def _kernels():
-    global triton, tl, row_argmax  # module globals: the kernels below call row_argmax by name
+    global triton, tl, row_argmax, row_argmax_except  # module globals: the kernels below call them by name
     import triton
     import triton.language as tl
 
@@ -46,6 +48,52 @@ def _kernels():
         return tl.min(tl.where(best == top, best_i, vocab), axis=0)  # the lowest lane index holding it
 
     @triton.jit
+    def row_argmax_except(base, vocab, ex0, ex1, ex2, BLOCK: tl.constexpr):
+        """row_argmax with the indices ex0..ex2 left out (-1: none)."""
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_i = tl.zeros([BLOCK], tl.int32)
+        for v0 in range(0, vocab, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+            x = tl.where((offs == ex0) | (offs == ex1) | (offs == ex2), float("-inf"), x)
+            better = x > best
+            best = tl.where(better, x, best)
+            best_i = tl.where(better, offs, best_i)
+        top = tl.max(best, axis=0)
+        return tl.min(tl.where(best == top, best_i, vocab), axis=0)
+
+    @triton.jit
+    def draft_pick_kernel(logits_ptr, row_ptr, offsets_ptr, out_ptr, alts_ptr, vocab, stride_row,
+                          ALTS: tl.constexpr, HAS_ROW: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK: tl.constexpr,
+                          USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        base = logits_ptr
+        if HAS_ROW:
+            base += tl.load(row_ptr) * stride_row
+        i0 = row_argmax(base, vocab, BLOCK)
+        i1 = row_argmax_except(base, vocab, i0, -1, -1, BLOCK)
+        i2 = i1
+        i3 = i1
+        if ALTS > 1:
+            i2 = row_argmax_except(base, vocab, i0, i1, -1, BLOCK)
+        if ALTS > 2:
+            i3 = row_argmax_except(base, vocab, i0, i1, i2, BLOCK)
+        if HAS_OFFSETS:
+            i0 = i0 + tl.load(offsets_ptr + i0)
+            i1 = i1 + tl.load(offsets_ptr + i1)
+            i2 = i2 + tl.load(offsets_ptr + i2)
+            i3 = i3 + tl.load(offsets_ptr + i3)
+        ty = out_ptr.dtype.element_ty
+        tl.store(out_ptr, i0.to(ty))
+        tl.store(alts_ptr, i1.to(ty))
+        if ALTS > 1:
+            tl.store(alts_ptr + 1, i2.to(ty))
+        if ALTS > 2:
+            tl.store(alts_ptr + 2, i3.to(ty))
+
+    @triton.jit
     def argmax_pick_kernel(logits_ptr, row_ptr, offsets_ptr, out_ptr, vocab, stride_row,
                            HAS_ROW: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK: tl.constexpr,
                            USE_PDL: tl.constexpr):
@@ -62,8 +110,8 @@ def _kernels():
 
     @triton.jit
     def greedy_verify_kernel(logits_ptr, ids_ptr, n_ptr, result_ptr, window_ptr, accepted_ptr, draft_pos_ptr,
-                             choice_ptr, count_ptr, vocab, stride_row, rows, last_pos,
-                             BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr):
+                             choice_ptr, count_ptr, state_rows_ptr, kv_move_ptr, vocab, stride_row, rows, k, last_pos,
+                             ALTS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -75,22 +123,41 @@ def _kernels():
         if arrived == rows - 1:  # the last row's program: accept, and move the chain on
             lane = tl.arange(0, BLOCK_R)
             c = tl.load(choice_ptr + lane, mask=lane < rows, other=-1, cache_modifier=".cg")
-            is_draft = lane < rows - 1
+            is_draft = lane < k
             d = tl.load(ids_ptr + 1 + lane, mask=is_draft, other=-1)  # draft i + 1 at lane i
-            a = tl.min(tl.where(is_draft & (d != c), lane, rows - 1), axis=0)  # leading matches
+            a = tl.min(tl.where(is_draft & (d != c), lane, k), axis=0)  # leading matches
             nxt = tl.sum(tl.where(lane == a, c, 0), axis=0)
+            n_old = tl.load(n_ptr)
+            if ALTS > 0:
+                # Alternative j stands for draft j // ALTS + 1 (verify row k + 1 + j): where the chain's
+                # draft a + 1 was rejected, the first alternative for it that equals the target's
+                # choice is accepted too, and the next token is the choice after it.
+                alt_ok = lane < rows - k - 1
+                alt = tl.load(ids_ptr + k + 1 + lane, mask=alt_ok, other=-1)
+                hit = alt_ok & (lane // ALTS == a) & (alt == nxt)
+                j = tl.min(tl.where(hit, lane, BLOCK_R), axis=0)
+                has = j < BLOCK_R
+                alt_tok = tl.sum(tl.where(lane == j, alt, 0), axis=0)
+                d = tl.where(has & (lane == a), alt_tok, d)
+                nxt = tl.where(has, tl.sum(tl.where(lane == k + 1 + j, c, 0), axis=0), nxt)
+                tl.store(state_rows_ptr + lane, tl.where(has & (lane == a + 1), k + 1 + j, lane).to(tl.int64),
+                         mask=lane < k + 1)
+                # the accepted alternative's K/V moves from its own slot to its position
+                src = tl.where(has, k + 1 + j, a + 1)
+                tl.store(kv_move_ptr + lane, (n_old + tl.where(lane == 0, src, a + 1)).to(tl.int64), mask=lane < 2)
+                a = a + has.to(a.dtype)
             tl.store(result_ptr + lane, tl.where(lane == 0, a, nxt).to(tl.int64), mask=lane < 2)
             tl.store(result_ptr + 2 + lane, d, mask=is_draft)
             # extend row i pairs target state n + i with the token at n + i + 1
-            tl.store(window_ptr + lane, tl.where(lane < a, d, nxt), mask=lane < rows)
+            tl.store(window_ptr + lane, tl.where(lane < a, d, nxt), mask=lane < k + 1)
             tl.store(accepted_ptr, a.to(tl.int64))
-            n = tl.load(n_ptr) + a + 1
+            n = n_old + a + 1
             tl.store(n_ptr, n)
             tl.store(ids_ptr, nxt)
-            tl.store(draft_pos_ptr + lane, tl.minimum(n + lane, last_pos), mask=lane < rows)
+            tl.store(draft_pos_ptr + lane, tl.minimum(n + lane, last_pos), mask=lane < k + 1)
             tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
 
-    return argmax_pick_kernel, greedy_verify_kernel
+    return argmax_pick_kernel, greedy_verify_kernel, draft_pick_kernel
 
 
 def argmax_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor,
@@ -117,33 +184,80 @@ def argmax_pick_ref(logits, offsets, out, row=None) -> torch.Tensor:
     return out
 
 
+MAX_ALTS = 3  # draft_pick's limit
+
+
+def draft_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor, alts: torch.Tensor,
+               row: torch.Tensor | None = None) -> torch.Tensor:
+    """argmax_pick, and the next alts.numel() (1..MAX_ALTS) best ids, best first, into alts (a
+    contiguous view into a buffer; ties: the lowest index first). One launch, no host sync."""
+    assert logits.dim() == 2 and logits.stride(1) == 1 and out.numel() == 1
+    assert 1 <= alts.numel() <= MAX_ALTS and alts.is_contiguous() and alts.numel() < logits.shape[1]
+    _kernels()[2][(1,)](
+        logits, row if row is not None else out, offsets if offsets is not None else out, out, alts,
+        logits.shape[1], logits.stride(0),
+        ALTS=alts.numel(), HAS_ROW=row is not None, HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8,
+        **pdl_args(logits.device),
+    )
+    return out
+
+
+def draft_pick_ref(logits, offsets, out, alts, row=None) -> torch.Tensor:
+    """Reference and CPU path: the same in torch ops (a stable sort: ties go to the lowest
+    index, as in the kernel)."""
+    x = logits[0] if row is None else logits.index_select(0, row.view(1))[0]
+    ids = x.float().sort(descending=True, stable=True).indices[:alts.numel() + 1]
+    if offsets is not None:
+        ids = ids + offsets[ids]
+    out.view(1).copy_(ids[:1])
+    alts.view(-1).copy_(ids[1:])
+    return out
+
+
 class ChainState:
     """The device state of a greedy draft chain that greedy_verify reads and moves on.
 
-    ids (k+1,): [bonus, d_1..d_k], the token at position n and the k drafts after it; n (): the
-    cache length before the verify. greedy_verify writes result (k+2,) [accepted a, next token,
-    d_1..d_k], window (k+1,) (the draft-extend's tokens: d_1..d_a, then the next token),
+    ids (k+1+k*alts,): [bonus, d_1..d_k, then `alts` alternatives for each of d_1..d_k]: the token
+    at position n, the k drafts after it, and the draft's next-best tokens in place of each draft
+    (verify rows of their own, at the draft's position, with their K/V in the rows after the
+    chain's: cache row n + row index). n (): the cache length before the verify. greedy_verify
+    writes result (k+2,) [accepted a, next token, the a accepted drafts, then the rest of
+    d_1..d_k], window (k+1,) (the draft-extend's tokens: the accepted ones, then the next token),
     accepted (), n += a + 1, ids[0] = the next token, and draft_pos (k+1,): min(n + i, last_pos),
-    where the next chain's draft steps write."""
+    where the next chain's draft steps write. With alternatives also state_rows (k+1,), the
+    verify row whose target state each extend row takes, and kv_move (2,): [from, to], the cache
+    row the accepted alternative's K/V must move to its position from (from == to: none)."""
 
-    def __init__(self, k: int, last_pos: int, device):
+    def __init__(self, k: int, last_pos: int, device, alts: int = 0):
         long = dict(dtype=torch.long, device=device)
-        self.k, self.last_pos = k, last_pos
-        self.ids = torch.zeros(k + 1, **long)
+        self.k, self.last_pos, self.alts = k, last_pos, alts
+        self.rows = k + 1 + k * alts  # verify rows
+        self.ids = torch.zeros(self.rows, **long)
         self.n = torch.zeros((), **long)
         self.result = torch.zeros(k + 2, **long)
         self.window = torch.zeros(k + 1, **long)
         self.accepted = torch.zeros((), **long)
         self.draft_pos = torch.zeros(k + 1, **long)
         self.offsets = torch.arange(k + 1, **long)
-        self._choice = torch.zeros(k + 1, **long)
+        # verify row i sits at position n + row_pos[i] and writes cache row n + i
+        self.row_pos = torch.cat([self.offsets, torch.arange(k * alts, **long) // max(alts, 1) + 1])
+        self.row_slots = torch.arange(self.rows, **long)
+        self.state_rows = torch.arange(k + 1, **long)
+        self.kv_move = torch.zeros(2, **long)
+        self._choice = torch.zeros(self.rows, **long)
         self._counter = torch.zeros(1, dtype=torch.int32, device=device)
 
-    def advance(self, a: torch.Tensor, nxt: torch.Tensor) -> None:
+    def alt_slots(self, s: int) -> torch.Tensor:
+        """The ids where draft s + 1's alternatives go."""
+        start = self.k + 1 + s * self.alts
+        return self.ids[start:start + self.alts]
+
+    def advance(self, a: torch.Tensor, nxt: torch.Tensor, drafts: torch.Tensor | None = None) -> None:
         """greedy_verify's writes in torch ops, for an accepted count a () and next token nxt ()
         decided elsewhere (the reference, and the sampled loop's rejection sampling); all but
-        `accepted`, which only greedy_verify's callers read."""
-        drafts = self.ids[1:]
+        `accepted`, which only greedy_verify's callers read. drafts: the k proposed tokens as
+        accepted (d_1..d_k, with an accepted alternative in its draft's place)."""
+        drafts = self.ids[1:self.k + 1] if drafts is None else drafts
         self.result[0].copy_(a)
         self.result[1].copy_(nxt)
         self.result[2:].copy_(drafts)
@@ -155,25 +269,48 @@ class ChainState:
 
 
 def greedy_verify(logits: torch.Tensor, chain: ChainState) -> None:
-    """logits (k+1, V): the target's after [bonus, d_1..d_k] (any float dtype). The target's
-    choice at each row is its argmax (ties: lowest index); d_1..d_a are accepted where they
-    equal the choices before them, and the next token is the choice after them, so the output
-    is what plain greedy decoding gives. Writes chain's fields (ChainState). One launch: each
-    row's program takes its argmax, and the last to finish does the rest. CUDA (or the Triton
-    interpreter)."""
-    rows = chain.k + 1
+    """logits (rows, V): the target's after each verify row (ChainState.ids; any float dtype).
+    The target's choice at each row is its argmax (ties: lowest index); d_1..d_a are accepted
+    where they equal the choices before them. Where d_(a+1) was rejected, an alternative for it
+    that equals the target's choice there is accepted as well, and the next token is the choice
+    after the last accepted token, so the output is what plain greedy decoding gives. Writes
+    chain's fields (ChainState). One launch: each row's program takes its argmax, and the last
+    to finish does the rest. CUDA (or the Triton interpreter)."""
+    rows = chain.rows
     assert logits.dim() == 2 and logits.shape[0] == rows and logits.stride(1) == 1
     _kernels()[1][(rows,)](
         logits, chain.ids, chain.n, chain.result, chain.window, chain.accepted, chain.draft_pos,
-        chain._choice, chain._counter, logits.shape[1], logits.stride(0), rows, chain.last_pos,
-        BLOCK=_BLOCK, BLOCK_R=max(16, 1 << (rows - 1).bit_length()), num_warps=8, **pdl_args(logits.device),
+        chain._choice, chain._counter, chain.state_rows, chain.kv_move,
+        logits.shape[1], logits.stride(0), rows, chain.k, chain.last_pos,
+        ALTS=chain.alts, BLOCK=_BLOCK, BLOCK_R=max(16, 1 << (rows - 1).bit_length()), num_warps=8,
+        **pdl_args(logits.device),
     )
 
 
 def greedy_verify_ref(logits: torch.Tensor, chain: ChainState) -> None:
     """Reference and CPU path: the same writes in torch ops."""
+    k, m = chain.k, chain.alts
     choice = logits.argmax(-1)
-    matches = (chain.ids[1:] == choice[:-1]).to(torch.int64)
+    matches = (chain.ids[1:k + 1] == choice[:k]).to(torch.int64)
     a = matches.cumprod(0).sum()
+    nxt = choice.index_select(0, a.view(1))[0]  # index_select: no host sync
+    if not m:
+        chain.accepted.copy_(a)
+        chain.advance(a, nxt)
+        return
+    alt = chain.ids[k + 1:]
+    lane = torch.arange(k * m, device=alt.device)
+    hit = (lane // m == a) & (alt == nxt)
+    j = torch.where(hit, lane, k * m).min()
+    has = (j < k * m).to(torch.int64)
+    row = k + 1 + j.clamp(max=k * m - 1)  # the hit's verify row (any row when none)
+    alt_tok = alt.index_select(0, j.clamp(max=k * m - 1).view(1))[0]
+    nxt = torch.where(has.bool(), choice.index_select(0, row.view(1))[0], nxt)
+    chain.state_rows.copy_(torch.where(has.bool() & (chain.offsets == a + 1), row, chain.offsets))
+    src = torch.where(has.bool(), row, a + 1)
+    chain.kv_move.copy_(chain.n + torch.stack([src, a + 1]))
+    drafts = chain.ids[1:k + 1].clone()
+    drafts.copy_(torch.where(has.bool() & (chain.offsets[:k] == a), alt_tok, drafts))
+    a = a + has
     chain.accepted.copy_(a)
-    chain.advance(a, choice.index_select(0, a.view(1))[0])  # index_select: no host sync
+    chain.advance(a, nxt, drafts)

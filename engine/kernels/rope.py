@@ -50,7 +50,7 @@ def _kernels():
 
     @triton.jit
     def rope_and_cache_kernel(
-        q_ptr, k_ptr, v_ptr, cos_sin_ptr, pos_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+        q_ptr, k_ptr, v_ptr, cos_sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
         num_q_heads, num_kv_heads,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qo_t, stride_qo_h,
         stride_kc_t, stride_kc_h, stride_vc_t, stride_vc_h, stride_cs,
@@ -62,19 +62,20 @@ def _kernels():
             tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0)
         pos = tl.load(pos_ptr + t).to(tl.int64)
+        row = tl.load(slot_ptr + t).to(tl.int64)  # the cache row: pos, or the row's own slot
         offs_d = tl.arange(0, BLOCK_HALF)
         d_ok = offs_d < HALF
         cos = tl.load(cos_sin_ptr + pos * stride_cs + offs_d, mask=d_ok, other=0.0).to(tl.float32)
         sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)
         rotate_rows(q_ptr + t * stride_qt, q_out_ptr + t * stride_qo_t, stride_qh, stride_qo_h,
                     num_q_heads, cos, sin, offs_d, d_ok, HALF, BLOCK_HQ)
-        rotate_rows(k_ptr + t * stride_kt, k_cache_ptr + pos * stride_kc_t, stride_kh, stride_kc_h,
+        rotate_rows(k_ptr + t * stride_kt, k_cache_ptr + row * stride_kc_t, stride_kh, stride_kc_h,
                     num_kv_heads, cos, sin, offs_d, d_ok, HALF, BLOCK_HKV)
         offs_h = tl.arange(0, BLOCK_HKV)
         offs_v = tl.arange(0, BLOCK_D)
         mask = (offs_h < num_kv_heads)[:, None] & (offs_v < HEAD_DIM)[None, :]
         v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_v[None, :], mask=mask)
-        tl.store(v_cache_ptr + pos * stride_vc_t + offs_h[:, None] * stride_vc_h + offs_v[None, :],
+        tl.store(v_cache_ptr + row * stride_vc_t + offs_h[:, None] * stride_vc_h + offs_v[None, :],
                  v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
     return rope_and_cache_kernel
@@ -88,6 +89,7 @@ def rope_and_cache(
     positions: torch.Tensor,  # (T,) int32/int64, each < min(max_pos, S_max)
     k_cache: torch.Tensor,  # (S_max, Hkv, D), written at rows `positions` (rotated k)
     v_cache: torch.Tensor,  # (S_max, Hkv, D), written at rows `positions` (v as is)
+    slots: torch.Tensor | None = None,  # (T,): write at these cache rows instead of `positions`
 ) -> torch.Tensor:
     """Returns the rotated q, a new (T, Hq, D) tensor in q's dtype; q and k are untouched.
 
@@ -101,7 +103,7 @@ def rope_and_cache(
     num_kv_heads = k.shape[1]
     q_out = torch.empty((num_rows, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     kernel[(num_rows,)](
-        q, k, v, cos_sin_cache, positions, q_out, k_cache, v_cache,
+        q, k, v, cos_sin_cache, positions, positions if slots is None else slots, q_out, k_cache, v_cache,
         num_q_heads, num_kv_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_out.stride(0), q_out.stride(1),
@@ -116,7 +118,7 @@ def rope_and_cache(
 
 def rope_and_cache_ref(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference and CPU path; same contract. Index writes, no host sync."""
     _check(q, k, v, cos_sin_cache, positions, k_cache, v_cache)
@@ -127,6 +129,7 @@ def rope_and_cache_ref(
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
-    k_cache[positions] = rotate(k).to(k_cache.dtype)
-    v_cache[positions] = v.to(v_cache.dtype)
+    rows = positions if slots is None else slots
+    k_cache[rows] = rotate(k).to(k_cache.dtype)
+    v_cache[rows] = v.to(v_cache.dtype)
     return rotate(q).to(q.dtype)

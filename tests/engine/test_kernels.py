@@ -24,7 +24,8 @@ if INTERPRET:
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref  # noqa: E402
-from engine.kernels.pick import ChainState, argmax_pick, argmax_pick_ref, greedy_verify, greedy_verify_ref  # noqa: E402
+from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref,  # noqa: E402
+                                 greedy_verify, greedy_verify_ref)
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 
 DEVICES = [
@@ -161,6 +162,66 @@ def test_decode_attention(device, dtype, shape, kind, op):
     out = op(q, k_cache, v_cache, positions, scale)
     assert out.shape == q.shape and out.dtype == dtype
     torch.testing.assert_close(out, decode_attention_ref(q, k_cache, v_cache, positions, scale), **tol(device, dtype))
+
+
+def _alternative_rows(k: int, alts: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A verify step's positions and own slots: the chain at n..n+k, then `alts` alternatives
+    for each draft at that draft's position, their K/V in the rows after the chain's."""
+    chain = ChainState(k, 10**6, device, alts)
+    return chain.row_pos + n, chain.row_slots + n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(9, 3, 64, 130), (32, 8, 128, 300), (4, 4, 64, 8200)])
+@pytest.mark.parametrize("k,alts,n", [(5, 2, 100), (3, 1, 0), (4, 3, 61)])
+def test_decode_attention_own_slots(device, dtype, shape, k, alts, n):
+    """Rows whose own K/V sit elsewhere than their position (alternative draft tokens)."""
+    gen = torch.Generator().manual_seed(sum(shape) + k + n)
+    num_heads, num_kv_heads, head_dim, max_seq_len = shape
+    positions, slots = _alternative_rows(k, alts, n, "cpu")
+    q = torch.randn(len(positions), num_heads, head_dim, generator=gen).to(device, dtype)
+    k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    positions, slots = positions.to(device), slots.to(device)
+    scale = head_dim**-0.5
+    want = decode_attention_ref(q, k_cache, v_cache, positions, scale, slots)
+    torch.testing.assert_close(decode_attention(q, k_cache, v_cache, positions, scale, own_slots=slots), want,
+                               **tol(device, dtype))
+    torch.testing.assert_close(decode_attention_sdpa(q, k_cache, v_cache, positions, scale, slots), want,
+                               **tol(device, dtype))
+    # the reference itself: an alternative row sees the rows before its position, then its own
+    r = k + 1 + alts  # draft 2's first alternative (or a later one)
+    p, own = int(positions[r]), int(slots[r])
+    keys = torch.cat([k_cache[:p], k_cache[own:own + 1]]).float()
+    vals = torch.cat([v_cache[:p], v_cache[own:own + 1]]).float()
+    g = num_heads // num_kv_heads
+    kk, vv = keys.repeat_interleave(g, dim=1), vals.repeat_interleave(g, dim=1)  # (p+1, Hq, D)
+    w = torch.einsum("hd,shd->hs", q[r].float(), kk).mul(scale).softmax(-1)
+    torch.testing.assert_close(want[r].float(), torch.einsum("hs,shd->hd", w, vv), **tol(device, dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (32, 8)])
+def test_alternative_rows_have_the_bits_of_their_decode_step(num_heads, num_kv_heads):
+    """An alternative's verify row, its K/V in a row of its own, has the bits of the 1-row
+    decode step of its token with its K/V at its position (and so does every chain row): the
+    verify step reproduces plain decoding whichever token the target takes."""
+    gen = torch.Generator().manual_seed(num_heads)
+    head_dim, max_seq_len, n, k, alts = 64, 512, 300, 5, 2
+    positions, slots = (x.cuda() for x in _alternative_rows(k, alts, n, "cpu"))
+    rows = len(positions)
+    q = torch.randn(rows, num_heads, head_dim, generator=gen).cuda().bfloat16()
+    k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).cuda().bfloat16()
+    v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).cuda().bfloat16()
+    out = decode_attention(q, k_cache, v_cache, positions, 0.125, invariant=True, own_slots=slots)
+    for r in range(rows):
+        p, own = int(positions[r]), int(slots[r])
+        kc, vc = k_cache.clone(), v_cache.clone()
+        kc[p], vc[p] = k_cache[own], v_cache[own]  # where plain decoding would have put them
+        single = decode_attention(q[r:r + 1], kc, vc, positions[r:r + 1], 0.125, invariant=True)
+        assert torch.equal(out[r:r + 1], single), r
 
 
 @pytest.mark.gpu
@@ -366,6 +427,105 @@ def test_greedy_verify(device, dtype, k, vocab):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [7, 6144, 49152 + 5])
+@pytest.mark.parametrize("alts", [1, 2, 3])
+def test_draft_pick(device, dtype, vocab, alts):
+    gen = torch.Generator().manual_seed(vocab + alts)
+    logits = torch.randn(3, vocab, generator=gen).to(device, dtype)
+    offsets = torch.randint(-3, 1000, (vocab,), generator=gen).to(device)
+    for case in ("random", "tie", "neg"):
+        x = logits.clone()
+        if case == "tie":  # equal values: the lowest index first, in the kernel and the reference
+            top = x[2].max() + 1
+            x[2, vocab - 1] = x[2, vocab // 2] = x[2, 1] = top
+        elif case == "neg":
+            x = -x.abs() - 1
+        row = torch.tensor(2, device=device)
+        for offs in (offsets, None):
+            buf = torch.full((8,), -1, dtype=torch.long, device=device)
+            want = torch.full((8,), -1, dtype=torch.long, device=device)
+            draft_pick(x, offs, buf[0:1], buf[2:2 + alts], row)
+            draft_pick_ref(x, offs, want[0:1], want[2:2 + alts], row)
+            assert torch.equal(buf, want), (case, offs is None)
+            order = x[2].float().sort(descending=True, stable=True).indices[:alts + 1]
+            ids = order + (offs[order] if offs is not None else 0)
+            assert buf[0:1].tolist() + buf[2:2 + alts].tolist() == ids.tolist()
+            if case == "tie":
+                assert order.tolist()[:3] == [1, vocab // 2, vocab - 1][:alts + 1]
+
+
+def _alternatives_case(k: int, alts: int, vocab: int, agree: int, hit: int | None, n: int, device, dtype, gen):
+    """_chain_case plus `alts` alternatives for each draft: alternative `hit` for draft agree + 1
+    equals the target's choice there (None: none does)."""
+    rows = k + 1 + k * alts
+    logits = torch.randn(rows, vocab, generator=gen).to(dtype)
+    choice = logits.float().argmax(-1)
+    drafts = choice[:k].clone()
+    if agree < k:
+        drafts[agree] = (choice[agree] + 1) % vocab
+    alt = torch.stack([(drafts + 2 + i) % vocab for i in range(alts)], dim=1)  # (k, alts): never the choice
+    same = choice[:k, None] == alt
+    alt[same] = (alt[same] + 1) % vocab
+    if hit is not None:
+        assert agree < k
+        alt[agree, hit] = choice[agree]
+    chain = ChainState(k, n + 3, device, alts)
+    chain.ids.copy_(torch.cat([torch.tensor([vocab - 1]), drafts, alt.reshape(-1)]).to(device))
+    chain.n.fill_(n)
+    for t in (chain.result, chain.window, chain.draft_pos, chain.state_rows, chain.kv_move):
+        t.fill_(-1)
+    return logits.to(device), chain, choice
+
+
+def test_greedy_verify_ref_accepts_an_alternative():
+    """Hand-built: draft 3 rejected, its second alternative is the target's choice there."""
+    gen = torch.Generator().manual_seed(9)
+    k, alts, n = 5, 2, 40
+    logits, chain, choice = _alternatives_case(k, alts, 300, 2, 1, n, "cpu", torch.float32, gen)
+    drafts, alt = chain.ids[1:k + 1].clone(), chain.ids[k + 1:].view(k, alts).clone()
+    greedy_verify_ref(logits, chain)
+    row = k + 1 + 2 * alts + 1  # the verify row of draft 3's second alternative
+    nxt = int(choice[row])  # the target's choice after it
+    assert int(chain.accepted) == 3 and int(chain.n) == n + 4 and int(chain.ids[0]) == nxt
+    took = drafts.tolist()[:2] + [int(alt[2, 1])]
+    assert chain.result.tolist() == [3, nxt] + took + drafts.tolist()[3:]
+    assert chain.window.tolist() == took + [nxt] * 3
+    assert chain.state_rows.tolist() == [0, 1, 2, row, 4, 5]
+    assert chain.kv_move.tolist() == [n + row, n + 3]  # its K/V moves to its position n + 3
+    # no alternative matches: the chain's rule, and a move of row n + a + 1 onto itself
+    logits, chain, choice = _alternatives_case(k, alts, 300, 2, None, n, "cpu", torch.float32, gen)
+    drafts = chain.ids[1:k + 1].clone()
+    greedy_verify_ref(logits, chain)
+    assert int(chain.accepted) == 2 and chain.result.tolist() == [2, int(choice[2])] + drafts.tolist()
+    assert chain.state_rows.tolist() == list(range(k + 1)) and chain.kv_move.tolist() == [n + 3, n + 3]
+    # an alternative equal to the choice at another depth is not taken
+    logits, chain, choice = _alternatives_case(k, alts, 300, 2, None, n, "cpu", torch.float32, gen)
+    chain.ids[k + 1 + 1 * alts] = choice[2]  # draft 2's alternative says what draft 3's place wants
+    greedy_verify_ref(logits, chain)
+    assert int(chain.accepted) == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k,alts,vocab", [(5, 2, 49152), (3, 1, 7), (4, 3, 6144), (1, 2, 300)])
+def test_greedy_verify_alternatives(device, dtype, k, alts, vocab):
+    gen = torch.Generator().manual_seed(k * vocab + alts)
+    cases = [(agree, None) for agree in sorted({0, k // 2, k})] + [(a, h) for a in sorted({0, k - 1}) for h in (0, alts - 1)]
+    for agree, hit in cases:
+        for repeat in range(2):  # twice: the launch leaves its counter ready for the next
+            logits, chain, _ = _alternatives_case(k, alts, vocab, agree, hit, 100, device, dtype, gen)
+            want = ChainState(k, chain.last_pos, device, alts)
+            for name in ("ids", "n", "result", "window", "draft_pos", "state_rows", "kv_move"):
+                getattr(want, name).copy_(getattr(chain, name))
+            greedy_verify(logits, chain)
+            greedy_verify_ref(logits, want)
+            for name in ("ids", "n", "result", "window", "accepted", "draft_pos", "state_rows", "kv_move"):
+                assert torch.equal(getattr(chain, name), getattr(want, name)), (name, agree, hit)
+            assert int(chain.accepted) == agree + (hit is not None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1536), (3, 14336), (16, 1000)])
 def test_silu_and_mul(device, dtype, shape):
     gen = torch.Generator().manual_seed(shape[1])
@@ -378,7 +538,8 @@ def test_silu_and_mul(device, dtype, shape):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 9, 3, 64), (16, 32, 8, 128), (5, 12, 4, 96), (2, 4, 4, 64)])
-def test_rope_and_cache(device, dtype, shape):
+@pytest.mark.parametrize("with_slots", [False, True])
+def test_rope_and_cache(device, dtype, shape, with_slots):
     gen = torch.Generator().manual_seed(sum(shape))
     num_rows, num_heads, num_kv_heads, head_dim = shape
     max_pos = 64
@@ -397,8 +558,12 @@ def test_rope_and_cache(device, dtype, shape):
     k_cache, v_cache = caches[0].clone(), caches[1].clone()
     want_k_cache, want_v_cache = caches[0].clone(), caches[1].clone()
     qkv_before = qkv.clone()
-    q_rot = rope_and_cache(q, k, v, cos_sin_cache, positions, k_cache, v_cache)
-    want_q = rope_and_cache_ref(q, k, v, cos_sin_cache, positions, want_k_cache, want_v_cache)
+    slots = None
+    if with_slots:  # cache rows other than the positions (a verify step's alternative tokens)
+        slots = torch.randperm(max_pos, generator=gen)[:num_rows].to(device)
+        positions[num_rows // 2:] = positions[0]  # positions may repeat; slots never do
+    q_rot = rope_and_cache(q, k, v, cos_sin_cache, positions, k_cache, v_cache, slots)
+    want_q = rope_and_cache_ref(q, k, v, cos_sin_cache, positions, want_k_cache, want_v_cache, slots)
     assert torch.equal(qkv, qkv_before)  # inputs untouched
     assert q_rot.shape == q.shape and q_rot.dtype == dtype
     torch.testing.assert_close(q_rot, want_q, **tol(device, dtype))

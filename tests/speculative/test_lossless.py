@@ -94,6 +94,43 @@ def test_accepted_lengths_for_constructed_drafts(tmp_path, targets, mode):
         assert stats.accept_len_mean == 1.0
 
 
+def _ranked_draft(tmp_path, cfg, tokens: list[int]):
+    """A head whose logits are all equal, so it ranks its draft ids 0, 1, 2.. (ties: the lowest
+    first) and proposes tokens[0], with tokens[1:] as the alternatives."""
+    t = head_tensors(64, 64, 3, cfg["vocab_size"], 16, seed=2)
+    t["lm_head.weight"] = torch.zeros_like(t["lm_head.weight"])
+    t["d2t"] = torch.zeros(16, dtype=torch.long)
+    for i, tok in enumerate(tokens):
+        t["d2t"][i] = tok - i
+    return write_head(tmp_path / "ranked", cfg, "sglang", t, 64, (1, 2, 3))
+
+
+@pytest.mark.parametrize("alts", [0, 1, 2])
+def test_alternatives_the_target_takes_are_accepted_losslessly(tmp_path, targets, monkeypatch, alts):
+    """The target alternates a, b; the draft always proposes c, with a and b as its runners-up.
+    The chain is rejected every time; with two alternatives one of them is always the target's
+    choice (two tokens per verify step); with one (a), once a step has ended on b; with none,
+    never."""
+    monkeypatch.setenv("LOCALCHAT_SPEC_ALTS", str(alts))
+    src = targets["llama"]
+    cfg = read_config(src)
+    probe = Engine.load(str(src), device="cpu")
+    last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
+    a, b, c = 40, 41, 42
+    target = markov_target(src, tmp_path / "target", {last: a, a: b, b: a})
+    e = _engine(target, _ranked_draft(tmp_path, cfg, [c, a, b]), 4)
+    assert e.speculator.alts == alts
+    plain, _ = _run(e, False, n=64)
+    spec, stats = _run(e, True, n=64)
+    assert spec == plain and plain[:4] == [a, b, a, b]
+    if alts == 2:
+        assert stats.accept_len_mean == 2.0
+    elif alts == 1:  # a is taken after b, and then the step ends on b again: one miss at most
+        assert stats.accept_hist[1] <= 1 and stats.accept_hist[2] >= stats.verify_steps - 1
+    else:
+        assert stats.accept_len_mean == 1.0
+
+
 def test_sampling_with_speculation_is_reproducible_and_well_formed(tmp_path, targets):
     cfg = read_config(targets["llama"])
     head = write_head(tmp_path / "h", cfg, "sglang",
@@ -141,7 +178,9 @@ def test_speculation_runs_to_the_end_of_the_context_like_plain(tmp_path, targets
     target = markov_target(src, tmp_path / "target", edges)
     head = _constant_draft(tmp_path, cfg, a)
     n_prompt = len(probe.tokenizer.apply_chat_template(PROMPT))
-    for room in (9, 10, 11, 12):  # tokens left in the context after the prompt, around k + 1
+    width = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=4).speculator.fused.width
+    assert width == 4 + 1 + 4 * 2  # the chain and two alternatives for each draft
+    for room in range(width, width + 4):  # tokens left in the context after the prompt: room for a verify or two
         e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=4, max_seq_len=n_prompt + room)
         e.tokenizer.eos_token_ids = frozenset()
         plain, _ = _run(e, False, n=64)
