@@ -63,12 +63,13 @@ def time_decode(engine, prompt_ids, new_tokens, speculative, temperature=0.0):
 
 
 def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculative: bool, rounds: int,
-                       setting=None) -> tuple[dict, dict]:
+                       setting=None, accept: dict | None = None) -> tuple[dict, dict]:
     """Decode speed of several engines over the same prompts, in alternating rounds so that clock
     drift falls on all of them, after one uncounted warm-up each (first-use allocations and
     caches); and the first 64 tokens each gives for prompts[0], to compare. setting(name): a
     context entered around every use of that engine (benchmarks that switch module flags).
-    Returns ({name: mean tok/s of each round}, {name: tokens})."""
+    Returns ({name: mean tok/s of each round}, {name: tokens}); accept, when given, gets {name:
+    the mean accepted length over the prompts, each round}."""
     import contextlib
     import statistics
 
@@ -84,6 +85,8 @@ def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculativ
             with use(name):
                 runs = [time_decode(e, p, new_tokens, speculative) for p in prompts]
             speeds[name].append(statistics.mean(r["decode_tok_s"] for r in runs))
+            if accept is not None:
+                accept.setdefault(name, []).append(statistics.mean(r["accept_len_mean"] for r in runs))
     for name, e in engines.items():
         with use(name):
             e.reset()

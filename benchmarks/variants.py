@@ -15,6 +15,8 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
   lean_off      the greedy iteration as in session 8: the draft's fused_forward, an argmax, gather
                 and copy per draft token, and acceptance in torch ops, instead of the lean draft
                 step, argmax_pick and greedy_verify (LOCALCHAT_LEAN_DRAFT=0)
+  altsN         N alternatives for each draft in greedy verify steps (LOCALCHAT_SPEC_ALTS=N;
+                alts0: the plain chain)
   joined by '+': row_all+pf64
 
 Models: a --random-weights name or config JSON (plain decode, 512 random token ids; with
@@ -46,7 +48,10 @@ def variant(spec: str):
     from engine.kernels import gemv
     from speculative import eagle3
 
+    import os
+
     saved = (ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL)
+    saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
             if part == "base":
@@ -61,6 +66,8 @@ def variant(spec: str):
                 ops._FUSE_ALL = True
             elif part == "lean_off":
                 eagle3.LEAN_DRAFT = False
+            elif part.startswith("alts") and part[4:].isdigit():
+                os.environ["LOCALCHAT_SPEC_ALTS"] = part[4:]
             else:
                 raise SystemExit(f"variants.py: unknown variant {part!r}")
         yield
@@ -68,6 +75,10 @@ def variant(spec: str):
         ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES = saved[:2]
         kernels.set_pdl(saved[2])
         eagle3.LEAN_DRAFT, ops._FUSE_ALL = saved[3:]
+        if saved_alts is None:
+            os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
+        else:
+            os.environ["LOCALCHAT_SPEC_ALTS"] = saved_alts
 
 
 def main() -> None:
@@ -103,7 +114,8 @@ def main() -> None:
         prompts, which, modes = workload(engines[names[0]])
         res = {"prompt_set": which}
         for mode, spec in modes:
-            speeds, tokens = alternating_rounds(engines, prompts, a.new_tokens, spec, a.rounds, variant)
+            accept: dict = {}
+            speeds, tokens = alternating_rounds(engines, prompts, a.new_tokens, spec, a.rounds, variant, accept)
             base = statistics.mean(speeds[names[0]])
             res[mode] = {}
             for name in names:
@@ -111,8 +123,12 @@ def main() -> None:
                 res[mode][name] = {"tok_s": round(mean, 1), "ratio": round(mean / base, 4),
                                    "rounds": [round(x, 1) for x in speeds[name]],
                                    "same_tokens_as_first": tokens[name] == tokens[names[0]]}
+                acc = ""
+                if spec and accept.get(name):
+                    res[mode][name]["accept_len_mean"] = round(statistics.mean(accept[name]), 3)
+                    acc = f"  accept {res[mode][name]['accept_len_mean']:.2f}"
                 print(f"{Path(model).stem:14s} {mode:11s} {name:18s} {mean:8.1f} tok/s  x{mean / base:.3f}  "
-                      f"same tokens: {tokens[name] == tokens[names[0]]}", flush=True)
+                      f"same tokens: {tokens[name] == tokens[names[0]]}{acc}", flush=True)
                 e = engines[name]
                 if spec and e.speculator is not None and e.speculator.force_accept and a.device == "cuda":
                     with variant(name):

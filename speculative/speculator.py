@@ -21,15 +21,18 @@ from .greedy_loop import GreedyIteration
 from .verify import accept_drafts
 
 
-def default_alternatives(k: int) -> int:
-    """Alternatives per draft for greedy verify steps: as many as keep the verify within the 16
-    rows of the batch-invariant kernels (k = 5: 2, 16 rows), at most 2. LOCALCHAT_SPEC_ALTS
-    overrides (0: the plain chain)."""
+def default_alternatives(k: int, device: torch.device) -> int:
+    """Alternatives per draft for greedy verify steps. On a GPU, as many as keep the verify
+    within the 16 rows of the batch-invariant kernels, at most 2 (k = 5: 2, 16 rows): there a
+    verify step's time is launches, and more rows cost little. On the CPU none: there each row
+    costs its arithmetic (2 cores, demo model and head: accepted length 3.04 -> 3.60 with 2,
+    but 43.5 -> 40.2 tok/s). LOCALCHAT_SPEC_ALTS sets it (0: the plain chain), within the 16
+    rows."""
     env = os.environ.get("LOCALCHAT_SPEC_ALTS")
     fit = max(0, (MAX_VERIFY_ROWS - k - 1) // max(k, 1))
     if env is not None and env.strip().isdigit():
         return min(int(env), fit, MAX_ALTS)
-    return min(2, fit)
+    return min(2, fit) if device.type == "cuda" else 0
 
 
 class Eagle3Speculator:
@@ -46,7 +49,7 @@ class Eagle3Speculator:
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
-        self.alts = default_alternatives(num_steps) if alternatives is None else alternatives
+        self.alts = default_alternatives(num_steps, runner.device) if alternatives is None else alternatives
         self.fused = GreedyIteration(self, runner, self.alts)  # greedy without a penalty: one graph an iteration
         self.sampled = sampled_loop.SampledIteration(self, runner)  # sampling without a penalty: the same
 

@@ -42,7 +42,10 @@ CASES = [  # (format, use_aux, draft hidden, draft vocab, aux input-of-layer ids
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("fmt,use_aux,hidden,draft_vocab,aux_ids", CASES)
-def test_greedy_speculation_equals_plain(tmp_path, targets, arch, fmt, use_aux, hidden, draft_vocab, aux_ids):
+@pytest.mark.parametrize("alts", ["0", "2"])
+def test_greedy_speculation_equals_plain(tmp_path, targets, monkeypatch, arch, fmt, use_aux, hidden, draft_vocab,
+                                         aux_ids, alts):
+    monkeypatch.setenv("LOCALCHAT_SPEC_ALTS", alts)  # the plain chain, and two alternatives a draft
     cfg = read_config(targets[arch])
     t = head_tensors(hidden, cfg["hidden_size"], 3, cfg["vocab_size"], draft_vocab, use_aux=use_aux, seed=1)
     head = write_head(tmp_path / "head", cfg, fmt, t, hidden, aux_ids, use_aux=use_aux)
@@ -166,7 +169,8 @@ def test_draft_for_another_target_is_refused(tmp_path, targets):
 
 
 @pytest.mark.parametrize("mode", ["full", "partial"])
-def test_speculation_runs_to_the_end_of_the_context_like_plain(tmp_path, targets, mode):
+@pytest.mark.parametrize("alts", [0, 2])
+def test_speculation_runs_to_the_end_of_the_context_like_plain(tmp_path, targets, monkeypatch, mode, alts):
     """The greedy loop drafts past the context's end inside its iteration; the host must switch
     to plain steps in time and stop where plain decoding stops, token for token."""
     src = targets["llama"]
@@ -178,8 +182,9 @@ def test_speculation_runs_to_the_end_of_the_context_like_plain(tmp_path, targets
     target = markov_target(src, tmp_path / "target", edges)
     head = _constant_draft(tmp_path, cfg, a)
     n_prompt = len(probe.tokenizer.apply_chat_template(PROMPT))
+    monkeypatch.setenv("LOCALCHAT_SPEC_ALTS", str(alts))
     width = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=4).speculator.fused.width
-    assert width == 4 + 1 + 4 * 2  # the chain and two alternatives for each draft
+    assert width == 4 + 1 + 4 * alts  # the chain and its alternatives
     for room in range(width, width + 4):  # tokens left in the context after the prompt: room for a verify or two
         e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=4, max_seq_len=n_prompt + room)
         e.tokenizer.eos_token_ids = frozenset()
