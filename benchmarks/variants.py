@@ -16,7 +16,7 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 and copy per draft token, and acceptance in torch ops, instead of the lean draft
                 step, argmax_pick and greedy_verify (LOCALCHAT_LEAN_DRAFT=0)
   altsN         N alternatives for each draft in greedy verify steps (LOCALCHAT_SPEC_ALTS=N;
-                alts0: the plain chain)
+                alts0: the plain chain; altsauto: the default shape, as many as fill 16 rows)
   joined by '+': row_all+pf64
 
 Models: a --random-weights name or config JSON (plain decode, 512 random token ids; with
@@ -66,7 +66,7 @@ def variant(spec: str):
                 ops._FUSE_ALL = True
             elif part == "lean_off":
                 eagle3.LEAN_DRAFT = False
-            elif part.startswith("alts") and part[4:].isdigit():
+            elif part.startswith("alts") and (part[4:].isdigit() or part[4:] == "auto"):
                 os.environ["LOCALCHAT_SPEC_ALTS"] = part[4:]
             else:
                 raise SystemExit(f"variants.py: unknown variant {part!r}")

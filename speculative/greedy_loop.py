@@ -7,8 +7,8 @@ waits for the host. Here the host replays one graph and reads one small result p
 
 State carried from one replay to the next, all on the device:
     n      () the target cache length before this iteration's verify
-    ids    (k+1+k*alts,) [bonus, d_1..d_k, alternatives]: the token at position n, the k drafts
-           after it, and (greedy) the draft's next-best tokens for each draft (ChainState)
+    ids    (k+1+sum(alts),) [bonus, d_1..d_k, alternatives]: the token at position n, the k drafts
+           after it, and (greedy) the draft's next-best tokens for some drafts (ChainState)
 Each replay writes `result` = [accepted a, the target's next token, the k drafts as verified]
 and leaves n, ids ready for the next replay. On CPU the same function runs eagerly.
 
@@ -24,6 +24,7 @@ import torch
 
 from engine.batch import ForwardBatch
 from engine.graphs import capture
+from engine.kernels.alternative import take_alternative, take_alternative_ref
 from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref, greedy_verify,
                                  greedy_verify_ref)
 
@@ -35,18 +36,22 @@ class WholeIteration:
 
     graph = None  # the captured graph (subclasses), None: eager
 
-    def __init__(self, spec, runner, alts: int = 0):
+    def __init__(self, spec, runner, alts: tuple[int, ...] | int = 0):
         self.spec, self.runner = spec, runner
         k = spec.k
         self.k = k
         self.last_pos = runner.max_len - 1
         self.chain = chain = ChainState(k, self.last_pos, runner.device, alts)
-        self.alts = alts
+        self.alts = chain.alts  # alternatives for each draft
+        self.num_alts = chain.num_alts
         self.width = chain.rows  # verify rows, and the cache rows an iteration writes from n
         self.n, self.ids, self.result, self.offsets = chain.n, chain.ids, chain.result, chain.offsets
         self.draft_pos = chain.draft_pos  # where the draft steps of the next chain write
-        self.positions = chain.row_pos.clone()
-        self.slots = chain.row_slots.clone()
+        # verify rows' positions, then (with alternatives) their cache rows: one add moves both
+        self._row_offsets = torch.cat([chain.row_pos, chain.row_slots]) if self.num_alts else chain.row_pos
+        self._rows = self._row_offsets.clone()
+        self.positions = self._rows[:self.width]
+        self.slots = self._rows[self.width:] if self.num_alts else None
         self.reader = None
 
     def scratch(self) -> int:
@@ -72,8 +77,8 @@ class WholeIteration:
         self.n.fill_(n)
         self.ids[0] = bonus
         self.ids[1:k + 1].copy_(drafts)
-        if self.alts:  # without alternatives, each draft stands in for its own (never a second hit)
-            self.ids[k + 1:].copy_(drafts.repeat_interleave(self.alts) if alts is None else alts.reshape(-1))
+        if self.num_alts:  # without alternatives, each draft stands in for its own (never a second hit)
+            self.ids[k + 1:].copy_(drafts.index_select(0, self.chain.alt_draft) if alts is None else alts.reshape(-1))
 
     def _prepare(self) -> None:
         """Before each iteration, on the stream (the sampled one draws its random numbers)."""
@@ -114,12 +119,9 @@ class WholeIteration:
     def _verify(self, n: int | None):
         """The target forward over [bonus, d_1..d_k] at n..n+k (and the alternatives); returns its
         ForwardOutput."""
-        runner, chain = self.runner, self.chain
-        torch.add(chain.row_pos, self.n, out=self.positions)
-        slots = None
-        if self.alts:
-            slots = torch.add(chain.row_slots, self.n, out=self.slots)
-        return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n, slots=slots), runner.kv,
+        runner = self.runner
+        torch.add(self._row_offsets, self.n, out=self._rows)
+        return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n, slots=self.slots), runner.kv,
                             runner.aux_layer_ids)
 
     def _extend(self, out, accepted, next_token, n: int | None):
@@ -148,7 +150,7 @@ class WholeIteration:
 
 
 class GreedyIteration(WholeIteration):
-    def __init__(self, spec, runner, alts: int = 0):
+    def __init__(self, spec, runner, alts: tuple[int, ...] | int = 0):
         super().__init__(spec, runner, alts)
         self.graph = None
 
@@ -168,12 +170,12 @@ class GreedyIteration(WholeIteration):
         lean = spec.draft.lean  # GPU kernels: acceptance and picks in one launch each
         (greedy_verify if lean else greedy_verify_ref)(self.runner.model.logits(out.hidden, fp32=not lean), chain)
         states = spec._target_states(out.aux_hidden, out.hidden)
-        if self.alts:
+        if self.num_alts:
             # An accepted alternative: its K/V to its position, its state into the extend window.
-            src, dst = chain.kv_move[0:1], chain.kv_move[1:2]
-            for cache in (self.runner.kv.k_all, self.runner.kv.v_all):
-                cache.index_copy_(1, dst, cache.index_select(1, src))
-            states = states.index_select(0, chain.state_rows)
+            kv = self.runner.kv
+            window_states = states.new_empty(self.k + 1, states.shape[1])
+            states = (take_alternative if lean else take_alternative_ref)(kv.k_all, kv.v_all, chain.kv_move, states,
+                                                                         chain.state_rows, window_states)
         d_logits, hidden = spec.draft(chain.window, self.positions[:self.k + 1], states, True, spec.embed, spec.kv,
                                       start_pos=n, fp32_logits=not lean)
         d_hidden = hidden.index_select(0, chain.accepted.view(1))
@@ -181,7 +183,7 @@ class GreedyIteration(WholeIteration):
         row = chain.accepted  # the draft's logits at the last accepted row start the chain
         for s in range(self.k):
             slot = self.ids[s + 1:s + 2]  # draft token s + 1, and the next step's input
-            if self.alts:
+            if self.alts[s]:
                 (draft_pick if lean else draft_pick_ref)(d_logits, spec.draft.d2t, slot, chain.alt_slots(s), row)
             else:
                 (argmax_pick if lean else argmax_pick_ref)(d_logits, spec.draft.d2t, slot, row)

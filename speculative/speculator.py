@@ -21,18 +21,30 @@ from .greedy_loop import GreedyIteration
 from .verify import accept_drafts
 
 
-def default_alternatives(k: int, device: torch.device) -> int:
-    """Alternatives per draft for greedy verify steps. On a GPU, as many as keep the verify
-    within the 16 rows of the batch-invariant kernels, at most 2 (k = 5: 2, 16 rows): there a
-    verify step's time is launches, and more rows cost little. On the CPU none: there each row
-    costs its arithmetic (2 cores, demo model and head: accepted length 3.04 -> 3.60 with 2,
-    but 43.5 -> 40.2 tok/s). LOCALCHAT_SPEC_ALTS sets it (0: the plain chain), within the 16
-    rows."""
-    env = os.environ.get("LOCALCHAT_SPEC_ALTS")
-    fit = max(0, (MAX_VERIFY_ROWS - k - 1) // max(k, 1))
-    if env is not None and env.strip().isdigit():
-        return min(int(env), fit, MAX_ALTS)
-    return min(2, fit) if device.type == "cuda" else 0
+def shaped_alternatives(k: int, rows: int) -> tuple[int, ...]:
+    """`rows` alternatives spread over k drafts where they are likeliest to be taken: the
+    runner-up r (1 = second best) of draft d in the order of r + d, then r (an early draft is
+    reached more often, and its runners-up are likelier than a later draft's). k = 5, 10 rows:
+    (3, 3, 2, 1, 1)."""
+    order = sorted(((r, d) for r in range(1, MAX_ALTS + 1) for d in range(1, k + 1)), key=lambda x: (x[0] + x[1], x[0]))
+    counts = [0] * k
+    for r, d in order[:max(0, rows)]:
+        counts[d - 1] += 1
+    return tuple(counts)
+
+
+def default_alternatives(k: int, device: torch.device) -> tuple[int, ...]:
+    """Alternatives for each draft in greedy verify steps. On a GPU, as many as fill the 16 rows
+    of the batch-invariant kernels (shaped_alternatives): there a verify step's time is
+    launches, and more rows cost little. On the CPU none: there each row costs its arithmetic
+    (2 cores, demo model and head: accepted length 3.04 -> 3.60 with 2 a draft, but 43.5 ->
+    40.2 tok/s). LOCALCHAT_SPEC_ALTS=N sets N for every draft instead (0: the plain chain),
+    within the 16 rows; =auto the shaped ones on any device."""
+    env = (os.environ.get("LOCALCHAT_SPEC_ALTS") or "").strip()
+    room = MAX_VERIFY_ROWS - k - 1
+    if env.isdigit():
+        return (min(int(env), room // max(k, 1), MAX_ALTS),) * k
+    return shaped_alternatives(k, room) if device.type == "cuda" or env == "auto" else (0,) * k
 
 
 class Eagle3Speculator:
@@ -135,7 +147,7 @@ class Eagle3Speculator:
         if n + it.width > runner.max_len:
             yield from plain_steps(runner, state)
             return
-        alts = [] if it.alts else None
+        alts = [] if it.num_alts else None
         drafts, q = self._draft_chain(d_logits, d_hidden, n, state, alts, it.alts)
         it.start(n, state.tokens[n], drafts, q, state.generator, torch.cat(alts) if alts else None)
         yield from self._iterations(runner, state, it)
@@ -196,15 +208,16 @@ class Eagle3Speculator:
     def _target_states(self, aux, hidden):
         return aux if self.config.use_aux_hidden_state else hidden
 
-    def _draft_chain(self, d_logits, d_hidden, n: int, state, alts: list | None = None, num_alts: int = 0):
+    def _draft_chain(self, d_logits, d_hidden, n: int, state, alts: list | None = None,
+                     counts: tuple[int, ...] = ()):
         """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities.
-        alts: a list that gets each greedy draft's num_alts next-best tokens."""
+        alts: a list that gets greedy draft s's counts[s] next-best tokens."""
         p, k = state.params, self.k
         tokens, probs = [], []
         for s in range(k):
-            if p.is_greedy and alts is not None:
+            if p.is_greedy and alts is not None and counts[s]:
                 tok = torch.zeros(1, dtype=torch.long, device=d_logits.device)
-                alts.append(torch.zeros(num_alts, dtype=torch.long, device=d_logits.device))
+                alts.append(torch.zeros(counts[s], dtype=torch.long, device=d_logits.device))
                 draft_pick_ref(d_logits[-1:], self.draft.d2t, tok, alts[-1])
             elif p.is_greedy:
                 tok = self.draft.to_target_ids(d_logits[-1].argmax().view(1))

@@ -21,14 +21,14 @@ import torch
 
 from . import pdl_args
 
-triton = tl = row_argmax = row_argmax_except = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = row_argmax = _pop_best = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 2048  # logits per loop step of the single program
 
 
 @functools.cache
 def _kernels():
-    global triton, tl, row_argmax, row_argmax_except  # module globals: the kernels below call them by name
+    global triton, tl, row_argmax, _pop_best  # module globals: the kernels below call them by name
     import triton
     import triton.language as tl
 
@@ -48,19 +48,16 @@ def _kernels():
         return tl.min(tl.where(best == top, best_i, vocab), axis=0)  # the lowest lane index holding it
 
     @triton.jit
-    def row_argmax_except(base, vocab, ex0, ex1, ex2, BLOCK: tl.constexpr):
-        """row_argmax with the indices ex0..ex2 left out (-1: none)."""
-        best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_i = tl.zeros([BLOCK], tl.int32)
-        for v0 in range(0, vocab, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
-            x = tl.where((offs == ex0) | (offs == ex1) | (offs == ex2), float("-inf"), x)
-            better = x > best
-            best = tl.where(better, x, best)
-            best_i = tl.where(better, offs, best_i)
-        top = tl.max(best, axis=0)
-        return tl.min(tl.where(best == top, best_i, vocab), axis=0)
+    def _pop_best(b0, b1, b2, b3, i0, i1, i2, i3, vocab):
+        """The best of the lanes' best (ties: the lowest index), and the lanes with it taken out."""
+        top = tl.max(b0, axis=0)
+        idx = tl.min(tl.where(b0 == top, i0, vocab), axis=0)
+        won = i0 == idx
+        b0, i0 = tl.where(won, b1, b0), tl.where(won, i1, i0)
+        b1, i1 = tl.where(won, b2, b1), tl.where(won, i2, i1)
+        b2, i2 = tl.where(won, b3, b2), tl.where(won, i3, i2)
+        b3 = tl.where(won, float("-inf"), b3)
+        return idx, b0, b1, b2, b3, i0, i1, i2, i3
 
     @triton.jit
     def draft_pick_kernel(logits_ptr, row_ptr, offsets_ptr, out_ptr, alts_ptr, vocab, stride_row,
@@ -72,26 +69,45 @@ def _kernels():
         base = logits_ptr
         if HAS_ROW:
             base += tl.load(row_ptr) * stride_row
-        i0 = row_argmax(base, vocab, BLOCK)
-        i1 = row_argmax_except(base, vocab, i0, -1, -1, BLOCK)
-        i2 = i1
-        i3 = i1
+        # One pass: each lane keeps the four best of its strided slice, in order (a later index
+        # enters only above a strictly smaller value: ties keep the lower index first).
+        ninf = tl.full([BLOCK], float("-inf"), tl.float32)
+        zero = tl.zeros([BLOCK], tl.int32)
+        b0, b1, b2, b3 = ninf, ninf, ninf, ninf
+        i0, i1, i2, i3 = zero, zero, zero, zero
+        for v0 in range(0, vocab, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+            g0, g1, g2, g3 = x > b0, x > b1, x > b2, x > b3
+            b3, i3 = tl.where(g2, b2, tl.where(g3, x, b3)), tl.where(g2, i2, tl.where(g3, offs, i3))
+            b2, i2 = tl.where(g1, b1, tl.where(g2, x, b2)), tl.where(g1, i1, tl.where(g2, offs, i2))
+            b1, i1 = tl.where(g0, b0, tl.where(g1, x, b1)), tl.where(g0, i0, tl.where(g1, offs, i1))
+            b0, i0 = tl.where(g0, x, b0), tl.where(g0, offs, i0)
+        # a lane never filled holds index 0 at -inf: it can only win where all are -inf
+        i0 = tl.where(b0 == float("-inf"), vocab, i0)
+        i1 = tl.where(b1 == float("-inf"), vocab, i1)
+        i2 = tl.where(b2 == float("-inf"), vocab, i2)
+        i3 = tl.where(b3 == float("-inf"), vocab, i3)
+        j0, b0, b1, b2, b3, i0, i1, i2, i3 = _pop_best(b0, b1, b2, b3, i0, i1, i2, i3, vocab)
+        j1, b0, b1, b2, b3, i0, i1, i2, i3 = _pop_best(b0, b1, b2, b3, i0, i1, i2, i3, vocab)
+        j2 = j1
+        j3 = j1
         if ALTS > 1:
-            i2 = row_argmax_except(base, vocab, i0, i1, -1, BLOCK)
+            j2, b0, b1, b2, b3, i0, i1, i2, i3 = _pop_best(b0, b1, b2, b3, i0, i1, i2, i3, vocab)
         if ALTS > 2:
-            i3 = row_argmax_except(base, vocab, i0, i1, i2, BLOCK)
+            j3, b0, b1, b2, b3, i0, i1, i2, i3 = _pop_best(b0, b1, b2, b3, i0, i1, i2, i3, vocab)
         if HAS_OFFSETS:
-            i0 = i0 + tl.load(offsets_ptr + i0)
-            i1 = i1 + tl.load(offsets_ptr + i1)
-            i2 = i2 + tl.load(offsets_ptr + i2)
-            i3 = i3 + tl.load(offsets_ptr + i3)
+            j0 = j0 + tl.load(offsets_ptr + j0)
+            j1 = j1 + tl.load(offsets_ptr + j1)
+            j2 = j2 + tl.load(offsets_ptr + j2)
+            j3 = j3 + tl.load(offsets_ptr + j3)
         ty = out_ptr.dtype.element_ty
-        tl.store(out_ptr, i0.to(ty))
-        tl.store(alts_ptr, i1.to(ty))
+        tl.store(out_ptr, j0.to(ty))
+        tl.store(alts_ptr, j1.to(ty))
         if ALTS > 1:
-            tl.store(alts_ptr + 1, i2.to(ty))
+            tl.store(alts_ptr + 1, j2.to(ty))
         if ALTS > 2:
-            tl.store(alts_ptr + 2, i3.to(ty))
+            tl.store(alts_ptr + 2, j3.to(ty))
 
     @triton.jit
     def argmax_pick_kernel(logits_ptr, row_ptr, offsets_ptr, out_ptr, vocab, stride_row,
@@ -110,8 +126,9 @@ def _kernels():
 
     @triton.jit
     def greedy_verify_kernel(logits_ptr, ids_ptr, n_ptr, result_ptr, window_ptr, accepted_ptr, draft_pos_ptr,
-                             choice_ptr, count_ptr, state_rows_ptr, kv_move_ptr, vocab, stride_row, rows, k, last_pos,
-                             ALTS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr):
+                             choice_ptr, count_ptr, state_rows_ptr, kv_move_ptr, alt_draft_ptr, vocab, stride_row, rows,
+                             k, last_pos, HAS_ALTS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr,
+                             USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -128,13 +145,14 @@ def _kernels():
             a = tl.min(tl.where(is_draft & (d != c), lane, k), axis=0)  # leading matches
             nxt = tl.sum(tl.where(lane == a, c, 0), axis=0)
             n_old = tl.load(n_ptr)
-            if ALTS > 0:
-                # Alternative j stands for draft j // ALTS + 1 (verify row k + 1 + j): where the chain's
-                # draft a + 1 was rejected, the first alternative for it that equals the target's
-                # choice is accepted too, and the next token is the choice after it.
+            if HAS_ALTS:
+                # Alternative j stands for draft alt_draft[j] + 1 (verify row k + 1 + j): where the
+                # chain's draft a + 1 was rejected, the first alternative for it that equals the
+                # target's choice is accepted too, and the next token is the choice after it.
                 alt_ok = lane < rows - k - 1
                 alt = tl.load(ids_ptr + k + 1 + lane, mask=alt_ok, other=-1)
-                hit = alt_ok & (lane // ALTS == a) & (alt == nxt)
+                alt_draft = tl.load(alt_draft_ptr + lane, mask=alt_ok, other=-1)
+                hit = alt_ok & (alt_draft == a) & (alt == nxt)
                 j = tl.min(tl.where(hit, lane, BLOCK_R), axis=0)
                 has = j < BLOCK_R
                 alt_tok = tl.sum(tl.where(lane == j, alt, 0), axis=0)
@@ -217,8 +235,8 @@ def draft_pick_ref(logits, offsets, out, alts, row=None) -> torch.Tensor:
 class ChainState:
     """The device state of a greedy draft chain that greedy_verify reads and moves on.
 
-    ids (k+1+k*alts,): [bonus, d_1..d_k, then `alts` alternatives for each of d_1..d_k]: the token
-    at position n, the k drafts after it, and the draft's next-best tokens in place of each draft
+    ids (k+1+sum(alts),): [bonus, d_1..d_k, then alts[i] alternatives for d_(i+1), for each i]: the
+    token at position n, the k drafts after it, and the draft's next-best tokens in place of drafts
     (verify rows of their own, at the draft's position, with their K/V in the rows after the
     chain's: cache row n + row index). n (): the cache length before the verify. greedy_verify
     writes result (k+2,) [accepted a, next token, the a accepted drafts, then the rest of
@@ -228,10 +246,13 @@ class ChainState:
     verify row whose target state each extend row takes, and kv_move (2,): [from, to], the cache
     row the accepted alternative's K/V must move to its position from (from == to: none)."""
 
-    def __init__(self, k: int, last_pos: int, device, alts: int = 0):
+    def __init__(self, k: int, last_pos: int, device, alts: int | tuple[int, ...] = 0):
         long = dict(dtype=torch.long, device=device)
+        alts = (alts,) * k if isinstance(alts, int) else tuple(alts)
+        assert len(alts) == k and all(0 <= m <= MAX_ALTS for m in alts), alts
         self.k, self.last_pos, self.alts = k, last_pos, alts
-        self.rows = k + 1 + k * alts  # verify rows
+        self.num_alts = sum(alts)
+        self.rows = k + 1 + self.num_alts  # verify rows
         self.ids = torch.zeros(self.rows, **long)
         self.n = torch.zeros((), **long)
         self.result = torch.zeros(k + 2, **long)
@@ -240,7 +261,8 @@ class ChainState:
         self.draft_pos = torch.zeros(k + 1, **long)
         self.offsets = torch.arange(k + 1, **long)
         # verify row i sits at position n + row_pos[i] and writes cache row n + i
-        self.row_pos = torch.cat([self.offsets, torch.arange(k * alts, **long) // max(alts, 1) + 1])
+        self.alt_draft = torch.tensor([i for i, m in enumerate(alts) for _ in range(m)], **long)  # draft index - 1
+        self.row_pos = torch.cat([self.offsets, self.alt_draft + 1])
         self.row_slots = torch.arange(self.rows, **long)
         self.state_rows = torch.arange(k + 1, **long)
         self.kv_move = torch.zeros(2, **long)
@@ -248,9 +270,9 @@ class ChainState:
         self._counter = torch.zeros(1, dtype=torch.int32, device=device)
 
     def alt_slots(self, s: int) -> torch.Tensor:
-        """The ids where draft s + 1's alternatives go."""
-        start = self.k + 1 + s * self.alts
-        return self.ids[start:start + self.alts]
+        """The ids where draft s + 1's alternatives go (empty: it has none)."""
+        start = self.k + 1 + sum(self.alts[:s])
+        return self.ids[start:start + self.alts[s]]
 
     def advance(self, a: torch.Tensor, nxt: torch.Tensor, drafts: torch.Tensor | None = None) -> None:
         """greedy_verify's writes in torch ops, for an accepted count a () and next token nxt ()
@@ -281,15 +303,15 @@ def greedy_verify(logits: torch.Tensor, chain: ChainState) -> None:
     _kernels()[1][(rows,)](
         logits, chain.ids, chain.n, chain.result, chain.window, chain.accepted, chain.draft_pos,
         chain._choice, chain._counter, chain.state_rows, chain.kv_move,
-        logits.shape[1], logits.stride(0), rows, chain.k, chain.last_pos,
-        ALTS=chain.alts, BLOCK=_BLOCK, BLOCK_R=max(16, 1 << (rows - 1).bit_length()), num_warps=8,
+        chain.alt_draft if chain.num_alts else chain.kv_move, logits.shape[1], logits.stride(0), rows, chain.k,
+        chain.last_pos, HAS_ALTS=chain.num_alts > 0, BLOCK=_BLOCK, BLOCK_R=max(16, 1 << (rows - 1).bit_length()), num_warps=8,
         **pdl_args(logits.device),
     )
 
 
 def greedy_verify_ref(logits: torch.Tensor, chain: ChainState) -> None:
     """Reference and CPU path: the same writes in torch ops."""
-    k, m = chain.k, chain.alts
+    k, m = chain.k, chain.num_alts
     choice = logits.argmax(-1)
     matches = (chain.ids[1:k + 1] == choice[:k]).to(torch.int64)
     a = matches.cumprod(0).sum()
@@ -299,12 +321,12 @@ def greedy_verify_ref(logits: torch.Tensor, chain: ChainState) -> None:
         chain.advance(a, nxt)
         return
     alt = chain.ids[k + 1:]
-    lane = torch.arange(k * m, device=alt.device)
-    hit = (lane // m == a) & (alt == nxt)
-    j = torch.where(hit, lane, k * m).min()
-    has = (j < k * m).to(torch.int64)
-    row = k + 1 + j.clamp(max=k * m - 1)  # the hit's verify row (any row when none)
-    alt_tok = alt.index_select(0, j.clamp(max=k * m - 1).view(1))[0]
+    lane = torch.arange(m, device=alt.device)
+    hit = (chain.alt_draft == a) & (alt == nxt)
+    j = torch.where(hit, lane, m).min()
+    has = (j < m).to(torch.int64)
+    row = k + 1 + j.clamp(max=m - 1)  # the hit's verify row (any row when none)
+    alt_tok = alt.index_select(0, j.clamp(max=m - 1).view(1))[0]
     nxt = torch.where(has.bool(), choice.index_select(0, row.view(1))[0], nxt)
     chain.state_rows.copy_(torch.where(has.bool() & (chain.offsets == a + 1), row, chain.offsets))
     src = torch.where(has.bool(), row, a + 1)

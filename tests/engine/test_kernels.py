@@ -454,23 +454,26 @@ def test_draft_pick(device, dtype, vocab, alts):
                 assert order.tolist()[:3] == [1, vocab // 2, vocab - 1][:alts + 1]
 
 
-def _alternatives_case(k: int, alts: int, vocab: int, agree: int, hit: int | None, n: int, device, dtype, gen):
-    """_chain_case plus `alts` alternatives for each draft: alternative `hit` for draft agree + 1
-    equals the target's choice there (None: none does)."""
-    rows = k + 1 + k * alts
+def _alternatives_case(k: int, alts, vocab: int, agree: int, hit: int | None, n: int, device, dtype, gen):
+    """_chain_case plus alternatives (alts: a count for every draft, or one for each): alternative
+    `hit` for draft agree + 1 equals the target's choice there (None: none does)."""
+    counts = (alts,) * k if isinstance(alts, int) else alts
+    rows = k + 1 + sum(counts)
     logits = torch.randn(rows, vocab, generator=gen).to(dtype)
     choice = logits.float().argmax(-1)
     drafts = choice[:k].clone()
     if agree < k:
         drafts[agree] = (choice[agree] + 1) % vocab
-    alt = torch.stack([(drafts + 2 + i) % vocab for i in range(alts)], dim=1)  # (k, alts): never the choice
-    same = choice[:k, None] == alt
-    alt[same] = (alt[same] + 1) % vocab
+    alt = []  # never the target's choice at their draft's place, but for the hit
+    for d, m in enumerate(counts):
+        for i in range(m):
+            t = int(drafts[d] + 2 + i) % vocab
+            alt.append((t + 1) % vocab if t == int(choice[d]) else t)
     if hit is not None:
-        assert agree < k
-        alt[agree, hit] = choice[agree]
+        assert agree < k and hit < counts[agree]
+        alt[sum(counts[:agree]) + hit] = int(choice[agree])
     chain = ChainState(k, n + 3, device, alts)
-    chain.ids.copy_(torch.cat([torch.tensor([vocab - 1]), drafts, alt.reshape(-1)]).to(device))
+    chain.ids.copy_(torch.cat([torch.tensor([vocab - 1]), drafts, torch.tensor(alt, dtype=torch.long)]).to(device))
     chain.n.fill_(n)
     for t in (chain.result, chain.window, chain.draft_pos, chain.state_rows, chain.kv_move):
         t.fill_(-1)
@@ -505,12 +508,51 @@ def test_greedy_verify_ref_accepts_an_alternative():
     assert int(chain.accepted) == 2
 
 
+def test_take_alternative_ref_moves_kv_and_gathers_states():
+    from engine.kernels.alternative import take_alternative_ref
+
+    gen = torch.Generator().manual_seed(3)
+    k_all, v_all = torch.randn(2, 4, 20, 3, 8, generator=gen).unbind(0)
+    k0, v0 = k_all.clone(), v_all.clone()
+    states = torch.randn(16, 12, generator=gen)
+    out = torch.empty(6, 12)
+    rows = torch.tensor([0, 1, 2, 13, 4, 5])
+    take_alternative_ref(k_all, v_all, torch.tensor([15, 7]), states, rows, out)
+    assert torch.equal(out, states[rows])
+    assert torch.equal(k_all[:, 7], k0[:, 15]) and torch.equal(v_all[:, 7], v0[:, 15])
+    k0[:, 7], v0[:, 7] = k0[:, 15], v0[:, 15]
+    assert torch.equal(k_all, k0) and torch.equal(v_all, v0)  # nothing else moved
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("k,alts,vocab", [(5, 2, 49152), (3, 1, 7), (4, 3, 6144), (1, 2, 300)])
+@pytest.mark.parametrize("shape", [(30, 3, 64, 1728), (2, 8, 128, 4096 * 3), (1, 1, 64, 100)])
+def test_take_alternative(device, dtype, shape):
+    from engine.kernels.alternative import take_alternative, take_alternative_ref
+
+    layers, heads, head_dim, width = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    caches = torch.randn(2, layers, 40, heads, head_dim, generator=gen).to(device, dtype)
+    states = torch.randn(16, width, generator=gen).to(device, dtype)
+    rows = torch.tensor([0, 1, 14, 3, 4, 5], device=device)
+    for move in ([30, 12], [9, 9]):
+        move = torch.tensor(move, device=device)
+        got, want = caches.clone(), caches.clone()
+        out, want_out = torch.empty(6, width, device=device, dtype=dtype), torch.empty(6, width, device=device, dtype=dtype)
+        take_alternative(got[0], got[1], move, states, rows, out)
+        take_alternative_ref(want[0], want[1], move, states, rows, want_out)
+        assert torch.equal(got, want) and torch.equal(out, want_out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k,alts,vocab", [(5, 2, 49152), (3, 1, 7), (4, 3, 6144), (1, 2, 300), (5, (3, 3, 2, 1, 1), 49152),
+                                         (4, (0, 2, 0, 1), 6144)])
 def test_greedy_verify_alternatives(device, dtype, k, alts, vocab):
-    gen = torch.Generator().manual_seed(k * vocab + alts)
-    cases = [(agree, None) for agree in sorted({0, k // 2, k})] + [(a, h) for a in sorted({0, k - 1}) for h in (0, alts - 1)]
+    counts = (alts,) * k if isinstance(alts, int) else alts
+    gen = torch.Generator().manual_seed(k * vocab + sum(counts))
+    cases = [(agree, None) for agree in sorted({0, k // 2, k})]
+    cases += [(a, h) for a in sorted({0, k - 1}) for h in sorted({0, counts[a] - 1}) if counts[a]]
     for agree, hit in cases:
         for repeat in range(2):  # twice: the launch leaves its counter ready for the next
             logits, chain, _ = _alternatives_case(k, alts, vocab, agree, hit, 100, device, dtype, gen)

@@ -42,7 +42,7 @@ CASES = [  # (format, use_aux, draft hidden, draft vocab, aux input-of-layer ids
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("fmt,use_aux,hidden,draft_vocab,aux_ids", CASES)
-@pytest.mark.parametrize("alts", ["0", "2"])
+@pytest.mark.parametrize("alts", ["0", "2", "auto"])
 def test_greedy_speculation_equals_plain(tmp_path, targets, monkeypatch, arch, fmt, use_aux, hidden, draft_vocab,
                                          aux_ids, alts):
     monkeypatch.setenv("LOCALCHAT_SPEC_ALTS", alts)  # the plain chain, and two alternatives a draft
@@ -122,7 +122,7 @@ def test_alternatives_the_target_takes_are_accepted_losslessly(tmp_path, targets
     a, b, c = 40, 41, 42
     target = markov_target(src, tmp_path / "target", {last: a, a: b, b: a})
     e = _engine(target, _ranked_draft(tmp_path, cfg, [c, a, b]), 4)
-    assert e.speculator.alts == alts
+    assert e.speculator.alts == (alts,) * 4
     plain, _ = _run(e, False, n=64)
     spec, stats = _run(e, True, n=64)
     assert spec == plain and plain[:4] == [a, b, a, b]
@@ -132,6 +132,17 @@ def test_alternatives_the_target_takes_are_accepted_losslessly(tmp_path, targets
         assert stats.accept_hist[1] <= 1 and stats.accept_hist[2] >= stats.verify_steps - 1
     else:
         assert stats.accept_len_mean == 1.0
+
+
+def test_shaped_alternatives():
+    from speculative.speculator import default_alternatives, shaped_alternatives
+
+    assert shaped_alternatives(5, 10) == (3, 3, 2, 1, 1)
+    assert shaped_alternatives(5, 0) == (0,) * 5 and shaped_alternatives(3, 3) == (2, 1, 0)
+    assert shaped_alternatives(1, 14) == (3,)  # draft_pick's limit
+    for k in range(1, 16):  # a verify step stays within the 16 rows of the batch-invariant kernels
+        assert k + 1 + sum(default_alternatives(k, torch.device("cuda"))) <= 16
+    assert default_alternatives(5, torch.device("cpu")) == (0,) * 5
 
 
 def test_sampling_with_speculation_is_reproducible_and_well_formed(tmp_path, targets):
