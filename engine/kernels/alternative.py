@@ -40,20 +40,20 @@ def _kernels():
         if pid < num_layers:  # one layer's K and V row
             src = tl.load(move_ptr).to(tl.int64)
             dst = tl.load(move_ptr + 1).to(tl.int64)
-            offs = tl.arange(0, BLOCK)
-            ok = offs < row_size
+            offs_kv = tl.arange(0, BLOCK)
+            kv_ok = offs_kv < row_size
             base = pid.to(tl.int64) * layer_stride
-            k = tl.load(k_ptr + base + src * row_stride + offs, mask=ok)
-            v = tl.load(v_ptr + base + src * row_stride + offs, mask=ok)
-            tl.store(k_ptr + base + dst * row_stride + offs, k, mask=ok)
-            tl.store(v_ptr + base + dst * row_stride + offs, v, mask=ok)
+            k = tl.load(k_ptr + base + src * row_stride + offs_kv, mask=kv_ok)
+            v = tl.load(v_ptr + base + src * row_stride + offs_kv, mask=kv_ok)
+            tl.store(k_ptr + base + dst * row_stride + offs_kv, k, mask=kv_ok)
+            tl.store(v_ptr + base + dst * row_stride + offs_kv, v, mask=kv_ok)
         else:  # the extend window's states
-            offs = tl.arange(0, BLOCK_W)
-            ok = offs < width
+            offs_w = tl.arange(0, BLOCK_W)
+            w_ok = offs_w < width
             for r in tl.static_range(OUT_ROWS):
                 src_row = tl.load(rows_ptr + r).to(tl.int64)
-                x = tl.load(states_ptr + src_row * stride_states + offs, mask=ok)
-                tl.store(out_ptr + r * stride_out + offs, x, mask=ok)
+                x = tl.load(states_ptr + src_row * stride_states + offs_w, mask=w_ok)
+                tl.store(out_ptr + r * stride_out + offs_w, x, mask=w_ok)
 
     return take_alternative_kernel
 

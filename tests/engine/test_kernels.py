@@ -603,7 +603,7 @@ def test_rope_and_cache(device, dtype, shape, with_slots):
     slots = None
     if with_slots:  # cache rows other than the positions (a verify step's alternative tokens)
         slots = torch.randperm(max_pos, generator=gen)[:num_rows].to(device)
-        positions[num_rows // 2:] = positions[0]  # positions may repeat; slots never do
+        positions[num_rows // 2:] = int(positions[0])  # positions may repeat; slots never do
     q_rot = rope_and_cache(q, k, v, cos_sin_cache, positions, k_cache, v_cache, slots)
     want_q = rope_and_cache_ref(q, k, v, cos_sin_cache, positions, want_k_cache, want_v_cache, slots)
     assert torch.equal(qkv, qkv_before)  # inputs untouched

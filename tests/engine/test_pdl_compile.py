@@ -14,12 +14,15 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_ptr": "*i64", "row_ptr": "*i64",
             "offsets_ptr": "*i64", "n_ptr": "*i64", "result_ptr": "*i64", "window_ptr": "*i64",
             "accepted_ptr": "*i64", "draft_pos_ptr": "*i64", "choice_ptr": "*i64", "part_o_ptr": "*fp32",
-            "part_lse_ptr": "*fp32", "cos_sin_ptr": "*fp32"}
+            "part_lse_ptr": "*fp32", "cos_sin_ptr": "*fp32", "own_ptr": "*i64", "slot_ptr": "*i64", "alts_ptr": "*i64",
+            "state_rows_ptr": "*i64", "kv_move_ptr": "*i64", "alt_draft_ptr": "*i64", "move_ptr": "*i64",
+            "rows_ptr": "*i64"}
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 
 
 def _kernels():
     import engine.kernels.activation as activation
+    import engine.kernels.alternative as alternative
     import engine.kernels.attention as attention
     import engine.kernels.gemv as gemv
     import engine.kernels.norm as norm
@@ -33,7 +36,11 @@ def _kernels():
         ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
         ("argmax_pick", pick._kernels()[0], dict(HAS_ROW=True, HAS_OFFSETS=True, BLOCK=2048), 8),
-        ("greedy_verify", pick._kernels()[1], dict(BLOCK=2048, BLOCK_R=16), 8),
+        ("greedy_verify", pick._kernels()[1], dict(HAS_ALTS=False, BLOCK=2048, BLOCK_R=16), 8),
+        ("greedy_verify alternatives", pick._kernels()[1], dict(HAS_ALTS=True, BLOCK=2048, BLOCK_R=16), 8),
+        ("draft_pick", pick._kernels()[2], dict(ALTS=3, HAS_ROW=True, HAS_OFFSETS=True, BLOCK=2048), 8,
+         {"out_ptr": "*i64"}),
+        ("take_alternative", alternative._kernels(), dict(OUT_ROWS=6, BLOCK=256, BLOCK_W=2048), 4),
         ("silu_and_mul", activation._kernels(), dict(BLOCK=1024), 4),
         ("rope_and_cache", rope._kernels(), dict(HEAD_DIM=64, HALF=32, BLOCK_HQ=16, BLOCK_HKV=4, BLOCK_HALF=32,
                                                  BLOCK_D=64), 4),
@@ -47,7 +54,7 @@ def _kernels():
     ]
 
 
-def _compile(fn, constexprs: dict, num_warps: int, pdl: bool):
+def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | None = None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -58,7 +65,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool):
         if name in consts:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
-            sig[name] = POINTERS.get(name, "*bf16")
+            sig[name] = {**POINTERS, **(pointers or {})}.get(name, "*bf16")
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
     options = {"num_warps": num_warps, **({"launch_pdl": True} if pdl else {})}
@@ -66,11 +73,11 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool):
                           options=options)
 
 
-@pytest.mark.parametrize("index", range(10))
+@pytest.mark.parametrize("index", range(13))
 def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
     try:
-        name, fn, constexprs, warps = _kernels()[index]
-        on = _compile(fn, constexprs, warps, pdl=True)
+        name, fn, constexprs, warps, *pointers = _kernels()[index]
+        on = _compile(fn, constexprs, warps, pdl=True, pointers=pointers[0] if pointers else None)
     except (ImportError, RuntimeError) as e:  # no CUDA backend or ptxas in this Triton build
         if "ptxas" in str(e) or isinstance(e, ImportError):
             pytest.skip(f"Triton cannot compile for CUDA here: {e}")
@@ -82,5 +89,5 @@ def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
     assert "griddepcontrol.launch_dependents" in body and on.asm.get("cubin"), name
     if name.startswith("gemv"):  # the weights' first lines are requested before the wait
         assert 0 <= body.find("prefetch.global.L2") < body.find("griddepcontrol.wait"), name
-    off = _compile(fn, constexprs, warps, pdl=False)
+    off = _compile(fn, constexprs, warps, pdl=False, pointers=pointers[0] if pointers else None)
     assert "griddepcontrol" not in off.asm["ptx"], name
