@@ -78,11 +78,32 @@ def rows() -> list[str]:
                    f"{lc.get('verify_ms', 0):.2f} ms + {b['draft_steps'] - 1} draft steps x "
                    f"{lc.get('draft_step_ms', 0):.2f} ms + extend {lc.get('extend_ms', 0):.2f} ms) | "
                    f"{s['decode_tok_s'] / max(lc.get('ideal_tok_s', 1), 1e-9) * 100:.0f}% of ideal | >= 85% |")
-    out.append(_spec_row("h200_demo_spec_session10.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
-                         "k = 5 (plain decode with a head loaded runs batch-invariant projections)", ">= 2.5x, >= 3.5"))
-    out.append(_spec_row("h200_demo_spec_p16_session10.json", "shipped head, 16 held-out prompts (the 8 above and 8 more)", ""))
-    out.append(_spec_row("h200_demo_spec_instruct_session10.json", "shipped head, 8 held-out instruction-style requests "
+    out.append(_spec_row("h200_demo_spec_session11.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
+                         "k = 5 and 10 alternatives a verify step (3, 3, 2, 1, 1 for drafts 1..5; plain decode with a "
+                         "head loaded runs batch-invariant projections)", ">= 2.5x, >= 3.5"))
+    out.append(_spec_row("h200_demo_spec_p16_session11.json", "the same, 16 held-out prompts (the 8 above and 8 more)", ""))
+    out.append(_spec_row("h200_demo_spec_instruct_session11.json", "the same, 8 held-out instruction-style requests "
                          "(`--prompt-set instruct`)", ""))
+    b = _load("h200_variants_alts_shaped_session11.json")
+    r = (b or {}).get("results", {}).get("demo", {}).get("speculative")
+    if r:
+        for name, what in (("altsauto", "10 alternatives shaped 3, 3, 2, 1, 1 (the default)"),
+                           ("alts2", "2 alternatives for every draft")):
+            new, old = r[name], r["alts0"]
+            out.append(f"| greedy verify steps with {what} vs the plain chain, demo model + head, 8 held-out prompts, "
+                       f"one process (`benchmarks/variants.py`), same tokens: {new['same_tokens_as_first']} | "
+                       f"{new['tok_s']:.0f} tok/s, accept length {new['accept_len_mean']:.2f} | {old['tok_s']:.0f} tok/s, "
+                       f"accept length {old['accept_len_mean']:.2f} | {new['tok_s'] / old['tok_s']:.2f}x | |")
+    prof = {a: _load(f"h200_iteration_profile_alts{a}_session11.json") for a in ("0", "auto")}
+    if all(prof.values()):
+        out.append(f"| one greedy iteration's graph replay, demo model + head (`benchmarks/iteration_profile.py`): 10 "
+                   f"alternatives vs the plain chain (their cost: 10 more verify rows, the picks of runners-up, one "
+                   f"launch to take an alternative) | {prof['auto']['graph_iter_ms']:.3f} ms | "
+                   f"{prof['0']['graph_iter_ms']:.3f} ms | {prof['auto']['graph_iter_ms'] / prof['0']['graph_iter_ms']:.2f}x "
+                   f"the time | |")
+    out.append(_spec_row("h200_demo_spec_session10.json", "session 10's build (the plain chain), 8 held-out prompts", ""))
+    out.append(_spec_row("h200_demo_spec_instruct_session10.json", "session 10's build, 8 held-out instruction-style "
+                         "requests", ""))
     for prompt_set in ("chitchat", "instruct"):
         new, old = _load(f"h200_head_ab_{prompt_set}_instruct01_session10.json"), _load(f"h200_head_ab_{prompt_set}_session9head_session10.json")
         if new and old:
@@ -91,7 +112,6 @@ def rows() -> list[str]:
                        f"{new['spec']['speedup']:.2f}x plain, accept length {new['spec']['accept_len_mean']:.2f} | "
                        f"{old['spec']['speedup']:.2f}x plain, accept length {old['spec']['accept_len_mean']:.2f} | "
                        f"{new['spec']['accept_len_mean'] / old['spec']['accept_len_mean']:.2f}x accepted | |")
-    out.append(_spec_row("h200_demo_spec_session9.json", "session 9's head and build, 8 held-out prompts", ""))
     b = _load("h200_variants_lean_session9.json")
     for mode, r in (b or {}).get("results", {}).get("demo", {}).items():
         if mode != "speculative":
@@ -144,8 +164,10 @@ def rows() -> list[str]:
                    f"identical, accept length {check['accept_len_mean']:.2f} | | | all |")
     out.append(_spec_row("h200_demo_mtp.json", "demo model + shipped 2-layer chain-MTP (`--draft demo-mtp`), greedy, "
                          "held-out prompts, k = 2 (measured with an earlier build)", ""))
-    out.append(_spec_row("h200_demo_spec_t07_session10.json", "demo model + shipped head, temperature 0.7, 8 held-out prompts", ""))
-    out.append(_spec_row("h200_demo_spec_t07_session9.json", "session 9's head and build, temperature 0.7", ""))
+    out.append(_spec_row("h200_demo_spec_t07_session11.json", "demo model + shipped head, temperature 0.7, 8 held-out "
+                         "prompts (sampling verifies the plain chain; unseeded)", ""))
+    out.append(_spec_row("h200_demo_spec_t07_session10.json", "session 10's build, temperature 0.7 (one of its 8 answers "
+                         "accepted 4.06, the others 2.0-2.5)", ""))
     b = _load("h200_demo_sampled_cuts.json")
     for r in (b or {}).get("rows", []):
         out.append(f"| demo model + the session-4 head, {_sampling_label(r['sampling'])}, seeded, "
