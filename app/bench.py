@@ -196,13 +196,16 @@ def cmd_bench(args) -> int:
     engine = build_bench_engine(args)
     startup_s = time.perf_counter() - t0
     dev = engine.runner.device
+    alts = getattr(engine.speculator, "alts", ())
     report = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                           "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if dev.type == "cuda"
                           else platform.processor() or "cpu", "cuda": torch.version.cuda},
               "model": engine.model_name, "draft": engine.draft_name, "draft_steps": args.draft_steps,
               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "startup_s": startup_s,
               "startup_phases_s": getattr(engine, "load_phases", None),
-              "graphs": engine.runner.uses_graphs, "temperature": args.temperature}
+              "graphs": engine.runner.uses_graphs, "temperature": args.temperature,
+              # runners-up each draft gets in greedy verify steps (EAGLE-3; none when sampling)
+              "draft_alternatives": list(alts) if any(alts) else None}
     bw = copy_bandwidth(dev)
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
     report.update(copy_bandwidth_GBps=bw / 1e9, weight_bytes=weight_bytes,
@@ -274,6 +277,9 @@ def _table(r: dict) -> str:
                                            f"{r['spec']['accept_len_mean']:.2f}, {r['spec']['speedup']:.2f}x plain"))
         if _hist_line(r["spec"].get("accept_hist", [])):
             rows.append(("tokens per verify step", _hist_line(r["spec"]["accept_hist"])))
+        if any(r.get("draft_alternatives") or ()) and not r.get("temperature"):
+            rows.append(("runners-up verified", ", ".join(map(str, r["draft_alternatives"])) + " (drafts 1.."
+                         f"{len(r['draft_alternatives'])})"))
     if "transformers" in r:
         rows.append(("transformers generate", f"{r['transformers']['decode_tok_s']:.1f} tok/s "
                                               f"(ours {r['speedup_vs_transformers']:.1f}x)"))

@@ -33,6 +33,17 @@ def test_bench_reports_plain_speculative_and_the_peer(tmp_path, tiny_models, cap
     one = r["spec"]["per_prompt"][0]["accept_hist"]
     assert len(hist) == 7 and hist[:len(one)] == one and sum(hist) == sum(one) >= 1
     assert "tokens per verify step" in table and "6: " in table
+    assert r["draft_alternatives"] is None and "runners-up" not in table  # the CPU verifies the chain alone
+
+
+def test_bench_reports_the_runners_up_it_verified(tmp_path, tiny_models, monkeypatch, capsys):
+    monkeypatch.setenv("LOCALCHAT_SPEC_ALTS", "auto")
+    out = tmp_path / "r.json"
+    code = main(["bench", "--model", str(tiny_models["llama"]), "--draft", str(_head(tmp_path, tiny_models["llama"])),
+                 "--device", "cpu", "--prompts", "1", "--new-tokens", "8", "--no-peer", "--out", str(out)])
+    assert code == 0
+    assert json.loads(out.read_text())["draft_alternatives"] == [3, 3, 2, 1, 1]
+    assert "runners-up verified        3, 3, 2, 1, 1 (drafts 1..5)" in capsys.readouterr().out
 
 
 def test_accept_hist_total_sums_histograms_of_any_length():
