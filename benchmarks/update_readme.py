@@ -165,7 +165,7 @@ def rows() -> list[str]:
     out.append(_spec_row("h200_demo_mtp.json", "demo model + shipped 2-layer chain-MTP (`--draft demo-mtp`), greedy, "
                          "held-out prompts, k = 2 (measured with an earlier build)", ""))
     out.append(_spec_row("h200_demo_spec_t07_session11.json", "demo model + shipped head, temperature 0.7, 8 held-out "
-                         "prompts (sampling verifies the plain chain; unseeded)", ""))
+                         "prompts (sampling verifies the chain alone; seed 0, but the attention's new rounding draws other tokens than session 10's)", ""))
     out.append(_spec_row("h200_demo_spec_t07_session10.json", "session 10's build, temperature 0.7 (one of its 8 answers "
                          "accepted 4.06, the others 2.0-2.5)", ""))
     b = _load("h200_demo_sampled_cuts.json")

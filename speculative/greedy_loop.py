@@ -72,7 +72,8 @@ class WholeIteration:
               generator: torch.Generator | None = None, alts: torch.Tensor | None = None) -> None:
         """The first iteration's inputs: the bonus token at n and the k drafts after it (q: the
         distributions they were drawn from, and the request's generator, when sampling; alts
-        (k, self.alts): each draft's alternatives, or None: none for this iteration)."""
+        (num_alts,): the drafts' alternatives in ChainState's order, or None: none for this
+        iteration)."""
         k = self.k
         self.n.fill_(n)
         self.ids[0] = bonus

@@ -304,8 +304,8 @@ def greedy_verify(logits: torch.Tensor, chain: ChainState) -> None:
         logits, chain.ids, chain.n, chain.result, chain.window, chain.accepted, chain.draft_pos,
         chain._choice, chain._counter, chain.state_rows, chain.kv_move,
         chain.alt_draft if chain.num_alts else chain.kv_move, logits.shape[1], logits.stride(0), rows, chain.k,
-        chain.last_pos, HAS_ALTS=chain.num_alts > 0, BLOCK=_BLOCK, BLOCK_R=max(16, 1 << (rows - 1).bit_length()), num_warps=8,
-        **pdl_args(logits.device),
+        chain.last_pos, HAS_ALTS=chain.num_alts > 0, BLOCK=_BLOCK, BLOCK_R=max(16, 1 << (rows - 1).bit_length()),
+        num_warps=8, **pdl_args(logits.device),
     )
 
 
@@ -331,8 +331,7 @@ def greedy_verify_ref(logits: torch.Tensor, chain: ChainState) -> None:
     chain.state_rows.copy_(torch.where(has.bool() & (chain.offsets == a + 1), row, chain.offsets))
     src = torch.where(has.bool(), row, a + 1)
     chain.kv_move.copy_(chain.n + torch.stack([src, a + 1]))
-    drafts = chain.ids[1:k + 1].clone()
-    drafts.copy_(torch.where(has.bool() & (chain.offsets[:k] == a), alt_tok, drafts))
+    drafts = torch.where(has.bool() & (chain.offsets[:k] == a), alt_tok, chain.ids[1:k + 1])
     a = a + has
     chain.accepted.copy_(a)
     chain.advance(a, nxt, drafts)
