@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one-shot answer streamed to stdout")
     _model_options(run)
     _sampling_options(run)
-    run.add_argument("--system", default=None, help="system prompt")
+    run.add_argument("--system", default=None,
+                     help="system prompt (default: the chat app's, from settings.toml; '' for none)")
     run.add_argument("--json", action="store_true", help="print one JSON result object at the end")
     run.add_argument("prompt", help="the question ('-' reads it from stdin)")
 

@@ -26,6 +26,23 @@ def sampling_from_args(args):
                           max_tokens=args.max_tokens, stop=tuple(args.stop))
 
 
+def default_system_prompt() -> str:
+    """The chat app's default system prompt (settings.toml, when it exists and reads cleanly; the
+    built-in default otherwise), so that `run` answers as a new chat in the app would. Some models
+    answer badly under their template's own default: the demo model began "three tips for
+    learning to cook" with "1. **10111111..."."""
+    from app.paths import AppPaths
+    from app.settings import Settings, load_settings
+
+    try:
+        path = AppPaths.resolve().settings_path
+        if path.is_file():
+            return load_settings(path)[0].system_prompt
+    except Exception:  # an unreadable config folder: the built-in default
+        pass
+    return Settings().system_prompt
+
+
 def cmd_run(args) -> int:
     from engine.errors import UserError
 
@@ -39,7 +56,8 @@ def cmd_run(args) -> int:
     params = sampling_from_args(args)  # validate before the slow load
     # One answer: graphs it would not replay are not captured before its first token.
     engine = load_engine(args, quiet=args.json, defer_capture=True)
-    messages = ([{"role": "system", "content": args.system}] if args.system else [])
+    system = default_system_prompt() if args.system is None else args.system
+    messages = ([{"role": "system", "content": system}] if system else [])
     messages.append({"role": "user", "content": args.prompt})
     text, ids, last = [], [], None
     for ev in engine.stream(messages, params, speculative=not args.no_spec):
