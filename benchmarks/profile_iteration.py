@@ -6,6 +6,7 @@ replays; with n known on the host, attention reads only the filled cache). JSON 
 
     python benchmarks/profile_iteration.py OUT.json
     LOCALCHAT_LEAN_DRAFT=0 python benchmarks/profile_iteration.py OUT.json   # session 8's loop
+    LOCALCHAT_SPEC_ALTS=0 python benchmarks/profile_iteration.py OUT.json    # no runners-up verified
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def main() -> None:
                   key=lambda r: -r["us_per_iter"])
     total = sum(r["us_per_iter"] for r in rows)
     launches = sum(r["launches_per_iter"] for r in rows)
-    Path(sys.argv[1]).write_text(json.dumps({"graph_iter_ms": graph_ms, "kernel_sum_us": total, "launches": launches,
-                                             "rows": rows}, indent=1))
+    Path(sys.argv[1]).write_text(json.dumps({"alternatives": list(it.alts), "graph_iter_ms": graph_ms,
+                                             "kernel_sum_us": total, "launches": launches, "rows": rows}, indent=1))
     print(f"graph iteration {graph_ms:.3f} ms, kernel sum {total:.1f} us, {launches:.0f} launches")
     for r in rows[:25]:
         print(f"{r['us_per_iter']:8.1f} us {r['launches_per_iter']:5.1f}  {r['name']}")

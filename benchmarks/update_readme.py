@@ -96,7 +96,7 @@ def rows() -> list[str]:
                        f"accept length {old['accept_len_mean']:.2f} | {new['tok_s'] / old['tok_s']:.2f}x | |")
     prof = {a: _load(f"h200_iteration_profile_alts{a}_session11.json") for a in ("0", "auto")}
     if all(prof.values()):
-        out.append(f"| one greedy iteration's graph replay, demo model + head (`benchmarks/iteration_profile.py`): 10 "
+        out.append(f"| one greedy iteration's graph replay, demo model + head (`benchmarks/profile_iteration.py`): 10 "
                    f"alternatives vs the plain chain (their cost: 10 more verify rows, the picks of runners-up, one "
                    f"launch to take an alternative) | {prof['auto']['graph_iter_ms']:.3f} ms | "
                    f"{prof['0']['graph_iter_ms']:.3f} ms | {prof['auto']['graph_iter_ms'] / prof['0']['graph_iter_ms']:.2f}x "
