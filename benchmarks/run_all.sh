@@ -52,5 +52,9 @@ step "the lean draft step and one-launch acceptance against session 8's greedy i
 python3 benchmarks/variants.py --models demo --variants base,lean_off --prompts 8 --rounds 3 --out "$out/h200_variants_lean.json"
 python3 benchmarks/variants.py --models llama-8b --force-accept 4 --variants base,lean_off --rounds 2 \
     --out "$out/h200_variants_lean_8b.json"
-step "kernels of one greedy speculative iteration"
+step "runners-up in greedy verify steps: none, 2 for every draft, the default shape"
+python3 benchmarks/variants.py --models demo --variants alts0,alts2,altsauto --prompts 8 --rounds 3 \
+    --out "$out/h200_variants_alts.json"
+step "kernels of one greedy speculative iteration, with and without runners-up"
 python3 benchmarks/profile_iteration.py "$out/h200_iter_profile.json"
+LOCALCHAT_SPEC_ALTS=0 python3 benchmarks/profile_iteration.py "$out/h200_iter_profile_alts0.json"
