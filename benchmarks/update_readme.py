@@ -79,7 +79,7 @@ def rows() -> list[str]:
                    f"{lc.get('draft_step_ms', 0):.2f} ms + extend {lc.get('extend_ms', 0):.2f} ms) | "
                    f"{s['decode_tok_s'] / max(lc.get('ideal_tok_s', 1), 1e-9) * 100:.0f}% of ideal | >= 85% |")
     out.append(_spec_row("h200_demo_spec_session11.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
-                         "k = 5 and 10 alternatives a verify step (3, 3, 2, 1, 1 for drafts 1..5; plain decode with a "
+                         "k = 5 and 10 runners-up verified a step (3, 3, 2, 1, 1 for drafts 1..5; plain decode with a "
                          "head loaded runs batch-invariant projections)", ">= 2.5x, >= 3.5"))
     out.append(_spec_row("h200_demo_spec_p16_session11.json", "the same, 16 held-out prompts (the 8 above and 8 more)", ""))
     out.append(_spec_row("h200_demo_spec_instruct_session11.json", "the same, 8 held-out instruction-style requests "
@@ -87,8 +87,8 @@ def rows() -> list[str]:
     b = _load("h200_variants_alts_shaped_session11.json")
     r = (b or {}).get("results", {}).get("demo", {}).get("speculative")
     if r:
-        for name, what in (("altsauto", "10 alternatives shaped 3, 3, 2, 1, 1 (the default)"),
-                           ("alts2", "2 alternatives for every draft")):
+        for name, what in (("altsauto", "10 runners-up shaped 3, 3, 2, 1, 1 (the default)"),
+                           ("alts2", "2 runners-up for every draft")):
             new, old = r[name], r["alts0"]
             out.append(f"| greedy verify steps with {what} vs the plain chain, demo model + head, 8 held-out prompts, "
                        f"one process (`benchmarks/variants.py`), same tokens: {new['same_tokens_as_first']} | "
@@ -97,8 +97,8 @@ def rows() -> list[str]:
     prof = {a: _load(f"h200_iteration_profile_alts{a}_session11.json") for a in ("0", "auto")}
     if all(prof.values()):
         out.append(f"| one greedy iteration's graph replay, demo model + head (`benchmarks/profile_iteration.py`): 10 "
-                   f"alternatives vs the plain chain (their cost: 10 more verify rows, the picks of runners-up, one "
-                   f"launch to take an alternative) | {prof['auto']['graph_iter_ms']:.3f} ms | "
+                   f"runners-up vs the plain chain (their cost: 10 more verify rows, their picks, one "
+                   f"launch to take one) | {prof['auto']['graph_iter_ms']:.3f} ms | "
                    f"{prof['0']['graph_iter_ms']:.3f} ms | {prof['auto']['graph_iter_ms'] / prof['0']['graph_iter_ms']:.2f}x "
                    f"the time | |")
     out.append(_spec_row("h200_demo_spec_session10.json", "session 10's build (the plain chain), 8 held-out prompts", ""))
