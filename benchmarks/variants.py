@@ -16,7 +16,8 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 and copy per draft token, and acceptance in torch ops, instead of the lean draft
                 step, argmax_pick and greedy_verify (LOCALCHAT_LEAN_DRAFT=0)
   altsN         N alternatives for each draft in greedy verify steps (LOCALCHAT_SPEC_ALTS=N;
-                alts0: the plain chain; altsauto: the default shape, as many as fill 16 rows)
+                alts0: the plain chain; altsauto: the default shape, as many as fill 16 rows;
+                alts2-1-0: 2 for draft 1, 1 for draft 2, none after)
   joined by '+': row_all+pf64
 
 Models: a --random-weights name or config JSON (plain decode, 512 random token ids; with
@@ -66,8 +67,8 @@ def variant(spec: str):
                 ops._FUSE_ALL = True
             elif part == "lean_off":
                 eagle3.LEAN_DRAFT = False
-            elif part.startswith("alts") and (part[4:].isdigit() or part[4:] == "auto"):
-                os.environ["LOCALCHAT_SPEC_ALTS"] = part[4:]
+            elif part.startswith("alts") and (part[4:].replace("-", "").isdigit() or part[4:] == "auto"):
+                os.environ["LOCALCHAT_SPEC_ALTS"] = part[4:].replace("-", ",")
             else:
                 raise SystemExit(f"variants.py: unknown variant {part!r}")
         yield

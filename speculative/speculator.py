@@ -39,11 +39,18 @@ def default_alternatives(k: int, device: torch.device) -> tuple[int, ...]:
     launches, and more rows cost little. On the CPU none: there each row costs its arithmetic
     (2 cores, demo model and head: accepted length 3.04 -> 3.60 with 2 a draft, but 43.5 ->
     40.2 tok/s). LOCALCHAT_SPEC_ALTS=N sets N for every draft instead (0: the plain chain),
-    within the 16 rows; =auto the shaped ones on any device."""
+    within the 16 rows; =auto the shaped ones on any device; =A,B,.. A for draft 1, B for
+    draft 2 and so on (missing ones: 0), for experiments."""
     env = (os.environ.get("LOCALCHAT_SPEC_ALTS") or "").strip()
     room = MAX_VERIFY_ROWS - k - 1
     if env.isdigit():
         return (min(int(env), room // max(k, 1), MAX_ALTS),) * k
+    if "," in env and all(p.strip().isdigit() for p in env.split(",")):
+        counts = [min(int(p), MAX_ALTS) for p in env.split(",")][:k]
+        counts += [0] * (k - len(counts))
+        while sum(counts) > room:  # within the 16 rows: the last drafts' first
+            counts[max(i for i, c in enumerate(counts) if c)] -= 1
+        return tuple(counts)
     return shaped_alternatives(k, room) if device.type == "cuda" or env == "auto" else (0,) * k
 
 

@@ -145,6 +145,16 @@ def test_shaped_alternatives():
     assert default_alternatives(5, torch.device("cpu")) == (0,) * 5
 
 
+def test_alternatives_from_the_environment(monkeypatch):
+    from speculative.speculator import default_alternatives
+
+    cpu = torch.device("cpu")
+    for env, want in [("0", (0,) * 5), ("2", (2,) * 5), ("9", (2,) * 5), ("auto", (3, 3, 2, 1, 1)),
+                      ("2,1", (2, 1, 0, 0, 0)), ("3,3,3,3,3", (3, 3, 3, 1, 0)), ("", (0,) * 5), ("x,1", (0,) * 5)]:
+        monkeypatch.setenv("LOCALCHAT_SPEC_ALTS", env)
+        assert default_alternatives(5, cpu) == want, env  # 10 rows at most next to the chain's 6
+
+
 def test_sampling_with_speculation_is_reproducible_and_well_formed(tmp_path, targets):
     cfg = read_config(targets["llama"])
     head = write_head(tmp_path / "h", cfg, "sglang",
