@@ -36,11 +36,14 @@ def default_system_prompt() -> str:
 
     try:
         path = AppPaths.resolve().settings_path
-        if path.is_file():
-            return load_settings(path)[0].system_prompt
-    except Exception:  # an unreadable config folder: the built-in default
-        pass
-    return Settings().system_prompt
+        if not path.is_file():
+            return Settings().system_prompt
+    except OSError:  # an unreadable config folder: the built-in default
+        return Settings().system_prompt
+    settings, notes = load_settings(path)  # a bad value: the default, and a line saying so
+    for note in notes:
+        print(f"localchat: {note}", file=sys.stderr)
+    return settings.system_prompt
 
 
 def cmd_run(args) -> int:

@@ -55,7 +55,7 @@ def default_alternatives(k: int, device: torch.device) -> tuple[int, ...]:
 
 
 class Eagle3Speculator:
-    def __init__(self, draft: Eagle3Draft, runner, num_steps: int, alternatives: tuple[int, ...] | None = None):
+    def __init__(self, draft: Eagle3Draft, runner, num_steps: int):
         dc = draft.config
         self.draft = draft
         self.config = dc
@@ -68,8 +68,7 @@ class Eagle3Speculator:
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
-        alts = default_alternatives(num_steps, runner.device) if alternatives is None else alternatives
-        self.fused = GreedyIteration(self, runner, alts)  # greedy without a penalty: one graph an iteration
+        self.fused = GreedyIteration(self, runner, default_alternatives(num_steps, runner.device))  # greedy, no penalty
         self.alts = self.fused.alts  # runners-up each draft gets in its greedy verify steps
         self.sampled = sampled_loop.SampledIteration(self, runner)  # sampling without a penalty: the same
 

@@ -31,3 +31,9 @@ def test_run_answers_under_the_apps_default_system_prompt(tmp_path, tiny_models,
     save_settings(path, Settings(system_prompt="Answer in French, briefly and kindly, to every question."))
     assert default_system_prompt() == "Answer in French, briefly and kindly, to every question."
     assert _prompt_tokens(capsys, *common) > default
+    # a bad value: one line on stderr, and the built-in default
+    path.write_text("system_prompt = 5\n")
+    capsys.readouterr()
+    assert default_system_prompt() == Settings().system_prompt
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "system_prompt" in err and "Traceback" not in err
