@@ -2,7 +2,10 @@
 
 Answers one held-out prompt (64 tokens) to reach a valid state, times 40 replays of the
 whole-iteration graph, then profiles 20 eager runs of the same body (the kernels the graph
-replays; with n known on the host, attention reads only the filled cache). JSON to OUT:
+replays; with n known on the host, attention reads only the filled cache), and 20 replays of
+the graph itself: its timeline, each kernel's time and the gap before it (launch latency and
+breaks in the programmatic-dependent-launch chain show there). Also times the first chain's
+graph (GreedyIteration.begin). JSON to OUT:
 
     python benchmarks/profile_iteration.py OUT.json
     LOCALCHAT_LEAN_DRAFT=0 python benchmarks/profile_iteration.py OUT.json   # session 8's loop
@@ -51,6 +54,19 @@ def main() -> None:
             for _ in range(n_it):
                 it._body(int(it.n))
             torch.cuda.synchronize()
+    with torch.inference_mode():
+        with profile(activities=[ProfilerActivity.CUDA]) as timeline:
+            for _ in range(n_it):
+                it.graph.replay()
+            torch.cuda.synchronize()
+        first_ms = None
+        if it.first_graph is not None:
+            start = time.perf_counter()
+            for _ in range(40):
+                it.first_graph.replay()
+            torch.cuda.synchronize()
+            first_ms = (time.perf_counter() - start) / 40 * 1e3
+    slots = graph_timeline(timeline, n_it)
     agg = defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -61,11 +77,48 @@ def main() -> None:
                   key=lambda r: -r["us_per_iter"])
     total = sum(r["us_per_iter"] for r in rows)
     launches = sum(r["launches_per_iter"] for r in rows)
+    summary = None
+    if slots:
+        summary = {"kernels": len(slots), "span_us": sum(r["us"] + r["gap_before_us"] for r in slots),
+                   "busy_us": sum(r["us"] for r in slots),
+                   "gaps_us": sum(max(r["gap_before_us"], 0.0) for r in slots)}
     Path(sys.argv[1]).write_text(json.dumps({"alternatives": list(it.alts), "graph_iter_ms": graph_ms,
-                                             "kernel_sum_us": total, "launches": launches, "rows": rows}, indent=1))
-    print(f"graph iteration {graph_ms:.3f} ms, kernel sum {total:.1f} us, {launches:.0f} launches")
+                                             "first_chain_graph_ms": first_ms, "kernel_sum_us": total,
+                                             "launches": launches, "rows": rows, "graph_timeline": summary,
+                                             "graph_slots": slots}, indent=1))
+    print(f"graph iteration {graph_ms:.3f} ms, kernel sum {total:.1f} us, {launches:.0f} launches; "
+          f"first chain graph {first_ms} ms")
     for r in rows[:25]:
         print(f"{r['us_per_iter']:8.1f} us {r['launches_per_iter']:5.1f}  {r['name']}")
+    if summary:
+        print(f"graph timeline: {summary}")
+        print("largest gaps before a kernel in the replayed graph (us, after -> kernel):")
+        for r in sorted(slots, key=lambda r: -r["gap_before_us"])[:20]:
+            print(f"{r['gap_before_us']:7.2f} {r['us']:7.2f}  {r['after'][:40]} -> {r['name'][:50]}")
+
+
+def graph_timeline(prof, replays: int) -> list[dict]:
+    """The kernels of `replays` back-to-back replays of one graph, in order: for each kernel of
+    one replay, its mean time and the mean gap from the previous kernel's end to its start
+    (negative: it started before that one ended). Empty when the profiler saw no graph kernels
+    or a count that does not divide into the replays."""
+    import torch
+
+    evs = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA
+                  and not ev.name.startswith("Memcpy") and not ev.name.startswith("Memset")),
+                 key=lambda ev: ev.time_range.start)
+    if not evs or len(evs) % replays:
+        print(f"graph timeline: {len(evs)} kernels for {replays} replays; not reported")
+        return []
+    per = len(evs) // replays
+    slots = [{"name": evs[i].name[:70], "after": evs[i - 1].name[:70] if i else "", "us": 0.0, "gap_before_us": 0.0}
+             for i in range(per)]
+    for r in range(1, replays):  # the first replay's first gap is the host's launch
+        for i in range(per):
+            ev, prev = evs[r * per + i], evs[r * per + i - 1]
+            slots[i]["us"] += (ev.time_range.end - ev.time_range.start) / (replays - 1)
+            slots[i]["gap_before_us"] += (ev.time_range.start - prev.time_range.end) / (replays - 1)
+    return slots
 
 
 if __name__ == "__main__":

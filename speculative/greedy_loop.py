@@ -69,17 +69,15 @@ class WholeIteration:
 
     # --- the host side ------------------------------------------------------------------------
     def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
-              generator: torch.Generator | None = None, alts: torch.Tensor | None = None) -> None:
+              generator: torch.Generator | None = None) -> None:
         """The first iteration's inputs: the bonus token at n and the k drafts after it (q: the
-        distributions they were drawn from, and the request's generator, when sampling; alts
-        (num_alts,): the drafts' alternatives in ChainState's order, or None: none for this
-        iteration)."""
+        distributions they were drawn from, and the request's generator, when sampling)."""
         k = self.k
         self.n.fill_(n)
         self.ids[0] = bonus
         self.ids[1:k + 1].copy_(drafts)
-        if self.num_alts:  # without alternatives, each draft stands in for its own (never a second hit)
-            self.ids[k + 1:].copy_(drafts.index_select(0, self.chain.alt_draft) if alts is None else alts.reshape(-1))
+        if self.num_alts:  # each draft stands in for its own alternatives (never a second hit)
+            self.ids[k + 1:].copy_(drafts.index_select(0, self.chain.alt_draft))
 
     def _prepare(self) -> None:
         """Before each iteration, on the stream (the sampled one draws its random numbers)."""
@@ -154,15 +152,25 @@ class GreedyIteration(WholeIteration):
     def __init__(self, spec, runner, alts: tuple[int, ...] | int = 0):
         super().__init__(spec, runner, alts)
         self.graph = None
+        self.first_graph = None  # begin()'s first chain, captured with the iteration
+        self._first_logits = self._first_hidden = None  # its static inputs
 
     def capture(self) -> None:
-        """Captures the graph (CUDA), its warm-ups writing at scratch(): the caller makes sure
-        nothing live is there (start() then sets the state the first replay reads)."""
+        """Captures the iteration's graph and the first chain's (CUDA), their warm-ups writing at
+        scratch(): the caller makes sure nothing live is there (begin() or start() then sets the
+        state the first replay reads)."""
         if self.runner.device.type != "cuda":
             return
-        self.n.fill_(self.scratch())
+        dc, dev = self.spec.config, self.runner.device
+        pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
-            self.graph, _ = capture(self._body, torch.cuda.graph_pool_handle())
+            self._first_logits = torch.zeros(1, dc.draft_vocab_size, dtype=torch.float32, device=dev)
+            self._first_hidden = torch.zeros(1, dc.decode_width, dtype=self.runner.dtype, device=dev)
+            self.n.fill_(self.scratch())
+            self.first_graph, _ = capture(lambda: self._first_chain(self._first_logits, self._first_hidden, None),
+                                          pool)
+            self.n.fill_(self.scratch())
+            self.graph, _ = capture(self._body, pool)
 
     def _body(self, n: int | None = None) -> None:
         """n: the cache length when the host knows it (eager), None inside the graph."""
@@ -181,7 +189,14 @@ class GreedyIteration(WholeIteration):
                                       start_pos=n, fp32_logits=not lean)
         d_hidden = hidden.index_select(0, chain.accepted.view(1))
         n_next = None if n is None else n + int(chain.accepted) + 1
-        row = chain.accepted  # the draft's logits at the last accepted row start the chain
+        self._chain(d_logits, d_hidden, chain.accepted, n_next)  # the draft's logits at the last accepted row
+
+    def _chain(self, d_logits, d_hidden, row: torch.Tensor | None, n: int | None) -> None:
+        """The next k drafts (and their alternatives) into ids[1:], from the draft's logits at
+        `row` (None: the only row) and its state d_hidden (1, H), the bonus token at n, the
+        draft steps writing at draft_pos. n: the cache length when the host knows it."""
+        spec, chain = self.spec, self.chain
+        lean = spec.draft.lean
         for s in range(self.k):
             slot = self.ids[s + 1:s + 2]  # draft token s + 1, and the next step's input
             if self.alts[s]:
@@ -190,4 +205,24 @@ class GreedyIteration(WholeIteration):
                 (argmax_pick if lean else argmax_pick_ref)(d_logits, spec.draft.d2t, slot, row)
             row = None
             if s < self.k - 1:
-                d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n_next, fp32_logits=not lean)
+                d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n, fp32_logits=not lean)
+
+    # --- the first chain ----------------------------------------------------------------------
+    def begin(self, n: int, bonus: int, d_logits: torch.Tensor, d_hidden: torch.Tensor) -> None:
+        """The first iteration's inputs from the draft's pass over the prompt: the bonus token at
+        n, and the draft's logits and state at its last row (the entry before n), from which the
+        first chain is drafted on the device: one graph replay when captured (CUDA), else the
+        same function eagerly. Nothing here waits for the GPU."""
+        self.n.fill_(n)
+        self.ids[0] = bonus
+        if self.first_graph is not None:
+            self._first_logits.copy_(d_logits[-1:])
+            self._first_hidden.copy_(d_hidden[-1:])
+            self.first_graph.replay()
+        else:
+            self._first_chain(d_logits[-1:], d_hidden[-1:], n)
+
+    def _first_chain(self, d_logits, d_hidden, n: int | None) -> None:
+        torch.add(self.offsets, self.n, out=self.draft_pos)  # draft step s writes at n + s
+        self.draft_pos.clamp_(max=self.last_pos)
+        self._chain(d_logits, d_hidden, None, n)

@@ -115,7 +115,7 @@ class SampledIteration(WholeIteration):
         return all(torch.equal(a, b) for a, b in zip(replayed, eager))
 
     def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
-              generator: torch.Generator | None = None, alts: torch.Tensor | None = None) -> None:
+              generator: torch.Generator | None = None) -> None:
         super().start(n, bonus, drafts)
         self.q.copy_(q)
         self.generator = generator

@@ -10,7 +10,7 @@ import torch
 from engine import read_ahead
 from engine.decode import choose_next, plain_steps
 from engine.kernels.attention import MAX_INVARIANT_ROWS as MAX_VERIFY_ROWS
-from engine.kernels.pick import MAX_ALTS, draft_pick_ref
+from engine.kernels.pick import MAX_ALTS
 from engine.kv_cache import KVCache
 from engine.sampling import probabilities, sample_from
 
@@ -148,15 +148,18 @@ class Eagle3Speculator:
             yield out
 
     def _whole_iterations(self, runner, state, it, d_logits, d_hidden) -> Iterator[list[int]]:
-        """The first k drafts here, then one `it` (GreedyIteration or SampledIteration) per
-        verify step."""
+        """The first k drafts, then one `it` (GreedyIteration or SampledIteration) per verify
+        step. The greedy iteration drafts the first chain itself (one graph replay); sampled
+        ones draw it here."""
         n = state.kv_len
         if n + it.width > runner.max_len:
             yield from plain_steps(runner, state)
             return
-        alts = [] if it.num_alts else None
-        drafts, q = self._draft_chain(d_logits, d_hidden, n, state, alts, it.alts)
-        it.start(n, state.tokens[n], drafts, q, state.generator, torch.cat(alts) if alts else None)
+        if it is self.fused:
+            it.begin(n, state.tokens[n], d_logits, d_hidden)
+        else:
+            drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
+            it.start(n, state.tokens[n], drafts, q, state.generator)
         yield from self._iterations(runner, state, it)
 
     def _sampled_ready(self, state) -> bool:
@@ -215,18 +218,12 @@ class Eagle3Speculator:
     def _target_states(self, aux, hidden):
         return aux if self.config.use_aux_hidden_state else hidden
 
-    def _draft_chain(self, d_logits, d_hidden, n: int, state, alts: list | None = None,
-                     counts: tuple[int, ...] = ()):
-        """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities.
-        alts: a list that gets greedy draft s's counts[s] next-best tokens."""
+    def _draft_chain(self, d_logits, d_hidden, n: int, state):
+        """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities."""
         p, k = state.params, self.k
         tokens, probs = [], []
         for s in range(k):
-            if p.is_greedy and alts is not None and counts[s]:
-                tok = torch.zeros(1, dtype=torch.long, device=d_logits.device)
-                alts.append(torch.zeros(counts[s], dtype=torch.long, device=d_logits.device))
-                draft_pick_ref(d_logits[-1:], self.draft.d2t, tok, alts[-1])
-            elif p.is_greedy:
+            if p.is_greedy:
                 tok = self.draft.to_target_ids(d_logits[-1].argmax().view(1))
             else:
                 qd = probabilities(d_logits[-1], p)  # over the draft vocabulary

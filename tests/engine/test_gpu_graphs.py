@@ -118,6 +118,7 @@ def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
         if engine is g:
             assert not g.runner.graphs  # the whole-iteration graph served it
             assert g.speculator.graphs is not None and g.speculator.fused.graph is not None
+            assert g.speculator.fused.first_graph is not None  # the first chain's, with it
         more = ids + one + ids[-3:]
         two = [t for ev in engine.stream_ids(more, SamplingParams(max_tokens=60), speculative=False)
                for t in ev.token_ids]
