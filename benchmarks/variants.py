@@ -18,6 +18,8 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
   altsN         N alternatives for each draft in greedy verify steps (LOCALCHAT_SPEC_ALTS=N;
                 alts0: the plain chain; altsauto: the default shape, as many as fill 16 rows;
                 alts2-1-0: 2 for draft 1, 1 for draft 2, none after)
+  first_eager   the greedy loop's first chain drafted by eager launches after the first token,
+                not by the replay of its graph (speculative/greedy_loop.py FIRST_CHAIN_GRAPH)
   joined by '+': row_all+pf64
 
 Models: a --random-weights name or config JSON (plain decode, 512 random token ids; with
@@ -47,11 +49,12 @@ def variant(spec: str):
     """Set the module switches `spec` names, and put them back after."""
     from engine import kernels, ops
     from engine.kernels import gemv
-    from speculative import eagle3
+    from speculative import eagle3, greedy_loop
 
     import os
 
-    saved = (ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL)
+    saved = (ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
+             greedy_loop.FIRST_CHAIN_GRAPH)
     saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
@@ -65,6 +68,8 @@ def variant(spec: str):
                 kernels.set_pdl(False)
             elif part == "fuse_all":
                 ops._FUSE_ALL = True
+            elif part == "first_eager":
+                greedy_loop.FIRST_CHAIN_GRAPH = False
             elif part == "lean_off":
                 eagle3.LEAN_DRAFT = False
             elif part.startswith("alts") and (part[4:].replace("-", "").isdigit() or part[4:] == "auto"):
@@ -75,7 +80,7 @@ def variant(spec: str):
     finally:
         ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES = saved[:2]
         kernels.set_pdl(saved[2])
-        eagle3.LEAN_DRAFT, ops._FUSE_ALL = saved[3:]
+        eagle3.LEAN_DRAFT, ops._FUSE_ALL, greedy_loop.FIRST_CHAIN_GRAPH = saved[3:]
         if saved_alts is None:
             os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
         else:
