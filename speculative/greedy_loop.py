@@ -212,6 +212,7 @@ class GreedyIteration(WholeIteration):
                 d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n, fp32_logits=not lean)
 
     # --- the first chain ----------------------------------------------------------------------
+    @torch.inference_mode()
     def begin(self, n: int, bonus: int, d_logits: torch.Tensor, d_hidden: torch.Tensor) -> None:
         """The first iteration's inputs from the draft's pass over the prompt: the bonus token at
         n, and the draft's logits and state at its last row (the entry before n), from which the
