@@ -34,8 +34,7 @@ class DraftGraphs:
             return draft(self.dec_ids, self.dec_pos, self.dec_hidden, False, embed, kv)
 
         def extend():
-            logits, hidden = draft(self.ext_ids, self.ext_pos, self.ext_hidden, True, embed, kv)
-            return logits.index_select(0, self.ext_last.view(1)), hidden.index_select(0, self.ext_last.view(1))
+            return draft(self.ext_ids, self.ext_pos, self.ext_hidden, True, embed, kv, last=self.ext_last)
 
         with torch.inference_mode():
             self.dec_graph, self.dec_out = capture(decode, pool)

@@ -27,6 +27,14 @@ FUSED_DRAFT = os.environ.get("LOCALCHAT_FUSED_DRAFT", "1") != "0"
 LEAN_DRAFT = os.environ.get("LOCALCHAT_LEAN_DRAFT", "1") != "0"
 
 
+def pick_row(x: torch.Tensor, row: int | torch.Tensor) -> torch.Tensor:
+    """x's row `row` as (1, ...): a view for a Python index, one gather (no host sync) for a
+    0-dim index tensor."""
+    if isinstance(row, int):
+        return x.narrow(0, row % x.shape[0], 1)
+    return x.index_select(0, row.view(1))
+
+
 class Eagle3Layer(nn.Module):
     """Attention reads [input_layernorm(embed(token)), hidden_norm(h)], 2H wide."""
 
@@ -49,8 +57,9 @@ class Eagle3Layer(nn.Module):
         q, kv = self.q_size, self.kv_size
         return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
 
-    def forward(self, embeds, hidden, positions, start_pos, cos_sin, k_cache, v_cache, kernel):
-        """The layer in plain torch (CPU, and the reference for fused_forward)."""
+    def forward(self, embeds, hidden, positions, start_pos, cos_sin, k_cache, v_cache, kernel, last=None):
+        """The layer in plain torch (CPU, and the reference for fused_forward). last: see
+        Eagle3Draft.forward."""
         T = embeds.shape[0]
         normed_h = self.hidden_norm(hidden)
         residual = normed_h if self.norm_before_residual else hidden
@@ -60,12 +69,14 @@ class Eagle3Layer(nn.Module):
         k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos_sin)
         k_cache.index_copy_(0, positions, k)
         v_cache.index_copy_(0, positions, v.view(T, self.num_kv_heads, self.head_dim))
-        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, kernel)
-        h = residual + self.self_attn.o_proj(o.reshape(T, self.q_size))
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, kernel).reshape(T, self.q_size)
+        if last is not None:
+            o, residual = pick_row(o, last), pick_row(residual, last)
+        h = residual + self.self_attn.o_proj(o)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def fused_forward(self, embeds, hidden, positions, start_pos, cos_sin_table, k_cache, v_cache, ops,
-                      final_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+                      final_norm: RMSNorm, last=None) -> tuple[torch.Tensor, torch.Tensor]:
         """forward() then final_norm, with the GPU kernels (norms, RoPE with the cache write,
         SiLU-and-mul; the residual adds ride on the norms): about a third of the launches of
         the torch version, which matters because the draft runs k times per verify step.
@@ -80,8 +91,10 @@ class Eagle3Layer(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
                                v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
-        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention)
-        attn_out = lin(o.reshape(T, self.q_size), self.self_attn.o_proj)
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention).reshape(T, self.q_size)
+        if last is not None:
+            o, residual = pick_row(o, last), pick_row(residual, last)
+        attn_out = lin(o, self.self_attn.o_proj)
         normed, h = ops.add_rms_norm(attn_out, residual, self.post_attention_layernorm.weight,
                                      self.post_attention_layernorm.eps)
         mlp_out = lin(ops.silu_and_mul(lin(normed, self.mlp.gate_up_proj)), self.mlp.down_proj)
@@ -89,7 +102,7 @@ class Eagle3Layer(nn.Module):
         return normed_out, out
 
     def lean_forward(self, input_ids, embed_weight, hidden, positions, start_pos, cos_sin_table, k_cache, v_cache,
-                     ops, final_norm: RMSNorm, lm_head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+                     ops, final_norm: RMSNorm, lm_head: nn.Linear, last=None) -> tuple[torch.Tensor, torch.Tensor]:
         """fused_forward plus the lm_head, in fewer launches: the embedding lookup, both input norms
         and their concatenation in one (embed_pair_norm); each later norm rides on the projection
         after it (rms_norm_gemv), SiLU-and-mul on the down projection (silu_mul_gemv). The GEMVs
@@ -109,10 +122,11 @@ class Eagle3Layer(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
                                v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
-        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention)
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention).reshape(T, self.q_size)
+        if last is not None:
+            o, residual = pick_row(o, last), pick_row(residual, last)
         o_proj = self.self_attn.o_proj
-        attn_out = gemv(o.reshape(T, self.q_size), o_proj.weight, config=_ROW_GEMV) if T == 1 else fast.linear(
-            o.reshape(T, self.q_size), o_proj)
+        attn_out = gemv(o, o_proj.weight, config=_ROW_GEMV) if o.shape[0] == 1 else fast.linear(o, o_proj)
         gate_up, h = fast.norm_linear(attn_out, residual, self.post_attention_layernorm, self.mlp.gate_up_proj)
         mlp_out = fast.mlp_down(gate_up, self.mlp)
         logits, out = fast.norm_linear(mlp_out, h, final_norm, lm_head)
@@ -138,24 +152,28 @@ class Eagle3Draft(nn.Module):
         self.fused = FUSED_DRAFT and ops is not None and None not in (ops.rope_and_cache, ops.row_linear)
 
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
-                start_pos: int | None = None, fp32_logits: bool = True):
+                start_pos: int | None = None, fp32_logits: bool = True, last: int | torch.Tensor | None = None):
         """input_ids: (T,) target ids; hidden: (T, extend_width) target states when is_extend,
         else (T, decode_width) the draft's previous outputs. Returns (logits (T, Vd), fp32 unless
         fp32_logits is False (then maybe the weights' dtype: enough for an argmax), out_hidden
-        (T, H) pre-norm: the state the next draft step consumes)."""
+        (T, H) pre-norm: the state the next draft step consumes). last: only that row's outputs
+        ((1, Vd), (1, H)): a Python index or a 0-dim index tensor on the device. Every row still
+        writes its K/V; past the attention only that row is computed (a prompt's extend and a
+        verify step's draft-extend continue from one row, the last accepted)."""
         if is_extend and self.config.needs_fc:
             hidden = self.fc(hidden)
         if self.lean and hidden.shape[0] <= MAX_ROWS:  # the GEMV's limit; a prompt's extend runs fused_forward
             logits, out = self.midlayer.lean_forward(input_ids, embed.weight, hidden, positions, start_pos,
-                                                     self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, self.lm_head)
+                                                     self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, self.lm_head,
+                                                     last)
             return (logits.float() if fp32_logits else logits), out
         if self.fused:
             normed, out = self.midlayer.fused_forward(embed(input_ids), hidden, positions, start_pos, self.cos_sin,
-                                                      kv.k[0], kv.v[0], self.ops, self.norm)
+                                                      kv.k[0], kv.v[0], self.ops, self.norm, last)
             return self.ops.row_linear(normed, self.lm_head).float(), out
         cos_sin = self.cos_sin.index_select(0, positions)
         kernel = self.ops.attention if self.ops is not None else None  # Triton on CUDA
-        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel)
+        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel, last)
         return self.lm_head(self.norm(out)).float(), out
 
     @property

@@ -139,10 +139,8 @@ class WholeIteration:
         # past the context the host switches to plain steps before using these drafts).
         states = spec._target_states(out.aux_hidden, out.hidden)
         logits, hidden = spec.draft(self.chain.window, self.positions[:self.k + 1], states, True, spec.embed, spec.kv,
-                                    start_pos=n)
-        row = accepted.view(1)
-        return (logits.index_select(0, row), hidden.index_select(0, row),
-                None if n is None else n + int(accepted) + 1)
+                                    start_pos=n, last=accepted)
+        return logits, hidden, None if n is None else n + int(accepted) + 1
 
     def _draft_step(self, tok, s: int, d_hidden, n_next: int | None, fp32_logits: bool = True):
         """Draft step s + 1 of the next chain (its input: draft token s at n + s)."""
@@ -189,25 +187,24 @@ class GreedyIteration(WholeIteration):
             window_states = states.new_empty(self.k + 1, states.shape[1])
             states = (take_alternative if lean else take_alternative_ref)(kv.k_all, kv.v_all, chain.kv_move, states,
                                                                          chain.state_rows, window_states)
-        d_logits, hidden = spec.draft(chain.window, self.positions[:self.k + 1], states, True, spec.embed, spec.kv,
-                                      start_pos=n, fp32_logits=not lean)
-        d_hidden = hidden.index_select(0, chain.accepted.view(1))
+        # the draft's logits and state at the last accepted row start the next chain
+        d_logits, d_hidden = spec.draft(chain.window, self.positions[:self.k + 1], states, True, spec.embed, spec.kv,
+                                        start_pos=n, fp32_logits=not lean, last=chain.accepted)
         n_next = None if n is None else n + int(chain.accepted) + 1
-        self._chain(d_logits, d_hidden, chain.accepted, n_next)  # the draft's logits at the last accepted row
+        self._chain(d_logits, d_hidden, n_next)
 
-    def _chain(self, d_logits, d_hidden, row: torch.Tensor | None, n: int | None) -> None:
-        """The next k drafts (and their alternatives) into ids[1:], from the draft's logits at
-        `row` (None: the only row) and its state d_hidden (1, H), the bonus token at n, the
-        draft steps writing at draft_pos. n: the cache length when the host knows it."""
+    def _chain(self, d_logits, d_hidden, n: int | None) -> None:
+        """The next k drafts (and their alternatives) into ids[1:], from the draft's logits (1, Vd)
+        and state d_hidden (1, H) at the entry before the bonus token at n, the draft steps
+        writing at draft_pos. n: the cache length when the host knows it."""
         spec, chain = self.spec, self.chain
         lean = spec.draft.lean
         for s in range(self.k):
             slot = self.ids[s + 1:s + 2]  # draft token s + 1, and the next step's input
             if self.alts[s]:
-                (draft_pick if lean else draft_pick_ref)(d_logits, spec.draft.d2t, slot, chain.alt_slots(s), row)
+                (draft_pick if lean else draft_pick_ref)(d_logits, spec.draft.d2t, slot, chain.alt_slots(s))
             else:
-                (argmax_pick if lean else argmax_pick_ref)(d_logits, spec.draft.d2t, slot, row)
-            row = None
+                (argmax_pick if lean else argmax_pick_ref)(d_logits, spec.draft.d2t, slot)
             if s < self.k - 1:
                 d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n, fp32_logits=not lean)
 
@@ -230,4 +227,4 @@ class GreedyIteration(WholeIteration):
     def _first_chain(self, d_logits, d_hidden, n: int | None) -> None:
         torch.add(self.offsets, self.n, out=self.draft_pos)  # draft step s writes at n + s
         self.draft_pos.clamp_(max=self.last_pos)
-        self._chain(d_logits, d_hidden, None, n)
+        self._chain(d_logits, d_hidden, n)

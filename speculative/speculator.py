@@ -112,8 +112,7 @@ class Eagle3Speculator:
         # Draft prefill: entries start..n-1 pair target state j with token j + 1.
         ids = torch.tensor(state.tokens[start + 1:], dtype=torch.long, device=dev)
         pos = torch.arange(start, state.kv_len, device=dev)
-        d_logits, d_hidden = self.draft(ids, pos, target_states, True, self.embed, self.kv, start_pos=start)
-        d_logits, d_hidden = d_logits[-1:], d_hidden[-1:]
+        d_logits, d_hidden = self.draft(ids, pos, target_states, True, self.embed, self.kv, start_pos=start, last=-1)
         self._seq = state.tokens[:state.kv_len + 1]
         self._capture_if_pending(state.kv_len)
         if state.params.is_greedy and state.seen is None and self.force_accept is None:
@@ -246,8 +245,7 @@ class Eagle3Speculator:
         if self.graphs is not None:
             return self.graphs.extend(window, n, target_states, accepted)
         positions = torch.arange(n, n + self.k + 1, device=window.device)
-        logits, hidden = self.draft(window, positions, target_states, True, self.embed, self.kv, start_pos=n)
-        return logits[accepted].unsqueeze(0), hidden[accepted].unsqueeze(0)
+        return self.draft(window, positions, target_states, True, self.embed, self.kv, start_pos=n, last=accepted)
 
     def _accept(self, drafts, q, logits, state):
         if self.force_accept is not None:  # benchmark only: not lossless

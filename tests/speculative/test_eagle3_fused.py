@@ -132,3 +132,48 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
         err_kernels = (got.float() - want.float()).abs().max().item()
         err_torch = (torch_bf16.float() - want.float()).abs().max().item()
         assert err_kernels <= max(3 * err_torch, rel / 3 * scale), (err_kernels, err_torch, scale)
+
+
+ONE_ROW = [pytest.param("cpu", torch.float32, None, id="torch-cpu"),
+           pytest.param("cuda", torch.bfloat16, "lean", marks=_GPU, id="cuda-lean"),
+           pytest.param("cuda", torch.bfloat16, "fused", marks=_GPU, id="cuda-fused"),
+           pytest.param("cpu", torch.float32, "lean", marks=_INTERPRETER, id="interpreter-lean"),
+           pytest.param("cpu", torch.float32, "fused", marks=_INTERPRETER, id="interpreter-fused")]
+
+
+@pytest.mark.parametrize("device,dtype,path", ONE_ROW)
+def test_an_extend_for_one_row_equals_that_row_of_the_whole_extend(device, dtype, path, monkeypatch):
+    """Draft-extends continue from one row (the prompt's last, a verify step's last accepted):
+    forward(last=r) writes every row's K/V as the whole extend does and returns row r's logits
+    and state, for an index tensor and a Python index alike."""
+    dev = torch.device(device)
+    if path is not None:
+        monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", True)
+        monkeypatch.setattr(eagle3_module, "LEAN_DRAFT", path == "lean")
+    dc = DraftConfig.from_hf(head_config(TARGET, 256, (2, 15, 27)), TARGET)
+    torch.manual_seed(0)
+    d = Eagle3Draft(dc, TARGET, 64, _ops() if path is not None else None)
+    with torch.no_grad():
+        for n, p in d.named_parameters():
+            p.normal_(0, 0.05)
+            if n.endswith("norm.weight"):
+                p.add_(1.0)
+    d = d.to(dev, dtype).eval()
+    d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), 64).to(dev)
+    assert d.fused == (path is not None) and d.lean == (path == "lean")
+    embed = torch.nn.Embedding(TARGET.vocab_size, dc.hidden_size).to(dev, dtype)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, TARGET.vocab_size, (6,), generator=g).to(dev)
+    aux = (torch.randn(6, 3 * TARGET.hidden_size, generator=g) * 0.5).to(dev, dtype)
+    pos = torch.arange(10, 16, device=dev)
+    rel = 1e-5 if dtype == torch.float32 else 2e-2
+    with torch.inference_mode():
+        whole_kv = KVCache(1, 64, dc.num_kv_heads, dc.head_dim, dtype, dev)
+        logits, hidden = d(ids, pos, aux, True, embed, whole_kv, start_pos=10)
+        for last, row in ((torch.tensor(3, device=dev), 3), (-1, 5), (torch.tensor(0, device=dev), 0)):
+            kv = KVCache(1, 64, dc.num_kv_heads, dc.head_dim, dtype, dev)
+            one_logits, one_hidden = d(ids, pos, aux, True, embed, kv, start_pos=10, last=last)
+            assert one_logits.shape == (1, logits.shape[1]) and one_hidden.shape == (1, hidden.shape[1])
+            assert torch.equal(kv.k[0], whole_kv.k[0]) and torch.equal(kv.v[0], whole_kv.v[0])
+            _assert_close_rel(one_logits, logits[row:row + 1], rel)
+            _assert_close_rel(one_hidden, hidden[row:row + 1], rel)
