@@ -11,6 +11,7 @@ from .batch import ForwardBatch
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import GatedMLP, RMSNorm
+from .kernels.attention import MAX_INVARIANT_ROWS
 from .ops import Ops
 from .rope import apply_rope, rope_cos_sin
 
@@ -80,11 +81,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
         self.ops = ops
 
-    def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, cos_sin_table):
+    def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, cos_sin_table, stream_in: list | None = None):
         """x: the last sublayer's output, residual: the stream before it (None at layer 0).
-        Returns (the MLP's output, the stream before it)."""
+        Returns (the MLP's output, the stream before it). stream_in: a list that gets the stream
+        at the layer's input, x + residual, as its first norm computes it (no extra launch)."""
         kernels = self.ops.layer_kernels(x, batch)  # fused norm + projection launches, or not
         qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj)
+        if stream_in is not None:
+            stream_in.append(residual)
         x = self.self_attn(qkv, batch, cos_sin, k_cache, v_cache, cos_sin_table)
         gate_up, residual = kernels.norm_linear(x, residual, self.post_attention_layernorm, self.mlp.gate_up_proj)
         return kernels.mlp_down(gate_up, self.mlp), residual
@@ -115,12 +119,18 @@ class CausalLM(nn.Module):
         """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream)."""
         fused_rope = self.ops.rope_and_cache is not None and not batch.is_packed
         cos_sin = None if fused_rope else self.cos_sin.index_select(0, batch.positions)
-        x, residual = self.model.embed_tokens(batch.input_ids), None
+        ids = batch.input_ids
+        if self.ops.embed is not None and ids.shape[0] <= MAX_INVARIANT_ROWS and not batch.is_packed:
+            x = self.ops.embed(ids, self.model.embed_tokens.weight)
+        else:
+            x = self.model.embed_tokens(ids)
+        residual = None
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
-            if i in aux_layer_ids:
-                captured[i] = x if residual is None else x + residual
-            x, residual = layer(x, residual, batch, cos_sin, kv.k[i], kv.v[i], self.cos_sin)
+            stream_in = [] if i in aux_layer_ids else None
+            x, residual = layer(x, residual, batch, cos_sin, kv.k[i], kv.v[i], self.cos_sin, stream_in)
+            if stream_in is not None:
+                captured[i] = stream_in[0]
         if self.config.num_layers in aux_layer_ids:
             captured[self.config.num_layers] = x + residual
         hidden, _ = self.model.norm.add_forward(x, residual)

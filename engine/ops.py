@@ -12,7 +12,7 @@ import torch
 from .kernels.activation import silu_and_mul, silu_and_mul_ref
 from .kernels.attention import MAX_INVARIANT_ROWS, decode_attention
 from .kernels.gemv import MAX_ROWS, GemvConfig, gemv, rms_norm_gemv, silu_mul_gemv
-from .kernels.norm import add_rms_norm, add_rms_norm_ref
+from .kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
 from .kernels.rope import rope_and_cache
 
 
@@ -34,13 +34,15 @@ class Ops:
     # (layer_kernels). False: never (LOCALCHAT_FUSE=0, to compare in benchmarks and tests;
     # LOCALCHAT_FUSE=all fuses even the shapes FUSED_TILES keeps unfused).
     fuse: bool = True
+    # (ids, table) -> table[ids] for a decode or verify step (up to 16 rows); None: nn.Embedding
+    embed: Callable | None = None
 
     @classmethod
     def for_device(cls, device: torch.device) -> "Ops":
         if device.type == "cuda" and _has_triton():
             inv = BatchInvariance()
             return cls(add_rms_norm, silu_and_mul, rope_and_cache, inv.attention, inv.row_linear, inv.linear, inv,
-                       fuse=os.environ.get("LOCALCHAT_FUSE", "1") != "0")
+                       fuse=os.environ.get("LOCALCHAT_FUSE", "1") != "0", embed=embed_rows)
         return cls(add_rms_norm_ref, silu_and_mul_ref, None, None)
 
     def layer_kernels(self, x: torch.Tensor, batch) -> "LayerKernels":

@@ -23,7 +23,8 @@ if INTERPRET:
 
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
-from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref  # noqa: E402
+from engine.kernels.norm import (add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref,  # noqa: E402
+                                 embed_rows, embed_rows_ref)
 from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref,  # noqa: E402
                                  greedy_verify, greedy_verify_ref)
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
@@ -348,6 +349,19 @@ def test_embed_pair_norm(device, dtype, shape):
     torch.testing.assert_close(out, want, **tol(device, dtype))
     if device == "cuda":  # each half rounds as add_rms_norm does
         assert torch.equal(out[:, hidden:], add_rms_norm(b, None, wb, 1e-6)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 576), (16, 576), (3, 1000), (2, 4096)])
+def test_embed_rows(device, dtype, shape):
+    gen = torch.Generator().manual_seed(shape[0] * 7 + shape[1])
+    rows, hidden = shape
+    table = torch.randn(301, hidden, generator=gen).to(device, dtype)
+    ids = torch.randint(0, 301, (rows,), generator=gen)
+    ids[-1] = 300  # the table's last row
+    ids = ids.to(device)
+    assert torch.equal(embed_rows(ids, table), embed_rows_ref(ids, table))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -35,6 +35,7 @@ def _kernels():
     return [
         ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
+        ("embed_rows", norm._kernels()[2], dict(BLOCK=1024), 4),
         ("argmax_pick", pick._kernels()[0], dict(HAS_ROW=True, HAS_OFFSETS=True, BLOCK=2048), 8),
         ("greedy_verify", pick._kernels()[1], dict(HAS_ALTS=False, BLOCK=2048, BLOCK_R=16), 8),
         ("greedy_verify alternatives", pick._kernels()[1], dict(HAS_ALTS=True, BLOCK=2048, BLOCK_R=16), 8),
@@ -73,7 +74,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-@pytest.mark.parametrize("index", range(13))
+@pytest.mark.parametrize("index", range(14))
 def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
     try:
         name, fn, constexprs, warps, *pointers = _kernels()[index]
