@@ -52,10 +52,10 @@ def rows() -> list[str]:
                    f"{old['speedup_vs_transformers']:.1f}x | >= 15x |")
     if b:
         out.append(f"| start-up (load + graph capture), 8B shape random weights | {b['startup_s']:.1f} s | | | <= 20 s |")
-    b, old = _load("h200_demo_plain_pdl_session7.json"), _load("h200_demo_plain.json")
+    b, old = _load("h200_demo_plain_nohead_session12.json"), _load("h200_demo_plain.json")
     if b:
         p = b["plain"]
-        out.append(f"| plain decode, demo model (SmolLM2-135M, real weights), no draft loaded | "
+        out.append(f"| plain decode, demo model (SmolLM2-135M, real weights), no draft loaded (session 12) | "
                    f"{p['decode_tok_s']:.0f} tok/s | bandwidth limit {b['bandwidth_limit_tok_s']:.0f} tok/s | "
                    f"{p['fraction_of_bandwidth_limit'] * 100:.1f}% | >= 1500 tok/s |")
     t = (old or {}).get("transformers")
@@ -78,12 +78,26 @@ def rows() -> list[str]:
                    f"{lc.get('verify_ms', 0):.2f} ms + {b['draft_steps'] - 1} draft steps x "
                    f"{lc.get('draft_step_ms', 0):.2f} ms + extend {lc.get('extend_ms', 0):.2f} ms) | "
                    f"{s['decode_tok_s'] / max(lc.get('ideal_tok_s', 1), 1e-9) * 100:.0f}% of ideal | >= 85% |")
-    out.append(_spec_row("h200_demo_spec_session11.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
+    out.append(_spec_row("h200_demo_spec_session12.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
                          "k = 5 and 10 runners-up verified a step (3, 3, 2, 1, 1 for drafts 1..5; plain decode with a "
                          "head loaded runs batch-invariant projections)", ">= 2.5x, >= 3.5"))
-    out.append(_spec_row("h200_demo_spec_p16_session11.json", "the same, 16 held-out prompts (the 8 above and 8 more)", ""))
-    out.append(_spec_row("h200_demo_spec_instruct_session11.json", "the same, 8 held-out instruction-style requests "
+    out.append(_spec_row("h200_demo_spec_p16_session12.json", "the same, 16 held-out prompts (the 8 above and 8 more)", ""))
+    out.append(_spec_row("h200_demo_spec_instruct_session12.json", "the same, 8 held-out instruction-style requests "
                          "(`--prompt-set instruct`)", ""))
+    b = _load("h200_variants_first_chain_session12.json")
+    r = (b or {}).get("results", {}).get("demo", {}).get("speculative")
+    if r:
+        new, old = r["base"], r["first_eager"]
+        out.append(f"| the first chain of each answer drafted by one graph replay vs by eager launches after the "
+                   f"first token, demo model + head, 8 held-out prompts, one process (`benchmarks/variants.py`, "
+                   f"session 12, before the one-row extend), same tokens: {old['same_tokens_as_first']} | "
+                   f"{new['tok_s']:.0f} tok/s | {old['tok_s']:.0f} tok/s | {new['tok_s'] / old['tok_s']:.3f}x | |")
+    prof = _load("h200_iteration_profile_session12.json")
+    if prof:
+        t = prof.get("graph_timeline") or {}
+        out.append(f"| one greedy iteration's graph replay, demo model + head, 10 runners-up, one-row draft-extend "
+                   f"(`benchmarks/profile_iteration.py`, session 12; {t.get('kernels', 0)} kernels) | "
+                   f"{prof['graph_iter_ms']:.3f} ms | first chain's graph {prof['first_chain_graph_ms']:.3f} ms | | |")
     b = _load("h200_variants_alts_shaped_session11.json")
     r = (b or {}).get("results", {}).get("demo", {}).get("speculative")
     if r:
@@ -101,9 +115,11 @@ def rows() -> list[str]:
                    f"launch to take one) | {prof['auto']['graph_iter_ms']:.3f} ms | "
                    f"{prof['0']['graph_iter_ms']:.3f} ms | {prof['auto']['graph_iter_ms'] / prof['0']['graph_iter_ms']:.2f}x "
                    f"the time | |")
-    out.append(_spec_row("h200_demo_spec_session10.json", "session 10's build (the plain chain), 8 held-out prompts", ""))
-    out.append(_spec_row("h200_demo_spec_instruct_session10.json", "session 10's build, 8 held-out instruction-style "
+    out.append(_spec_row("h200_demo_spec_session11.json", "session 11's build (runners-up; first chain from the host, "
+                         "6-row draft-extend), 8 held-out prompts", ""))
+    out.append(_spec_row("h200_demo_spec_instruct_session11.json", "session 11's build, 8 held-out instruction-style "
                          "requests", ""))
+    out.append(_spec_row("h200_demo_spec_session10.json", "session 10's build (the plain chain), 8 held-out prompts", ""))
     for prompt_set in ("chitchat", "instruct"):
         new, old = _load(f"h200_head_ab_{prompt_set}_instruct01_session10.json"), _load(f"h200_head_ab_{prompt_set}_session9head_session10.json")
         if new and old:
@@ -158,14 +174,20 @@ def rows() -> list[str]:
                    f"{r['new_tok_s']:,} tok/s | {r['old_tok_s']:,} tok/s | {r['ratio']:.2f}x | |")
     prov = ROOT / "assets" / "demo-eagle3" / "provenance.json"
     check = json.loads(prov.read_text()).get("final_eval", {}).get("speculator") if prov.exists() else None
+    b = _load("h200_identical_session12.json")
+    if b:
+        out.append(f"| greedy output with the shipped head equals plain decoding, {b['prompts']} held-out prompts, "
+                   f"{b['max_tokens']} tokens (`benchmarks/check_identical.py`, session 12) | {b['identical']}/{b['prompts']} "
+                   f"identical | | | all |")
     if check:
         out.append(f"| greedy output with the shipped head equals plain decoding, held-out prompts, "
                    f"{check['max_tokens']} tokens (train-draft's final check) | {check['identical']}/{check['prompts']} "
                    f"identical, accept length {check['accept_len_mean']:.2f} | | | all |")
     out.append(_spec_row("h200_demo_mtp.json", "demo model + shipped 2-layer chain-MTP (`--draft demo-mtp`), greedy, "
                          "held-out prompts, k = 2 (measured with an earlier build)", ""))
-    out.append(_spec_row("h200_demo_spec_t07_session11.json", "demo model + shipped head, temperature 0.7, 8 held-out "
-                         "prompts (sampling verifies the chain alone; seed 0, but the attention's new rounding draws other tokens than session 10's)", ""))
+    out.append(_spec_row("h200_demo_spec_t07_session12.json", "demo model + shipped head, temperature 0.7, 8 held-out "
+                         "prompts (sampling verifies the chain alone)", ""))
+    out.append(_spec_row("h200_demo_spec_t07_session11.json", "session 11's build, temperature 0.7", ""))
     out.append(_spec_row("h200_demo_spec_t07_session10.json", "session 10's build, temperature 0.7 (one of its 8 answers "
                          "accepted 4.06, the others 2.0-2.5)", ""))
     b = _load("h200_demo_sampled_cuts.json")
