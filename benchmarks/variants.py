@@ -5,6 +5,9 @@ that clock drift falls on all of them. Random bf16 weights from a config (as `be
 
 Variants (comma-separated, any order; the first is the baseline of the ratios):
   base          the defaults
+  row_layers    LOCALCHAT_ROW_GEMV=layers: qkv and gate_up of a one-token step run our GEMV as
+                well, so every launch inside a decoder layer is one of our PDL kernels
+  row_cublas    LOCALCHAT_ROW_GEMV=cublas: qkv, gate_up and lm_head on cuBLAS
   row_all       LOCALCHAT_ROW_GEMV=all: qkv, gate_up and lm_head of a one-token step run our
                 GEMV as well, so every launch of the step is one of our PDL kernels
   pfN           the GEMV requests N 128-byte lines of each weight row before its PDL wait
@@ -53,15 +56,15 @@ def variant(spec: str):
 
     import os
 
-    saved = (ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
+    saved = (ops.ROW_GEMV, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
              greedy_loop.FIRST_CHAIN_GRAPH)
     saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
             if part == "base":
                 pass
-            elif part == "row_all":
-                ops.ROW_GEMV_ALL = True
+            elif part in ("row_all", "row_layers", "row_cublas"):
+                ops.ROW_GEMV = part[4:]
             elif part.startswith("pf") and part[2:].isdigit():
                 gemv.PREFETCH_LINES = int(part[2:])
             elif part == "pdl_off":
@@ -78,7 +81,7 @@ def variant(spec: str):
                 raise SystemExit(f"variants.py: unknown variant {part!r}")
         yield
     finally:
-        ops.ROW_GEMV_ALL, gemv.PREFETCH_LINES = saved[:2]
+        ops.ROW_GEMV, gemv.PREFETCH_LINES = saved[:2]
         kernels.set_pdl(saved[2])
         eagle3.LEAN_DRAFT, ops._FUSE_ALL, greedy_loop.FIRST_CHAIN_GRAPH = saved[3:]
         if saved_alts is None:

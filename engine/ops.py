@@ -85,9 +85,12 @@ def _has_triton() -> bool:
 _ROW_GEMV = GemvConfig(block_n=4, block_k=512, split_k=1, num_warps=4, num_stages=3)
 
 
-# LOCALCHAT_ROW_GEMV=all: the other projections of a one-token step (qkv, gate_up, lm_head) run
-# our GEMV too, instead of cuBLAS, so that every launch of the step is one of our PDL kernels.
-ROW_GEMV_ALL = os.environ.get("LOCALCHAT_ROW_GEMV") == "all"
+# Which projections of a one-token step without a draft run our GEMV besides o_proj and down
+# (LOCALCHAT_ROW_GEMV): "layers": qkv and gate_up too, so that every launch inside a decoder layer
+# is one of our kernels and each may start while the one before it ends (programmatic dependent
+# launch; a cuBLAS launch waits for the kernel before it to finish, and the next waits for it);
+# "all": the lm_head too; "cublas": neither.
+ROW_GEMV = os.environ.get("LOCALCHAT_ROW_GEMV", "cublas")
 
 
 class BatchInvariance:
@@ -95,7 +98,7 @@ class BatchInvariance:
 
     def __init__(self):
         self.on = False
-        self._fused_row = FusedLayerKernels(invariant=False, linear=self.linear)
+        self._fused_row = FusedLayerKernels(invariant=False, linear=self.layer_linear)
         self._fused_invariant = FusedLayerKernels(invariant=True, linear=self.linear)
         # A draft's kernels: the fast tiles whatever the switch says (a draft's last bits do not
         # change the output, only which tokens it proposes).
@@ -120,9 +123,15 @@ class BatchInvariance:
     def linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
         if self._invariant(x):
             return gemv(x, linear.weight, linear.bias, invariant=True)
-        if ROW_GEMV_ALL and x.shape[0] == 1 and x.dtype == torch.bfloat16:
+        if ROW_GEMV == "all" and x.shape[0] == 1 and x.dtype == torch.bfloat16:
             return gemv(x, linear.weight, linear.bias)
         return linear(x)
+
+    def layer_linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
+        """linear() for the projections inside a decoder layer (ROW_GEMV "layers")."""
+        if ROW_GEMV == "layers" and not self._invariant(x) and x.shape[0] == 1 and x.dtype == torch.bfloat16:
+            return gemv(x, linear.weight, linear.bias)
+        return self.linear(x, linear)
 
     def fused(self, x: torch.Tensor) -> "FusedLayerKernels | None":
         """Fused kernels where the GEMV runs anyway (the rows row_linear takes): batch-invariant
