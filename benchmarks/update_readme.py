@@ -25,6 +25,16 @@ def _spec_row(name: str, label: str, target: str) -> str | None:
             f"plain {b['plain']['decode_tok_s']:.0f} tok/s | {s['speedup']:.2f}x |" + (f" {target} |" if target else " |"))
 
 
+def _variant_row(name: str, model: str, new: str, old: str, label: str, digits: int = 2) -> str | None:
+    """A `benchmarks/variants.py` comparison of two speculative variants in one process."""
+    r = (_load(name) or {}).get("results", {}).get(model, {}).get("speculative")
+    if not r:
+        return None
+    a, b = r[new], r[old]
+    return (f"| {label}, one process (`benchmarks/variants.py`), same tokens: {b['same_tokens_as_first']} | "
+            f"{a['tok_s']:.0f} tok/s | {b['tok_s']:.0f} tok/s | {a['tok_s'] / b['tok_s']:.{digits}f}x | |")
+
+
 def _sampling_label(name: str) -> str:
     """'t0.7 top_p0.9' -> 'temperature 0.7, top-p 0.9'."""
     words = {"t": "temperature", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p"}
@@ -85,14 +95,10 @@ def rows() -> list[str]:
     out.append(_spec_row("h200_demo_spec_p16_session12.json", "the same, 16 held-out prompts (the 8 above and 8 more)", ""))
     out.append(_spec_row("h200_demo_spec_instruct_session12.json", "the same, 8 held-out instruction-style requests "
                          "(`--prompt-set instruct`)", ""))
-    b = _load("h200_variants_first_chain_session12.json")
-    r = (b or {}).get("results", {}).get("demo", {}).get("speculative")
-    if r:
-        new, old = r["base"], r["first_eager"]
-        out.append(f"| the first chain of each answer drafted by one graph replay vs by eager launches after the "
-                   f"first token, demo model + head, 8 held-out prompts, one process (`benchmarks/variants.py`, "
-                   f"session 12, before the one-row extend), same tokens: {old['same_tokens_as_first']} | "
-                   f"{new['tok_s']:.0f} tok/s | {old['tok_s']:.0f} tok/s | {new['tok_s'] / old['tok_s']:.3f}x | |")
+    out.append(_variant_row("h200_variants_first_chain_session12.json", "demo", "base", "first_eager",
+                            "the first chain of each answer drafted by one graph replay vs by eager launches after "
+                            "the first token, demo model + head, 8 held-out prompts (session 12, before the one-row "
+                            "extend)", digits=3))
     prof = _load("h200_iteration_profile_session12.json")
     if prof:
         t = prof.get("graph_timeline") or {}
@@ -129,15 +135,9 @@ def rows() -> list[str]:
                        f"{new['spec']['speedup']:.2f}x plain, accept length {new['spec']['accept_len_mean']:.2f} | "
                        f"{old['spec']['speedup']:.2f}x plain, accept length {old['spec']['accept_len_mean']:.2f} | "
                        f"{new['spec']['accept_len_mean'] / old['spec']['accept_len_mean']:.2f}x accepted | |")
-    b = _load("h200_variants_lean_session9.json")
-    for mode, r in (b or {}).get("results", {}).get("demo", {}).items():
-        if mode != "speculative":
-            continue
-        new, old = r["base"], r["lean_off"]
-        out.append(f"| greedy iteration with the lean draft step and one-launch acceptance vs session 8's, demo model + "
-                   f"head, 8 held-out prompts, one process (`benchmarks/variants.py`), same tokens: "
-                   f"{old['same_tokens_as_first']} | {new['tok_s']:.0f} tok/s | {old['tok_s']:.0f} tok/s | "
-                   f"{new['tok_s'] / old['tok_s']:.2f}x | |")
+    out.append(_variant_row("h200_variants_lean_session9.json", "demo", "base", "lean_off",
+                            "greedy iteration with the lean draft step and one-launch acceptance vs session 8's, demo "
+                            "model + head, 8 held-out prompts"))
     b = _load("h200_variants_lean_8b_session9.json")
     r = (b or {}).get("results", {}).get("llama-8b", {}).get("speculative")
     if r:

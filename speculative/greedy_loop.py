@@ -75,13 +75,12 @@ class WholeIteration:
     def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
               generator: torch.Generator | None = None) -> None:
         """The first iteration's inputs: the bonus token at n and the k drafts after it (q: the
-        distributions they were drawn from, and the request's generator, when sampling)."""
-        k = self.k
+        distributions they were drawn from, and the request's generator, when sampling). The
+        greedy iteration drafts its own first chain instead (GreedyIteration.begin)."""
+        assert not self.num_alts, "alternatives come from begin()"
         self.n.fill_(n)
         self.ids[0] = bonus
-        self.ids[1:k + 1].copy_(drafts)
-        if self.num_alts:  # each draft stands in for its own alternatives (never a second hit)
-            self.ids[k + 1:].copy_(drafts.index_select(0, self.chain.alt_draft))
+        self.ids[1:self.k + 1].copy_(drafts)
 
     def _prepare(self) -> None:
         """Before each iteration, on the stream (the sampled one draws its random numbers)."""

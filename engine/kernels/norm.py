@@ -9,12 +9,12 @@ import torch.nn.functional as F
 
 from . import next_pow2, pdl_args
 
-triton = tl = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = table_row = None  # bound by _kernels(): Triton is imported on first use only
 
 
 @functools.cache
 def _kernels():
-    global triton, tl
+    global triton, tl, table_row  # module globals: the kernels below call table_row by name
     import triton
     import triton.language as tl
 
@@ -45,6 +45,15 @@ def _kernels():
         tl.store(out_ptr + row * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
+    def table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK: tl.constexpr):
+        """This program's row: (row, offsets, their mask, table[ids[row]])."""
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        ok = offs < hidden
+        token = tl.load(ids_ptr + row).to(tl.int64)
+        return row, offs, ok, tl.load(table_ptr + token * stride_table + offs, mask=ok, other=0.0)
+
+    @triton.jit
     def embed_pair_norm_kernel(
         ids_ptr, table_ptr, b_ptr, wa_ptr, wb_ptr, out_ptr,
         hidden, stride_table, stride_b, stride_out, eps_a, eps_b,
@@ -53,11 +62,7 @@ def _kernels():
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        row = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        ok = offs < hidden
-        token = tl.load(ids_ptr + row)
-        a = tl.load(table_ptr + token * stride_table + offs, mask=ok, other=0.0)
+        row, offs, ok, a = table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK)
         b = tl.load(b_ptr + row * stride_b + offs, mask=ok, other=0.0)
         af, bf = a.to(tl.float32), b.to(tl.float32)
         inv_a = tl.rsqrt(tl.sum(af * af, axis=0) / hidden + eps_a)
@@ -76,11 +81,7 @@ def _kernels():
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        row = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        ok = offs < hidden
-        token = tl.load(ids_ptr + row).to(tl.int64)
-        x = tl.load(table_ptr + token * stride_table + offs, mask=ok, other=0.0)
+        row, offs, ok, x = table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK)
         tl.store(out_ptr + row * stride_out + offs, x, mask=ok)
 
     return add_rms_norm_kernel, embed_pair_norm_kernel, embed_rows_kernel

@@ -1,15 +1,14 @@
 """Greedy picks over logits, each one launch with no host sync (safe to capture in a CUDA graph).
 
-    argmax_pick(logits, offsets, out, row)    i = argmax(logits[row]); out[0] = i + offsets[i]
-    draft_pick(logits, offsets, out, alts, row)   the same, and the next len(alts) best ids
+    argmax_pick(logits, offsets, out)         i = argmax(logits[0]); out[0] = i + offsets[i]
+    draft_pick(logits, offsets, out, alts)    the same, and the next len(alts) best ids
                                               (mapped the same way) into alts
     greedy_verify(logits, chain, ...)         a verify step's greedy acceptance, and the chain
                                               state moved on (see greedy_verify)
 
 A draft with a reduced vocabulary maps its ids to the target's this way (EAGLE-3's d2t:
 target = draft + d2t[draft]). One launch replaces an argmax, a gather, an add and a copy
-per draft token; the row index is read on the device (the last accepted row of a
-draft-extend), so it needs no host sync and is safe to capture in a CUDA graph.
+per draft token.
 Ties go to the lowest index, as torch.argmax (which, unlike these, would pick a NaN).
 """
 
@@ -60,15 +59,12 @@ def _kernels():
         return idx, b0, b1, b2, b3, i0, i1, i2, i3
 
     @triton.jit
-    def draft_pick_kernel(logits_ptr, row_ptr, offsets_ptr, out_ptr, alts_ptr, vocab, stride_row,
-                          ALTS: tl.constexpr, HAS_ROW: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK: tl.constexpr,
-                          USE_PDL: tl.constexpr):
+    def draft_pick_kernel(logits_ptr, offsets_ptr, out_ptr, alts_ptr, vocab,
+                          ALTS: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         base = logits_ptr
-        if HAS_ROW:
-            base += tl.load(row_ptr) * stride_row
         # One pass: each lane keeps the four best of its strided slice, in order (a later index
         # enters only above a strictly smaller value: ties keep the lower index first).
         ninf = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -110,16 +106,12 @@ def _kernels():
             tl.store(alts_ptr + 2, j3.to(ty))
 
     @triton.jit
-    def argmax_pick_kernel(logits_ptr, row_ptr, offsets_ptr, out_ptr, vocab, stride_row,
-                           HAS_ROW: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK: tl.constexpr,
-                           USE_PDL: tl.constexpr):
+    def argmax_pick_kernel(logits_ptr, offsets_ptr, out_ptr, vocab,
+                           HAS_OFFSETS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        base = logits_ptr
-        if HAS_ROW:
-            base += tl.load(row_ptr) * stride_row
-        idx = row_argmax(base, vocab, BLOCK)
+        idx = row_argmax(logits_ptr, vocab, BLOCK)
         if HAS_OFFSETS:
             idx = idx + tl.load(offsets_ptr + idx)
         tl.store(out_ptr, idx.to(out_ptr.dtype.element_ty))
@@ -178,26 +170,22 @@ def _kernels():
     return argmax_pick_kernel, greedy_verify_kernel, draft_pick_kernel
 
 
-def argmax_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor,
-                row: torch.Tensor | None = None) -> torch.Tensor:
-    """logits (T, V), last dim contiguous; offsets (V,) or None; out: a 1-element tensor (a view
-    into a buffer); row: a 0-dim integer tensor on the device, or None for row 0. Returns out.
-    CUDA (or the Triton interpreter); no host sync."""
-    assert logits.dim() == 2 and logits.stride(1) == 1 and out.numel() == 1
+def argmax_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """The argmax of logits (1, V) (last dim contiguous; ties: the lowest index), mapped by
+    offsets (V,) (id + offsets[id]; None: none), into out: a 1-element tensor (a view into a
+    buffer). Returns out. CUDA (or the Triton interpreter); no host sync."""
+    assert logits.dim() == 2 and logits.shape[0] == 1 and logits.stride(1) == 1 and out.numel() == 1
     assert offsets is None or offsets.shape == (logits.shape[1],)
     _kernels()[0][(1,)](
-        logits, row if row is not None else out, offsets if offsets is not None else out, out,
-        logits.shape[1], logits.stride(0),
-        HAS_ROW=row is not None, HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8,
-        **pdl_args(logits.device),
+        logits, offsets if offsets is not None else out, out, logits.shape[1],
+        HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8, **pdl_args(logits.device),
     )
     return out
 
 
-def argmax_pick_ref(logits, offsets, out, row=None) -> torch.Tensor:
+def argmax_pick_ref(logits, offsets, out) -> torch.Tensor:
     """Reference and CPU path: the same in torch ops."""
-    x = logits[0] if row is None else logits.index_select(0, row.view(1))[0]
-    i = x.argmax().view(1)
+    i = logits[0].argmax().view(1)
     out.view(1).copy_(i if offsets is None else i + offsets[i])
     return out
 
@@ -205,26 +193,23 @@ def argmax_pick_ref(logits, offsets, out, row=None) -> torch.Tensor:
 MAX_ALTS = 3  # draft_pick's limit
 
 
-def draft_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor, alts: torch.Tensor,
-               row: torch.Tensor | None = None) -> torch.Tensor:
+def draft_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor,
+               alts: torch.Tensor) -> torch.Tensor:
     """argmax_pick, and the next alts.numel() (1..MAX_ALTS) best ids, best first, into alts (a
     contiguous view into a buffer; ties: the lowest index first). One launch, no host sync."""
-    assert logits.dim() == 2 and logits.stride(1) == 1 and out.numel() == 1
+    assert logits.dim() == 2 and logits.shape[0] == 1 and logits.stride(1) == 1 and out.numel() == 1
     assert 1 <= alts.numel() <= MAX_ALTS and alts.is_contiguous() and alts.numel() < logits.shape[1]
     _kernels()[2][(1,)](
-        logits, row if row is not None else out, offsets if offsets is not None else out, out, alts,
-        logits.shape[1], logits.stride(0),
-        ALTS=alts.numel(), HAS_ROW=row is not None, HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8,
-        **pdl_args(logits.device),
+        logits, offsets if offsets is not None else out, out, alts, logits.shape[1],
+        ALTS=alts.numel(), HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8, **pdl_args(logits.device),
     )
     return out
 
 
-def draft_pick_ref(logits, offsets, out, alts, row=None) -> torch.Tensor:
+def draft_pick_ref(logits, offsets, out, alts) -> torch.Tensor:
     """Reference and CPU path: the same in torch ops (a stable sort: ties go to the lowest
     index, as in the kernel)."""
-    x = logits[0] if row is None else logits.index_select(0, row.view(1))[0]
-    ids = x.float().sort(descending=True, stable=True).indices[:alts.numel() + 1]
+    ids = logits[0].float().sort(descending=True, stable=True).indices[:alts.numel() + 1]
     if offsets is not None:
         ids = ids + offsets[ids]
     out.view(1).copy_(ids[:1])
