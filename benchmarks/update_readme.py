@@ -89,12 +89,13 @@ def rows() -> list[str]:
                    f"{lc.get('verify_ms', 0):.2f} ms + {b['draft_steps'] - 1} draft steps x "
                    f"{lc.get('draft_step_ms', 0):.2f} ms + extend {lc.get('extend_ms', 0):.2f} ms) | "
                    f"{s['decode_tok_s'] / max(lc.get('ideal_tok_s', 1), 1e-9) * 100:.0f}% of ideal | >= 85% |")
-    out.append(_spec_row("h200_demo_spec_session12.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
+    out.append(_spec_row("h200_demo_spec_final_session12.json", "demo model + shipped EAGLE-3 head, greedy, 8 held-out prompts, "
                          "k = 5 and 10 runners-up verified a step (3, 3, 2, 1, 1 for drafts 1..5; plain decode with a "
                          "head loaded runs batch-invariant projections)", ">= 2.5x, >= 3.5"))
-    out.append(_spec_row("h200_demo_spec_p16_session12.json", "the same, 16 held-out prompts (the 8 above and 8 more)", ""))
+    out.append(_spec_row("h200_demo_spec_p16_final_session12.json", "the same, 16 held-out prompts (the 8 above and 8 more)",
+                         ""))
     out.append(_spec_row("h200_demo_spec_instruct_session12.json", "the same, 8 held-out instruction-style requests "
-                         "(`--prompt-set instruct`)", ""))
+                         "(`--prompt-set instruct`; measured an hour earlier, at d3aad82)", ""))
     out.append(_variant_row("h200_variants_first_chain_session12.json", "demo", "base", "first_eager",
                             "the first chain of each answer drafted by one graph replay vs by eager launches after "
                             "the first token, demo model + head, 8 held-out prompts (session 12, before the one-row "
@@ -175,7 +176,7 @@ def rows() -> list[str]:
                    f"{r['new_tok_s']:,} tok/s | {r['old_tok_s']:,} tok/s | {r['ratio']:.2f}x | |")
     prov = ROOT / "assets" / "demo-eagle3" / "provenance.json"
     check = json.loads(prov.read_text()).get("final_eval", {}).get("speculator") if prov.exists() else None
-    b = _load("h200_identical_session12.json")
+    b = _load("h200_identical_final_session12.json")
     if b:
         out.append(f"| greedy output with the shipped head equals plain decoding, {b['prompts']} held-out prompts, "
                    f"{b['max_tokens']} tokens (`benchmarks/check_identical.py`, session 12) | {b['identical']}/{b['prompts']} "
@@ -187,7 +188,7 @@ def rows() -> list[str]:
     out.append(_spec_row("h200_demo_mtp.json", "demo model + shipped 2-layer chain-MTP (`--draft demo-mtp`), greedy, "
                          "held-out prompts, k = 2 (measured with an earlier build)", ""))
     out.append(_spec_row("h200_demo_spec_t07_session12.json", "demo model + shipped head, temperature 0.7, 8 held-out "
-                         "prompts (sampling verifies the chain alone)", ""))
+                         "prompts (sampling verifies the chain alone; session 12, d3aad82)", ""))
     out.append(_spec_row("h200_demo_spec_t07_session11.json", "session 11's build, temperature 0.7", ""))
     out.append(_spec_row("h200_demo_spec_t07_session10.json", "session 10's build, temperature 0.7 (one of its 8 answers "
                          "accepted 4.06, the others 2.0-2.5)", ""))
