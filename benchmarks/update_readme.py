@@ -95,7 +95,7 @@ def rows() -> list[str]:
     out.append(_spec_row("h200_demo_spec_p16_final_session12.json", "the same, 16 held-out prompts (the 8 above and 8 more)",
                          ""))
     out.append(_spec_row("h200_demo_spec_instruct_session12.json", "the same, 8 held-out instruction-style requests "
-                         "(`--prompt-set instruct`; measured an hour earlier, at d3aad82)", ""))
+                         "(`--prompt-set instruct`; measured earlier in the session, at d3aad82)", ""))
     out.append(_variant_row("h200_variants_first_chain_session12.json", "demo", "base", "first_eager",
                             "the first chain of each answer drafted by one graph replay vs by eager launches after "
                             "the first token, demo model + head, 8 held-out prompts (session 12, before the one-row "
