@@ -10,7 +10,9 @@ State carried from one replay to the next, all on the device:
     ids    (k+1+sum(alts),) [bonus, d_1..d_k, alternatives]: the token at position n, the k drafts
            after it, and (greedy) the draft's next-best tokens for some drafts (ChainState)
 Each replay writes `result` = [accepted a, the target's next token, the k drafts as verified]
-and leaves n, ids ready for the next replay. On CPU the same function runs eagerly.
+and leaves n, ids ready for the next replay. On CPU the same function runs eagerly. An answer's
+first chain is the second half of that function (the picks and draft steps) run from the
+draft's pass over the prompt: a second, smaller graph (begin()).
 
 Alternatives: the verify checks each draft's runner-up tokens too, as extra rows at the draft's
 position, each seeing the chain before it and itself. Where the chain's draft is rejected and
