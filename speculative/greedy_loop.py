@@ -74,16 +74,6 @@ class WholeIteration:
         return kv_len + self.width < self.scratch()
 
     # --- the host side ------------------------------------------------------------------------
-    def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
-              generator: torch.Generator | None = None) -> None:
-        """The first iteration's inputs: the bonus token at n and the k drafts after it (q: the
-        distributions they were drawn from, and the request's generator, when sampling). The
-        greedy iteration drafts its own first chain instead (GreedyIteration.begin)."""
-        assert not self.num_alts, "alternatives come from begin()"
-        self.n.fill_(n)
-        self.ids[0] = bonus
-        self.ids[1:self.k + 1].copy_(drafts)
-
     def _prepare(self) -> None:
         """Before each iteration, on the stream (the sampled one draws its random numbers)."""
 
@@ -160,8 +150,8 @@ class GreedyIteration(WholeIteration):
 
     def capture(self) -> None:
         """Captures the iteration's graph and the first chain's (CUDA), their warm-ups writing at
-        scratch(): the caller makes sure nothing live is there (begin() or start() then sets the
-        state the first replay reads)."""
+        scratch(): the caller makes sure nothing live is there (begin() then sets the state the
+        first replay reads)."""
         if self.runner.device.type != "cuda":
             return
         dc, dev = self.spec.config, self.runner.device
@@ -226,6 +216,5 @@ class GreedyIteration(WholeIteration):
             self._first_chain(d_logits[-1:], d_hidden[-1:], n)
 
     def _first_chain(self, d_logits, d_hidden, n: int | None) -> None:
-        torch.add(self.offsets, self.n, out=self.draft_pos)  # draft step s writes at n + s
-        self.draft_pos.clamp_(max=self.last_pos)
+        self.chain.place_drafts()  # draft step s writes at n + s
         self._chain(d_logits, d_hidden, n)

@@ -114,9 +114,12 @@ class SampledIteration(WholeIteration):
         eager = (self.result, self.n, self.ids, self.q)
         return all(torch.equal(a, b) for a, b in zip(replayed, eager))
 
-    def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor | None = None,
-              generator: torch.Generator | None = None) -> None:
-        super().start(n, bonus, drafts)
+    def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -> None:
+        """The first iteration's inputs: the bonus token at n, the k drafts after it, the
+        distributions they were drawn from, and the request's generator."""
+        self.n.fill_(n)
+        self.ids[0] = bonus
+        self.ids[1:].copy_(drafts)
         self.q.copy_(q)
         self.generator = generator
 

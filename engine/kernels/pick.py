@@ -271,6 +271,11 @@ class ChainState:
         self.window.copy_(torch.where(self.offsets < a, torch.cat([drafts, drafts[-1:]]), nxt))
         self.n.add_(a + 1)
         self.ids[0].copy_(nxt)
+        self.place_drafts()
+
+    def place_drafts(self) -> None:
+        """draft_pos = min(n + i, last_pos): where the draft steps of the chain after the bonus
+        token at n write."""
         torch.add(self.offsets, self.n, out=self.draft_pos)
         self.draft_pos.clamp_(max=self.last_pos)
 
