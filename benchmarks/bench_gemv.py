@@ -34,7 +34,7 @@ from engine.kernels.gemv import (  # noqa: E402
     GemvConfig, default_config, gemv, gemv_ref, rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
 )
 from engine.kernels.norm import add_rms_norm  # noqa: E402
-from engine.ops import UNFUSED, _ROW_GEMV, fused_tile  # noqa: E402
+from engine.ops import UNFUSED, fused_tile, row_tile  # noqa: E402
 
 DTYPE = torch.bfloat16
 PEAK_GB_S = 4300.0
@@ -166,12 +166,12 @@ def cases(m: int, name: str, n: int, k: int, inp: dict, sweep: bool, no_sweep: b
                 (lambda c=cfg: max_diff(rms_norm_gemv(x, res, nw, 1e-5, w0, config=c, invariant=True), want_rms))
     if name in SILU_SHAPES:
         want_silu = silu_mul_gemv_ref(gu, w0)
-        row_cfg = current_tile("row", "silu_mul_gemv", n, k) or _ROW_GEMV if m == 1 else None
+        row_cfg = current_tile("row", "silu_mul_gemv", n, k) or row_tile(k) if m == 1 else None
         inv_cfg = current_tile("invariant", "silu_mul_gemv", n, k)
         yield "silu_mul+linear", "silu_and_mul+cublas", lambda i: F.linear(silu_and_mul(gu), ws[i % len(ws)]), \
             lambda: 0.0
         yield "silu_mul+linear", "silu_and_mul+gemv", \
-            lambda i: gemv(silu_and_mul(gu), ws[i % len(ws)], config=_ROW_GEMV if m == 1 else None), lambda: 0.0
+            lambda i: gemv(silu_and_mul(gu), ws[i % len(ws)], config=row_tile(k) if m == 1 else None), lambda: 0.0
         yield "silu_mul+linear", "silu_mul_gemv", lambda i: silu_mul_gemv(gu, ws[i % len(ws)], config=row_cfg), \
             lambda: max_diff(silu_mul_gemv(gu, w0, config=row_cfg), want_silu)
         yield "silu_mul+linear", "inv silu_and_mul+gemv", \

@@ -23,6 +23,10 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 alts2-1-0: 2 for draft 1, 1 for draft 2, none after)
   first_eager   the greedy loop's first chain drafted by eager launches after the first token,
                 not by the replay of its graph (speculative/greedy_loop.py FIRST_CHAIN_GRAPH)
+  kv_late       a decode step's attention requests its K/V after the PDL wait, not before
+                (engine/kernels/attention.py EARLY_KV)
+  tiles:SPEC    M = 1 tiles by weight shape (LOCALCHAT_ROW_TILES, engine/ops.py parse_row_tiles),
+                e.g. tiles:4096x14336/4/1024/1/4/3|6144x4096/cublas
   joined by '+': row_all+pf64
 
 Models: a --random-weights name or config JSON (plain decode, 512 random token ids; with
@@ -51,13 +55,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def variant(spec: str):
     """Set the module switches `spec` names, and put them back after."""
     from engine import kernels, ops
-    from engine.kernels import gemv
+    from engine.kernels import attention, gemv
     from speculative import eagle3, greedy_loop
 
     import os
 
     saved = (ops.ROW_GEMV, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
-             greedy_loop.FIRST_CHAIN_GRAPH)
+             greedy_loop.FIRST_CHAIN_GRAPH, dict(ops.ROW_TILES), attention.EARLY_KV)
     saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
@@ -71,6 +75,10 @@ def variant(spec: str):
                 kernels.set_pdl(False)
             elif part == "fuse_all":
                 ops._FUSE_ALL = True
+            elif part == "kv_late":
+                attention.EARLY_KV = False
+            elif part.startswith("tiles:"):
+                ops.ROW_TILES.update(ops.parse_row_tiles(part[6:]))
             elif part == "first_eager":
                 greedy_loop.FIRST_CHAIN_GRAPH = False
             elif part == "lean_off":
@@ -83,7 +91,10 @@ def variant(spec: str):
     finally:
         ops.ROW_GEMV, gemv.PREFETCH_LINES = saved[:2]
         kernels.set_pdl(saved[2])
-        eagle3.LEAN_DRAFT, ops._FUSE_ALL, greedy_loop.FIRST_CHAIN_GRAPH = saved[3:]
+        eagle3.LEAN_DRAFT, ops._FUSE_ALL, greedy_loop.FIRST_CHAIN_GRAPH = saved[3:6]
+        ops.ROW_TILES.clear()
+        ops.ROW_TILES.update(saved[6])
+        attention.EARLY_KV = saved[7]
         if saved_alts is None:
             os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
         else:

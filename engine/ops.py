@@ -83,6 +83,14 @@ def _has_triton() -> bool:
 # Four output columns by 512-element steps, no split: the fastest M = 1 tile for the o_proj
 # and down shapes of both the 8B and the SmolLM2 models in the same benchmark.
 _ROW_GEMV = GemvConfig(block_n=4, block_k=512, split_k=1, num_warps=4, num_stages=3)
+# From K = 4096 on, 1,024-element steps: twice the bytes in flight per program. In the 8B decode
+# graph (variants.py, session 13) the down projection's tile alone gave 1.014x-1.017x.
+_ROW_GEMV_LONG_K = GemvConfig(block_n=4, block_k=1024, split_k=1, num_warps=4, num_stages=3)
+
+
+def row_tile(k: int) -> GemvConfig:
+    """The M = 1 tile of o_proj and down (and their fused prologues) for reduction length k."""
+    return _ROW_GEMV_LONG_K if k >= 4096 else _ROW_GEMV
 
 
 # Which projections of a one-token step without a draft run our GEMV besides o_proj and down
@@ -91,6 +99,26 @@ _ROW_GEMV = GemvConfig(block_n=4, block_k=512, split_k=1, num_warps=4, num_stage
 # launch; a cuBLAS launch waits for the kernel before it to finish, and the next waits for it);
 # "all": the lm_head too; "cublas": neither.
 ROW_GEMV = os.environ.get("LOCALCHAT_ROW_GEMV", "cublas")
+
+CUBLAS = "cublas"
+
+
+def parse_row_tiles(spec: str) -> dict[tuple[int, int], "GemvConfig | str"]:
+    """LOCALCHAT_ROW_TILES (benchmarks): the M = 1 projection of weight shape N x K runs this tile,
+    or cuBLAS. "NxK/block_n/block_k/split_k/warps/stages|NxK/cublas|...";
+    e.g. "4096x14336/4/1024/1/4/3|6144x4096/cublas". A bad spec stops with a one-line error."""
+    tiles = {}
+    for entry in filter(None, spec.split("|")):
+        try:
+            shape, *fields = entry.split("/")
+            n, k = (int(v) for v in shape.split("x"))
+            tiles[(n, k)] = CUBLAS if fields == [CUBLAS] else GemvConfig(*(int(v) for v in fields))
+        except (TypeError, ValueError):
+            raise SystemExit(f"LOCALCHAT_ROW_TILES: cannot read {entry!r} (NxK/bn/bk/split/warps/stages or NxK/cublas)")
+    return tiles
+
+
+ROW_TILES = parse_row_tiles(os.environ.get("LOCALCHAT_ROW_TILES", ""))
 
 
 class BatchInvariance:
@@ -118,7 +146,8 @@ class BatchInvariance:
             return gemv(x, linear.weight, linear.bias, invariant=True)
         if x.shape[0] != 1 or x.dtype != torch.bfloat16:
             return linear(x)
-        return gemv(x, linear.weight, linear.bias, config=_ROW_GEMV)
+        tile = ROW_TILES.get(tuple(linear.weight.shape), row_tile(linear.weight.shape[1]))
+        return linear(x) if tile == CUBLAS else gemv(x, linear.weight, linear.bias, config=tile)
 
     def linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
         if self._invariant(x):
@@ -129,8 +158,12 @@ class BatchInvariance:
 
     def layer_linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
         """linear() for the projections inside a decoder layer (ROW_GEMV "layers")."""
-        if ROW_GEMV == "layers" and not self._invariant(x) and x.shape[0] == 1 and x.dtype == torch.bfloat16:
-            return gemv(x, linear.weight, linear.bias)
+        if not self._invariant(x) and x.shape[0] == 1 and x.dtype == torch.bfloat16:
+            tile = ROW_TILES.get(tuple(linear.weight.shape))
+            if tile is not None:
+                return linear(x) if tile == CUBLAS else gemv(x, linear.weight, linear.bias, config=tile)
+            if ROW_GEMV == "layers":
+                return gemv(x, linear.weight, linear.bias)
         return self.linear(x, linear)
 
     def fused(self, x: torch.Tensor) -> "FusedLayerKernels | None":
@@ -189,7 +222,7 @@ UNFUSED = "unfused"
 # (M = 1); "invariant": a step of up to 16 rows in batch-invariant mode (one tile for every M,
 # so each row's bits stay independent of M). A GemvConfig: fuse with that tile. UNFUSED: run
 # the unfused pair for that projection. A shape not listed: fuse with the built-in tile
-# (row: default_config for rms_norm_gemv, _ROW_GEMV for silu_mul_gemv; invariant: _launch's).
+# (row: default_config for rms_norm_gemv, row_tile for silu_mul_gemv; invariant: _launch's).
 # The UNFUSED entries are the shapes where the fused kernel lost in
 # benchmarks/results/h200_gemv.json (us, fused vs unfused; its M = 6 rows run the invariant
 # tile): every program redoes the rms pre-pass over K (costly at K = 4096), and the 16-row
@@ -214,12 +247,15 @@ _FUSE_ALL = os.environ.get("LOCALCHAT_FUSE") == "all"
 def fused_tile(mode: str, kernel: str, n: int, k: int) -> GemvConfig | str | None:
     """FUSED_TILES' entry: a GemvConfig, UNFUSED, or None (fuse with the built-in tile)."""
     tile = FUSED_TILES.get((mode, kernel, n, k))
+    if mode == "row" and kernel == "silu_mul_gemv" and (n, k) in ROW_TILES:
+        tile = ROW_TILES[(n, k)]
+        return UNFUSED if tile == CUBLAS else tile
     if tile is None and kernel == "rms_norm_gemv" and k >= 4096:
         tile = UNFUSED  # as every such shape measured: each program's rms pre-pass over K costs more than it saves
     if tile == UNFUSED and _FUSE_ALL:
         tile = None
     if tile is None and mode == "row" and kernel == "silu_mul_gemv":
-        return _ROW_GEMV  # the down projection's tuned M = 1 tile, as unfused
+        return row_tile(k)  # the down projection's tuned M = 1 tile, as unfused
     return tile
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import next_pow2, pdl_args, triton_interpreting
 
-triton = tl = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = kv_block = attend_block = None  # bound by _kernels(): Triton is imported on first use only
 
 
 def _split_size(max_seq_len: int) -> int:
@@ -37,9 +37,40 @@ def _check(q, k_cache, v_cache, positions) -> None:
 
 @functools.cache
 def _kernels():
-    global triton, tl
+    global triton, tl, kv_block, attend_block  # module globals: split_kernel calls the helpers by name
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def kv_block(k_ptr, v_ptr, n0, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
+        """Cache rows n0 .. n0 + BLOCK_N (those below end) of kv_head: (K, V), each (BLOCK_N, BLOCK_D)."""
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        kv_mask = (offs_n < end)[:, None] & (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(k_ptr + offs_n[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        return k, v
+
+    @triton.jit
+    def attend_block(q, k, v, n0, pos, m_i, l_i, acc, qk_scale, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+        """The online softmax over one block of keys (rows n0 ..): returns the new (m_i, l_i, acc)."""
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        if DOT_F32:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(offs_n[None, :] < pos[:, None], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])  # (BLOCK_M, BLOCK_N)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOT_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc * alpha[:, None] + pv
 
     @triton.jit
     def split_kernel(
@@ -49,11 +80,8 @@ def _kernels():
         qk_scale,  # scale * log2(e): the softmax runs in base 2
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        DOT_F32: tl.constexpr, USE_PDL: tl.constexpr,
+        DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, EARLY_KV: tl.constexpr,
     ):
-        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         kv_head = tl.program_id(0)
         split = tl.program_id(1)
         num_heads = tl.num_programs(0) * GROUP
@@ -62,10 +90,29 @@ def _kernels():
         t = offs_m // GROUP
         head = kv_head * GROUP + offs_m % GROUP
         row_ok = t < num_rows
-        pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)  # padded rows see no key
-        own_slot = tl.load(own_ptr + t, mask=row_ok, other=0).to(tl.int64)  # where the row's own K/V is
         start = split * SPLIT_SIZE
-        end = tl.minimum(start + SPLIT_SIZE, tl.max(pos, axis=0) + 1)
+        if EARLY_KV:
+            # One query row (a decode step): the cache rows its tile reads, below its position,
+            # were written by earlier steps, and the positions before this step's first kernel;
+            # only the kernel just before (RoPE + cache write: q and the row's own K/V) may still
+            # run. So the first block of K/V is requested before the PDL wait, overlapping it.
+            pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)  # padded rows see no key
+            own_slot = tl.load(own_ptr + t, mask=row_ok, other=0).to(tl.int64)  # where the row's own K/V is
+            end = tl.minimum(start + SPLIT_SIZE, tl.max(pos, axis=0) + 1)
+            k0, v0 = kv_block(k_ptr, v_ptr, start, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
+                              BLOCK_N, BLOCK_D, HEAD_DIM)
+            if USE_PDL:
+                tl.extra.cuda.gdc_wait()
+                tl.extra.cuda.gdc_launch_dependents()
+        else:
+            if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
+                tl.extra.cuda.gdc_wait()
+                tl.extra.cuda.gdc_launch_dependents()
+            pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)
+            own_slot = tl.load(own_ptr + t, mask=row_ok, other=0).to(tl.int64)
+            end = tl.minimum(start + SPLIT_SIZE, tl.max(pos, axis=0) + 1)
+            k0, v0 = kv_block(k_ptr, v_ptr, start, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
+                              BLOCK_N, BLOCK_D, HEAD_DIM)
         if start < end:
             offs_d = tl.arange(0, BLOCK_D)
             d_ok = offs_d < HEAD_DIM
@@ -73,47 +120,26 @@ def _kernels():
                 q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0,
             )  # (BLOCK_M, BLOCK_D)
-            if DOT_F32:
-                q = q.to(tl.float32)
-            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-            for n0 in range(start, end, BLOCK_N):
-                offs_n = n0 + tl.arange(0, BLOCK_N)
-                kv_mask = (offs_n < end)[:, None] & d_ok[None, :]
-                k = tl.load(
-                    k_ptr + offs_n[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0,
-                )  # (BLOCK_N, BLOCK_D)
-                v = tl.load(
-                    v_ptr + offs_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0,
-                )
-                if DOT_F32:
-                    s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-                else:
-                    s = tl.dot(q, tl.trans(k))
-                s = tl.where(offs_n[None, :] < pos[:, None], s * qk_scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
-                alpha = tl.exp2(m_i - m_safe)
-                p = tl.exp2(s - m_safe[:, None])  # (BLOCK_M, BLOCK_N)
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                if DOT_F32:
-                    pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
-            # The row's own key last, read from its own slot and added outside the dot: a verify
-            # row whose K/V sits elsewhere (an alternative draft token) then computes exactly what
-            # the decode step of its token computes, whatever else the tile holds at pos.
+            # The row's own key, read from its own slot (requested with q) and added outside the
+            # dot, last: a verify row whose K/V sits elsewhere (an alternative draft token) then
+            # computes exactly what the decode step of its token computes, whatever else the
+            # tile holds at pos.
             own = row_ok & (pos >= start) & (pos < start + SPLIT_SIZE)
             own_mask = own[:, None] & d_ok[None, :]
             k_own = tl.load(k_ptr + own_slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
                             mask=own_mask, other=0.0).to(tl.float32)
             v_own = tl.load(v_ptr + own_slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
                             mask=own_mask, other=0.0).to(tl.float32)
+            if DOT_F32:
+                q = q.to(tl.float32)
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            m_i, l_i, acc = attend_block(q, k0, v0, start, pos, m_i, l_i, acc, qk_scale, BLOCK_N, DOT_F32)
+            for n0 in range(start + BLOCK_N, end, BLOCK_N):
+                k, v = kv_block(k_ptr, v_ptr, n0, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
+                                BLOCK_N, BLOCK_D, HEAD_DIM)
+                m_i, l_i, acc = attend_block(q, k, v, n0, pos, m_i, l_i, acc, qk_scale, BLOCK_N, DOT_F32)
             s_own = tl.where(own, tl.sum(q.to(tl.float32) * k_own, axis=1) * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, s_own)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -140,14 +166,15 @@ def _kernels():
         HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
     ):
-        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0)
         head = tl.program_id(1)
         num_heads = tl.num_programs(1)
-        # Only splits that start at or before this row's position were written for it.
+        # Only splits that start at or before this row's position were written for it. (The
+        # positions come from before the step's RoPE kernel: read before the PDL wait.)
         num_valid = tl.load(pos_ptr + t).to(tl.int32) // SPLIT_SIZE + 1
+        if USE_PDL:  # wait for the split kernel's writes, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         base = (t * num_heads + head) * num_splits
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
@@ -178,6 +205,10 @@ def _kernels():
 
     return split_kernel, reduce_kernel
 
+
+# A one-row launch requests its first block of K/V before the PDL wait (split_kernel). Benchmarks
+# switch it off to compare (variants.py kv_late).
+EARLY_KV = True
 
 MAX_INVARIANT_ROWS = 16  # the longest verify step (15 draft tokens + 1) of batch-invariant mode
 
@@ -227,7 +258,7 @@ def decode_attention(
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_M=block_m, BLOCK_N=min(64, split_size), BLOCK_D=block_d,
-        DOT_F32=dot_f32,
+        DOT_F32=dot_f32, EARLY_KV=EARLY_KV and num_rows == 1,
         num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
         **pdl,

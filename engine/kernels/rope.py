@@ -57,9 +57,8 @@ def _kernels():
         HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
         BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
     ):
-        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        # Positions and slots are written before the step's projection that precedes this kernel,
+        # and the table never: they are read before the PDL wait, which only q, k and v need.
         t = tl.program_id(0)
         pos = tl.load(pos_ptr + t).to(tl.int64)
         row = tl.load(slot_ptr + t).to(tl.int64)  # the cache row: pos, or the row's own slot
@@ -67,6 +66,9 @@ def _kernels():
         d_ok = offs_d < HALF
         cos = tl.load(cos_sin_ptr + pos * stride_cs + offs_d, mask=d_ok, other=0.0).to(tl.float32)
         sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         rotate_rows(q_ptr + t * stride_qt, q_out_ptr + t * stride_qo_t, stride_qh, stride_qo_h,
                     num_q_heads, cos, sin, offs_d, d_ok, HALF, BLOCK_HQ)
         rotate_rows(k_ptr + t * stride_kt, k_cache_ptr + row * stride_kc_t, stride_kh, stride_kc_h,

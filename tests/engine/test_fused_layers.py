@@ -85,7 +85,7 @@ def test_fused_tiles_table(monkeypatch):
     monkeypatch.setitem(ops_module.FUSED_TILES, ("row", "rms_norm_gemv", 960, 576), cfg)
     assert ops_module.fused_tile("row", "rms_norm_gemv", 960, 576) is cfg
     assert ops_module.fused_tile("invariant", "rms_norm_gemv", 960, 576) is None
-    assert ops_module.fused_tile("row", "silu_mul_gemv", 576, 1536) is ops_module._ROW_GEMV
+    assert ops_module.fused_tile("row", "silu_mul_gemv", 576, 1536) is ops_module.row_tile(1536)
     assert ops_module.fused_tile("row", "rms_norm_gemv", 28672, 4096) == ops_module.UNFUSED
     # not listed, K >= 4096: unfused (an 8B-shaped head's lm_head), unless a tile is listed
     assert ops_module.fused_tile("row", "rms_norm_gemv", 32000, 4096) == ops_module.UNFUSED
@@ -94,7 +94,7 @@ def test_fused_tiles_table(monkeypatch):
     # a row-mode kernel set on several rows (a draft-extend) reads the invariant entries
     row = FusedLayerKernels(invariant=False, linear=None)
     w = torch.empty(4096, 14336)
-    assert row._tile("silu_mul_gemv", w, 1) is ops_module._ROW_GEMV
+    assert row._tile("silu_mul_gemv", w, 1) is ops_module.row_tile(14336)
     assert row._tile("silu_mul_gemv", w, 6) == ops_module.UNFUSED
     assert row._tile("silu_mul_gemv", torch.empty(576, 3072), 6) is None
     for (mode, kernel, _, _), tile in ops_module.FUSED_TILES.items():
