@@ -25,6 +25,8 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 not by the replay of its graph (speculative/greedy_loop.py FIRST_CHAIN_GRAPH)
   kv_late       a decode step's attention requests its K/V after the PDL wait, not before
                 (engine/kernels/attention.py EARLY_KV)
+  rope_apart    a one-row step launches RoPE + cache write apart from attention
+                (LOCALCHAT_ROPE_IN_ATTENTION=0; engine/ops.py)
   tiles:SPEC    M = 1 tiles by weight shape (LOCALCHAT_ROW_TILES, engine/ops.py parse_row_tiles),
                 e.g. tiles:4096x14336/4/1024/1/4/3|6144x4096/cublas
   joined by '+': row_all+pf64
@@ -61,7 +63,7 @@ def variant(spec: str):
     import os
 
     saved = (ops.ROW_GEMV, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
-             greedy_loop.FIRST_CHAIN_GRAPH, dict(ops.ROW_TILES), attention.EARLY_KV)
+             greedy_loop.FIRST_CHAIN_GRAPH, dict(ops.ROW_TILES), attention.EARLY_KV, ops.ROPE_IN_ATTENTION)
     saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
@@ -75,6 +77,8 @@ def variant(spec: str):
                 kernels.set_pdl(False)
             elif part == "fuse_all":
                 ops._FUSE_ALL = True
+            elif part == "rope_apart":
+                ops.ROPE_IN_ATTENTION = False
             elif part == "kv_late":
                 attention.EARLY_KV = False
             elif part.startswith("tiles:"):
@@ -94,7 +98,7 @@ def variant(spec: str):
         eagle3.LEAN_DRAFT, ops._FUSE_ALL, greedy_loop.FIRST_CHAIN_GRAPH = saved[3:6]
         ops.ROW_TILES.clear()
         ops.ROW_TILES.update(saved[6])
-        attention.EARLY_KV = saved[7]
+        attention.EARLY_KV, ops.ROPE_IN_ATTENTION = saved[7:9]
         if saved_alts is None:
             os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
         else:

@@ -58,6 +58,10 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
             o = attention_packed(q, k, v, batch.segment_lengths, self.scale).reshape(T, self.q_size)
             return self.o_proj(o)
+        fused = self.ops.one_row_attention(T) if self.ops.rope_and_cache is not None else None
+        if fused is not None:
+            o = fused(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, self.scale, batch.slots)
+            return self.ops.row_linear(o.reshape(T, self.q_size), self.o_proj)
         if self.ops.rope_and_cache is not None:
             q = self.ops.rope_and_cache(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, batch.slots)
         else:

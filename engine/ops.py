@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from .kernels.activation import silu_and_mul, silu_and_mul_ref
-from .kernels.attention import MAX_INVARIANT_ROWS, decode_attention
+from .kernels.attention import MAX_INVARIANT_ROWS, decode_attention, rope_decode_attention
 from .kernels.gemv import MAX_ROWS, GemvConfig, gemv, rms_norm_gemv, silu_mul_gemv
 from .kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
 from .kernels.rope import rope_and_cache
@@ -36,14 +36,25 @@ class Ops:
     fuse: bool = True
     # (ids, table) -> table[ids] for a decode or verify step (up to 16 rows); None: nn.Embedding
     embed: Callable | None = None
+    # (q, k, v, cos_sin, positions, k_cache, v_cache, scale, slots) -> attention output of one decode
+    # row, RoPE and the cache write fused into the attention kernel (see one_row_attention)
+    rope_attention: Callable | None = None
 
     @classmethod
     def for_device(cls, device: torch.device) -> "Ops":
         if device.type == "cuda" and _has_triton():
             inv = BatchInvariance()
             return cls(add_rms_norm, silu_and_mul, rope_and_cache, inv.attention, inv.row_linear, inv.linear, inv,
-                       fuse=os.environ.get("LOCALCHAT_FUSE", "1") != "0", embed=embed_rows)
+                       fuse=os.environ.get("LOCALCHAT_FUSE", "1") != "0", embed=embed_rows,
+                       rope_attention=inv.rope_attention)
         return cls(add_rms_norm_ref, silu_and_mul_ref, None, None)
+
+    def one_row_attention(self, num_rows: int) -> Callable | None:
+        """rope_attention for a step of num_rows unpacked rows where it applies (one row, CUDA,
+        ROPE_IN_ATTENTION on); None: rope_and_cache, then the attention kernel."""
+        if num_rows == 1 and ROPE_IN_ATTENTION:
+            return self.rope_attention
+        return None
 
     def layer_kernels(self, x: torch.Tensor, batch) -> "LayerKernels":
         """The kernels a decoder layer runs on x (T, H) for `batch`: the one place that picks
@@ -120,6 +131,11 @@ def parse_row_tiles(spec: str) -> dict[tuple[int, int], "GemvConfig | str"]:
 
 ROW_TILES = parse_row_tiles(os.environ.get("LOCALCHAT_ROW_TILES", ""))
 
+# A one-row step (plain decode, a chain-MTP draft step) rotates q and k and writes the cache
+# inside the attention kernel, one launch fewer than rope_and_cache + attention, with the same
+# bits. LOCALCHAT_ROPE_IN_ATTENTION=0 (variants.py rope_apart) launches them apart.
+ROPE_IN_ATTENTION = os.environ.get("LOCALCHAT_ROPE_IN_ATTENTION", "1") != "0"
+
 
 class BatchInvariance:
     """The switch Ops.set_batch_invariant flips, read on every projection call."""
@@ -140,6 +156,11 @@ class BatchInvariance:
         """decode_attention with one tile for every row count while switched on."""
         return decode_attention(q, k_cache, v_cache, positions, scale,
                                 invariant=self.on and q.shape[0] <= MAX_INVARIANT_ROWS, own_slots=own_slots)
+
+    def rope_attention(self, q, k, v, cos_sin, positions, k_cache, v_cache, scale, slots=None) -> torch.Tensor:
+        """rope_decode_attention with the tile the switch picks (as attention())."""
+        return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, scale, invariant=self.on,
+                                     slots=slots)
 
     def row_linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
         if self._invariant(x):

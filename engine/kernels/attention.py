@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import next_pow2, pdl_args, triton_interpreting
 
-triton = tl = kv_block = attend_block = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
 
 def _split_size(max_seq_len: int) -> int:
@@ -37,9 +37,13 @@ def _check(q, k_cache, v_cache, positions) -> None:
 
 @functools.cache
 def _kernels():
-    global triton, tl, kv_block, attend_block  # module globals: split_kernel calls the helpers by name
+    global triton, tl, kv_block, attend_block, rotate  # module globals: split_kernel calls the helpers by name
     import triton
     import triton.language as tl
+
+    from .rope import rotate_helper
+
+    rotate = rotate_helper()
 
     @triton.jit
     def kv_block(k_ptr, v_ptr, n0, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -75,12 +79,14 @@ def _kernels():
     @triton.jit
     def split_kernel(
         q_ptr, k_ptr, v_ptr, pos_ptr, own_ptr, part_o_ptr, part_lse_ptr,
+        k_new_ptr, v_new_ptr, cos_sin_ptr,  # FUSE_ROPE: the step's unrotated k and v, the RoPE table
         num_rows, num_splits,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        stride_knh, stride_vnh, stride_cs,
         qk_scale,  # scale * log2(e): the softmax runs in base 2
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, EARLY_KV: tl.constexpr,
+        DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, EARLY_KV: tl.constexpr, FUSE_ROPE: tl.constexpr,
     ):
         kv_head = tl.program_id(0)
         split = tl.program_id(1)
@@ -98,9 +104,21 @@ def _kernels():
             # run. So the first block of K/V is requested before the PDL wait, overlapping it.
             pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)  # padded rows see no key
             own_slot = tl.load(own_ptr + t, mask=row_ok, other=0).to(tl.int64)  # where the row's own K/V is
-            end = tl.minimum(start + SPLIT_SIZE, tl.max(pos, axis=0) + 1)
-            k0, v0 = kv_block(k_ptr, v_ptr, start, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
-                              BLOCK_N, BLOCK_D, HEAD_DIM)
+            pos_max = tl.max(pos, axis=0)
+            end = tl.minimum(start + SPLIT_SIZE, pos_max + 1)
+            # Rows below the position only (the own key comes separately, below).
+            k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
+                              stride_vt, stride_vh, BLOCK_N, BLOCK_D, HEAD_DIM)
+            if FUSE_ROPE:  # this position's cos | sin, arranged for `rotate` along the whole head
+                offs_r = tl.arange(0, BLOCK_D)
+                first = offs_r < HEAD_DIM // 2
+                col = tl.where(first, offs_r, offs_r - HEAD_DIM // 2)
+                partner = tl.where(first, offs_r + HEAD_DIM // 2, offs_r - HEAD_DIM // 2)
+                r_ok = offs_r < HEAD_DIM
+                cs_row = cos_sin_ptr + pos_max.to(tl.int64) * stride_cs
+                cos = tl.load(cs_row + col, mask=r_ok, other=0.0).to(tl.float32)
+                sin = tl.load(cs_row + HEAD_DIM // 2 + col, mask=r_ok, other=0.0).to(tl.float32)
+                signed_sin = tl.where(first, -sin, sin)
             if USE_PDL:
                 tl.extra.cuda.gdc_wait()
                 tl.extra.cuda.gdc_launch_dependents()
@@ -116,20 +134,39 @@ def _kernels():
         if start < end:
             offs_d = tl.arange(0, BLOCK_D)
             d_ok = offs_d < HEAD_DIM
-            q = tl.load(
-                q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0,
-            )  # (BLOCK_M, BLOCK_D)
+            q_rows = q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh
+            q_mask = row_ok[:, None] & d_ok[None, :]
+            q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
             # The row's own key, read from its own slot (requested with q) and added outside the
             # dot, last: a verify row whose K/V sits elsewhere (an alternative draft token) then
             # computes exactly what the decode step of its token computes, whatever else the
             # tile holds at pos.
             own = row_ok & (pos >= start) & (pos < start + SPLIT_SIZE)
             own_mask = own[:, None] & d_ok[None, :]
-            k_own = tl.load(k_ptr + own_slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                            mask=own_mask, other=0.0).to(tl.float32)
-            v_own = tl.load(v_ptr + own_slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                            mask=own_mask, other=0.0).to(tl.float32)
+            if FUSE_ROPE:
+                # One decode row, q, k and v straight from the projection: rotate q and this kv
+                # head's key as rope_and_cache does (same helper, same rounding), and the program
+                # whose split holds the position writes the key and value into the cache.
+                q_pair = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0)
+                q = rotate(q.to(tl.float32), q_pair.to(tl.float32), cos[None, :], signed_sin[None, :])
+                q = q.to(q_ptr.dtype.element_ty)
+                k_new = tl.load(k_new_ptr + kv_head * stride_knh + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+                k_pair = tl.load(k_new_ptr + kv_head * stride_knh + partner, mask=d_ok, other=0.0).to(tl.float32)
+                k_rot = rotate(k_new, k_pair, cos, signed_sin).to(k_ptr.dtype.element_ty)
+                v_new = tl.load(v_new_ptr + kv_head * stride_vnh + offs_d, mask=d_ok, other=0.0)
+                v_new = v_new.to(v_ptr.dtype.element_ty)
+                slot = tl.max(own_slot, axis=0)
+                pos_d = tl.zeros([BLOCK_D], tl.int32) + pos_max
+                writes = d_ok & (pos_d >= start) & (pos_d < start + SPLIT_SIZE)
+                tl.store(k_ptr + slot * stride_kt + kv_head * stride_kh + offs_d, k_rot, mask=writes)
+                tl.store(v_ptr + slot * stride_vt + kv_head * stride_vh + offs_d, v_new, mask=writes)
+                k_own = tl.where(own_mask, k_rot.to(tl.float32)[None, :], 0.0)
+                v_own = tl.where(own_mask, v_new.to(tl.float32)[None, :], 0.0)
+            else:
+                k_own = tl.load(k_ptr + own_slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                                mask=own_mask, other=0.0).to(tl.float32)
+                v_own = tl.load(v_ptr + own_slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                                mask=own_mask, other=0.0).to(tl.float32)
             if DOT_F32:
                 q = q.to(tl.float32)
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -237,6 +274,32 @@ def decode_attention(
     partials of (T, Hq, S_max / split_size, D) from the caching allocator on each call.
     """
     _check(q, k_cache, v_cache, positions)
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None)
+
+
+def rope_decode_attention(
+    q: torch.Tensor,  # (1, Hq, D) unrotated, last dim contiguous (may be a view of a fused qkv)
+    k: torch.Tensor,  # (1, Hkv, D) unrotated
+    v: torch.Tensor,  # (1, Hkv, D)
+    cos_sin_cache: torch.Tensor,  # (max_pos, D) fp32 [cos | sin], as rope_and_cache takes it
+    positions: torch.Tensor,  # (1,)
+    k_cache: torch.Tensor,  # (S_max, Hkv, D): the rotated k is written at slots (or positions)
+    v_cache: torch.Tensor,
+    scale: float,
+    invariant: bool = False,
+    slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """rope_and_cache then decode_attention for one decode row, with the same bits, one launch
+    fewer: the split kernel rotates q and the key itself and writes the key and value into the
+    cache. Returns (1, Hq, D)."""
+    _check(q, k_cache, v_cache, positions)
+    assert q.shape[0] == 1 and k.shape == v.shape == (1, *k_cache.shape[1:]) and q.dtype == k.dtype == v.dtype
+    assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
+    assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache))
+
+
+def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -> torch.Tensor:
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     split_kernel, reduce_kernel = _kernels()
     num_rows, num_heads, head_dim = q.shape
@@ -251,14 +314,17 @@ def decode_attention(
     block_d = max(16, next_pow2(head_dim))
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
     pdl = pdl_args(q.device)
+    k_new, v_new, cos_sin = rope if rope is not None else (k_cache, v_cache, part_o)  # unused without rope
     split_kernel[(num_kv_heads, num_splits)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
+        k_new, v_new, cos_sin,
         num_rows, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        k_new.stride(-2), v_new.stride(-2), cos_sin.stride(0),
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_M=block_m, BLOCK_N=min(64, split_size), BLOCK_D=block_d,
-        DOT_F32=dot_f32, EARLY_KV=EARLY_KV and num_rows == 1,
+        DOT_F32=dot_f32, EARLY_KV=rope is not None or (EARLY_KV and num_rows == 1), FUSE_ROPE=rope is not None,
         num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
         **pdl,

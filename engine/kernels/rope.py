@@ -16,7 +16,7 @@ import torch
 
 from . import next_pow2, pdl_args
 
-triton = tl = rotate_rows = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = rotate = rotate_rows = None  # bound by _kernels(): Triton is imported on first use only
 
 
 def _check(q, k, v, cos_sin_cache, positions, k_cache, v_cache) -> None:
@@ -30,9 +30,16 @@ def _check(q, k, v, cos_sin_cache, positions, k_cache, v_cache) -> None:
 @functools.cache
 def _kernels():
     # Kernels and the jit helper they call are module globals: Triton resolves names there.
-    global triton, tl, rotate_rows
+    global triton, tl, rotate, rotate_rows
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def rotate(x, partner, cos, signed_sin):
+        """One rotated element: x * cos + partner * signed_sin, fp32, one explicit FMA, so every
+        kernel that rotates (here, and attention's fused decode step) rounds alike. First half:
+        partner = x2, signed_sin = -sin; second half: partner = x1, signed_sin = sin."""
+        return tl.fma(x, cos, partner * signed_sin)
 
     @triton.jit
     def rotate_rows(src_ptr, dst_ptr, stride_src_h, stride_dst_h, num_heads, cos, sin, offs_d, d_ok,
@@ -45,8 +52,8 @@ def _kernels():
         x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H, BLOCK_HALF)
         x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
         out_ty = dst_ptr.dtype.element_ty
-        tl.store(dst, (x1 * cos[None, :] - x2 * sin[None, :]).to(out_ty), mask=mask)
-        tl.store(dst + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(out_ty), mask=mask)
+        tl.store(dst, rotate(x1, x2, cos[None, :], -sin[None, :]).to(out_ty), mask=mask)
+        tl.store(dst + HALF, rotate(x2, x1, cos[None, :], sin[None, :]).to(out_ty), mask=mask)
 
     @triton.jit
     def rope_and_cache_kernel(
@@ -81,6 +88,12 @@ def _kernels():
                  v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
     return rope_and_cache_kernel
+
+
+def rotate_helper():
+    """The jit helper both RoPE kernels call (bound once this module's kernels are built)."""
+    _kernels()
+    return rotate
 
 
 def rope_and_cache(

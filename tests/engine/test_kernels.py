@@ -22,7 +22,8 @@ if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined (lazily)
 
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
-from engine.kernels.attention import decode_attention, decode_attention_ref, decode_attention_sdpa  # noqa: E402
+from engine.kernels.attention import (decode_attention, decode_attention_ref, decode_attention_sdpa,  # noqa: E402
+                                     rope_decode_attention)
 from engine.kernels.norm import (add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref,  # noqa: E402
                                  embed_rows, embed_rows_ref)
 from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref,  # noqa: E402
@@ -306,6 +307,78 @@ def test_rope_then_attention_graph_replay():
         torch.testing.assert_close(k_cache, want_k_cache, **TOL[torch.bfloat16])
         assert torch.equal(v_cache, want_v_cache)
         torch.testing.assert_close(out, want, **TOL[torch.bfloat16])
+
+
+def _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen):
+    """One decode row's unrotated q, k, v (views of a fused qkv), a RoPE table and a filled cache."""
+    inv_freq = 1.0 / 500000 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    freqs = torch.outer(torch.arange(max_seq_len).float(), inv_freq)
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+    qkv = torch.randn(1, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(device, dtype)
+    q, k, v = (x.view(1, -1, head_dim) for x in qkv.split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1))
+    caches = [torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype) for _ in range(2)]
+    return q, k, v, cos_sin, caches
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(9, 3, 64, 300), (32, 8, 128, 1024), (4, 4, 64, 64), (12, 4, 96, 200),
+                                   (8, 2, 128, 8200)])
+@pytest.mark.parametrize("where", ["zero", "split_edge", "last", "slot"])
+@pytest.mark.parametrize("invariant", [False, True])
+def test_rope_decode_attention_equals_rope_then_attention(device, dtype, shape, where, invariant):
+    """The one-row step with RoPE and the cache write inside the attention kernel gives exactly
+    the bits of rope_and_cache then decode_attention: the output and both caches."""
+    num_heads, num_kv_heads, head_dim, max_seq_len = shape
+    gen = torch.Generator().manual_seed(sum(shape) + len(where))
+    q, k, v, cos_sin, caches = _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
+    pos = {"zero": 0, "split_edge": 64 if max_seq_len > 64 else 63, "last": max_seq_len - 1,
+           "slot": max_seq_len // 2}[where]
+    positions = torch.tensor([pos], device=device)
+    slots = torch.tensor([max_seq_len - 1], device=device) if where == "slot" else None
+    k_a, v_a = caches[0].clone(), caches[1].clone()
+    k_b, v_b = caches[0].clone(), caches[1].clone()
+    scale = head_dim ** -0.5
+    q_rot = rope_and_cache(q, k, v, cos_sin, positions, k_a, v_a, slots)
+    want = decode_attention(q_rot, k_a, v_a, positions, scale, invariant=invariant, own_slots=slots)
+    got = rope_decode_attention(q, k, v, cos_sin, positions, k_b, v_b, scale, invariant=invariant, slots=slots)
+    assert got.shape == want.shape and got.dtype == dtype
+    assert torch.equal(k_b, k_a) and torch.equal(v_b, v_a)
+    assert torch.equal(got, want)
+    ref_k, ref_v = caches[0].clone(), caches[1].clone()
+    ref_q = rope_and_cache_ref(q, k, v, cos_sin, positions, ref_k, ref_v, slots)
+    torch.testing.assert_close(got, decode_attention_ref(ref_q, ref_k, ref_v, positions, scale, slots),
+                               **tol(device, dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rope_decode_attention_graph_replay():
+    """A captured one-row step with RoPE inside attention, replayed 50 times with new inputs and
+    positions (the cache it writes is read by the next replay): equals the two-launch path."""
+    gen = torch.Generator().manual_seed(5)
+    num_heads, num_kv_heads, head_dim, max_seq_len = 32, 8, 128, 1024
+    q, k, v, cos_sin, caches = _rope_case("cuda", torch.bfloat16, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
+    k_cache, v_cache = caches[0].clone(), caches[1].clone()
+    k_want, v_want = caches[0].clone(), caches[1].clone()
+    positions = torch.zeros(1, dtype=torch.long, device="cuda")
+    rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, 0.1)  # compile outside the capture
+    k_cache.copy_(caches[0])
+    v_cache.copy_(caches[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, 0.1)
+    for step in range(50):
+        q.copy_(torch.randn(q.shape, generator=gen))
+        k.copy_(torch.randn(k.shape, generator=gen))
+        v.copy_(torch.randn(v.shape, generator=gen))
+        positions.fill_(300 + step)
+        graph.replay()
+        want = decode_attention(rope_and_cache(q, k, v, cos_sin, positions, k_want, v_want), k_want, v_want,
+                                positions, 0.1)
+        assert torch.equal(out, want)
+        assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -660,7 +733,12 @@ def test_every_kernel_with_pdl_equals_its_plain_launch():
         gate_up = gemv(normed, torch.randn(3072, 576, generator=g, **bf) * 0.05)
         act = silu_and_mul(gate_up)
         down = silu_mul_gemv(gate_up, torch.randn(576, 1536, generator=g, **bf) * 0.05)
-        return [qkv, h, q, k_cache, v_cache, o, o2, normed, h2, gate_up, act, down]
+        # the next layer's one-row step with RoPE inside attention, after the down projection
+        qkv2 = gemv(down, w_qkv)
+        q2, k2, v2 = qkv2.split([576, 192, 192], dim=-1)
+        o3 = rope_decode_attention(q2.view(1, 9, 64), k2.view(1, 3, 64), v2.view(1, 3, 64), cos_sin, pos + 1,
+                                   k_cache, v_cache, 0.125)
+        return [qkv, h, q, k_cache, v_cache, o, o2, normed, h2, gate_up, act, down, qkv2, o3]
 
     outs = {}
     try:

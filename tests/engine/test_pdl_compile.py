@@ -49,9 +49,11 @@ def _kernels():
         ("rope_and_cache", rope._kernels(), dict(HEAD_DIM=64, HALF=32, BLOCK_HQ=16, BLOCK_HKV=4, BLOCK_HALF=32,
                                                  BLOCK_D=64), 4),
         ("attention split", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_M=16, BLOCK_N=64, BLOCK_D=64,
-                                        DOT_F32=False, EARLY_KV=False), 4),
+                                        DOT_F32=False, EARLY_KV=False, FUSE_ROPE=False), 4),
         ("attention split early", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_M=16, BLOCK_N=64,
-                                              BLOCK_D=64, DOT_F32=False, EARLY_KV=True), 4),
+                                              BLOCK_D=64, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=False), 4),
+        ("attention split rope early", split, dict(GROUP=4, HEAD_DIM=128, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
+                                                   BLOCK_D=128, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=True), 4),
         ("attention reduce", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64), 4),
         ("gemv rms_norm M=1", gemv._kernels(), dict(gemv_base, PROLOGUE=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8), 4),
         ("gemv silu_mul M=16 split", gemv._kernels(),
@@ -79,7 +81,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-@pytest.mark.parametrize("index", range(15))
+@pytest.mark.parametrize("index", range(16))
 def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
     try:
         name, fn, constexprs, warps, *pointers = _kernels()[index]
