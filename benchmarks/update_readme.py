@@ -25,9 +25,10 @@ def _spec_row(name: str, label: str, target: str) -> str | None:
             f"plain {b['plain']['decode_tok_s']:.0f} tok/s | {s['speedup']:.2f}x |" + (f" {target} |" if target else " |"))
 
 
-def _variant_row(name: str, model: str, new: str, old: str, label: str, digits: int = 2) -> str | None:
-    """A `benchmarks/variants.py` comparison of two speculative variants in one process."""
-    r = (_load(name) or {}).get("results", {}).get(model, {}).get("speculative")
+def _variant_row(name: str, model: str, new: str, old: str, label: str, digits: int = 2,
+                 mode: str = "speculative") -> str | None:
+    """A `benchmarks/variants.py` comparison of two variants (speculative or plain) in one process."""
+    r = (_load(name) or {}).get("results", {}).get(model, {}).get(mode)
     if not r:
         return None
     a, b = r[new], r[old]
@@ -48,10 +49,10 @@ def _sampling_label(name: str) -> str:
 def rows() -> list[str]:
     out = ["| benchmark (H200, batch 1) | ours | compared with, same run | ratio | target |",
            "|---|---|---|---|---|"]
-    b = old = _load("h200_8b_plain_session12.json")
+    b = old = _load("h200_8b_plain_final_session13.json")
     if b:
         p = b["plain"]
-        out.append(f"| plain decode, Llama-3.1-8B shape, random bf16, {b['prompt_tokens']}-token prompt (session 12) | "
+        out.append(f"| plain decode, Llama-3.1-8B shape, random bf16, {b['prompt_tokens']}-token prompt (session 13) | "
                    f"{p['decode_tok_s']:.1f} tok/s | bandwidth limit {b['bandwidth_limit_tok_s']:.1f} tok/s "
                    f"({b['copy_bandwidth_GBps']:.0f} GB/s copy) | {p['fraction_of_bandwidth_limit'] * 100:.1f}% | >= 91% |")
     t = (old or {}).get("transformers")
@@ -63,6 +64,13 @@ def rows() -> list[str]:
     if b:
         out.append(f"| start-up (load + graph capture), 8B shape random weights, the same run | {b['startup_s']:.1f} s | | | "
                    f"<= 20 s |")
+    tiles = "tiles:4096x14336/4/512/1/4/3|4096x4096/4/512/1/4/3"
+    for name, old_variant, label in (
+            ("h200_variants_8b_session13.json", tiles, "plain decode, 8B shape: 1,024-element GEMV steps for o_proj and down vs 512"),
+            ("h200_variants_8b_session13.json", "kv_late", "plain decode, 8B shape: attention reads old K/V before its PDL wait vs after"),
+            ("h200_variants_rope_in_attention_session13.json", "rope_apart",
+             "plain decode, 8B shape: RoPE and cache write inside the attention kernel vs a launch of their own")):
+        out.append(_variant_row(name, "llama-8b", "base", old_variant, label, 3, "plain"))
     b, old = _load("h200_demo_plain_nohead_session12.json"), _load("h200_demo_plain.json")
     if b:
         p = b["plain"]
