@@ -278,3 +278,13 @@ def test_fused_invariant_verify_rows_equal_decode_steps(arch, use_graphs, fuse_i
     # and the 1-row steps again after the verify steps rewrote the cache rows: same bits
     again = runner.forward(ids[PROMPT + 3:PROMPT + 4], PROMPT + 3)[0]
     assert torch.equal(again, singles[3:4])
+
+
+def test_row_tiles_spec():
+    """LOCALCHAT_ROW_TILES: tiles or cuBLAS by weight shape; a bad entry is a one-line error."""
+    tiles = ops_module.parse_row_tiles("4096x14336/4/1024/1/4/3|6144x4096/cublas|")
+    assert tiles == {(4096, 14336): ops_module.GemvConfig(4, 1024, 1, 4, 3), (6144, 4096): ops_module.CUBLAS}
+    for bad in ("4096x14336/4/1024", "4096/4/1024/1/4/3", "axb/cublas", "4096x4096/4/x/1/4/3"):
+        with pytest.raises(SystemExit, match="LOCALCHAT_ROW_TILES: cannot read"):
+            ops_module.parse_row_tiles(bad)
+    assert ops_module.row_tile(14336).block_k == 1024 and ops_module.row_tile(1536).block_k == 512
