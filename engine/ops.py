@@ -167,8 +167,7 @@ class BatchInvariance:
             return gemv(x, linear.weight, linear.bias, invariant=True)
         if x.shape[0] != 1 or x.dtype != torch.bfloat16:
             return linear(x)
-        tile = ROW_TILES.get(tuple(linear.weight.shape), row_tile(linear.weight.shape[1]))
-        return linear(x) if tile == CUBLAS else gemv(x, linear.weight, linear.bias, config=tile)
+        return _tiled(x, linear, ROW_TILES.get(tuple(linear.weight.shape), row_tile(linear.weight.shape[1])))
 
     def linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
         if self._invariant(x):
@@ -182,7 +181,7 @@ class BatchInvariance:
         if not self._invariant(x) and x.shape[0] == 1 and x.dtype == torch.bfloat16:
             tile = ROW_TILES.get(tuple(linear.weight.shape))
             if tile is not None:
-                return linear(x) if tile == CUBLAS else gemv(x, linear.weight, linear.bias, config=tile)
+                return _tiled(x, linear, tile)
             if ROW_GEMV == "layers":
                 return gemv(x, linear.weight, linear.bias)
         return self.linear(x, linear)
@@ -196,6 +195,11 @@ class BatchInvariance:
         if x.shape[0] == 1 and x.dtype == torch.bfloat16:
             return self._fused_row
         return None
+
+
+def _tiled(x: torch.Tensor, linear: torch.nn.Linear, tile: "GemvConfig | str") -> torch.Tensor:
+    """linear(x) on cuBLAS (tile CUBLAS) or on our GEMV with that tile."""
+    return linear(x) if tile == CUBLAS else gemv(x, linear.weight, linear.bias, config=tile)
 
 
 def _fast_linear(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:

@@ -288,3 +288,22 @@ def test_row_tiles_spec():
         with pytest.raises(SystemExit, match="LOCALCHAT_ROW_TILES: cannot read"):
             ops_module.parse_row_tiles(bad)
     assert ops_module.row_tile(14336).block_k == 1024 and ops_module.row_tile(1536).block_k == 512
+
+
+def test_row_tiles_route_one_row_projections(monkeypatch):
+    """A ROW_TILES entry sends that shape's one-row projection to cuBLAS or to our GEMV with the
+    given tile; other shapes keep row_tile (o_proj, down) or Ops.linear (qkv, gate_up)."""
+    calls = []
+    monkeypatch.setattr(ops_module, "gemv", lambda x, w, b, config=None: calls.append(config) or "gemv")
+    monkeypatch.setitem(ops_module.ROW_TILES, (8, 4096), ops_module.CUBLAS)
+    tile = ops_module.GemvConfig(2, 1024, 1, 4, 3)
+    monkeypatch.setitem(ops_module.ROW_TILES, (16, 4096), tile)
+    inv = ops_module.BatchInvariance()
+    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    cublas, tiled, plain = (torch.nn.Linear(4096, n, bias=False).to(torch.bfloat16) for n in (8, 16, 4))
+    assert inv.row_linear(x, cublas).shape == (1, 8) and calls == []
+    assert inv.row_linear(x, tiled) == "gemv" and calls == [tile]
+    assert inv.row_linear(x, plain) == "gemv" and calls[-1] == ops_module.row_tile(4096)
+    assert inv.layer_linear(x, cublas).shape == (1, 8)
+    assert inv.layer_linear(x, tiled) == "gemv" and calls[-1] == tile
+    assert inv.layer_linear(x, plain).shape == (1, 4) and len(calls) == 3
