@@ -8,6 +8,11 @@ loaded draft switches on, --no-fuse the unfused norm/activation launches (LOCALC
     python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json
     python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json --no-fuse
     python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json --invariant --rows 6
+
+--timeline also profiles 20 replays of the captured graph and reports what each kernel adds to
+the step: its end minus the latest end of the kernels before it (kernels launched with PDL
+overlap, so their own times sum to more than the step). --variant SPEC builds the engine under
+a variants.py switch (e.g. row_cublas+rt_off).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="tokens per step (1: decode, k + 1: verify)")
     ap.add_argument("--invariant", action="store_true", help="batch-invariant projections (as with a draft)")
     ap.add_argument("--no-fuse", action="store_true", help="unfused norm/activation + projection launches")
+    ap.add_argument("--timeline", action="store_true", help="also each kernel's share of the replayed graph step")
+    ap.add_argument("--variant", default="base", help="a variants.py switch to build the engine under")
     args = ap.parse_args()
     import os
 
@@ -42,12 +49,15 @@ def main() -> None:
 
     ns = argparse.Namespace(random_weights=args.random_weights, device="cuda", max_seq_len=4096,
                             force_accept=None, draft_steps=5, no_graphs=False)
-    engine = build_bench_engine(ns)
-    r = engine.runner
-    if args.invariant:
-        r.model.ops.set_batch_invariant(True)
-        r.graphs.clear()  # captured with the switch off: capture again
-    r.capture([args.rows])
+    from variants import variant
+
+    with variant(args.variant):
+        engine = build_bench_engine(ns)
+        r = engine.runner
+        if args.invariant:
+            r.model.ops.set_batch_invariant(True)
+            r.graphs.clear()  # captured with the switch off: capture again
+        r.capture([args.rows])
     from engine.batch import ForwardBatch
 
     _mode = torch.inference_mode()
@@ -77,6 +87,13 @@ def main() -> None:
             groups[ev.name[:60]][0] += us
             groups[ev.name[:60]][1] += 1 / 5
             total += us
+    timeline = None
+    if args.timeline:
+        with profile(activities=[ProfilerActivity.CUDA]) as replays:
+            for _ in range(20):
+                step.replay(tok, args.context)
+            torch.cuda.synchronize()
+        timeline = step_shares(replays, 20, r.config.num_layers)
     rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
     weight_bytes = sum(p.numel() * p.element_size() for p in r.model.parameters())
     launches = sum(v[1] for _, v in rows)
@@ -84,6 +101,7 @@ def main() -> None:
     report = {"rows": args.rows, "invariant": args.invariant, "fused": r.model.ops.fuse,
               "graph_step_ms": graph_ms, "kernel_sum_ms": total / 1000, "weight_GB": weight_bytes / 1e9,
               "launches_per_step": launches, "launches_per_layer": launches / layers,
+              "variant": args.variant, "timeline": timeline,
               "kernels": [{"name": k, "us_per_step": v[0], "launches_per_step": v[1]} for k, v in rows[:25]]}
     print(f"{args.rows}-row step ({'fused' if r.model.ops.fuse else 'unfused'}"
           f"{', batch-invariant' if args.invariant else ''}): graph step {graph_ms:.3f} ms, "
@@ -91,8 +109,54 @@ def main() -> None:
     print(f"{launches:.0f} kernel launches per step, {launches / layers:.1f} per layer ({layers} layers)")
     for k, v in rows[:15]:
         print(f"{v[0]:9.1f} us  x{v[1]:5.0f}  {k}")
+    if timeline:
+        print(f"replayed step {timeline['step_us']:.1f} us; per layer slot (kernel, own us, us added to the step):")
+        for slot in timeline["layer_slots"]:
+            print(f"  {slot['name'][:50]:50s} {slot['us']:7.2f} {slot['added_us']:7.2f}")
+        print(f"  outside the layers: {timeline['outside_added_us']:.1f} us added")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+def step_shares(prof, replays: int, num_layers: int) -> dict | None:
+    """From a profile of `replays` graph replays: each kernel's own time and the time it adds to
+    the step (its end minus the latest end before it), averaged over replays 2.., and the same
+    averaged over the layers for each kernel slot of a layer."""
+    import torch
+
+    evs = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA
+                  and not ev.name.startswith(("Memcpy", "Memset"))), key=lambda ev: ev.time_range.start)
+    if not evs or len(evs) % replays:
+        print(f"timeline: {len(evs)} kernels for {replays} replays; not reported")
+        return None
+    per = len(evs) // replays
+    own, added = [0.0] * per, [0.0] * per
+    for rep in range(1, replays):
+        latest = evs[rep * per - 1].time_range.end
+        for i in range(per):
+            ev = evs[rep * per + i]
+            own[i] += (ev.time_range.end - ev.time_range.start) / (replays - 1)
+            added[i] += max(ev.time_range.end - latest, 0) / (replays - 1)
+            latest = max(latest, ev.time_range.end)
+    names = [evs[i].name for i in range(per)]
+    period = (per - 2) // num_layers  # kernels per layer: the longest run that repeats num_layers times
+    while period > 0:
+        first = next((i for i in range(per - period * num_layers + 1)
+                      if all(names[i + j] == names[i + j + period * m] for m in range(num_layers) for j in range(period))),
+                     None)
+        if first is not None:
+            break
+        period -= 1
+    if period <= 0:
+        return {"step_us": sum(added), "slots": [{"name": n, "us": o, "added_us": a} for n, o, a in zip(names, own, added)]}
+    layer = range(first, first + period * num_layers)
+    slots = [{"name": names[first + j],
+              "us": sum(own[first + j + period * m] for m in range(num_layers)) / num_layers,
+              "added_us": sum(added[first + j + period * m] for m in range(num_layers)) / num_layers}
+             for j in range(period)]
+    return {"step_us": sum(added), "layer_slots": slots,
+            "outside_added_us": sum(a for i, a in enumerate(added) if i not in layer),
+            "outside": [{"name": names[i], "us": own[i], "added_us": added[i]} for i in range(per) if i not in layer]}
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ that clock drift falls on all of them. Random bf16 weights from a config (as `be
 
 Variants (comma-separated, any order; the first is the baseline of the ratios):
   base          the defaults
+  row_qkv       LOCALCHAT_ROW_GEMV=qkv (the default): qkv of a one-token step on our GEMV too
   row_layers    LOCALCHAT_ROW_GEMV=layers: qkv and gate_up of a one-token step run our GEMV as
                 well, so every launch inside a decoder layer is one of our PDL kernels
   row_cublas    LOCALCHAT_ROW_GEMV=cublas: qkv, gate_up and lm_head on cuBLAS
@@ -27,6 +28,12 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 (engine/kernels/attention.py EARLY_KV)
   rope_apart    a one-row step launches RoPE + cache write apart from attention
                 (LOCALCHAT_ROPE_IN_ATTENTION=0; engine/ops.py)
+  argmax_torch  the decode graph picks its next token with torch ops, not greedy_next
+                (engine/graphs.py GREEDY_NEXT_KERNEL)
+  norm_late     add_rms_norm lets the next launch start after its loads, not at its start
+                (engine/kernels/norm.py LATE_TRIGGER)
+  rt, rt_off    the attention reduce lets the next launch (o_proj) start before its own PDL wait
+                (the default), or after it (engine/kernels/attention.py EARLY_TRIGGER)
   tiles:SPEC    M = 1 tiles by weight shape (LOCALCHAT_ROW_TILES, engine/ops.py parse_row_tiles),
                 e.g. tiles:4096x14336/4/1024/1/4/3|6144x4096/cublas
   joined by '+': row_all+pf64
@@ -56,20 +63,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 @contextlib.contextmanager
 def variant(spec: str):
     """Set the module switches `spec` names, and put them back after."""
-    from engine import kernels, ops
-    from engine.kernels import attention, gemv
+    from engine import graphs, kernels, ops
+    from engine.kernels import attention, gemv, norm
     from speculative import eagle3, greedy_loop
 
     import os
 
     saved = (ops.ROW_GEMV, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
-             greedy_loop.FIRST_CHAIN_GRAPH, dict(ops.ROW_TILES), attention.EARLY_KV, ops.ROPE_IN_ATTENTION)
+             greedy_loop.FIRST_CHAIN_GRAPH, dict(ops.ROW_TILES), attention.EARLY_KV, ops.ROPE_IN_ATTENTION,
+             attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, norm.LATE_TRIGGER)
     saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
             if part == "base":
                 pass
-            elif part in ("row_all", "row_layers", "row_cublas"):
+            elif part in ("row_all", "row_layers", "row_cublas", "row_qkv"):
                 ops.ROW_GEMV = part[4:]
             elif part.startswith("pf") and part[2:].isdigit():
                 gemv.PREFETCH_LINES = int(part[2:])
@@ -79,6 +87,14 @@ def variant(spec: str):
                 ops._FUSE_ALL = True
             elif part == "rope_apart":
                 ops.ROPE_IN_ATTENTION = False
+            elif part == "argmax_torch":
+                graphs.GREEDY_NEXT_KERNEL = False
+            elif part == "norm_late":
+                norm.LATE_TRIGGER = True
+            elif part == "rt":
+                attention.EARLY_TRIGGER = True
+            elif part == "rt_off":
+                attention.EARLY_TRIGGER = False
             elif part == "kv_late":
                 attention.EARLY_KV = False
             elif part.startswith("tiles:"):
@@ -98,7 +114,7 @@ def variant(spec: str):
         eagle3.LEAN_DRAFT, ops._FUSE_ALL, greedy_loop.FIRST_CHAIN_GRAPH = saved[3:6]
         ops.ROW_TILES.clear()
         ops.ROW_TILES.update(saved[6])
-        attention.EARLY_KV, ops.ROPE_IN_ATTENTION = saved[7:9]
+        attention.EARLY_KV, ops.ROPE_IN_ATTENTION, attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, norm.LATE_TRIGGER = saved[7:12]
         if saved_alts is None:
             os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
         else:

@@ -5,6 +5,12 @@ from __future__ import annotations
 import torch
 
 from .batch import ForwardBatch
+from .kernels.pick import greedy_next_ref
+
+# The decode graph's argmax, input-id copy and position step run as one kernel of ours
+# (Ops.greedy_next) where there is one: on the H200 torch's argmax alone took 28 us of the 8B
+# step. Benchmarks switch it off to compare (variants.py argmax_torch).
+GREEDY_NEXT_KERNEL = True
 
 
 def capture(fn, pool):
@@ -35,6 +41,8 @@ class CapturedStep:
         # so a graph can be captured in the middle of a conversation too.
         self.positions = self.offsets + self.scratch_start(kv.max_len, num_tokens)
         batch = ForwardBatch(self.input_ids, self.positions, start_pos=None)
+        self.next_token = torch.zeros(1, dtype=torch.long, device=dev)
+        pick = model.ops.greedy_next if GREEDY_NEXT_KERNEL and model.ops.greedy_next else greedy_next_ref
 
         def run():
             out = model(batch, kv, aux_layer_ids)
@@ -42,10 +50,7 @@ class CapturedStep:
             if num_tokens == 1:
                 # Greedy chaining inside the graph: the argmax becomes the next replay's input,
                 # so a greedy decode loop launches nothing but the graph itself.
-                nxt = logits.argmax(-1)
-                self.input_ids.copy_(nxt)
-                self.positions.add_(1)
-                self.next_token = nxt
+                pick(logits, self.next_token, self.input_ids, self.positions)
             return logits, out.hidden, out.aux_hidden
 
         self.graph, (self.logits, self.hidden, self.aux_hidden) = capture(run, pool)

@@ -90,7 +90,7 @@ class DecoderLayer(nn.Module):
         Returns (the MLP's output, the stream before it). stream_in: a list that gets the stream
         at the layer's input, x + residual, as its first norm computes it (no extra launch)."""
         kernels = self.ops.layer_kernels(x, batch)  # fused norm + projection launches, or not
-        qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj)
+        qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, qkv=True)
         if stream_in is not None:
             stream_in.append(residual)
         x = self.self_attn(qkv, batch, cos_sin, k_cache, v_cache, cos_sin_table)

@@ -13,6 +13,7 @@ from .kernels.activation import silu_and_mul, silu_and_mul_ref
 from .kernels.attention import MAX_INVARIANT_ROWS, decode_attention, rope_decode_attention
 from .kernels.gemv import MAX_ROWS, GemvConfig, gemv, rms_norm_gemv, silu_mul_gemv
 from .kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
+from .kernels.pick import greedy_next
 from .kernels.rope import rope_and_cache
 
 
@@ -39,6 +40,9 @@ class Ops:
     # (q, k, v, cos_sin, positions, k_cache, v_cache, scale, slots) -> attention output of one decode
     # row, RoPE and the cache write fused into the attention kernel (see one_row_attention)
     rope_attention: Callable | None = None
+    # (logits (1, V), next_token, input_ids, positions) -> None: the decode graph's greedy chaining
+    # in one launch (kernels.pick.greedy_next); None: torch ops
+    greedy_next: Callable | None = None
 
     @classmethod
     def for_device(cls, device: torch.device) -> "Ops":
@@ -46,7 +50,7 @@ class Ops:
             inv = BatchInvariance()
             return cls(add_rms_norm, silu_and_mul, rope_and_cache, inv.attention, inv.row_linear, inv.linear, inv,
                        fuse=os.environ.get("LOCALCHAT_FUSE", "1") != "0", embed=embed_rows,
-                       rope_attention=inv.rope_attention)
+                       rope_attention=inv.rope_attention, greedy_next=greedy_next)
         return cls(add_rms_norm_ref, silu_and_mul_ref, None, None)
 
     def one_row_attention(self, num_rows: int) -> Callable | None:
@@ -105,11 +109,15 @@ def row_tile(k: int) -> GemvConfig:
 
 
 # Which projections of a one-token step without a draft run our GEMV besides o_proj and down
-# (LOCALCHAT_ROW_GEMV): "layers": qkv and gate_up too, so that every launch inside a decoder layer
-# is one of our kernels and each may start while the one before it ends (programmatic dependent
-# launch; a cuBLAS launch waits for the kernel before it to finish, and the next waits for it);
-# "all": the lm_head too; "cublas": neither.
-ROW_GEMV = os.environ.get("LOCALCHAT_ROW_GEMV", "cublas")
+# (LOCALCHAT_ROW_GEMV), where no fused norm + projection kernel takes them (FUSED_TILES):
+# "qkv" (the default): qkv too. Our kernels launch with programmatic dependent launch, so the
+# attention kernel after qkv starts while qkv ends and reads its positions and first K/V rows
+# meanwhile; after a cuBLAS launch it can only start once that has finished. On the H200 the 8B
+# step ran 1.024x faster with it (benchmarks/results/h200_variants_qkv_session14.json).
+# "layers": gate_up too, so that every launch inside a decoder layer is one of our kernels (it
+# lost: cuBLAS streams the widest projection faster than our GEMV); "all": the lm_head too;
+# "cublas": o_proj and down only.
+ROW_GEMV = os.environ.get("LOCALCHAT_ROW_GEMV", "qkv")
 
 CUBLAS = "cublas"
 
@@ -142,7 +150,7 @@ class BatchInvariance:
 
     def __init__(self):
         self.on = False
-        self._fused_row = FusedLayerKernels(invariant=False, linear=self.layer_linear)
+        self._fused_row = FusedLayerKernels(invariant=False, linear=self.layer_linear, qkv_linear=self.qkv_linear)
         self._fused_invariant = FusedLayerKernels(invariant=True, linear=self.linear)
         # A draft's kernels: the fast tiles whatever the switch says (a draft's last bits do not
         # change the output, only which tokens it proposes).
@@ -176,15 +184,19 @@ class BatchInvariance:
             return gemv(x, linear.weight, linear.bias)
         return linear(x)
 
-    def layer_linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
-        """linear() for the projections inside a decoder layer (ROW_GEMV "layers")."""
+    def layer_linear(self, x: torch.Tensor, linear: torch.nn.Linear, gemv_modes=("layers",)) -> torch.Tensor:
+        """linear() for the gate_up projection of a decoder layer (our GEMV with ROW_GEMV "layers")."""
         if not self._invariant(x) and x.shape[0] == 1 and x.dtype == torch.bfloat16:
             tile = ROW_TILES.get(tuple(linear.weight.shape))
             if tile is not None:
                 return _tiled(x, linear, tile)
-            if ROW_GEMV == "layers":
+            if ROW_GEMV in gemv_modes:
                 return gemv(x, linear.weight, linear.bias)
         return self.linear(x, linear)
+
+    def qkv_linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
+        """layer_linear() for the qkv projection: our GEMV with ROW_GEMV "qkv" or "layers"."""
+        return self.layer_linear(x, linear, ("qkv", "layers"))
 
     def fused(self, x: torch.Tensor) -> "FusedLayerKernels | None":
         """Fused kernels where the GEMV runs anyway (the rows row_linear takes): batch-invariant
@@ -213,19 +225,23 @@ class LayerKernels:
     """A decoder layer's two norm + projection pairs and its MLP's down projection, unfused:
     add_rms_norm then Ops.linear; silu_and_mul then the down projection (GatedMLP.down)."""
 
-    def __init__(self, linear: Callable, add_rms_norm: Callable | None = None, silu_and_mul: Callable | None = None):
+    def __init__(self, linear: Callable, add_rms_norm: Callable | None = None, silu_and_mul: Callable | None = None,
+                 qkv_linear: Callable | None = None):
         self.linear = linear
+        self.qkv_linear = qkv_linear or linear  # the attention's qkv projection (norm_linear(..., qkv=True))
         # None: the modules' own (the target's carry the kernels); a draft's modules are plain
         # torch, so its kernels come here.
         self.add_rms_norm, self.silu_and_mul = add_rms_norm, silu_and_mul
 
-    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm, linear: torch.nn.Linear):
-        """-> (linear(norm(x + residual)), x + residual); residual None: the stream is x."""
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm, linear: torch.nn.Linear,
+                    qkv: bool = False):
+        """-> (linear(norm(x + residual)), x + residual); residual None: the stream is x.
+        qkv: linear is the attention's qkv projection."""
         if self.add_rms_norm is not None:
             h, stream = self.add_rms_norm(x, residual, norm.weight, norm.eps)
         else:
             h, stream = norm.add_forward(x, residual)
-        return self.linear(h, linear), stream
+        return (self.qkv_linear if qkv else self.linear)(h, linear), stream
 
     def mlp_down(self, gate_up: torch.Tensor, mlp) -> torch.Tensor:
         """(T, 2I) [gate | up] -> down(silu(gate) * up)."""
@@ -302,10 +318,10 @@ class FusedLayerKernels(LayerKernels):
             return fused_tile("invariant", kernel, *weight.shape)
         return fused_tile(self.mode, kernel, *weight.shape)
 
-    def norm_linear(self, x, residual, norm, linear):
+    def norm_linear(self, x, residual, norm, linear, qkv=False):
         tile = self._tile("rms_norm_gemv", linear.weight, x.shape[0])
         if tile == UNFUSED:
-            return super().norm_linear(x, residual, norm, linear)
+            return super().norm_linear(x, residual, norm, linear, qkv)
         return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant)
 
     def mlp_down(self, gate_up, mlp):

@@ -201,7 +201,7 @@ def _kernels():
         part_o_ptr, part_lse_ptr, pos_ptr, out_ptr,
         num_splits, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr, EARLY_TRIGGER: tl.constexpr,
     ):
         t = tl.program_id(0)
         head = tl.program_id(1)
@@ -209,9 +209,14 @@ def _kernels():
         # Only splits that start at or before this row's position were written for it. (The
         # positions come from before the step's RoPE kernel: read before the PDL wait.)
         num_valid = tl.load(pos_ptr + t).to(tl.int32) // SPLIT_SIZE + 1
-        if USE_PDL:  # wait for the split kernel's writes, then let the next one launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        if USE_PDL:
+            if EARLY_TRIGGER:
+                # Let the next kernel (o_proj's GEMV) launch now, while the split kernel still
+                # runs: it loads weights before its own wait, which holds until this grid is done.
+                tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()  # the split kernel's writes
+            if not EARLY_TRIGGER:
+                tl.extra.cuda.gdc_launch_dependents()
         base = (t * num_heads + head) * num_splits
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
@@ -246,6 +251,10 @@ def _kernels():
 # A one-row launch requests its first block of K/V before the PDL wait (split_kernel). Benchmarks
 # switch it off to compare (variants.py kv_late).
 EARLY_KV = True
+# The reduce kernel lets the next launch (o_proj's GEMV) start before its own PDL wait, so that
+# the GEMV's programs are resident, requesting their first weight lines, while the split kernel
+# runs. Benchmarks switch it off to compare (variants.py rt_off).
+EARLY_TRIGGER = True
 
 MAX_INVARIANT_ROWS = 16  # the longest verify step (15 draft tokens + 1) of batch-invariant mode
 
@@ -333,7 +342,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -
         part_o, part_lse, positions, out,
         num_splits, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
-        BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d,
+        BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d, EARLY_TRIGGER=EARLY_TRIGGER,
         num_warps=4, **pdl,
     )
     return out

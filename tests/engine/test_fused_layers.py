@@ -292,7 +292,8 @@ def test_row_tiles_spec():
 
 def test_row_tiles_route_one_row_projections(monkeypatch):
     """A ROW_TILES entry sends that shape's one-row projection to cuBLAS or to our GEMV with the
-    given tile; other shapes keep row_tile (o_proj, down) or Ops.linear (qkv, gate_up)."""
+    given tile; other shapes keep row_tile (o_proj, down), our GEMV's table (qkv, ROW_GEMV "qkv")
+    or Ops.linear (gate_up)."""
     calls = []
     monkeypatch.setattr(ops_module, "gemv", lambda x, w, b, config=None: calls.append(config) or "gemv")
     monkeypatch.setitem(ops_module.ROW_TILES, (8, 4096), ops_module.CUBLAS)
@@ -307,3 +308,9 @@ def test_row_tiles_route_one_row_projections(monkeypatch):
     assert inv.layer_linear(x, cublas).shape == (1, 8)
     assert inv.layer_linear(x, tiled) == "gemv" and calls[-1] == tile
     assert inv.layer_linear(x, plain).shape == (1, 4) and len(calls) == 3
+    # qkv: a ROW_TILES entry first, then our GEMV's own tile unless ROW_GEMV says cuBLAS
+    assert inv.qkv_linear(x, cublas).shape == (1, 8) and len(calls) == 3
+    assert inv.qkv_linear(x, plain) == "gemv" and calls[-1] is None and len(calls) == 4
+    monkeypatch.setattr(ops_module, "ROW_GEMV", "cublas")
+    assert inv.qkv_linear(x, plain).shape == (1, 4) and len(calls) == 4
+    assert inv.qkv_linear(x.expand(2, -1), plain).shape == (2, 4) and len(calls) == 4

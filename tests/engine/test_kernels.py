@@ -27,7 +27,7 @@ from engine.kernels.attention import (decode_attention, decode_attention_ref, de
 from engine.kernels.norm import (add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref,  # noqa: E402
                                  embed_rows, embed_rows_ref)
 from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref,  # noqa: E402
-                                 greedy_verify, greedy_verify_ref)
+                                 greedy_next, greedy_next_ref, greedy_verify, greedy_verify_ref)
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 
 DEVICES = [
@@ -459,6 +459,43 @@ def test_argmax_pick(device, dtype, vocab, r):
             want = argmax_pick_ref(x[r:r + 1], offs, torch.full((1,), -1, dtype=torch.long, device=device))
             i = int(x[r].float().argmax())
             assert int(got) == int(want) == i + (int(offsets[i]) if offs is not None else 0), (case, offs is None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [7, 2048, 2049, 49152 + 5, 128256, 2048 * 512 + 3])
+def test_greedy_next(device, dtype, vocab):
+    """The decode graph's chaining: argmax over chunks, ties to the lowest index across chunk
+    edges, all -inf, NaN ignored; next token and input id written, position moved on. Run
+    twice per case: the arrival counter is left ready for the next launch."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(2, vocab, generator=gen).to(device, dtype)
+    for case in ("random", "tie", "tie_edge", "last", "neg", "ninf", "nan"):
+        x = logits.clone()
+        top = x[1].max() + 1
+        if case == "tie":
+            x[1, vocab // 3] = x[1, vocab - 1] = top
+        elif case == "tie_edge" and vocab > 2048:  # the same maximum in two chunks
+            x[1, 2047] = x[1, 2048] = x[1, vocab - 1] = top
+        elif case == "last":
+            x[1, vocab - 1] = top
+        elif case == "neg":
+            x = -x.abs() - 1
+        elif case == "ninf":
+            x[1] = float("-inf")
+        elif case == "nan":
+            x[1, 0] = float("nan")
+            x[1, vocab // 2] = top
+        want = int(x[1].float().nan_to_num(nan=float("-inf")).argmax())
+        for _ in range(2):
+            nxt, ids = torch.full((2,), -1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device)
+            pos = torch.tensor([41], dtype=torch.long, device=device)
+            greedy_next(x[1:2], nxt[1:], ids, pos)
+            assert int(nxt[1]) == int(ids[0]) == want and int(nxt[0]) == -1 and int(pos[0]) == 42, case
+        if case != "nan":  # torch.argmax would pick the NaN
+            ref = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(2)] + [torch.tensor([41], device=device)]
+            greedy_next_ref(x[1:2], *ref)
+            assert [int(t[0]) for t in ref] == [want, want, 42]
 
 
 def _chain_case(k: int, vocab: int, agree: int, n: int, last_pos: int, device, dtype, gen):

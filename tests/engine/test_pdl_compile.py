@@ -16,11 +16,11 @@ POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_pt
             "accepted_ptr": "*i64", "draft_pos_ptr": "*i64", "choice_ptr": "*i64", "part_o_ptr": "*fp32",
             "part_lse_ptr": "*fp32", "cos_sin_ptr": "*fp32", "own_ptr": "*i64", "slot_ptr": "*i64", "alts_ptr": "*i64",
             "state_rows_ptr": "*i64", "kv_move_ptr": "*i64", "alt_draft_ptr": "*i64", "move_ptr": "*i64",
-            "rows_ptr": "*i64"}
+            "rows_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "next_ptr": "*i64"}
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 # Kernels that read what no kernel of the step writes just before them (positions, tables)
 # before their PDL wait.
-READ_EARLY = {"rope_and_cache", "attention reduce"}
+READ_EARLY = {"rope_and_cache", "attention reduce", "attention reduce trigger first"}
 
 
 def _kernels():
@@ -36,12 +36,14 @@ def _kernels():
     gemv_base = dict(HAS_RESIDUAL=True, HAS_BIAS=False, DOT_F32=False, SPLIT_K=1, K_PER_SPLIT=768, EVEN_K=False,
                      BLOCK_K=256, LINE=64, PREFETCH_LINES=gemv.PREFETCH_LINES)
     return [
-        ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
+        ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024, LATE_TRIGGER=False), 4),
+        ("add_rms_norm late trigger", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024, LATE_TRIGGER=True), 4),
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
         ("embed_rows", norm._kernels()[2], dict(BLOCK=1024), 4),
         ("argmax_pick", pick._kernels()[0], dict(HAS_OFFSETS=True, BLOCK=2048), 8),
         ("greedy_verify", pick._kernels()[1], dict(HAS_ALTS=False, BLOCK=2048, BLOCK_R=16), 8),
         ("greedy_verify alternatives", pick._kernels()[1], dict(HAS_ALTS=True, BLOCK=2048, BLOCK_R=16), 8),
+        ("greedy_next", pick._kernels()[3], dict(CHUNK=2048, BLOCK=2048, BLOCK_P=64), 8),
         ("draft_pick", pick._kernels()[2], dict(ALTS=3, HAS_OFFSETS=True, BLOCK=2048), 8,
          {"out_ptr": "*i64"}),
         ("take_alternative", alternative._kernels(), dict(OUT_ROWS=6, BLOCK=256, BLOCK_W=2048), 4),
@@ -54,7 +56,9 @@ def _kernels():
                                               BLOCK_D=64, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=False), 4),
         ("attention split rope early", split, dict(GROUP=4, HEAD_DIM=128, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
                                                    BLOCK_D=128, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=True), 4),
-        ("attention reduce", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64), 4),
+        ("attention reduce", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64, EARLY_TRIGGER=False), 4),
+        ("attention reduce trigger first", reduce,
+         dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64, EARLY_TRIGGER=True), 4),
         ("gemv rms_norm M=1", gemv._kernels(), dict(gemv_base, PROLOGUE=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8), 4),
         ("gemv silu_mul M=16 split", gemv._kernels(),
          dict(gemv_base, PROLOGUE=2, USE_DOT=True, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512,
@@ -81,7 +85,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-@pytest.mark.parametrize("index", range(16))
+@pytest.mark.parametrize("index", range(19))
 def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
     try:
         name, fn, constexprs, warps, *pointers = _kernels()[index]
@@ -101,5 +105,7 @@ def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
     assert "griddepcontrol.launch_dependents" in body and on.asm.get("cubin"), name
     if name.startswith("gemv"):  # the weights' first lines are requested before the wait
         assert 0 <= body.find("prefetch.global.L2") < body.find("griddepcontrol.wait"), name
+    trigger, wait = body.find("griddepcontrol.launch_dependents"), body.find("griddepcontrol.wait")
+    assert (trigger < wait) == name.endswith("trigger first"), name
     off = _compile(fn, constexprs, warps, pdl=False, pointers=pointers[0] if pointers else None)
     assert "griddepcontrol" not in off.asm["ptx"], name
