@@ -30,8 +30,6 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 (LOCALCHAT_ROPE_IN_ATTENTION=0; engine/ops.py)
   argmax_torch  the decode graph picks its next token with torch ops, not greedy_next
                 (engine/graphs.py GREEDY_NEXT_KERNEL)
-  norm_late     add_rms_norm lets the next launch start after its loads, not at its start
-                (engine/kernels/norm.py LATE_TRIGGER)
   rt, rt_off    the attention reduce lets the next launch (o_proj) start before its own PDL wait
                 (the default), or after it (engine/kernels/attention.py EARLY_TRIGGER)
   tiles:SPEC    M = 1 tiles by weight shape (LOCALCHAT_ROW_TILES, engine/ops.py parse_row_tiles),
@@ -64,14 +62,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def variant(spec: str):
     """Set the module switches `spec` names, and put them back after."""
     from engine import graphs, kernels, ops
-    from engine.kernels import attention, gemv, norm
+    from engine.kernels import attention, gemv
     from speculative import eagle3, greedy_loop
 
     import os
 
     saved = (ops.ROW_GEMV, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
              greedy_loop.FIRST_CHAIN_GRAPH, dict(ops.ROW_TILES), attention.EARLY_KV, ops.ROPE_IN_ATTENTION,
-             attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, norm.LATE_TRIGGER)
+             attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL)
     saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
@@ -89,8 +87,6 @@ def variant(spec: str):
                 ops.ROPE_IN_ATTENTION = False
             elif part == "argmax_torch":
                 graphs.GREEDY_NEXT_KERNEL = False
-            elif part == "norm_late":
-                norm.LATE_TRIGGER = True
             elif part == "rt":
                 attention.EARLY_TRIGGER = True
             elif part == "rt_off":
@@ -114,7 +110,7 @@ def variant(spec: str):
         eagle3.LEAN_DRAFT, ops._FUSE_ALL, greedy_loop.FIRST_CHAIN_GRAPH = saved[3:6]
         ops.ROW_TILES.clear()
         ops.ROW_TILES.update(saved[6])
-        attention.EARLY_KV, ops.ROPE_IN_ATTENTION, attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, norm.LATE_TRIGGER = saved[7:12]
+        attention.EARLY_KV, ops.ROPE_IN_ATTENTION, attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL = saved[7:11]
         if saved_alts is None:
             os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
         else:

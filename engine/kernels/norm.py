@@ -22,17 +22,15 @@ def _kernels():
     def add_rms_norm_kernel(
         x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
         hidden, stride_x, stride_res, stride_out, stride_new_res, eps,
-        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr, LATE_TRIGGER: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
             tl.extra.cuda.gdc_wait()
-            if not LATE_TRIGGER:
-                tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         ok = offs < hidden
         x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0)
-        w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
             res = tl.load(res_ptr + row * stride_res + offs, mask=ok, other=0.0)
             # Rounded to x's dtype like the model's `x + residual`, then normed from there.
@@ -42,10 +40,7 @@ def _kernels():
             h = x
         hf = h.to(tl.float32)
         inv_rms = tl.rsqrt(tl.sum(hf * hf, axis=0) / hidden + eps)
-        if USE_PDL and LATE_TRIGGER:
-            # The next launch's programs start only now, once this row is in: they would
-            # otherwise compete with its loads (a GEMV requests its first weight lines at once).
-            tl.extra.cuda.gdc_launch_dependents()
+        w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         normed = (hf * inv_rms).to(x.dtype).to(tl.float32)  # HF casts before the weight
         tl.store(out_ptr + row * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=ok)
 
@@ -92,11 +87,6 @@ def _kernels():
     return add_rms_norm_kernel, embed_pair_norm_kernel, embed_rows_kernel
 
 
-# add_rms_norm lets the next launch start once its row is loaded and summed, not at its start
-# (benchmarks: variants.py norm_late).
-LATE_TRIGGER = False
-
-
 def add_rms_norm(
     x: torch.Tensor,  # (T, H), last dim contiguous
     residual: torch.Tensor | None,  # (T, H) like x, or None for the first layer
@@ -122,7 +112,7 @@ def add_rms_norm(
     kernel[(num_rows,)](
         x, res, weight, out, new_res,
         hidden, x.stride(0), res.stride(0), out.stride(0), new_res.stride(0), eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, LATE_TRIGGER=LATE_TRIGGER,
+        HAS_RESIDUAL=residual is not None, BLOCK=block,
         num_warps=min(16, max(4, block // 256)), **pdl_args(x.device),
     )
     return out, new_res
