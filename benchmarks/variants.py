@@ -28,6 +28,8 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 (engine/kernels/attention.py EARLY_KV)
   rope_apart    a one-row step launches RoPE + cache write apart from attention
                 (LOCALCHAT_ROPE_IN_ATTENTION=0; engine/ops.py)
+  splitN        the attention's split kernel takes N cache rows per program (engine/kernels/attention.py
+                SPLIT_SIZE; the default: 64 up to 8192 rows of cache)
   argmax_torch  the decode graph picks its next token with torch ops, not greedy_next
                 (engine/graphs.py GREEDY_NEXT_KERNEL)
   rt, rt_off    the attention reduce lets the next launch (o_proj) start before its own PDL wait
@@ -69,7 +71,7 @@ def variant(spec: str):
 
     saved = (ops.ROW_GEMV, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
              greedy_loop.FIRST_CHAIN_GRAPH, dict(ops.ROW_TILES), attention.EARLY_KV, ops.ROPE_IN_ATTENTION,
-             attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL)
+             attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, attention.SPLIT_SIZE)
     saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
@@ -85,6 +87,8 @@ def variant(spec: str):
                 ops._FUSE_ALL = True
             elif part == "rope_apart":
                 ops.ROPE_IN_ATTENTION = False
+            elif part.startswith("split") and part[5:].isdigit():
+                attention.SPLIT_SIZE = int(part[5:])
             elif part == "argmax_torch":
                 graphs.GREEDY_NEXT_KERNEL = False
             elif part == "rt":
@@ -110,7 +114,7 @@ def variant(spec: str):
         eagle3.LEAN_DRAFT, ops._FUSE_ALL, greedy_loop.FIRST_CHAIN_GRAPH = saved[3:6]
         ops.ROW_TILES.clear()
         ops.ROW_TILES.update(saved[6])
-        attention.EARLY_KV, ops.ROPE_IN_ATTENTION, attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL = saved[7:11]
+        attention.EARLY_KV, ops.ROPE_IN_ATTENTION, attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, attention.SPLIT_SIZE = saved[7:12]
         if saved_alts is None:
             os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
         else:

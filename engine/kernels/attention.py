@@ -21,10 +21,15 @@ from . import next_pow2, pdl_args, triton_interpreting
 triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
 
+SPLIT_SIZE = None  # benchmarks: cache rows per split program instead of the rule below (variants.py splitN)
+
+
 def _split_size(max_seq_len: int) -> int:
     # Cache rows per split program. Small splits keep ~100 programs busy at a few hundred
     # tokens on 8 kv heads; past 8192 rows larger splits bound the partial buffers
     # (T, Hq, num_splits, D) fp32 and the number of idle programs in the fixed grid.
+    if SPLIT_SIZE is not None:
+        return SPLIT_SIZE
     return 64 if max_seq_len <= 8192 else 128
 
 
