@@ -49,10 +49,10 @@ def _sampling_label(name: str) -> str:
 def rows() -> list[str]:
     out = ["| benchmark (H200, batch 1) | ours | compared with, same run | ratio | target |",
            "|---|---|---|---|---|"]
-    b = old = _load("h200_8b_plain_final_session13.json")
+    b = old = _load("h200_8b_plain_final_session14.json")
     if b:
         p = b["plain"]
-        out.append(f"| plain decode, Llama-3.1-8B shape, random bf16, {b['prompt_tokens']}-token prompt (session 13) | "
+        out.append(f"| plain decode, Llama-3.1-8B shape, random bf16, {b['prompt_tokens']}-token prompt (session 14) | "
                    f"{p['decode_tok_s']:.1f} tok/s | bandwidth limit {b['bandwidth_limit_tok_s']:.1f} tok/s "
                    f"({b['copy_bandwidth_GBps']:.0f} GB/s copy) | {p['fraction_of_bandwidth_limit'] * 100:.1f}% | >= 91% |")
     t = (old or {}).get("transformers")
@@ -64,6 +64,17 @@ def rows() -> list[str]:
     if b:
         out.append(f"| start-up (load + graph capture), 8B shape random weights, the same run | {b['startup_s']:.1f} s | | | "
                    f"<= 20 s |")
+    for name, model, old_variant, label in (
+            ("h200_variants_8b_session14.json", "llama-8b", "row_cublas+rt_off+argmax_torch",
+             "plain decode, 8B shape: the three session-14 changes below together vs none"),
+            ("h200_variants_8b_session14.json", "llama-8b", "row_cublas", "plain decode, 8B shape: qkv on our GEMV vs cuBLAS"),
+            ("h200_variants_8b_session14.json", "llama-8b", "rt_off",
+             "plain decode, 8B shape: the attention's reduce lets o_proj launch before its wait vs after"),
+            ("h200_variants_8b_session14.json", "llama-8b", "argmax_torch",
+             "plain decode, 8B shape: greedy_next (argmax, input id, position in one launch) vs torch ops"),
+            ("h200_variants_demo_shape_session14.json", "smollm2-135m", "rt_off+argmax_torch",
+             "plain decode, demo shape (random weights): the reduce's early launch and greedy_next vs neither")):
+        out.append(_variant_row(name, model, "base", old_variant, label, 3, "plain"))
     tiles = "tiles:4096x14336/4/512/1/4/3|4096x4096/4/512/1/4/3"
     for name, old_variant, label in (
             ("h200_variants_8b_session13.json", tiles, "plain decode, 8B shape: 1,024-element GEMV steps for o_proj and down vs 512"),
