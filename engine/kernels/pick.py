@@ -22,31 +22,36 @@ import torch
 
 from . import pdl_args
 
-triton = tl = row_argmax = _pop_best = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = span_best = row_argmax = _pop_best = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 2048  # logits per loop step of the single program
 
 
 @functools.cache
 def _kernels():
-    global triton, tl, row_argmax, _pop_best  # module globals: the kernels below call them by name
+    global triton, tl, span_best, row_argmax, _pop_best  # module globals: the kernels below call them by name
     import triton
     import triton.language as tl
 
     @triton.jit
-    def row_argmax(base, vocab, BLOCK: tl.constexpr):
-        """The index of the largest of vocab values at base (ties and all -inf: the lowest;
-        NaN never wins, unlike torch.argmax)."""
+    def span_best(base, start, end, BLOCK: tl.constexpr):
+        """(the largest of the values at base[start:end], its index): ties and all -inf go to
+        the lowest index; NaN never wins, unlike torch.argmax."""
         best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_i = tl.zeros([BLOCK], tl.int32)
-        for v0 in range(0, vocab, BLOCK):  # per lane: the first maximum of its strided slice
+        best_i = start + tl.arange(0, BLOCK)  # all -inf: the span's first index
+        for v0 in range(start, end, BLOCK):  # per lane: the first maximum of its strided slice
             offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+            x = tl.load(base + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
             better = x > best
             best = tl.where(better, x, best)
             best_i = tl.where(better, offs, best_i)
         top = tl.max(best, axis=0)
-        return tl.min(tl.where(best == top, best_i, vocab), axis=0)  # the lowest lane index holding it
+        return top, tl.min(tl.where(best == top, best_i, end), axis=0)  # the lowest lane index holding it
+
+    @triton.jit
+    def row_argmax(base, vocab, BLOCK: tl.constexpr):
+        """The index of the largest of vocab values at base (as span_best)."""
+        return span_best(base, 0, vocab, BLOCK)[1]
 
     @triton.jit
     def _pop_best(b0, b1, b2, b3, i0, i1, i2, i3, vocab):
@@ -177,19 +182,9 @@ def _kernels():
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         p = tl.program_id(0)
-        start = p * CHUNK
-        end = tl.minimum(start + CHUNK, vocab)
-        best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_i = start + tl.arange(0, BLOCK)  # an all -inf chunk: its first index
-        for v0 in range(start, end, BLOCK):  # per lane: the first maximum of its strided slice
-            offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(logits_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-            better = x > best
-            best = tl.where(better, x, best)
-            best_i = tl.where(better, offs, best_i)
-        top = tl.max(best, axis=0)
+        top, where = span_best(logits_ptr, p * CHUNK, tl.minimum(p * CHUNK + CHUNK, vocab), BLOCK)
         tl.store(part_val_ptr + p, top)
-        tl.store(part_idx_ptr + p, tl.min(tl.where(best == top, best_i, vocab), axis=0))
+        tl.store(part_idx_ptr + p, where)
         tl.debug_barrier()  # the part is written before the counter moves
         arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
         if arrived == num_parts - 1:  # the last chunk's program: the best of the chunks' best
