@@ -112,8 +112,9 @@ def row_tile(k: int) -> GemvConfig:
 # (LOCALCHAT_ROW_GEMV), where no fused norm + projection kernel takes them (FUSED_TILES):
 # "qkv" (the default): qkv too. Our kernels launch with programmatic dependent launch, so the
 # attention kernel after qkv starts while qkv ends and reads its positions and first K/V rows
-# meanwhile; after a cuBLAS launch it can only start once that has finished. On the H200 the 8B
-# step ran 1.024x faster with it (benchmarks/results/h200_variants_qkv_session14.json).
+# meanwhile; after a cuBLAS launch it can only start once that has finished. On two H200s the 8B
+# step ran 1.024x and 1.022x faster with it (benchmarks/results/h200_variants_qkv_session14.json,
+# h200_variants_8b_session14.json).
 # "layers": gate_up too, so that every launch inside a decoder layer is one of our kernels (it
 # lost: cuBLAS streams the widest projection faster than our GEMV); "all": the lm_head too;
 # "cublas": o_proj and down only.
