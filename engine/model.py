@@ -90,11 +90,12 @@ class DecoderLayer(nn.Module):
         Returns (the MLP's output, the stream before it). stream_in: a list that gets the stream
         at the layer's input, x + residual, as its first norm computes it (no extra launch)."""
         kernels = self.ops.layer_kernels(x, batch)  # fused norm + projection launches, or not
-        qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, qkv=True)
+        qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, role="qkv")
         if stream_in is not None:
             stream_in.append(residual)
         x = self.self_attn(qkv, batch, cos_sin, k_cache, v_cache, cos_sin_table)
-        gate_up, residual = kernels.norm_linear(x, residual, self.post_attention_layernorm, self.mlp.gate_up_proj)
+        gate_up, residual = kernels.norm_linear(x, residual, self.post_attention_layernorm, self.mlp.gate_up_proj,
+                                                 role="gate_up")
         return kernels.mlp_down(gate_up, self.mlp), residual
 
 

@@ -122,6 +122,23 @@ ROW_GEMV = os.environ.get("LOCALCHAT_ROW_GEMV", "qkv")
 
 CUBLAS = "cublas"
 
+# Which norm + projection pairs of a one-token step without a draft run as one rms_norm_gemv
+# launch whatever FUSED_TILES says (LOCALCHAT_NORM_GEMV, comma-separated): "qkv" (the layer's
+# input norm inside the qkv GEMV), "gate_up" (the post-attention norm inside gate_up on our
+# GEMV); empty: none. The one-load rms pre-pass (kernels/gemv.py ONE_PASS_NORM) is what can
+# make them pay at K = 4096, where the looped pre-pass lost (FUSED_TILES).
+NORM_GEMV_ROLES = ("qkv", "gate_up")
+
+
+def parse_norm_gemv(spec: str) -> frozenset[str]:
+    roles = frozenset(filter(None, (r.strip() for r in spec.split(","))))
+    for role in roles - set(NORM_GEMV_ROLES):
+        raise SystemExit(f"LOCALCHAT_NORM_GEMV: unknown projection {role!r} (use {', '.join(NORM_GEMV_ROLES)})")
+    return roles
+
+
+NORM_GEMV = parse_norm_gemv(os.environ.get("LOCALCHAT_NORM_GEMV", ""))
+
 
 def parse_row_tiles(spec: str) -> dict[tuple[int, int], "GemvConfig | str"]:
     """LOCALCHAT_ROW_TILES (benchmarks): the M = 1 projection of weight shape N x K runs this tile,
@@ -229,20 +246,20 @@ class LayerKernels:
     def __init__(self, linear: Callable, add_rms_norm: Callable | None = None, silu_and_mul: Callable | None = None,
                  qkv_linear: Callable | None = None):
         self.linear = linear
-        self.qkv_linear = qkv_linear or linear  # the attention's qkv projection (norm_linear(..., qkv=True))
+        self.qkv_linear = qkv_linear or linear  # the attention's qkv projection (norm_linear(..., role="qkv"))
         # None: the modules' own (the target's carry the kernels); a draft's modules are plain
         # torch, so its kernels come here.
         self.add_rms_norm, self.silu_and_mul = add_rms_norm, silu_and_mul
 
     def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm, linear: torch.nn.Linear,
-                    qkv: bool = False):
+                    role: str = ""):
         """-> (linear(norm(x + residual)), x + residual); residual None: the stream is x.
-        qkv: linear is the attention's qkv projection."""
+        role: "qkv" (the attention's qkv projection) or "gate_up" (the MLP's) in a decoder layer."""
         if self.add_rms_norm is not None:
             h, stream = self.add_rms_norm(x, residual, norm.weight, norm.eps)
         else:
             h, stream = norm.add_forward(x, residual)
-        return (self.qkv_linear if qkv else self.linear)(h, linear), stream
+        return (self.qkv_linear if role == "qkv" else self.linear)(h, linear), stream
 
     def mlp_down(self, gate_up: torch.Tensor, mlp) -> torch.Tensor:
         """(T, 2I) [gate | up] -> down(silu(gate) * up)."""
@@ -319,10 +336,18 @@ class FusedLayerKernels(LayerKernels):
             return fused_tile("invariant", kernel, *weight.shape)
         return fused_tile(self.mode, kernel, *weight.shape)
 
-    def norm_linear(self, x, residual, norm, linear, qkv=False):
-        tile = self._tile("rms_norm_gemv", linear.weight, x.shape[0])
+    def norm_tile(self, role: str, weight: torch.Tensor, rows: int):
+        """rms_norm_gemv's tile for norm_linear (UNFUSED: the unfused pair): FUSED_TILES', except
+        for a one-row step's roles that NORM_GEMV names (a ROW_TILES entry, or the built-in tile)."""
+        if role in NORM_GEMV and self.mode == "row" and rows == 1:
+            tile = ROW_TILES.get(tuple(weight.shape))
+            return UNFUSED if tile == CUBLAS else tile
+        return self._tile("rms_norm_gemv", weight, rows)
+
+    def norm_linear(self, x, residual, norm, linear, role=""):
+        tile = self.norm_tile(role, linear.weight, x.shape[0])
         if tile == UNFUSED:
-            return super().norm_linear(x, residual, norm, linear, qkv)
+            return super().norm_linear(x, residual, norm, linear, role)
         return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant)
 
     def mlp_down(self, gate_up, mlp):

@@ -29,6 +29,11 @@ NONE, RMS_NORM, SILU_MUL = 0, 1, 2  # prologue kinds
 MAX_ROWS = 16
 PREFETCH_LINES = 16  # with PDL: 128-byte lines of each weight row requested before the wait (2 KB)
 _MAX_TILES = 1 << 16  # split-K counters per device
+# The RMS_NORM prologue of a one-row launch reads the whole row for its mean square in one load
+# (up to ONE_PASS_MAX elements) instead of a loop over K: one round trip to L2 rather than
+# K / BLOCK_K dependent ones before the first weight step. False: the loop (benchmarks).
+ONE_PASS_NORM = True
+ONE_PASS_MAX = 8192
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ def _kernels():
         PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, ONE_PASS: tl.constexpr, K_POW2: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -105,7 +110,17 @@ def _kernels():
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
-        if PROLOGUE == 1:
+        if PROLOGUE == 1 and ONE_PASS:
+            # One row (BLOCK_M == 1): its K elements in one load, summed in fp32.
+            offs_all = tl.arange(0, K_POW2)
+            all_ok = offs_all < K
+            h = tl.load(x_ptr + offs_all, mask=all_ok, other=0.0)
+            if HAS_RESIDUAL:
+                res = tl.load(res_ptr + offs_all, mask=all_ok, other=0.0)
+                h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
+            hf = h.to(tl.float32)
+            inv_rms += tl.rsqrt(tl.sum(hf * hf, axis=0) / K + eps)
+        elif PROLOGUE == 1:
             # The norm needs the whole row's mean square first: a pass over K (L2-resident).
             sq = tl.zeros([BLOCK_M], tl.float32)
             for k0 in range(0, K, BLOCK_K):
@@ -217,6 +232,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
     else:
         part = counters = out  # unused
     interpreting = triton_interpreting()
+    block_m = MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows)))
+    one_pass = prologue == RMS_NORM and block_m == 1 and ONE_PASS_NORM and k <= ONE_PASS_MAX
     kernel[(tiles, cfg.split_k)](
         x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
         num_rows, n, k, x.stride(0), res.stride(0), new_res_arg.stride(0), weight.stride(0), out.stride(0),
@@ -224,10 +241,11 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=dot,
         DOT_F32=x.dtype == torch.float32 or interpreting,
         SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
-        BLOCK_M=MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows))),
+        BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device),
         LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES,
+        ONE_PASS=one_pass, K_POW2=next_pow2(k) if one_pass else 1,
     )
     return out, new_res
 
@@ -262,8 +280,8 @@ def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
 
     x, residual (M, K) (residual None: the first layer; the stream returned is x itself);
     norm_weight (K,); weight (N, K). Every program recomputes the
-    row's rms (one extra pass over 2 * M * K elements from L2); column tile 0 writes the
-    new residual. invariant: as for gemv (the rms too is computed by the same tile for any M).
+    row's rms (one extra pass over 2 * M * K elements from L2; for one row of up to
+    ONE_PASS_MAX elements a single load); column tile 0 writes the new residual. invariant: as for gemv (the rms too is computed by the same tile for any M).
     """
     return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant)
 

@@ -102,6 +102,29 @@ def test_fused_tiles_table(monkeypatch):
         assert tile == ops_module.UNFUSED or isinstance(tile, ops_module.GemvConfig)
 
 
+def test_norm_gemv_roles(monkeypatch):
+    """NORM_GEMV fuses a one-row step's qkv or gate_up norm whatever FUSED_TILES says (a ROW_TILES
+    entry picks the tile or cuBLAS); several rows, invariant mode and other projections keep
+    FUSED_TILES; an unknown role stops with one line."""
+    row, inv = FusedLayerKernels(invariant=False, linear=None), FusedLayerKernels(invariant=True, linear=None)
+    qkv, gate_up, lm_head = torch.empty(6144, 4096), torch.empty(28672, 4096), torch.empty(32000, 4096)
+    monkeypatch.setattr(ops_module, "NORM_GEMV", frozenset())
+    assert all(row.norm_tile(role, w, 1) == ops_module.UNFUSED for role, w in [("qkv", qkv), ("gate_up", gate_up)])
+    monkeypatch.setattr(ops_module, "NORM_GEMV", ops_module.parse_norm_gemv("qkv"))
+    assert row.norm_tile("qkv", qkv, 1) is None and row.norm_tile("gate_up", gate_up, 1) == ops_module.UNFUSED
+    assert row.norm_tile("qkv", qkv, 6) == ops_module.UNFUSED and inv.norm_tile("qkv", qkv, 1) == ops_module.UNFUSED
+    assert row.norm_tile("", lm_head, 1) == ops_module.UNFUSED
+    monkeypatch.setattr(ops_module, "NORM_GEMV", ops_module.parse_norm_gemv(" qkv,gate_up "))
+    assert row.norm_tile("gate_up", gate_up, 1) is None
+    tile = ops_module.GemvConfig(16, 512, 1, 4, 3)
+    monkeypatch.setitem(ops_module.ROW_TILES, (28672, 4096), tile)
+    monkeypatch.setitem(ops_module.ROW_TILES, (6144, 4096), ops_module.CUBLAS)
+    assert row.norm_tile("gate_up", gate_up, 1) is tile and row.norm_tile("qkv", qkv, 1) == ops_module.UNFUSED
+    assert ops_module.parse_norm_gemv("") == frozenset()
+    with pytest.raises(SystemExit, match="LOCALCHAT_NORM_GEMV: unknown projection 'down'"):
+        ops_module.parse_norm_gemv("qkv,down")
+
+
 def test_unfused_entries_fall_back_to_the_unfused_pair(monkeypatch):
     """An UNFUSED shape runs add_rms_norm + Ops.linear / GatedMLP.down, as without fusion."""
     calls = []
@@ -170,13 +193,14 @@ def tiles(request, monkeypatch):
     return request.param
 
 
-def expected_launches(cfg: ModelConfig, invariant: bool) -> dict[str, int]:
+def expected_launches(cfg: ModelConfig, invariant: bool, rows: int = 1) -> dict[str, int]:
     mode = "invariant" if invariant else "row"
-    fused = lambda kernel, n, k: ops_module.fused_tile(mode, kernel, n, k) != ops_module.UNFUSED  # noqa: E731
+    kernels = FusedLayerKernels(invariant=invariant, linear=None)
+    normed = lambda role, n, k: kernels.norm_tile(role, torch.empty(n, k), rows) != ops_module.UNFUSED  # noqa: E731
     qkv = cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim
     H, I = cfg.hidden_size, cfg.intermediate_size
-    return {"rms_norm_gemv": cfg.num_layers * (fused("rms_norm_gemv", qkv, H) + fused("rms_norm_gemv", 2 * I, H)),
-            "silu_mul_gemv": cfg.num_layers * fused("silu_mul_gemv", H, I)}
+    return {"rms_norm_gemv": cfg.num_layers * (normed("qkv", qkv, H) + normed("gate_up", 2 * I, H)),
+            "silu_mul_gemv": cfg.num_layers * (ops_module.fused_tile(mode, "silu_mul_gemv", H, I) != ops_module.UNFUSED)}
 
 
 @pytest.fixture
@@ -218,7 +242,7 @@ def _fused_vs_unfused(device: str, arch: str, rows: int, invariant: bool, small:
         before = dict(fused_calls)
         out.append(step_logits(model, kv, ids[PROMPT:], PROMPT))
         launches = {k: fused_calls[k] - before[k] for k in fused_calls}
-        expect = expected_launches(cfg, invariant) if model is fused else {k: 0 for k in launches}
+        expect = expected_launches(cfg, invariant, rows) if model is fused else {k: 0 for k in launches}
         assert launches == expect, launches
     assert got[0].shape == (rows, cfg.vocab_size)
     assert_close_rel(got[0], want[0], rel)

@@ -18,6 +18,7 @@ INTERPRET = os.environ.get("LOCALCHAT_TRITON_INTERPRET") == "1" and importlib.ut
 if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined (lazily)
 
+import engine.kernels.gemv as gemv_module  # noqa: E402
 from engine.kernels.gemv import (  # noqa: E402
     GemvConfig, default_config, gemv, gemv_ref, rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
 )
@@ -65,8 +66,13 @@ def test_gemv(device, config):
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
 @pytest.mark.parametrize("config", [None, FORCED[0]], ids=["default", "split4"])
-def test_rms_norm_gemv(device, config):
-    for m, n, k in shapes_for(device) if config is None else [(1, 200, 1000), (5, 200, 1000)]:
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one_pass", "loop"])
+def test_rms_norm_gemv(device, config, one_pass, monkeypatch):
+    """One-row launches take the one-load rms pre-pass up to ONE_PASS_MAX elements (one_pass), or
+    the loop over K; 9000 > ONE_PASS_MAX: the loop either way."""
+    monkeypatch.setattr(gemv_module, "ONE_PASS_NORM", one_pass)
+    shapes = shapes_for(device) + [(1, 24, 9000)] if config is None else [(1, 200, 1000), (5, 200, 1000)]
+    for m, n, k in shapes:
         gen, x, weight, _ = make(m, n, k, device, m * n + k + 1)
         residual = (torch.randn(m, k, generator=gen) * 3).to(device, torch.bfloat16)
         norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
