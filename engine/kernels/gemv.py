@@ -114,12 +114,12 @@ def _kernels():
             # One row (BLOCK_M == 1): its K elements in one load, summed in fp32.
             offs_all = tl.arange(0, K_POW2)
             all_ok = offs_all < K
-            h = tl.load(x_ptr + offs_all, mask=all_ok, other=0.0)
+            row_all = tl.load(x_ptr + offs_all, mask=all_ok, other=0.0)
             if HAS_RESIDUAL:
-                res = tl.load(res_ptr + offs_all, mask=all_ok, other=0.0)
-                h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
-            hf = h.to(tl.float32)
-            inv_rms += tl.rsqrt(tl.sum(hf * hf, axis=0) / K + eps)
+                res_all = tl.load(res_ptr + offs_all, mask=all_ok, other=0.0)
+                row_all = (row_all.to(tl.float32) + res_all.to(tl.float32)).to(row_all.dtype)
+            row_f32 = row_all.to(tl.float32)
+            inv_rms += tl.rsqrt(tl.sum(row_f32 * row_f32, axis=0) / K + eps)
         elif PROLOGUE == 1:
             # The norm needs the whole row's mean square first: a pass over K (L2-resident).
             sq = tl.zeros([BLOCK_M], tl.float32)
