@@ -285,12 +285,15 @@ UNFUSED = "unfused"
 # The UNFUSED entries are the shapes where the fused kernel lost in
 # benchmarks/results/h200_gemv.json (us, fused vs unfused; its M = 6 rows run the invariant
 # tile): every program redoes the rms pre-pass over K (costly at K = 4096), and the 16-row
-# prologues are slower than their separate kernels. Re-measure on the GPU and edit:
+# prologues are slower than their separate kernels. A one-row launch reads the row for its rms
+# in one load (kernels/gemv.py ONE_PASS_NORM): with that, SmolLM2's gate_up (3072 x 576), UNFUSED
+# before, made the demo-shaped decode step 1.13x faster fused (two runs: 1.132x, 1.128x, variants.py
+# mlp_norm, benchmarks/results/h200_variants_norm_session15.json), while fusing the 8B's qkv or
+# gate_up still lost (0.973x, 0.950x). Re-measure on the GPU and edit:
 #     python benchmarks/bench_gemv.py --rows 1,6 --only qkv,gate_up,down --out fused.json
 FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
     ("row", "rms_norm_gemv", 6144, 4096): UNFUSED,  # Llama-3.1-8B qkv: 25.5 vs 17.9
     ("row", "rms_norm_gemv", 28672, 4096): UNFUSED,  # 8B gate_up: 77.9 vs 58.8
-    ("row", "rms_norm_gemv", 3072, 576): UNFUSED,  # SmolLM2 gate_up: 5.9 vs 4.7 (cuBLAS)
     ("invariant", "rms_norm_gemv", 6144, 4096): UNFUSED,  # 36.5 vs 24.8
     ("invariant", "rms_norm_gemv", 28672, 4096): UNFUSED,  # 159.7 vs 74.7
     ("invariant", "rms_norm_gemv", 3072, 576): UNFUSED,  # 8.3 vs 6.9
