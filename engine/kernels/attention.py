@@ -102,40 +102,33 @@ def _kernels():
         head = kv_head * GROUP + offs_m % GROUP
         row_ok = t < num_rows
         start = split * SPLIT_SIZE
-        if EARLY_KV:
-            # One query row (a decode step): the cache rows its tile reads, below its position,
-            # were written by earlier steps, and the positions before this step's first kernel;
-            # only the kernel just before (RoPE + cache write: q and the row's own K/V) may still
-            # run. So the first block of K/V is requested before the PDL wait, overlapping it.
-            pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)  # padded rows see no key
-            own_slot = tl.load(own_ptr + t, mask=row_ok, other=0).to(tl.int64)  # where the row's own K/V is
-            pos_max = tl.max(pos, axis=0)
-            end = tl.minimum(start + SPLIT_SIZE, pos_max + 1)
-            # Rows below the position only (the own key comes separately, below).
-            k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
-                              stride_vt, stride_vh, BLOCK_N, BLOCK_D, HEAD_DIM)
-            if FUSE_ROPE:  # this position's cos | sin, arranged for `rotate` along the whole head
-                offs_r = tl.arange(0, BLOCK_D)
-                first = offs_r < HEAD_DIM // 2
-                col = tl.where(first, offs_r, offs_r - HEAD_DIM // 2)
-                partner = tl.where(first, offs_r + HEAD_DIM // 2, offs_r - HEAD_DIM // 2)
-                r_ok = offs_r < HEAD_DIM
-                cs_row = cos_sin_ptr + pos_max.to(tl.int64) * stride_cs
-                cos = tl.load(cs_row + col, mask=r_ok, other=0.0).to(tl.float32)
-                sin = tl.load(cs_row + HEAD_DIM // 2 + col, mask=r_ok, other=0.0).to(tl.float32)
-                signed_sin = tl.where(first, -sin, sin)
-            if USE_PDL:
-                tl.extra.cuda.gdc_wait()
-                tl.extra.cuda.gdc_launch_dependents()
-        else:
-            if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
-                tl.extra.cuda.gdc_wait()
-                tl.extra.cuda.gdc_launch_dependents()
-            pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)
-            own_slot = tl.load(own_ptr + t, mask=row_ok, other=0).to(tl.int64)
-            end = tl.minimum(start + SPLIT_SIZE, tl.max(pos, axis=0) + 1)
-            k0, v0 = kv_block(k_ptr, v_ptr, start, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
-                              BLOCK_N, BLOCK_D, HEAD_DIM)
+        if USE_PDL and not EARLY_KV:  # wait for the previous kernel's writes, then let the next one launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        # EARLY_KV, one query row (a decode step): the cache rows its tile reads, below its position,
+        # were written by earlier steps, and the positions before this step's first kernel; only the
+        # kernel just before (RoPE + cache write: q and the row's own K/V) may still run. So the
+        # first block of K/V is requested before the PDL wait, overlapping it.
+        pos = tl.load(pos_ptr + t, mask=row_ok, other=-1).to(tl.int32)  # padded rows see no key
+        own_slot = tl.load(own_ptr + t, mask=row_ok, other=0).to(tl.int64)  # where the row's own K/V is
+        pos_max = tl.max(pos, axis=0)
+        end = tl.minimum(start + SPLIT_SIZE, pos_max + 1)
+        # Rows below every position only: no row's dot reads pos_max (own keys come separately, below).
+        k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
+                          stride_vt, stride_vh, BLOCK_N, BLOCK_D, HEAD_DIM)
+        if FUSE_ROPE:  # this position's cos | sin, arranged for `rotate` along the whole head
+            offs_r = tl.arange(0, BLOCK_D)
+            first = offs_r < HEAD_DIM // 2
+            col = tl.where(first, offs_r, offs_r - HEAD_DIM // 2)
+            partner = tl.where(first, offs_r + HEAD_DIM // 2, offs_r - HEAD_DIM // 2)
+            r_ok = offs_r < HEAD_DIM
+            cs_row = cos_sin_ptr + pos_max.to(tl.int64) * stride_cs
+            cos = tl.load(cs_row + col, mask=r_ok, other=0.0).to(tl.float32)
+            sin = tl.load(cs_row + HEAD_DIM // 2 + col, mask=r_ok, other=0.0).to(tl.float32)
+            signed_sin = tl.where(first, -sin, sin)
+        if USE_PDL and EARLY_KV:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         if start < end:
             offs_d = tl.arange(0, BLOCK_D)
             d_ok = offs_d < HEAD_DIM
