@@ -125,8 +125,8 @@ CUBLAS = "cublas"
 # Which norm + projection pairs of a one-token step without a draft run as one rms_norm_gemv
 # launch whatever FUSED_TILES says (LOCALCHAT_NORM_GEMV, comma-separated): "qkv" (the layer's
 # input norm inside the qkv GEMV), "gate_up" (the post-attention norm inside gate_up on our
-# GEMV); empty: none. The one-load rms pre-pass (kernels/gemv.py ONE_PASS_NORM) is what can
-# make them pay at K = 4096, where the looped pre-pass lost (FUSED_TILES).
+# GEMV); empty: none. For benchmarks: at K = 4096 both folds lost even with the one-load rms
+# pre-pass (kernels/gemv.py ONE_PASS_NORM; see FUSED_TILES).
 NORM_GEMV_ROLES = ("qkv", "gate_up")
 
 
@@ -288,8 +288,8 @@ UNFUSED = "unfused"
 # prologues are slower than their separate kernels. A one-row launch reads the row for its rms
 # in one load (kernels/gemv.py ONE_PASS_NORM): with that, SmolLM2's gate_up (3072 x 576), UNFUSED
 # before, made the demo-shaped decode step 1.13x faster fused (two runs: 1.132x, 1.128x, variants.py
-# mlp_norm, benchmarks/results/h200_variants_norm_session15.json), while fusing the 8B's qkv or
-# gate_up still lost (0.973x, 0.950x). Re-measure on the GPU and edit:
+# mlp_norm, benchmarks/results/h200_variants_norm_session15.json), while on the 8B folding the
+# norm into qkv still lost (0.973x; into qkv and gate_up 0.950x). Re-measure on the GPU and edit:
 #     python benchmarks/bench_gemv.py --rows 1,6 --only qkv,gate_up,down --out fused.json
 FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
     ("row", "rms_norm_gemv", 6144, 4096): UNFUSED,  # Llama-3.1-8B qkv: 25.5 vs 17.9

@@ -233,7 +233,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         part = counters = out  # unused
     interpreting = triton_interpreting()
     block_m = MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows)))
-    one_pass = prologue == RMS_NORM and block_m == 1 and ONE_PASS_NORM and k <= ONE_PASS_MAX
+    one_pass = one_pass_norm(prologue, block_m, k)
     kernel[(tiles, cfg.split_k)](
         x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
         num_rows, n, k, x.stride(0), res.stride(0), new_res_arg.stride(0), weight.stride(0), out.stride(0),
@@ -248,6 +248,11 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         ONE_PASS=one_pass, K_POW2=next_pow2(k) if one_pass else 1,
     )
     return out, new_res
+
+
+def one_pass_norm(prologue: int, block_m: int, k: int) -> bool:
+    """Whether a launch takes the RMS_NORM prologue's one-load mean square (ONE_PASS_NORM)."""
+    return prologue == RMS_NORM and block_m == 1 and ONE_PASS_NORM and k <= ONE_PASS_MAX
 
 
 @functools.cache
@@ -279,9 +284,10 @@ def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
     """add_rms_norm followed by a projection, in one launch: returns (out, x + residual).
 
     x, residual (M, K) (residual None: the first layer; the stream returned is x itself);
-    norm_weight (K,); weight (N, K). Every program recomputes the
-    row's rms (one extra pass over 2 * M * K elements from L2; for one row of up to
-    ONE_PASS_MAX elements a single load); column tile 0 writes the new residual. invariant: as for gemv (the rms too is computed by the same tile for any M).
+    norm_weight (K,); weight (N, K). Every program recomputes the row's rms (one extra pass
+    over 2 * M * K elements from L2; for one row of up to ONE_PASS_MAX elements, one load);
+    column tile 0 writes the new residual. invariant: as for gemv (the rms too is computed by
+    the same tile for any M).
     """
     return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant)
 

@@ -89,6 +89,17 @@ def test_rms_norm_gemv(device, config, one_pass, monkeypatch):
             torch.testing.assert_close(new_residual, want_residual, **tol(device))
 
 
+def test_one_pass_norm_choice(monkeypatch):
+    """The one-load mean square serves one-row RMS_NORM launches up to ONE_PASS_MAX elements only."""
+    g = gemv_module
+    assert g.one_pass_norm(g.RMS_NORM, 1, 576) and g.one_pass_norm(g.RMS_NORM, 1, g.ONE_PASS_MAX)
+    assert not g.one_pass_norm(g.RMS_NORM, 1, g.ONE_PASS_MAX + 1)
+    assert not g.one_pass_norm(g.RMS_NORM, 16, 576)  # several rows, the invariant tile: the loop
+    assert not g.one_pass_norm(g.NONE, 1, 576) and not g.one_pass_norm(g.SILU_MUL, 1, 576)
+    monkeypatch.setattr(g, "ONE_PASS_NORM", False)
+    assert not g.one_pass_norm(g.RMS_NORM, 1, 576)
+
+
 @pytest.mark.parametrize("device", [CUDA, CPU])
 @pytest.mark.parametrize("config", [None, FORCED[1]], ids=["default", "split3"])
 def test_silu_mul_gemv(device, config):
