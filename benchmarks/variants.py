@@ -38,6 +38,8 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
   mlp_norm      the post-attention norm inside gate_up on our GEMV (LOCALCHAT_NORM_GEMV=gate_up)
   loop_norm     the fused norm's rms pre-pass loops over K instead of one load of the row
                 (engine/kernels/gemv.py ONE_PASS_NORM)
+  deferred      a one-row fused norm without split-K takes no pre-pass: its K loop sums the row's
+                squares and the outputs are scaled by 1 / rms at the end (gemv.py DEFER_NORM)
   tiles:SPEC    M = 1 tiles by weight shape (LOCALCHAT_ROW_TILES, engine/ops.py parse_row_tiles),
                 e.g. tiles:4096x14336/4/1024/1/4/3|6144x4096/cublas
   joined by '+': row_all+pf64
@@ -76,7 +78,7 @@ def variant(spec: str):
     saved = (ops.ROW_GEMV, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
              greedy_loop.FIRST_CHAIN_GRAPH, dict(ops.ROW_TILES), attention.EARLY_KV, ops.ROPE_IN_ATTENTION,
              attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, attention.SPLIT_SIZE, ops.NORM_GEMV,
-             gemv.ONE_PASS_NORM)
+             gemv.ONE_PASS_NORM, gemv.DEFER_NORM)
     saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
@@ -104,6 +106,8 @@ def variant(spec: str):
                 ops.NORM_GEMV = ops.NORM_GEMV | {"qkv" if part == "qkv_norm" else "gate_up"}
             elif part == "loop_norm":
                 gemv.ONE_PASS_NORM = False
+            elif part == "deferred":
+                gemv.DEFER_NORM = True
             elif part == "kv_late":
                 attention.EARLY_KV = False
             elif part.startswith("tiles:"):
@@ -124,7 +128,7 @@ def variant(spec: str):
         ops.ROW_TILES.clear()
         ops.ROW_TILES.update(saved[6])
         attention.EARLY_KV, ops.ROPE_IN_ATTENTION, attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, attention.SPLIT_SIZE = saved[7:12]
-        ops.NORM_GEMV, gemv.ONE_PASS_NORM = saved[12:14]
+        ops.NORM_GEMV, gemv.ONE_PASS_NORM, gemv.DEFER_NORM = saved[12:15]
         if saved_alts is None:
             os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
         else:

@@ -29,11 +29,18 @@ NONE, RMS_NORM, SILU_MUL = 0, 1, 2  # prologue kinds
 MAX_ROWS = 16
 PREFETCH_LINES = 16  # with PDL: 128-byte lines of each weight row requested before the wait (2 KB)
 _MAX_TILES = 1 << 16  # split-K counters per device
-# The RMS_NORM prologue of a one-row launch reads the whole row for its mean square in one load
-# (up to ONE_PASS_MAX elements) instead of a loop over K: one round trip to L2 rather than
-# K / BLOCK_K dependent ones before the first weight step. False: the loop (benchmarks).
+# How the RMS_NORM prologue gets the row's mean square (norm_mode):
+# LOOP: a pass over K before the projection (L2-resident), K / BLOCK_K dependent loads.
+# ONE_PASS: one load of the whole row (one-row launches up to ONE_PASS_MAX elements): one round
+#   trip to L2 before the first weight step. ONE_PASS_NORM = False: the loop (benchmarks).
+# DEFERRED: no pass at all (one-row launches without split-K, DEFER_NORM): the program sums the
+#   squares of the row as its own K loop reads it, projects h * norm_weight, and scales its outputs
+#   by 1 / rms at the end, since rms_norm(h) @ W.T = (h * norm_weight) @ W.T / rms(h). Fewer bf16
+#   roundings than the reference, so not its bits. Off until measured (variants.py deferred).
+LOOP, ONE_PASS, DEFERRED = 0, 1, 2
 ONE_PASS_NORM = True
 ONE_PASS_MAX = 8192
+DEFER_NORM = False
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ def _kernels():
         PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, ONE_PASS: tl.constexpr, K_POW2: tl.constexpr,
+        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, NORM_MODE: tl.constexpr, K_POW2: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -110,7 +117,8 @@ def _kernels():
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
-        if PROLOGUE == 1 and ONE_PASS:
+        sum_sq = tl.zeros([BLOCK_M], tl.float32)  # NORM_MODE 2: accumulated in the K loop
+        if PROLOGUE == 1 and NORM_MODE == 1:
             # One row (BLOCK_M == 1): its K elements in one load, summed in fp32.
             offs_all = tl.arange(0, K_POW2)
             all_ok = offs_all < K
@@ -120,7 +128,7 @@ def _kernels():
                 row_all = (row_all.to(tl.float32) + res_all.to(tl.float32)).to(row_all.dtype)
             row_f32 = row_all.to(tl.float32)
             inv_rms += tl.rsqrt(tl.sum(row_f32 * row_f32, axis=0) / K + eps)
-        elif PROLOGUE == 1:
+        elif PROLOGUE == 1 and NORM_MODE == 0:
             # The norm needs the whole row's mean square first: a pass over K (L2-resident).
             sq = tl.zeros([BLOCK_M], tl.float32)
             for k0 in range(0, K, BLOCK_K):
@@ -154,9 +162,14 @@ def _kernels():
                     h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
                     if pid_n == 0:  # column tile 0 writes the new residual stream
                         tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_k[None, :], h, mask=mask)
-                normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
                 nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
+                if NORM_MODE == 2:  # project h * norm_weight; 1 / rms scales the outputs below
+                    h32 = h.to(tl.float32)
+                    sum_sq += tl.sum(h32 * h32, axis=1)
+                    a = h32 * nw[None, :]
+                else:
+                    normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
+                    a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
             elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
                 up = tl.load(x_ptr + rows[:, None] * stride_x + K + offs_k[None, :], mask=mask, other=0.0)
                 gate = x.to(tl.float32)
@@ -173,6 +186,8 @@ def _kernels():
                 acc2 += w.to(tl.float32) * a  # a: (1, BLOCK_K)
         if not USE_DOT:
             acc = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
+        if PROLOGUE == 1 and NORM_MODE == 2:
+            acc = acc * tl.rsqrt(sum_sq / K + eps)[:, None]
         out_mask = row_ok[:, None] & n_ok[None, :]
         if SPLIT_K > 1:
             # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
@@ -233,7 +248,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         part = counters = out  # unused
     interpreting = triton_interpreting()
     block_m = MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows)))
-    one_pass = one_pass_norm(prologue, block_m, k)
+    norm = norm_mode(block_m, k, cfg.split_k) if prologue == RMS_NORM else LOOP
     kernel[(tiles, cfg.split_k)](
         x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
         num_rows, n, k, x.stride(0), res.stride(0), new_res_arg.stride(0), weight.stride(0), out.stride(0),
@@ -245,14 +260,18 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         BLOCK_N=block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device),
         LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES,
-        ONE_PASS=one_pass, K_POW2=next_pow2(k) if one_pass else 1,
+        NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1,
     )
     return out, new_res
 
 
-def one_pass_norm(prologue: int, block_m: int, k: int) -> bool:
-    """Whether a launch takes the RMS_NORM prologue's one-load mean square (ONE_PASS_NORM)."""
-    return prologue == RMS_NORM and block_m == 1 and ONE_PASS_NORM and k <= ONE_PASS_MAX
+def norm_mode(block_m: int, k: int, split_k: int) -> int:
+    """How an RMS_NORM launch of block_m rows gets the mean square: DEFERRED, ONE_PASS or LOOP."""
+    if block_m == 1 and DEFER_NORM and split_k == 1:
+        return DEFERRED
+    if block_m == 1 and ONE_PASS_NORM and k <= ONE_PASS_MAX:
+        return ONE_PASS
+    return LOOP
 
 
 @functools.cache
@@ -285,8 +304,8 @@ def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
 
     x, residual (M, K) (residual None: the first layer; the stream returned is x itself);
     norm_weight (K,); weight (N, K). Every program recomputes the row's rms (one extra pass
-    over 2 * M * K elements from L2; for one row of up to ONE_PASS_MAX elements, one load);
-    column tile 0 writes the new residual. invariant: as for gemv (the rms too is computed by
+    over 2 * M * K elements from L2; for one row, one load or none: norm_mode); column tile 0
+    writes the new residual. invariant: as for gemv (the rms too is computed by
     the same tile for any M).
     """
     return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant)
