@@ -66,69 +66,63 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+# Variants that set one module switch to a fixed value: name -> (module, attribute, value).
+FIXED = {
+    "row_all": ("engine.ops", "ROW_GEMV", "all"), "row_layers": ("engine.ops", "ROW_GEMV", "layers"),
+    "row_cublas": ("engine.ops", "ROW_GEMV", "cublas"), "row_qkv": ("engine.ops", "ROW_GEMV", "qkv"),
+    "fuse_all": ("engine.ops", "_FUSE_ALL", True), "rope_apart": ("engine.ops", "ROPE_IN_ATTENTION", False),
+    "argmax_torch": ("engine.graphs", "GREEDY_NEXT_KERNEL", False),
+    "rt": ("engine.kernels.attention", "EARLY_TRIGGER", True),
+    "rt_off": ("engine.kernels.attention", "EARLY_TRIGGER", False),
+    "kv_late": ("engine.kernels.attention", "EARLY_KV", False),
+    "loop_norm": ("engine.kernels.gemv", "ONE_PASS_NORM", False),
+    "deferred": ("engine.kernels.gemv", "DEFER_NORM", True),
+    "first_eager": ("speculative.greedy_loop", "FIRST_CHAIN_GRAPH", False),
+    "lean_off": ("speculative.eagle3", "LEAN_DRAFT", False),
+}
+
+
 @contextlib.contextmanager
 def variant(spec: str):
     """Set the module switches `spec` names, and put them back after."""
-    from engine import graphs, kernels, ops
-    from engine.kernels import attention, gemv
-    from speculative import eagle3, greedy_loop
-
+    import importlib
     import os
 
-    saved = (ops.ROW_GEMV, gemv.PREFETCH_LINES, kernels._pdl_override, eagle3.LEAN_DRAFT, ops._FUSE_ALL,
-             greedy_loop.FIRST_CHAIN_GRAPH, dict(ops.ROW_TILES), attention.EARLY_KV, ops.ROPE_IN_ATTENTION,
-             attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, attention.SPLIT_SIZE, ops.NORM_GEMV,
-             gemv.ONE_PASS_NORM, gemv.DEFER_NORM)
-    saved_alts = os.environ.get("LOCALCHAT_SPEC_ALTS")
+    from engine import kernels, ops
+
+    saved: dict = {}  # (module, attribute) -> the value before the first change
+
+    def switch(module, name: str, value) -> None:
+        module = importlib.import_module(module) if isinstance(module, str) else module
+        saved.setdefault((module, name), getattr(module, name))
+        setattr(module, name, value)
+
+    saved_pdl, saved_alts = kernels._pdl_override, os.environ.get("LOCALCHAT_SPEC_ALTS")
     try:
         for part in spec.split("+"):
             if part == "base":
                 pass
-            elif part in ("row_all", "row_layers", "row_cublas", "row_qkv"):
-                ops.ROW_GEMV = part[4:]
+            elif part in FIXED:
+                switch(*FIXED[part])
             elif part.startswith("pf") and part[2:].isdigit():
-                gemv.PREFETCH_LINES = int(part[2:])
+                switch("engine.kernels.gemv", "PREFETCH_LINES", int(part[2:]))
             elif part == "pdl_off":
                 kernels.set_pdl(False)
-            elif part == "fuse_all":
-                ops._FUSE_ALL = True
-            elif part == "rope_apart":
-                ops.ROPE_IN_ATTENTION = False
             elif part.startswith("split") and part[5:].isdigit():
-                attention.SPLIT_SIZE = int(part[5:])
-            elif part == "argmax_torch":
-                graphs.GREEDY_NEXT_KERNEL = False
-            elif part == "rt":
-                attention.EARLY_TRIGGER = True
-            elif part == "rt_off":
-                attention.EARLY_TRIGGER = False
+                switch("engine.kernels.attention", "SPLIT_SIZE", int(part[5:]))
             elif part in ("qkv_norm", "mlp_norm"):
-                ops.NORM_GEMV = ops.NORM_GEMV | {"qkv" if part == "qkv_norm" else "gate_up"}
-            elif part == "loop_norm":
-                gemv.ONE_PASS_NORM = False
-            elif part == "deferred":
-                gemv.DEFER_NORM = True
-            elif part == "kv_late":
-                attention.EARLY_KV = False
+                switch(ops, "NORM_GEMV", ops.NORM_GEMV | {"qkv" if part == "qkv_norm" else "gate_up"})
             elif part.startswith("tiles:"):
-                ops.ROW_TILES.update(ops.parse_row_tiles(part[6:]))
-            elif part == "first_eager":
-                greedy_loop.FIRST_CHAIN_GRAPH = False
-            elif part == "lean_off":
-                eagle3.LEAN_DRAFT = False
+                switch(ops, "ROW_TILES", {**ops.ROW_TILES, **ops.parse_row_tiles(part[6:])})
             elif part.startswith("alts") and (part[4:].replace("-", "").isdigit() or part[4:] == "auto"):
                 os.environ["LOCALCHAT_SPEC_ALTS"] = part[4:].replace("-", ",")
             else:
                 raise SystemExit(f"variants.py: unknown variant {part!r}")
         yield
     finally:
-        ops.ROW_GEMV, gemv.PREFETCH_LINES = saved[:2]
-        kernels.set_pdl(saved[2])
-        eagle3.LEAN_DRAFT, ops._FUSE_ALL, greedy_loop.FIRST_CHAIN_GRAPH = saved[3:6]
-        ops.ROW_TILES.clear()
-        ops.ROW_TILES.update(saved[6])
-        attention.EARLY_KV, ops.ROPE_IN_ATTENTION, attention.EARLY_TRIGGER, graphs.GREEDY_NEXT_KERNEL, attention.SPLIT_SIZE = saved[7:12]
-        ops.NORM_GEMV, gemv.ONE_PASS_NORM, gemv.DEFER_NORM = saved[12:15]
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
+        kernels.set_pdl(saved_pdl)
         if saved_alts is None:
             os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
         else:

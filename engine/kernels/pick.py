@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from . import pdl_args
+from . import next_pow2, pdl_args
 
 triton = tl = span_best = row_argmax = _pop_best = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -251,7 +251,7 @@ def greedy_next(logits: torch.Tensor, next_token: torch.Tensor, input_ids: torch
     part_val, part_idx, count = _next_buffers(logits.device)
     _kernels()[3][(parts,)](
         logits, part_val, part_idx, count, next_token, input_ids, positions, vocab, parts,
-        CHUNK=chunk, BLOCK=_NEXT_BLOCK, BLOCK_P=max(16, 1 << (parts - 1).bit_length()), num_warps=8,
+        CHUNK=chunk, BLOCK=_NEXT_BLOCK, BLOCK_P=max(16, next_pow2(parts)), num_warps=8,
         **pdl_args(logits.device),
     )
 
@@ -368,7 +368,7 @@ def greedy_verify(logits: torch.Tensor, chain: ChainState) -> None:
         logits, chain.ids, chain.n, chain.result, chain.window, chain.accepted, chain.draft_pos,
         chain._choice, chain._counter, chain.state_rows, chain.kv_move,
         chain.alt_draft if chain.num_alts else chain.kv_move, logits.shape[1], logits.stride(0), rows, chain.k,
-        chain.last_pos, HAS_ALTS=chain.num_alts > 0, BLOCK=_BLOCK, BLOCK_R=max(16, 1 << (rows - 1).bit_length()),
+        chain.last_pos, HAS_ALTS=chain.num_alts > 0, BLOCK=_BLOCK, BLOCK_R=max(16, next_pow2(rows)),
         num_warps=8, **pdl_args(logits.device),
     )
 
