@@ -94,9 +94,7 @@ class DecoderLayer(nn.Module):
         if stream_in is not None:
             stream_in.append(residual)
         x = self.self_attn(qkv, batch, cos_sin, k_cache, v_cache, cos_sin_table)
-        gate_up, residual = kernels.norm_linear(x, residual, self.post_attention_layernorm, self.mlp.gate_up_proj,
-                                                 role="gate_up")
-        return kernels.mlp_down(gate_up, self.mlp), residual
+        return kernels.mlp(x, residual, self.post_attention_layernorm, self.mlp)
 
 
 class TransformerBody(nn.Module):

@@ -11,7 +11,9 @@ import torch
 
 from .kernels.activation import silu_and_mul, silu_and_mul_ref
 from .kernels.attention import MAX_INVARIANT_ROWS, decode_attention, rope_decode_attention
-from .kernels.gemv import MAX_ROWS, GemvConfig, gemv, rms_norm_gemv, silu_mul_gemv
+from .kernels.gemv import (
+    MAX_ROWS, GemvConfig, gated_gemv, gemv, rms_norm_gated_gemv, rms_norm_gemv, silu_mul_gemv,
+)
 from .kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
 from .kernels.pick import greedy_next
 from .kernels.rope import rope_and_cache
@@ -157,6 +159,14 @@ def parse_row_tiles(spec: str) -> dict[tuple[int, int], "GemvConfig | str"]:
 
 ROW_TILES = parse_row_tiles(os.environ.get("LOCALCHAT_ROW_TILES", ""))
 
+# A one-token step without a draft runs its MLP as gated_gemv (gate_up on our GEMV with silu(gate)
+# * up in its epilogue, the post-attention norm in its prologue where FUSED_TILES fuses gate_up's)
+# and down as a plain GEMV over I values, where silu_mul_gemv recomputed the activation of all I
+# columns in each of its programs. On an H200 (variants.py, session 16, one process each): the
+# demo's shape 1.116x and 1.121x faster, the 8B's 1.006x with its tile (kernels/gemv.py
+# gated_config). LOCALCHAT_GATED_MLP=0 (variants.py gated_off): gate_up, then silu_mul_gemv.
+GATED_MLP = os.environ.get("LOCALCHAT_GATED_MLP", "1") != "0"
+
 # A one-row step (plain decode, a chain-MTP draft step) rotates q and k and writes the cache
 # inside the attention kernel, one launch fewer than rope_and_cache + attention, with the same
 # bits. LOCALCHAT_ROPE_IN_ATTENTION=0 (variants.py rope_apart) launches them apart.
@@ -261,6 +271,11 @@ class LayerKernels:
             h, stream = norm.add_forward(x, residual)
         return (self.qkv_linear if role == "qkv" else self.linear)(h, linear), stream
 
+    def mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm, mlp) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLP sublayer: (down(silu(gate) * up) of norm(x + residual), x + residual)."""
+        gate_up, stream = self.norm_linear(x, residual, norm, mlp.gate_up_proj, role="gate_up")
+        return self.mlp_down(gate_up, mlp), stream
+
     def mlp_down(self, gate_up: torch.Tensor, mlp) -> torch.Tensor:
         """(T, 2I) [gate | up] -> down(silu(gate) * up)."""
         if self.silu_and_mul is not None:
@@ -352,6 +367,22 @@ class FusedLayerKernels(LayerKernels):
         if tile == UNFUSED:
             return super().norm_linear(x, residual, norm, linear, role)
         return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant)
+
+    def mlp(self, x, residual, norm, mlp):
+        gate_up, down = mlp.gate_up_proj, mlp.down_proj
+        if not (GATED_MLP and self.mode == "row" and x.shape[0] == 1 and x.dtype == torch.bfloat16
+                and ROW_TILES.get(tuple(gate_up.weight.shape)) != CUBLAS):
+            return super().mlp(x, residual, norm, mlp)
+        gtile = ROW_TILES.get(tuple(gate_up.weight.shape))  # block_n: gate rows (and as many up rows)
+        gtile = gtile if isinstance(gtile, GemvConfig) else None
+        if self.norm_tile("gate_up", gate_up.weight, 1) == UNFUSED:
+            h, stream = (self.add_rms_norm(x, residual, norm.weight, norm.eps) if self.add_rms_norm is not None
+                         else norm.add_forward(x, residual))
+            act = gated_gemv(h, gate_up.weight, gate_up.bias, gtile)
+        else:
+            act, stream = rms_norm_gated_gemv(x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, gtile)
+        tile = ROW_TILES.get(tuple(down.weight.shape), row_tile(down.weight.shape[1]))
+        return _tiled(act, down, tile), stream
 
     def mlp_down(self, gate_up, mlp):
         down = mlp.down_proj

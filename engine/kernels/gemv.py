@@ -77,6 +77,15 @@ def default_config(num_rows: int, n: int, k: int, num_sms: int = 132) -> GemvCon
     return GemvConfig(block_n, block_k, split, num_warps=4, num_stages=3 if num_rows == 1 else 2)
 
 
+def gated_config(n: int, k: int) -> GemvConfig:
+    """A one-row gated launch's tile: 4 gate and 4 up rows a program, no split-K, K steps of 1,024
+    elements from K = 4096 on (as the row tiles of ops.py), else 256 or 512. On an H200 (variants.py,
+    session 16) the 8B's 4 x 1024 beat 4 x 512 (1.006x against 0.988x of the step without gating),
+    8 x 512 and 2 x 1024; SmolLM2's 4 x 256 beat 8 x 256 (1.121x against 1.066x)."""
+    block_k = 1024 if k >= 4096 else 512 if k >= 2048 else 256
+    return GemvConfig(4, block_k, 1, num_warps=4, num_stages=3)
+
+
 @functools.cache
 def _tile_counters(device: torch.device) -> torch.Tensor:
     # Zeroed once; each split-K launch leaves its counters at zero again.
@@ -97,6 +106,7 @@ def _kernels():
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
         LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, NORM_MODE: tl.constexpr, K_POW2: tl.constexpr,
+        GATED: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -114,6 +124,9 @@ def _kernels():
             line_ptrs = w_ptr + w_rows[:, None] * stride_w + tl.minimum(lines, K - 1)[None, :]
             tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [line_ptrs], dtype=tl.int32,
                                       is_pure=False, pack=1)
+            if GATED:  # and the up rows'
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [line_ptrs + N * stride_w],
+                                          dtype=tl.int32, is_pure=False, pack=1)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
@@ -144,14 +157,20 @@ def _kernels():
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         else:
             acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # M == 1: reduce once, after the loop
+            acc2_up = tl.zeros([BLOCK_N if GATED else 1, BLOCK_K], tl.float32)  # GATED: the up rows'
         for kk in range(0, K_PER_SPLIT, BLOCK_K):
             offs_k = k_start + kk + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 k_ok = offs_k < K_PER_SPLIT * SPLIT_K
                 w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
+                if GATED:
+                    w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :])
             else:
                 k_ok = offs_k < K
                 w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+                if GATED:
+                    w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :],
+                                   other=0.0)
             # a: the (BLOCK_M, BLOCK_K) fp32 left operand after the prologue
             mask = row_ok[:, None] & k_ok[None, :]
             x = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
@@ -184,8 +203,20 @@ def _kernels():
                     acc += tl.dot(a.to(w.dtype), tl.trans(w))
             else:
                 acc2 += w.to(tl.float32) * a  # a: (1, BLOCK_K)
+                if GATED:
+                    acc2_up += w_up.to(tl.float32) * a
         if not USE_DOT:
             acc = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
+            if GATED:
+                # silu(gate) * up of this tile's columns, each rounded as the unfused ops round them
+                gate = acc
+                up = tl.reshape(tl.sum(acc2_up, axis=1), (1, BLOCK_N))
+                if HAS_BIAS:
+                    gate += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                    up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
+                up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
+                acc = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32) * up
         if PROLOGUE == 1 and NORM_MODE == 2:
             acc = acc * tl.rsqrt(sum_sq / K + eps)[:, None]
         out_mask = row_ok[:, None] & n_ok[None, :]
@@ -206,7 +237,7 @@ def _kernels():
                          acc.to(out_ptr.dtype.element_ty), mask=out_mask)
                 tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
         else:
-            if HAS_BIAS:
+            if HAS_BIAS and not GATED:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
                      acc.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -215,16 +246,21 @@ def _kernels():
 
 
 def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
-            invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+            invariant: bool = False, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """invariant: one compiled kernel and tile for every row count (the tensor-core path over
     MAX_ROWS rows, the config of a MAX_ROWS-row call), so row i's result does not depend on how
     many rows came with it: a verify row equals the decode step of the same token bit for bit."""
     num_rows = x.shape[0]
-    n = weight.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
-    assert bias is None or bias.shape == (n,)
-    cfg = config or default_config(MAX_ROWS if invariant else num_rows, n, k, _num_sms(x.device))
+    assert bias is None or bias.shape == (weight.shape[0],)
+    n = weight.shape[0] // 2 if gated else weight.shape[0]  # gated: [gate; up] rows, n outputs
+    if gated:
+        assert num_rows == 1 and not invariant and prologue != SILU_MUL and weight.shape[0] == 2 * n
+        cfg = config or gated_config(n, k)
+        assert cfg.split_k == 1, "gated launches do not split K"
+    else:
+        cfg = config or default_config(MAX_ROWS if invariant else num_rows, n, k, _num_sms(x.device))
     dot = invariant or num_rows > 1
     kernel = _kernels()
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
@@ -260,7 +296,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         BLOCK_N=block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device),
         LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES,
-        NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1,
+        NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1, GATED=gated,
     )
     return out, new_res
 
@@ -329,3 +365,29 @@ def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
     gate, up = gate_up.chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, weight, bias)
+
+
+def gated_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               config: GemvConfig | None = None) -> torch.Tensor:
+    """One row: silu(x @ gate.T) * (x @ up.T), (1, I), where weight (2I, K) = [gate; up] as the MLP's
+    gate_up projection holds them. One launch; the down projection then reads I values instead of
+    2I and computes no activation (silu_mul_gemv's prologue recomputes it in every program)."""
+    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, gated=True)[0]
+
+
+def gated_gemv_ref(x, weight, bias=None, config=None):
+    gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rms_norm_gated_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row: add_rms_norm then gated_gemv, in one launch: (silu(h @ gate.T) * (h @ up.T), x + residual)."""
+    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, gated=True)
+
+
+def rms_norm_gated_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
+    gate_up, h = rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up, h

@@ -198,15 +198,20 @@ def expected_launches(cfg: ModelConfig, invariant: bool, rows: int = 1) -> dict[
     kernels = FusedLayerKernels(invariant=invariant, linear=None)
     normed = lambda role, n, k: kernels.norm_tile(role, torch.empty(n, k), rows) != ops_module.UNFUSED  # noqa: E731
     qkv = cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim
-    H, I = cfg.hidden_size, cfg.intermediate_size
-    return {"rms_norm_gemv": cfg.num_layers * (normed("qkv", qkv, H) + normed("gate_up", 2 * I, H)),
-            "silu_mul_gemv": cfg.num_layers * (ops_module.fused_tile(mode, "silu_mul_gemv", H, I) != ops_module.UNFUSED)}
+    H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    if ops_module.GATED_MLP and mode == "row" and rows == 1:  # each MLP: one gated launch, down plain
+        return {"rms_norm_gemv": L * normed("qkv", qkv, H), "silu_mul_gemv": 0,
+                "rms_norm_gated_gemv": L * normed("gate_up", 2 * I, H),
+                "gated_gemv": L * (not normed("gate_up", 2 * I, H))}
+    return {"rms_norm_gemv": L * (normed("qkv", qkv, H) + normed("gate_up", 2 * I, H)),
+            "silu_mul_gemv": L * (ops_module.fused_tile(mode, "silu_mul_gemv", H, I) != ops_module.UNFUSED),
+            "rms_norm_gated_gemv": 0, "gated_gemv": 0}
 
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Counts the fused launches the model makes: {"rms_norm_gemv": n, "silu_mul_gemv": n}."""
-    calls = {"rms_norm_gemv": 0, "silu_mul_gemv": 0}
+    """Counts the fused launches the model makes: {"rms_norm_gemv": n, "silu_mul_gemv": n, ...}."""
+    calls = {"rms_norm_gemv": 0, "silu_mul_gemv": 0, "rms_norm_gated_gemv": 0, "gated_gemv": 0}
     for name in calls:
         real = getattr(ops_module, name)
 
@@ -226,8 +231,9 @@ def assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
 
 
 def _fused_vs_unfused(device: str, arch: str, rows: int, invariant: bool, small: bool, fused_calls, rel: float,
-                      monkeypatch):
+                      monkeypatch, gated: bool = False):
     monkeypatch.setattr(ops_module, "FUSE_INVARIANT", True)  # the kernels' math, in both modes
+    monkeypatch.setattr(ops_module, "GATED_MLP", gated)
     cfg = model_config(arch, small)
     ops = Ops.for_device(torch.device(device)) if device == "cuda" else _cpu_kernel_ops()
     ops = dataclasses.replace(ops, fuse=True)  # whatever LOCALCHAT_FUSE says
@@ -248,24 +254,31 @@ def _fused_vs_unfused(device: str, arch: str, rows: int, invariant: bool, small:
     assert_close_rel(got[0], want[0], rel)
 
 
+ROW_CASES = [(1, False, False), (1, False, True), (1, True, False), (6, True, True)]  # rows, invariant, gated
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("rows,invariant", [(1, False), (1, True), (6, True)])
-def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, fused_calls, monkeypatch):
-    """A tiny model's decode/verify step with fused kernels == the unfused step (CPU interpreter)."""
+@pytest.mark.parametrize("rows,invariant,gated", ROW_CASES)
+def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, gated, fused_calls, monkeypatch):
+    """A tiny model's decode/verify step with fused kernels == the unfused step (CPU interpreter);
+    gated: a one-row step's MLP as gated_gemv + a plain down GEMV (ops.py GATED_MLP)."""
     if not INTERPRET:
         pytest.skip("set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
     monkeypatch.setattr(ops_module, "FUSED_TILES", {})  # tiny shapes: all fused anyway
-    _fused_vs_unfused("cpu", arch, rows, invariant, True, fused_calls, rel=2.5e-2, monkeypatch=monkeypatch)
+    _fused_vs_unfused("cpu", arch, rows, invariant, True, fused_calls, rel=2.5e-2, monkeypatch=monkeypatch,
+                      gated=gated)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("rows,invariant", [(1, False), (1, True), (6, True), (16, True)])
-def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, tiles, fused_calls, monkeypatch):
+@pytest.mark.parametrize("rows,invariant,gated", ROW_CASES + [(16, True, False)])
+def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, gated, tiles, fused_calls, monkeypatch):
     """A SmolLM2-135M-shaped random model (30 layers as Llama): the fused decode (1 row) and
-    verify (6, 16 rows) steps give the unfused step's logits within bf16 tolerance."""
-    _fused_vs_unfused("cuda", arch, rows, invariant, False, fused_calls, rel=5e-2, monkeypatch=monkeypatch)
+    verify (6, 16 rows) steps give the unfused step's logits within bf16 tolerance, with the
+    one-row MLP gated or not (gated changes one-row steps only)."""
+    _fused_vs_unfused("cuda", arch, rows, invariant, False, fused_calls, rel=5e-2, monkeypatch=monkeypatch,
+                      gated=gated)
 
 
 @pytest.mark.gpu

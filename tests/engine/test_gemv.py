@@ -20,7 +20,8 @@ if INTERPRET:
 
 import engine.kernels.gemv as gemv_module  # noqa: E402
 from engine.kernels.gemv import (  # noqa: E402
-    GemvConfig, default_config, gemv, gemv_ref, rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
+    GemvConfig, default_config, gated_gemv, gated_gemv_ref, gemv, gemv_ref, rms_norm_gated_gemv, rms_norm_gated_gemv_ref,
+    rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
 )
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
@@ -116,6 +117,38 @@ def test_silu_mul_gemv(device, config):
         out = silu_mul_gemv(gate_up, weight, config=config)
         assert out.shape == (m, n)
         torch.testing.assert_close(out, silu_mul_gemv_ref(gate_up, weight), **tol(device))
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("config", [None, GemvConfig(8, 128, 1, 4, 2)], ids=["default", "8x128"])
+def test_gated_gemv(device, config):
+    """One row through [gate; up] with silu(gate) * up in the epilogue (and the norm prologue) ==
+    the projection, then silu_and_mul; odd sizes mask the last column tile and K step."""
+    shapes = [(1, 2 * 48, 300), (1, 2 * 37, 1000)] + ([(1, 3072, 576), (1, 28672, 4096)] if device == "cuda" else [])
+    for m, n2, k in shapes:
+        gen, x, weight, bias = make(m, n2, k, device, n2 + k + 3)
+        x = x * (3 if device == "cuda" else 1)
+        for b in (None, bias):
+            out = gated_gemv(x, weight, b, config)
+            assert out.shape == (1, n2 // 2) and out.dtype == torch.bfloat16
+            torch.testing.assert_close(out, gated_gemv_ref(x, weight, b), **tol(device))
+        residual = (torch.randn(1, k, generator=gen) * 3).to(device, torch.bfloat16)
+        norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
+        for res in (None, residual):
+            out, stream = rms_norm_gated_gemv(x, res, norm_weight, 1e-5, weight, bias, config)
+            want, want_stream = rms_norm_gated_gemv_ref(x, res, norm_weight, 1e-5, weight, bias)
+            torch.testing.assert_close(out, want, **tol(device))
+            torch.testing.assert_close(stream, want_stream, **tol(device))
+
+
+def test_gated_refs_match_unfused():
+    gen = torch.Generator().manual_seed(2)
+    x, weight, bias = torch.randn(1, 40, generator=gen), torch.randn(20, 40, generator=gen), torch.randn(20, generator=gen)
+    from engine.kernels.activation import silu_and_mul_ref
+
+    torch.testing.assert_close(gated_gemv_ref(x, weight, bias), silu_and_mul_ref(x @ weight.T + bias))
+    with pytest.raises(AssertionError):
+        gated_gemv(x.repeat(2, 1), weight)  # one row only
 
 
 def test_default_config_table():

@@ -16,7 +16,12 @@ def _tokens(engine, ids, params, speculative=False):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_graph_decode_equals_eager_200_steps(arch, temperature, tiny_models):
+@pytest.mark.parametrize("gated", [False, True], ids=["silu_mul", "gated"])
+def test_graph_decode_equals_eager_200_steps(arch, temperature, gated, tiny_models, monkeypatch):
+    """gated: the one-row MLP as gated_gemv + a plain down GEMV (engine/ops.py GATED_MLP), or not."""
+    import engine.ops
+
+    monkeypatch.setattr(engine.ops, "GATED_MLP", gated)
     graphs = Engine.load(str(tiny_models[arch]), device="cuda", use_graphs=True)
     eager = Engine.load(str(tiny_models[arch]), device="cuda", use_graphs=False)
     assert graphs.runner.uses_graphs and not eager.runner.uses_graphs
