@@ -32,7 +32,8 @@ def _variant_row(name: str, model: str, new: str, old: str, label: str, digits: 
     if not r:
         return None
     a, b = r[new], r[old]
-    return (f"| {label}, one process (`benchmarks/variants.py`), same tokens: {b['same_tokens_as_first']} | "
+    same = a["same_tokens_as_first"] and b["same_tokens_as_first"]  # each against the run's first variant
+    return (f"| {label}, one process (`benchmarks/variants.py`), same tokens: {same} | "
             f"{a['tok_s']:.0f} tok/s | {b['tok_s']:.0f} tok/s | {a['tok_s'] / b['tok_s']:.{digits}f}x | |")
 
 
@@ -49,8 +50,10 @@ def _sampling_label(name: str) -> str:
 def rows() -> list[str]:
     out = ["| benchmark (H200, batch 1) | ours | compared with, same run | ratio | target |",
            "|---|---|---|---|---|"]
-    for session, what in ((15, "session 15"), (14, "session 14: the same 8B kernels, another host")):
-        b = _load(f"h200_8b_plain_final_session{session}.json")
+    for name, what in (("h200_8b_plain_final_session16.json", "session 16"),
+                       ("h200_8b_plain_final2_session16.json", "session 16, a second run a minute later"),
+                       ("h200_8b_plain_final_session15.json", "session 15, before the gated MLP")):
+        b = _load(name)
         if not b:
             continue
         p, t = b["plain"], b.get("transformers")
@@ -63,6 +66,19 @@ def rows() -> list[str]:
                        f"{b['speedup_vs_transformers']:.1f}x | >= 15x |")
         out.append(f"| start-up (load + graph capture), 8B shape random weights, the same run | {b['startup_s']:.1f} s | | | "
                    f"<= 20 s |")
+    out.append(_variant_row("h200_variants_k4096_8b_session16.json", "llama-8b", "tiles:28672x4096/4/4096/1/4/3", "base",
+                            "plain decode, 8B shape: the gated gate_up's tile 4 x 4096 (now the default) vs 4 x 1024",
+                            3, "plain"))
+    out.append(_variant_row("h200_variants_act_apart_8b_session16.json", "llama-8b", "base", "gated_off",
+                            "plain decode, 8B shape: the MLP as gated_gemv (4 x 1024 tile) + a plain down GEMV vs "
+                            "gate_up on cuBLAS + silu_mul_gemv", 3, "plain"))
+    out.append(_variant_row("h200_variants_gated_demo_shape_session16.json", "smollm2-135m", "gated", "base",
+                            "plain decode, demo shape (random weights): the MLP as gated_gemv (4 x 256 tile) + a plain "
+                            "down GEMV vs the norm-fused gate_up + silu_mul_gemv", 3, "plain"))
+    out.append(_variant_row("h200_variants_gated_demo_k1024_session16.json", "smollm2-135m",
+                            "tiles:3072x576/4/1024/1/4/3", "base",
+                            "plain decode, demo shape (random weights): the gated tile 4 x 1024 (now the default) vs "
+                            "4 x 256", 3, "plain"))
     out.append(_variant_row("h200_variants_norm_session15.json", "smollm2-135m", "mlp_norm", "base",
                             "plain decode, demo shape (random weights): the post-attention norm inside gate_up's GEMV vs "
                             "add_rms_norm then cuBLAS", 3, "plain"))
@@ -87,11 +103,11 @@ def rows() -> list[str]:
             ("h200_variants_rope_in_attention_session13.json", "rope_apart",
              "plain decode, 8B shape: RoPE and cache write inside the attention kernel vs a launch of their own")):
         out.append(_variant_row(name, "llama-8b", "base", old_variant, label, 3, "plain"))
-    b, old = _load("h200_demo_plain_session15.json"), _load("h200_demo_plain.json")
+    b, old = _load("h200_demo_plain_session16.json"), _load("h200_demo_plain.json")
     if b:
         p = b["plain"]
         out.append(f"| plain decode, demo model (SmolLM2-135M, real weights), no draft loaded, {b['prompts']} "
-                   f"{b['prompt_set'].split(' (')[0]} (session 15) | "
+                   f"{b['prompt_set'].split(' (')[0]} (session 16, gated tile 4 x 256) | "
                    f"{p['decode_tok_s']:.0f} tok/s | bandwidth limit {b['bandwidth_limit_tok_s']:.0f} tok/s | "
                    f"{p['fraction_of_bandwidth_limit'] * 100:.1f}% | >= 1500 tok/s |")
     t = (old or {}).get("transformers")

@@ -163,9 +163,13 @@ ROW_TILES = parse_row_tiles(os.environ.get("LOCALCHAT_ROW_TILES", ""))
 # * up in its epilogue, the post-attention norm in its prologue where FUSED_TILES fuses gate_up's)
 # and down as a plain GEMV over I values, where silu_mul_gemv recomputed the activation of all I
 # columns in each of its programs. On an H200 (variants.py, session 16, one process each): the
-# demo's shape 1.116x and 1.121x faster, the 8B's 1.006x with its tile (kernels/gemv.py
-# gated_config). LOCALCHAT_GATED_MLP=0 (variants.py gated_off): gate_up, then silu_mul_gemv.
+# demo's shape 1.116x and 1.121x faster, the 8B's 1.008x, then 1.035x more with the one-step tile
+# (kernels/gemv.py gated_config). LOCALCHAT_GATED_MLP=0 (variants.py gated_off): gate_up, then
+# silu_mul_gemv.
 GATED_MLP = os.environ.get("LOCALCHAT_GATED_MLP", "1") != "0"
+# Benchmarks (variants.py act_apart): with GATED_MLP off, the one-row MLP as gate_up, the
+# silu_and_mul kernel, and a plain down GEMV (instead of silu_mul_gemv).
+ACT_APART = False
 
 # A one-row step (plain decode, a chain-MTP draft step) rotates q and k and writes the cache
 # inside the attention kernel, one launch fewer than rope_and_cache + attention, with the same
@@ -386,6 +390,9 @@ class FusedLayerKernels(LayerKernels):
 
     def mlp_down(self, gate_up, mlp):
         down = mlp.down_proj
+        if ACT_APART and self.mode == "row" and gate_up.shape[0] == 1 and gate_up.dtype == torch.bfloat16:
+            act = silu_and_mul(gate_up)
+            return _tiled(act, down, ROW_TILES.get(tuple(down.weight.shape), row_tile(down.weight.shape[1])))
         tile = self._tile("silu_mul_gemv", down.weight, gate_up.shape[0])
         if tile == UNFUSED:
             return super().mlp_down(gate_up, mlp)
