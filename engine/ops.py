@@ -119,7 +119,8 @@ def row_tile(k: int) -> GemvConfig:
 # h200_variants_8b_session14.json).
 # "layers": gate_up too, so that every launch inside a decoder layer is one of our kernels (it
 # lost: cuBLAS streams the widest projection faster than our GEMV); "all": the lm_head too;
-# "cublas": o_proj and down only.
+# "cublas": o_proj and down only. These apply to gate_up only with GATED_MLP off: the gated MLP
+# (below) runs gate_up on our GEMV whatever ROW_GEMV says.
 ROW_GEMV = os.environ.get("LOCALCHAT_ROW_GEMV", "qkv")
 
 CUBLAS = "cublas"

@@ -141,6 +141,16 @@ def test_gated_gemv(device, config):
             torch.testing.assert_close(stream, want_stream, **tol(device))
 
 
+def test_gated_config_takes_the_row_in_one_step():
+    """Up to 4,096 elements of K in one step (the 8B's gate_up: 4 x 4096; SmolLM2's: 4 x 1024),
+    longer rows in 4,096-element steps; never split-K."""
+    from engine.kernels.gemv import gated_config
+
+    for (n, k), block_k in {(14336, 4096): 4096, (1536, 576): 1024, (100, 300): 512, (8, 8192): 4096}.items():
+        cfg = gated_config(n, k)
+        assert (cfg.block_n, cfg.block_k, cfg.split_k) == (4, block_k, 1)
+
+
 def test_gated_refs_match_unfused():
     gen = torch.Generator().manual_seed(2)
     x, weight, bias = torch.randn(1, 40, generator=gen), torch.randn(20, 40, generator=gen), torch.randn(20, generator=gen)
