@@ -66,43 +66,41 @@ def rows() -> list[str]:
                        f"{b['speedup_vs_transformers']:.1f}x | >= 15x |")
         out.append(f"| start-up (load + graph capture), 8B shape random weights, the same run | {b['startup_s']:.1f} s | | | "
                    f"<= 20 s |")
-    out.append(_variant_row("h200_variants_k4096_8b_session16.json", "llama-8b", "tiles:28672x4096/4/4096/1/4/3", "base",
-                            "plain decode, 8B shape: the gated gate_up's tile 4 x 4096 (now the default) vs 4 x 1024",
-                            3, "plain"))
-    out.append(_variant_row("h200_variants_act_apart_8b_session16.json", "llama-8b", "base", "gated_off",
-                            "plain decode, 8B shape: the MLP as gated_gemv (4 x 1024 tile) + a plain down GEMV vs "
-                            "gate_up on cuBLAS + silu_mul_gemv", 3, "plain"))
-    out.append(_variant_row("h200_variants_gated_demo_shape_session16.json", "smollm2-135m", "gated", "base",
-                            "plain decode, demo shape (random weights): the MLP as gated_gemv (4 x 256 tile) + a plain "
-                            "down GEMV vs the norm-fused gate_up + silu_mul_gemv", 3, "plain"))
-    out.append(_variant_row("h200_variants_gated_demo_k1024_session16.json", "smollm2-135m",
-                            "tiles:3072x576/4/1024/1/4/3", "base",
-                            "plain decode, demo shape (random weights): the gated tile 4 x 1024 (now the default) vs "
-                            "4 x 256", 3, "plain"))
-    out.append(_variant_row("h200_variants_norm_session15.json", "smollm2-135m", "mlp_norm", "base",
-                            "plain decode, demo shape (random weights): the post-attention norm inside gate_up's GEMV vs "
-                            "add_rms_norm then cuBLAS", 3, "plain"))
-    out.append(_variant_row("h200_variants_one_pass_session15.json", "smollm2-135m", "base", "loop_norm",
-                            "plain decode, demo shape (random weights): the fused norms' mean square from one load of "
-                            "the row vs a loop over K", 3, "plain"))
-    for name, model, old_variant, label in (
-            ("h200_variants_8b_session14.json", "llama-8b", "row_cublas+rt_off+argmax_torch",
+    # plain-decode comparisons from variants.py: (file, model, new variant, old variant, label)
+    for name, model, new_variant, old_variant, label in (
+            ("h200_variants_k4096_8b_session16.json", "llama-8b", "tiles:28672x4096/4/4096/1/4/3", "base",
+             "plain decode, 8B shape: the gated gate_up's tile 4 x 4096 (now the default) vs 4 x 1024"),
+            ("h200_variants_act_apart_8b_session16.json", "llama-8b", "base", "gated_off",
+             "plain decode, 8B shape: the MLP as gated_gemv (4 x 1024 tile) + a plain down GEMV vs "
+             "gate_up on cuBLAS + silu_mul_gemv"),
+            ("h200_variants_gated_demo_shape_session16.json", "smollm2-135m", "gated", "base",
+             "plain decode, demo shape (random weights): the MLP as gated_gemv (4 x 256 tile) + a plain "
+             "down GEMV vs the norm-fused gate_up + silu_mul_gemv"),
+            ("h200_variants_gated_demo_k1024_session16.json", "smollm2-135m", "tiles:3072x576/4/1024/1/4/3", "base",
+             "plain decode, demo shape (random weights): the gated tile 4 x 1024 (now the default) vs 4 x 256"),
+            ("h200_variants_norm_session15.json", "smollm2-135m", "mlp_norm", "base",
+             "plain decode, demo shape (random weights): the post-attention norm inside gate_up's GEMV vs "
+             "add_rms_norm then cuBLAS"),
+            ("h200_variants_one_pass_session15.json", "smollm2-135m", "base", "loop_norm",
+             "plain decode, demo shape (random weights): the fused norms' mean square from one load of "
+             "the row vs a loop over K"),
+            ("h200_variants_8b_session14.json", "llama-8b", "base", "row_cublas+rt_off+argmax_torch",
              "plain decode, 8B shape: the three session-14 changes below together vs none"),
-            ("h200_variants_8b_session14.json", "llama-8b", "row_cublas", "plain decode, 8B shape: qkv on our GEMV vs cuBLAS"),
-            ("h200_variants_8b_session14.json", "llama-8b", "rt_off",
+            ("h200_variants_8b_session14.json", "llama-8b", "base", "row_cublas",
+             "plain decode, 8B shape: qkv on our GEMV vs cuBLAS"),
+            ("h200_variants_8b_session14.json", "llama-8b", "base", "rt_off",
              "plain decode, 8B shape: the attention's reduce lets o_proj launch before its wait vs after"),
-            ("h200_variants_8b_session14.json", "llama-8b", "argmax_torch",
+            ("h200_variants_8b_session14.json", "llama-8b", "base", "argmax_torch",
              "plain decode, 8B shape: greedy_next (argmax, input id, position in one launch) vs torch ops"),
-            ("h200_variants_demo_shape_session14.json", "smollm2-135m", "rt_off+argmax_torch",
-             "plain decode, demo shape (random weights): the reduce's early launch and greedy_next vs neither")):
-        out.append(_variant_row(name, model, "base", old_variant, label, 3, "plain"))
-    tiles = "tiles:4096x14336/4/512/1/4/3|4096x4096/4/512/1/4/3"
-    for name, old_variant, label in (
-            ("h200_variants_8b_session13.json", tiles, "plain decode, 8B shape: 1,024-element GEMV steps for o_proj and down vs 512"),
-            ("h200_variants_8b_session13.json", "kv_late", "plain decode, 8B shape: attention reads old K/V before its PDL wait vs after"),
-            ("h200_variants_rope_in_attention_session13.json", "rope_apart",
+            ("h200_variants_demo_shape_session14.json", "smollm2-135m", "base", "rt_off+argmax_torch",
+             "plain decode, demo shape (random weights): the reduce's early launch and greedy_next vs neither"),
+            ("h200_variants_8b_session13.json", "llama-8b", "base", "tiles:4096x14336/4/512/1/4/3|4096x4096/4/512/1/4/3",
+             "plain decode, 8B shape: 1,024-element GEMV steps for o_proj and down vs 512"),
+            ("h200_variants_8b_session13.json", "llama-8b", "base", "kv_late",
+             "plain decode, 8B shape: attention reads old K/V before its PDL wait vs after"),
+            ("h200_variants_rope_in_attention_session13.json", "llama-8b", "base", "rope_apart",
              "plain decode, 8B shape: RoPE and cache write inside the attention kernel vs a launch of their own")):
-        out.append(_variant_row(name, "llama-8b", "base", old_variant, label, 3, "plain"))
+        out.append(_variant_row(name, model, new_variant, old_variant, label, 3, "plain"))
     b, old = _load("h200_demo_plain_session16.json"), _load("h200_demo_plain.json")
     if b:
         p = b["plain"]

@@ -42,7 +42,6 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 squares and the outputs are scaled by 1 / rms at the end (gemv.py DEFER_NORM)
   gated, gated_off  the MLP of a one-token step as gated_gemv (silu(gate) * up in gate_up's epilogue)
                 and a plain down GEMV, or gate_up then silu_mul_gemv (engine/ops.py GATED_MLP)
-  act_apart     with gated_off: the one-row MLP as gate_up, silu_and_mul, and a plain down GEMV
   tiles:SPEC    M = 1 tiles by weight shape (LOCALCHAT_ROW_TILES, engine/ops.py parse_row_tiles),
                 e.g. tiles:4096x14336/4/1024/1/4/3|6144x4096/cublas
   joined by '+': row_all+pf64
@@ -81,7 +80,6 @@ FIXED = {
     "loop_norm": ("engine.kernels.gemv", "ONE_PASS_NORM", False),
     "deferred": ("engine.kernels.gemv", "DEFER_NORM", True),
     "gated": ("engine.ops", "GATED_MLP", True), "gated_off": ("engine.ops", "GATED_MLP", False),
-    "act_apart": ("engine.ops", "ACT_APART", True),
     "first_eager": ("speculative.greedy_loop", "FIRST_CHAIN_GRAPH", False),
     "lean_off": ("speculative.eagle3", "LEAN_DRAFT", False),
 }

@@ -168,9 +168,6 @@ ROW_TILES = parse_row_tiles(os.environ.get("LOCALCHAT_ROW_TILES", ""))
 # (kernels/gemv.py gated_config). LOCALCHAT_GATED_MLP=0 (variants.py gated_off): gate_up, then
 # silu_mul_gemv.
 GATED_MLP = os.environ.get("LOCALCHAT_GATED_MLP", "1") != "0"
-# Benchmarks (variants.py act_apart): with GATED_MLP off, the one-row MLP as gate_up, the
-# silu_and_mul kernel, and a plain down GEMV (instead of silu_mul_gemv).
-ACT_APART = False
 
 # A one-row step (plain decode, a chain-MTP draft step) rotates q and k and writes the cache
 # inside the attention kernel, one launch fewer than rope_and_cache + attention, with the same
@@ -208,7 +205,7 @@ class BatchInvariance:
             return gemv(x, linear.weight, linear.bias, invariant=True)
         if x.shape[0] != 1 or x.dtype != torch.bfloat16:
             return linear(x)
-        return _tiled(x, linear, ROW_TILES.get(tuple(linear.weight.shape), row_tile(linear.weight.shape[1])))
+        return _row_tiled(x, linear)
 
     def linear(self, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
         if self._invariant(x):
@@ -242,6 +239,11 @@ class BatchInvariance:
         return None
 
 
+def _row_tiled(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
+    """One row through linear on its M = 1 tile: ROW_TILES' entry, else row_tile."""
+    return _tiled(x, linear, ROW_TILES.get(tuple(linear.weight.shape), row_tile(linear.weight.shape[1])))
+
+
 def _tiled(x: torch.Tensor, linear: torch.nn.Linear, tile: "GemvConfig | str") -> torch.Tensor:
     """linear(x) on cuBLAS (tile CUBLAS) or on our GEMV with that tile."""
     return linear(x) if tile == CUBLAS else gemv(x, linear.weight, linear.bias, config=tile)
@@ -270,11 +272,14 @@ class LayerKernels:
                     role: str = ""):
         """-> (linear(norm(x + residual)), x + residual); residual None: the stream is x.
         role: "qkv" (the attention's qkv projection) or "gate_up" (the MLP's) in a decoder layer."""
-        if self.add_rms_norm is not None:
-            h, stream = self.add_rms_norm(x, residual, norm.weight, norm.eps)
-        else:
-            h, stream = norm.add_forward(x, residual)
+        h, stream = self.add_norm(x, residual, norm)
         return (self.qkv_linear if role == "qkv" else self.linear)(h, linear), stream
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (norm(x + residual), x + residual), on these kernels' add_rms_norm or the module's."""
+        if self.add_rms_norm is not None:
+            return self.add_rms_norm(x, residual, norm.weight, norm.eps)
+        return norm.add_forward(x, residual)
 
     def mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm, mlp) -> tuple[torch.Tensor, torch.Tensor]:
         """The MLP sublayer: (down(silu(gate) * up) of norm(x + residual), x + residual)."""
@@ -374,26 +379,20 @@ class FusedLayerKernels(LayerKernels):
         return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant)
 
     def mlp(self, x, residual, norm, mlp):
-        gate_up, down = mlp.gate_up_proj, mlp.down_proj
+        gate_up = mlp.gate_up_proj
+        tile = ROW_TILES.get(tuple(gate_up.weight.shape))  # block_n: gate rows (and as many up rows)
         if not (GATED_MLP and self.mode == "row" and x.shape[0] == 1 and x.dtype == torch.bfloat16
-                and ROW_TILES.get(tuple(gate_up.weight.shape)) != CUBLAS):
+                and tile != CUBLAS):
             return super().mlp(x, residual, norm, mlp)
-        gtile = ROW_TILES.get(tuple(gate_up.weight.shape))  # block_n: gate rows (and as many up rows)
-        gtile = gtile if isinstance(gtile, GemvConfig) else None
         if self.norm_tile("gate_up", gate_up.weight, 1) == UNFUSED:
-            h, stream = (self.add_rms_norm(x, residual, norm.weight, norm.eps) if self.add_rms_norm is not None
-                         else norm.add_forward(x, residual))
-            act = gated_gemv(h, gate_up.weight, gate_up.bias, gtile)
+            h, stream = self.add_norm(x, residual, norm)
+            act = gated_gemv(h, gate_up.weight, gate_up.bias, tile)
         else:
-            act, stream = rms_norm_gated_gemv(x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, gtile)
-        tile = ROW_TILES.get(tuple(down.weight.shape), row_tile(down.weight.shape[1]))
-        return _tiled(act, down, tile), stream
+            act, stream = rms_norm_gated_gemv(x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, tile)
+        return _row_tiled(act, mlp.down_proj), stream
 
     def mlp_down(self, gate_up, mlp):
         down = mlp.down_proj
-        if ACT_APART and self.mode == "row" and gate_up.shape[0] == 1 and gate_up.dtype == torch.bfloat16:
-            act = silu_and_mul(gate_up)
-            return _tiled(act, down, ROW_TILES.get(tuple(down.weight.shape), row_tile(down.weight.shape[1])))
         tile = self._tile("silu_mul_gemv", down.weight, gate_up.shape[0])
         if tile == UNFUSED:
             return super().mlp_down(gate_up, mlp)

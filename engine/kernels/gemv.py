@@ -256,7 +256,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
     assert bias is None or bias.shape == (weight.shape[0],)
     n = weight.shape[0] // 2 if gated else weight.shape[0]  # gated: [gate; up] rows, n outputs
     if gated:
-        assert num_rows == 1 and not invariant and prologue != SILU_MUL and weight.shape[0] == 2 * n
+        assert num_rows == 1 and not invariant and prologue != SILU_MUL and weight.shape[0] % 2 == 0
         cfg = config or gated_config(n, k)
         assert cfg.split_k == 1, "gated launches do not split K"
     else:
