@@ -12,7 +12,7 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import GatedMLP, RMSNorm
 from .kernels.attention import MAX_INVARIANT_ROWS
-from .ops import Ops
+from .ops import Normed, Ops, rows_of
 from .rope import apply_rope, rope_cos_sin
 
 
@@ -44,9 +44,11 @@ class Attention(nn.Module):
         return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
 
     def forward(self, qkv: torch.Tensor, batch: ForwardBatch, cos_sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_table: torch.Tensor) -> torch.Tensor:
+                k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_table: torch.Tensor,
+                project=None) -> "torch.Tensor | Normed":
         """qkv: (T, q_size + 2 * kv_size), qkv_proj's output (the layer runs it, fused with the
-        norm where it can: Ops.layer_kernels). Returns o_proj's output (T, H)."""
+        norm where it can: Ops.layer_kernels). Returns o_proj's output (T, H), or project(o, o_proj)
+        (LayerKernels.ending: a Normed) where the layer gives one."""
         T = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
@@ -61,6 +63,8 @@ class Attention(nn.Module):
         fused = self.ops.one_row_attention(T) if self.ops.rope_and_cache is not None else None
         if fused is not None:
             o = fused(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, self.scale, batch.slots)
+            if project is not None:
+                return project(o.reshape(T, self.q_size), self.o_proj)
             return self.ops.row_linear(o.reshape(T, self.q_size), self.o_proj)
         if self.ops.rope_and_cache is not None:
             q = self.ops.rope_and_cache(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, batch.slots)
@@ -72,6 +76,8 @@ class Attention(nn.Module):
         o = attend(q, k_cache, v_cache, batch.positions, batch.start_pos, self.scale, self.ops.attention,
                    batch.slots)
         o = o.reshape(T, self.q_size)
+        if project is not None:
+            return project(o, self.o_proj)
         return self.ops.row_linear(o, self.o_proj) if self.ops.row_linear else self.o_proj(o)
 
 
@@ -85,16 +91,21 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
         self.ops = ops
 
-    def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, cos_sin_table, stream_in: list | None = None):
-        """x: the last sublayer's output, residual: the stream before it (None at layer 0).
-        Returns (the MLP's output, the stream before it). stream_in: a list that gets the stream
-        at the layer's input, x + residual, as its first norm computes it (no extra launch)."""
-        kernels = self.ops.layer_kernels(x, batch)  # fused norm + projection launches, or not
+    def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, cos_sin_table, stream_in: list | None = None,
+                then=None):
+        """x: the last sublayer's output, residual: the stream before it (None at layer 0); x may
+        be a Normed (the last projection ran this layer's input norm). Returns (the MLP's output,
+        the stream before it). stream_in: a list that gets the stream at the layer's input,
+        x + residual, as its first norm computes it (no extra launch). then: the norm after this
+        layer and the projection after it, (norm, linear, role), which the MLP's down projection
+        may run in its last program (the output is then a Normed: LayerKernels.ending)."""
+        kernels = self.ops.layer_kernels(rows_of(x), batch)  # fused norm + projection launches, or not
         qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, role="qkv")
         if stream_in is not None:
             stream_in.append(residual)
-        x = self.self_attn(qkv, batch, cos_sin, k_cache, v_cache, cos_sin_table)
-        return kernels.mlp(x, residual, self.post_attention_layernorm, self.mlp)
+        post = (self.post_attention_layernorm, self.mlp.gate_up_proj, "gate_up")
+        x = self.self_attn(qkv, batch, cos_sin, k_cache, v_cache, cos_sin_table, kernels.ending(residual, post))
+        return kernels.mlp(x, residual, self.post_attention_layernorm, self.mlp, then)
 
 
 class TransformerBody(nn.Module):
@@ -129,14 +140,21 @@ class CausalLM(nn.Module):
             x = self.model.embed_tokens(ids)
         residual = None
         captured: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.model.layers):
+        layers = self.model.layers
+        for i, layer in enumerate(layers):
             stream_in = [] if i in aux_layer_ids else None
-            x, residual = layer(x, residual, batch, cos_sin, kv.k[i], kv.v[i], self.cos_sin, stream_in)
+            # The norm after this layer and what reads it: a one-row step may run it in the layer's last GEMV.
+            then = ((layers[i + 1].input_layernorm, layers[i + 1].self_attn.qkv_proj, "qkv") if i + 1 < len(layers)
+                    else (self.model.norm, self.lm_head, "lm_head"))
+            x, residual = layer(x, residual, batch, cos_sin, kv.k[i], kv.v[i], self.cos_sin, stream_in, then)
             if stream_in is not None:
                 captured[i] = stream_in[0]
         if self.config.num_layers in aux_layer_ids:
-            captured[self.config.num_layers] = x + residual
-        hidden, _ = self.model.norm.add_forward(x, residual)
+            captured[self.config.num_layers] = x.stream if isinstance(x, Normed) else x + residual
+        if isinstance(x, Normed):  # the last down projection ran the final norm
+            hidden = x.normed
+        else:
+            hidden, _ = self.model.norm.add_forward(x, residual)
         aux = torch.cat([captured[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
         return ForwardOutput(hidden=hidden, aux_hidden=aux)
 

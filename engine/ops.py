@@ -12,7 +12,7 @@ import torch
 from .kernels.activation import silu_and_mul, silu_and_mul_ref
 from .kernels.attention import MAX_INVARIANT_ROWS, decode_attention, rope_decode_attention
 from .kernels.gemv import (
-    MAX_ROWS, GemvConfig, gated_gemv, gemv, rms_norm_gated_gemv, rms_norm_gemv, silu_mul_gemv,
+    MAX_ROWS, GemvConfig, gated_gemv, gemv, gemv_add_norm, rms_norm_gated_gemv, rms_norm_gemv, silu_mul_gemv,
 )
 from .kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
 from .kernels.pick import greedy_next
@@ -169,6 +169,13 @@ ROW_TILES = parse_row_tiles(os.environ.get("LOCALCHAT_ROW_TILES", ""))
 # silu_mul_gemv.
 GATED_MLP = os.environ.get("LOCALCHAT_GATED_MLP", "1") != "0"
 
+# A one-row step without a draft ends each sublayer's last projection (o_proj, down) with the
+# residual add and the next RMSNorm in the GEMV's last program (kernels/gemv.py gemv_add_norm),
+# where that norm would otherwise run as its own add_rms_norm launch (FUSED_TILES keeps it
+# unfused before the next projection, and the final norm before lm_head).
+# LOCALCHAT_NORM_TAIL=0 (variants.py tail_off): add_rms_norm launches apart.
+NORM_TAIL = os.environ.get("LOCALCHAT_NORM_TAIL", "1") != "0"
+
 # A one-row step (plain decode, a chain-MTP draft step) rotates q and k and writes the cache
 # inside the attention kernel, one launch fewer than rope_and_cache + attention, with the same
 # bits. LOCALCHAT_ROPE_IN_ATTENTION=0 (variants.py rope_apart) launches them apart.
@@ -256,6 +263,20 @@ def _fast_linear(x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
     return linear(x)
 
 
+@dataclass(frozen=True)
+class Normed:
+    """A sublayer's output already added to the stream and normed by `norm` (a projection with
+    a norm tail, FusedLayerKernels.ending): the norm_linear or mlp that follows takes it as is."""
+    normed: torch.Tensor  # norm(stream)
+    stream: torch.Tensor  # the sublayer's output + the stream before it
+    norm: object  # the RMSNorm module it was normed with
+
+
+def rows_of(x: "torch.Tensor | Normed") -> torch.Tensor:
+    """The (T, H) tensor that stands for x's rows (shape, dtype, device)."""
+    return x.normed if isinstance(x, Normed) else x
+
+
 class LayerKernels:
     """A decoder layer's two norm + projection pairs and its MLP's down projection, unfused:
     add_rms_norm then Ops.linear; silu_and_mul then the down projection (GatedMLP.down)."""
@@ -275,16 +296,27 @@ class LayerKernels:
         h, stream = self.add_norm(x, residual, norm)
         return (self.qkv_linear if role == "qkv" else self.linear)(h, linear), stream
 
-    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (norm(x + residual), x + residual), on these kernels' add_rms_norm or the module's."""
+    def add_norm(self, x: "torch.Tensor | Normed", residual: torch.Tensor | None,
+                 norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (norm(x + residual), x + residual), on these kernels' add_rms_norm or the module's
+        (x Normed: what its projection's tail computed)."""
+        if isinstance(x, Normed):
+            assert x.norm is norm, "normed for another norm"
+            return x.normed, x.stream
         if self.add_rms_norm is not None:
             return self.add_rms_norm(x, residual, norm.weight, norm.eps)
         return norm.add_forward(x, residual)
 
-    def mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm, mlp) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MLP sublayer: (down(silu(gate) * up) of norm(x + residual), x + residual)."""
+    def mlp(self, x, residual: torch.Tensor | None, norm, mlp, then=None) -> tuple["torch.Tensor | Normed", torch.Tensor]:
+        """The MLP sublayer: (down(silu(gate) * up) of norm(x + residual), x + residual).
+        then: the norm that follows and its projection, (norm, linear, role) (see ending)."""
         gate_up, stream = self.norm_linear(x, residual, norm, mlp.gate_up_proj, role="gate_up")
         return self.mlp_down(gate_up, mlp), stream
+
+    def ending(self, residual: torch.Tensor | None, then) -> Callable | None:
+        """A sublayer's last projection (o_proj, down) as (x, linear) -> Normed, taking the
+        residual add and `then`'s norm into its last program; None: a plain projection."""
+        return None
 
     def mlp_down(self, gate_up: torch.Tensor, mlp) -> torch.Tensor:
         """(T, 2I) [gate | up] -> down(silu(gate) * up)."""
@@ -373,23 +405,44 @@ class FusedLayerKernels(LayerKernels):
         return self._tile("rms_norm_gemv", weight, rows)
 
     def norm_linear(self, x, residual, norm, linear, role=""):
-        tile = self.norm_tile(role, linear.weight, x.shape[0])
-        if tile == UNFUSED:
+        tile = self.norm_tile(role, linear.weight, rows_of(x).shape[0])
+        if tile == UNFUSED or isinstance(x, Normed):
             return super().norm_linear(x, residual, norm, linear, role)
         return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant)
 
-    def mlp(self, x, residual, norm, mlp):
+    def mlp(self, x, residual, norm, mlp, then=None):
         gate_up = mlp.gate_up_proj
         tile = ROW_TILES.get(tuple(gate_up.weight.shape))  # block_n: gate rows (and as many up rows)
-        if not (GATED_MLP and self.mode == "row" and x.shape[0] == 1 and x.dtype == torch.bfloat16
+        rows = rows_of(x)
+        if not (GATED_MLP and self.mode == "row" and rows.shape[0] == 1 and rows.dtype == torch.bfloat16
                 and tile != CUBLAS):
             return super().mlp(x, residual, norm, mlp)
-        if self.norm_tile("gate_up", gate_up.weight, 1) == UNFUSED:
+        if self.norm_tile("gate_up", gate_up.weight, 1) == UNFUSED or isinstance(x, Normed):
             h, stream = self.add_norm(x, residual, norm)
             act = gated_gemv(h, gate_up.weight, gate_up.bias, tile)
         else:
             act, stream = rms_norm_gated_gemv(x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, tile)
-        return _row_tiled(act, mlp.down_proj), stream
+        project = self.ending(stream, then) or _row_tiled
+        return project(act, mlp.down_proj), stream
+
+    def ending(self, residual, then):
+        """A one-row step's o_proj or down with gemv_add_norm, where `then` = (norm, linear, role)
+        would otherwise run the norm as its own launch: before lm_head (role "lm_head"), or before a
+        projection whose norm FUSED_TILES keeps unfused. None elsewhere, or with NORM_TAIL off."""
+        if not (NORM_TAIL and then is not None and residual is not None and self.mode == "row"
+                and residual.shape[0] == 1 and residual.dtype == torch.bfloat16):
+            return None
+        norm, linear, role = then
+        if role != "lm_head" and self.norm_tile(role, linear.weight, 1) != UNFUSED:
+            return None
+
+        def project(x: torch.Tensor, linear: torch.nn.Linear) -> "torch.Tensor | Normed":
+            tile = ROW_TILES.get(tuple(linear.weight.shape), row_tile(linear.weight.shape[1]))
+            if tile == CUBLAS or tile.split_k != 1:
+                return _tiled(x, linear, tile)
+            return Normed(*gemv_add_norm(x, linear.weight, linear.bias, residual, norm.weight, norm.eps, tile), norm)
+
+        return project
 
     def mlp_down(self, gate_up, mlp):
         down = mlp.down_proj

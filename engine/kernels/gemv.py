@@ -4,6 +4,8 @@ One kernel serves three ops, each beside its plain-torch reference:
   gemv(x, weight, bias)                              out = x @ W.T (+ bias)
   rms_norm_gemv(x, residual, norm_weight, eps, W)    h = x + residual; out = rms_norm(h) @ W.T
   silu_mul_gemv(gate_up, W)                          out = (silu(gate) * up) @ W.T
+and, for one row, two epilogues: gated_gemv (silu(gate) * up of [gate; up] rows) and
+gemv_add_norm (x @ W.T + residual, then RMSNorm in the last program: see there).
 
 Each program owns BLOCK_N output columns of every row and one K range (split). With one
 split it stores the result; with several, it stores an fp32 partial and bumps a per-tile
@@ -93,6 +95,12 @@ def _tile_counters(device: torch.device) -> torch.Tensor:
 
 
 @functools.cache
+def _tail_counter(device: torch.device) -> torch.Tensor:
+    # Zeroed once; the last program of each norm-tail launch sets it back to zero.
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+@functools.cache
 def _kernels():
     global triton, tl
     import triton
@@ -106,7 +114,7 @@ def _kernels():
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
         LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, NORM_MODE: tl.constexpr, K_POW2: tl.constexpr,
-        GATED: tl.constexpr,
+        GATED: tl.constexpr, NORM_TAIL: tl.constexpr, N_POW2: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -129,6 +137,8 @@ def _kernels():
                                           dtype=tl.int32, is_pure=False, pack=1)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+        if NORM_TAIL:  # requested now, used after the K loop: its round trip overlaps the weights'
+            res_tail = tl.load(res_ptr + offs_n[None, :], mask=n_ok[None, :], other=0.0)
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
         sum_sq = tl.zeros([BLOCK_M], tl.float32)  # NORM_MODE 2: accumulated in the K loop
         if PROLOGUE == 1 and NORM_MODE == 1:
@@ -239,17 +249,38 @@ def _kernels():
         else:
             if HAS_BIAS and not GATED:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
-                     acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+            if NORM_TAIL:
+                # One row: h = x @ W.T + residual on this tile's columns, rounded as gemv and then
+                # add_rms_norm round, goes to the new stream. The program that finishes last reads
+                # the whole of h back from L2 and writes rms_norm(h) * norm_weight to out.
+                dtype = out_ptr.dtype.element_ty
+                h = (acc.to(dtype).to(tl.float32) + res_tail.to(tl.float32)).to(dtype)
+                tl.store(new_res_ptr + offs_n[None, :], h, mask=out_mask)
+                tl.debug_barrier()  # every thread's columns are written before the counter moves
+                arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+                if arrived == tl.num_programs(0) - 1:
+                    tl.debug_barrier()
+                    offs_h = tl.arange(0, N_POW2)
+                    h_ok = offs_h < N
+                    hf = tl.load(new_res_ptr + offs_h, mask=h_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                    inv_rms_h = tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)
+                    nw_h = tl.load(nw_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+                    normed_h = (hf * inv_rms_h).to(dtype).to(tl.float32)  # HF casts before the weight
+                    tl.store(out_ptr + offs_h, (normed_h * nw_h).to(dtype), mask=h_ok)
+                    tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+            else:
+                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
+                         acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
     return gemv_kernel
 
 
 def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
-            invariant: bool = False, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+            invariant: bool = False, gated: bool = False, tail: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """invariant: one compiled kernel and tile for every row count (the tensor-core path over
     MAX_ROWS rows, the config of a MAX_ROWS-row call), so row i's result does not depend on how
-    many rows came with it: a verify row equals the decode step of the same token bit for bit."""
+    many rows came with it: a verify row equals the decode step of the same token bit for bit.
+    tail (gemv_add_norm): residual and norm_weight go to the epilogue; returns (normed, h)."""
     num_rows = x.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
@@ -265,7 +296,13 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
     kernel = _kernels()
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     new_res = None
-    res = nw = new_res_arg = x  # unused by the kernel unless the prologue reads them
+    res = nw = new_res_arg = x  # unused by the kernel unless the prologue or the tail reads them
+    if tail:
+        assert num_rows == 1 and prologue == NONE and not gated and not invariant
+        assert residual.shape == (1, n) and residual.stride(1) == 1 and norm_weight.shape == (n,)
+        assert cfg.split_k == 1, "a norm tail needs the whole column tile in one program"
+        new_res = torch.empty_like(out)
+        res, nw, new_res_arg = residual, norm_weight, new_res
     if prologue == RMS_NORM:
         assert norm_weight.shape == (k,)
         nw, new_res = norm_weight, x  # no residual (first layer): the stream is x itself
@@ -280,6 +317,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         assert tiles <= _MAX_TILES
         part = torch.empty((cfg.split_k, num_rows, n), dtype=torch.float32, device=x.device)
         counters = _tile_counters(x.device)
+    elif tail:
+        part, counters = out, _tail_counter(x.device)
     else:
         part = counters = out  # unused
     interpreting = triton_interpreting()
@@ -297,6 +336,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device),
         LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES,
         NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1, GATED=gated,
+        NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1,
     )
     return out, new_res
 
@@ -391,3 +431,21 @@ def rms_norm_gated_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, co
     gate_up, h = rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up, h
+
+
+def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+                  norm_weight: torch.Tensor, eps: float,
+                  config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row: gemv, then add_rms_norm of its output and residual, in one launch: returns
+    (rms_norm(h) * norm_weight, h) with h = x @ weight.T (+ bias) + residual, each rounded as the
+    two ops round. x (1, K); weight (N, K); residual (1, N); norm_weight (N,). No split-K. Each
+    program adds the residual to its columns and stores h; the last program to finish reads h back
+    (N values, from L2) and writes the normed row, in place of a separate norm launch that would
+    read it after a kernel boundary."""
+    return _launch(NONE, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, tail=True)
+
+
+def gemv_add_norm_ref(x, weight, bias, residual, norm_weight, eps, config=None):
+    from .norm import add_rms_norm_ref
+
+    return add_rms_norm_ref(F.linear(x, weight, bias), residual, norm_weight, eps)

@@ -185,11 +185,14 @@ def step_logits(model: CausalLM, kv: KVCache, ids: torch.Tensor, start: int) -> 
     return model.logits(out.hidden)
 
 
-@pytest.fixture(params=["all fused", "FUSED_TILES"])
+@pytest.fixture(params=["all fused", "FUSED_TILES", "norms apart"])
 def tiles(request, monkeypatch):
-    """Every projection fused (the kernels' correctness), or the shipped table (UNFUSED shapes)."""
+    """Every projection fused (the kernels' correctness), the shipped table (UNFUSED shapes), or
+    the SmolLM2 shape's one-row norms unfused as the 8B's are (the norm tails: norms_apart)."""
     if request.param == "all fused":
         monkeypatch.setattr(ops_module, "FUSED_TILES", {})
+    elif request.param == "norms apart":
+        monkeypatch.setattr(ops_module, "FUSED_TILES", {**ops_module.FUSED_TILES, **norms_apart(model_config("llama", False))})
     return request.param
 
 
@@ -199,19 +202,24 @@ def expected_launches(cfg: ModelConfig, invariant: bool, rows: int = 1) -> dict[
     normed = lambda role, n, k: kernels.norm_tile(role, torch.empty(n, k), rows) != ops_module.UNFUSED  # noqa: E731
     qkv = cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim
     H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    # One row: o_proj runs the post-attention norm where it stays unfused (NORM_TAIL); with the gated
+    # MLP, down runs the next layer's input norm where that stays unfused, and the last one the final norm.
+    tail = ops_module.NORM_TAIL and mode == "row" and rows == 1
+    o_tails = L * (not normed("gate_up", 2 * I, H)) if tail else 0
     if ops_module.GATED_MLP and mode == "row" and rows == 1:  # each MLP: one gated launch, down plain
+        down_tails = (L - 1) * (not normed("qkv", qkv, H)) + 1 if tail else 0
         return {"rms_norm_gemv": L * normed("qkv", qkv, H), "silu_mul_gemv": 0,
                 "rms_norm_gated_gemv": L * normed("gate_up", 2 * I, H),
-                "gated_gemv": L * (not normed("gate_up", 2 * I, H))}
+                "gated_gemv": L * (not normed("gate_up", 2 * I, H)), "gemv_add_norm": o_tails + down_tails}
     return {"rms_norm_gemv": L * (normed("qkv", qkv, H) + normed("gate_up", 2 * I, H)),
             "silu_mul_gemv": L * (ops_module.fused_tile(mode, "silu_mul_gemv", H, I) != ops_module.UNFUSED),
-            "rms_norm_gated_gemv": 0, "gated_gemv": 0}
+            "rms_norm_gated_gemv": 0, "gated_gemv": 0, "gemv_add_norm": o_tails}
 
 
 @pytest.fixture
 def fused_calls(monkeypatch):
     """Counts the fused launches the model makes: {"rms_norm_gemv": n, "silu_mul_gemv": n, ...}."""
-    calls = {"rms_norm_gemv": 0, "silu_mul_gemv": 0, "rms_norm_gated_gemv": 0, "gated_gemv": 0}
+    calls = {"rms_norm_gemv": 0, "silu_mul_gemv": 0, "rms_norm_gated_gemv": 0, "gated_gemv": 0, "gemv_add_norm": 0}
     for name in calls:
         real = getattr(ops_module, name)
 
@@ -257,14 +265,27 @@ def _fused_vs_unfused(device: str, arch: str, rows: int, invariant: bool, small:
 ROW_CASES = [(1, False, False), (1, False, True), (1, True, False), (6, True, True)]  # rows, invariant, gated
 
 
+def norms_apart(cfg: ModelConfig) -> dict:
+    """FUSED_TILES entries that keep a one-row step's qkv and gate_up norms unfused, as the 8B's
+    are: the projections before them then carry the norm in their last program (NORM_TAIL)."""
+    qkv = cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim
+    return {("row", "rms_norm_gemv", n, cfg.hidden_size): ops_module.UNFUSED
+            for n in (qkv, 2 * cfg.intermediate_size)}
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("rows,invariant,gated", ROW_CASES)
-def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, gated, fused_calls, monkeypatch):
+@pytest.mark.parametrize("norms", ["fused", "apart"])
+def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, gated, norms, fused_calls, monkeypatch):
     """A tiny model's decode/verify step with fused kernels == the unfused step (CPU interpreter);
-    gated: a one-row step's MLP as gated_gemv + a plain down GEMV (ops.py GATED_MLP)."""
+    gated: a one-row step's MLP as gated_gemv + a plain down GEMV (ops.py GATED_MLP); norms apart:
+    the one-row norms unfused, so that o_proj and down carry them (gemv_add_norm)."""
     if not INTERPRET:
         pytest.skip("set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
-    monkeypatch.setattr(ops_module, "FUSED_TILES", {})  # tiny shapes: all fused anyway
+    if norms == "apart" and (rows, invariant) != (1, False):
+        pytest.skip("the norm tails are one-row kernels")
+    # tiny shapes: all fused, or the norms apart
+    monkeypatch.setattr(ops_module, "FUSED_TILES", norms_apart(model_config(arch, True)) if norms == "apart" else {})
     _fused_vs_unfused("cpu", arch, rows, invariant, True, fused_calls, rel=2.5e-2, monkeypatch=monkeypatch,
                       gated=gated)
 

@@ -20,8 +20,8 @@ if INTERPRET:
 
 import engine.kernels.gemv as gemv_module  # noqa: E402
 from engine.kernels.gemv import (  # noqa: E402
-    GemvConfig, default_config, gated_gemv, gated_gemv_ref, gemv, gemv_ref, rms_norm_gated_gemv, rms_norm_gated_gemv_ref,
-    rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
+    GemvConfig, default_config, gated_gemv, gated_gemv_ref, gemv, gemv_add_norm, gemv_add_norm_ref, gemv_ref,
+    rms_norm_gated_gemv, rms_norm_gated_gemv_ref, rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
 )
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
@@ -139,6 +139,44 @@ def test_gated_gemv(device, config):
             want, want_stream = rms_norm_gated_gemv_ref(x, res, norm_weight, 1e-5, weight, bias)
             torch.testing.assert_close(out, want, **tol(device))
             torch.testing.assert_close(stream, want_stream, **tol(device))
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("config", [None, GemvConfig(8, 128, 1, 4, 2)], ids=["row_tile", "8x128"])
+def test_gemv_add_norm(device, config):
+    """One row: the projection, the residual add and the RMSNorm of the sum in one launch (the last
+    program norms) == gemv then add_rms_norm; odd N masks the last column tile, and launches one
+    after another find the counter back at zero."""
+    from engine.ops import row_tile
+
+    shapes = [(1, 37, 300), (1, 576, 1536), (1, 200, 1000)] + ([(1, 4096, 4096), (1, 4096, 14336)]
+                                                              if device == "cuda" else [])
+    for m, n, k in shapes:
+        gen, x, weight, bias = make(m, n, k, device, n + k + 5)
+        residual = (torch.randn(1, n, generator=gen) * 3).to(device, torch.bfloat16)
+        norm_weight = (1 + 0.1 * torch.randn(n, generator=gen)).to(device, torch.bfloat16)
+        for b in (None, bias):
+            for _ in range(2):
+                normed, stream = gemv_add_norm(x, weight, b, residual, norm_weight, 1e-5, config or row_tile(k))
+                want, want_stream = gemv_add_norm_ref(x, weight, b, residual, norm_weight, 1e-5)
+                assert normed.shape == stream.shape == (1, n) and normed.dtype == torch.bfloat16
+                torch.testing.assert_close(stream, want_stream, **tol(device))
+                torch.testing.assert_close(normed, want, **tol(device))
+    assert int(gemv_module._tail_counter(torch.device(device)).item()) == 0
+
+
+def test_gemv_add_norm_ref_is_gemv_then_add_rms_norm():
+    from engine.kernels.norm import add_rms_norm_ref
+
+    gen = torch.Generator().manual_seed(4)
+    x, weight, bias = torch.randn(1, 40, generator=gen), torch.randn(24, 40, generator=gen), torch.randn(24, generator=gen)
+    residual, norm_weight = torch.randn(1, 24, generator=gen), torch.randn(24, generator=gen)
+    want = add_rms_norm_ref(x @ weight.T + bias, residual, norm_weight, 1e-6)
+    got = gemv_add_norm_ref(x, weight, bias, residual, norm_weight, 1e-6)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    with pytest.raises(AssertionError):
+        gemv_add_norm(x, weight, bias, residual, norm_weight, 1e-6, GemvConfig(8, 64, 2, 4, 2))  # no split-K
 
 
 def test_gated_config_takes_the_row_in_one_step():

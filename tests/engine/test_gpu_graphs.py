@@ -17,11 +17,19 @@ def _tokens(engine, ids, params, speculative=False):
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("gated", [False, True], ids=["silu_mul", "gated"])
-def test_graph_decode_equals_eager_200_steps(arch, temperature, gated, tiny_models, monkeypatch):
-    """gated: the one-row MLP as gated_gemv + a plain down GEMV (engine/ops.py GATED_MLP), or not."""
+@pytest.mark.parametrize("norms", ["fused", "apart"])
+def test_graph_decode_equals_eager_200_steps(arch, temperature, gated, norms, tiny_models, monkeypatch):
+    """gated: the one-row MLP as gated_gemv + a plain down GEMV (engine/ops.py GATED_MLP), or not;
+    norms apart: the one-row norms unfused, so that o_proj and down carry them (gemv_add_norm)."""
     import engine.ops
+    from engine.config import ModelConfig
+    from tests.engine.test_fused_layers import norms_apart
+    from tests.tiny import read_config
 
     monkeypatch.setattr(engine.ops, "GATED_MLP", gated)
+    if norms == "apart":
+        cfg = ModelConfig.from_hf(read_config(tiny_models[arch]))
+        monkeypatch.setattr(engine.ops, "FUSED_TILES", {**engine.ops.FUSED_TILES, **norms_apart(cfg)})
     graphs = Engine.load(str(tiny_models[arch]), device="cuda", use_graphs=True)
     eager = Engine.load(str(tiny_models[arch]), device="cuda", use_graphs=False)
     assert graphs.runner.uses_graphs and not eager.runner.uses_graphs

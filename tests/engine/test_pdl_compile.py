@@ -34,7 +34,8 @@ def _kernels():
 
     split, reduce = attention._kernels()
     gemv_base = dict(HAS_RESIDUAL=True, HAS_BIAS=False, DOT_F32=False, SPLIT_K=1, K_PER_SPLIT=768, EVEN_K=False,
-                     BLOCK_K=256, LINE=64, PREFETCH_LINES=gemv.PREFETCH_LINES, NORM_MODE=0, K_POW2=1, GATED=False)
+                     BLOCK_K=256, LINE=64, PREFETCH_LINES=gemv.PREFETCH_LINES, NORM_MODE=0, K_POW2=1, GATED=False,
+                     NORM_TAIL=False, N_POW2=1)
     return [
         ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
@@ -68,6 +69,8 @@ def _kernels():
               GATED=True), 4),
         ("gemv rms_norm gated M=1 one pass", gemv._kernels(),
          dict(gemv_base, PROLOGUE=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=4, NORM_MODE=1, K_POW2=1024, GATED=True), 4),
+        ("gemv norm tail M=1", gemv._kernels(),
+         dict(gemv_base, PROLOGUE=0, HAS_BIAS=True, USE_DOT=False, BLOCK_M=1, BLOCK_N=4, NORM_TAIL=True, N_POW2=4096), 4),
         ("gemv silu_mul M=16 split", gemv._kernels(),
          dict(gemv_base, PROLOGUE=2, USE_DOT=True, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512,
               EVEN_K=True), 4),
@@ -93,7 +96,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 22  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 23  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
