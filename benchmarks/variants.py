@@ -44,8 +44,6 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 and a plain down GEMV, or gate_up then silu_mul_gemv (engine/ops.py GATED_MLP)
   tail, tail_off  a one-token step's o_proj and down add the residual and run the next RMSNorm in
                 their last program, where it would be a launch of its own (engine/ops.py NORM_TAIL)
-  attn1, attn2  decode attention in one launch (the last split program of each kv head merges the
-                splits) or split + reduce (engine/kernels/attention.py ONE_LAUNCH)
   tiles:SPEC    M = 1 tiles by weight shape (LOCALCHAT_ROW_TILES, engine/ops.py parse_row_tiles),
                 e.g. tiles:4096x14336/4/1024/1/4/3|6144x4096/cublas
   joined by '+': row_all+pf64
@@ -85,8 +83,6 @@ FIXED = {
     "deferred": ("engine.kernels.gemv", "DEFER_NORM", True),
     "gated": ("engine.ops", "GATED_MLP", True), "gated_off": ("engine.ops", "GATED_MLP", False),
     "tail": ("engine.ops", "NORM_TAIL", True), "tail_off": ("engine.ops", "NORM_TAIL", False),
-    "attn1": ("engine.kernels.attention", "ONE_LAUNCH", True),
-    "attn2": ("engine.kernels.attention", "ONE_LAUNCH", False),
     "first_eager": ("speculative.greedy_loop", "FIRST_CHAIN_GRAPH", False),
     "lean_off": ("speculative.eagle3", "LEAN_DRAFT", False),
 }
