@@ -78,6 +78,28 @@ def test_layer_kernels_choice(monkeypatch):
     assert kind(_bf16(1), o=Ops.for_device(torch.device("cpu"))) == "unfused"
 
 
+def test_norm_tail_choice(monkeypatch):
+    """A sublayer's last projection carries the next norm (LayerKernels.ending) only for one bf16 row
+    without a draft, where that norm would be a launch of its own: before lm_head, or before a
+    projection whose norm FUSED_TILES keeps unfused; and only with a residual to add."""
+    from engine.layers import RMSNorm
+
+    norm, qkv = RMSNorm(64, 1e-5), torch.nn.Linear(64, 192, bias=False)
+    row = FusedLayerKernels(invariant=False, linear=None)
+    monkeypatch.setattr(ops_module, "FUSED_TILES", {})
+    assert callable(row.ending(_bf16(1), (norm, torch.nn.Linear(64, 1000), "lm_head")))
+    assert row.ending(_bf16(1), (norm, qkv, "qkv")) is None  # K = 64: qkv takes the norm in its prologue
+    monkeypatch.setattr(ops_module, "FUSED_TILES", {("row", "rms_norm_gemv", 192, 64): ops_module.UNFUSED})
+    assert callable(row.ending(_bf16(1), (norm, qkv, "qkv")))
+    assert row.ending(_bf16(1), None) is None and row.ending(None, (norm, qkv, "qkv")) is None
+    assert row.ending(_bf16(2), (norm, qkv, "qkv")) is None
+    assert row.ending(_bf16(1, torch.float32), (norm, qkv, "qkv")) is None
+    assert FusedLayerKernels(invariant=True, linear=None).ending(_bf16(1), (norm, qkv, "qkv")) is None
+    assert LayerKernels(None).ending(_bf16(1), (norm, qkv, "qkv")) is None
+    monkeypatch.setattr(ops_module, "NORM_TAIL", False)
+    assert row.ending(_bf16(1), (norm, qkv, "qkv")) is None
+
+
 def test_fused_tiles_table(monkeypatch):
     """FUSED_TILES picks the tile per (mode, kernel, N, K), or UNFUSED: that projection runs
     the unfused pair; shapes not listed fuse with the built-in tile."""
