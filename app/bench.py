@@ -96,12 +96,13 @@ def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculativ
 
 
 def comparison_model(model: str, device: str, n_prompts: int, prompt_set: str = "chitchat",
-                     force_accept: int | None = None):
+                     force_accept: int | None = None, max_seq_len: int = 1024):
     """What benchmarks that compare settings in one process (pdl.py, variants.py) run on `model`:
     `demo` (the demo model with its shipped head; held-out chat prompts of prompt_set; plain and
     greedy speculative decoding), or a --random-weights name or config JSON (random bf16 weights,
     512 random token ids, plain decoding; with force_accept also speculation with a random head
-    that accepts force_accept - 1 drafts). Returns (make: () -> a new Engine, workload: engine ->
+    that accepts force_accept - 1 drafts; a KV cache of max_seq_len rows, where `localchat bench`
+    has 4096). Returns (make: () -> a new Engine, workload: engine ->
     (prompt token ids, what they are, [(mode name, speculative)]))."""
     from types import SimpleNamespace
 
@@ -118,7 +119,7 @@ def comparison_model(model: str, device: str, n_prompts: int, prompt_set: str = 
                     [("plain", False), ("speculative", True)])
 
         return (lambda: Engine.load("demo", device=device)), workload
-    args = SimpleNamespace(random_weights=model, device=device, max_seq_len=1024, force_accept=force_accept,
+    args = SimpleNamespace(random_weights=model, device=device, max_seq_len=max_seq_len, force_accept=force_accept,
                            draft_steps=5, no_graphs=False)
     prompt = torch.randint(0, 32000, (512,), generator=torch.Generator().manual_seed(0)).tolist()
     modes = [("plain", False)] + ([("speculative", True)] if force_accept else [])

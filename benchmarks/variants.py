@@ -30,6 +30,8 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
                 (LOCALCHAT_ROPE_IN_ATTENTION=0; engine/ops.py)
   splitN        the attention's split kernel takes N cache rows per program (engine/kernels/attention.py
                 SPLIT_SIZE; the default: 64 up to 8192 rows of cache)
+  progN         the attention's split kernel runs N programs per kv head (engine/kernels/attention.py
+                SPLIT_PROGRAMS; prog1024: one per split, as before session 17)
   argmax_torch  the decode graph picks its next token with torch ops, not greedy_next
                 (engine/graphs.py GREEDY_NEXT_KERNEL)
   rt, rt_off    the attention reduce lets the next launch (o_proj) start before its own PDL wait
@@ -114,6 +116,8 @@ def variant(spec: str):
                 switch("engine.kernels.gemv", "PREFETCH_LINES", int(part[2:]))
             elif part == "pdl_off":
                 kernels.set_pdl(False)
+            elif part.startswith("prog") and part[4:].isdigit():
+                switch("engine.kernels.attention", "SPLIT_PROGRAMS", int(part[4:]))
             elif part.startswith("split") and part[5:].isdigit():
                 switch("engine.kernels.attention", "SPLIT_SIZE", int(part[5:]))
             elif part in ("qkv_norm", "mlp_norm"):
@@ -145,6 +149,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8, help="demo: held-out chat prompts")
     ap.add_argument("--prompt-set", choices=["chitchat", "instruct"], default="chitchat", help="demo: which prompts")
     ap.add_argument("--force-accept", type=int, default=None, help="random weights: add a random head (see above)")
+    ap.add_argument("--max-seq-len", type=int, default=1024, help="random weights: KV cache rows (bench: 4096)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script")
     a = ap.parse_args()
 
@@ -160,7 +165,8 @@ def main() -> None:
     report = {"machine": {"device": gpu, "torch": torch.__version__, "python": platform.python_version()},
               "rounds": a.rounds, "new_tokens": a.new_tokens, "results": {}}
     for model in [m for m in a.models.split(",") if m]:
-        make, workload = comparison_model(model, a.device, a.prompts, a.prompt_set, a.force_accept)
+        make, workload = comparison_model(model, a.device, a.prompts, a.prompt_set, a.force_accept,
+                                          a.max_seq_len)
         engines = {}
         for name in names:
             with variant(name):

@@ -1,11 +1,12 @@
 """Decode and verify attention of T = 1..16 new query rows over one layer's static KV cache.
 
-Fast path: flash-decoding. A split kernel runs one program per (kv head, split of
-`split_size` cache rows); each program takes every q head of its GQA group and every
-query row at once (T * group rows), so K and V are read once per kv head. A reduce kernel
-merges the splits with their log-sum-exp. The grid depends on S_max only, never on the
-positions' values, and nothing syncs with the host: safe to capture in a CUDA graph.
-Splits past the largest position exit at once, so the cost follows the filled length.
+Fast path: flash-decoding. The cache is cut into splits of `split_size` rows; a split kernel
+runs a fixed number of programs per kv head (_split_programs), each taking every such
+program-th split, and for each split every q head of its GQA group and every query row at once
+(T * group rows), so K and V are read once per kv head. A reduce kernel merges the splits with
+their log-sum-exp. The grid depends on S_max only, never on the positions' values, and nothing
+syncs with the host: safe to capture in a CUDA graph. Splits past the largest position are
+skipped, so the cost follows the filled length.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from . import next_pow2, pdl_args, triton_interpreting
 triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
 
-SPLIT_SIZE = None  # benchmarks: cache rows per split program instead of the rule below (variants.py splitN)
+SPLIT_SIZE = None  # benchmarks: cache rows per split instead of the rule below (variants.py splitN)
+SPLIT_PROGRAMS = None  # benchmarks: split programs per kv head instead of the rule below (variants.py progN)
 
 
 def _split_size(max_seq_len: int) -> int:
@@ -31,6 +33,15 @@ def _split_size(max_seq_len: int) -> int:
     if SPLIT_SIZE is not None:
         return SPLIT_SIZE
     return 64 if max_seq_len <= 8192 else 128
+
+
+def _split_programs(num_splits: int, num_kv_heads: int, num_sms: int) -> int:
+    # Programs per kv head, each taking every stride-th split: about one wave over the SMs, at least
+    # 16 (the 8B at 768 positions fills 12 splits of 64 per kv head), so that the grid, and the
+    # idle programs in it, do not grow with the cache's capacity, only a long context's loop does.
+    if SPLIT_PROGRAMS is not None:
+        return min(num_splits, SPLIT_PROGRAMS)
+    return min(num_splits, max(16, -(-num_sms // num_kv_heads)))
 
 
 def _check(q, k_cache, v_cache, positions) -> None:
@@ -94,14 +105,15 @@ def _kernels():
         DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, EARLY_KV: tl.constexpr, FUSE_ROPE: tl.constexpr,
     ):
         kv_head = tl.program_id(0)
-        split = tl.program_id(1)
+        first = tl.program_id(1)  # this program's splits: first, first + stride, ... (num_splits in all)
+        stride = tl.num_programs(1)
         num_heads = tl.num_programs(0) * GROUP
         # Program row r is query row t = r // GROUP of q head kv_head * GROUP + r % GROUP.
         offs_m = tl.arange(0, BLOCK_M)
         t = offs_m // GROUP
         head = kv_head * GROUP + offs_m % GROUP
         row_ok = t < num_rows
-        start = split * SPLIT_SIZE
+        start = first * SPLIT_SIZE
         if USE_PDL and not EARLY_KV:  # wait for the previous kernel's writes, then let the next one launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -118,18 +130,25 @@ def _kernels():
                           stride_vt, stride_vh, BLOCK_N, BLOCK_D, HEAD_DIM)
         if FUSE_ROPE:  # this position's cos | sin, arranged for `rotate` along the whole head
             offs_r = tl.arange(0, BLOCK_D)
-            first = offs_r < HEAD_DIM // 2
-            col = tl.where(first, offs_r, offs_r - HEAD_DIM // 2)
-            partner = tl.where(first, offs_r + HEAD_DIM // 2, offs_r - HEAD_DIM // 2)
+            lo_half = offs_r < HEAD_DIM // 2
+            col = tl.where(lo_half, offs_r, offs_r - HEAD_DIM // 2)
+            partner = tl.where(lo_half, offs_r + HEAD_DIM // 2, offs_r - HEAD_DIM // 2)
             r_ok = offs_r < HEAD_DIM
             cs_row = cos_sin_ptr + pos_max.to(tl.int64) * stride_cs
             cos = tl.load(cs_row + col, mask=r_ok, other=0.0).to(tl.float32)
             sin = tl.load(cs_row + HEAD_DIM // 2 + col, mask=r_ok, other=0.0).to(tl.float32)
-            signed_sin = tl.where(first, -sin, sin)
+            signed_sin = tl.where(lo_half, -sin, sin)
         if USE_PDL and EARLY_KV:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        if start < end:
+        # Splits past the largest position hold no key for any row: they are skipped (a program
+        # whose first split is past it stores nothing). The first split's K/V came above.
+        for split in range(first, pos_max // SPLIT_SIZE + 1, stride):
+            start = split * SPLIT_SIZE
+            end = tl.minimum(start + SPLIT_SIZE, pos_max + 1)
+            if split != first:
+                k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
+                                  stride_vt, stride_vh, BLOCK_N, BLOCK_D, HEAD_DIM)
             offs_d = tl.arange(0, BLOCK_D)
             d_ok = offs_d < HEAD_DIM
             q_rows = q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh
@@ -322,7 +341,8 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
     pdl = pdl_args(q.device)
     k_new, v_new, cos_sin = rope if rope is not None else (k_cache, v_cache, part_o)  # unused without rope
-    split_kernel[(num_kv_heads, num_splits)](
+    programs = _split_programs(num_splits, num_kv_heads, _num_sms(q.device))
+    split_kernel[(num_kv_heads, programs)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
         k_new, v_new, cos_sin,
         num_rows, num_splits,
@@ -390,3 +410,10 @@ def decode_attention_sdpa(
         attn_mask=visible, scale=scale, enable_gqa=True,
     )  # (Hq, T, D)
     return out.transpose(0, 1).contiguous()
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count

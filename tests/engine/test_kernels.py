@@ -22,6 +22,7 @@ if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined (lazily)
 
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
+import engine.kernels.attention as attention_module  # noqa: E402
 from engine.kernels.attention import (decode_attention, decode_attention_ref, decode_attention_sdpa,  # noqa: E402
                                      rope_decode_attention)
 from engine.kernels.norm import (add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref,  # noqa: E402
@@ -143,7 +144,16 @@ def test_norm_and_activation_refs():
 # ---- kernels vs references (CUDA, or the CPU interpreter on request) -----------------------
 
 
-ATTN_OPS = [pytest.param(decode_attention, id="split+reduce")]
+def _few_programs(*args, **kwargs):
+    """decode_attention with 3 split programs per kv head, each looping over several splits."""
+    saved, attention_module.SPLIT_PROGRAMS = attention_module.SPLIT_PROGRAMS, 3
+    try:
+        return decode_attention(*args, **kwargs)
+    finally:
+        attention_module.SPLIT_PROGRAMS = saved
+
+
+ATTN_OPS = [pytest.param(decode_attention, id="split+reduce"), pytest.param(_few_programs, id="3_programs")]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -327,9 +337,13 @@ def _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, ge
                                    (8, 2, 128, 8200)])
 @pytest.mark.parametrize("where", ["zero", "split_edge", "last", "slot"])
 @pytest.mark.parametrize("invariant", [False, True])
-def test_rope_decode_attention_equals_rope_then_attention(device, dtype, shape, where, invariant):
+@pytest.mark.parametrize("programs", [None, 3], ids=["programs", "3_programs"])
+def test_rope_decode_attention_equals_rope_then_attention(device, dtype, shape, where, invariant, programs,
+                                                          monkeypatch):
     """The one-row step with RoPE and the cache write inside the attention kernel gives exactly
-    the bits of rope_and_cache then decode_attention: the output and both caches."""
+    the bits of rope_and_cache then decode_attention: the output and both caches (3 programs per
+    kv head: each loops over its splits, and the one with the position's split writes the cache)."""
+    monkeypatch.setattr(attention_module, "SPLIT_PROGRAMS", programs)
     num_heads, num_kv_heads, head_dim, max_seq_len = shape
     gen = torch.Generator().manual_seed(sum(shape) + len(where))
     q, k, v, cos_sin, caches = _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
