@@ -50,9 +50,9 @@ def _sampling_label(name: str) -> str:
 def rows() -> list[str]:
     out = ["| benchmark (H200, batch 1) | ours | compared with, same run | ratio | target |",
            "|---|---|---|---|---|"]
-    for name, what in (("h200_8b_plain_final_session16.json", "session 16"),
-                       ("h200_8b_plain_final2_session16.json", "session 16, a second run a minute later"),
-                       ("h200_8b_plain_final_session15.json", "session 15, before the gated MLP")):
+    for name, what in (("h200_8b_plain_final_session17.json", "session 17"),
+                       ("h200_8b_plain_final2_session17.json", "session 17, a second run two minutes later"),
+                       ("h200_8b_plain_final_session16.json", "session 16, before the norm tails and the fixed split grid")):
         b = _load(name)
         if not b:
             continue
@@ -68,6 +68,18 @@ def rows() -> list[str]:
                    f"<= 20 s |")
     # plain-decode comparisons from variants.py: (file, model, new variant, old variant, label)
     for name, model, new_variant, old_variant, label in (
+            ("h200_variants_programs_8b_session17.json", "llama-8b", "base", "prog1024",
+             "plain decode, 8B shape, a 4,096-row cache: 17 attention split programs per kv head, each looping "
+             "over its splits, vs one program per split"),
+            ("h200_variants_programs_demo_shape_session17.json", "smollm2-135m", "base", "prog1024",
+             "plain decode, demo shape (random weights), a 4,096-row cache: 44 split programs per kv head vs one "
+             "per split"),
+            ("h200_variants_tail_attn_8b_session17.json", "llama-8b", "attn2", "tail_off+attn2",
+             "plain decode, 8B shape: o_proj and down add the residual and run the next RMSNorm in their last "
+             "program (gemv_add_norm) vs add_rms_norm launches"),
+            ("h200_variants_tail_attn_8b_session17.json", "llama-8b", "base", "attn2",
+             "plain decode, 8B shape: attention in one launch (the last split program of a kv head merges; "
+             "not merged) vs split + reduce"),
             ("h200_variants_k4096_8b_session16.json", "llama-8b", "tiles:28672x4096/4/4096/1/4/3", "base",
              "plain decode, 8B shape: the gated gate_up's tile 4 x 4096 (now the default) vs 4 x 1024"),
             ("h200_variants_act_apart_8b_session16.json", "llama-8b", "base", "gated_off",
@@ -101,11 +113,11 @@ def rows() -> list[str]:
             ("h200_variants_rope_in_attention_session13.json", "llama-8b", "base", "rope_apart",
              "plain decode, 8B shape: RoPE and cache write inside the attention kernel vs a launch of their own")):
         out.append(_variant_row(name, model, new_variant, old_variant, label, 3, "plain"))
-    b, old = _load("h200_demo_plain_session16.json"), _load("h200_demo_plain.json")
+    b, old = _load("h200_demo_plain_session17.json"), _load("h200_demo_plain.json")
     if b:
         p = b["plain"]
         out.append(f"| plain decode, demo model (SmolLM2-135M, real weights), no draft loaded, {b['prompts']} "
-                   f"{b['prompt_set'].split(' (')[0]} (session 16, gated tile 4 x 256) | "
+                   f"{b['prompt_set'].split(' (')[0]} (session 17, before the fixed split grid) | "
                    f"{p['decode_tok_s']:.0f} tok/s | bandwidth limit {b['bandwidth_limit_tok_s']:.0f} tok/s | "
                    f"{p['fraction_of_bandwidth_limit'] * 100:.1f}% | >= 1500 tok/s |")
     t = (old or {}).get("transformers")
