@@ -23,6 +23,16 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+@functools.cache
+def num_sms(device) -> int:
+    """The device's streaming multiprocessors (132 on an H200; also what CPU launches assume)."""
+    import torch
+
+    if getattr(device, "type", None) != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 # Programmatic dependent launch (Hopper and later): each of our kernels, launched with the PDL
 # attribute, may start while the kernel before it in the stream finishes, and waits
 # (griddepcontrol.wait) before its first memory access until that kernel's writes are visible.

@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import next_pow2, pdl_args, triton_interpreting
+from . import next_pow2, num_sms, pdl_args, triton_interpreting
 
 triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -341,7 +341,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
     pdl = pdl_args(q.device)
     k_new, v_new, cos_sin = rope if rope is not None else (k_cache, v_cache, part_o)  # unused without rope
-    programs = _split_programs(num_splits, num_kv_heads, _num_sms(q.device))
+    programs = _split_programs(num_splits, num_kv_heads, num_sms(q.device))
     split_kernel[(num_kv_heads, programs)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
         k_new, v_new, cos_sin,
@@ -410,10 +410,3 @@ def decode_attention_sdpa(
         attn_mask=visible, scale=scale, enable_gqa=True,
     )  # (Hq, T, D)
     return out.transpose(0, 1).contiguous()
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import next_pow2, pdl_args, triton_interpreting
+from . import next_pow2, num_sms, pdl_args, triton_interpreting
 
 triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -291,7 +291,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         cfg = config or gated_config(n, k)
         assert cfg.split_k == 1, "gated launches do not split K"
     else:
-        cfg = config or default_config(MAX_ROWS if invariant else num_rows, n, k, _num_sms(x.device))
+        cfg = config or default_config(MAX_ROWS if invariant else num_rows, n, k, num_sms(x.device))
     dot = invariant or num_rows > 1
     kernel = _kernels()
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
@@ -348,13 +348,6 @@ def norm_mode(block_m: int, k: int, split_k: int) -> int:
     if block_m == 1 and ONE_PASS_NORM and k <= ONE_PASS_MAX:
         return ONE_PASS
     return LOOP
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
