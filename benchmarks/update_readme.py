@@ -113,11 +113,11 @@ def rows() -> list[str]:
             ("h200_variants_rope_in_attention_session13.json", "llama-8b", "base", "rope_apart",
              "plain decode, 8B shape: RoPE and cache write inside the attention kernel vs a launch of their own")):
         out.append(_variant_row(name, model, new_variant, old_variant, label, 3, "plain"))
-    b, old = _load("h200_demo_plain_session17.json"), _load("h200_demo_plain.json")
+    b, old = _load("h200_demo_plain_final_session17.json"), _load("h200_demo_plain.json")
     if b:
         p = b["plain"]
         out.append(f"| plain decode, demo model (SmolLM2-135M, real weights), no draft loaded, {b['prompts']} "
-                   f"{b['prompt_set'].split(' (')[0]} (session 17, before the fixed split grid) | "
+                   f"{b['prompt_set'].split(' (')[0]} (session 17) | "
                    f"{p['decode_tok_s']:.0f} tok/s | bandwidth limit {b['bandwidth_limit_tok_s']:.0f} tok/s | "
                    f"{p['fraction_of_bandwidth_limit'] * 100:.1f}% | >= 1500 tok/s |")
     t = (old or {}).get("transformers")
