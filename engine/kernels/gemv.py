@@ -293,7 +293,6 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
     else:
         cfg = config or default_config(MAX_ROWS if invariant else num_rows, n, k, num_sms(x.device))
     dot = invariant or num_rows > 1
-    kernel = _kernels()
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     new_res = None
     res = nw = new_res_arg = x  # unused by the kernel unless the prologue or the tail reads them
@@ -324,6 +323,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
     interpreting = triton_interpreting()
     block_m = MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows)))
     norm = norm_mode(block_m, k, cfg.split_k) if prologue == RMS_NORM else LOOP
+    kernel = _kernels()
     kernel[(tiles, cfg.split_k)](
         x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
         num_rows, n, k, x.stride(0), res.stride(0), new_res_arg.stride(0), weight.stride(0), out.stride(0),
