@@ -18,7 +18,7 @@ concurrently on different streams.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -292,6 +292,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         assert cfg.split_k == 1, "gated launches do not split K"
     else:
         cfg = config or default_config(MAX_ROWS if invariant else num_rows, n, k, num_sms(x.device))
+        if tail and config is None:  # the built-in tile without its split: the tail needs whole columns
+            cfg = replace(cfg, split_k=1)
     dot = invariant or num_rows > 1
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     new_res = None
@@ -431,7 +433,8 @@ def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One row: gemv, then add_rms_norm of its output and residual, in one launch: returns
     (rms_norm(h) * norm_weight, h) with h = x @ weight.T (+ bias) + residual, each rounded as the
-    two ops round. x (1, K); weight (N, K); residual (1, N); norm_weight (N,). No split-K. Each
+    two ops round. x (1, K); weight (N, K); residual (1, N); norm_weight (N,). No split-K (config
+    None: the built-in one-row tile without its split). Each
     program adds the residual to its columns and stores h; the last program to finish reads h back
     (N values, from L2) and writes the normed row, in place of a separate norm launch that would
     read it after a kernel boundary."""

@@ -142,11 +142,12 @@ def test_gated_gemv(device, config):
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
-@pytest.mark.parametrize("config", [None, GemvConfig(8, 128, 1, 4, 2)], ids=["row_tile", "8x128"])
+@pytest.mark.parametrize("config", [None, "row_tile", GemvConfig(8, 128, 1, 4, 2)], ids=["default", "row_tile", "8x128"])
 def test_gemv_add_norm(device, config):
     """One row: the projection, the residual add and the RMSNorm of the sum in one launch (the last
-    program norms) == gemv then add_rms_norm; odd N masks the last column tile, and launches one
-    after another find the counter back at zero."""
+    program norms) == gemv then add_rms_norm, with the built-in tile (split-K dropped), the
+    decode step's row tile or another; odd N masks the last column tile, and launches one after
+    another find the counter back at zero."""
     from engine.ops import row_tile
 
     shapes = [(1, 37, 300), (1, 576, 1536), (1, 200, 1000)] + ([(1, 4096, 4096), (1, 4096, 14336)]
@@ -157,7 +158,8 @@ def test_gemv_add_norm(device, config):
         norm_weight = (1 + 0.1 * torch.randn(n, generator=gen)).to(device, torch.bfloat16)
         for b in (None, bias):
             for _ in range(2):
-                normed, stream = gemv_add_norm(x, weight, b, residual, norm_weight, 1e-5, config or row_tile(k))
+                tile = row_tile(k) if config == "row_tile" else config
+                normed, stream = gemv_add_norm(x, weight, b, residual, norm_weight, 1e-5, tile)
                 want, want_stream = gemv_add_norm_ref(x, weight, b, residual, norm_weight, 1e-5)
                 assert normed.shape == stream.shape == (1, n) and normed.dtype == torch.bfloat16
                 torch.testing.assert_close(stream, want_stream, **tol(device))
