@@ -1,4 +1,4 @@
-"""Byte counting, speed and ETA for a download, and the hook that feeds it from huggingface_hub."""
+"""Byte counting, speed and ETA for a download, and the cancel switch checked as bytes arrive."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ ProgressCallback = Callable[[DownloadProgress], None]
 class ProgressMeter:
     """Counts bytes across all files of one download and reports at most every `interval` seconds.
 
-    huggingface_hub calls `update` from its download thread(s), hence the lock. Setting `cancel`
-    makes the next update raise DownloadCancelled, which aborts the file being fetched; the
-    library then deletes its temporary file, so nothing half-written reaches the cache.
+    The download calls `add` as bytes arrive (the lock lets several threads share one meter).
+    Setting `cancel` makes the next `add` raise DownloadCancelled, which aborts the file being
+    fetched; the download then deletes its temporary file, so nothing half-written reaches the cache.
     """
 
     WINDOW_S = 5.0  # speed is measured over this window so it follows changes without jitter
@@ -105,44 +105,3 @@ class ProgressMeter:
             return
         self._last_report = now
         self.callback(self.snapshot(finished))
-
-    def tqdm_class(self) -> type:
-        """A stand-in for tqdm that huggingface_hub's `tqdm_class=` accepts and that feeds this meter."""
-        meter = self
-
-        class _MeterBar:
-            def __init__(self, *args, **kwargs) -> None:
-                self.total = kwargs.get("total")
-                initial = kwargs.get("initial") or 0
-                if initial:
-                    meter.add(initial)
-
-            def __enter__(self) -> _MeterBar:
-                return self
-
-            def __exit__(self, *exc) -> None:
-                return None
-
-            def update(self, n: int | float | None = 1) -> None:
-                meter.add(int(n or 0))
-
-            def update_transfer(self, n: int | float | None = 1) -> None:
-                # bytes on the wire; `update` already counts the bytes written
-                meter.check_cancel()
-
-            def set_postfix_str(self, *args, **kwargs) -> None:
-                return None
-
-            def set_transfer_postfix_str(self, *args, **kwargs) -> None:
-                return None
-
-            def set_description(self, *args, **kwargs) -> None:
-                return None
-
-            def refresh(self, *args, **kwargs) -> None:
-                return None
-
-            def close(self) -> None:
-                return None
-
-        return _MeterBar

@@ -1,10 +1,10 @@
 """Downloads a target (and its draft) from the Hugging Face Hub into the shared HF cache.
 
 Only the files the engine reads are fetched. The order is: plan (model info, sizes, what is
-already cached) -> free-disk check -> config.json of both -> draft/target check -> the rest,
-weights last. huggingface_hub writes each file to a temporary name and renames it into the
-cache when complete, so an interrupted or cancelled download never leaves a partial file
-where a complete one is expected.
+already cached and good) -> free-disk check -> config.json of both -> draft/target check -> the
+rest, weights last. Every value the Hub sends is checked before it names a path (`hub_metadata`),
+and every file is hashed against the listed digest before it enters the cache (`hub_transfer`), so
+an interrupted, cancelled or corrupted download never leaves a file where a good one is expected.
 """
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import MTP_BUILTIN
 from .download_progress import ProgressCallback, ProgressMeter
 from .errors import UserError
+from .hub_cache import cache_dir, cached_file_state, is_inside, remove_stale_parts, repo_folder, snapshot_file
 from .hub_errors import hub_errors
+from .hub_metadata import ListedFile, check_commit, check_repo_path, check_revision, listed_file
 
 CONFIG_FILES = ("config.json", "generation_config.json")
 TOKENIZER_FILES = (
@@ -33,8 +36,6 @@ SAFETENSORS_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
 BIN_PATTERNS = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
 DISK_SLACK_BYTES = 64 * 2**20  # refs, locks, and a margin so the disk is not filled to the last byte
 
-PROGRESS_CHUNK_BYTES = 2**20
-
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -42,12 +43,6 @@ def check_repo_id(repo_id: str) -> str:
     if not REPO_ID_RE.match(repo_id) or ".." in repo_id:
         raise UserError(f"{repo_id!r} is not a Hub repository id: expected OWNER/NAME, e.g. Qwen/Qwen3-8B")
     return repo_id
-
-
-def cache_dir() -> Path:
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE)
 
 
 def is_offline() -> bool:
@@ -85,9 +80,20 @@ def is_weight_file(name: str) -> bool:
 
 @dataclass(frozen=True)
 class RemoteFile:
-    name: str
-    size: int
-    is_cached: bool
+    listed: ListedFile
+    state: str  # in the cache: "ok", "missing", or "corrupt" (wrong size or bytes; fetched again)
+
+    @property
+    def name(self) -> str:
+        return self.listed.name
+
+    @property
+    def size(self) -> int:
+        return self.listed.size
+
+    @property
+    def is_cached(self) -> bool:
+        return self.state == "ok"
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,10 @@ class RepoPlan:
     @property
     def missing_bytes(self) -> int:
         return sum(f.size for f in self.files if not f.is_cached)
+
+    @property
+    def corrupt(self) -> list[RemoteFile]:
+        return [f for f in self.files if f.state == "corrupt"]
 
     def ordered_missing(self) -> list[RemoteFile]:
         """Configs first (the draft check reads them), weights last."""
@@ -153,30 +163,42 @@ class DownloadResult:
     draft: Path | str | None  # a folder, "mtp:builtin", or None
 
 
-def plan_repo(repo_id: str, revision: str | None = None, allow_bin: bool = False, include: tuple[str, ...] = ()) -> RepoPlan:
-    """Ask the Hub which files `repo_id` has at `revision` and which of the needed ones are cached."""
-    from huggingface_hub import HfApi, try_to_load_from_cache
+def plan_repo(
+    repo_id: str,
+    revision: str | None = None,
+    allow_bin: bool = False,
+    include: tuple[str, ...] = (),
+    on_hash: Callable[[str, int], None] | None = None,
+) -> RepoPlan:
+    """Ask the Hub which files `repo_id` has at `revision` and which of the needed ones are cached and good.
+
+    `on_hash(name, size)` is called before a cached file is hashed (once per file; see hub_cache).
+    """
+    from huggingface_hub import HfApi
 
     check_repo_id(repo_id)
+    if revision is not None:
+        check_revision(revision)
     if is_offline():
         raise UserError(f"cannot download {repo_id}: HF_HUB_OFFLINE is set; unset it to download")
     with hub_errors(repo_id, revision=revision):
         info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
-    sizes = {s.rfilename: (s.lfs.size if s.lfs is not None else s.size) or 0 for s in info.siblings or []}
-    names = select_files(list(sizes), allow_bin=allow_bin, include=include)
+    commit = check_commit(info.sha, repo_id)
+    siblings = {check_repo_path(s.rfilename, repo_id): s for s in info.siblings or []}
+    names = select_files(list(siblings), allow_bin=allow_bin, include=include)
     if "config.json" not in names:
         raise UserError(f"{repo_id} has no config.json: it is not a Hugging Face model folder")
     if not any(is_weight_file(n) for n in names):
-        has_bin = any(fnmatch.fnmatch(n, BIN_PATTERNS[0]) for n in sizes)
+        has_bin = any(fnmatch.fnmatch(n, BIN_PATTERNS[0]) for n in siblings)
         hint = "; it has only pickled .bin weights: pass --allow-bin to fetch them" if has_bin else ""
         raise UserError(f"{repo_id} has no .safetensors weights{hint}")
-    commit = info.sha or ""
     root = cache_dir()
-    files = tuple(
-        RemoteFile(n, sizes[n], isinstance(try_to_load_from_cache(repo_id, n, cache_dir=root, revision=commit), str))
-        for n in names
-    )
-    return RepoPlan(repo_id, revision or "main", commit, files, bool(info.gated))
+    files = []
+    for name in names:
+        listed = listed_file(siblings[name], repo_id)
+        hook = (lambda f=listed: on_hash(f"{repo_id}/{f.name}", f.size)) if on_hash is not None else None
+        files.append(RemoteFile(listed, cached_file_state(root, repo_id, commit, listed, hook)))
+    return RepoPlan(repo_id, revision or "main", commit, tuple(files), bool(info.gated))
 
 
 def plan_download(
@@ -185,34 +207,27 @@ def plan_download(
     revision: str | None = None,
     allow_bin: bool = False,
     include: tuple[str, ...] = (),
+    on_hash: Callable[[str, int], None] | None = None,
 ) -> DownloadPlan:
     """Plan the download of a target and optionally its draft (a repo id or "mtp:builtin")."""
     from .catalog import load_catalog
 
-    target = plan_repo(repo_id, revision, allow_bin=allow_bin, include=include)
+    target = plan_repo(repo_id, revision, allow_bin=allow_bin, include=include, on_hash=on_hash)
     draft_plan = None
     if draft is not None and draft != MTP_BUILTIN:
         entry = load_catalog().for_draft(draft)
         draft_bin = allow_bin or (entry is not None and entry.draft is not None and entry.draft.allow_bin)
-        draft_plan = plan_repo(draft, allow_bin=draft_bin)
+        draft_plan = plan_repo(draft, allow_bin=draft_bin, on_hash=on_hash)
     root = cache_dir()
     return DownloadPlan(target, draft_plan, draft, root, free_disk_bytes(root))
 
 
-def _fetch(repo: RepoPlan, name: str, meter: ProgressMeter) -> Path:
-    from huggingface_hub import hf_hub_download
+def _fetch(root: Path, repo: RepoPlan, file: RemoteFile, meter: ProgressMeter) -> Path:
+    from .hub_transfer import fetch
 
-    meter.start_file(f"{repo.repo_id}/{name}")
-    with hub_errors(repo.repo_id, name, repo.revision):
-        return Path(
-            hf_hub_download(
-                repo.repo_id, name, revision=repo.commit, cache_dir=repo_cache(), tqdm_class=meter.tqdm_class()
-            )
-        )
-
-
-def repo_cache() -> str:
-    return str(cache_dir())
+    meter.start_file(f"{repo.repo_id}/{file.name}")
+    with hub_errors(repo.repo_id, file.name, repo.revision):
+        return fetch(root, repo.repo_id, repo.commit, file.listed, meter)
 
 
 def run_download(
@@ -220,49 +235,38 @@ def run_download(
     on_progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
 ) -> DownloadResult:
-    """Fetch what `plan` lists as missing. Raises UserError (or DownloadCancelled) with the cache intact."""
+    """Fetch what `plan` lists as missing or corrupt. Raises UserError (or DownloadCancelled, or
+    KeyboardInterrupt) with the cache intact: finished files stay, nothing partial does."""
     from .pairing import check_draft_pair, read_config
 
-    from huggingface_hub import constants
-
     plan.check_disk()
-    # huggingface_hub hands over bytes in chunks of this size: 10 MB by default, which makes the
-    # progress line and cancel lag on slow links; 1 MiB costs nothing measurable
-    constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, PROGRESS_CHUNK_BYTES)
+    root = plan.cache_dir
     meter = ProgressMeter(plan.missing_bytes, on_progress, cancel)
     missing = {r.repo_id: r.ordered_missing() for r in plan.repos}
-    folders: dict[str, Path] = {}
+    for repo in plan.repos:
+        remove_stale_parts(root, repo.repo_id)
     for repo in plan.repos:  # config.json first, for the draft check
-        path = _fetch(repo, "config.json", meter) if _is_missing(repo, "config.json") else _cached(repo, "config.json")
-        folders[repo.repo_id] = path.parent
+        config = next(f for f in repo.files if f.name == "config.json")
+        if not config.is_cached:
+            _fetch(root, repo, config, meter)
+        elif not snapshot_file(root, repo.repo_id, repo.commit, "config.json").is_file():
+            raise UserError(f"{repo.repo_id}/config.json vanished from the cache during the download: try again")
+    folders = {r.repo_id: snapshot_file(root, r.repo_id, r.commit, "config.json").parent for r in plan.repos}
     if plan.draft_spec is not None:
         draft_config = read_config(folders[plan.draft.repo_id]) if plan.draft is not None else None
         check_draft_pair(plan.target.repo_id, read_config(folders[plan.target.repo_id]), plan.draft_spec, draft_config)
     for repo in plan.repos:
         for f in missing[repo.repo_id]:
             if f.name != "config.json":
-                _fetch(repo, f.name, meter)
+                _fetch(root, repo, f, meter)
     for repo in plan.repos:
-        _write_ref(repo)
+        _write_ref(root, repo)
     meter.finish()
     draft_out: Path | str | None = folders[plan.draft.repo_id] if plan.draft is not None else plan.draft_spec
     return DownloadResult(folders[plan.target.repo_id], draft_out)
 
 
-def _is_missing(repo: RepoPlan, name: str) -> bool:
-    return any(f.name == name and not f.is_cached for f in repo.files)
-
-
-def _cached(repo: RepoPlan, name: str) -> Path:
-    from huggingface_hub import try_to_load_from_cache
-
-    path = try_to_load_from_cache(repo.repo_id, name, cache_dir=repo_cache(), revision=repo.commit)
-    if not isinstance(path, str):  # removed from the cache since the plan was made
-        raise UserError(f"{repo.repo_id}/{name} vanished from the cache during the download: try again")
-    return Path(path)
-
-
-def _write_ref(repo: RepoPlan) -> None:
+def _write_ref(root: Path, repo: RepoPlan) -> None:
     """Point refs/<revision> at the commit, once its files are all in: resolving "main" then finds them.
 
     Files are fetched by commit hash (so a push during the download cannot mix two versions),
@@ -270,11 +274,16 @@ def _write_ref(repo: RepoPlan) -> None:
     """
     if repo.revision == repo.commit:
         return
-    ref = cache_dir() / ("models--" + repo.repo_id.replace("/", "--")) / "refs" / repo.revision
+    ref = repo_folder(root, repo.repo_id) / "refs" / repo.revision
+    if not is_inside(root, ref):  # check_revision keeps '..' out; a link planted in refs/ is not followed
+        raise UserError(f"--revision {repo.revision!r} leads outside the cache: use a branch, tag or commit name")
     ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(ref.name + ".tmp")
-    tmp.write_text(repo.commit)
-    os.replace(tmp, ref)
+    tmp = ref.with_name(ref.name + f".{os.getpid()}.tmp")
+    try:
+        tmp.write_text(repo.commit)
+        os.replace(tmp, ref)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def snapshot_path(repo_id: str, log=None, revision: str | None = None) -> Path:

@@ -18,6 +18,11 @@ class DownloadInterrupted(UserError):
     """
 
 
+class DownloadCorrupt(UserError):
+    """A downloaded file did not hash to the digest the Hub lists: a runtime failure (exit 1), as a retry can
+    succeed when a proxy or the network altered the bytes. The file is deleted, never placed in the cache."""
+
+
 class GatedRepo(UserError):
     """The repository needs an accepted licence and a token; `repo_id` says which one."""
 
@@ -32,7 +37,7 @@ def hub_url(repo_id: str) -> str:
     return f"{constants.ENDPOINT}/{repo_id}"
 
 
-def _http_module():
+def http_module():
     """huggingface_hub's HTTP client package (httpx2 since huggingface_hub 2, httpx before)."""
     try:
         import httpx2
@@ -45,7 +50,7 @@ def translate(exc: BaseException, repo_id: str, filename: str | None = None, rev
     """The UserError for a Hub failure, or None when `exc` is not one we know how to explain."""
     from huggingface_hub import errors
 
-    httpx2 = _http_module()
+    httpx2 = http_module()
 
     what = f"{repo_id}/{filename}" if filename else repo_id
     if isinstance(exc, errors.GatedRepoError):

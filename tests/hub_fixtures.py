@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -136,7 +135,9 @@ def fake_hub():
 @pytest.fixture
 def hub_env(fake_hub, tmp_path, monkeypatch):
     """huggingface_hub talks to the fake Hub with a fresh HF_HOME; returns the cache folder."""
-    from huggingface_hub import constants, file_download, hf_api
+    from huggingface_hub import constants, hf_api
+
+    from engine import hub_transfer
 
     home = tmp_path / "hf_home"
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE"):
@@ -156,8 +157,8 @@ def hub_env(fake_hub, tmp_path, monkeypatch):
     # made at import, with the endpoint of that moment: an earlier test that imported it (through
     # transformers, say) would send them to the real Hub.
     monkeypatch.setattr(hf_api.api, "endpoint", fake_hub.url)
-    # huggingface_hub waits a second before resuming a dropped transfer; not in tests
-    monkeypatch.setattr(file_download, "time", SimpleNamespace(sleep=lambda s: None))
+    # a dropped transfer is resumed after a wait; not in tests
+    monkeypatch.setattr(hub_transfer, "RETRY_DELAYS_S", (0.0,) * len(hub_transfer.RETRY_DELAYS_S))
     fake_hub.reset()
     yield Path(home / "hub")
     fake_hub.reset()
