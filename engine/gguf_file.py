@@ -29,7 +29,12 @@ def open_gguf(path: Path):
     try:
         return gguf.GGUFReader(str(path))
     except Exception as e:  # the reader raises bare ValueError/struct errors on bad files
-        raise ModelLoadError(f"{path} is not a readable GGUF file: {e}") from None
+        from .hub_cache import repair_hint
+
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelLoadError(
+            f"{path} is not a readable GGUF file: {first} (file truncated or corrupt?); {repair_hint(path)}"
+        ) from None
 
 
 def _field(reader, key: str, default=None):

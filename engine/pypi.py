@@ -20,12 +20,21 @@ def sha256_file(path: Path) -> str:
 
 def download_wheel(requirement: str, folder: Path, hint: str) -> Path:
     """Fetches one wheel with `pip download --no-deps` into `folder` and returns its path.
-    Fails with one line naming pip's last message and `hint` (what the user can do)."""
+    Fails with one line naming pip's last message and `hint` (what the user can do).
+
+    On any way out before pip is done (Ctrl+C, SIGTERM turned into KeyboardInterrupt, SystemExit),
+    pip is killed and waited for, so that it does not go on writing into a folder being removed."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
            "-d", str(folder), requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     wheels = list(Path(folder).glob("*.whl"))
     if proc.returncode != 0 or not wheels:
-        last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        last = (stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
         raise UserError(f"could not fetch {requirement} with pip ({last}); {hint}")
     return wheels[0]

@@ -40,7 +40,12 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
         except (SafetensorError, OSError, RuntimeError) as e:
-            raise ModelLoadError(f"cannot read {path.name}: {str(e).splitlines()[0]} (file truncated or corrupt?)") from None
+            from .hub_cache import repair_hint
+
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ModelLoadError(
+                f"cannot read {path}: {first} (file truncated or corrupt?); {repair_hint(path)}"
+            ) from None
 
 
 def _summary(names: list[str], limit: int = 4) -> str:

@@ -2,6 +2,10 @@
 
 Large (LFS) files are redirected to a second port, like the Hub's CDN: huggingface_hub reads
 their metadata from the redirect and fetches them without following it on HEAD.
+
+Switches make it behave like a broken or hostile server: `drops` (the connection closes mid-body),
+`tampers` (per file: the ETag, commit, listed name or body it sends, or a slow body) and
+`info_commits` (the commit hash a repo's model info reports).
 """
 
 from __future__ import annotations
@@ -56,10 +60,23 @@ class Drop:
 
 
 @dataclass
+class Tamper:
+    """What the server gets wrong about one file; fields left at None are served truthfully."""
+
+    etag: str | None = None  # sent as the ETag (and X-Linked-Etag for LFS files), verbatim
+    commit: str | None = None  # sent as X-Repo-Commit
+    listed_name: str | None = None  # the name the model info lists instead of the file's own
+    body: bytes | None = None  # served instead of the file's bytes; the listing keeps the real size and sha256
+    rate_bytes_per_s: float = 0.0  # > 0: stream this file's body this slowly
+
+
+@dataclass
 class FakeHub:
     repos: dict[str, FakeRepo] = field(default_factory=dict)
     token: str = "hf_test_token_123"
     drops: dict[tuple[str, str], Drop] = field(default_factory=dict)
+    tampers: dict[tuple[str, str], Tamper] = field(default_factory=dict)
+    info_commits: dict[str, str] = field(default_factory=dict)  # repo id -> the commit its model info reports
     requests: list[tuple[str, str]] = field(default_factory=list)
     url: str = ""
     cdn_url: str = ""
@@ -70,7 +87,12 @@ class FakeHub:
 
     def reset(self) -> None:
         self.drops.clear()
+        self.tampers.clear()
+        self.info_commits.clear()
         self.requests.clear()
+
+    def tamper(self, repo_id: str, name: str) -> Tamper:
+        return self.tampers.get((repo_id, name)) or Tamper()
 
     def file_gets(self) -> list[str]:
         """Paths of file bodies served (resolve and CDN GETs)."""
@@ -181,8 +203,13 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if repo is None:
                 return
             blobs = query.get("blobs") == ["True"] or query.get("blobs") == ["true"]
-            siblings = [repo.sibling(n) if blobs else {"rfilename": n} for n in sorted(repo.files)]
-            self._json(200, {"id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit, "private": False,
+            siblings = []
+            for n in sorted(repo.files):
+                entry = repo.sibling(n) if blobs else {"rfilename": n}
+                entry["rfilename"] = hub.tamper(repo_id, n).listed_name or n
+                siblings.append(entry)
+            commit = hub.info_commits.get(repo_id, repo.commit)
+            self._json(200, {"id": repo.repo_id, "modelId": repo.repo_id, "sha": commit, "private": False,
                              "gated": "manual" if repo.gated else False, "disabled": False, "siblings": siblings,
                              "tags": ["safetensors"], "pipeline_tag": "text-generation"})
 
@@ -205,16 +232,18 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return
             if repo.gated and not self._authorized():
                 return self._error(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must be authenticated.", head)
-            common = {"X-Repo-Commit": repo.commit}
+            tamper = hub.tamper(repo_id, filename)
+            common = {"X-Repo-Commit": tamper.commit or repo.commit}
             if filename not in repo.files:
                 return self._error(404, "EntryNotFound", f"{filename} does not exist on \"{rev}\"", head, common)
             data = repo.files[filename]
+            etag = tamper.etag or f'"{git_blob_sha(data)}"'
             if repo.is_lfs(filename):
                 sha = hashlib.sha256(data).hexdigest()
                 location = f"{hub.cdn_url}/cdn/{sha}"
-                return self._send(302, {**common, "Location": location, "X-Linked-Etag": f'"{sha}"',
-                                        "X-Linked-Size": len(data), "ETag": f'"{git_blob_sha(data)}"'}, head=True)
-            self._body(data, {**common, "ETag": f'"{git_blob_sha(data)}"'}, (repo_id, filename), head)
+                return self._send(302, {**common, "Location": location, "X-Linked-Etag": tamper.etag or f'"{sha}"',
+                                        "X-Linked-Size": len(data), "ETag": etag}, head=True)
+            self._body(data, {**common, "ETag": etag}, (repo_id, filename), head)
 
         def _cdn(self, sha: str, head: bool) -> None:
             found = [(r, n) for r in hub.repos.values() for n, d in r.files.items() if hashlib.sha256(d).hexdigest() == sha]
@@ -224,6 +253,9 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self._body(repo.files[name], {"ETag": f'"{sha}"'}, (repo.repo_id, name), head)
 
         def _body(self, data: bytes, headers: dict, key: tuple[str, str], head: bool) -> None:
+            tamper = hub.tamper(*key)
+            data = data if tamper.body is None else tamper.body
+            rate = tamper.rate_bytes_per_s or hub.rate_bytes_per_s
             start = 0
             status = 200
             if m := re.match(r"bytes=(\d+)-$", self.headers.get("Range", "")):
@@ -234,19 +266,23 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             headers = {**headers, "Content-Length": len(body), "Accept-Ranges": "bytes"}
             drop = hub.drops.get(key)
             if head or drop is None or drop.times <= 0:
-                if head or hub.rate_bytes_per_s <= 0:
+                if head or rate <= 0:
                     return self._send(status, headers, body, head)
-                return self._send_slowly(status, headers, body)
+                return self._send_slowly(status, headers, body, rate)
             drop.times -= 1
             self._send(status, headers, body[: drop.after_bytes], head=False)
             self.wfile.flush()
             self.close_connection = True
 
-        def _send_slowly(self, status: int, headers: dict, body: bytes) -> None:
+        def _send_slowly(self, status: int, headers: dict, body: bytes, rate: float) -> None:
             self._send(status, headers, head=True)  # headers only (Content-Length is the full body)
-            step = 64 * 1024
-            for i in range(0, len(body), step):
-                self.wfile.write(body[i : i + step])
-                time.sleep(step / hub.rate_bytes_per_s)
+            step = int(min(64 * 1024, max(1024, rate / 10)))  # about ten writes a second
+            try:
+                for i in range(0, len(body), step):
+                    self.wfile.write(body[i : i + step])
+                    self.wfile.flush()
+                    time.sleep(step / rate)
+            except (BrokenPipeError, ConnectionResetError):  # the client went away (a cancel, a Ctrl+C)
+                self.close_connection = True
 
     return Handler

@@ -187,3 +187,30 @@ def test_incomplete_snapshot_is_not_used(hub_env, fake_hub):
     assert cached_snapshot("tiny/llama") is None
     assert resolve("tiny/llama").path == snapshot  # fetched again
     assert (snapshot / "model-00002-of-00002.safetensors").is_file()
+
+
+def test_localchat_home_moves_the_hub_cache_unless_hf_home_is_set(hub_env, tmp_path, monkeypatch):
+    from engine.hub_cache import cache_dir
+
+    assert cache_dir() == hub_env  # HF_HOME is set by the fixture: the user's choice wins
+    monkeypatch.delenv("HF_HOME")
+    assert cache_dir() == tmp_path / "localchat" / "cache" / "huggingface" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_env))
+    assert cache_dir() == hub_env
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.delenv("LOCALCHAT_HOME")
+    assert cache_dir() == hub_env  # neither: huggingface_hub's own default
+
+
+def test_download_list_and_load_agree_on_the_moved_cache(hub_env, tmp_path, monkeypatch):
+    from engine.local_models import list_cached_models
+
+    monkeypatch.delenv("HF_HOME")
+    moved = tmp_path / "localchat" / "cache" / "huggingface" / "hub"
+    result = run_download(plan_download("tiny/llama", draft="tiny/llama-eagle3"))
+    assert result.target.is_relative_to(moved) and result.draft.is_relative_to(moved)
+    assert not hub_env.exists()  # nothing went to huggingface_hub's default
+    listed = {m.name: m.path for m in list_cached_models()}
+    assert listed["tiny/llama"] == result.target and listed["tiny/llama-eagle3"] == result.draft
+    assert resolve("tiny/llama").path == result.target == cached_snapshot("tiny/llama")
+    assert plan_download("tiny/llama").missing_bytes == 0
