@@ -133,8 +133,7 @@ def _download(args: argparse.Namespace) -> int:
     printer = ProgressPrinter(sys.stderr)
     try:
         plan = plan_download(repo, draft, args.revision, allow_bin=args.allow_bin, include=tuple(args.include),
-                             on_hash=lambda name, size: say(f"checking the cached {name} ({format_bytes(size)}) "
-                                                            "against the Hub's digest, once"))
+                             on_hash=_say_hashing)
         for r in plan.repos:
             for f in r.corrupt:
                 say(f"the cached {r.repo_id}/{f.name} does not match the Hub's {f.listed.digest.kind}: "
@@ -157,6 +156,13 @@ def _download(args: argparse.Namespace) -> int:
     if result.draft is not None:
         print(result.draft)
     return 0
+
+
+def _say_hashing(name: str, size: int) -> None:
+    from engine.hub import is_weight_file
+
+    if is_weight_file(name):  # the only files large enough for the wait to need a word
+        say(f"checking the cached {name} ({format_bytes(size)}) against the Hub's sha256, once")
 
 
 def _download_demo() -> int:

@@ -17,14 +17,13 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from .download_progress import ProgressMeter
 from .hub_cache import blob_path, is_inside, is_verified, lock_path, mark_verified, remove_cached, snapshot_file
 from .hub_errors import DownloadCorrupt, DownloadInterrupted, http_module
 from .hub_metadata import HubAnswerError, ListedFile, check_commit, check_etag, refuse
 
-CHUNK_BYTES = 2**20  # progress and cancel react within one chunk
 RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0)  # waits before resuming a dropped body; after the last, the download fails
 
 
@@ -67,7 +66,8 @@ def _head(repo_id: str, commit: str, file: ListedFile, what: str) -> str:
     """The URL to GET the file from, once the HEAD answer agrees with the listing."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
-    meta = get_hf_file_metadata(hf_hub_url(repo_id, file.name, revision=commit))
+    url = hf_hub_url(repo_id, file.name, revision=commit)
+    meta = get_hf_file_metadata(url)
     if check_commit(meta.commit_hash, repo_id) != commit:
         raise HubAnswerError(
             f"the Hub answered commit {meta.commit_hash} for {what}, asked for {commit}; refusing it, nothing was "
@@ -76,7 +76,7 @@ def _head(repo_id: str, commit: str, file: ListedFile, what: str) -> str:
     check_etag(meta.etag, file.digest, what)
     if meta.size is not None and meta.size != file.size:
         raise refuse(f"size for {what} (listed {file.size})", meta.size)
-    return meta.location
+    return urljoin(url, meta.location)
 
 
 def _download_blob(url: str, blob: Path, file: ListedFile, meter: ProgressMeter, what: str) -> None:
@@ -111,7 +111,7 @@ def _transfer(url: str, out, file: ListedFile, meter: ProgressMeter, what: str) 
                     hasher, done = file.digest.hasher(file.size), 0
                     if response.status_code != 200:
                         raise _Retry()
-                for chunk in response.iter_bytes(CHUNK_BYTES):
+                for chunk in response.iter_bytes():  # as the network hands them over: progress and cancel keep up
                     if done + len(chunk) > file.size:  # never let a server fill the disk
                         raise DownloadCorrupt(f"the Hub sent more than the listed {file.size} bytes of {what}: "
                                               "deleted it; try again later")

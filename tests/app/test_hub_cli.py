@@ -126,3 +126,70 @@ def test_pickled_only_draft_needs_allow_bin(hub_env, capsys):
     assert code == 0, err
     assert (Path(out.splitlines()[1]) / "pytorch_model.bin").is_file()
     assert not (Path(out.splitlines()[0]) / "pytorch_model.bin").exists()  # the target has safetensors
+
+
+def test_a_hostile_etag_exits_2_and_writes_nothing_outside_the_cache(hub_env, fake_hub, capsys, tmp_path):
+    from tests.hub_server import Tamper
+
+    fake_hub.tampers[("tiny/llama", "model-00001-of-00002.safetensors")] = Tamper(etag='"../../../../escaped"')
+    code, out, err = run_cli(capsys, "download", "tiny/llama")
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "invalid ETag for tiny/llama/model-00001-of-00002.safetensors", "nothing was written")
+    outside = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(hub_env)
+               and not p.is_relative_to(tmp_path / "localchat")]
+    assert outside == []
+
+
+def test_a_bad_commit_exits_2(hub_env, fake_hub, capsys):
+    fake_hub.info_commits["tiny/llama"] = "../../escaped"
+    code, _, err = run_cli(capsys, "download", "tiny/llama")
+    assert code == 2
+    assert_one_line_error(err, "invalid commit hash for tiny/llama")
+    assert cache_files(hub_env) == []
+
+
+def test_wrong_bytes_exit_1_and_the_rerun_repairs(hub_env, fake_hub, capsys):
+    from tests.hub_server import Tamper
+
+    name = "model-00002-of-00002.safetensors"
+    good = fake_hub.repos["tiny/llama"].files[name]
+    fake_hub.tampers[("tiny/llama", name)] = Tamper(body=good[:-4] + b"\0\0\0\0")
+    code, _, err = run_cli(capsys, "download", "tiny/llama")
+    assert code == 1
+    assert_one_line_error(err, f"tiny/llama/{name} does not match the sha256", "run the same command again")
+    fake_hub.tampers.clear()
+    code, out, err = run_cli(capsys, "download", "tiny/llama")
+    assert code == 0, err
+    assert (Path(out.strip()) / name).read_bytes() == good
+
+
+def test_a_corrupt_cached_file_is_not_0_bytes_to_download(hub_env, fake_hub, capsys):
+    name = "model-00001-of-00002.safetensors"
+    good = fake_hub.repos["tiny/llama"].files[name]
+    assert main(["download", "tiny/llama"]) == 0
+    snapshot = Path(capsys.readouterr().out.strip())
+    blob = (snapshot / name).resolve()
+    blob.write_bytes(good[:100] + bytes(b ^ 1 for b in good[100:200]) + good[200:])
+    code, out, err = run_cli(capsys, "download", "tiny/llama")
+    assert code == 0, err
+    assert f"the cached tiny/llama/{name} does not match the Hub's sha256: fetching it again" in err
+    from engine.units import format_bytes
+
+    assert f"tiny/llama: {format_bytes(len(good))} to download" in err
+    assert (snapshot / name).read_bytes() == good
+    code, out, err = run_cli(capsys, "download", "tiny/llama")
+    assert "tiny/llama: 0 B to download" in err and "checking" not in err  # known good now: not hashed again
+
+
+def test_localchat_home_alone_puts_downloads_under_it(fake_hub, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING", "XDG_"))}
+    env |= {"HF_ENDPOINT": fake_hub.url, "LOCALCHAT_HOME": str(tmp_path / "lc"), "PYTHONPATH": str(ROOT),
+            "HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "download", "tiny/llama"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).is_relative_to(tmp_path / "lc" / "cache" / "huggingface" / "hub")
+    assert not (tmp_path / "home").exists()  # not ~/.cache/huggingface
+    listed = subprocess.run([sys.executable, "-m", "app.cli", "models", "--json"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert [m["path"] for m in json.loads(listed.stdout)["local"] if m["name"] == "tiny/llama"] == [done.stdout.strip()]
