@@ -68,6 +68,7 @@ class Tamper:
     listed_name: str | None = None  # the name the model info lists instead of the file's own
     body: bytes | None = None  # served instead of the file's bytes; the listing keeps the real size and sha256
     rate_bytes_per_s: float = 0.0  # > 0: stream this file's body this slowly
+    ignore_range: bool = False  # answer a Range request with the whole body (200), as some proxies do
 
 
 @dataclass
@@ -258,7 +259,7 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             rate = tamper.rate_bytes_per_s or hub.rate_bytes_per_s
             start = 0
             status = 200
-            if m := re.match(r"bytes=(\d+)-$", self.headers.get("Range", "")):
+            if not tamper.ignore_range and (m := re.match(r"bytes=(\d+)-$", self.headers.get("Range", ""))):
                 start = int(m.group(1))
                 status = 206
                 headers = {**headers, "Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}

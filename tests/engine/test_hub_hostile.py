@@ -212,3 +212,16 @@ def test_partial_files_left_by_a_killed_process_are_removed_unless_held(hub_env,
         run_download(plan)
     assert not stale.exists() and held.exists()
     assert cached_snapshot("tiny/llama") is not None
+
+
+def test_a_resume_answered_with_the_whole_body_starts_the_file_over(hub_env, fake_hub):
+    from tests.hub_server import Drop
+
+    good = fake_hub.repos["tiny/llama"].files[SHARD]
+    fake_hub.drops[("tiny/llama", SHARD)] = Drop(after_bytes=5000, times=1)
+    fake_hub.tampers[("tiny/llama", SHARD)] = Tamper(ignore_range=True)
+    seen = []
+    plan = plan_download("tiny/llama")
+    result = run_download(plan, on_progress=seen.append)
+    assert (result.target / SHARD).read_bytes() == good
+    assert seen[-1].done_bytes == plan.missing_bytes  # the 5000 bytes thrown away are not counted twice
