@@ -12,6 +12,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Label, OptionList
 
+from engine.errors import UserError
+
 from ..engine_runner import EngineRunner
 from ..pacing import LiveAnswer, release_when_drawn
 from ..store import ChatRecord
@@ -286,6 +288,9 @@ class ChatScreen(Screen):
             path = write_export(self.chat, messages, self.app.paths.export_dir)
         except OSError as e:
             self.notify(f"Could not export to {self.app.paths.export_dir}: {e.strerror or e}", severity="error")
+            return
+        except UserError as e:  # its file name is taken by a link, folder or device
+            self.notify(f"Could not export: {e}", severity="error")
             return
         self.notify(f"Exported {len(messages)} messages to {path}", timeout=6)
 
