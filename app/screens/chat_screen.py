@@ -171,7 +171,8 @@ class ChatScreen(Screen):
         if not self.chat or not self._same_chat(self.chat.id, chat_id):
             chat = self.store.get_chat(chat_id)
             if chat is not None and not await self.open_chat(chat):
-                self.refresh_chat_list()  # the highlight goes back to this window's chat
+                self.refresh_chat_list()  # the highlight goes back to this window's chat, the focus stays
+                return
         self.query_one(PromptInput).focus()
 
     @on(Button.Pressed, "#new-chat")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -221,6 +222,45 @@ async def test_a_locked_database_keeps_messages_until_it_can_write_them(make_app
     assert title == "kept while locked" and chat_id > 0
     assert [r[0] for r in rows] == ["user", "assistant"] * 3
     assert [r[1] for r in rows][::2] == ["kept while locked", "and this too", "after the lock"]
+
+
+async def test_a_chat_open_in_another_window_is_not_opened_here(make_app, home: Path):
+    from app.store import ChatStore
+
+    first = make_app()
+    async with first.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "older chat")
+        await pilot.click("#new-chat")
+        await send(pilot, "latest chat")
+    other = ChatStore.open(home / "data" / "chats.db")  # another window, on its latest chat
+    latest = other.list_chats()[0]
+    assert latest.title == "latest chat" and other.take_lease(latest.id) is None
+    try:
+        app = make_app()
+        async with app.run_test() as pilot:
+            await ready(pilot)
+            assert app.screen.chat is None and app.screen.conversation.views == []  # a new chat instead
+            assert any(f"“latest chat” is open in another localchat window (pid {os.getpid()})" in n
+                       for n in notes(app))
+            chat_list = app.screen.query_one(ChatList)
+            chat_list.focus()
+            chat_list.highlighted = titles(app).index("latest chat")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.screen.chat is None and chat_list.highlighted is None  # refused, nothing changed
+            assert chat_list.has_focus  # to pick another one
+            chat_list.highlighted = titles(app).index("older chat")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.screen.chat.title == "older chat"
+            await send(pilot, "more here")
+    finally:
+        other.close()
+    store = ChatStore.open(home / "data" / "chats.db")
+    assert [m.content for m in store.messages(latest.id) if m.role == "user"] == ["latest chat"]
+    older = next(c for c in store.list_chats() if c.title == "older chat")
+    assert [m.content for m in store.messages(older.id) if m.role == "user"] == ["older chat", "more here"]
 
 
 async def test_unknown_setting_and_bad_value_are_reported(make_app, home: Path):
