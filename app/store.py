@@ -175,17 +175,21 @@ class ChatStore:
 
     # Leases: one window per chat
 
-    def take_lease(self, chat_id: int) -> LeaseHolder | None:
-        """This window opens (or keeps open) `chat_id`: None when it may, else the live window that has it.
-        When the database cannot be written now, only a holder that can be seen refuses."""
+    def take_lease(self, chat_id: int, timeout_s: float = LEASE_TIMEOUT_S) -> LeaseHolder | None:
+        """This window opens `chat_id`: None when it may, else the live window that has it open. When the
+        database cannot be written now, only a holder that can be seen refuses."""
         chat_id = self.resolve(chat_id)
         if chat_id < 0:  # not saved yet: saving it takes the lease
             return None
         try:
-            with self._transaction(min(LEASE_TIMEOUT_S, self._write_timeout(len(self.queue)))):
+            with self._transaction(min(timeout_s, self._write_timeout(len(self.queue)))):
                 return chat_lease.take(self.conn, chat_id, self.me, time.time())
         except sqlite3.Error:
             return self.lease_holder(chat_id)
+
+    def renew_lease(self, chat_id: int) -> LeaseHolder | None:
+        """As take_lease, without waiting on a lock: a renewal missed now is made at the next one."""
+        return self.take_lease(chat_id, RETRY_TIMEOUT_S)
 
     def release_lease(self, chat_id: int) -> None:
         """Best effort: a lease left behind expires (LEASE_TTL_S) once it is no longer renewed."""

@@ -109,14 +109,15 @@ class ChatScreen(Screen):
 
     # Chats
 
-    async def open_chat(self, chat: ChatRecord | None) -> bool:
+    async def open_chat(self, chat: ChatRecord | None,
+                        if_held: str = "Close it there first, or pick another chat.") -> bool:
         """Shows `chat` (None: a new one), which this window then holds; False, and nothing changes, when
         another localchat window has it open (two windows writing one chat would interleave)."""
         if chat is not None:
             holder = self.store.take_lease(chat.id)
             if holder is not None:
-                self.notify(f"“{chat.title}” is open in another localchat window ({holder.describe()}). "
-                            "Close it there first, or pick another chat.", severity="warning", timeout=10)
+                self.notify(f"“{chat.title}” is open in another localchat window ({holder.describe()}). {if_held}",
+                            severity="warning", timeout=10)
                 return False
         if self.chat is not None and (chat is None or not self._same_chat(chat.id, self.chat.id)):
             self.store.release_lease(self.chat.id)
@@ -131,7 +132,7 @@ class ChatScreen(Screen):
     async def open_latest_chat(self) -> None:
         """The most recent chat, or a new one when another window has that open."""
         chats = self.store.list_chats()
-        if not chats or not await self.open_chat(chats[0]):
+        if not chats or not await self.open_chat(chats[0], if_held="This window starts a new chat."):
             await self.open_chat(None)
 
     async def renew_lease(self) -> None:
@@ -139,7 +140,7 @@ class ChatScreen(Screen):
         longer than a lease lasts), this one moves to a new chat rather than interleave with it."""
         if self.chat is None:
             return
-        holder = self.store.take_lease(self.chat.id)
+        holder = self.store.renew_lease(self.chat.id)
         if holder is not None:
             self.notify(f"“{self.chat.title}” was opened in another localchat window ({holder.describe()}) "
                         "while this one was not responding: this window starts a new chat.",
