@@ -14,8 +14,8 @@ from textual.widgets import Button, Footer, Label, OptionList
 
 from engine.errors import UserError
 
-from ..engine_runner import EngineRunner
 from ..chat_lease import LEASE_RENEW_S
+from ..engine_runner import EngineRunner
 from ..pacing import LiveAnswer, release_when_drawn
 from ..store import ChatRecord
 from ..widgets.chat_list import ChatList
