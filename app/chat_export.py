@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
+import stat
 import sys
 import time
 from pathlib import Path
@@ -40,18 +43,79 @@ def file_name(chat: ChatRecord) -> str:
     return f"{slug}-{chat.id}.md"
 
 
-def _write(path: Path, text: str) -> None:
-    """Through a temporary name: a failed write leaves an earlier file whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+def _write(path: Path, text: str, force: bool) -> None:
+    """Writes `path` whole or not at all, through a temporary file of its own beside it (a `path.tmp`
+    already there is someone else's). Replaces only a regular file, and only with `force`."""
+    existing = _existing(path, force)
+    fd, tmp = _create_temp(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if existing is not None:  # a replaced file keeps its permissions
+            os.chmod(tmp, stat.S_IMODE(existing.st_mode))
+        if force:
+            os.replace(tmp, path)
+        else:
+            _place_new(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
-def write_export(chat: ChatRecord, messages: list[MessageRecord], folder: Path) -> Path:
-    """Writes the chat's Markdown into `folder` (created if missing); returns the file's path."""
+def _existing(path: Path, force: bool) -> os.stat_result | None:
+    """What is at `path` now (None: nothing); refuses anything that is not a regular file, and a
+    regular file without `force`."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{path} is a symbolic link: export never replaces one; give the file it points to, "
+                        "or another path")
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path} is a folder, not a file: give another path")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{path} is not a regular file (a device, FIFO or socket): export never replaces one; "
+                        "give another path")
+    if not force:
+        raise UserError(f"{path} already exists: add --force to replace it, or give another path")
+    return st
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, unique file beside `path`, created with the user's umask (mkstemp's would make it 0600)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def _place_new(tmp: Path, path: Path) -> None:
+    """Moves `tmp` to `path` only if nothing is there: a hard link cannot replace a file that appeared
+    since the check, a rename could."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        _existing(path, force=False)  # says what is there
+        raise UserError(f"{path} already exists: add --force to replace it, or give another path") from None
+    except OSError:  # no hard links on this file system (FAT, some network shares): check, then rename
+        _existing(path, force=False)
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
+
+
+def write_export(chat: ChatRecord, messages: list[MessageRecord], folder: Path, force: bool = True) -> Path:
+    """Writes the chat's Markdown into `folder` (created if missing); returns the file's path. With
+    `force`, an earlier export of the same chat (a regular file) is replaced."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / file_name(chat)
-    _write(path, chat_markdown(chat, messages))
+    _write(path, chat_markdown(chat, messages), force)
     return path
 
 
@@ -83,8 +147,8 @@ def cmd_chats(args) -> int:
 
 
 def cmd_export(args) -> int:
-    """`localchat export ID [--out PATH]`: one chat as Markdown on stdout, or into PATH (a file,
-    or a folder that gets the chat's own file name)."""
+    """`localchat export ID [--out PATH] [--force]`: one chat as Markdown on stdout, or into PATH (a file,
+    or a folder that gets the chat's own file name). An existing file is replaced only with --force."""
     store = _open_store(AppPaths.resolve())
     chat = store.get_chat(args.chat_id) if store else None
     if chat is None:
@@ -96,11 +160,11 @@ def cmd_export(args) -> int:
     out = Path(args.out).expanduser()
     try:
         if out.is_dir():
-            path = write_export(chat, messages, out)
+            path = write_export(chat, messages, out, force=args.force)
         else:
             if not out.parent.is_dir():
                 raise UserError(f"--out {out}: the folder {out.parent} does not exist")
-            _write(out, chat_markdown(chat, messages))
+            _write(out, chat_markdown(chat, messages), args.force)
             path = out
     except OSError as e:
         raise UserError(f"cannot write {out}: {e.strerror or e}") from None

@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="write a saved chat as Markdown (stdout, or --out FILE or FOLDER)")
     export.add_argument("chat_id", type=int, metavar="ID", help="the chat's id, from `localchat chats`")
     export.add_argument("--out", default=None, help="a file, or a folder that gets the chat's own file name")
+    export.add_argument("--force", action="store_true",
+                        help="replace an existing file (never a link, folder, device or FIFO)")
     export.set_defaults(handler=_export)
     try:
         from app.hub_commands import add_subcommands

@@ -39,13 +39,14 @@ class LocalChatApp(App):
         self.settings, self.startup_notes = load_settings(self.paths.settings_path)
         self.store = ChatStore.open(self.paths.db_path)
         self.startup_notes += self.store.notes
-        self.store.on_error = lambda text: self.notify(text, title="Chat history", severity="error")
+        self.store.on_error = lambda text: self.notify(text, title="Chat history", severity="error", timeout=15)
         steps = draft_steps or self.settings.draft_steps
         self.load_kwargs = dict(device=device, draft_steps=steps, max_seq_len=max_seq_len, use_graphs=use_graphs)
         self.runner = EngineRunner(engine_factory or _load_engine(model, draft=draft, **self.load_kwargs))
         self.model_label = model
         self.speculative = self.settings.speculative if speculative is None else speculative
         self.chat_screen: ChatScreen | None = None
+        self.exit_notes: list[str] = []  # printed once the terminal is back
 
     def on_mount(self) -> None:
         if self.settings.theme in self.available_themes:
@@ -61,7 +62,11 @@ class LocalChatApp(App):
         self.runner.shutdown()
         if self.chat_screen is not None:
             self.chat_screen.save_unfinished()
-        self.store.close()
+        kept = self.store.close()
+        if self.store.num_pending:
+            self.exit_notes.append(
+                f"{self.store.num_pending} change(s) could not be written to the chat history {self.paths.db_path}"
+                + (f"; they are kept in {kept}." if kept else " and are lost."))
         gc.unfreeze()  # the load froze the heap (see _load_engine): let the interpreter's exit free it
 
     def watch_theme(self, theme: str) -> None:
@@ -149,4 +154,6 @@ def run_tui(args) -> int:
         speculative=False if getattr(args, "no_spec", False) else None,
     )
     app.run()
+    for note in app.exit_notes:
+        print(f"localchat: {note}", file=sys.stderr)
     return app.return_code or 0

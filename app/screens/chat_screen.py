@@ -12,6 +12,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Label, OptionList
 
+from engine.errors import UserError
+
+from ..chat_lease import LEASE_RENEW_S
 from ..engine_runner import EngineRunner
 from ..pacing import LiveAnswer, release_when_drawn
 from ..store import ChatRecord
@@ -43,6 +46,8 @@ class _Answer:
 
 
 class ChatScreen(Screen):
+    SAVE_RETRY_S = 2.0  # how often writes the chat history could not take are tried again
+
     BINDINGS = [
         Binding("escape", "stop", "Stop", show=False),
         Binding("ctrl+r", "regenerate", "Regenerate"),
@@ -83,8 +88,10 @@ class ChatScreen(Screen):
         self.status.speculative = self.speculative
         self.status.model = self.app.model_label
         self.status.show_progress("Loading model…", None)
-        chats = self.store.list_chats()
-        await self.open_chat(chats[0] if chats else None)
+        self.store.on_pending = self.show_unsaved
+        self.set_interval(self.SAVE_RETRY_S, self.store.flush)
+        self.set_interval(LEASE_RENEW_S, self.renew_lease)
+        await self.open_latest_chat()
         self.query_one(PromptInput).focus()
         self.app.runner.start(self)
 
@@ -102,12 +109,54 @@ class ChatScreen(Screen):
 
     # Chats
 
-    async def open_chat(self, chat: ChatRecord | None) -> None:
+    async def open_chat(self, chat: ChatRecord | None,
+                        if_held: str = "Close it there first, or pick another chat.") -> bool:
+        """Shows `chat` (None: a new one), which this window then holds; False, and nothing changes, when
+        another localchat window has it open (two windows writing one chat would interleave)."""
+        if chat is not None:
+            holder = self.store.take_lease(chat.id)
+            if holder is not None:
+                self.notify(f"“{chat.title}” is open in another localchat window ({holder.describe()}). {if_held}",
+                            severity="warning", timeout=10)
+                return False
+        if self.chat is not None and (chat is None or not self._same_chat(chat.id, self.chat.id)):
+            self.store.release_lease(self.chat.id)
         self.action_stop()
         self.chat = chat
         self.new_chat_system_prompt = self.app.settings.system_prompt
         records = self.store.messages(chat.id) if chat else []
         await self.conversation.show(self.system_prompt, records)
+        self.refresh_chat_list()
+        return True
+
+    async def open_latest_chat(self) -> None:
+        """The most recent chat, or a new one when another window has that open."""
+        chats = self.store.list_chats()
+        if not chats or not await self.open_chat(chats[0], if_held="This window starts a new chat."):
+            await self.open_chat(None)
+
+    async def renew_lease(self) -> None:
+        """Keeps this window's hold on its chat; if another window took it over (this one was silent for
+        longer than a lease lasts), this one moves to a new chat rather than interleave with it."""
+        if self.chat is None:
+            return
+        holder = self.store.renew_lease(self.chat.id)
+        if holder is not None:
+            self.notify(f"“{self.chat.title}” was opened in another localchat window ({holder.describe()}) "
+                        "while this one was not responding: this window starts a new chat.",
+                        severity="warning", timeout=20)
+            self.chat = None  # its lease is not ours to release
+            await self.open_chat(None)
+
+    def _same_chat(self, a: int, b: int) -> bool:
+        """Ids handed out before a chat was saved differ from its database id."""
+        return self.store.resolve(a) == self.store.resolve(b)
+
+    def show_unsaved(self, count: int) -> None:
+        """The store's writes waiting for the database: on the status bar, and as * in the chat list."""
+        if count == 0 and self.status.unsaved:
+            self.notify("Chat history saved: everything is written now.", timeout=4)
+        self.status.unsaved = count
         self.refresh_chat_list()
 
     @property
@@ -115,13 +164,16 @@ class ChatScreen(Screen):
         return self.chat.system_prompt if self.chat else self.new_chat_system_prompt
 
     def refresh_chat_list(self) -> None:
-        self.query_one(ChatList).show(self.store.list_chats(), self.chat.id if self.chat else None)
+        self.query_one(ChatList).show(self.store.list_chats(), self.store.resolve(self.chat.id) if self.chat else None)
 
     @on(OptionList.OptionSelected, "#chat-list")
     async def chat_selected(self, event: OptionList.OptionSelected) -> None:
         chat_id = int(event.option_id)
-        if not self.chat or self.chat.id != chat_id:
-            await self.open_chat(self.store.get_chat(chat_id))
+        if not self.chat or not self._same_chat(self.chat.id, chat_id):
+            chat = self.store.get_chat(chat_id)
+            if chat is not None and not await self.open_chat(chat):
+                self.refresh_chat_list()  # the highlight goes back to this window's chat, the focus stays
+                return
         self.query_one(PromptInput).focus()
 
     @on(Button.Pressed, "#new-chat")
@@ -152,12 +204,16 @@ class ChatScreen(Screen):
         async def done(confirmed: bool | None) -> None:
             if not confirmed:
                 return
-            if self.answer and self.answer.chat_id == chat.id:
+            holder = self.store.delete_chat(chat.id)
+            if holder is not None:
+                self.notify(f"“{chat.title}” was not deleted: it is open in another localchat window "
+                            f"({holder.describe()}). Close it there first.", severity="warning", timeout=10)
+                return
+            if self.answer and self.answer.chat_id is not None and self._same_chat(self.answer.chat_id, chat.id):
                 self.answer.chat_id = None
-            self.store.delete_chat(chat.id)
             self.notify(f"Deleted chat “{chat.title}”.", timeout=3)
-            chats = self.store.list_chats()
-            await self.open_chat(chats[0] if chats else None)
+            self.chat = None  # deleted with its lease
+            await self.open_latest_chat()
 
         self.app.push_screen(ConfirmScreen(f"Delete chat “{chat.title}”?", "Delete"), done)
 
@@ -278,7 +334,7 @@ class ChatScreen(Screen):
         if self.answer is not None:
             self.notify("Wait for the answer to finish, or press Esc to stop it.", severity="warning")
             return
-        messages = self.store.messages(self.chat.id) if self.chat is not None and self.chat.id > 0 else []
+        messages = self.store.messages(self.chat.id) if self.chat is not None else []
         if not messages:
             self.notify("Nothing to export yet: this chat has no saved messages.")
             return
@@ -286,6 +342,9 @@ class ChatScreen(Screen):
             path = write_export(self.chat, messages, self.app.paths.export_dir)
         except OSError as e:
             self.notify(f"Could not export to {self.app.paths.export_dir}: {e.strerror or e}", severity="error")
+            return
+        except UserError as e:  # its file name is taken by a link, folder or device
+            self.notify(f"Could not export: {e}", severity="error")
             return
         self.notify(f"Exported {len(messages)} messages to {path}", timeout=6)
 

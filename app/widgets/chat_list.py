@@ -12,8 +12,7 @@ from ..store import ChatRecord
 class ChatList(OptionList):
     def show(self, chats: list[ChatRecord], current_id: int | None) -> None:
         self.clear_options()
-        self.add_options(Option(Text(chat.title, no_wrap=True, overflow="ellipsis"), id=str(chat.id))
-                         for chat in chats)
+        self.add_options(Option(_title(chat), id=str(chat.id)) for chat in chats)
         self.select(current_id)
 
     def select(self, chat_id: int | None) -> None:
@@ -29,3 +28,11 @@ class ChatList(OptionList):
     @property
     def titles(self) -> list[str]:
         return [str(self.get_option_at_index(i).prompt) for i in range(self.option_count)]
+
+
+def _title(chat: ChatRecord) -> Text:
+    """The title, marked with * (as editors mark an unsaved file) while some of the chat is not saved yet."""
+    title = Text(chat.title, no_wrap=True, overflow="ellipsis")
+    if not chat.is_saved:
+        title = Text.assemble(("* ", "bold red"), title, no_wrap=True, overflow="ellipsis")
+    return title

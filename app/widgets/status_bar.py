@@ -21,15 +21,18 @@ class StatusBar(Horizontal):
     stats: reactive[dict] = reactive(dict, always_update=True)
     load_text: reactive[str] = reactive("")
     model_ok: reactive[bool] = reactive(True)
+    unsaved: reactive[int] = reactive(0)  # chat history writes waiting for the database
 
     def compose(self) -> ComposeResult:
         yield Static(id="status-model")
         yield Static(id="status-spec")
+        yield Static(id="status-unsaved")
         yield Static(id="status-speed")
         yield ProgressBar(total=1.0, show_eta=False, show_percentage=True, id="load-progress")
 
     def on_mount(self) -> None:
         self._render_all()
+        self._watch_unsaved()
 
     def show_progress(self, text: str, fraction: float | None) -> None:
         bar = self.query_one(ProgressBar)
@@ -48,6 +51,12 @@ class StatusBar(Horizontal):
         self._render_all()
 
     _watch_draft = _watch_speculative = _watch_has_draft = _watch_load_text = _watch_model_ok = _watch_model
+
+    def _watch_unsaved(self) -> None:
+        if self.is_mounted:
+            unsaved = self.query_one("#status-unsaved", Static)
+            unsaved.display = self.unsaved > 0
+            unsaved.update(Text(f" {self.unsaved} not saved yet ", style="bold reverse red"))
 
     def _watch_stats(self) -> None:
         """Live while an answer streams: only the speed field changes, and its size cannot (1fr wide, one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -180,23 +181,86 @@ async def test_corrupt_database_is_moved_aside(make_app, home: Path):
         assert [c.title for c in app.store.list_chats()] == ["fresh start"]
 
 
-async def test_locked_database_still_starts(make_app, home: Path):
+async def test_a_locked_database_keeps_messages_until_it_can_write_them(make_app, home: Path):
+    """Another program holds the database's write lock: the new chat and its messages stay in memory,
+    marked as not saved, and are written in order once the lock is gone (by the retry timer)."""
     first = make_app()
     async with first.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "saved before the lock")
-    lock = sqlite3.connect(home / "data" / "chats.db", isolation_level=None)
+    db = home / "data" / "chats.db"
+    lock = sqlite3.connect(db, isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
+    try:
+        app = make_app()
+        app.store.timeout_s = 0.2  # the product waits seconds for a lock; this test need not
+        async with app.run_test() as pilot:
+            await ready(pilot)
+            await pilot.click("#new-chat")
+            await send(pilot, "kept while locked")
+            assert any("Cannot write the chat history now (database is locked)" in n for n in notes(app))
+            await send(pilot, "and this too")
+            unsaved = app.screen.query_one("#status-unsaved")
+            assert app.screen.status.unsaved == 5 and unsaved.display  # a chat and four messages
+            assert "5 not saved yet" in str(unsaved.render())
+            assert titles(app) == ["* kept while locked", "saved before the lock"]
+            assert app.screen.chat.id < 0  # a provisional id until the chat is written
+            lock.execute("ROLLBACK")
+            await wait_for(pilot, lambda: app.screen.status.unsaved == 0, timeout_s=3 * app.screen.SAVE_RETRY_S)
+            await pilot.pause()
+            assert not unsaved.display and titles(app) == ["kept while locked", "saved before the lock"]
+            assert any("Chat history saved" in n for n in notes(app))
+            await send(pilot, "after the lock")  # the provisional id still works
+    finally:
+        if lock.in_transaction:
+            lock.execute("ROLLBACK")
+        lock.close()
+    check = sqlite3.connect(db)
+    chat_id, title = check.execute("SELECT id, title FROM chats ORDER BY id DESC LIMIT 1").fetchone()
+    rows = check.execute("SELECT role, content FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
+    check.close()
+    assert title == "kept while locked" and chat_id > 0
+    assert [r[0] for r in rows] == ["user", "assistant"] * 3
+    assert [r[1] for r in rows][::2] == ["kept while locked", "and this too", "after the lock"]
+
+
+async def test_a_chat_open_in_another_window_is_not_opened_here(make_app, home: Path):
+    from app.store import ChatStore
+
+    first = make_app()
+    async with first.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "older chat")
+        await pilot.click("#new-chat")
+        await send(pilot, "latest chat")
+    other = ChatStore.open(home / "data" / "chats.db")  # another window, on its latest chat
+    latest = other.list_chats()[0]
+    assert latest.title == "latest chat" and other.take_lease(latest.id) is None
     try:
         app = make_app()
         async with app.run_test() as pilot:
             await ready(pilot)
-            assert any("locked by another program" in n for n in notes(app))
-            await send(pilot, "still works")
-            assert app.screen.conversation.views[-1].content.startswith("You said: **still works**")
+            assert app.screen.chat is None and app.screen.conversation.views == []  # a new chat instead
+            assert any(f"“latest chat” is open in another localchat window (pid {os.getpid()})" in n
+                       for n in notes(app))
+            chat_list = app.screen.query_one(ChatList)
+            chat_list.focus()
+            chat_list.highlighted = titles(app).index("latest chat")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.screen.chat is None and chat_list.highlighted is None  # refused, nothing changed
+            assert chat_list.has_focus  # to pick another one
+            chat_list.highlighted = titles(app).index("older chat")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.screen.chat.title == "older chat"
+            await send(pilot, "more here")
     finally:
-        lock.execute("ROLLBACK")
-        lock.close()
+        other.close()
+    store = ChatStore.open(home / "data" / "chats.db")
+    assert [m.content for m in store.messages(latest.id) if m.role == "user"] == ["latest chat"]
+    older = next(c for c in store.list_chats() if c.title == "older chat")
+    assert [m.content for m in store.messages(older.id) if m.role == "user"] == ["older chat", "more here"]
 
 
 async def test_unknown_setting_and_bad_value_are_reported(make_app, home: Path):

@@ -92,7 +92,8 @@ def test_write_failure_is_reported_not_raised(tmp_path):
     errors = []
     store.on_error = errors.append
     assert store.add_message(12345, "user", "no such chat") is None  # foreign key fails
-    assert errors and "Saving to chat history failed" in errors[0]
+    assert errors and "Could not save a message" in errors[0] and "FOREIGN KEY" in errors[0]
+    assert store.num_pending == 0  # refused for good: not tried again and again
 
 
 def test_importing_the_app_does_not_import_torch():
