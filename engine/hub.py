@@ -29,7 +29,9 @@ TOKENIZER_FILES = (
     "vocab.json", "merges.txt", "added_tokens.json", "chat_template.json", "chat_template.jinja",
 )
 SAFETENSORS_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
-# Pickled weights are fetched only when asked (and loaded with torch.load(weights_only=True)).
+# Pickled weights are fetched only when asked (--allow-bin, or a catalog head marked allow_bin) and
+# only from repos without safetensors; engine/checkpoint.py reads them as plain tensors
+# (torch.load(weights_only=True)), so a pickle that needs code is refused, never run.
 BIN_PATTERNS = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
 DISK_SLACK_BYTES = 64 * 2**20  # refs, locks, and a margin so the disk is not filled to the last byte
 
@@ -168,7 +170,8 @@ def plan_repo(repo_id: str, revision: str | None = None, allow_bin: bool = False
         raise UserError(f"{repo_id} has no config.json: it is not a Hugging Face model folder")
     if not any(is_weight_file(n) for n in names):
         has_bin = any(fnmatch.fnmatch(n, BIN_PATTERNS[0]) for n in sizes)
-        hint = "; it has only pickled .bin weights: pass --allow-bin to fetch them" if has_bin else ""
+        hint = (f"; it has only pickled .bin weights: fetch them with `localchat download {repo_id} --allow-bin` "
+                "(they are read as plain tensors only)") if has_bin else ""
         raise UserError(f"{repo_id} has no .safetensors weights{hint}")
     commit = info.sha or ""
     root = cache_dir()

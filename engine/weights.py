@@ -1,46 +1,12 @@
-"""Weight loading: exact-name copy of checkpoint tensors into a model, from safetensors folders."""
+"""Weight loading: exact-name copy of checkpoint tensors into a model (files: engine/checkpoint.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import torch
 
 from .errors import ModelLoadError
-
-
-def safetensors_files(folder: Path) -> list[Path]:
-    """The shard list from `model.safetensors.index.json`, else every `*.safetensors` file."""
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ModelLoadError(f"{index} is not a valid safetensors index: {e}") from None
-        files = [folder / f for f in sorted(set(weight_map.values()))]
-        for f in files:
-            if not f.exists():
-                raise ModelLoadError(f"{folder}: shard {f.name} named in the index is missing")
-        return files
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{folder} has no *.safetensors weights (we never load pickled .bin files)")
-    return files
-
-
-def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
-    from safetensors import SafetensorError
-
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
-        except (SafetensorError, OSError, RuntimeError) as e:
-            raise ModelLoadError(f"cannot read {path.name}: {str(e).splitlines()[0]} (file truncated or corrupt?)") from None
 
 
 def _summary(names: list[str], limit: int = 4) -> str:
