@@ -239,3 +239,12 @@ def test_fit_counts_the_files_the_loader_reads(tmp_path, original):
     assert not is_complete_folder(folder)
     with pytest.raises(ModelLoadError, match=f"shard {shards[1]} named in pytorch_model.bin.index.json is missing"):
         weight_files(folder)
+
+
+def test_bin_names_are_matched_exactly_like_safetensors_names(tmp_path, original):
+    folder = bare_copy(original, tmp_path / "renamed")
+    tensors = load_file(original / "model.safetensors")
+    tensors["model.final_norm.weight"] = tensors.pop("model.norm.weight")
+    torch.save(tensors, folder / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="missing tensors: model.norm.weight; unexpected tensors: model.final_norm"):
+        load_folder(folder, CPU, torch.float32, 64)
