@@ -96,22 +96,13 @@ def _blob_store(folder: Path) -> list[Path]:
 
 def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every file in order; .bin tensors are views of a read-only file mapping."""
+    from .weights import iter_safetensors
+
     for path in files:
         if path.name.endswith(".bin"):
             yield from load_bin(path).items()
         else:
-            yield from _safetensors(path)
-
-
-def _safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
-    except (SafetensorError, OSError, RuntimeError) as e:
-        raise ModelLoadError(f"cannot read {path}: {str(e).splitlines()[0]} (file truncated or corrupt?)") from None
+            yield from iter_safetensors([path])
 
 
 def load_bin(path: Path) -> dict[str, torch.Tensor]:

@@ -170,8 +170,7 @@ def plan_repo(repo_id: str, revision: str | None = None, allow_bin: bool = False
         raise UserError(f"{repo_id} has no config.json: it is not a Hugging Face model folder")
     if not any(is_weight_file(n) for n in names):
         has_bin = any(fnmatch.fnmatch(n, BIN_PATTERNS[0]) for n in sizes)
-        hint = (f"; it has only pickled .bin weights: fetch them with `localchat download {repo_id} --allow-bin` "
-                "(they are read as plain tensors only)") if has_bin else ""
+        hint = "; it has only pickled .bin weights: pass --allow-bin to fetch them" if has_bin else ""
         raise UserError(f"{repo_id} has no .safetensors weights{hint}")
     commit = info.sha or ""
     root = cache_dir()

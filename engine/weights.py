@@ -1,12 +1,27 @@
-"""Weight loading: exact-name copy of checkpoint tensors into a model (files: engine/checkpoint.py)."""
+"""Weight loading: exact-name copy of checkpoint tensors into a model; the safetensors reader
+(which files to read, and .bin files: engine/checkpoint.py)."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 
 from .errors import ModelLoadError
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+    from safetensors import SafetensorError
+
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ModelLoadError(f"cannot read {path.name}: {str(e).splitlines()[0]} (file truncated or corrupt?)") from None
 
 
 def _summary(names: list[str], limit: int = 4) -> str:
