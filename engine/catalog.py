@@ -41,7 +41,7 @@ class CatalogModel:
     hidden_size: int | None = None
     vocab_size: int | None = None
     max_context: int | None = None
-    allow_bin: bool = False  # the repo ships only pickled .bin weights (loaded with weights_only=True)
+    allow_bin: bool = False  # the repo ships only pytorch_model*.bin, read as plain tensors (engine/checkpoint.py)
     is_shipped: bool = False  # weights ship inside this package (the demo head)
     gpu_weights_bytes: int | None = None  # when it differs from the download (GGUF is dequantized at load)
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import ModelShape
+from .checkpoint import weight_files
+from .errors import ModelLoadError
 
 OVERHEAD_BYTES = 2**30  # CUDA context, CUDA-graph pools, activations and logits at batch 1
 TIGHT_MARGIN = 0.10  # "tight" when the estimate is within 10% of the free memory
@@ -89,11 +91,15 @@ def shape_from_config(config: dict) -> ModelShape | None:
 
 
 def local_weights_bytes(path: Path) -> int:
-    """Bytes the weights take on the GPU: file sizes for safetensors, bf16 of every tensor for GGUF."""
+    """Bytes the weights take on the GPU: sizes of the files the loader reads (safetensors, or
+    pytorch_model*.bin when there are none), bf16 of every tensor for GGUF; 0 without weights."""
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
         return _gguf_bf16_bytes(path)
-    files = list(path.glob("*.safetensors")) or list(path.glob("pytorch_model*.bin"))
+    try:
+        files = weight_files(path)
+    except ModelLoadError:
+        return 0
     return sum(f.stat().st_size for f in files)
 
 

@@ -32,7 +32,9 @@ TOKENIZER_FILES = (
     "vocab.json", "merges.txt", "added_tokens.json", "chat_template.json", "chat_template.jinja",
 )
 SAFETENSORS_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
-# Pickled weights are fetched only when asked (and loaded with torch.load(weights_only=True)).
+# Pickled weights are fetched only when asked (--allow-bin, or a catalog head marked allow_bin) and
+# only from repos without safetensors; engine/checkpoint.py reads them as plain tensors
+# (torch.load(weights_only=True)), so a pickle that needs code is refused, never run.
 BIN_PATTERNS = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
 DISK_SLACK_BYTES = 64 * 2**20  # refs, locks, and a margin so the disk is not filled to the last byte
 

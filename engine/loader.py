@@ -9,13 +9,14 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .checkpoint import iter_tensors, weight_files
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .gguf_file import hf_config, iter_gguf_tensors, open_gguf
 from .model import CausalLM
 from .ops import Ops
 from .tokenizer import Tokenizer
-from .weights import iter_safetensors, load_weights, safetensors_files
+from .weights import load_weights
 
 
 @dataclass
@@ -58,9 +59,9 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
         raise ModelLoadError(f"{folder} has no config.json; point --model at a Hugging Face model folder, "
                              "a .gguf file, a Hub repo id or 'demo'")
     cfg = ModelConfig.from_file(folder / "config.json")
-    files = safetensors_files(folder)
+    files = weight_files(folder)
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
-    model = build_model(cfg, iter_safetensors(files), folder.name, device, dtype, max_len)
+    model = build_model(cfg, iter_tensors(files), folder.name, device, dtype, max_len)
     eos = _generation_eos(folder) or cfg.eos_token_ids
     return LoadedModel(model, Tokenizer.from_folder(folder, eos), cfg, folder)
 

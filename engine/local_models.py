@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import DEMO_ID
+from .checkpoint import weight_files
+from .errors import ModelLoadError
 from .hub import cache_dir
 from .pairing import is_draft_config, read_config
 
@@ -15,18 +16,15 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 def is_complete_folder(folder: Path) -> bool:
-    """config.json plus every weight file it needs (all shards when there is an index)."""
+    """config.json plus every weight file it needs (all shards when there is an index, each
+    named inside the folder: an index that points elsewhere makes the folder unusable)."""
     if not (folder / "config.json").is_file():
         return False
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        index = folder / index_name
-        if index.is_file():
-            try:
-                shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-            except (OSError, ValueError, KeyError):
-                return False
-            return all((folder / s).is_file() for s in shards)
-    return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+    try:
+        weight_files(folder)
+    except ModelLoadError:
+        return False
+    return True
 
 
 def repo_storage(repo_id: str) -> Path:

@@ -34,7 +34,8 @@ def resolve(spec: str, log=None, what: str = "model") -> ModelSource:
     if path.exists():
         if path.is_dir():
             if not (path / "config.json").exists():
-                raise UserError(f"{path} has no config.json; a {what} folder needs config.json and *.safetensors")
+                raise UserError(f"{path} has no config.json; a {what} folder needs config.json and "
+                                "*.safetensors or pytorch_model*.bin")
             return ModelSource(path.resolve(), path.name)
         if path.suffix.lower() == ".gguf":
             return ModelSource(path.resolve(), path.name)

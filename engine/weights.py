@@ -1,33 +1,14 @@
-"""Weight loading: exact-name copy of checkpoint tensors into a model, from safetensors folders."""
+"""Weight loading: exact-name copy of checkpoint tensors into a model; the safetensors reader
+(which files to read, and .bin files: engine/checkpoint.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 
 from .errors import ModelLoadError
-
-
-def safetensors_files(folder: Path) -> list[Path]:
-    """The shard list from `model.safetensors.index.json`, else every `*.safetensors` file."""
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ModelLoadError(f"{index} is not a valid safetensors index: {e}") from None
-        files = [folder / f for f in sorted(set(weight_map.values()))]
-        for f in files:
-            if not f.exists():
-                raise ModelLoadError(f"{folder}: shard {f.name} named in the index is missing")
-        return files
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{folder} has no *.safetensors weights (we never load pickled .bin files)")
-    return files
 
 
 def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:

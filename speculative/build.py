@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
+from engine.checkpoint import iter_tensors, weight_files
 from engine.errors import ModelLoadError
 from engine.loader import build_uninitialized
 from engine.ops import Ops
-from engine.weights import iter_safetensors, load_weights, safetensors_files
+from engine.weights import load_weights
 
 from .config import DraftConfig
 from .eagle3 import Eagle3Draft
@@ -25,7 +26,8 @@ def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_na
     folder = Path(folder)
     path = folder / "config.json"
     if not path.exists():
-        raise ModelLoadError(f"{folder} has no config.json; a draft folder needs config.json and *.safetensors")
+        raise ModelLoadError(f"{folder} has no config.json; a draft folder needs config.json and "
+                             "*.safetensors or pytorch_model*.bin")
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -42,9 +44,10 @@ def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_na
 def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, num_steps: int, target_name: str):
     mc.check_fits(target_cfg, folder.name, target_name)
     dev, dtype = runner.device, runner.dtype
+    files = weight_files(folder)  # refused shard paths fail here, before any allocation
     draft = build_uninitialized(lambda: MTPDraft(mc, target_cfg, Ops.for_device(dev)), dev, dtype)
     # A MiMo checkpoint holds the target too: read only the MTP namespace (whole-prefix match).
-    tensors = ((name, t) for name, t in iter_safetensors(safetensors_files(folder))
+    tensors = ((name, t) for name, t in iter_tensors(files)
                if mc.format != "mimo" or name.startswith(mc.prefix))
     load_weights(draft, tensors, folder.name)
     return MTPSpeculator(draft.eval().requires_grad_(False), runner, num_steps)
@@ -54,16 +57,18 @@ def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: 
     dc = DraftConfig.from_folder(folder, target_cfg)
     dc.check_fits(target_cfg, folder.name, target_name)
     dev, dtype = runner.device, runner.dtype
+    files = weight_files(folder)  # refused shard paths fail here, before any allocation
     draft = build_uninitialized(lambda: Eagle3Draft(dc, target_cfg, runner.max_len, Ops.for_device(dev)),
                                 dev, dtype)
     d2t_seen = False
 
     def tensors():
         nonlocal d2t_seen
-        for name, t in iter_safetensors(safetensors_files(folder)):
+        for name, t in iter_tensors(files):
             if name == "d2t":
                 d2t_seen = True
-                draft.d2t = t.to(device=dev, dtype=torch.long)
+                # a copy: a .bin tensor is a view of the file's mapping, which must not outlive the load
+                draft.d2t = t.to(device=dev, dtype=torch.long, copy=True)
                 continue
             yield name, t
 

@@ -125,7 +125,8 @@ class DraftConfig:
     def from_folder(cls, folder: Path, target: ModelConfig) -> "DraftConfig":
         path = Path(folder) / "config.json"
         if not path.exists():
-            raise ModelLoadError(f"{folder} has no config.json; a draft folder needs config.json and *.safetensors")
+            raise ModelLoadError(f"{folder} has no config.json; a draft folder needs config.json and "
+                                 "*.safetensors or pytorch_model*.bin")
         try:
             return cls.from_hf(json.loads(path.read_text()), target)
         except json.JSONDecodeError as e:
