@@ -190,6 +190,8 @@ class Eagle3Draft(nn.Module):
             return ("embed_tokens.weight", 0, -1) if self.config.owns_embeddings else None
         if name == "t2d":
             return None  # derivable from d2t
+        if name.endswith("rotary_emb.inv_freq"):
+            return None  # a buffer some trainers saved; RoPE is computed from the config
         if name == "d2t":
             return "d2t", 0, -1
         if name.startswith("layers.0."):  # speculators name the single layer layers.0
