@@ -148,3 +148,18 @@ def test_a_head_whose_pickle_needs_code_is_refused(tmp_path, target):
     with pytest.raises(ModelLoadError, match="refused to load .*pytorch_model.bin: it calls posix.system"):
         load(target, head)
     assert not marker.exists()
+
+
+def test_buffers_a_trainer_saved_beside_the_weights_are_ignored(tmp_path, target):
+    """EAGLE's own checkpoints carry t2d, and some trainers save RoPE's inv_freq buffer."""
+    cfg = read_config(target)
+    t = head_tensors(64, cfg["hidden_size"], 3, cfg["vocab_size"], 200, seed=4)
+    head = to_bin(write_head(tmp_path / "h", cfg, "eagle", t, 64, None))
+    state = torch.load(head / "pytorch_model.bin", weights_only=True)
+    state["t2d"] = torch.zeros(cfg["vocab_size"], dtype=torch.bool)
+    state["midlayer.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    torch.save(state, head / "pytorch_model.bin")
+    e = load(target, head)
+    plain, _ = run(e, False)
+    spec, stats = run(e, True)
+    assert spec == plain and stats.speculative
