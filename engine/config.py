@@ -79,11 +79,12 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
 
-    def check_tensors(self, shapes: dict[str, tuple[int, ...]], source: str) -> None:
+    def check_tensors(self, shapes: dict[str, tuple[int, ...]], source: str, layers_key: str = "num_hidden_layers"
+                      ) -> None:
         """The config against the checkpoint's tensor list (names -> shapes, read from headers)
         before anything is allocated: a wrong layer count or vocabulary fails here in a moment,
-        not after building the model."""
-        check_layer_count(self.num_layers, shapes, "model.layers.", "num_hidden_layers", source)
+        not after building the model. `layers_key`: what the source calls the layer count."""
+        check_layer_count(self.num_layers, shapes, "model.layers.", layers_key, source)
         embed = shapes.get("model.embed_tokens.weight")
         if embed is not None and tuple(embed) != (self.vocab_size, self.hidden_size):
             raise ModelLoadError(f"{source}: the embedding has shape {tuple(embed)} but the config says "

@@ -168,7 +168,7 @@ def check_layer_count(num_layers: int, tensor_names: Iterable[str], prefix: str,
     """The config's layer count against the layers the checkpoint holds, before any is built."""
     found = layer_ids(tensor_names, prefix)
     if found != set(range(num_layers)):
-        raise ModelLoadError(f"{source}: the config says {field} = {num_layers:,} but the checkpoint holds "
+        raise ModelLoadError(f"{source}: the config says {field} = {num_layers:,} but the weights hold "
                              f"{_describe_layers(found)}; the config does not belong to these weights")
 
 
@@ -177,6 +177,6 @@ def _describe_layers(found: set[int]) -> str:
         return "no layers"
     ids = sorted(found)
     if ids == list(range(len(ids))):
-        return f"{len(ids)} layers (0-{ids[-1]})"
+        return f"{len(ids)} layer{'s' if len(ids) > 1 else ''} (0-{ids[-1]})"
     shown = ", ".join(str(i) for i in ids[:6]) + (", ..." if len(ids) > 6 else "")
     return f"layers {shown}"

@@ -77,7 +77,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     reader = open_gguf(path)
     raw = hf_config(reader, path)
     cfg = ModelConfig.from_hf(raw, path.name)
-    cfg.check_tensors(gguf_shapes(reader), path.name)
+    cfg.check_tensors(gguf_shapes(reader), path.name, "block_count")
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
     tensors = iter_gguf_tensors(reader, raw, path)
     if prepared_dir is not None:
