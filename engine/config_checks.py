@@ -164,10 +164,13 @@ def layer_ids(tensor_names: Iterable[str], prefix: str) -> set[int]:
     return {int(m.group(1)) for n in tensor_names if (m := pattern.match(n))}
 
 
-def check_layer_count(num_layers: int, tensor_names: Iterable[str], prefix: str, field: str, source: str) -> None:
-    """The config's layer count against the layers the checkpoint holds, before any is built."""
+def check_layer_count(num_layers: int, tensor_names: Iterable[str], prefix: str, field: str, source: str,
+                      allow_extra: bool = False) -> None:
+    """The config's layer count against the layers the checkpoint holds, before any is built.
+    `allow_extra`: layers past the count are left to the loader, which names them as unexpected."""
     found = layer_ids(tensor_names, prefix)
-    if found != set(range(num_layers)):
+    wanted = set(range(num_layers))
+    if not (found >= wanted if allow_extra else found == wanted):
         raise ModelLoadError(f"{source}: the config says {field} = {num_layers:,} but the weights hold "
                              f"{_describe_layers(found)}; the config does not belong to these weights")
 

@@ -139,7 +139,8 @@ class MTPConfig:
 
     def check_tensors(self, tensor_names, source: str) -> None:
         """The layer count against the MTP layers the checkpoint holds, before any is built."""
-        check_layer_count(self.num_layers, tensor_names, self.prefix, "num_nextn_predict_layers", source)
+        check_layer_count(self.num_layers, tensor_names, self.prefix, "num_nextn_predict_layers", source,
+                          allow_extra=True)
 
     def to_hf(self) -> dict:
         """config.json of the localchat layout (what train-draft writes)."""

@@ -12,7 +12,7 @@ import pytest
 
 from app.cli import main
 from engine.config import ModelConfig
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, UserError
 from tests.tiny import make_tiny_model
 
 FAST_S = 10.0  # generous on a loaded 2-core machine; the cases fixed here took minutes before
@@ -199,3 +199,17 @@ def test_gguf_blocks_beyond_block_count(tmp_path):
     reader = open_gguf(path)
     with pytest.raises(ModelLoadError, match="block_count|num_hidden_layers"):
         ModelConfig.from_hf(hf_config(reader, path), path.name).check_tensors(gguf_shapes(reader), path.name)
+
+
+def test_hub_configs_that_are_not_objects(tmp_path):
+    """The pairing check reads downloaded config.json files: a list or a nested list is one line."""
+    from engine.pairing import check_draft_pair, read_config
+
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match="JSON object"):
+        read_config(tmp_path)
+    target = {"architectures": ["LlamaForCausalLM"], "text_config": [], "vocab_size": 10, "hidden_size": 8}
+    draft = {"architectures": "Eagle3Speculator", "transformer_layer_config": ["x"], "draft_vocab_size": 4,
+             "vocab_size": 12}
+    with pytest.raises(UserError, match="vocabulary 12 vs 10"):
+        check_draft_pair("some/llama", target, "some/head", draft)
