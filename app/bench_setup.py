@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 
 PROMPTS = [
     "Explain how a refrigerator keeps food cold, step by step.",
@@ -43,8 +41,10 @@ def build_bench_engine(args):
 
     from .bench import LLAMA_8B
 
-    raw = LLAMA_8B if args.random_weights == "llama-8b" else json.loads(open(args.random_weights).read())
-    cfg = ModelConfig.from_hf(raw)
+    from engine.config_checks import read_json
+
+    raw = LLAMA_8B if args.random_weights == "llama-8b" else read_json(args.random_weights)
+    cfg = ModelConfig.from_hf(raw, str(args.random_weights))
     dev = pick_device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     max_len = args.max_seq_len or 4096

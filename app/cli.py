@@ -7,12 +7,25 @@ import os
 import sys
 
 from engine.errors import UserError
+from engine.types import MAX_SEED
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, status 2, no usage dump
         print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
         raise SystemExit(2)
+
+
+def _seed(text: str) -> int:
+    """--seed: refused here, before any model loads, unless the generator takes it."""
+    try:
+        value = int(text)
+    except ValueError:  # not a number, or more digits than Python converts
+        value = None
+    if value is None or not 0 <= value <= MAX_SEED:
+        shown = text if len(text) <= 24 else text[:21] + "..."
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**64 - 1, got {shown}")
+    return value
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
@@ -31,7 +44,7 @@ def _sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=_seed, default=None)
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
@@ -94,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
     train.add_argument("--eval-prompts", type=int, default=None,
                        help="held-out prompts decoded with the saved head at the end (default: 8 GPU, 2 CPU)")
-    train.add_argument("--seed", type=int, default=None)
+    train.add_argument("--seed", type=_seed, default=None)
     train.add_argument("--resume", action="store_true",
                        help="continue the run for this --out that Ctrl+C (or SIGTERM) stopped, with the same settings")
 

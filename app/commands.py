@@ -50,10 +50,9 @@ def cmd_run(args) -> int:
     from engine.errors import UserError
 
     if args.prompt == "-":  # `... | localchat run -`: the prompt is what comes in on stdin
-        try:
-            args.prompt = sys.stdin.read()
-        except UnicodeDecodeError:
-            raise UserError("the prompt on stdin is not UTF-8 text") from None
+        args.prompt = _stdin_text()
+    for what, text in (("the prompt", args.prompt), ("--system", args.system), *(("--stop", s) for s in args.stop)):
+        _require_utf8(text, what)
     if not args.prompt.strip():
         raise UserError("the prompt is empty")
     params = sampling_from_args(args)  # validate before the slow load
@@ -80,6 +79,36 @@ def cmd_run(args) -> int:
         print(f"[{s.generated_tokens} tokens, {s.decode_tok_s:.1f} tok/s, first token {s.ttft_s * 1000:.0f} ms{extra}]",
               file=sys.stderr)
     return 0
+
+
+def _stdin_text() -> str:
+    """stdin decoded as UTF-8, strictly: under a C locale Python would smuggle bad bytes through
+    as surrogates, which the tokenizer then rejects after the model has loaded."""
+    from engine.errors import UserError
+
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"the prompt on stdin is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                        "convert it first, e.g. with iconv -t UTF-8") from None
+
+
+def _require_utf8(text: str | None, what: str) -> None:
+    """Command-line arguments that are not UTF-8 arrive as surrogate escapes (PEP 383)."""
+    from engine.errors import UserError
+
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = ord(text[e.start]) - 0xDC00 if 0xDC80 <= ord(text[e.start]) <= 0xDCFF else None
+        shown = f"byte 0x{byte:02x}" if byte is not None else f"character U+{ord(text[e.start]):04X}"
+        raise UserError(f"{what} is not valid UTF-8 text ({shown} at position {e.start}); "
+                        "pass UTF-8 text") from None
 
 
 def cmd_doctor(args) -> int:

@@ -105,6 +105,20 @@ def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             yield from iter_safetensors([path])
 
 
+def tensor_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape, so a config can be checked against the checkpoint before
+    anything is allocated: safetensors from their headers, .bin files through a memory map."""
+    from .weights import safetensors_shapes
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        if path.name.endswith(".bin"):
+            shapes.update((name, tuple(t.shape)) for name, t in load_bin(path).items())
+        else:
+            shapes.update(safetensors_shapes([path]))
+    return shapes
+
+
 def load_bin(path: Path) -> dict[str, torch.Tensor]:
     """A pytorch_model*.bin as {name: tensor}, through torch's weights-only unpickler: a pickle
     that needs any class or function beyond tensors and plain containers is refused, not run."""

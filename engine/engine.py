@@ -71,7 +71,7 @@ class Engine:
         """`t0`: the `time.perf_counter()` at which the answer was asked for (time to first token counts from
         it); now by default."""
         t0 = time.perf_counter() if t0 is None else t0
-        ids = self.tokenizer.apply_chat_template(messages)
+        ids = self.tokenizer.apply_chat_template(messages, max_len=self.runner.max_len)
         return self.stream_ids(ids, params, speculative, stop_event, t0)
 
     def stream_ids(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),

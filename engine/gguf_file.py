@@ -8,6 +8,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from .config_checks import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_POSITIONS,
+                            MAX_VOCAB, integer, number, token_ids)
 from .errors import ModelLoadError
 
 # GGUF architecture -> the Hugging Face class we build for it.
@@ -42,39 +44,70 @@ def _field(reader, key: str, default=None):
     return default if f is None else f.contents()
 
 
+# Metadata without which no model can be built (`{arch}.` keys are prefixed with the architecture).
+_REQUIRED_KEYS = ("{arch}.block_count", "{arch}.embedding_length", "{arch}.feed_forward_length",
+                  "{arch}.attention.head_count", "tokenizer.ggml.model", "tokenizer.ggml.tokens")
+
+
 def hf_config(reader, path: Path) -> dict:
-    """A `config.json`-style dict built from the GGUF metadata."""
+    """A `config.json`-style dict built from the GGUF metadata, every value type- and range-checked."""
     arch = _field(reader, "general.architecture")
-    if arch not in _ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in _ARCHITECTURES:
         raise ModelLoadError(f"{path.name}: GGUF architecture {arch!r} is not supported "
                              f"(supported: {', '.join(_ARCHITECTURES)})")
+    missing = [key.format(arch=arch) for key in _REQUIRED_KEYS if key.format(arch=arch) not in reader.fields]
+    if missing:
+        raise ModelLoadError(f"{path.name} lacks the GGUF metadata {', '.join(missing)}; it is not a complete "
+                             "model file (convert the model again, e.g. with llama.cpp's convert_hf_to_gguf.py)")
+    where = path.name
+
+    def num(key: str, default=None, hi: int = MAX_HIDDEN, lo: int = 1) -> int:
+        return integer(_field(reader, f"{arch}.{key}", default), f"{arch}.{key}", where, lo=lo, hi=hi)
+
+    def real(key: str, default: float, **bounds) -> float:
+        return number(_field(reader, f"{arch}.{key}", default), f"{arch}.{key}", where, **bounds)
+
     names = {t.name for t in reader.tensors}
-    heads = _field(reader, f"{arch}.attention.head_count")
-    hidden = _field(reader, f"{arch}.embedding_length")
-    vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    heads = num("attention.head_count", hi=MAX_HEADS)
+    hidden = num("embedding_length")
+    if f"{arch}.attention.key_length" not in reader.fields and hidden % heads:
+        raise ModelLoadError(f"{where}: {arch}.embedding_length {hidden} is not divisible by "
+                             f"{arch}.attention.head_count {heads}")
+    tokens = reader.fields["tokenizer.ggml.tokens"]
     cfg = {
         "architectures": [_ARCHITECTURES[arch]],
-        "vocab_size": int(vocab),
-        "hidden_size": int(hidden),
-        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length")),
-        "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
-        "num_attention_heads": int(heads),
-        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
-        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 4096)),
+        "vocab_size": num("vocab_size", len(tokens.data), hi=MAX_VOCAB),
+        "hidden_size": hidden,
+        "intermediate_size": num("feed_forward_length", hi=MAX_INTERMEDIATE),
+        "num_hidden_layers": num("block_count", hi=MAX_LAYERS),
+        "num_attention_heads": heads,
+        "num_key_value_heads": num("attention.head_count_kv", heads, hi=MAX_HEADS),
+        "head_dim": num("attention.key_length", hidden // heads, hi=MAX_HEAD_DIM),
+        "rms_norm_eps": real("attention.layer_norm_rms_epsilon", 1e-6, hi=1.0),
+        "rope_theta": real("rope.freq_base", 10000.0, lo=1.0),
+        "max_position_embeddings": num("context_length", 4096, hi=MAX_POSITIONS),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names,
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "bos_token_id": _token_id(reader, "tokenizer.ggml.bos_token_id", where),
+        "eos_token_id": _token_id(reader, "tokenizer.ggml.eos_token_id", where),
     }
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling and scaling != "none":
-        cfg["rope_scaling"] = {"rope_type": scaling, "factor": float(_field(reader, f"{arch}.rope.scaling.factor", 1.0)),
+        cfg["rope_scaling"] = {"rope_type": scaling, "factor": real("rope.scaling.factor", 1.0),
                                "original_max_position_embeddings":
-                                   int(_field(reader, f"{arch}.rope.scaling.original_context_length", 0)) or None}
+                                   num("rope.scaling.original_context_length", 0, lo=0, hi=MAX_POSITIONS) or None}
     return cfg
+
+
+def _token_id(reader, key: str, where: str) -> int | None:
+    ids = token_ids(_field(reader, key), key, where)
+    return ids[0] if ids else None
+
+
+def gguf_shapes(reader) -> dict[str, tuple[int, ...]]:
+    """Tensor names (Hugging Face names where we have one) and shapes, from the file's tensor
+    list: enough to check the metadata against the weights before anything is allocated."""
+    return {hf_name(t.name) or t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
 
 
 def hf_name(gguf_name: str) -> str | None:

@@ -9,10 +9,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .checkpoint import iter_tensors, weight_files
+from .checkpoint import iter_tensors, tensor_shapes, weight_files
 from .config import ModelConfig
+from .config_checks import read_json, token_ids
 from .errors import ModelLoadError
-from .gguf_file import hf_config, iter_gguf_tensors, open_gguf
+from .gguf_file import gguf_shapes, hf_config, iter_gguf_tensors, open_gguf
 from .model import CausalLM
 from .ops import Ops
 from .tokenizer import Tokenizer
@@ -60,6 +61,7 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
                              "a .gguf file, a Hub repo id or 'demo'")
     cfg = ModelConfig.from_file(folder / "config.json")
     files = weight_files(folder)
+    cfg.check_tensors(tensor_shapes(files), folder.name)
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
     model = build_model(cfg, iter_tensors(files), folder.name, device, dtype, max_len)
     eos = _generation_eos(folder) or cfg.eos_token_ids
@@ -75,7 +77,8 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
         return load_folder(prepared_dir, device, dtype, max_len)
     reader = open_gguf(path)
     raw = hf_config(reader, path)
-    cfg = ModelConfig.from_hf(raw)
+    cfg = ModelConfig.from_hf(raw, path.name)
+    cfg.check_tensors(gguf_shapes(reader), path.name, "block_count")
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
     tensors = iter_gguf_tensors(reader, raw, path)
     if prepared_dir is not None:
@@ -101,13 +104,7 @@ def _write_prepared(folder: Path, raw_config: dict, tensors: dict, tok: Tokenize
 
 
 def _generation_eos(folder: Path) -> tuple[int, ...]:
-    import json
-
     path = folder / "generation_config.json"
     if not path.exists():
         return ()
-    try:
-        eos = json.loads(path.read_text()).get("eos_token_id")
-    except json.JSONDecodeError:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    return token_ids(read_json(path).get("eos_token_id"), "eos_token_id", f"{folder.name}/{path.name}")

@@ -7,34 +7,37 @@ tokens into it) and the target hidden size (the draft reads the target's hidden 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .catalog import MTP_BUILTIN, load_catalog
+from .config_checks import read_json
 from .errors import UserError
 
 
 def read_config(folder: Path) -> dict | None:
-    """config.json of a model folder, or None when there is none (a .gguf file)."""
+    """config.json of a model folder (a JSON object, or a one-line error), or None when there is
+    none (a .gguf file)."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+    return read_json(path)
+
+
+def _nested(config: dict, key: str) -> dict:
+    """config[key] when it is an object (multimodal and speculators configs nest one), else config."""
+    value = config.get(key)
+    return value if isinstance(value, dict) and value else config
 
 
 def target_widths(config: dict) -> tuple[int | None, int | None]:
     """(vocab_size, hidden_size) of a target config (multimodal configs nest them in text_config)."""
-    text = config.get("text_config") or config
+    text = _nested(config, "text_config")
     return text.get("vocab_size"), text.get("hidden_size")
 
 
 def draft_widths(config: dict) -> tuple[int | None, int | None]:
     """(target vocab, target hidden size) that an EAGLE-3 draft config expects, in any Hub format."""
-    layer = config.get("transformer_layer_config") or config  # speculators nests the layer config
+    layer = _nested(config, "transformer_layer_config")  # speculators nests the layer config
     vocab = layer.get("vocab_size") or config.get("vocab_size")
     # SpecForge may name the target width; otherwise the draft is as wide as its target
     hidden = config.get("target_hidden_size") or layer.get("target_hidden_size") or layer.get("hidden_size")
@@ -43,7 +46,8 @@ def draft_widths(config: dict) -> tuple[int | None, int | None]:
 
 def is_draft_config(config: dict) -> bool:
     """True for EAGLE-3 heads (every known format), False for ordinary models."""
-    archs = " ".join(config.get("architectures") or [])
+    archs = config.get("architectures")
+    archs = " ".join(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else str(archs or "")
     return (
         "draft_vocab_size" in config
         or "eagle_config" in config
@@ -54,7 +58,8 @@ def is_draft_config(config: dict) -> bool:
 
 
 def has_builtin_mtp(config: dict) -> bool:
-    return int(config.get("num_nextn_predict_layers") or 0) > 0
+    layers = config.get("num_nextn_predict_layers")
+    return isinstance(layers, int) and not isinstance(layers, bool) and layers > 0
 
 
 def check_draft_pair(target: str, target_config: dict | None, draft: str, draft_config: dict | None) -> None:

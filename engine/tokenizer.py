@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from .chat_template import ChatTemplate, render_limit
 from .errors import ModelLoadError, UserError
 
 # Files a tokenizer folder may hold: a change to any of them re-derives the cached facts.
@@ -95,17 +96,21 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._decode(ids)
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, max_len: int | None = None) -> str:
         """The conversation as text through the chat template (a base model without one: the
-        contents joined by blank lines)."""
+        contents joined by blank lines). The render is bounded (engine/chat_template.py) by a limit
+        derived from the messages and the context length `max_len`. With the transformers backend
+        the bounded render runs first and any failure of it is final; transformers' own render,
+        which has no bounds, then gives the text."""
         if not self.chat_template:
             return "\n\n".join(m["content"] for m in messages)
-        if self.hf is not None:
-            return self._render_hf(list(messages), add_generation_prompt)
         if self._template is None:
             self._template = compile_template(self.chat_template)
-        return self._template.render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                                     **self.special_tokens)
+        text = self._template.render(max_chars=render_limit(messages, max_len), messages=[dict(m) for m in messages],
+                                     add_generation_prompt=add_generation_prompt, **self.special_tokens)
+        if self.hf is not None:
+            return self._render_hf(list(messages), add_generation_prompt)
+        return text
 
     def with_bos(self, ids: list[int]) -> list[int]:
         """Templates that do not write BOS themselves rely on the tokenizer adding it."""
@@ -114,45 +119,17 @@ class Tokenizer:
             return [bos] + ids
         return ids
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], max_len: int | None = None) -> list[int]:
+        """`max_len`: the context length, which bounds the render (see `render`)."""
         for m in messages:
             if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
                 raise UserError("each message needs a role (system, user or assistant) and text content")
-        return self.with_bos(self.encode(self.render(messages)))
+        return self.with_bos(self.encode(self.render(messages, max_len=max_len)))
 
 
-def compile_template(source: str):
-    """A chat template in a sandboxed Jinja environment with what Hub templates expect of
-    `transformers`' (trimmed blocks, loop controls, a non-escaping tojson, raise_exception,
-    strftime_now, the generation tag)."""
-    from datetime import datetime
-
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(jinja2.ext.Extension):
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
-    return env.from_string(source)
+def compile_template(source: str) -> ChatTemplate:
+    """A chat template in our sandboxed Jinja environment, which bounds its work (engine/chat_template.py)."""
+    return ChatTemplate(source)
 
 
 def _source_key(folder: Path) -> str | None:

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field, asdict
 
 from .errors import UserError
 
+# torch.Generator.manual_seed takes 0 .. 2**64 - 1 (negative seeds alias positive ones).
+MAX_SEED = 2**64 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -33,6 +36,8 @@ class SamplingParams:
             raise UserError(f"--repetition-penalty must be > 0, got {self.repetition_penalty}")
         if self.max_tokens < 1:
             raise UserError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED):
+            raise UserError(f"--seed must be an integer from 0 to 2**64 - 1, got {str(self.seed)[:24]}")
 
     @property
     def is_greedy(self) -> bool:

@@ -29,6 +29,20 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             ) from None
 
 
+def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape, from the files' headers alone (no tensor data is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                shapes.update((name, tuple(f.get_slice(name).get_shape())) for name in f.keys())
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ModelLoadError(f"cannot read {path.name}: {str(e).splitlines()[0]} (file truncated or corrupt?)") from None
+    return shapes
+
+
 def _summary(names: list[str], limit: int = 4) -> str:
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more

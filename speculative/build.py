@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from engine.checkpoint import iter_tensors, weight_files
+from engine.checkpoint import iter_tensors, tensor_shapes, weight_files
+from engine.config_checks import read_json
 from engine.errors import ModelLoadError
 from engine.loader import build_uninitialized
 from engine.ops import Ops
@@ -28,12 +28,10 @@ def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_na
     if not path.exists():
         raise ModelLoadError(f"{folder} has no config.json; a draft folder needs config.json and "
                              "*.safetensors or pytorch_model*.bin")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+    raw = read_json(path)
     if MTPConfig.describes_mtp(raw):
-        spec = build_mtp(folder, MTPConfig.from_hf(raw, target_cfg), runner, target_cfg, num_steps, target_name)
+        mc = MTPConfig.from_hf(raw, target_cfg, f"{folder.name}/config.json")
+        spec = build_mtp(folder, mc, runner, target_cfg, num_steps, target_name)
     else:
         spec = build_eagle3(folder, runner, target_cfg, num_steps, target_name)
     # Verify rows must carry the bits of the decode steps they stand for (engine/ops.py).
@@ -43,8 +41,9 @@ def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_na
 
 def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, num_steps: int, target_name: str):
     mc.check_fits(target_cfg, folder.name, target_name)
-    dev, dtype = runner.device, runner.dtype
     files = weight_files(folder)  # refused shard paths fail here, before any allocation
+    mc.check_tensors(tensor_shapes(files), folder.name)
+    dev, dtype = runner.device, runner.dtype
     draft = build_uninitialized(lambda: MTPDraft(mc, target_cfg, Ops.for_device(dev)), dev, dtype)
     # A MiMo checkpoint holds the target too: read only the MTP namespace (whole-prefix match).
     tensors = ((name, t) for name, t in iter_tensors(files)
@@ -67,6 +66,8 @@ def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: 
         for name, t in iter_tensors(files):
             if name == "d2t":
                 d2t_seen = True
+                if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+                    raise ModelLoadError(f"{folder.name}: d2t must hold integer offsets, not {t.dtype}")
                 # a copy: a .bin tensor is a view of the file's mapping, which must not outlive the load
                 draft.d2t = t.to(device=dev, dtype=torch.long, copy=True)
                 continue
@@ -77,11 +78,19 @@ def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: 
         if dc.draft_vocab_size != dc.vocab_size:
             raise ModelLoadError(f"{folder.name}: reduced draft vocabulary ({dc.draft_vocab_size}) without a d2t map")
         draft.d2t = torch.zeros(dc.draft_vocab_size, dtype=torch.long, device=dev)
-    if draft.d2t.shape[0] != dc.draft_vocab_size:
+    if draft.d2t.dim() != 1 or draft.d2t.shape[0] != dc.draft_vocab_size:
         raise ModelLoadError(f"{folder.name}: d2t has {draft.d2t.shape[0]} entries, draft_vocab_size is "
                              f"{dc.draft_vocab_size}")
-    top = int((draft.d2t + torch.arange(dc.draft_vocab_size, device=dev)).max())
-    if top >= target_cfg.vocab_size:
-        raise ModelLoadError(f"{folder.name}: d2t maps into token {top}, outside the target vocabulary "
-                             f"{target_cfg.vocab_size}")
+    check_d2t(draft.d2t, target_cfg.vocab_size, folder.name)
     return Eagle3Speculator(draft.eval().requires_grad_(False), runner, num_steps)
+
+
+def check_d2t(d2t: torch.Tensor, target_vocab: int, source: str) -> None:
+    """Every draft id must map into the target's vocabulary (`target = draft + d2t[draft]`): an
+    offset that leads below 0 or past the vocabulary would fail mid-answer, when first sampled."""
+    targets = d2t + torch.arange(d2t.shape[0], device=d2t.device)
+    low, high = int(targets.min()), int(targets.max())
+    if low < 0 or high >= target_vocab:
+        bad = low if low < 0 else high
+        raise ModelLoadError(f"{source}: d2t maps a draft token to {bad}, outside the target vocabulary "
+                             f"[0, {target_vocab}); this head was made for another model or its d2t is corrupt")

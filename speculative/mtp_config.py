@@ -13,11 +13,12 @@ per-layout conventions below. Every buffer, graph buffers included, is sized fro
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.config import ModelConfig
+from engine.config_checks import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB,
+                                  check_layer_count, flag, get, integer, names, number, read_json)
 from engine.errors import ModelLoadError
 
 LOCALCHAT_ARCH = "LocalchatMTP"
@@ -96,48 +97,50 @@ class MTPConfig:
     @staticmethod
     def describes_mtp(cfg: dict) -> bool:
         """True for a config.json that carries MTP layers (either layout)."""
-        archs = cfg.get("architectures") or []
+        archs = cfg.get("architectures")
+        archs = archs if isinstance(archs, list) else []
         return LOCALCHAT_ARCH in archs or ("MiMoForCausalLM" in archs and "num_nextn_predict_layers" in cfg)
 
     @classmethod
-    def from_hf(cls, cfg: dict, target: ModelConfig) -> "MTPConfig":
-        archs = cfg.get("architectures") or []
-        try:
-            num = int(cfg["num_nextn_predict_layers"])
-            if "MiMoForCausalLM" in archs:
-                if num < 1:
-                    raise ModelLoadError("this MiMo checkpoint has no MTP layers (num_nextn_predict_layers is 0)")
-                return cls(format="mimo", num_layers=num, chain=bool(cfg.get("mtp_chain", True)),
-                           hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
-                           num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
-                           vocab_size=target.vocab_size, rms_norm_eps=target.rms_norm_eps,
-                           attention_bias=target.attention_bias)
-            if LOCALCHAT_ARCH not in archs:
-                raise ModelLoadError(f"MTP config: unknown architectures {archs}; expected MiMoForCausalLM "
-                                     f"or {LOCALCHAT_ARCH}")
-            if "mtp_chain" not in cfg:
-                raise ModelLoadError(f"{LOCALCHAT_ARCH} config.json must say mtp_chain: true or false")
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-            return cls(format="localchat", num_layers=num, chain=bool(cfg["mtp_chain"]), hidden_size=hidden,
-                       intermediate_size=int(cfg["intermediate_size"]), num_heads=heads,
-                       num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                       head_dim=int(cfg.get("head_dim") or hidden // heads),
-                       vocab_size=int(cfg.get("vocab_size") or target.vocab_size),
-                       rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                       attention_bias=bool(cfg.get("attention_bias", False)))
-        except KeyError as e:
-            raise ModelLoadError(f"MTP config is missing the field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise ModelLoadError(f"MTP config has an invalid value: {e}") from None
+    def from_hf(cls, cfg: dict, target: ModelConfig, where: str = "MTP config.json") -> "MTPConfig":
+        """Every value is type- and range-checked: one line naming a wrong field."""
+        archs = names(cfg.get("architectures") or [], "architectures", where)
+        num = integer(get(cfg, "num_nextn_predict_layers", where), "num_nextn_predict_layers", where, lo=0,
+                      hi=MAX_LAYERS)
+        if "MiMoForCausalLM" in archs:
+            if num < 1:
+                raise ModelLoadError("this MiMo checkpoint has no MTP layers (num_nextn_predict_layers is 0)")
+            return cls(format="mimo", num_layers=num, chain=flag(get(cfg, "mtp_chain", where, True), "mtp_chain", where),
+                       hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
+                       num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+                       vocab_size=target.vocab_size, rms_norm_eps=target.rms_norm_eps,
+                       attention_bias=target.attention_bias)
+        if LOCALCHAT_ARCH not in archs:
+            raise ModelLoadError(f"MTP config: unknown architectures {archs}; expected MiMoForCausalLM "
+                                 f"or {LOCALCHAT_ARCH}")
+        if "mtp_chain" not in cfg:
+            raise ModelLoadError(f"{LOCALCHAT_ARCH} config.json must say mtp_chain: true or false")
+        size = lambda key, hi, *default: integer(get(cfg, key, where, *default), key, where, hi=hi)  # noqa: E731
+        hidden, heads = size("hidden_size", MAX_HIDDEN), size("num_attention_heads", MAX_HEADS)
+        if cfg.get("head_dim") is None and hidden % heads:
+            raise ModelLoadError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}, "
+                                 "and no head_dim is given")
+        return cls(format="localchat", num_layers=num, chain=flag(cfg["mtp_chain"], "mtp_chain", where),
+                   hidden_size=hidden, intermediate_size=size("intermediate_size", MAX_INTERMEDIATE), num_heads=heads,
+                   num_kv_heads=size("num_key_value_heads", MAX_HEADS, heads),
+                   head_dim=size("head_dim", MAX_HEAD_DIM, hidden // heads),
+                   vocab_size=size("vocab_size", MAX_VOCAB, target.vocab_size),
+                   rms_norm_eps=number(get(cfg, "rms_norm_eps", where, 1e-6), "rms_norm_eps", where, hi=1.0),
+                   attention_bias=flag(get(cfg, "attention_bias", where, False), "attention_bias", where))
 
     @classmethod
     def from_folder(cls, folder: Path, target: ModelConfig) -> "MTPConfig":
-        path = Path(folder) / "config.json"
-        try:
-            return cls.from_hf(json.loads(path.read_text()), target)
-        except json.JSONDecodeError as e:
-            raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_hf(read_json(Path(folder) / "config.json"), target, f"{Path(folder).name}/config.json")
+
+    def check_tensors(self, tensor_names, source: str) -> None:
+        """The layer count against the MTP layers the checkpoint holds, before any is built."""
+        check_layer_count(self.num_layers, tensor_names, self.prefix, "num_nextn_predict_layers", source,
+                          allow_extra=True)
 
     def to_hf(self) -> dict:
         """config.json of the localchat layout (what train-draft writes)."""

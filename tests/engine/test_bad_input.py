@@ -71,7 +71,10 @@ def test_gguf_with_unsupported_tensor_type(tmp_path):
                      ("feed_forward_length", 64), ("attention.head_count", 2)]:
         getattr(w, "add_uint32")(f"llama.{key}", val)
     w.add_uint32("llama.vocab_size", 16)
+    w.add_tokenizer_model("gpt2")  # complete metadata and block 0: the checks before allocation pass
+    w.add_token_list([f"t{i}" for i in range(16)])
     w.add_tensor("token_embd.weight", np.zeros((16, 32), dtype=np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.zeros((32,), dtype=np.float32))
     w.add_tensor("output_norm.weight", np.zeros((8,), dtype=np.int32), raw_dtype=gguf.GGMLQuantizationType.I32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
