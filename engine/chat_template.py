@@ -133,7 +133,7 @@ def _expected_size(name: str, base, args: tuple, kwargs: dict) -> int:
         pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
         return len(base) + (base.count("\n") + 1) * pad
     if name == "wordwrap":
-        width, wrap = arg(0, "width", 79), arg(3, "wrapstring") or "\n"
+        width, wrap = arg(0, "width", 79), arg(2, "wrapstring") or "\n"
         return len(base) + (len(base) // max(width, 1) + 1) * len(wrap) if isinstance(width, int) else 0
     if name == "expandtabs":
         size = arg(0, "tabsize", 8)
