@@ -9,6 +9,7 @@ import torch
 from .demo import demo_draft_path
 from .errors import UserError
 from .loader import load_folder, load_gguf
+from .prepared import is_current, prepared_dir
 from .resolve import resolve
 from .runner import ModelRunner
 
@@ -51,8 +52,10 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
 
     say(f"loading {src.name}", 0.1)
     if src.is_gguf:
-        prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
-        loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared)
+        prepared = prepared_dir(src.path, src.is_demo)
+        if not is_current(prepared, src.path):
+            say(f"converting {src.name} once (later starts read the prepared copy)", 0.1)
+        loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared, log=say)
     else:
         loaded = load_folder(src.path, dev, dtype, max_seq_len)
     runner = ModelRunner(loaded.model, loaded.model.cos_sin.shape[0])
