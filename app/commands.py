@@ -82,18 +82,25 @@ def cmd_run(args) -> int:
     return 0
 
 
+def package_version(dist: str) -> str | None:
+    """The installed version from the package's metadata: not every module has __version__
+    (gguf has none), and reading metadata imports nothing."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def cmd_doctor(args) -> int:
     import platform
 
     from engine.paths import cache_dir, config_dir, data_dir
 
     lines = [f"python       {platform.python_version()} ({sys.executable})"]
-    for mod in ("torch", "transformers", "triton", "textual", "huggingface_hub", "gguf", "safetensors"):
-        try:
-            m = __import__(mod)
-            lines.append(f"{mod:<12} {getattr(m, '__version__', '?')}")
-        except Exception:
-            lines.append(f"{mod:<12} not installed")
+    for dist in ("torch", "transformers", "triton", "textual", "huggingface_hub", "gguf", "safetensors"):
+        lines.append(f"{dist:<12} {package_version(dist) or 'not installed'}")
     import torch
 
     if torch.cuda.is_available():

