@@ -214,7 +214,8 @@ def cmd_bench(args) -> int:
     alts = getattr(engine.speculator, "alts", ())
     report = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                           "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if dev.type == "cuda"
-                          else platform.processor() or "cpu", "cuda": torch.version.cuda},
+                          else platform.processor() or "cpu", "cuda": torch.version.cuda,
+                          "cpu_threads": torch.get_num_threads()},
               "model": engine.model_name, "draft": engine.draft_name, "draft_steps": args.draft_steps,
               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "quick": bool(getattr(args, "quick", False)),
               "startup_s": startup_s,

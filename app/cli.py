@@ -25,6 +25,9 @@ def _model_options(p: argparse.ArgumentParser,
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="context length to allocate (default: the model's, at most 8192)")
     p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: on the CPU, the cores not busy with other work at start; "
+                        "OMP_NUM_THREADS, when set, decides instead)")
 
 
 def _sampling_options(p: argparse.ArgumentParser) -> None:

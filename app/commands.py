@@ -15,7 +15,8 @@ def load_engine(args, quiet: bool = False, defer_capture: bool = False):
 
     return Engine.load(args.model, draft=args.draft, device=args.device, max_seq_len=args.max_seq_len,
                        draft_steps=args.draft_steps, use_graphs=not args.no_graphs,
-                       on_progress=None if quiet else _progress, defer_capture=defer_capture)
+                       on_progress=None if quiet else _progress, defer_capture=defer_capture,
+                       threads=getattr(args, "threads", None))
 
 
 def sampling_from_args(args):
@@ -111,6 +112,12 @@ def cmd_doctor(args) -> int:
                          f"CUDA {torch.version.cuda}")
     else:
         lines.append("gpu          none visible to PyTorch (CPU mode: fp32, no graphs)")
+    from engine.threads import CpuLoad, choose_threads
+
+    load, threads = CpuLoad.now(), choose_threads(None)
+    why = "from OMP_NUM_THREADS" if threads is None else "free now; --threads N sets it"
+    lines.append(f"cpu threads  {threads or torch.get_num_threads()} for the CPU path ({why}; {load.usable} usable "
+                 f"of {load.cores} cores, load {load.load_1min:.1f})")
     from engine.demo import demo_gguf_path
 
     lines += [f"cache        {cache_dir()}", f"data         {data_dir()}", f"config       {config_dir()}",

@@ -12,10 +12,12 @@ from .loader import load_folder, load_gguf
 from .prepared import is_current, prepared_dir
 from .resolve import resolve
 from .runner import ModelRunner
+from .threads import apply_threads
 
 
 def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq_len: int | None,
-                 draft_steps: int, use_graphs: bool, on_progress, defer_capture: bool = False):
+                 draft_steps: int, use_graphs: bool, on_progress, defer_capture: bool = False,
+                 threads: int | None = None):
     from .engine import pick_device
 
     def say(msg: str, frac: float | None = None) -> None:
@@ -27,6 +29,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     if not 1 <= draft_steps <= 15:  # a verify step of k + 1 <= 16 rows keeps batch invariance (ops.py)
         raise UserError(f"--draft-steps must be between 1 and 15, got {draft_steps}")
     dev = pick_device(device)
+    apply_threads(dev.type, threads)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     t0 = time.perf_counter()
     src = resolve(model, log=say)
