@@ -69,6 +69,8 @@ def write_prepared(folder: Path, gguf: Path, raw_config: dict, tensors: dict, to
         tok.hf.save_pretrained(str(tmp))
         (tmp / STAMP).write_text(json.dumps(_stamp(gguf)), encoding="utf-8")
         (tmp / COMPLETE).write_text("written after every other file\n", encoding="utf-8")
+        if is_current(folder, gguf):  # another process finished first and may be reading it
+            return True
         shutil.rmtree(folder, ignore_errors=True)  # a stale copy, or one cut short
         os.replace(tmp, folder)
         return True
