@@ -56,7 +56,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     say(f"loading {src.name}", 0.1)
     if src.is_gguf:
         prepared = prepared_dir(src.path, src.is_demo)
-        if not is_current(prepared, src.path):
+        if not is_current(prepared, src.path, dtype):
             say(f"converting {src.name} once (later starts read the prepared copy)", 0.1)
         loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared, log=say)
     else:

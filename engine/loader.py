@@ -69,10 +69,10 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
 def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int | None,
               prepared_dir: Path | None = None, log=None) -> LoadedModel:
     """Loads a GGUF file. With `prepared_dir`, the first load also writes there an HF folder
-    (config, the dequantized fp32 tensors, the converted tokenizer) and later loads read that
+    (config, the dequantized tensors in `dtype`, the converted tokenizer) and later loads read that
     instead while the file is unchanged: parsing the GGUF vocabulary and dequantizing cost
     seconds at every start (engine/prepared.py)."""
-    if prepared_dir is not None and is_current(prepared_dir, path):
+    if prepared_dir is not None and is_current(prepared_dir, path, dtype):
         return load_folder(prepared_dir, device, dtype, max_len)
     reader = open_gguf(path)
     raw = hf_config(reader, path)
@@ -85,7 +85,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
                         device, dtype, max_len)
     tok = Tokenizer.from_folder(path.parent, cfg.eos_token_ids, gguf_file=path.name)
     if prepared_dir is not None:
-        write_prepared(prepared_dir, path, raw, tensors, tok, log)
+        write_prepared(prepared_dir, path, raw, tensors, tok, dtype, log)
     return LoadedModel(model, tok, cfg, path)
 
 

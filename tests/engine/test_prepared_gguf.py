@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import engine.loader as loader
 from engine import Engine
@@ -63,9 +64,9 @@ def test_a_changed_file_is_prepared_again(gguf_file):
     folder = prepared_dir(path)
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten in place: a new mtime
-    assert not is_current(folder, path)
+    assert not is_current(folder, path, torch.float32)
     _answer(str(path))
-    assert len(conversions) == 2 and is_current(folder, path)
+    assert len(conversions) == 2 and is_current(folder, path, torch.float32)
     _answer(str(path))
     assert len(conversions) == 2
 
@@ -85,7 +86,7 @@ def test_a_folder_without_a_stamp_is_prepared_again(gguf_file):
     _answer(str(path))
     (prepared_dir(path) / STAMP).unlink()
     _answer(str(path))
-    assert len(conversions) == 2 and is_current(prepared_dir(path), path)
+    assert len(conversions) == 2 and is_current(prepared_dir(path), path, torch.float32)
 
 
 def test_no_room_on_disk_loads_without_keeping_a_copy(gguf_file, monkeypatch):
@@ -98,3 +99,29 @@ def test_no_room_on_disk_loads_without_keeping_a_copy(gguf_file, monkeypatch):
     assert engine.generate(MESSAGES, SamplingParams(max_tokens=2)).token_ids
     assert not prepared_dir(path).exists()
     assert any("converted again at every start" in m for m in said), said
+
+
+def test_a_bf16_copy_serves_bf16_loads_and_a_float32_one_serves_all(gguf_file):
+    """A GPU (bf16) load keeps half the bytes; a CPU (float32) load needs float32 and prepares again."""
+    from safetensors import safe_open
+
+    path, conversions = gguf_file
+    folder = prepared_dir(path)
+    cpu = torch.device("cpu")
+    loader.load_gguf(path, cpu, torch.bfloat16, 64, prepared_dir=folder)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("model.norm.weight").dtype == torch.bfloat16
+    assert is_current(folder, path, torch.bfloat16) and not is_current(folder, path, torch.float32)
+    loader.load_gguf(path, cpu, torch.bfloat16, 64, prepared_dir=folder)
+    assert len(conversions) == 1
+    loader.load_gguf(path, cpu, torch.float32, 64, prepared_dir=folder)
+    assert len(conversions) == 2
+    assert is_current(folder, path, torch.float32) and is_current(folder, path, torch.bfloat16)
+
+
+def test_the_demo_named_by_its_path_shares_the_demos_folder(monkeypatch, tmp_path):
+    from engine.demo import demo_gguf_path
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    demo = demo_gguf_path()
+    assert prepared_dir(demo) == prepared_dir(demo, is_demo=True) == demo.parent / (demo.stem + ".prepared")
