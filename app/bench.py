@@ -16,6 +16,19 @@ LLAMA_8B = {
 }
 
 
+# How much a run measures: the full run, and --quick's first look (a count given explicitly wins).
+FULL_BENCH = {"prompts": 4, "new_tokens": 256, "prompt_tokens": 512}
+QUICK_BENCH = {"prompts": 1, "new_tokens": 64, "prompt_tokens": 128}
+
+
+def apply_counts(args) -> None:
+    """Fills the counts not given on the command line from --quick's or the full run's."""
+    counts = QUICK_BENCH if getattr(args, "quick", False) else FULL_BENCH
+    for name, value in counts.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
 def _sync():
     import torch
 
@@ -178,6 +191,7 @@ def cmd_bench(args) -> int:
 
     from .bench_setup import bench_prompts, build_bench_engine
 
+    apply_counts(args)
     if args.prompt_tokens < 1 or args.new_tokens < 2:
         raise UserError("--prompt-tokens must be >= 1 and --new-tokens >= 2")
     if args.prompts < 1:
@@ -200,9 +214,11 @@ def cmd_bench(args) -> int:
     alts = getattr(engine.speculator, "alts", ())
     report = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                           "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if dev.type == "cuda"
-                          else platform.processor() or "cpu", "cuda": torch.version.cuda},
+                          else platform.processor() or "cpu", "cuda": torch.version.cuda,
+                          "cpu_threads": torch.get_num_threads()},
               "model": engine.model_name, "draft": engine.draft_name, "draft_steps": args.draft_steps,
-              "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "startup_s": startup_s,
+              "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "quick": bool(getattr(args, "quick", False)),
+              "startup_s": startup_s,
               "startup_phases_s": getattr(engine, "load_phases", None),
               "graphs": engine.runner.uses_graphs, "temperature": args.temperature,
               # runners-up each draft gets in greedy verify steps (EAGLE-3; none when sampling)

@@ -38,6 +38,7 @@ def build_bench_engine(args):
     from engine.engine import Engine, pick_device
     from engine.loader import build_model
     from engine.runner import ModelRunner
+    from engine.threads import apply_threads
 
     from .bench import LLAMA_8B
 
@@ -46,6 +47,7 @@ def build_bench_engine(args):
     raw = LLAMA_8B if args.random_weights == "llama-8b" else read_json(args.random_weights)
     cfg = ModelConfig.from_hf(raw, str(args.random_weights))
     dev = pick_device(args.device)
+    apply_threads(dev.type, getattr(args, "threads", None))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     max_len = args.max_seq_len or 4096
     gen = torch.Generator(device=dev).manual_seed(0)

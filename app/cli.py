@@ -28,24 +28,37 @@ def _seed(text: str) -> int:
     return value
 
 
-def _model_options(p: argparse.ArgumentParser) -> None:
+def _model_options(p: argparse.ArgumentParser,
+                   no_spec_help: str = "decode without speculation; no draft is loaded") -> None:
     p.add_argument("--model", default="demo", help="Hub repo id, local folder, .gguf file, or 'demo' (default)")
     p.add_argument("--draft", default=None, help="draft model (EAGLE-3 head or MTP); 'none' disables the default")
-    p.add_argument("--no-spec", action="store_true", help="decode without speculation")
+    p.add_argument("--no-spec", action="store_true", help=no_spec_help)
     p.add_argument("--draft-steps", type=int, default=None, help="draft tokens per step, k (default 5)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--max-seq-len", type=int, default=None, help="context length to allocate")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="context length to allocate (default: the model's, at most 8192)")
     p.add_argument("--no-graphs", action="store_true", help="run eagerly, without CUDA graphs")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: on the CPU, the cores not busy with other work at start; "
+                        "OMP_NUM_THREADS, when set, decides instead)")
 
 
 def _sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=_seed, default=None)
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--top-k", type=int, default=0,
+                   help="sample only among the K most likely tokens; 0 = all (default %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="sample only among the most likely tokens whose probabilities add up to P; "
+                        "1 = all (default %(default)s)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens less likely than MIN_P times the most likely one; 0 = none "
+                        "(default %(default)s)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="make tokens already in the prompt or answer less likely (> 1) or more (< 1); "
+                        "1 = off (default %(default)s)")
+    p.add_argument("--seed", type=_seed, default=None,
+                   help="seed for sampling, to repeat an answer at a temperature above 0 (default: random)")
+    p.add_argument("--max-tokens", type=int, default=512, help="longest answer in tokens (default %(default)s)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
@@ -62,32 +75,43 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON result object at the end")
     run.add_argument("prompt", help="the question ('-' reads it from stdin)")
 
+    from app.bench import FULL_BENCH, QUICK_BENCH  # light: bench imports torch only when it runs
+
     bench = sub.add_parser("bench", help="speculation off vs on (and peers) in one run")
-    _model_options(bench)
+    _model_options(bench, no_spec_help="time plain decoding only (the draft still loads, as in the app)")
+    bench.add_argument("--quick", action="store_true",
+                       help=f"a first look in a minute: {QUICK_BENCH['prompts']} prompt, "
+                            f"{QUICK_BENCH['new_tokens']} new tokens ({QUICK_BENCH['prompt_tokens']}-token prompts "
+                            "with --random-weights) unless given")
     bench.add_argument("--random-weights", default=None, metavar="CONFIG",
-                       help="build the target from a config.json (or 'llama-8b') with random bf16 weights")
-    bench.add_argument("--prompt-tokens", type=int, default=512)
-    bench.add_argument("--new-tokens", type=int, default=256)
-    bench.add_argument("--temperature", type=float, default=0.0)
-    bench.add_argument("--prompts", type=int, default=4, help="chat prompts to average over (real models)")
+                       help="build the target from a config.json (or 'llama-8b') with random bf16 weights "
+                            "(default: off, --model is loaded)")
+    bench.add_argument("--prompt-tokens", type=int, default=None,
+                       help=f"prompt length with --random-weights (default {FULL_BENCH['prompt_tokens']})")
+    bench.add_argument("--new-tokens", type=int, default=None,
+                       help=f"tokens decoded per prompt (default {FULL_BENCH['new_tokens']})")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    bench.add_argument("--prompts", type=int, default=None,
+                       help=f"prompts to average over (default {FULL_BENCH['prompts']})")
     bench.add_argument("--prompt-set", choices=["chitchat", "instruct"], default="chitchat",
                        help="held-out chitchat conversations (default), or held-out built-in instruction-style requests")
     bench.add_argument("--force-accept", type=int, default=None,
-                       help="benchmark only: force this accepted length with a random-weight draft")
+                       help="benchmark only: force this accepted length with a random-weight draft (default: off)")
     bench.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
-    bench.add_argument("--out", default=None, help="write the JSON report here")
-    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--out", default=None, help="write the JSON report here (default: not written)")
+    bench.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
 
     train = sub.add_parser("train-draft", help="train an EAGLE-3 head or MTP layers for a model")
-    train.add_argument("--model", required=True)
-    train.add_argument("--out", required=True)
-    train.add_argument("--kind", choices=["eagle3", "mtp"], default="eagle3")
+    train.add_argument("--model", required=True, help="the target: Hub repo id, local folder, .gguf file, or 'demo'")
+    train.add_argument("--out", required=True, help="folder the trained draft is written to")
+    train.add_argument("--kind", choices=["eagle3", "mtp"], default="eagle3",
+                       help="an EAGLE-3 head (default) or chained MTP layers")
     train.add_argument("--data", default=None, help="JSONL conversations, or a local chitchat-dataset wheel (default: chitchat-dataset from PyPI)")
     train.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default 8192)")
     train.add_argument("--draft-intermediate", type=int, default=None,
                        help="EAGLE-3: the head's MLP width (default: the target's intermediate size)")
     train.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 20000 on GPU, 200 on CPU; the time budget usually ends training first)")
-    train.add_argument("--device", default=None)
+    train.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     train.add_argument("--time-budget", type=float, default=None,
                        help="seconds for the whole run; training is annealed to stop in time (default: 840 on GPU)")
     train.add_argument("--seq-len", type=int, default=None, help="tokens per packed row (default: 1024 GPU, 512 CPU)")
@@ -107,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
     train.add_argument("--eval-prompts", type=int, default=None,
                        help="held-out prompts decoded with the saved head at the end (default: 8 GPU, 2 CPU)")
-    train.add_argument("--seed", type=_seed, default=None)
+    train.add_argument("--seed", type=_seed, default=None, help="random seed of the run (default 0)")
     train.add_argument("--resume", action="store_true",
                        help="continue the run for this --out that Ctrl+C (or SIGTERM) stopped, with the same settings")
 
@@ -145,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(args)
     except UserError as e:
         print(f"localchat: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_status  # 2, or 1 for a download that broke off (engine/hub_errors.py)
     except KeyboardInterrupt:
         print("localchat: interrupted", file=sys.stderr)
         return 130
@@ -167,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args) -> int:
     if args.command is not None and getattr(args, "draft_steps", 0) is None:
         args.draft_steps = 5  # the chat app takes its default from settings.toml instead
+    if args.command in (None, "run") and args.no_spec:
+        _no_draft(args)
     if args.command is None:
         from app.tui import run_tui
 
@@ -188,6 +214,15 @@ def _dispatch(args) -> int:
 
         return cmd_train(args)
     return args.handler(args)
+
+
+def _no_draft(args) -> None:
+    """--no-spec in `run` and the app: no draft is loaded at all (it would cost load time and
+    memory and never be used). `bench --no-spec` keeps its draft: it times plain decoding with
+    the draft loaded, as the app has it."""
+    if args.draft not in (None, "none"):
+        raise UserError(f"--no-spec loads no draft, so --draft {args.draft} would not be used: drop one of the two")
+    args.draft = "none"
 
 
 if __name__ == "__main__":

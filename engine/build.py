@@ -9,12 +9,15 @@ import torch
 from .demo import demo_draft_path
 from .errors import UserError
 from .loader import load_folder, load_gguf
+from .prepared import is_current, prepared_dir
 from .resolve import resolve
 from .runner import ModelRunner
+from .threads import apply_threads
 
 
 def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq_len: int | None,
-                 draft_steps: int, use_graphs: bool, on_progress, defer_capture: bool = False):
+                 draft_steps: int, use_graphs: bool, on_progress, defer_capture: bool = False,
+                 threads: int | None = None):
     from .engine import pick_device
 
     def say(msg: str, frac: float | None = None) -> None:
@@ -26,6 +29,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
     if not 1 <= draft_steps <= 15:  # a verify step of k + 1 <= 16 rows keeps batch invariance (ops.py)
         raise UserError(f"--draft-steps must be between 1 and 15, got {draft_steps}")
     dev = pick_device(device)
+    apply_threads(dev.type, threads)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     t0 = time.perf_counter()
     src = resolve(model, log=say)
@@ -51,8 +55,10 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
 
     say(f"loading {src.name}", 0.1)
     if src.is_gguf:
-        prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
-        loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared)
+        prepared = prepared_dir(src.path, src.is_demo)
+        if not is_current(prepared, src.path, dtype):
+            say(f"converting {src.name} once (later starts read the prepared copy)", 0.1)
+        loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared, log=say)
     else:
         loaded = load_folder(src.path, dev, dtype, max_seq_len)
     runner = ModelRunner(loaded.model, loaded.model.cos_sin.shape[0])

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +26,53 @@ class GpuMemory:
 
 
 def detect_gpu() -> GpuMemory | None:
-    """Free and total memory of CUDA device 0, or None without a usable GPU (torch imported here)."""
+    """Free and total memory of the GPU that CUDA numbers 0, or None without a usable GPU.
+
+    nvidia-smi answers in a fraction of a second where importing torch takes seconds, so torch
+    is asked only where a GPU driver is present but nvidia-smi cannot answer (no binary on the
+    PATH, a MIG or ROCm device)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = None
+    if visible is not None:
+        first = visible.split(",")[0].strip()
+        if not first or first.startswith("-"):  # "" or "-1": CUDA sees no device
+            return None
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        answer = _ask_nvidia_smi(smi, first)
+        if answer is not None:
+            return answer
+    if sys.platform.startswith("linux") and not any(os.path.exists(p) for p in _LINUX_GPU_DRIVERS):
+        return None
+    return _ask_torch()
+
+
+_LINUX_GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")  # NVIDIA, AMD ROCm
+NVIDIA_SMI_TIMEOUT_S = 3.0  # it answers in ~0.1 s; a wedged driver must not hang `localchat models`
+
+
+def _ask_nvidia_smi(smi: str, device: str | None) -> GpuMemory | None:
+    """nvidia-smi's name and memory of `device` (an index or UUID; its first GPU when None), or
+    None when it cannot say. Without CUDA_DEVICE_ORDER=PCI_BUS_ID, CUDA may number unlike GPUs in
+    another order than nvidia-smi; the fit estimate only needs a GPU of the machine's kind."""
+    cmd = [smi, "--query-gpu=name,memory.free,memory.total", "--format=csv,noheader,nounits"]
+    if device:
+        cmd += ["-i", device]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        return None
+    try:
+        name, free_mib, total_mib = (part.strip() for part in lines[0].rsplit(",", 2))
+        return GpuMemory(name, int(float(free_mib) * 2**20), int(float(total_mib) * 2**20))
+    except ValueError:  # "[N/A]" fields, or a format this version does not write
+        return None
+
+
+def _ask_torch() -> GpuMemory | None:
     try:
         import torch
 
@@ -105,10 +155,9 @@ def local_weights_bytes(path: Path) -> int:
 
 def _gguf_bf16_bytes(path: Path) -> int:
     """GGUF weights are dequantized at load, so count elements, not file bytes."""
-    try:
-        from gguf import GGUFReader
+    from .gguf_header import read_tensor_infos
 
-        reader = GGUFReader(str(path))
-        return sum(int(t.n_elements) for t in reader.tensors) * 2
-    except Exception:
+    try:
+        return sum(t.n_elements for t in read_tensor_infos(path)) * 2
+    except (OSError, ValueError):
         return path.stat().st_size * 4  # ~4-5 bits a weight in the usual quantizations

@@ -17,10 +17,14 @@ class DownloadInterrupted(UserError):
     the same command again continues with what is missing.
     """
 
+    exit_status = 1
+
 
 class DownloadCorrupt(UserError):
     """A downloaded file did not hash to the digest the Hub lists: a runtime failure (exit 1), as a retry can
     succeed when a proxy or the network altered the bytes. The file is deleted, never placed in the cache."""
+
+    exit_status = 1
 
 
 class GatedRepo(UserError):
@@ -87,12 +91,21 @@ def translate(exc: BaseException, repo_id: str, filename: str | None = None, rev
             f"the connection dropped while downloading {what}: run the same command again to continue "
             "(finished files are kept)"
         )
-    if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException)):
+    if isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout)):
+        from huggingface_hub import constants
+
+        # No connection at all is for the user to fix (network, proxy, HF_ENDPOINT, offline mode),
+        # like a repository that is not found: status 2 from every command.
+        return UserError(
+            f"cannot reach the Hub at {constants.ENDPOINT} ({type(exc).__name__}): check the connection, "
+            "or set HF_HUB_OFFLINE=1 to use cached models only"
+        )
+    if isinstance(exc, httpx2.TimeoutException):
         from huggingface_hub import constants
 
         return DownloadInterrupted(
-            f"cannot reach the Hub at {constants.ENDPOINT} ({type(exc).__name__}): check the connection, "
-            "or set HF_HUB_OFFLINE=1 to use cached models only"
+            f"the Hub at {constants.ENDPOINT} stopped answering ({type(exc).__name__}) for {what}: run the same "
+            "command again to continue (finished files are kept)"
         )
     return None
 

@@ -16,6 +16,7 @@ from .errors import ModelLoadError
 from .gguf_file import gguf_shapes, hf_config, iter_gguf_tensors, open_gguf
 from .model import CausalLM
 from .ops import Ops
+from .prepared import is_current, write_prepared
 from .tokenizer import Tokenizer
 from .weights import load_weights
 
@@ -69,11 +70,12 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
 
 
 def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int | None,
-              prepared_dir: Path | None = None) -> LoadedModel:
+              prepared_dir: Path | None = None, log=None) -> LoadedModel:
     """Loads a GGUF file. With `prepared_dir`, the first load also writes there an HF folder
-    (config, the dequantized fp32 tensors, the converted tokenizer) and later loads read that
-    instead: parsing the GGUF vocabulary and dequantizing cost seconds at every start."""
-    if prepared_dir is not None and (prepared_dir / "complete").exists():
+    (config, the dequantized tensors in `dtype`, the converted tokenizer) and later loads read that
+    instead while the file is unchanged: parsing the GGUF vocabulary and dequantizing cost
+    seconds at every start (engine/prepared.py)."""
+    if prepared_dir is not None and is_current(prepared_dir, path, dtype):
         return load_folder(prepared_dir, device, dtype, max_len)
     reader = open_gguf(path)
     raw = hf_config(reader, path)
@@ -87,20 +89,8 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
                         device, dtype, max_len)
     tok = Tokenizer.from_folder(path.parent, cfg.eos_token_ids, gguf_file=path.name)
     if prepared_dir is not None:
-        _write_prepared(prepared_dir, raw, tensors, tok)
+        write_prepared(prepared_dir, path, raw, tensors, tok, dtype, log)
     return LoadedModel(model, tok, cfg, path)
-
-
-def _write_prepared(folder: Path, raw_config: dict, tensors: dict, tok: Tokenizer) -> None:
-    import json
-
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(raw_config, indent=1))
-    save_file(tensors, str(folder / "model.safetensors"))
-    tok.hf.save_pretrained(str(folder))
-    (folder / "complete").write_text("written after every other file\n")
 
 
 def _generation_eos(folder: Path) -> tuple[int, ...]:

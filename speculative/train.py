@@ -304,8 +304,10 @@ def _load_target(opts: TrainOptions, dev: torch.device):
     src = resolve(opts.model, log=_log)
     _log(f"loading {src.name} on {dev}")
     if src.is_gguf:
-        prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
-        return load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared), src.name, src.path
+        from engine.prepared import prepared_dir
+
+        return (load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared_dir(src.path, src.is_demo),
+                          log=_log), src.name, src.path)
     return load_folder(src.path, dev, dtype, opts.max_len), src.name, src.path
 
 

@@ -23,6 +23,7 @@ def demo_engine(demo_gguf):
     return Engine.load("demo", draft="none", device="cpu")
 
 
+@pytest.mark.slow  # real weights on the CPU
 def test_greedy_matches_transformers_on_the_same_gguf(demo_engine, demo_gguf):
     from transformers import AutoModelForCausalLM
 
@@ -42,6 +43,7 @@ def test_greedy_matches_transformers_on_the_same_gguf(demo_engine, demo_gguf):
         assert ours == ref, prompt
 
 
+@pytest.mark.slow  # real weights on the CPU
 def test_second_turn_prefills_only_new_tokens(demo_engine):
     e = demo_engine
     e.reset()
@@ -62,6 +64,7 @@ def test_second_turn_prefills_only_new_tokens(demo_engine):
     assert fresh.token_ids == r2.token_ids and fresh.text == r2.text
 
 
+@pytest.mark.slow  # real weights on the CPU
 def test_cli_answers_paris(demo_gguf):
     out = subprocess.run([sys.executable, "-m", "app.cli", "run", "--model", "demo", "--device", "cpu", "--json",
                           "What is the capital of France?"], capture_output=True, text=True, timeout=300,
@@ -83,6 +86,7 @@ def test_cli_answers_paris(demo_gguf):
     assert not plain["stats"]["speculative"] and plain["token_ids"] == result["token_ids"]
 
 
+@pytest.mark.slow  # real weights on the CPU
 def test_shipped_head_is_lossless_on_cpu(demo_gguf):
     engine = Engine.load("demo", device="cpu")
     assert engine.has_draft and engine.draft_name == "demo-eagle3"
@@ -98,6 +102,7 @@ def test_shipped_head_is_lossless_on_cpu(demo_gguf):
     assert sum(accepted) / len(accepted) > 1.1  # the trained head does get drafts accepted
 
 
+@pytest.mark.slow  # real weights on the CPU
 def test_shipped_mtp_layers_are_lossless_on_cpu(demo_gguf):
     engine = Engine.load("demo", draft="demo-mtp", device="cpu")
     assert engine.has_draft and engine.draft_name == "demo-mtp"

@@ -110,6 +110,7 @@ def test_a_damaged_cache_entry_is_rebuilt(tmp_path):
     assert Tokenizer.from_folder(folder, cache=cache).hf is None  # rebuilt
 
 
+@pytest.mark.slow  # two processes that load the demo model
 def test_the_demo_model_starts_without_importing_transformers(demo_gguf):
     """Once its tokenizer is cached, loading the demo model and answering imports no transformers."""
     code = ("import sys; from engine.engine import Engine; e = Engine.load('demo', draft='none', device='cpu'); "

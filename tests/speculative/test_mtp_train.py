@@ -43,6 +43,7 @@ def trained(tmp_path_factory, one_thread):
     return target, data, out
 
 
+@pytest.mark.slow  # the module's training run
 def test_loss_falls_and_provenance(trained):
     _, _, out = trained
     prov = json.loads((out / "provenance.json").read_text())
@@ -55,6 +56,7 @@ def test_loss_falls_and_provenance(trained):
     assert (out / "README.md").read_text().startswith("# Chain-MTP layers")
 
 
+@pytest.mark.slow  # the module's training run
 def test_localchat_format(trained):
     _, _, out = trained
     cfg = json.loads((out / "config.json").read_text())
@@ -66,6 +68,7 @@ def test_localchat_format(trained):
     assert names == {f"mtp_layers.{i}.{k}" for i in range(S) for k in LAYER_KEYS}
 
 
+@pytest.mark.slow  # the module's training run
 def test_layers_load_and_are_lossless(trained):
     target, data, out = trained
     engine = Engine.load(str(target), draft=str(out), device="cpu", draft_steps=S)
@@ -93,6 +96,7 @@ def test_alignment():
     assert valid(batch, 2)[0].tolist() == [True] + [False] * 7
 
 
+@pytest.mark.slow  # the module's training run
 def test_unroll_equals_the_inference_layers(trained):
     """The sequence-parallel training forward gives, at every position and layer, what MTPDraft.step
     (the engine's path, one KV cache per layer) computes over the whole sequence in chain mode."""

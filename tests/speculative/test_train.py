@@ -45,6 +45,7 @@ def trained(tmp_path_factory):
     return target, data, out
 
 
+@pytest.mark.slow  # the module's training run
 def test_loss_falls_and_provenance(trained):
     _, _, out = trained
     prov = json.loads((out / "provenance.json").read_text())
@@ -59,6 +60,7 @@ def test_loss_falls_and_provenance(trained):
     assert (out / "README.md").read_text().startswith("# EAGLE-3 draft head")
 
 
+@pytest.mark.slow  # the module's training run
 def test_sglang_format(trained):
     target, _, out = trained
     cfg = json.loads((out / "config.json").read_text())
@@ -78,6 +80,7 @@ def test_sglang_format(trained):
     assert not any("qkv_proj" in n or "gate_up" in n for n in names)
 
 
+@pytest.mark.slow  # the module's training run
 def test_head_loads_and_is_lossless(trained):
     target, data, out = trained
     engine = Engine.load(str(target), draft=str(out), device="cpu", draft_steps=4)
