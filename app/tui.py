@@ -17,15 +17,16 @@ from .paths import AppPaths
 from .screens.chat_screen import ChatScreen
 from .screens.settings_screen import SettingsScreen
 from .settings import Settings, load_settings, save_settings
-from .stop_signals import exit_status, quit_on_stop_signals
+from .stop_signals import describe, exit_status, quit_on_stop_signals
 from .store import ChatStore
 
 ENGINE_SWITCH_INTERVAL_S = 0.0002
 # On quit the engine thread stops at its next step: at once while it decodes, but a load phase or a long
 # prefill cannot be cut short. After STOP_NOTICE_S the terminal says why the exit waits; after STOP_WAIT_S
-# the process leaves without the thread.
+# the process leaves without the thread (safe then: everything the app owns is saved and closed, and an
+# unfinished load leaves nothing that the next load does not redo).
 STOP_NOTICE_S = 1.0
-STOP_WAIT_S = 60.0
+STOP_WAIT_S = 15.0
 STYLESHEET = Path(__file__).resolve().parent.parent / "assets" / "localchat.tcss"
 
 
@@ -164,17 +165,19 @@ def run_app(app: LocalChatApp) -> int:
     try:
         with quit_on_stop_signals(app.exit):
             app.run()
-            _stop_engine(app.runner)
+            _stop_engine(app.runner, app.return_code or 0)
     except KeyboardInterrupt as stop:  # a signal before the app ran, or one more while the engine was awaited
         if not app.runner.join(0):
+            print(f"localchat: {describe(stop)}", file=sys.stderr)
             _exit_now(exit_status(stop))
         raise
     return app.return_code or 0
 
 
-def _stop_engine(runner: EngineRunner) -> None:
+def _stop_engine(runner: EngineRunner, status: int) -> None:
     """Stops the engine thread (an answer stops at its next step, a load at its next phase) and waits for it,
-    saying so when that takes long; a thread that never comes back is left behind by _exit_now."""
+    saying so when that takes long; a thread that never comes back is left behind: the process exits with
+    `status` without it."""
     runner.shutdown()  # already done when the app unmounted, unless it crashed
     if runner.join(STOP_NOTICE_S):
         return
@@ -183,7 +186,7 @@ def _stop_engine(runner: EngineRunner) -> None:
     if not runner.join(STOP_WAIT_S):
         print(f"localchat: the engine did not stop within {STOP_WAIT_S:.0f} s; quitting without it",
               file=sys.stderr, flush=True)
-        _exit_now(0)
+        _exit_now(status)
 
 
 def _exit_now(status: int) -> None:

@@ -1,5 +1,7 @@
 """Stopping localchat in a real subprocess, with a tiny real model on CPU: Ctrl+Q, SIGINT and SIGTERM while
-the model loads or an answer streams, in the app (in a pseudo-terminal) and in `run`."""
+the model loads or an answer streams, in the app (in a tmux pane) and in `run`. Each test starts a process
+that imports torch and loads a model: seconds each, hence `slow` (tests/app/test_stop_signals.py covers the
+same pieces in process, fast)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,13 @@ from app.settings import Settings, save_settings
 from tests.app.terminal import HAVE_TMUX, Terminal
 from tests.tiny import make_tiny_model
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "tests" / "app" / "run_slowed.py"
 PROMPT = "Numbers: 0 1 2 3"  # the tiny model answers it greedily up to max_tokens, with no EOS
 MAX_TOKENS = 400
+DRAWN = "Enter sends"  # in the message box's placeholder: the app is on screen
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +43,11 @@ def home(tmp_path: Path) -> Path:
 
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TEXTUAL", "PYTEST"))}
-    env.update(LOCALCHAT_HOME=str(home), TERM="xterm-256color", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=str(ROOT))
+    env.update(LOCALCHAT_HOME=str(home), TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
     return env
 
 
-def _launch(home: Path, marks: Path, *cli_args: str, phase_delay: float = 0.0) -> list[str]:
+def _launch(marks: Path, *cli_args: str, phase_delay: float = 0.0) -> list[str]:
     return [sys.executable, str(LAUNCHER), "--marks", str(marks), "--step-delay", "0.05",
             "--phase-delay", str(phase_delay), "--", *cli_args]
 
@@ -52,9 +56,9 @@ needs_tmux = pytest.mark.skipif(not HAVE_TMUX, reason="needs tmux")
 
 
 def _start_app(home: Path, marks: Path, model: Path, phase_delay: float = 0.0) -> Terminal:
-    term = Terminal(_launch(home, marks, "--model", str(model), "--device", "cpu", phase_delay=phase_delay),
+    term = Terminal(_launch(marks, "--model", str(model), "--device", "cpu", phase_delay=phase_delay),
                     _env(home), ROOT)
-    term.wait_until(lambda: "Message (Enter sends" in term.screen(), 60, "the app to draw its message box")
+    term.wait_until(lambda: DRAWN in term.screen(), 60, "the app to draw its message box")
     return term
 
 
@@ -71,7 +75,7 @@ def _assert_clean_exit(term: Terminal) -> None:
     assert "terminate called" not in shown and "Traceback" not in shown, shown[-3000:]
     assert code == 0, shown[-3000:]
     assert not term.on_alternate_screen, "the terminal was left on the app's screen"
-    assert "Message (Enter sends" not in term.screen()
+    assert DRAWN not in term.screen()
 
 
 def _saved_answer(home: Path):
@@ -131,25 +135,26 @@ def test_app_quits_while_torch_is_imported(home, tiny_model, tmp_path):
 
 
 def _start_run(home: Path, marks: Path, model: Path, *extra: str) -> subprocess.Popen:
-    argv = _launch(home, marks, "run", "--model", str(model), "--device", "cpu", "--max-tokens", str(MAX_TOKENS),
+    argv = _launch(marks, "run", "--model", str(model), "--device", "cpu", "--max-tokens", str(MAX_TOKENS),
                    *extra, PROMPT)
     return subprocess.Popen(argv, env=_env(home), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
 
 def _stop_run_mid_answer(proc: subprocess.Popen, marks: Path, signum: int) -> tuple[int, str, str]:
-    deadline = time.monotonic() + 60
-    while not (marks / "streaming").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the answer did not start"
-        time.sleep(0.05)
-    proc.send_signal(signum)
     try:
+        deadline = time.monotonic() + 60
+        while not (marks / "streaming").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the answer did not start"
+            time.sleep(0.05)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    return proc.returncode, out, err
+        return proc.returncode, out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.mark.parametrize("signum, status, said", [(signal.SIGINT, 130, "interrupted"),
@@ -160,8 +165,9 @@ def test_run_prints_the_partial_answer_when_stopped(home, tiny_model, tmp_path, 
     assert code == status, err
     assert "Traceback" not in err and "terminate called" not in err, err
     assert out.strip() and out.endswith("\n")  # the text so far, and the shell prompt on a line of its own
-    assert err.rstrip().splitlines()[-1] == f"localchat: {said}", err
-    assert "tokens" in err  # the stats line of what was generated
+    *_, stats_line, last_line = err.rstrip().splitlines()
+    assert last_line == f"localchat: {said}", err
+    assert stats_line.startswith("[") and " tokens, " in stats_line and stats_line.endswith(", interrupted]"), err
 
 
 def test_run_json_reports_the_partial_answer_when_stopped(home, tiny_model, tmp_path):

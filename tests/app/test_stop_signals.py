@@ -4,17 +4,18 @@ loop, and the engine thread stopping mid-load and mid-answer and being joined.""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
 
 import pytest
 
-from app import stop_signals
+from app import stop_signals, tui
 from app.engine_runner import EngineRunner
 from app.settings import Settings
 from app.stop_signals import Terminated, exit_status, interrupt_on_stop_signals, quit_on_stop_signals
-from tests.app.fake_engine import fake_factory
+from tests.app.fake_engine import FakeEngine, answer_for, fake_factory, split_tokens
 from tests.app.test_streaming import MESSAGES, Inbox
 
 
@@ -131,3 +132,65 @@ def test_shutdown_mid_answer_stops_it_and_the_thread_ends():
 
 def test_join_before_start_is_immediate():
     assert EngineRunner(fake_factory()).join(0)
+
+
+def test_a_quit_that_waits_for_the_engine_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(tui, "STOP_NOTICE_S", 0.05)
+    inbox = Inbox()
+    runner = EngineRunner(fake_factory(load_delay_s=2.0))
+    runner.start(inbox)
+    inbox.wait_for(EngineRunner.LoadProgress)
+    tui._stop_engine(runner, 0)
+    assert runner.join(0)
+    assert "localchat: stopping…" in capsys.readouterr().err
+
+
+def test_an_engine_that_never_stops_is_left_behind_with_a_message(monkeypatch, capsys):
+    monkeypatch.setattr(tui, "STOP_NOTICE_S", 0.01)
+    monkeypatch.setattr(tui, "STOP_WAIT_S", 0.1)
+    exits: list[int] = []
+    monkeypatch.setattr(tui, "_exit_now", exits.append)
+    stuck = threading.Event()
+    runner = EngineRunner(lambda on_progress: stuck.wait(10))  # a load phase that does not end
+    runner.start(Inbox())
+    try:
+        tui._stop_engine(runner, 0)
+        assert exits == [0] and "did not stop" in capsys.readouterr().err
+    finally:
+        stuck.set()
+        assert runner.join(5)
+
+
+class _StoppedMidAnswer(FakeEngine):
+    """Streams three events, then the user's Ctrl+C (or SIGTERM) lands."""
+
+    def __init__(self, stop: KeyboardInterrupt) -> None:
+        super().__init__(draft_name=None, step_delay_s=0.0)
+        self.stop = stop
+
+    def stream(self, *args, **kwargs):
+        for i, event in enumerate(super().stream(*args, **kwargs)):
+            if i == 3:
+                raise self.stop
+            yield event
+
+
+@pytest.mark.parametrize("stop, status, said", [(KeyboardInterrupt(), 130, "interrupted"),
+                                                (Terminated(), 143, "terminated")])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_run_stopped_mid_answer_prints_what_it_has(home, monkeypatch, capsys, stop, status, said, as_json):
+    from app import commands
+    from app.cli import main
+
+    monkeypatch.setattr(commands, "load_engine", lambda *args, **kwargs: _StoppedMidAnswer(stop))
+    assert main(["run", "--model", "fake", *(["--json"] if as_json else []), "hi"]) == status
+    out, err = capsys.readouterr()
+    assert err.splitlines()[-1] == f"localchat: {said}" and "Traceback" not in err
+    expected = "".join(split_tokens(answer_for([{"role": "user", "content": "hi"}]))[:3])
+    if as_json:
+        result = json.loads(out)
+        assert result["text"] == expected and result["finish_reason"] == "interrupted"
+        assert result["stats"]["generated_tokens"] == len(result["token_ids"]) == 3
+    else:
+        assert out == expected + "\n"
+        assert err.splitlines()[-2].startswith("[3 tokens") and err.splitlines()[-2].endswith(", interrupted]")
