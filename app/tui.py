@@ -181,8 +181,9 @@ def _stop_engine(runner: EngineRunner, status: int) -> None:
     runner.shutdown()  # already done when the app unmounted, unless it crashed
     if runner.join(STOP_NOTICE_S):
         return
-    print("localchat: stopping… (the model is finishing its current step; Ctrl+C quits at once)",
-          file=sys.stderr, flush=True)
+    doing = "the model load is finishing its current phase" if runner.engine is None \
+        else "the answer is finishing its current step"
+    print(f"localchat: stopping… ({doing}; Ctrl+C quits at once)", file=sys.stderr, flush=True)
     if not runner.join(STOP_WAIT_S):
         print(f"localchat: the engine did not stop within {STOP_WAIT_S:.0f} s; quitting without it",
               file=sys.stderr, flush=True)

@@ -61,13 +61,25 @@ class Terminal:
     @property
     def exit_status(self) -> int | None:
         """None while it runs; its exit status, or minus the signal that killed it (as subprocess does)."""
-        if self._format("#{pane_dead}") != "1":
+        if self._format("#{pane_dead}") == "1":
+            found = _DEAD.findall(self.history())
+            if found:
+                kind, number = found[-1]
+                return int(number) if kind == "status" else -int(number)
+        return self._zombie_status()
+
+    def _zombie_status(self) -> int | None:
+        """The status of a command that has ended but that tmux has not reaped yet (under load it can take
+        tmux a long while), read from /proc (Linux: the 52nd field of stat is the wait status)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
             return None
-        found = _DEAD.findall(self.history())
-        if not found:
-            return None  # dead, but tmux has not written its note yet
-        kind, number = found[-1]
-        return int(number) if kind == "status" else -int(number)
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": the state is field 3
+        if fields[0] != "Z" or len(fields) < 50:
+            return None
+        wait_status = int(fields[49])
+        return os.waitstatus_to_exitcode(wait_status)
 
     @property
     def on_alternate_screen(self) -> bool:
