@@ -9,8 +9,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 # A second signal this soon after the first is the same stop delivered twice (GNU `timeout` signals the
 # process and then its process group; Ctrl+C reaches every process of a pipeline): it is ignored, so that it
