@@ -3,27 +3,27 @@ screen comes out, and the pane stays after the command ends so that its exit and
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 HAVE_TMUX = shutil.which("tmux") is not None
 _DEAD = re.compile(r"Pane is dead \((status|signal) (\d+)")
-_servers = itertools.count()
 
 
 class Terminal:
     """Runs `argv` in a `columns` x `rows` pane, in `cwd`, with exactly the environment `env`."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, columns: int = 120, rows: int = 40) -> None:
-        self.socket = f"localchat-test-{os.getpid()}-{next(_servers)}"
+        self._socket_dir = tempfile.mkdtemp(prefix="localchat-tmux-")  # short: a socket path has ~100 bytes
+        self.socket = os.path.join(self._socket_dir, "socket")
         # exec: the pane's process is the command itself, so that its pid is the one to signal.
         self._tmux("-f", "/dev/null", "start-server", ";", "set-option", "-g", "remain-on-exit", "on", ";",
                    "new-session", "-d", "-s", "main", "-x", str(columns), "-y", str(rows), "-c", str(cwd),
@@ -31,7 +31,7 @@ class Terminal:
         self.pid = int(self._format("#{pane_pid}"))
 
     def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
-        done = subprocess.run(["tmux", "-L", self.socket, *args], env=env, capture_output=True, text=True,
+        done = subprocess.run(["tmux", "-S", self.socket, *args], env=env, capture_output=True, text=True,
                               timeout=30)
         if done.returncode != 0:
             raise RuntimeError(f"tmux {args[0]} failed: {done.stderr.strip()}")
@@ -109,4 +109,5 @@ class Terminal:
                 os.kill(self.pid, signal.SIGKILL)
         except (OSError, RuntimeError):
             pass
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=30)
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
