@@ -164,15 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from app.stop_signals import describe, exit_status, interrupt_on_stop_signals
+
     args = build_parser().parse_args(argv)
     try:
-        return _dispatch(args)
+        with interrupt_on_stop_signals():  # SIGTERM cleans up as Ctrl+C does (the chat app quits instead)
+            return _dispatch(args)
     except UserError as e:
         print(f"localchat: error: {e}", file=sys.stderr)
         return e.exit_status  # 2, or 1 for a download that broke off (engine/hub_errors.py)
-    except KeyboardInterrupt:
-        print("localchat: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl+C or SIGTERM: 130 or 143, as a shell reports a signal
+        print(f"localchat: {describe(stop)}", file=sys.stderr)
+        return exit_status(stop)
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -63,22 +64,20 @@ def cmd_run(args) -> int:
     messages = ([{"role": "system", "content": system}] if system else [])
     messages.append({"role": "user", "content": args.prompt})
     text, ids, last = [], [], None
-    for ev in engine.stream(messages, params, speculative=not args.no_spec):
-        text.append(ev.text)
-        ids.extend(ev.token_ids)
-        last = ev
-        if not args.json and ev.text:
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
-    if args.json:
-        print(json.dumps({"text": "".join(text), "token_ids": ids, "finish_reason": last.finish_reason,
-                          "model": engine.model_name, "draft": engine.draft_name, "stats": last.stats.to_json()}))
-    else:
-        sys.stdout.write("\n")
-        s = last.stats
-        extra = f", accepted length {s.accept_len_mean:.2f}" if s.speculative else ""
-        print(f"[{s.generated_tokens} tokens, {s.decode_tok_s:.1f} tok/s, first token {s.ttft_s * 1000:.0f} ms{extra}]",
-              file=sys.stderr)
+    try:
+        for ev in engine.stream(messages, params, speculative=not args.no_spec):
+            text.append(ev.text)
+            ids.extend(ev.token_ids)
+            last = ev
+            if not args.json and ev.text:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl+C or SIGTERM mid-answer: what came so far is the answer, then cli exits 130/143
+        # The engine's live stats may already count tokens of a step that was never handed out.
+        stats = dataclasses.replace(last.stats, generated_tokens=len(ids)) if last else None
+        _report(args, engine, "".join(text), ids, stats, "interrupted")
+        raise
+    _report(args, engine, "".join(text), ids, last.stats, last.finish_reason)
     return 0
 
 
@@ -121,6 +120,25 @@ def package_version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _report(args, engine, text: str, ids: list[int], stats, finish_reason: str) -> None:
+    """The end of an answer: the JSON object (--json), or a line break after the streamed text and a stats line
+    on stderr."""
+    if args.json:
+        print(json.dumps({"text": text, "token_ids": ids, "finish_reason": finish_reason,
+                          "model": engine.model_name, "draft": engine.draft_name,
+                          "stats": stats.to_json() if stats else None}))
+        return
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if stats is None:
+        return
+    extra = f", accepted length {stats.accept_len_mean:.2f}" if stats.speculative else ""
+    if finish_reason == "interrupted":
+        extra += ", interrupted"
+    print(f"[{stats.generated_tokens} tokens, {stats.decode_tok_s:.1f} tok/s, first token {stats.ttft_s * 1000:.0f} ms"
+          f"{extra}]", file=sys.stderr)
 
 
 def cmd_doctor(args) -> int:

@@ -90,6 +90,10 @@ class _Reload:
     factory: "EngineFactory"
 
 
+class _LoadStopped(Exception):
+    """Raised from the load's own progress report once the app is shutting down."""
+
+
 def _release_gpu_memory() -> None:
     import gc
 
@@ -151,7 +155,10 @@ class EngineRunner:
         self._jobs: queue.Queue[_Job | _Reload | None] = queue.Queue()
         self._job_ids = itertools.count(1)
         self._pending: dict[int, _Job] = {}
+        # Daemon: a thread stuck in a long torch call cannot keep the process alive. Exit must still wait for it
+        # (join): torch aborts the process when the interpreter ends while a thread is inside it.
         self._thread = threading.Thread(target=self._run, name="localchat-engine", daemon=True)
+        self._closing = threading.Event()  # set once by shutdown(): no load, job or reload runs after it
         self._load_target: MessagePump | None = None
         self._loaded_at = 0.0
 
@@ -192,8 +199,17 @@ class EngineRunner:
             job.go.set()
 
     def shutdown(self) -> None:
+        """Stop everything: the answer at its next step, a load at its next phase; then the thread ends."""
+        self._closing.set()
         self.stop()
         self._jobs.put(None)
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Wait (at most timeout_s) for the engine thread to end after shutdown(); True once it has ended."""
+        if self._thread.ident is None:  # never started
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     @property
     def busy(self) -> bool:
@@ -205,6 +221,8 @@ class EngineRunner:
         self._load()
         while (job := self._jobs.get()) is not None:
             if isinstance(job, _Reload):
+                if self._closing.is_set():
+                    continue
                 self.engine, self.factory = None, job.factory
                 _release_gpu_memory()
                 self._load()
@@ -223,13 +241,21 @@ class EngineRunner:
         assert target is not None
 
         def on_progress(text: str, fraction: float | None) -> None:
+            # A load reports progress between its phases (and during a download), never inside a torch call,
+            # which nothing can interrupt: the points where a quit during a load takes effect (Engine.load).
+            if self._closing.is_set():
+                raise _LoadStopped
             target.post_message(self.LoadProgress(text, fraction))
 
         try:
             engine = self.factory(on_progress)
         except Exception as e:  # any failure, OOM included, becomes a message; the app keeps running
+            if self._closing.is_set():  # stopped on quit (or failed meanwhile): no one is left to tell
+                return
             self.load_error = _describe(e)
             target.post_message(self.LoadFailed(self.load_error))
+            return
+        if self._closing.is_set():
             return
         self.engine = engine
         self._loaded_at = time.perf_counter()

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TextIO
 
 from engine.errors import UserError
@@ -84,35 +80,16 @@ def say(message: str) -> None:
     print(f"localchat: {message}", file=sys.stderr)
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[list[int]]:
-    """SIGTERM raises KeyboardInterrupt, so a download cleans up as it does on Ctrl+C; yields the signals seen.
-
-    Left alone when the process already handles SIGTERM (the CLI may install its own) or off the main thread.
-    """
-    seen: list[int] = []
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield seen
-        return
-
-    def on_term(signum, frame) -> None:
-        seen.append(signum)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield seen
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def cmd_download(args: argparse.Namespace) -> int:
-    with sigterm_as_interrupt() as signals:
-        try:
-            return _download(args)
-        except KeyboardInterrupt:
-            say("download stopped; finished files are kept, nothing partial is: run the command again to continue")
-            return 128 + (signals[-1] if signals else signal.SIGINT)
+    """SIGTERM arrives as Terminated, a KeyboardInterrupt (app/stop_signals.py, installed by the CLI), so the
+    transfer cleans up its partial file either way."""
+    from app.stop_signals import exit_status
+
+    try:
+        return _download(args)
+    except KeyboardInterrupt as stop:
+        say("download stopped; finished files are kept, nothing partial is: run the command again to continue")
+        return exit_status(stop)
 
 
 def _download(args: argparse.Namespace) -> int:

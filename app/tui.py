@@ -17,9 +17,16 @@ from .paths import AppPaths
 from .screens.chat_screen import ChatScreen
 from .screens.settings_screen import SettingsScreen
 from .settings import Settings, load_settings, save_settings
+from .stop_signals import describe, exit_status, quit_on_stop_signals
 from .store import ChatStore
 
 ENGINE_SWITCH_INTERVAL_S = 0.0002
+# On quit the engine thread stops at its next step: at once while it decodes, but a load phase or a long
+# prefill cannot be cut short. After STOP_NOTICE_S the terminal says why the exit waits; after STOP_WAIT_S
+# the process leaves without the thread (safe then: everything the app owns is saved and closed, and an
+# unfinished load leaves nothing that the next load does not redo).
+STOP_NOTICE_S = 1.0
+STOP_WAIT_S = 15.0
 STYLESHEET = Path(__file__).resolve().parent.parent / "assets" / "localchat.tcss"
 
 
@@ -156,7 +163,49 @@ def run_tui(args) -> int:
         speculative=False if getattr(args, "no_spec", False) else None,
         threads=getattr(args, "threads", None),
     )
-    app.run()
-    for note in app.exit_notes:
-        print(f"localchat: {note}", file=sys.stderr)
+    return run_app(app)
+
+
+def run_app(app: LocalChatApp) -> int:
+    """Runs the app until it quits (Ctrl+Q, SIGINT or SIGTERM: the same clean quit), then ends the engine
+    thread before the interpreter does: torch aborts the process ("terminate called without an active
+    exception") when the interpreter exits while a thread is still inside a torch call."""
+    try:
+        with quit_on_stop_signals(app.exit):
+            app.run()
+            for note in app.exit_notes:  # said after the terminal is restored
+                print(f"localchat: {note}", file=sys.stderr)
+            _stop_engine(app.runner, app.return_code or 0)
+    except KeyboardInterrupt as stop:  # a signal before the app ran, or one more while the engine was awaited
+        if not app.runner.join(0):
+            print(f"localchat: {describe(stop)}", file=sys.stderr)
+            _exit_now(exit_status(stop))
+        raise
     return app.return_code or 0
+
+
+def _stop_engine(runner: EngineRunner, status: int) -> None:
+    """Stops the engine thread (an answer stops at its next step, a load at its next phase) and waits for it,
+    saying so when that takes long; a thread that never comes back is left behind: the process exits with
+    `status` without it."""
+    runner.shutdown()  # already done when the app unmounted, unless it crashed
+    if runner.join(STOP_NOTICE_S):
+        return
+    doing = "the model load is finishing its current phase" if runner.engine is None \
+        else "the answer is finishing its current step"
+    print(f"localchat: stopping… ({doing}; Ctrl+C quits at once)", file=sys.stderr, flush=True)
+    if not runner.join(STOP_WAIT_S):
+        print(f"localchat: the engine did not stop within {STOP_WAIT_S:.0f} s; quitting without it",
+              file=sys.stderr, flush=True)
+        _exit_now(status)
+
+
+def _exit_now(status: int) -> None:
+    """Ends the process without the interpreter's teardown, which is what aborts while the engine thread is
+    inside torch. The app has already saved its chats and settings and restored the terminal."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)

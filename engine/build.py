@@ -86,6 +86,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
             runner.capture(target_counts)
         t_target_graphs = time.perf_counter()
         if speculator is not None:
+            say("capturing the draft's CUDA graphs", 0.9)
             speculator.capture(defer=defer_capture)
     engine = cls(runner, loaded.tokenizer, src.name, speculator, draft_name)
     t_end = time.perf_counter()

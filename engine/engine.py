@@ -53,7 +53,11 @@ class Engine:
         verify graphs are captured on first use (a one-shot answer with greedy speculation never
         uses them), and an EAGLE-3 draft's graphs after the first request's first token (MTP
         layers' graphs are captured at load either way). threads: torch's CPU threads (default:
-        on the CPU, the cores free now; engine/threads.py)."""
+        on the CPU, the cores free now; engine/threads.py).
+
+        on_progress(text, fraction) is called between load phases and while a download runs, never
+        inside a torch call: an exception it raises abandons the load at that point (the app stops a
+        load this way when it quits)."""
         from .build import build_engine
 
         return build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress,

@@ -431,10 +431,12 @@ class ChatScreen(Screen):
                 self.answer = None
 
     def save_unfinished(self) -> None:
-        """On quit: keep what the answer being written has so far."""
+        """On quit: keep what the answer being written has so far, as an answer stopped by the user."""
         answer, self.answer = self.answer, None
         if answer is not None and not answer.saved and answer.chat_id is not None and answer.text:
-            self.store.add_message(answer.chat_id, "assistant", answer.text, None, "cancelled", self.model_name)
+            stats = answer.live.stream.stats() if answer.live is not None else None
+            self.store.add_message(answer.chat_id, "assistant", answer.text, stats.to_json() if stats else None,
+                                   "cancelled", self.model_name)
 
     async def on_engine_runner_failed(self, message: EngineRunner.Failed) -> None:
         answer = self.answer

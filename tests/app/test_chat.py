@@ -238,6 +238,7 @@ async def test_quitting_mid_answer_keeps_what_was_written(make_app):
         saved = again.store.messages(chat_id)
         assert [m.role for m in saved] == ["user", "assistant"]
         assert saved[1].finish_reason == "cancelled" and saved[1].content.startswith(shown)
+        assert saved[1].stats["generated_tokens"] > 0  # what it cost so far, as a stopped answer keeps
 
 
 async def test_new_chat_mid_answer_stops_it_and_keeps_it_in_its_chat(make_app):
