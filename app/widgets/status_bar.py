@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.reactive import reactive
+from textual.timer import Timer
 from textual.widgets import ProgressBar, Static
 
 from .stats_line import stats_dict
+
+GAP = 3  # cells between the bar's fields (margin-right in the stylesheet)
+SPEED_ROOM = 34  # the short speed text with an accepted length ("1234.5 tok/s · TTFT 999 ms · accept 3.13")
 
 
 class StatusBar(Horizontal):
@@ -22,24 +28,41 @@ class StatusBar(Horizontal):
     load_text: reactive[str] = reactive("")
     model_ok: reactive[bool] = reactive(True)
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._load_started = 0.0
+        self._load_timer: Timer | None = None
+
     def compose(self) -> ComposeResult:
         yield Static(id="status-model")
         yield Static(id="status-spec")
         yield Static(id="status-speed")
-        yield ProgressBar(total=1.0, show_eta=False, show_percentage=True, id="load-progress")
+        yield ProgressBar(total=None, show_eta=False, show_percentage=False, id="load-progress")
 
     def on_mount(self) -> None:
         self._render_all()
 
-    def show_progress(self, text: str, fraction: float | None) -> None:
-        bar = self.query_one(ProgressBar)
-        bar.display = True
-        bar.update(total=None if fraction is None else 1.0, progress=fraction or 0.0)
+    def on_resize(self) -> None:
+        self._render_all()
+
+    def show_progress(self, text: str) -> None:
+        """A loading phase: its text, the seconds it has been loading, and a bar that moves without claiming a
+        fraction (the phases take very different times: one file read can be most of a load)."""
+        if not self.load_text:
+            self._load_started = time.monotonic()
+            self._load_timer = self.set_interval(1.0, self._tick)
+        self.query_one(ProgressBar).display = True
         self.load_text = text
 
     def hide_progress(self) -> None:
         self.query_one(ProgressBar).display = False
+        if self._load_timer is not None:
+            self._load_timer.stop()
+            self._load_timer = None
         self.load_text = ""
+
+    def _tick(self) -> None:
+        self.query_one("#status-speed", Static).update(self._speed_text(), layout=False)
 
     def show_stats(self, stats: Any) -> None:
         self.stats = stats_dict(stats)
@@ -58,27 +81,45 @@ class StatusBar(Horizontal):
     def _render_all(self) -> None:
         if not self.is_mounted:
             return
-        model = Text.assemble(("● ", "bold green" if self.model_ok else "bold red"), (self.model, "bold"))
-        if self.draft:
-            model.append(f"  draft {self.draft}", style="dim")
-        self.query_one("#status-model", Static).update(model)
-        if not self.has_draft:
-            spec = Text(" SPEC — no draft ", style="reverse dim")
-        elif self.speculative:
-            spec = Text(" SPEC ON ", style="bold reverse green")
-        else:
-            spec = Text(" SPEC OFF ", style="bold reverse yellow")
+        spec = self._spec_text()
         self.query_one("#status-spec", Static).update(spec)
+        room = self.content_region.width - spec.cell_len - 2 * GAP - SPEED_ROOM
+        self.query_one("#status-model", Static).update(self._model_text(room))
         self.query_one("#status-speed", Static).update(self._speed_text())
+
+    def _model_text(self, room: int) -> Text:
+        """The model, and its draft where there is room; a long name loses its middle."""
+        text = Text.assemble(("● ", "bold green" if self.model_ok else "bold red"), (self.model, "bold"))
+        if self.draft and text.cell_len + cell_len(f"  draft {self.draft}") <= room:
+            text.append(f"  draft {self.draft}", style="dim")
+        elif text.cell_len > room > 12:
+            keep = room - 3  # the dot and the ellipsis
+            text = Text.assemble(("● ", "bold green" if self.model_ok else "bold red"),
+                                 (self.model[: keep - keep // 2] + "…" + self.model[-(keep // 2):], "bold"))
+        return text
+
+    def _spec_text(self) -> Text:
+        if not self.has_draft:
+            return Text(" SPEC — no draft ", style="reverse dim")
+        if self.speculative:
+            return Text(" SPEC ON ", style="bold reverse green")
+        return Text(" SPEC OFF ", style="bold reverse yellow")
 
     def _speed_text(self) -> Text:
         if self.load_text:
-            return Text(self.load_text, style="italic")
+            seconds = time.monotonic() - self._load_started
+            return Text.assemble((self.load_text, "italic"), (f"  {seconds:.0f} s", "dim"))
         s = self.stats
         if not s:
             return Text("— tok/s", style="dim")
-        text = Text.assemble((f"{s.get('decode_tok_s', 0.0):.1f}", "bold"), " tok/s   TTFT ",
-                             (f"{s.get('ttft_s', 0.0) * 1000:.0f}", "bold"), " ms")
-        if s.get("speculative"):
-            text.append_text(Text.assemble("   accept len ", (f"{s.get('accept_len_mean', 0.0):.2f}", "bold")))
+        speed, ttft = f"{s.get('decode_tok_s', 0.0):.1f}", f"{s.get('ttft_s', 0.0) * 1000:.0f}"
+        accept = f"{s.get('accept_len_mean', 0.0):.2f}" if s.get("speculative") else None
+        text = Text.assemble((speed, "bold"), " tok/s   TTFT ", (ttft, "bold"), " ms")
+        if accept:
+            text.append_text(Text.assemble("   accept len ", (accept, "bold")))
+        width = self.query_one("#status-speed", Static).content_region.width
+        if width and text.cell_len > width:  # the same figures, shorter
+            text = Text.assemble((speed, "bold"), " tok/s · TTFT ", (ttft, "bold"), " ms")
+            if accept:
+                text.append_text(Text.assemble(" · accept ", (accept, "bold")))
         return text
