@@ -173,7 +173,7 @@ class WizardScreen(Screen[WizardResult | None]):
         self.target = target
         self.target_is_local = is_local
         self.choice = None
-        self.query_one("#target", PathLabel).show(target)
+        self.query_one("#target", PathLabel).show(target, path=target)
         self.query_one("#draft", Input).value = draft or ""
         self.query_one("#start", Button).disabled = True
         self.say("")
@@ -250,7 +250,8 @@ class WizardScreen(Screen[WizardResult | None]):
     def on_wizard_screen_choice_ready(self, event: ChoiceReady) -> None:
         if event.error is not None:
             self.query_one("#summary", Label).update("")
-            self.say(event.error)
+            named = [p for p in (self.target, self.current_draft()) if p and p in event.error]
+            self.say(event.error, path=max(named, key=len) if named else None)
             return
         self.choice = event.choice
         self.query_one("#summary", Label).update(event.choice.summary)
@@ -344,7 +345,8 @@ class WizardScreen(Screen[WizardResult | None]):
         else:
             self.dismiss(None)
 
-    def say(self, text: str, info: bool = False) -> None:
+    def say(self, text: str, info: bool = False, path: str | None = None) -> None:
+        """path: a file or folder path within `text`, kept whole at its end when the text is shortened."""
         message = self.query_one("#message", PathLabel)
         message.set_class(info, "info")
-        message.show(text)
+        message.show(text, path)

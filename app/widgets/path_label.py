@@ -19,37 +19,36 @@ def shorten_left(text: str, width: int) -> str:
     return "…" + tail
 
 
-def fit_paths(text: str, width: int, wrap: bool = False) -> str:
-    """`text` with its path-like words (those with a slash) shortened from the left so that none is folded
-    in the middle of a name. Without `wrap`, the whole text is fitted to one line of `width` cells by
-    shortening its longest path (down to MIN_TAIL); with `wrap`, the text may wrap at its spaces and only
-    a path longer than a whole line is shortened."""
-    if width <= 0 or cell_len(text) <= width or "\n" in text:
+def fit_path(text: str, path: str | None, width: int, wrap: bool = False) -> str:
+    """`text` with `path` (a part of it) shortened from the left so that it is never folded in the middle of a
+    name (paths may hold spaces, so only the caller knows where one starts and ends). Without `wrap`, the
+    whole text is fitted to one line of `width` cells, the path kept to MIN_TAIL at least; with `wrap`, a
+    text too long for one line puts the path on a line of its own, shortened only if longer than a line."""
+    if width <= 0 or cell_len(text) <= width or not path or path not in text:
         return text
-    words = text.split(" ")
-    paths = [i for i, w in enumerate(words) if "/" in w or "\\" in w]
-    if wrap:
-        return " ".join(shorten_left(w, width) if i in paths else w for i, w in enumerate(words))
-    if not paths:
-        return text
-    i = max(paths, key=lambda j: cell_len(words[j]))
-    room = max(MIN_TAIL, cell_len(words[i]) - (cell_len(text) - width))
-    words[i] = shorten_left(words[i], room)
-    return " ".join(words)
+    before, after = text.split(path, 1)
+    if not wrap:
+        room = max(MIN_TAIL, cell_len(path) - (cell_len(text) - width))
+        return before + shorten_left(path, room) + after
+    lines = [before.rstrip(), shorten_left(path, width), after.strip()]
+    return "\n".join(line for line in lines if line)
 
 
 class PathLabel(Label):
-    """Plain text (no markup: paths and error messages may hold brackets), refitted to its width.
-    wrap: several lines are fine (a message), else one line (a name in a row of fields)."""
+    """Plain text (no markup: paths and error messages may hold brackets) with one path in it, refitted to
+    its width. wrap: several lines are fine (a message), else one line (a name in a row of fields)."""
 
     def __init__(self, text: str = "", wrap: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.full_text = text
+        self.path: str | None = None
         self.wrap = wrap
 
-    def show(self, text: str) -> None:
+    def show(self, text: str, path: str | None = None) -> None:
+        """path: the part of `text` that is a file or folder path, if any."""
         self.full_text = text
+        self.path = path
         self.refresh(layout=True)
 
     def render(self) -> Text:
-        return Text(fit_paths(self.full_text, self.content_region.width, self.wrap))
+        return Text(fit_path(self.full_text, self.path, self.content_region.width, self.wrap))

@@ -15,8 +15,8 @@ from textual.widgets import ProgressBar, Static
 
 from .stats_line import stats_dict
 
-GAP = 3  # cells between the bar's fields (margin-right in the stylesheet)
-SPEED_ROOM = 34  # the short speed text with an accepted length ("1234.5 tok/s · TTFT 999 ms · accept 3.13")
+GAP = 2  # cells after the model and the speculation fields (margin-right in the stylesheet)
+SPEED_ROOM = 38  # the short speed text with an accepted length ("1234 tok/s · TTFT 999 ms · accept 3.13")
 
 
 class StatusBar(Horizontal):
@@ -119,6 +119,7 @@ class StatusBar(Horizontal):
             text.append_text(Text.assemble("   accept len ", (accept, "bold")))
         width = self.query_one("#status-speed", Static).content_region.width
         if width and text.cell_len > width:  # the same figures, shorter
+            speed = f"{s.get('decode_tok_s', 0.0):.0f}" if s.get("decode_tok_s", 0.0) >= 100 else speed
             text = Text.assemble((speed, "bold"), " tok/s · TTFT ", (ttft, "bold"), " ms")
             if accept:
                 text.append_text(Text.assemble(" · accept ", (accept, "bold")))
