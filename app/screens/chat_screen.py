@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from textual import on
@@ -373,9 +374,10 @@ class ChatScreen(Screen):
                     "to compare with. Open the model wizard (F5) to choose a model with a draft?")
         self.app.push_screen(ConfirmScreen(question, "Open the wizard", variant="primary"), done)
 
-    def model_switching(self, label: str) -> None:
+    def model_switching(self, model: str) -> None:
         """A new model is on its way: nothing on the status bar may describe the old one."""
         self.is_model_ready = False
+        label = Path(model).name if Path(model).expanduser().exists() else model  # a path's end names it
         self.status.model = label
         self.status.model_ok = True
         self.status.draft = None

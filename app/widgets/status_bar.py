@@ -16,7 +16,8 @@ from textual.widgets import ProgressBar, Static
 from .stats_line import stats_dict
 
 GAP = 2  # cells after the model and the speculation fields (margin-right in the stylesheet)
-SPEED_ROOM = 38  # the short speed text with an accepted length ("1234 tok/s · TTFT 999 ms · accept 3.13")
+# The short speed text, with and without an accepted length ("1234 tok/s · TTFT 999 ms · accept 3.13").
+SPEED_ROOM, PLAIN_SPEED_ROOM = 38, 24
 
 
 class StatusBar(Horizontal):
@@ -83,7 +84,8 @@ class StatusBar(Horizontal):
             return
         spec = self._spec_text()
         self.query_one("#status-spec", Static).update(spec)
-        room = self.content_region.width - spec.cell_len - 2 * GAP - SPEED_ROOM
+        speed_room = SPEED_ROOM if self.has_draft else PLAIN_SPEED_ROOM
+        room = self.content_region.width - spec.cell_len - 2 * GAP - speed_room
         self.query_one("#status-model", Static).update(self._model_text(room))
         self.query_one("#status-speed", Static).update(self._speed_text())
 
@@ -106,21 +108,27 @@ class StatusBar(Horizontal):
         return Text(" SPEC OFF ", style="bold reverse yellow")
 
     def _speed_text(self) -> Text:
-        if self.load_text:
-            seconds = time.monotonic() - self._load_started
-            return Text.assemble((self.load_text, "italic"), (f"  {seconds:.0f} s", "dim"))
+        if self.load_text:  # the seconds always show: they tell a slow load from a stuck one
+            seconds = f"  {time.monotonic() - self._load_started:.0f} s"
+            width = self.query_one("#status-speed", Static).content_region.width
+            phase = self.load_text
+            if width and cell_len(phase + seconds) > width:
+                phase = phase[: max(0, width - cell_len(seconds) - 1)] + "…"
+            return Text.assemble((phase, "italic"), (seconds, "dim"))
         s = self.stats
         if not s:
             return Text("— tok/s", style="dim")
-        speed, ttft = f"{s.get('decode_tok_s', 0.0):.1f}", f"{s.get('ttft_s', 0.0) * 1000:.0f}"
+        tok_s, ttft_s = s.get("decode_tok_s", 0.0), s.get("ttft_s", 0.0)
+        speed = f"{tok_s:.1f}"
+        ttft, unit = (f"{ttft_s * 1000:.0f}", " ms") if ttft_s < 1 else (f"{ttft_s:.1f}", " s")  # a slow CPU's
         accept = f"{s.get('accept_len_mean', 0.0):.2f}" if s.get("speculative") else None
-        text = Text.assemble((speed, "bold"), " tok/s   TTFT ", (ttft, "bold"), " ms")
+        full = Text.assemble((speed, "bold"), " tok/s   TTFT ", (ttft, "bold"), unit)
         if accept:
-            text.append_text(Text.assemble("   accept len ", (accept, "bold")))
+            full.append_text(Text.assemble("   accept len ", (accept, "bold")))
+        short_speed = f"{tok_s:.0f}" if tok_s >= 100 else speed
+        short = Text.assemble((short_speed, "bold"), " tok/s · TTFT ", (ttft, "bold"), unit)
+        if accept:
+            short.append_text(Text.assemble(" · accept ", (accept, "bold")))
+        least = Text.assemble((short_speed, "bold"), " tok/s", *((" · accept ", (accept, "bold")) if accept else ()))
         width = self.query_one("#status-speed", Static).content_region.width
-        if width and text.cell_len > width:  # the same figures, shorter
-            speed = f"{s.get('decode_tok_s', 0.0):.0f}" if s.get("decode_tok_s", 0.0) >= 100 else speed
-            text = Text.assemble((speed, "bold"), " tok/s · TTFT ", (ttft, "bold"), " ms")
-            if accept:
-                text.append_text(Text.assemble(" · accept ", (accept, "bold")))
-        return text
+        return next((t for t in (full, short) if not width or t.cell_len <= width), least)
