@@ -29,7 +29,7 @@ def key_rows(screen: Screen, app: App, extra: Iterable[KeyRow] = ()) -> list[Key
     """`extra` (keys a widget handles itself), then the keys the app and `screen` bind (not those of the
     focused widget, such as a text box's cursor keys) with their tooltip or description; the focus keys
     every Textual screen has come last."""
-    textual_keys = {key for binding in Screen.BINDINGS if isinstance(binding, Binding) for key in binding.key.split(",")}
+    textual_keys = {key for b in Screen.BINDINGS if isinstance(b, Binding) for key in b.key.split(",")}
     rows, last = list(extra), []
     for key, active in screen.active_bindings.items():
         binding = active.binding
@@ -42,10 +42,9 @@ def key_rows(screen: Screen, app: App, extra: Iterable[KeyRow] = ()) -> list[Key
 class KeysScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 
-    def __init__(self, rows: Sequence[KeyRow], title: str = "Keys") -> None:
+    def __init__(self, rows: Sequence[KeyRow]) -> None:
         super().__init__()
         self.rows = rows
-        self.title_text = title
 
     def compose(self) -> ComposeResult:
         table = Table.grid(padding=(0, 2))
@@ -54,7 +53,7 @@ class KeysScreen(ModalScreen[None]):
         for key, text in self.rows:
             table.add_row(key, text)
         with Vertical(classes="dialog wide", id="keys"):
-            yield Label(self.title_text, classes="dialog-title")
+            yield Label("Keys", classes="dialog-title")
             with VerticalScroll(id="keys-list"):
                 yield Static(table)
             yield Label("Esc closes this list · Ctrl+P lists every command", classes="dialog-help")

@@ -84,8 +84,9 @@ class CatalogTable(DataTable):
             draft = "shipped EAGLE-3 head"
         else:
             draft = short_repo(e.draft.repo) if short_draft else e.draft.repo
-        return {"model": e.label, "size": "downloaded" if e.id in self.cached else format_bytes(e.download_bytes),
-                "fit": Text.from_markup(self.fits[e.id]), "licence": e.target.licence + (" (gated)" if e.target.is_gated else ""),
+        licence = e.target.licence + (" (gated)" if e.target.is_gated else "")
+        size = "downloaded" if e.id in self.cached else format_bytes(e.download_bytes)
+        return {"model": e.label, "size": size, "fit": Text.from_markup(self.fits[e.id]), "licence": licence,
                 "draft": draft}
 
     def _widths(self, short_draft: bool) -> dict[str, int]:
