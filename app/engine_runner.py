@@ -247,6 +247,7 @@ class EngineRunner:
                 raise _LoadStopped
             target.post_message(self.LoadProgress(text, fraction))
 
+        self.load_error = None  # a failed load is forgotten once another one starts (F5)
         try:
             engine = self.factory(on_progress)
         except Exception as e:  # any failure, OOM included, becomes a message; the app keeps running

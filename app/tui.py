@@ -10,15 +10,18 @@ from pathlib import Path
 from typing import Iterable
 
 from textual.app import App, SystemCommand
+from textual.binding import Binding
 from textual.screen import Screen
 
 from .engine_runner import EngineFactory, EngineRunner, ProgressCallback
 from .paths import AppPaths
 from .screens.chat_screen import ChatScreen
+from .screens.keys_screen import KeysScreen, key_rows
 from .screens.settings_screen import SettingsScreen
 from .settings import Settings, load_settings, save_settings
 from .stop_signals import describe, exit_status, quit_on_stop_signals
 from .store import ChatStore
+from .widgets.prompt_input import PromptInput
 
 ENGINE_SWITCH_INTERVAL_S = 0.0002
 # On quit the engine thread stops at its next step: at once while it decodes, but a load phase or a long
@@ -33,6 +36,8 @@ STYLESHEET = Path(__file__).resolve().parent.parent / "assets" / "localchat.tcss
 class LocalChatApp(App):
     CSS_PATH = STYLESHEET
     TITLE = "localchat"
+    # Textual's own Ctrl+Q, shown in the footer: a newcomer looks there for the way out.
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True, tooltip="Quit localchat")]
 
     def __init__(self, engine_factory: EngineFactory | None = None, *, model: str = "demo",
                  draft: str | None = None, device: str | None = None, draft_steps: int | None = None,
@@ -106,13 +111,23 @@ class LocalChatApp(App):
                 return
             model, draft = result
             self.model_label = model
+            if self.chat_screen is not None:
+                self.chat_screen.model_switching(model)
             self.runner.reload(_load_engine(model, draft=draft, **self.load_kwargs))
             self.notify(f"Loading {model}" + (f" with draft {draft}" if draft else "") + "…", timeout=4)
 
         self.push_screen(WizardScreen(), done)
 
+    def show_keys(self, screen: Screen) -> None:
+        """The keys of `screen` in words (Textual's own Keys panel lists the focused box's cursor keys)."""
+        extra = PromptInput.KEY_HELP if isinstance(screen, ChatScreen) else ()
+        self.push_screen(KeysScreen(key_rows(screen, self, extra)))
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        for command in super().get_system_commands(screen):
+            if command.title != "Keys":
+                yield command
+        yield SystemCommand("Keys", "What each key does here (F1)", lambda: self.show_keys(screen))
         if not isinstance(screen, ChatScreen):
             return
         yield SystemCommand("Toggle speculation", "Speculative decoding on/off from the next answer (Ctrl+T)",

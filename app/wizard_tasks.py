@@ -92,10 +92,25 @@ def _fit_text(target: str, weights_bytes: int, draft_bytes: int, gpu: GpuMemory 
     return f"{fit.verdict}: needs {format_bytes(fit.need_bytes)} at {CONTEXT} tokens"
 
 
-def plan_choice(target: str, draft: str | None, gpu: GpuMemory | None) -> Choice:
-    """Local paths and cached repos need nothing; otherwise ask the Hub what to fetch."""
+def is_missing_path(spec: str) -> bool:
+    """`spec` names a file or folder that is not there: it is no Hub repo id (OWNER/NAME), as the command line
+    decides (engine.resolve), and nothing is at that path."""
     from pathlib import Path
 
+    if spec in (DEMO_ID, MTP_BUILTIN, "none") or Path(spec).expanduser().exists():
+        return False
+    return spec.startswith(("/", "~", ".")) or spec.count("/") != 1 or spec.lower().endswith(".gguf")
+
+
+def plan_choice(target: str, draft: str | None, gpu: GpuMemory | None, is_local: bool = False) -> Choice:
+    """Local paths and cached repos need nothing; otherwise ask the Hub what to fetch. is_local: `target` was
+    typed as a path, so it is never taken for a Hub repo id."""
+    from pathlib import Path
+
+    if is_missing_path(target) or is_local and target != DEMO_ID and not Path(target).expanduser().exists():
+        raise UserError(f"no such file or folder: {target} (give a model folder or a .gguf file)")
+    if draft and is_missing_path(draft):
+        raise UserError(f"no such file or folder: {draft} (a draft is a folder, a Hub repo id or mtp:builtin)")
     if target == DEMO_ID:
         entry = load_catalog().by_id(DEMO_ID)
         return Choice(target, None, None, f"demo model with its shipped draft head · {format_bytes(entry.target.size_bytes)} from PyPI")
@@ -103,7 +118,8 @@ def plan_choice(target: str, draft: str | None, gpu: GpuMemory | None) -> Choice
         from engine.resolve import resolve
 
         source = resolve(target)  # a path: checked here, nothing fetched
-        return Choice(target, draft, None, f"local model {source.path} · nothing to download")
+        kind = "GGUF file" if source.is_gguf else "model folder"
+        return Choice(target, draft, None, f"{kind} {source.name} on this machine · nothing to download")
     if is_offline():
         missing = [r for r in (target, draft) if r and r != MTP_BUILTIN and cached_snapshot(r) is None]
         if missing:

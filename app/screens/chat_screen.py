@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from textual import on
@@ -45,22 +46,29 @@ class _Answer:
         return self.live.stream.text if self.live is not None else self.view.content
 
 
+SIDEBAR_MIN_SCREEN_WIDTH = 100  # narrower screens hide the chat list until asked for (Ctrl+L)
+
+
 class ChatScreen(Screen):
     SAVE_RETRY_S = 2.0  # how often writes the chat history could not take are tried again
 
+    # The footer shows the few keys a newcomer needs, short enough for 80 columns; F1 lists them all
+    # (the tooltip is the longer text it shows).
     BINDINGS = [
-        Binding("escape", "stop", "Stop", show=False),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+t", "toggle_speculation", "Speculation"),
-        Binding("ctrl+b", "compare", "Compare"),
-        Binding("ctrl+o", "copy_answer", "Copy answer"),
-        Binding("ctrl+s", "export_chat", "Export", show=False),
-        Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("f2", "rename_chat", "Rename", show=False),
-        Binding("f8", "delete_chat", "Delete chat", show=False),
-        Binding("f3", "edit_system_prompt", "System prompt", show=False),
-        Binding("f4", "settings", "Settings", show=False),
-        Binding("f5", "app.models", "Models", show=False),
+        Binding("escape", "stop", "Stop", show=False, tooltip="Stop the answer being written"),
+        Binding("ctrl+n", "new_chat", "New", tooltip="Start a new chat"),
+        Binding("ctrl+t", "toggle_speculation", "Spec", tooltip="Speculative decoding on/off from the next answer"),
+        Binding("ctrl+b", "compare", "Compare", tooltip="Rerun the last prompt with speculation off and on"),
+        Binding("f5", "app.models", "Models", tooltip="Choose, download and load a model and its draft"),
+        Binding("f1", "keys", "Keys", tooltip="List every key"),
+        Binding("ctrl+r", "regenerate", "Regenerate", show=False, tooltip="Write the last answer again"),
+        Binding("ctrl+o", "copy_answer", "Copy answer", show=False, tooltip="Copy the last answer"),
+        Binding("ctrl+s", "export_chat", "Export", show=False, tooltip="Save this chat as Markdown"),
+        Binding("ctrl+l", "toggle_sidebar", "Chats", show=False, tooltip="Show or hide the list of chats"),
+        Binding("f2", "rename_chat", "Rename", show=False, tooltip="Rename this chat"),
+        Binding("f8", "delete_chat", "Delete chat", show=False, tooltip="Delete this chat"),
+        Binding("f3", "edit_system_prompt", "System prompt", show=False, tooltip="Edit this chat's system prompt"),
+        Binding("f4", "settings", "Settings", show=False, tooltip="Sampling, draft steps, defaults"),
     ]
 
     def __init__(self, speculative: bool) -> None:
@@ -71,6 +79,8 @@ class ChatScreen(Screen):
         self.answer: _Answer | None = None
         self.has_draft = True
         self.model_name: str | None = None
+        self.is_model_ready = False  # a model is loaded and answering (not loading, not failed)
+        self.sidebar_choice: bool | None = None  # None: shown or hidden by the screen's width
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
@@ -87,13 +97,27 @@ class ChatScreen(Screen):
     async def on_mount(self) -> None:
         self.status.speculative = self.speculative
         self.status.model = self.app.model_label
-        self.status.show_progress("Loading model…", None)
+        self.status.show_progress("Loading model…")
         self.store.on_pending = self.show_unsaved
         self.set_interval(self.SAVE_RETRY_S, self.store.flush)
         self.set_interval(LEASE_RENEW_S, self.renew_lease)
         await self.open_latest_chat()
         self.query_one(PromptInput).focus()
         self.app.runner.start(self)
+
+    def on_resize(self) -> None:
+        self._place_sidebar()
+
+    def action_toggle_sidebar(self) -> None:
+        self.sidebar_choice = not self.query_one("#sidebar").display
+        self._place_sidebar()
+
+    def _place_sidebar(self) -> None:
+        shown = self.size.width >= SIDEBAR_MIN_SCREEN_WIDTH if self.sidebar_choice is None else self.sidebar_choice
+        self.query_one("#sidebar").display = shown
+
+    def action_keys(self) -> None:
+        self.app.show_keys(self)
 
     @property
     def store(self):
@@ -211,6 +235,8 @@ class ChatScreen(Screen):
                 return
             if self.answer and self.answer.chat_id is not None and self._same_chat(self.answer.chat_id, chat.id):
                 self.answer.chat_id = None
+            # Gone from the list at once, by id, whatever else is still on its way to the screen.
+            self.query_one(ChatList).forget(chat.id)
             self.notify(f"Deleted chat “{chat.title}”.", timeout=3)
             self.chat = None  # deleted with its lease
             await self.open_latest_chat()
@@ -282,8 +308,8 @@ class ChatScreen(Screen):
             self.notify("Wait for the answer to finish, or press Esc to stop it.", severity="warning")
             return
         if self.app.runner.load_error:
-            self.notify(f"No model is loaded ({self.app.runner.load_error}). Restart localchat with another "
-                        "--model or --device.", severity="error", timeout=10)
+            self.notify(f"No model is loaded ({self.app.runner.load_error}). Press F5 to load another model.",
+                        severity="error", timeout=10)
             return
         if event.prompt_input.editing:
             event.prompt_input.stop_editing()
@@ -301,12 +327,13 @@ class ChatScreen(Screen):
 
     async def start_answer(self) -> None:
         assert self.chat is not None
+        chat_id = self.chat.id  # before the awaits: the user may open or delete chats meanwhile
         messages = self.engine_messages()
         view = await self.conversation.add(MessageView("assistant"))
         await view.start_stream("thinking…" if self.app.runner.engine else "waiting for the model to load…")
         # Decoding starts once the new messages are laid out and drawn, not alongside that work.
         job_id = self.app.runner.generate(self, messages, self.app.settings, self.speculative, hold=True)
-        self.answer = _Answer(job_id, self.chat.id, view)
+        self.answer = _Answer(job_id, chat_id, view)
         release_when_drawn(self, self.app.runner, job_id)
 
     def action_stop(self) -> None:
@@ -350,11 +377,17 @@ class ChatScreen(Screen):
 
     def action_copy_answer(self) -> None:
         view = self.conversation.last_assistant()
-        if view is None or not view.content:
+        answer = self.answer if self.answer is not None and self.answer.view is view else None
+        text = answer.text if answer is not None else view.content if view is not None else ""
+        if not text:
             self.notify("No answer to copy yet.")
             return
-        self.app.copy_to_clipboard(view.content)
-        self.notify(f"Copied the last answer ({len(view.content)} characters).", timeout=2)
+        self.app.copy_to_clipboard(text)
+        if answer is not None:
+            self.notify(f"Copied the answer so far ({len(text)} characters): it is still being written.",
+                        timeout=3)
+        else:
+            self.notify(f"Copied the last answer ({len(text)} characters).", timeout=2)
 
     def action_toggle_speculation(self) -> None:
         self.speculative = not self.speculative
@@ -373,28 +406,65 @@ class ChatScreen(Screen):
         if not messages or messages[-1]["role"] != "user":
             self.notify("Send a message first: compare reruns the last prompt.")
             return
+        if self.app.runner.load_error:
+            self.notify(f"No model is loaded ({self.app.runner.load_error}). Press F5 to load another model.",
+                        severity="error", timeout=10)
+            return
+        if not self.is_model_ready:
+            self.notify("The model is still loading: compare once it is ready.")
+            return
+        if not self.has_draft:
+            self.offer_wizard()
+            return
         self.app.push_screen(CompareScreen(messages))
+
+    def offer_wizard(self) -> None:
+        """Compare needs a draft: without one both sides would decode the same way."""
+        def done(confirmed: bool | None) -> None:
+            if confirmed:
+                self.app.action_models()
+
+        question = (f"No draft model is loaded with {self.model_name or 'this model'}, so there is no speculation "
+                    "to compare with. Open the model wizard (F5) to choose a model with a draft?")
+        self.app.push_screen(ConfirmScreen(question, "Open the wizard", variant="primary"), done)
+
+    def model_switching(self, model: str) -> None:
+        """A new model is on its way: nothing on the status bar may describe the old one."""
+        self.is_model_ready = False
+        label = Path(model).name if Path(model).expanduser().exists() else model  # a path's end names it
+        self.status.model = label
+        self.status.model_ok = True
+        self.status.draft = None
+        self.status.show_stats(None)
+        self.status.show_progress(f"Loading {label}…")
 
     # Engine thread reports
 
     def on_engine_runner_load_progress(self, message: EngineRunner.LoadProgress) -> None:
-        self.status.show_progress(message.text, message.fraction)
+        self.status.show_progress(message.text)
 
     def on_engine_runner_loaded(self, message: EngineRunner.Loaded) -> None:
         self.status.hide_progress()
+        self.is_model_ready = True
         self.model_name = message.model_name
         self.has_draft = message.has_draft
         self.status.model = message.model_name
+        self.status.model_ok = True
         self.status.draft = message.draft_name
         self.status.has_draft = message.has_draft
+        self.status.show_stats(None)  # whatever it shows was measured on the model before
         if self.answer:
             self.answer.view.set_waiting("thinking…")
 
     def on_engine_runner_load_failed(self, message: EngineRunner.LoadFailed) -> None:
         self.status.hide_progress()
+        self.is_model_ready = False
         self.status.model = "no model"
         self.status.model_ok = False
-        self.notify(message.error, title="The model failed to load", severity="error", timeout=30)
+        self.status.draft = None
+        self.status.show_stats(None)
+        self.notify(f"{message.error}\nPress F5 to load another model.", title="The model failed to load",
+                    severity="error", timeout=30)
 
     async def on_engine_runner_started(self, message: EngineRunner.Started) -> None:
         answer = self.answer
@@ -416,7 +486,7 @@ class ChatScreen(Screen):
         if answer.live is not None:
             answer.live.stop()
         stats = message.stats
-        if answer.chat_id is not None:
+        if answer.chat_id is not None and self.store.get_chat(answer.chat_id) is not None:  # not deleted meanwhile
             answer.saved = True
             answer.view.message_id = self.store.add_message(
                 answer.chat_id, "assistant", message.text, stats.to_json() if stats else None,

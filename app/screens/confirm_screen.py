@@ -15,16 +15,18 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("n,escape", "dismiss(False)", "No"),
     ]
 
-    def __init__(self, question: str, yes_label: str = "Yes") -> None:
+    def __init__(self, question: str, yes_label: str = "Yes", variant: str = "error") -> None:
+        """variant: the Yes button's look ("error" for what cannot be undone)."""
         super().__init__()
         self.question = question
         self.yes_label = yes_label
+        self.variant = variant
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.question, classes="dialog-title")
             with Horizontal(classes="dialog-buttons"):
-                yield Button(f"{self.yes_label} (y)", variant="error", id="yes")
+                yield Button(f"{self.yes_label} (y)", variant=self.variant, id="yes")
                 yield Button("Cancel (n)", id="no")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

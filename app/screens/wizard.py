@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from textual import work
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
@@ -27,6 +28,7 @@ from ..widgets.catalog_table import CatalogTable
 from ..widgets.download_panel import DownloadPanel
 from ..widgets.downloaded_table import DownloadedTable
 from ..widgets.hub_search import HubSearch, SearchHit
+from ..widgets.path_label import PathLabel
 from ..widgets.token_prompt import TokenPrompt
 from ..wizard_tasks import Choice, Environment, plan_choice, probe_environment, search_hub
 
@@ -42,7 +44,10 @@ def gated_prompt(error: GatedRepo) -> str:
 
 class WizardScreen(Screen[WizardResult | None]):
     CSS_PATH = str(Path(__file__).resolve().parents[2] / "assets" / "wizard.tcss")
-    BINDINGS = [("escape", "back", "Back / cancel download"), ("ctrl+d", "start", "Download / use")]
+    # Ctrl+D has priority over the text boxes (where it would delete a character): it must work from the
+    # path and draft boxes too, where the choice is typed.
+    BINDINGS = [Binding("escape", "back", "Back / cancel download"),
+                Binding("ctrl+d", "start", "Download / use", priority=True)]
 
     @dataclass
     class EnvironmentReady(Message):
@@ -77,6 +82,7 @@ class WizardScreen(Screen[WizardResult | None]):
         self.catalog = load_catalog()
         self.env: Environment | None = None
         self.target: str | None = None
+        self.target_is_local = False  # typed in the Local tab
         self.choice: Choice | None = None
         self.cancel_event = threading.Event()
         self.is_downloading = False
@@ -97,16 +103,16 @@ class WizardScreen(Screen[WizardResult | None]):
                 yield Input(compact=True, placeholder="/path/to/model or model.gguf (Enter to choose)", id="local-path")
         with Horizontal(id="choice"):
             yield Label("Model:")
-            yield Label("(none chosen)", id="target")
+            yield PathLabel("(none chosen)", id="target")
             yield Label("Draft:")
-            yield Input(compact=True, placeholder="none, a Hub repo id, a folder, or mtp:builtin", id="draft")
+            yield Input(compact=True, placeholder="none, Hub repo id, folder or mtp:builtin", id="draft")
         yield Label("", id="summary")
         with Horizontal(id="actions"):
             yield Button("Download", id="start", variant="success", disabled=True)
             yield Button("Back", id="back")
         yield DownloadPanel(id="download", classes="hidden")
         yield TokenPrompt(id="token", classes="hidden")
-        yield Label("", id="message")
+        yield PathLabel("", wrap=True, id="message")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -119,9 +125,9 @@ class WizardScreen(Screen[WizardResult | None]):
         self.post_message(self.EnvironmentReady(probe_environment(self.catalog)))
 
     @work(thread=True, exclusive=True, group="plan")
-    def plan(self, target: str, draft: str | None, start: bool) -> None:
+    def plan(self, target: str, draft: str | None, start: bool, is_local: bool = False) -> None:
         try:
-            choice = plan_choice(target, draft, self.env.gpu if self.env else None)
+            choice = plan_choice(target, draft, self.env.gpu if self.env else None, is_local)
             self.post_message(self.ChoiceReady(choice, None, start))
         except UserError as exc:
             self.post_message(self.ChoiceReady(None, str(exc), False))
@@ -162,15 +168,24 @@ class WizardScreen(Screen[WizardResult | None]):
         self.post_message(self.ChoiceReady(self.choice, None, True))
 
     # --- choosing ---------------------------------------------------------------------------------
-    def choose(self, target: str, draft: str | None) -> None:
+    def choose(self, target: str, draft: str | None, start: bool = False, is_local: bool = False) -> None:
+        """is_local: typed in the Local tab, so a path (never a Hub repo id, whatever its shape)."""
         self.target = target
+        self.target_is_local = is_local
         self.choice = None
-        self.query_one("#target", Label).update(target)
+        self.query_one("#target", PathLabel).show(target, path=target)
         self.query_one("#draft", Input).value = draft or ""
         self.query_one("#start", Button).disabled = True
         self.say("")
         self.query_one("#summary", Label).update("checking what it takes…")
-        self.plan(target, draft, False)
+        self.plan(target, draft, start, is_local)
+
+    def typed_local_path(self) -> str | None:
+        """The Local tab's path when that tab is open and the path is not the chosen model yet."""
+        if self.query_one("#tabs", TabbedContent).active != "local-pane":
+            return None
+        path = self.query_one("#local-path", Input).value.strip()
+        return path if path and path != self.target else None
 
     def draft_for(self, target: str) -> str | None:
         """The draft the user picked, else the catalog's suggestion for `target`, else none."""
@@ -205,7 +220,7 @@ class WizardScreen(Screen[WizardResult | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "local-path" and event.value.strip():
-            self.choose(event.value.strip(), self.draft_for(event.value.strip()))
+            self.choose(event.value.strip(), self.draft_for(event.value.strip()), is_local=True)
         elif event.input.id == "draft":
             self.draft_is_users = True
             if self.target:
@@ -235,7 +250,8 @@ class WizardScreen(Screen[WizardResult | None]):
     def on_wizard_screen_choice_ready(self, event: ChoiceReady) -> None:
         if event.error is not None:
             self.query_one("#summary", Label).update("")
-            self.say(event.error)
+            named = [p for p in (self.target, self.current_draft()) if p and p in event.error]
+            self.say(event.error, path=max(named, key=len) if named else None)
             return
         self.choice = event.choice
         self.query_one("#summary", Label).update(event.choice.summary)
@@ -295,11 +311,19 @@ class WizardScreen(Screen[WizardResult | None]):
 
     # --- actions ----------------------------------------------------------------------------------
     def action_start(self) -> None:
-        if self.is_downloading or self.target is None:
+        if self.is_downloading:
+            return
+        path = self.typed_local_path()
+        if path is not None:  # typed, Enter not pressed: choose it and go on as Enter then Ctrl+D would
+            self.choose(path, self.draft_for(path), start=True, is_local=True)
+            return
+        if self.target is None:
+            self.say("Choose a model first: a catalog row, a Hub search hit, a downloaded model or a path.",
+                     info=True)
             return
         choice = self.choice
         if choice is None or choice.draft != self.current_draft() or choice.target != self.target:
-            self.plan(self.target, self.current_draft(), True)  # draft edited since the plan: plan again
+            self.plan(self.target, self.current_draft(), True, self.target_is_local)  # draft edited: plan again
             return
         if not choice.needs_download:
             self.dismiss((choice.target, choice.draft))
@@ -321,7 +345,8 @@ class WizardScreen(Screen[WizardResult | None]):
         else:
             self.dismiss(None)
 
-    def say(self, text: str, info: bool = False) -> None:
-        message = self.query_one("#message", Label)
+    def say(self, text: str, info: bool = False, path: str | None = None) -> None:
+        """path: a file or folder path within `text`, kept whole at its end when the text is shortened."""
+        message = self.query_one("#message", PathLabel)
         message.set_class(info, "info")
-        message.update(text)
+        message.show(text, path)

@@ -25,6 +25,13 @@ class ChatList(OptionList):
         except OptionDoesNotExist:
             self.highlighted = None
 
+    def forget(self, chat_id: int) -> None:
+        """Drop one chat's row (a deleted chat), leaving the others as they are."""
+        try:
+            self.remove_option(str(chat_id))
+        except OptionDoesNotExist:
+            pass
+
     @property
     def titles(self) -> list[str]:
         return [str(self.get_option_at_index(i).prompt) for i in range(self.option_count)]

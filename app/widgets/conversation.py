@@ -10,11 +10,12 @@ from textual.widgets import Static
 from ..store import MessageRecord
 from .message_view import MessageView
 
-WELCOME = (
+WELCOME = (  # lines short enough not to wrap at 80 columns
     "[b]Start a conversation[/b]\n\n"
-    "[b]Enter[/] send · [b]Shift+Enter[/] new line · [b]Up[/] edit last · [b]Esc[/] stop\n"
-    "[b]Ctrl+T[/] speculation on/off · [b]Ctrl+B[/] compare off vs on\n"
-    "[b]Ctrl+R[/] regenerate · [b]Ctrl+S[/] save · [b]Ctrl+P[/] all commands"
+    "[b]Enter[/] send · [b]Shift+Enter[/] new line · [b]Esc[/] stop\n"
+    "[b]Ctrl+T[/] speculation on/off · [b]Ctrl+B[/] compare\n"
+    "[b]F5[/] models · [b]F1[/] keys · [b]Ctrl+P[/] all commands\n"
+    "[b]Ctrl+Q[/] quit"
 )
 
 

@@ -48,14 +48,16 @@ class MessageView(Vertical, can_focus=True):
 
     def set_waiting(self, text: str) -> None:
         if self.is_streaming and not self.content:
-            self.query_one(StatsLine).update(text)
+            for line in self.query(StatsLine):
+                line.update(text)
 
     async def append(self, text: str, stats: Any) -> None:
         """More of the answer being written."""
         if self._feed is None:
             return
         self.content += text
-        self.query_one(StatsLine).show_stats(stats)
+        for line in self.query(StatsLine):  # none while the view is being removed (its chat closed)
+            line.show_stats(stats)
         await self._feed.append(text)
 
     async def finish(self, text: str, stats: Any, finish_reason: str | None, model: str | None) -> None:
@@ -64,11 +66,13 @@ class MessageView(Vertical, can_focus=True):
             await self._feed.finish(text)
             self._feed = None
         elif text != self.content:
-            await self.query_one(Markdown).update(text)
+            for markdown in self.query(Markdown):
+                await markdown.update(text)
         self.content = text
         self.remove_class("streaming")
         self.model = model
-        self.query_one(StatsLine).show_stats(stats, finish_reason, model)
+        for line in self.query(StatsLine):  # none when the chat was closed during the awaits above
+            line.show_stats(stats, finish_reason, model)
 
     async def fail(self, error: str) -> None:
         if self._feed is not None:
@@ -76,8 +80,10 @@ class MessageView(Vertical, can_focus=True):
             self._feed = None
         self.remove_class("streaming")
         self.add_class("failed")
-        self.query_one(Markdown).display = bool(self.content)
-        self.query_one(StatsLine).update(f"failed: {error}")
+        for markdown in self.query(Markdown):
+            markdown.display = bool(self.content)
+        for line in self.query(StatsLine):
+            line.update(f"failed: {error}")
 
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.content)

@@ -15,6 +15,9 @@ class PromptInput(TextArea):
     gives up the edit (CancelEdit) and the box says what Enter will do."""
 
     PLACEHOLDER = "Message (Enter sends, Shift+Enter or Ctrl+J adds a line)"
+    SHORT_PLACEHOLDER = "Message (Enter sends, Ctrl+J new line)"
+    KEY_HELP = (("Enter", "Send the message"), ("Shift+Enter, Ctrl+J", "Start a new line"),
+                ("Up", "In an empty box: edit your last message (Enter resends it, Esc gives up)"))
 
     @dataclass
     class Submitted(Message):
@@ -36,6 +39,11 @@ class PromptInput(TextArea):
                          compact=True, highlight_cursor_line=False, **kwargs)
         self.placeholder = self.PLACEHOLDER
         self.editing = False
+
+    def on_resize(self) -> None:
+        """The long hint where it fits on the box's one line, else the short one."""
+        fits = len(self.PLACEHOLDER) < self.content_region.width
+        self.placeholder = self.PLACEHOLDER if fits else self.SHORT_PLACEHOLDER
 
     def start_editing(self, text: str) -> None:
         self.editing = True

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.reactive import reactive
+from textual.timer import Timer
 from textual.widgets import ProgressBar, Static
 
 from .stats_line import stats_dict
+
+GAP = 2  # cells after the model and the speculation fields (margin-right in the stylesheet)
+# The short speed text, with and without an accepted length ("1234 tok/s · TTFT 999 ms · accept 3.13").
+SPEED_ROOM, PLAIN_SPEED_ROOM = 38, 24
 
 
 class StatusBar(Horizontal):
@@ -23,26 +30,43 @@ class StatusBar(Horizontal):
     model_ok: reactive[bool] = reactive(True)
     unsaved: reactive[int] = reactive(0)  # chat history writes waiting for the database
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._load_started = 0.0
+        self._load_timer: Timer | None = None
+
     def compose(self) -> ComposeResult:
         yield Static(id="status-model")
         yield Static(id="status-spec")
         yield Static(id="status-unsaved")
         yield Static(id="status-speed")
-        yield ProgressBar(total=1.0, show_eta=False, show_percentage=True, id="load-progress")
+        yield ProgressBar(total=None, show_eta=False, show_percentage=False, id="load-progress")
 
     def on_mount(self) -> None:
         self._render_all()
         self._watch_unsaved()
 
-    def show_progress(self, text: str, fraction: float | None) -> None:
-        bar = self.query_one(ProgressBar)
-        bar.display = True
-        bar.update(total=None if fraction is None else 1.0, progress=fraction or 0.0)
+    def on_resize(self) -> None:
+        self._render_all()
+
+    def show_progress(self, text: str) -> None:
+        """A loading phase: its text, the seconds it has been loading, and a bar that moves without claiming a
+        fraction (the phases take very different times: one file read can be most of a load)."""
+        if not self.load_text:
+            self._load_started = time.monotonic()
+            self._load_timer = self.set_interval(1.0, self._tick)
+        self.query_one(ProgressBar).display = True
         self.load_text = text
 
     def hide_progress(self) -> None:
         self.query_one(ProgressBar).display = False
+        if self._load_timer is not None:
+            self._load_timer.stop()
+            self._load_timer = None
         self.load_text = ""
+
+    def _tick(self) -> None:
+        self.query_one("#status-speed", Static).update(self._speed_text(), layout=False)
 
     def show_stats(self, stats: Any) -> None:
         self.stats = stats_dict(stats)
@@ -67,27 +91,53 @@ class StatusBar(Horizontal):
     def _render_all(self) -> None:
         if not self.is_mounted:
             return
-        model = Text.assemble(("● ", "bold green" if self.model_ok else "bold red"), (self.model, "bold"))
-        if self.draft:
-            model.append(f"  draft {self.draft}", style="dim")
-        self.query_one("#status-model", Static).update(model)
-        if not self.has_draft:
-            spec = Text(" SPEC — no draft ", style="reverse dim")
-        elif self.speculative:
-            spec = Text(" SPEC ON ", style="bold reverse green")
-        else:
-            spec = Text(" SPEC OFF ", style="bold reverse yellow")
+        spec = self._spec_text()
         self.query_one("#status-spec", Static).update(spec)
+        speed_room = SPEED_ROOM if self.has_draft else PLAIN_SPEED_ROOM
+        room = self.content_region.width - spec.cell_len - 2 * GAP - speed_room
+        self.query_one("#status-model", Static).update(self._model_text(room))
         self.query_one("#status-speed", Static).update(self._speed_text())
 
+    def _model_text(self, room: int) -> Text:
+        """The model, and its draft where there is room; a long name loses its middle."""
+        text = Text.assemble(("● ", "bold green" if self.model_ok else "bold red"), (self.model, "bold"))
+        if self.draft and text.cell_len + cell_len(f"  draft {self.draft}") <= room:
+            text.append(f"  draft {self.draft}", style="dim")
+        elif text.cell_len > room > 12:
+            keep = room - 3  # the dot and the ellipsis
+            text = Text.assemble(("● ", "bold green" if self.model_ok else "bold red"),
+                                 (self.model[: keep - keep // 2] + "…" + self.model[-(keep // 2):], "bold"))
+        return text
+
+    def _spec_text(self) -> Text:
+        if not self.has_draft:
+            return Text(" SPEC — no draft ", style="reverse dim")
+        if self.speculative:
+            return Text(" SPEC ON ", style="bold reverse green")
+        return Text(" SPEC OFF ", style="bold reverse yellow")
+
     def _speed_text(self) -> Text:
-        if self.load_text:
-            return Text(self.load_text, style="italic")
+        if self.load_text:  # the seconds always show: they tell a slow load from a stuck one
+            seconds = f"  {time.monotonic() - self._load_started:.0f} s"
+            width = self.query_one("#status-speed", Static).content_region.width
+            phase = self.load_text
+            if width and cell_len(phase + seconds) > width:
+                phase = phase[: max(0, width - cell_len(seconds) - 1)] + "…"
+            return Text.assemble((phase, "italic"), (seconds, "dim"))
         s = self.stats
         if not s:
             return Text("— tok/s", style="dim")
-        text = Text.assemble((f"{s.get('decode_tok_s', 0.0):.1f}", "bold"), " tok/s   TTFT ",
-                             (f"{s.get('ttft_s', 0.0) * 1000:.0f}", "bold"), " ms")
-        if s.get("speculative"):
-            text.append_text(Text.assemble("   accept len ", (f"{s.get('accept_len_mean', 0.0):.2f}", "bold")))
-        return text
+        tok_s, ttft_s = s.get("decode_tok_s", 0.0), s.get("ttft_s", 0.0)
+        speed = f"{tok_s:.1f}"
+        ttft, unit = (f"{ttft_s * 1000:.0f}", " ms") if ttft_s < 1 else (f"{ttft_s:.1f}", " s")  # a slow CPU's
+        accept = f"{s.get('accept_len_mean', 0.0):.2f}" if s.get("speculative") else None
+        full = Text.assemble((speed, "bold"), " tok/s   TTFT ", (ttft, "bold"), unit)
+        if accept:
+            full.append_text(Text.assemble("   accept len ", (accept, "bold")))
+        short_speed = f"{tok_s:.0f}" if tok_s >= 100 else speed
+        short = Text.assemble((short_speed, "bold"), " tok/s · TTFT ", (ttft, "bold"), unit)
+        if accept:
+            short.append_text(Text.assemble(" · accept ", (accept, "bold")))
+        least = Text.assemble((short_speed, "bold"), " tok/s", *((" · accept ", (accept, "bold")) if accept else ()))
+        width = self.query_one("#status-speed", Static).content_region.width
+        return next((t for t in (full, short) if not width or t.cell_len <= width), least)

@@ -21,7 +21,7 @@ def titles(app) -> list[str]:
 
 async def test_new_switch_rename_delete_chats(make_app):
     app = make_app()
-    async with app.run_test() as pilot:
+    async with app.run_test(size=(110, 36)) as pilot:  # wide enough for the chat list
         await ready(pilot)
         await send(pilot, "first chat")
         await pilot.click("#new-chat")

@@ -19,9 +19,10 @@ def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", "llama")
 
 
-def real_app(home: Path, model: Path, max_tokens: int) -> LocalChatApp:
+def real_app(home: Path, model: Path, max_tokens: int, draft: Path | None = None) -> LocalChatApp:
     save_settings(home / "config" / "settings.toml", Settings(max_tokens=max_tokens))
-    return LocalChatApp(model=str(model), device="cpu")  # the real Engine.load path, on the engine thread
+    # the real Engine.load path, on the engine thread
+    return LocalChatApp(model=str(model), device="cpu", draft=str(draft) if draft else None)
 
 
 async def test_real_engine_streams_and_saves_an_answer(home, tiny_model):
@@ -72,16 +73,24 @@ async def test_real_engine_stops_on_escape(home, tiny_model):
         assert saved.finish_reason == "cancelled" and saved.stats["generated_tokens"] < 400
 
 
-async def test_real_engine_compare_is_identical_with_greedy_decoding(home, tiny_model):
-    app = real_app(home, tiny_model, max_tokens=16)
+async def test_real_engine_compare_is_identical_with_greedy_decoding(home, tiny_model, tmp_path):
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import read_config
+
+    cfg = read_config(tiny_model)  # a random EAGLE-3 head: compare needs a draft (without one it offers F5)
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200), 64, (0, 1, 2))
+    app = real_app(home, tiny_model, max_tokens=16, draft=head)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await send(pilot, "Paris is the capital of")
+        assert app.runner.engine is not None and app.runner.engine.has_draft, notes(app)
+        await send(pilot, "Paris is the capital of", wait=False)
+        await wait_for(pilot, lambda: app.screen.answer is None, timeout_s=30)
+        await pilot.pause()
         await pilot.press("ctrl+b")
         await pilot.pause()
         verdict = app.screen.query_one("#compare-verdict")
-        await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()), timeout_s=20)
-        assert "identical" in str(verdict.render())
+        await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()), timeout_s=40)
+        assert "identical" in str(verdict.render()), (str(verdict.render()), notes(app))
         assert app.screen.query_one("#pane-off").text == app.screen.query_one("#pane-on").text != ""
 
 

@@ -50,3 +50,15 @@ def test_settings_screen(snap_compare, make_app):
         await pilot.pause()
 
     assert snap_compare(make_app(fixed_stats=True), terminal_size=SIZE, run_before=run_before)
+
+
+def test_chat_with_answer_at_80x24(snap_compare, make_app):
+    """The smallest common terminal: no sidebar, the whole status line, footer and placeholder."""
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        await send(pilot, "What is speculative decoding?")
+        pilot.app.clear_notifications()
+        await pilot.pause()
+
+    assert snap_compare(make_app(fixed_stats=True, model_name="SmolLM2-135M-Instruct", draft_name="demo-eagle3"),
+                        terminal_size=(80, 24), run_before=run_before)
