@@ -185,7 +185,7 @@ async def test_a_locked_database_keeps_messages_until_it_can_write_them(make_app
     """Another program holds the database's write lock: the new chat and its messages stay in memory,
     marked as not saved, and are written in order once the lock is gone (by the retry timer)."""
     first = make_app()
-    async with first.run_test() as pilot:
+    async with first.run_test(size=(110, 36)) as pilot:
         await ready(pilot)
         await send(pilot, "saved before the lock")
     db = home / "data" / "chats.db"
@@ -194,7 +194,7 @@ async def test_a_locked_database_keeps_messages_until_it_can_write_them(make_app
     try:
         app = make_app()
         app.store.timeout_s = 0.2  # the product waits seconds for a lock; this test need not
-        async with app.run_test() as pilot:
+        async with app.run_test(size=(110, 36)) as pilot:
             await ready(pilot)
             await pilot.click("#new-chat")
             await send(pilot, "kept while locked")
@@ -228,7 +228,7 @@ async def test_a_chat_open_in_another_window_is_not_opened_here(make_app, home: 
     from app.store import ChatStore
 
     first = make_app()
-    async with first.run_test() as pilot:
+    async with first.run_test(size=(110, 36)) as pilot:
         await ready(pilot)
         await send(pilot, "older chat")
         await pilot.click("#new-chat")
@@ -238,7 +238,7 @@ async def test_a_chat_open_in_another_window_is_not_opened_here(make_app, home: 
     assert latest.title == "latest chat" and other.take_lease(latest.id) is None
     try:
         app = make_app()
-        async with app.run_test() as pilot:
+        async with app.run_test(size=(110, 36)) as pilot:
             await ready(pilot)
             assert app.screen.chat is None and app.screen.conversation.views == []  # a new chat instead
             assert any(f"“latest chat” is open in another localchat window (pid {os.getpid()})" in n
