@@ -89,15 +89,16 @@ class DraftConfig:
         if "Eagle3Speculator" in archs or cfg.get("speculators_model_type") == "eagle3":
             fmt = "speculators"
             layer = mapping(get(cfg, "transformer_layer_config", where, {}), "transformer_layer_config", where)
-            ids = _aux_ids(cfg.get("eagle_aux_hidden_state_layer_ids"), where)
+            ids = _aux_ids(cfg.get("eagle_aux_hidden_state_layer_ids"), where, lowest=0)
             aux = ids or default_ids  # already input-of-layer ids
             use_aux = flag(get(cfg, "use_aux_hidden_state", where, True), "use_aux_hidden_state", where)
             target_hidden = cfg.get("target_hidden_size") or layer.get("hidden_size")
         elif any(a.endswith("Eagle3") for a in archs) or "eagle_config" in cfg:
             fmt, layer = "sglang", cfg
             eagle = mapping(get(cfg, "eagle_config", where, {}), "eagle_config", where)
-            ids = _aux_ids(eagle.get("eagle_aux_hidden_state_layer_ids"), f"{where} eagle_config")
-            aux = tuple(i + 1 for i in ids) or default_ids  # SGLang names outputs of layers
+            # SGLang names outputs of layers: -1 is the embedding output, the input of layer 0
+            ids = _aux_ids(eagle.get("eagle_aux_hidden_state_layer_ids"), f"{where} eagle_config", lowest=-1)
+            aux = tuple(i + 1 for i in ids) or default_ids
             use_aux = flag(get(eagle, "use_aux_hidden_state", where, True), "eagle_config.use_aux_hidden_state", where)
             target_hidden = cfg.get("target_hidden_size") or cfg.get("hidden_size")
         elif "draft_vocab_size" in cfg:
@@ -156,10 +157,10 @@ class DraftConfig:
                                  f"{target.num_layers} layers")
 
 
-def _aux_ids(value, where: str) -> tuple[int, ...]:
+def _aux_ids(value, where: str, lowest: int) -> tuple[int, ...]:
     """A list of target layer numbers (`eagle_aux_hidden_state_layer_ids`); empty when absent."""
     if value is None:
         return ()
     if not isinstance(value, list):
         raise ModelLoadError(f"{where}: eagle_aux_hidden_state_layer_ids must be a list of layer numbers")
-    return tuple(integer(i, "eagle_aux_hidden_state_layer_ids", where, lo=0, hi=MAX_LAYERS) for i in value)
+    return tuple(integer(i, "eagle_aux_hidden_state_layer_ids", where, lo=lowest, hi=MAX_LAYERS) for i in value)

@@ -50,8 +50,13 @@ def assert_refused(capsys, target, draft, needle: str) -> None:
     assert elapsed < FAST_S, f"took {elapsed:.1f} s"
 
 
-def test_the_valid_head_loads_and_answers(tmp_path, target, capsys):
+@pytest.mark.parametrize("aux_ids", [None, [-1, 1, 2]])  # SGLang's -1: the embedding output
+def test_the_valid_head_loads_and_answers(tmp_path, target, capsys, aux_ids):
     head = make_head(tmp_path / "h", target)
+    if aux_ids is not None:
+        raw = json.loads((head / "config.json").read_text())
+        raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux_ids
+        (head / "config.json").write_text(json.dumps(raw))
     rc = main(["run", "--device", "cpu", "--max-tokens", "2", "--model", str(target), "--draft", str(head), "hi"])
     assert rc == 0, capsys.readouterr().err
 
@@ -63,6 +68,7 @@ def test_the_valid_head_loads_and_answers(tmp_path, target, capsys):
     ({"architectures": "LlamaForCausalLMEagle3"}, "list of strings"),
     ({"eagle_config": [1, 2]}, "eagle_config must be a json object"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": "0,1,2"}}, "eagle_aux_hidden_state_layer_ids"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-2, 1, 2]}}, "between -1 and"),
     ({"draft_vocab_size": 10**5000}, "5001 digits"),
     ({"rms_norm_eps": "nan"}, "rms_norm_eps"),
     ({"rope_theta": -1}, "rope_theta"),
