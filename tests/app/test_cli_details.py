@@ -106,10 +106,8 @@ def test_the_app_with_no_spec_loads_no_draft(monkeypatch):
         def __init__(self, **kwargs):
             made.update(kwargs)
 
-        def run(self):
-            pass
-
     monkeypatch.setattr(tui, "LocalChatApp", Recorder)
+    monkeypatch.setattr(tui, "run_app", lambda app: app.return_code)  # the app is only built, not run
     assert main(["--no-spec"]) == 0
     assert made["draft"] == "none" and made["speculative"] is False
     assert main([]) == 0
