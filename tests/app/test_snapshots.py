@@ -48,6 +48,10 @@ def test_settings_screen(snap_compare, make_app):
         await settle(pilot)
         await pilot.press("f4")
         await pilot.pause()
+        focused = pilot.app.focused
+        if hasattr(focused, "cursor_blink"):  # a blinking cursor would be on or off by timing
+            focused.cursor_blink = False
+            await pilot.pause()
 
     assert snap_compare(make_app(fixed_stats=True), terminal_size=SIZE, run_before=run_before)
 

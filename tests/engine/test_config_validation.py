@@ -121,11 +121,11 @@ def test_the_unchanged_model_still_answers(llama, capsys):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_real_configs_pass(tmp_path, arch):
     """Each tiny architecture's config (llama3, yarn and linear RoPE scaling) and its tensors pass."""
-    from engine.weights import safetensors_files, safetensors_shapes
+    from engine.checkpoint import tensor_shapes, weight_files
 
     folder = make_tiny_model(tmp_path / arch, arch)
     cfg = ModelConfig.from_file(folder / "config.json")
-    cfg.check_tensors(safetensors_shapes(safetensors_files(folder)), arch)
+    cfg.check_tensors(tensor_shapes(weight_files(folder)), arch)
 
 
 # --- GGUF -----------------------------------------------------------------------------------
