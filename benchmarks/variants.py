@@ -11,8 +11,6 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
   row_cublas    LOCALCHAT_ROW_GEMV=cublas: qkv, gate_up and lm_head on cuBLAS
   row_all       LOCALCHAT_ROW_GEMV=all: qkv, gate_up and lm_head of a one-token step run our
                 GEMV as well, so every launch of the step is one of our PDL kernels
-  pfN           the GEMV requests N 128-byte lines of each weight row before its PDL wait
-                (default 16)
   pdl_off       programmatic dependent launch off
   fuse_all      fuse every norm/activation with its projection, even the shapes FUSED_TILES keeps
                 unfused (LOCALCHAT_FUSE=all)
@@ -22,40 +20,24 @@ Variants (comma-separated, any order; the first is the baseline of the ratios):
   altsN         N alternatives for each draft in greedy verify steps (LOCALCHAT_SPEC_ALTS=N;
                 alts0: the plain chain; altsauto: the default shape, as many as fill 16 rows;
                 alts2-1-0: 2 for draft 1, 1 for draft 2, none after)
-  first_eager   the greedy loop's first chain drafted by eager launches after the first token,
-                not by the replay of its graph (speculative/greedy_loop.py FIRST_CHAIN_GRAPH)
-  kv_late       a decode step's attention requests its K/V after the PDL wait, not before
-                (engine/kernels/attention.py EARLY_KV)
   rope_apart    a one-row step launches RoPE + cache write apart from attention
                 (LOCALCHAT_ROPE_IN_ATTENTION=0; engine/ops.py)
-  splitN        the attention's split kernel takes N cache rows per program (engine/kernels/attention.py
-                SPLIT_SIZE; the default: 64 up to 8192 rows of cache)
-  progN         the attention's split kernel runs N programs per kv head (engine/kernels/attention.py
-                SPLIT_PROGRAMS; prog1024: one per split, as before session 17)
-  argmax_torch  the decode graph picks its next token with torch ops, not greedy_next
-                (engine/graphs.py GREEDY_NEXT_KERNEL)
-  rt, rt_off    the attention reduce lets the next launch (o_proj) start before its own PDL wait
-                (the default), or after it (engine/kernels/attention.py EARLY_TRIGGER)
   qkv_norm      the layer's input norm inside the qkv GEMV (LOCALCHAT_NORM_GEMV=qkv)
   mlp_norm      the post-attention norm inside gate_up on our GEMV (LOCALCHAT_NORM_GEMV=gate_up)
-  loop_norm     the fused norm's rms pre-pass loops over K instead of one load of the row
-                (engine/kernels/gemv.py ONE_PASS_NORM)
-  deferred      a one-row fused norm without split-K takes no pre-pass: its K loop sums the row's
-                squares and the outputs are scaled by 1 / rms at the end (gemv.py DEFER_NORM)
   gated, gated_off  the MLP of a one-token step as gated_gemv (silu(gate) * up in gate_up's epilogue)
                 and a plain down GEMV, or gate_up then silu_mul_gemv (engine/ops.py GATED_MLP)
   tail, tail_off  a one-token step's o_proj and down add the residual and run the next RMSNorm in
                 their last program, where it would be a launch of its own (engine/ops.py NORM_TAIL)
   tiles:SPEC    M = 1 tiles by weight shape (LOCALCHAT_ROW_TILES, engine/ops.py parse_row_tiles),
                 e.g. tiles:4096x14336/4/1024/1/4/3|6144x4096/cublas
-  joined by '+': row_all+pf64
+  joined by '+': row_cublas+tail_off
 
 Models: a --random-weights name or config JSON (plain decode, 512 random token ids; with
 --force-accept N also speculation with a random EAGLE-3 head of the model's shape that accepts
 N - 1 drafts, and the speculator's per-part times), or `demo` (the demo model with its shipped
 head: plain decode and greedy speculation on held-out prompts).
 
-    python benchmarks/variants.py --models llama-8b --variants base,row_all,pf64,row_all+pf64 --out v.json
+    python benchmarks/variants.py --models llama-8b --variants base,row_cublas,tail_off --out v.json
     python benchmarks/variants.py --models demo --variants base,lean_off --prompts 8 --out lean.json
 """
 
@@ -77,15 +59,8 @@ FIXED = {
     "row_all": ("engine.ops", "ROW_GEMV", "all"), "row_layers": ("engine.ops", "ROW_GEMV", "layers"),
     "row_cublas": ("engine.ops", "ROW_GEMV", "cublas"), "row_qkv": ("engine.ops", "ROW_GEMV", "qkv"),
     "fuse_all": ("engine.ops", "_FUSE_ALL", True), "rope_apart": ("engine.ops", "ROPE_IN_ATTENTION", False),
-    "argmax_torch": ("engine.graphs", "GREEDY_NEXT_KERNEL", False),
-    "rt": ("engine.kernels.attention", "EARLY_TRIGGER", True),
-    "rt_off": ("engine.kernels.attention", "EARLY_TRIGGER", False),
-    "kv_late": ("engine.kernels.attention", "EARLY_KV", False),
-    "loop_norm": ("engine.kernels.gemv", "ONE_PASS_NORM", False),
-    "deferred": ("engine.kernels.gemv", "DEFER_NORM", True),
     "gated": ("engine.ops", "GATED_MLP", True), "gated_off": ("engine.ops", "GATED_MLP", False),
     "tail": ("engine.ops", "NORM_TAIL", True), "tail_off": ("engine.ops", "NORM_TAIL", False),
-    "first_eager": ("speculative.greedy_loop", "FIRST_CHAIN_GRAPH", False),
     "lean_off": ("speculative.eagle3", "LEAN_DRAFT", False),
 }
 
@@ -112,14 +87,8 @@ def variant(spec: str):
                 pass
             elif part in FIXED:
                 switch(*FIXED[part])
-            elif part.startswith("pf") and part[2:].isdigit():
-                switch("engine.kernels.gemv", "PREFETCH_LINES", int(part[2:]))
             elif part == "pdl_off":
                 kernels.set_pdl(False)
-            elif part.startswith("prog") and part[4:].isdigit():
-                switch("engine.kernels.attention", "SPLIT_PROGRAMS", int(part[4:]))
-            elif part.startswith("split") and part[5:].isdigit():
-                switch("engine.kernels.attention", "SPLIT_SIZE", int(part[5:]))
             elif part in ("qkv_norm", "mlp_norm"):
                 switch(ops, "NORM_GEMV", ops.NORM_GEMV | {"qkv" if part == "qkv_norm" else "gate_up"})
             elif part.startswith("tiles:"):
@@ -143,7 +112,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="llama-8b", help="comma-separated: a --random-weights name or config JSON")
-    ap.add_argument("--variants", default="base,row_all")
+    ap.add_argument("--variants", default="base,row_cublas")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=8, help="demo: held-out chat prompts")

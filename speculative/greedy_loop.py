@@ -30,10 +30,6 @@ from engine.kernels.alternative import take_alternative, take_alternative_ref
 from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref, greedy_verify,
                                  greedy_verify_ref)
 
-# begin() replays the first chain's graph when captured; False runs it eagerly (comparisons:
-# benchmarks/variants.py first_eager).
-FIRST_CHAIN_GRAPH = True
-
 
 class WholeIteration:
     """What the whole-iteration graphs share: the state carried between replays, the host side
@@ -208,7 +204,7 @@ class GreedyIteration(WholeIteration):
         same function eagerly. Nothing here waits for the GPU."""
         self.n.fill_(n)
         self.ids[0] = bonus
-        if self.first_graph is not None and FIRST_CHAIN_GRAPH:
+        if self.first_graph is not None:
             self._first_logits.copy_(d_logits[-1:])
             self._first_hidden.copy_(d_hidden[-1:])
             self.first_graph.replay()

@@ -22,16 +22,10 @@ from . import next_pow2, num_sms, pdl_args, triton_interpreting
 triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
 
-SPLIT_SIZE = None  # benchmarks: cache rows per split instead of the rule below (variants.py splitN)
-SPLIT_PROGRAMS = None  # benchmarks: split programs per kv head instead of the rule below (variants.py progN)
-
-
 def _split_size(max_seq_len: int) -> int:
     # Cache rows per split program. Small splits keep ~100 programs busy at a few hundred
     # tokens on 8 kv heads; past 8192 rows larger splits bound the partial buffers
     # (T, Hq, num_splits, D) fp32 and the number of idle programs in the fixed grid.
-    if SPLIT_SIZE is not None:
-        return SPLIT_SIZE
     return 64 if max_seq_len <= 8192 else 128
 
 
@@ -39,8 +33,6 @@ def _split_programs(num_splits: int, num_kv_heads: int, num_sms: int) -> int:
     # Programs per kv head, each taking every stride-th split: about one wave over the SMs, at least
     # 16 (the 8B at 768 positions fills 12 splits of 64 per kv head), so that the grid, and the
     # idle programs in it, do not grow with the cache's capacity, only a long context's loop does.
-    if SPLIT_PROGRAMS is not None:
-        return min(num_splits, SPLIT_PROGRAMS)
     return min(num_splits, max(16, -(-num_sms // num_kv_heads)))
 
 
@@ -218,7 +210,7 @@ def _kernels():
         part_o_ptr, part_lse_ptr, pos_ptr, out_ptr,
         num_splits, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr, EARLY_TRIGGER: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         t = tl.program_id(0)
         head = tl.program_id(1)
@@ -227,13 +219,10 @@ def _kernels():
         # positions come from before the step's RoPE kernel: read before the PDL wait.)
         num_valid = tl.load(pos_ptr + t).to(tl.int32) // SPLIT_SIZE + 1
         if USE_PDL:
-            if EARLY_TRIGGER:
-                # Let the next kernel (o_proj's GEMV) launch now, while the split kernel still
-                # runs: it loads weights before its own wait, which holds until this grid is done.
-                tl.extra.cuda.gdc_launch_dependents()
+            # Let the next kernel (o_proj's GEMV) launch now, while the split kernel still
+            # runs: it loads weights before its own wait, which holds until this grid is done.
+            tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()  # the split kernel's writes
-            if not EARLY_TRIGGER:
-                tl.extra.cuda.gdc_launch_dependents()
         base = (t * num_heads + head) * num_splits
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
@@ -264,14 +253,6 @@ def _kernels():
 
     return split_kernel, reduce_kernel
 
-
-# A one-row launch requests its first block of K/V before the PDL wait (split_kernel). Benchmarks
-# switch it off to compare (variants.py kv_late).
-EARLY_KV = True
-# The reduce kernel lets the next launch (o_proj's GEMV) start before its own PDL wait, so that
-# the GEMV's programs are resident, requesting their first weight lines, while the split kernel
-# runs. Benchmarks switch it off to compare (variants.py rt_off).
-EARLY_TRIGGER = True
 
 MAX_INVARIANT_ROWS = 16  # the longest verify step (15 draft tokens + 1) of batch-invariant mode
 
@@ -351,7 +332,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_M=block_m, BLOCK_N=min(64, split_size), BLOCK_D=block_d,
-        DOT_F32=dot_f32, EARLY_KV=rope is not None or (EARLY_KV and num_rows == 1), FUSE_ROPE=rope is not None,
+        DOT_F32=dot_f32, EARLY_KV=rope is not None or num_rows == 1, FUSE_ROPE=rope is not None,
         num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
         **pdl,
@@ -360,7 +341,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -
         part_o, part_lse, positions, out,
         num_splits, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
-        BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d, EARLY_TRIGGER=EARLY_TRIGGER,
+        BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d,
         num_warps=4, **pdl,
     )
     return out

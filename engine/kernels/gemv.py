@@ -34,15 +34,9 @@ _MAX_TILES = 1 << 16  # split-K counters per device
 # How the RMS_NORM prologue gets the row's mean square (norm_mode):
 # LOOP: a pass over K before the projection (L2-resident), K / BLOCK_K dependent loads.
 # ONE_PASS: one load of the whole row (one-row launches up to ONE_PASS_MAX elements): one round
-#   trip to L2 before the first weight step. ONE_PASS_NORM = False: the loop (benchmarks).
-# DEFERRED: no pass at all (one-row launches without split-K, DEFER_NORM): the program sums the
-#   squares of the row as its own K loop reads it, projects h * norm_weight, and scales its outputs
-#   by 1 / rms at the end, since rms_norm(h) @ W.T = (h * norm_weight) @ W.T / rms(h). Fewer bf16
-#   roundings than the reference, so not its bits. Off until measured (variants.py deferred).
-LOOP, ONE_PASS, DEFERRED = 0, 1, 2
-ONE_PASS_NORM = True
+#   trip to L2 before the first weight step (docs/performance.md: 1.09x over the loop).
+LOOP, ONE_PASS = 0, 1
 ONE_PASS_MAX = 8192
-DEFER_NORM = False
 
 
 @dataclass(frozen=True)
@@ -140,7 +134,6 @@ def _kernels():
         if NORM_TAIL:  # requested now, used after the K loop: its round trip overlaps the weights'
             res_tail = tl.load(res_ptr + offs_n[None, :], mask=n_ok[None, :], other=0.0)
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
-        sum_sq = tl.zeros([BLOCK_M], tl.float32)  # NORM_MODE 2: accumulated in the K loop
         if PROLOGUE == 1 and NORM_MODE == 1:
             # One row (BLOCK_M == 1): its K elements in one load, summed in fp32.
             offs_all = tl.arange(0, K_POW2)
@@ -192,13 +185,8 @@ def _kernels():
                     if pid_n == 0:  # column tile 0 writes the new residual stream
                         tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_k[None, :], h, mask=mask)
                 nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                if NORM_MODE == 2:  # project h * norm_weight; 1 / rms scales the outputs below
-                    h32 = h.to(tl.float32)
-                    sum_sq += tl.sum(h32 * h32, axis=1)
-                    a = h32 * nw[None, :]
-                else:
-                    normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
-                    a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
+                normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
+                a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
             elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
                 up = tl.load(x_ptr + rows[:, None] * stride_x + K + offs_k[None, :], mask=mask, other=0.0)
                 gate = x.to(tl.float32)
@@ -227,8 +215,6 @@ def _kernels():
                 gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
                 up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
                 acc = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32) * up
-        if PROLOGUE == 1 and NORM_MODE == 2:
-            acc = acc * tl.rsqrt(sum_sq / K + eps)[:, None]
         out_mask = row_ok[:, None] & n_ok[None, :]
         if SPLIT_K > 1:
             # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
@@ -324,7 +310,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         part = counters = out  # unused
     interpreting = triton_interpreting()
     block_m = MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows)))
-    norm = norm_mode(block_m, k, cfg.split_k) if prologue == RMS_NORM else LOOP
+    norm = norm_mode(block_m, k) if prologue == RMS_NORM else LOOP
     kernel = _kernels()
     kernel[(tiles, cfg.split_k)](
         x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
@@ -343,13 +329,9 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
     return out, new_res
 
 
-def norm_mode(block_m: int, k: int, split_k: int) -> int:
-    """How an RMS_NORM launch of block_m rows gets the mean square: DEFERRED, ONE_PASS or LOOP."""
-    if block_m == 1 and DEFER_NORM and split_k == 1:
-        return DEFERRED
-    if block_m == 1 and ONE_PASS_NORM and k <= ONE_PASS_MAX:
-        return ONE_PASS
-    return LOOP
+def norm_mode(block_m: int, k: int) -> int:
+    """How an RMS_NORM launch of block_m rows gets the mean square: ONE_PASS or LOOP."""
+    return ONE_PASS if block_m == 1 and k <= ONE_PASS_MAX else LOOP
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

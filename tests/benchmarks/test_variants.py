@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from engine import kernels, ops
-from engine.kernels import attention, gemv
 
 _spec = importlib.util.spec_from_file_location(
     "bench_variants", Path(__file__).resolve().parents[2] / "benchmarks" / "variants.py")
@@ -18,16 +17,15 @@ _spec.loader.exec_module(variants)
 
 
 def _state():
-    return (ops.ROW_GEMV, dict(ops.ROW_TILES), ops.NORM_GEMV, gemv.PREFETCH_LINES, gemv.DEFER_NORM,
-            attention.SPLIT_SIZE, attention.EARLY_TRIGGER, kernels._pdl_override, os.environ.get("LOCALCHAT_SPEC_ALTS"))
+    return (ops.ROW_GEMV, dict(ops.ROW_TILES), ops.NORM_GEMV, ops.NORM_TAIL, kernels._pdl_override,
+            os.environ.get("LOCALCHAT_SPEC_ALTS"))
 
 
 def test_variant_sets_and_restores_every_switch():
     before = _state()
-    spec = "row_cublas+deferred+rt_off+pf8+split32+qkv_norm+mlp_norm+tiles:4096x14336/8/1024/1/4/3+pdl_off+alts2-1"
+    spec = "row_cublas+tail_off+qkv_norm+mlp_norm+tiles:4096x14336/8/1024/1/4/3+pdl_off+alts2-1"
     with variants.variant(spec):
-        assert ops.ROW_GEMV == "cublas" and gemv.DEFER_NORM is True and attention.EARLY_TRIGGER is False
-        assert gemv.PREFETCH_LINES == 8 and attention.SPLIT_SIZE == 32 and ops.NORM_GEMV >= {"qkv", "gate_up"}
+        assert ops.ROW_GEMV == "cublas" and ops.NORM_TAIL is False and ops.NORM_GEMV >= {"qkv", "gate_up"}
         assert ops.ROW_TILES[(4096, 14336)] == ops.GemvConfig(8, 1024, 1, 4, 3)
         assert kernels._pdl_override is False and os.environ["LOCALCHAT_SPEC_ALTS"] == "2,1"
     assert _state() == before
