@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -9,12 +10,16 @@ import torch
 from .demo import demo_draft_path
 from .errors import UserError
 from .loader import load_folder, load_gguf
+from .options import KernelOptions
 from .resolve import resolve
 from .runner import ModelRunner
 
 
 def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq_len: int | None,
-                 draft_steps: int, use_graphs: bool, on_progress, defer_capture: bool = False):
+                 draft_steps: int, use_graphs: bool, on_progress, defer_capture: bool = False,
+                 options: KernelOptions | None = None):
+    """options: the kernel switches (None: KernelOptions.from_env()); batch_invariant is set here,
+    from whether a draft comes with the target."""
     from .engine import pick_device
 
     def say(msg: str, frac: float | None = None) -> None:
@@ -23,7 +28,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
 
     if max_seq_len is not None and max_seq_len < 16:
         raise UserError(f"--max-seq-len must be at least 16, got {max_seq_len}")
-    if not 1 <= draft_steps <= 15:  # a verify step of k + 1 <= 16 rows keeps batch invariance (ops.py)
+    if not 1 <= draft_steps <= 15:  # a verify step of k + 1 <= 16 rows keeps batch invariance (routing.py)
         raise UserError(f"--draft-steps must be between 1 and 15, got {draft_steps}")
     dev = pick_device(device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -49,12 +54,15 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
         draft_src = resolve(draft_spec, log=say, what="draft")
         draft_path, draft_name = draft_src.path, draft_src.name
 
+    # A draft's verify rows must carry the bits of the plain decode steps they stand for, and the
+    # target's kernels are chosen once, here: with a draft, the batch-invariant ones from the start.
+    options = dataclasses.replace(options or KernelOptions.from_env(), batch_invariant=bool(draft_spec))
     say(f"loading {src.name}", 0.1)
     if src.is_gguf:
         prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
-        loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared)
+        loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared, options=options)
     else:
-        loaded = load_folder(src.path, dev, dtype, max_seq_len)
+        loaded = load_folder(src.path, dev, dtype, max_seq_len, options)
     runner = ModelRunner(loaded.model, loaded.model.cos_sin.shape[0])
     t_loaded = time.perf_counter()
 

@@ -298,15 +298,17 @@ def _train_eagle3(args) -> int:
 
 def _load_target(opts: TrainOptions, dev: torch.device):
     from engine.loader import load_folder, load_gguf
+    from engine.options import KernelOptions
     from engine.resolve import resolve
 
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     src = resolve(opts.model, log=_log)
     _log(f"loading {src.name} on {dev}")
+    options = KernelOptions.from_env()  # no draft: the fast kernels (Teacher.check_speculator makes its own)
     if src.is_gguf:
         prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
-        return load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared), src.name, src.path
-    return load_folder(src.path, dev, dtype, opts.max_len), src.name, src.path
+        return load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared, options=options), src.name, src.path
+    return load_folder(src.path, dev, dtype, opts.max_len, options), src.name, src.path
 
 
 def _init_draft(loaded, aux_ids, draft_ids: torch.Tensor, opts: TrainOptions):

@@ -265,6 +265,7 @@ def decode_attention(
     scale: float,
     invariant: bool = False,
     own_slots: torch.Tensor | None = None,
+    pdl: bool = True,  # programmatic dependent launch (KernelOptions.pdl)
 ) -> torch.Tensor:
     """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
 
@@ -281,7 +282,7 @@ def decode_attention(
     partials of (T, Hq, S_max / split_size, D) from the caching allocator on each call.
     """
     _check(q, k_cache, v_cache, positions)
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None)
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl)
 
 
 def rope_decode_attention(
@@ -295,6 +296,7 @@ def rope_decode_attention(
     scale: float,
     invariant: bool = False,
     slots: torch.Tensor | None = None,
+    pdl: bool = True,
 ) -> torch.Tensor:
     """rope_and_cache then decode_attention for one decode row, with the same bits, one launch
     fewer: the split kernel rotates q and the key itself and writes the key and value into the
@@ -303,10 +305,10 @@ def rope_decode_attention(
     assert q.shape[0] == 1 and k.shape == v.shape == (1, *k_cache.shape[1:]) and q.dtype == k.dtype == v.dtype
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache))
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl)
 
 
-def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -> torch.Tensor:
+def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on) -> torch.Tensor:
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     split_kernel, reduce_kernel = _kernels()
     num_rows, num_heads, head_dim = q.shape
@@ -320,7 +322,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -
     block_m = max(16, next_pow2((MAX_INVARIANT_ROWS if invariant else num_rows) * group))  # tl.dot: >= 16
     block_d = max(16, next_pow2(head_dim))
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
-    pdl = pdl_args(q.device)
+    pdl = pdl_args(q.device, pdl_on)
     k_new, v_new, cos_sin = rope if rope is not None else (k_cache, v_cache, part_o)  # unused without rope
     programs = _split_programs(num_splits, num_kv_heads, num_sms(q.device))
     split_kernel[(num_kv_heads, programs)](

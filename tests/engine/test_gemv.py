@@ -137,7 +137,7 @@ def test_gemv_add_norm(device, config):
     program norms) == gemv then add_rms_norm, with the built-in tile (split-K dropped), the
     decode step's row tile or another; odd N masks the last column tile, and launches one after
     another find the counter back at zero."""
-    from engine.ops import row_tile
+    from engine.routing import row_tile
 
     shapes = [(1, 37, 300), (1, 576, 1536), (1, 200, 1000)] + ([(1, 4096, 4096), (1, 4096, 14336)]
                                                               if device == "cuda" else [])
