@@ -307,7 +307,8 @@ def _load_target(opts: TrainOptions, dev: torch.device):
     options = KernelOptions.from_env()  # no draft: the fast kernels (Teacher.check_speculator makes its own)
     if src.is_gguf:
         prepared = src.path.parent / (src.path.stem + ".prepared") if src.is_demo else None
-        return load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared, options=options), src.name, src.path
+        loaded = load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared, options=options)
+        return loaded, src.name, src.path
     return load_folder(src.path, dev, dtype, opts.max_len, options), src.name, src.path
 
 

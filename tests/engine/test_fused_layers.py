@@ -175,7 +175,8 @@ def tiles(request, monkeypatch):
     if request.param == "all fused":
         monkeypatch.setattr(routing, "FUSED_TILES", {})
     elif request.param == "norms apart":
-        monkeypatch.setattr(routing, "FUSED_TILES", {**routing.FUSED_TILES, **norms_apart(model_config("llama", False))})
+        apart = norms_apart(model_config("llama", False))
+        monkeypatch.setattr(routing, "FUSED_TILES", {**routing.FUSED_TILES, **apart})
     return request.param
 
 
