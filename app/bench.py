@@ -76,35 +76,30 @@ def time_decode(engine, prompt_ids, new_tokens, speculative, temperature=0.0):
 
 
 def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculative: bool, rounds: int,
-                       setting=None, accept: dict | None = None) -> tuple[dict, dict]:
+                       accept: dict | None = None) -> tuple[dict, dict]:
     """Decode speed of several engines over the same prompts, in alternating rounds so that clock
     drift falls on all of them, after one uncounted warm-up each (first-use allocations and
-    caches); and the first 64 tokens each gives for prompts[0], to compare. setting(name): a
-    context entered around every use of that engine (benchmarks that switch module flags).
-    Returns ({name: mean tok/s of each round}, {name: tokens}); accept, when given, gets {name:
-    the mean accepted length over the prompts, each round}."""
-    import contextlib
+    caches); and the first 64 tokens each gives for prompts[0], to compare. Each engine carries
+    its own kernel options (Engine.load(options=...)). Returns ({name: mean tok/s of each round},
+    {name: tokens}); accept, when given, gets {name: the mean accepted length over the prompts,
+    each round}."""
     import statistics
 
     from engine.types import SamplingParams
 
-    use = setting or (lambda name: contextlib.nullcontext())
     speeds, tokens = {name: [] for name in engines}, {}
-    for name, e in engines.items():
-        with use(name):
-            time_decode(e, prompts[0], new_tokens, speculative)
+    for e in engines.values():
+        time_decode(e, prompts[0], new_tokens, speculative)
     for _ in range(rounds):
         for name, e in engines.items():
-            with use(name):
-                runs = [time_decode(e, p, new_tokens, speculative) for p in prompts]
+            runs = [time_decode(e, p, new_tokens, speculative) for p in prompts]
             speeds[name].append(statistics.mean(r["decode_tok_s"] for r in runs))
             if accept is not None:
                 accept.setdefault(name, []).append(statistics.mean(r["accept_len_mean"] for r in runs))
     for name, e in engines.items():
-        with use(name):
-            e.reset()
-            tokens[name] = [t for ev in e.stream_ids(prompts[0], SamplingParams(max_tokens=64), speculative=speculative)
-                            for t in ev.token_ids]
+        e.reset()
+        tokens[name] = [t for ev in e.stream_ids(prompts[0], SamplingParams(max_tokens=64), speculative=speculative)
+                        for t in ev.token_ids]
     return speeds, tokens
 
 
@@ -115,7 +110,7 @@ def comparison_model(model: str, device: str, n_prompts: int, prompt_set: str = 
     greedy speculative decoding), or a --random-weights name or config JSON (random bf16 weights,
     512 random token ids, plain decoding; with force_accept also speculation with a random head
     that accepts force_accept - 1 drafts; a KV cache of max_seq_len rows, where `localchat bench`
-    has 4096). Returns (make: () -> a new Engine, workload: engine ->
+    has 4096). Returns (make: KernelOptions -> a new Engine with them, workload: engine ->
     (prompt token ids, what they are, [(mode name, speculative)]))."""
     from types import SimpleNamespace
 
@@ -131,12 +126,12 @@ def comparison_model(model: str, device: str, n_prompts: int, prompt_set: str = 
             return ([engine.tokenizer.apply_chat_template(m) for m in msgs], which,
                     [("plain", False), ("speculative", True)])
 
-        return (lambda: Engine.load("demo", device=device)), workload
+        return (lambda options: Engine.load("demo", device=device, options=options)), workload
     args = SimpleNamespace(random_weights=model, device=device, max_seq_len=max_seq_len, force_accept=force_accept,
                            draft_steps=5, no_graphs=False)
     prompt = torch.randint(0, 32000, (512,), generator=torch.Generator().manual_seed(0)).tolist()
     modes = [("plain", False)] + ([("speculative", True)] if force_accept else [])
-    return (lambda: build_bench_engine(args)), (lambda engine: ([prompt], "512 random token ids", modes))
+    return (lambda options: build_bench_engine(args, options)), (lambda e: ([prompt], "512 random token ids", modes))
 
 
 def time_transformers(engine, prompt_ids, new_tokens, src_path=None):

@@ -27,16 +27,21 @@ class IdTokenizer:
         raise NotImplementedError("random-weight models take token ids")
 
 
-def build_bench_engine(args):
+def build_bench_engine(args, options=None):
+    """options: a random-weight model's kernel switches (engine/options.py; None: from the
+    environment, as for a real model)."""
     if not args.random_weights:
         from .commands import load_engine
 
         return load_engine(args, quiet=args.json)
+    import dataclasses
+
     import torch
 
     from engine.config import ModelConfig
     from engine.engine import Engine, pick_device
     from engine.loader import build_model
+    from engine.options import KernelOptions
     from engine.runner import ModelRunner
     from engine.threads import apply_threads
 
@@ -64,7 +69,11 @@ def build_bench_engine(args):
             else:
                 yield name, torch.randn(p.shape, dtype=dtype, device=dev, generator=gen) * 0.02
 
-    model = build_model(cfg, random_tensors(), "random weights", dev, dtype, max_len)
+    # With the random head, the target's kernels are the batch-invariant ones a real draft gets
+    # (options may ask for them without a head: profiling the target's side).
+    options = options or KernelOptions.from_env()
+    options = dataclasses.replace(options, batch_invariant=options.batch_invariant or args.force_accept is not None)
+    model = build_model(cfg, random_tensors(), "random weights", dev, dtype, max_len, options)
     runner = ModelRunner(model, max_len)
     speculator = None
     if args.force_accept is not None:
@@ -93,10 +102,10 @@ def random_draft(cfg, runner, k: int, force_accept: int):
                      intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
                      head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, draft_vocab_size=min(32000, cfg.vocab_size),
                      aux_layer_ids=(2, L // 2, L - 3), rope_theta=cfg.rope_theta)
-    from engine.ops import Ops
+    from speculative.build import draft_ops
 
     with torch.device(runner.device):
-        draft = Eagle3Draft(dc, cfg, runner.max_len, Ops.for_device(runner.device)).to(runner.dtype)
+        draft = Eagle3Draft(dc, cfg, runner.max_len, draft_ops(runner)).to(runner.dtype)
     gen = torch.Generator(device=runner.device).manual_seed(1)  # the same head in every engine of a run
     with torch.no_grad():
         for p in draft.parameters():

@@ -7,7 +7,7 @@ sequences they replace, in the decode step's mode (M = 1: add_rms_norm + cuBLAS,
 + the row GEMV) and in batch-invariant mode (a draft loaded: "inv" rows, any M). A few
 alternative tile configs are swept for the M=1 shapes that matter most, for the plain GEMV
 (the built-in table in engine/kernels/gemv.py) and for the fused kernels (the decode step's
-tiles: FUSED_TILES in engine/ops.py, printed ready to paste at the end; the invariant tile
+tiles: FUSED_TILES in engine/routing.py, printed ready to paste at the end; the invariant tile
 is swept at the first M > 1 in --rows).
 A case that fails is reported and skipped; the sweep stops at --max-seconds.
 
@@ -34,7 +34,8 @@ from engine.kernels.gemv import (  # noqa: E402
     GemvConfig, default_config, gemv, gemv_ref, rms_norm_gemv, rms_norm_gemv_ref, silu_mul_gemv, silu_mul_gemv_ref,
 )
 from engine.kernels.norm import add_rms_norm  # noqa: E402
-from engine.ops import UNFUSED, fused_tile, row_tile  # noqa: E402
+from engine.options import KernelOptions  # noqa: E402
+from engine.routing import UNFUSED, fused_tile, row_tile  # noqa: E402
 
 DTYPE = torch.bfloat16
 PEAK_GB_S = 4300.0
@@ -75,7 +76,7 @@ FUSED_KERNEL = {"rms_norm+linear": "rms_norm_gemv", "silu_mul+linear": "silu_mul
 def current_tile(mode: str, kernel: str, n: int, k: int) -> GemvConfig | None:
     """The tile the engine runs for this fused kernel (None: the built-in one, also where
     FUSED_TILES says UNFUSED, so the fused kernel is still timed)."""
-    tile = fused_tile(mode, kernel, n, k)
+    tile = fused_tile(KernelOptions(), mode, kernel, n, k)
     return None if tile == UNFUSED else tile
 
 
@@ -266,7 +267,7 @@ def main() -> None:
 
 def print_fused_choice(results: list[dict]) -> None:
     """Per mode and shape, the fastest fused tile against the unfused pair the engine would run
-    instead, as FUSED_TILES entries (engine/ops.py): row mode from the M = 1 rows, invariant
+    instead, as FUSED_TILES entries (engine/routing.py): row mode from the M = 1 rows, invariant
     mode from the M > 1 rows that were swept."""
     unfused = {("row", "rms_norm+linear"): "add_rms_norm+cublas", ("row", "silu_mul+linear"): "silu_and_mul+gemv",
                ("invariant", "rms_norm+linear"): "inv add_rms_norm+gemv",
@@ -300,7 +301,7 @@ def print_fused_choice(results: list[dict]) -> None:
             lines.append(f'    ("{mode}", "{kernel}", {best["n"]}, {best["k"]}): {entry},  # {name} M={best["m"]}: '
                          f'fused {best["us"]:.2f} us ({best["impl"]}), unfused {old:.2f}')
     if lines:
-        print("\nfastest fused tile per mode and shape against the unfused pair (FUSED_TILES, engine/ops.py):")
+        print("\nfastest fused tile per mode and shape against the unfused pair (FUSED_TILES, engine/routing.py):")
         print("\n".join(lines))
 
 if __name__ == "__main__":

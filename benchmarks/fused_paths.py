@@ -1,6 +1,6 @@
-"""The two fused kernel paths of speculation, separated: FUSE_INVARIANT (engine/ops.py, the
-target's batch-invariant fused norm + projection kernels) and FUSED_DRAFT (speculative/eagle3.py,
-the draft layer's fused kernels). For each of the four combinations: a fresh demo engine with its
+"""The two fused kernel paths of speculation, separated: KernelOptions.fuse_invariant (the
+target's batch-invariant fused norm + projection kernels) and KernelOptions.fused_draft (the
+draft layer's fused kernels; engine/options.py). For each of the four combinations: a fresh demo engine with its
 head, greedy answers plain and speculative on NP chat prompts (mean accepted length, tokens/s,
 answers identical). Then, eagerly on one engine: the target's aux states and logits of a 6-row
 step with and without the fused invariant kernels, rows of a 1-row step against the 6-row step,
@@ -8,13 +8,12 @@ and the draft's extend and decode logits with and without its fused kernels.
 
     NP=6 OUTF=fused_paths.json python benchmarks/fused_paths.py     (CUDA)
 """
-import json, sys, os
+import dataclasses, json, sys, os
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
-import engine.ops as ops_mod
-import speculative.eagle3 as e3
 from engine.engine import Engine
+from engine.options import KernelOptions
 from engine.types import SamplingParams
 from engine.batch import ForwardBatch
 from app.bench_setup import chat_prompts
@@ -25,9 +24,9 @@ params = SamplingParams(max_tokens=int(os.environ.get("MT", "256")))
 eng = None
 for inv in (0, 1):
     for dr in (0, 1):
-        ops_mod.FUSE_INVARIANT = bool(inv); e3.FUSED_DRAFT = bool(dr)
+        options = dataclasses.replace(KernelOptions.from_env(), fuse_invariant=bool(inv), fused_draft=bool(dr))
         del eng; torch.cuda.empty_cache()
-        eng = Engine.load("demo", draft="demo-eagle3", device=os.environ.get("DEV", "cuda"))
+        eng = Engine.load("demo", draft="demo-eagle3", device=os.environ.get("DEV", "cuda"), options=options)
         acc, toks, secs, same = [], 0, 0.0, 0
         for m in prompts:
             eng.reset(); a = eng.generate(m, params, speculative=False)
@@ -37,8 +36,9 @@ for inv in (0, 1):
         out[f"inv{inv}_draft{dr}"] = {"accept": acc, "mean_accept": sum(acc) / len(acc), "tok_s": toks / secs, "identical": same}
         print(f"inv{inv} draft{dr}: accept {sum(acc)/len(acc):.3f} tok/s {toks/secs:.0f} identical {same}/{len(prompts)}", flush=True)
 
-# eager diffs on the last engine (both fused flags on at load; toggle module flags now)
+# eager diffs on the last engine (both fused paths on), its target's weights also without the fused invariant kernels
 model, kv = eng.runner.model, eng.runner.kv
+twins = {inv: model.with_options(dataclasses.replace(model.ops.options, fuse_invariant=inv)) for inv in (False, True)}
 spec = eng.speculator
 ids = torch.tensor(eng.tokenizer.apply_chat_template(prompts[0]) if hasattr(eng.tokenizer, "apply_chat_template") else list(range(100, 160)), device=os.environ.get("DEV", "cuda"))
 aux_ids = eng.runner.aux_layer_ids
@@ -47,7 +47,7 @@ with torch.no_grad():
     model(ForwardBatch.eager(ids[:-6], 0), kv, aux_ids)
     res = {}
     for inv in (False, True):
-        ops_mod.FUSE_INVARIANT = inv
+        model = twins[inv]
         o = model(ForwardBatch.eager(ids[-6:], n - 6), kv, aux_ids)
         o1 = model(ForwardBatch.eager(ids[-6:-5], n - 6), kv, aux_ids)
         res[inv] = (o.aux_hidden.float().clone(), o.hidden.float().clone(), model.logits(o.hidden).clone(), o1.aux_hidden.float().clone(), o1.hidden.float().clone())

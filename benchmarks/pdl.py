@@ -1,9 +1,9 @@
-"""Programmatic dependent launch off vs on, in one process: each setting gets its own engine
-(graphs capture the launch attribute), measured in alternating rounds (off, on, off, on) so
-that clock drift falls on both. Demo model with its shipped head (plain decode and greedy
-speculation on held-out prompts), and with --llama-8b the 8B shape with random weights
-(plain decode, 512-token prompt); a config JSON (as `bench --random-weights`) likewise. Tokens
-must match between the settings.
+"""Programmatic dependent launch off vs on, in one process: each setting gets its own engine,
+built with KernelOptions(pdl=...) (its eager launches and its graphs use it), measured in
+alternating rounds (off, on, off, on) so that clock drift falls on both. Demo model with its
+shipped head (plain decode and greedy speculation on held-out prompts), and with --llama-8b the
+8B shape with random weights (plain decode, 512-token prompt); a config JSON (as `bench
+--random-weights`) likewise. Tokens must match between the settings.
 
     python benchmarks/pdl.py --out pdl.json [--models demo,llama-8b,benchmarks/configs/smollm2-135m.json]
 """
@@ -11,6 +11,7 @@ must match between the settings.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -34,7 +35,7 @@ def main() -> None:
     import torch
 
     from app.bench import alternating_rounds, comparison_model
-    from engine import kernels
+    from engine.options import KernelOptions
 
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
     report = {"machine": {"device": gpu, "torch": torch.__version__,
@@ -42,11 +43,8 @@ def main() -> None:
     for model in [m for m in a.models.split(",") if m]:
         name = Path(model).stem if model.endswith(".json") else model
         make, workload = comparison_model(model, a.device, a.prompts)
-        engines = {}
-        for on in (False, True):
-            kernels.set_pdl(on)
-            engines[on] = make()
-        kernels.set_pdl(None)
+        base = KernelOptions.from_env()
+        engines = {on: make(dataclasses.replace(base, pdl=on)) for on in (False, True)}
         prompts, which, modes = workload(engines[False])
         res = {"prompt_set": which}
         for mode, spec in modes:

@@ -3,7 +3,7 @@
 Eager mode launches the same kernels the captured graph replays, so the sum of kernel
 times, against the graph's step time, shows how much is launch gap versus kernel work.
 --rows N profiles an N-row (verify) step instead, --invariant the batch-invariant kernels a
-loaded draft switches on, --no-fuse the unfused norm/activation launches (LOCALCHAT_FUSE=0):
+loaded draft gets, --no-fuse the unfused norm/activation launches (KernelOptions.fuse off):
 
     python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json
     python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json --no-fuse
@@ -11,8 +11,8 @@ loaded draft switches on, --no-fuse the unfused norm/activation launches (LOCALC
 
 --timeline also profiles 20 replays of the captured graph and reports what each kernel adds to
 the step: its end minus the latest end of the kernels before it (kernels launched with PDL
-overlap, so their own times sum to more than the step). --variant SPEC builds the engine under
-a variants.py switch (e.g. row_cublas+rt_off).
+overlap, so their own times sum to more than the step). --variant SPEC builds the engine with a
+variants.py variant's options (e.g. row_cublas+tail_off).
 """
 
 from __future__ import annotations
@@ -36,28 +36,25 @@ def main() -> None:
     ap.add_argument("--invariant", action="store_true", help="batch-invariant projections (as with a draft)")
     ap.add_argument("--no-fuse", action="store_true", help="unfused norm/activation + projection launches")
     ap.add_argument("--timeline", action="store_true", help="also each kernel's share of the replayed graph step")
-    ap.add_argument("--variant", default="base", help="a variants.py switch to build the engine under")
+    ap.add_argument("--variant", default="base", help="a variants.py variant to build the engine with")
     args = ap.parse_args()
-    import os
+    import dataclasses
 
-    if args.no_fuse:
-        os.environ["LOCALCHAT_FUSE"] = "0"  # read by Ops.for_device
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from app.bench_setup import build_bench_engine
+    from engine.options import KernelOptions
+    from variants import variant_options
 
+    options = variant_options(args.variant, KernelOptions.from_env())
+    # --invariant: the target's kernels with a draft loaded, without the draft
+    options = dataclasses.replace(options, fuse=options.fuse and not args.no_fuse, batch_invariant=args.invariant)
     ns = argparse.Namespace(random_weights=args.random_weights, device="cuda", max_seq_len=4096,
                             force_accept=None, draft_steps=5, no_graphs=False)
-    from variants import variant
-
-    with variant(args.variant):
-        engine = build_bench_engine(ns)
-        r = engine.runner
-        if args.invariant:
-            r.model.ops.set_batch_invariant(True)
-            r.graphs.clear()  # captured with the switch off: capture again
-        r.capture([args.rows])
+    engine = build_bench_engine(ns, options)
+    r = engine.runner
+    r.capture([args.rows])
     from engine.batch import ForwardBatch
 
     _mode = torch.inference_mode()
@@ -98,12 +95,12 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in r.model.parameters())
     launches = sum(v[1] for _, v in rows)
     layers = r.config.num_layers
-    report = {"rows": args.rows, "invariant": args.invariant, "fused": r.model.ops.fuse,
+    report = {"rows": args.rows, "invariant": args.invariant, "fused": r.model.ops.options.fuse,
               "graph_step_ms": graph_ms, "kernel_sum_ms": total / 1000, "weight_GB": weight_bytes / 1e9,
               "launches_per_step": launches, "launches_per_layer": launches / layers,
               "variant": args.variant, "timeline": timeline,
               "kernels": [{"name": k, "us_per_step": v[0], "launches_per_step": v[1]} for k, v in rows[:25]]}
-    print(f"{args.rows}-row step ({'fused' if r.model.ops.fuse else 'unfused'}"
+    print(f"{args.rows}-row step ({'fused' if r.model.ops.options.fuse else 'unfused'}"
           f"{', batch-invariant' if args.invariant else ''}): graph step {graph_ms:.3f} ms, "
           f"kernel sum {total / 1000:.3f} ms, weights {weight_bytes / 1e9:.2f} GB")
     print(f"{launches:.0f} kernel launches per step, {launches / layers:.1f} per layer ({layers} layers)")

@@ -47,7 +47,7 @@ python3 benchmarks/pdl.py --models demo,benchmarks/configs/smollm2-135m.json,lla
 step "train-draft's generation and teacher features, old paths vs new"
 python3 benchmarks/teacher_paths.py --out "$out/h200_teacher_paths.json"
 step "kernel-routing variants of the 8B decode step"
-python3 benchmarks/variants.py --models llama-8b --variants base,row_all,pf64 --rounds 3 --out "$out/h200_variants_8b.json"
+python3 benchmarks/variants.py --models llama-8b --variants base,row_cublas,gated_off,tail_off,rope_apart --rounds 3 --out "$out/h200_variants_8b.json"
 step "the lean draft step and one-launch acceptance against session 8's greedy iteration"
 python3 benchmarks/variants.py --models demo --variants base,lean_off --prompts 8 --rounds 3 --out "$out/h200_variants_lean.json"
 python3 benchmarks/variants.py --models llama-8b --force-accept 4 --variants base,lean_off --rounds 2 \

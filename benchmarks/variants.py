@@ -1,68 +1,46 @@
 """Kernel-routing variants of the plain decode step, in one process: each variant gets its own
-engine (its graphs capture the kernels the variant picks), measured in alternating rounds so
-that clock drift falls on all of them. Random bf16 weights from a config (as `bench
---random-weights`), 512-token prompt, plain decode.
+engine, built with its own KernelOptions (engine/options.py; its graphs capture the kernels the
+options pick), measured in alternating rounds so that clock drift falls on all of them. Random
+bf16 weights from a config (as `bench --random-weights`), 512-token prompt, plain decode.
 
-Variants (comma-separated, any order; the first is the baseline of the ratios):
-  base          the defaults
-  row_qkv       LOCALCHAT_ROW_GEMV=qkv (the default): qkv of a one-token step on our GEMV too
-  row_layers    LOCALCHAT_ROW_GEMV=layers: qkv and gate_up of a one-token step run our GEMV as
-                well, so every launch inside a decoder layer is one of our PDL kernels
-  row_cublas    LOCALCHAT_ROW_GEMV=cublas: qkv, gate_up and lm_head on cuBLAS
-  row_all       LOCALCHAT_ROW_GEMV=all: qkv, gate_up and lm_head of a one-token step run our
-                GEMV as well, so every launch of the step is one of our PDL kernels
-  pfN           the GEMV requests N 128-byte lines of each weight row before its PDL wait
-                (default 16)
-  pdl_off       programmatic dependent launch off
-  fuse_all      fuse every norm/activation with its projection, even the shapes FUSED_TILES keeps
-                unfused (LOCALCHAT_FUSE=all)
+Variants (comma-separated, any order; the first is the baseline of the ratios), each a change to
+the options from the environment (KernelOptions.from_env):
+  base          those options as they are
+  row_cublas    qkv of a one-token step on cuBLAS instead of our GEMV (qkv_gemv=False)
+  pdl_off       programmatic dependent launch off (pdl=False)
+  fuse_off      no norm/activation folded into a projection (fuse=False)
+  fuse_invariant_off  with a draft, the unfused batch-invariant ops (fuse_invariant=False)
+  fused_draft_off  the draft's torch layer instead of its GPU kernels (fused_draft=False)
   lean_off      the greedy iteration as in session 8: the draft's fused_forward, an argmax, gather
                 and copy per draft token, and acceptance in torch ops, instead of the lean draft
-                step, argmax_pick and greedy_verify (LOCALCHAT_LEAN_DRAFT=0)
-  altsN         N alternatives for each draft in greedy verify steps (LOCALCHAT_SPEC_ALTS=N;
-                alts0: the plain chain; altsauto: the default shape, as many as fill 16 rows;
-                alts2-1-0: 2 for draft 1, 1 for draft 2, none after)
-  first_eager   the greedy loop's first chain drafted by eager launches after the first token,
-                not by the replay of its graph (speculative/greedy_loop.py FIRST_CHAIN_GRAPH)
-  kv_late       a decode step's attention requests its K/V after the PDL wait, not before
-                (engine/kernels/attention.py EARLY_KV)
+                step, argmax_pick and greedy_verify (lean_draft=False)
+  altsN         N alternatives for each draft in greedy verify steps (spec_alts=N; alts0: the plain
+                chain; altsauto: the default shape, as many as fill 16 rows; alts2-1-0: 2 for
+                draft 1, 1 for draft 2, none after)
   rope_apart    a one-row step launches RoPE + cache write apart from attention
-                (LOCALCHAT_ROPE_IN_ATTENTION=0; engine/ops.py)
-  splitN        the attention's split kernel takes N cache rows per program (engine/kernels/attention.py
-                SPLIT_SIZE; the default: 64 up to 8192 rows of cache)
-  progN         the attention's split kernel runs N programs per kv head (engine/kernels/attention.py
-                SPLIT_PROGRAMS; prog1024: one per split, as before session 17)
-  argmax_torch  the decode graph picks its next token with torch ops, not greedy_next
-                (engine/graphs.py GREEDY_NEXT_KERNEL)
-  rt, rt_off    the attention reduce lets the next launch (o_proj) start before its own PDL wait
-                (the default), or after it (engine/kernels/attention.py EARLY_TRIGGER)
-  qkv_norm      the layer's input norm inside the qkv GEMV (LOCALCHAT_NORM_GEMV=qkv)
-  mlp_norm      the post-attention norm inside gate_up on our GEMV (LOCALCHAT_NORM_GEMV=gate_up)
-  loop_norm     the fused norm's rms pre-pass loops over K instead of one load of the row
-                (engine/kernels/gemv.py ONE_PASS_NORM)
-  deferred      a one-row fused norm without split-K takes no pre-pass: its K loop sums the row's
-                squares and the outputs are scaled by 1 / rms at the end (gemv.py DEFER_NORM)
-  gated, gated_off  the MLP of a one-token step as gated_gemv (silu(gate) * up in gate_up's epilogue)
-                and a plain down GEMV, or gate_up then silu_mul_gemv (engine/ops.py GATED_MLP)
-  tail, tail_off  a one-token step's o_proj and down add the residual and run the next RMSNorm in
-                their last program, where it would be a launch of its own (engine/ops.py NORM_TAIL)
-  tiles:SPEC    M = 1 tiles by weight shape (LOCALCHAT_ROW_TILES, engine/ops.py parse_row_tiles),
+                (rope_in_attention=False)
+  gated_off     the MLP of a one-token step as gate_up then silu_mul_gemv, instead of gated_gemv
+                (silu(gate) * up in gate_up's epilogue) and a plain down GEMV (gated_mlp=False)
+  tail_off      a one-token step's o_proj and down without the residual add and next RMSNorm in
+                their last program: those norms launch apart (norm_tail=False)
+  tiles:SPEC    M = 1 tiles by weight shape (row_tiles, engine/options.py parse_row_tiles),
                 e.g. tiles:4096x14336/4/1024/1/4/3|6144x4096/cublas
-  joined by '+': row_all+pf64
+  joined by '+': row_cublas+tail_off
+The variants measured and removed from the engine are in docs/performance.md.
 
 Models: a --random-weights name or config JSON (plain decode, 512 random token ids; with
 --force-accept N also speculation with a random EAGLE-3 head of the model's shape that accepts
 N - 1 drafts, and the speculator's per-part times), or `demo` (the demo model with its shipped
 head: plain decode and greedy speculation on held-out prompts).
 
-    python benchmarks/variants.py --models llama-8b --variants base,row_all,pf64,row_all+pf64 --out v.json
+    python benchmarks/variants.py --models llama-8b --variants base,row_cublas,tail_off --out v.json
     python benchmarks/variants.py --models demo --variants base,lean_off --prompts 8 --out lean.json
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import json
 import platform
 import statistics
@@ -72,78 +50,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-# Variants that set one module switch to a fixed value: name -> (module, attribute, value).
+# Variants that set options fields to fixed values: name -> {field: value}.
 FIXED = {
-    "row_all": ("engine.ops", "ROW_GEMV", "all"), "row_layers": ("engine.ops", "ROW_GEMV", "layers"),
-    "row_cublas": ("engine.ops", "ROW_GEMV", "cublas"), "row_qkv": ("engine.ops", "ROW_GEMV", "qkv"),
-    "fuse_all": ("engine.ops", "_FUSE_ALL", True), "rope_apart": ("engine.ops", "ROPE_IN_ATTENTION", False),
-    "argmax_torch": ("engine.graphs", "GREEDY_NEXT_KERNEL", False),
-    "rt": ("engine.kernels.attention", "EARLY_TRIGGER", True),
-    "rt_off": ("engine.kernels.attention", "EARLY_TRIGGER", False),
-    "kv_late": ("engine.kernels.attention", "EARLY_KV", False),
-    "loop_norm": ("engine.kernels.gemv", "ONE_PASS_NORM", False),
-    "deferred": ("engine.kernels.gemv", "DEFER_NORM", True),
-    "gated": ("engine.ops", "GATED_MLP", True), "gated_off": ("engine.ops", "GATED_MLP", False),
-    "tail": ("engine.ops", "NORM_TAIL", True), "tail_off": ("engine.ops", "NORM_TAIL", False),
-    "first_eager": ("speculative.greedy_loop", "FIRST_CHAIN_GRAPH", False),
-    "lean_off": ("speculative.eagle3", "LEAN_DRAFT", False),
+    "row_cublas": {"qkv_gemv": False}, "pdl_off": {"pdl": False}, "fuse_off": {"fuse": False},
+    "fuse_invariant_off": {"fuse_invariant": False}, "fused_draft_off": {"fused_draft": False},
+    "lean_off": {"lean_draft": False}, "rope_apart": {"rope_in_attention": False},
+    "gated_off": {"gated_mlp": False}, "tail_off": {"norm_tail": False},
 }
 
 
-@contextlib.contextmanager
-def variant(spec: str):
-    """Set the module switches `spec` names, and put them back after."""
-    import importlib
-    import os
+def variant_options(spec: str, base):
+    """The KernelOptions `spec` names: base with each '+'-joined part's changes. An unknown part
+    or a bad tile spec stops with one line."""
+    from engine.options import parse_row_tiles, parse_spec_alts
 
-    from engine import kernels, ops
-
-    saved: dict = {}  # (module, attribute) -> the value before the first change
-
-    def switch(module, name: str, value) -> None:
-        module = importlib.import_module(module) if isinstance(module, str) else module
-        saved.setdefault((module, name), getattr(module, name))
-        setattr(module, name, value)
-
-    saved_pdl, saved_alts = kernels._pdl_override, os.environ.get("LOCALCHAT_SPEC_ALTS")
-    try:
-        for part in spec.split("+"):
-            if part == "base":
-                pass
-            elif part in FIXED:
-                switch(*FIXED[part])
-            elif part.startswith("pf") and part[2:].isdigit():
-                switch("engine.kernels.gemv", "PREFETCH_LINES", int(part[2:]))
-            elif part == "pdl_off":
-                kernels.set_pdl(False)
-            elif part.startswith("prog") and part[4:].isdigit():
-                switch("engine.kernels.attention", "SPLIT_PROGRAMS", int(part[4:]))
-            elif part.startswith("split") and part[5:].isdigit():
-                switch("engine.kernels.attention", "SPLIT_SIZE", int(part[5:]))
-            elif part in ("qkv_norm", "mlp_norm"):
-                switch(ops, "NORM_GEMV", ops.NORM_GEMV | {"qkv" if part == "qkv_norm" else "gate_up"})
+    changes: dict = {}
+    for part in spec.split("+"):
+        try:
+            if part in FIXED:
+                changes.update(FIXED[part])
             elif part.startswith("tiles:"):
-                switch(ops, "ROW_TILES", {**ops.ROW_TILES, **ops.parse_row_tiles(part[6:])})
-            elif part.startswith("alts") and (part[4:].replace("-", "").isdigit() or part[4:] == "auto"):
-                os.environ["LOCALCHAT_SPEC_ALTS"] = part[4:].replace("-", ",")
-            else:
-                raise SystemExit(f"variants.py: unknown variant {part!r}")
-        yield
-    finally:
-        for (module, name), value in saved.items():
-            setattr(module, name, value)
-        kernels.set_pdl(saved_pdl)
-        if saved_alts is None:
-            os.environ.pop("LOCALCHAT_SPEC_ALTS", None)
-        else:
-            os.environ["LOCALCHAT_SPEC_ALTS"] = saved_alts
+                tiles = {**dict(changes.get("row_tiles", base.row_tiles)), **dict(parse_row_tiles(part[6:]))}
+                changes["row_tiles"] = tuple(tiles.items())
+            elif part.startswith("alts") and len(part) > 4:
+                changes["spec_alts"] = parse_spec_alts(part[4:].replace("-", ","))
+            elif part != "base":
+                raise ValueError(f"unknown variant {part!r}")
+        except ValueError as e:  # engine.errors.UserError is one too
+            raise SystemExit(f"variants.py: {e}") from None
+    return dataclasses.replace(base, **changes)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="llama-8b", help="comma-separated: a --random-weights name or config JSON")
-    ap.add_argument("--variants", default="base,row_all")
+    ap.add_argument("--variants", default="base,row_cublas")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=8, help="demo: held-out chat prompts")
@@ -156,26 +98,23 @@ def main() -> None:
     import torch
 
     from app.bench import alternating_rounds, comparison_model
+    from engine.options import KernelOptions
 
     names = [v for v in a.variants.split(",") if v]
-    for name in names:  # unknown names fail before any model is built
-        with variant(name):
-            pass
+    base = KernelOptions.from_env()
+    options = {name: variant_options(name, base) for name in names}  # unknown names fail before any model is built
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device
     report = {"machine": {"device": gpu, "torch": torch.__version__, "python": platform.python_version()},
               "rounds": a.rounds, "new_tokens": a.new_tokens, "results": {}}
     for model in [m for m in a.models.split(",") if m]:
         make, workload = comparison_model(model, a.device, a.prompts, a.prompt_set, a.force_accept,
                                           a.max_seq_len)
-        engines = {}
-        for name in names:
-            with variant(name):
-                engines[name] = make()
+        engines = {name: make(options[name]) for name in names}
         prompts, which, modes = workload(engines[names[0]])
         res = {"prompt_set": which}
         for mode, spec in modes:
             accept: dict = {}
-            speeds, tokens = alternating_rounds(engines, prompts, a.new_tokens, spec, a.rounds, variant, accept)
+            speeds, tokens = alternating_rounds(engines, prompts, a.new_tokens, spec, a.rounds, accept)
             base = statistics.mean(speeds[names[0]])
             res[mode] = {}
             for name in names:
@@ -191,8 +130,7 @@ def main() -> None:
                       f"same tokens: {tokens[name] == tokens[names[0]]}{acc}", flush=True)
                 e = engines[name]
                 if spec and e.speculator is not None and e.speculator.force_accept and a.device == "cuda":
-                    with variant(name):
-                        parts = e.speculator.measure_components(e.runner)
+                    parts = e.speculator.measure_components(e.runner)
                     res[mode][name]["parts_ms"] = {k: round(v, 4) for k, v in parts.items()}
                     print(f"{'':26s} {name:18s} " + "  ".join(f"{k} {v:.4f}" for k, v in parts.items()), flush=True)
         report["results"][Path(model).stem] = res

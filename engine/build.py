@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from .demo import demo_draft_path
 from .errors import UserError
 from .loader import load_folder, load_gguf
+from .options import KernelOptions
 from .prepared import is_current, prepared_dir
 from .resolve import resolve
 from .runner import ModelRunner
@@ -17,7 +19,9 @@ from .threads import apply_threads
 
 def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq_len: int | None,
                  draft_steps: int, use_graphs: bool, on_progress, defer_capture: bool = False,
-                 threads: int | None = None):
+                 threads: int | None = None, options: KernelOptions | None = None):
+    """options: the kernel switches (None: KernelOptions.from_env()); batch_invariant is set here,
+    from whether a draft comes with the target."""
     from .engine import pick_device
 
     def say(msg: str, frac: float | None = None) -> None:
@@ -26,7 +30,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
 
     if max_seq_len is not None and max_seq_len < 16:
         raise UserError(f"--max-seq-len must be at least 16, got {max_seq_len}")
-    if not 1 <= draft_steps <= 15:  # a verify step of k + 1 <= 16 rows keeps batch invariance (ops.py)
+    if not 1 <= draft_steps <= 15:  # a verify step of k + 1 <= 16 rows keeps batch invariance (routing.py)
         raise UserError(f"--draft-steps must be between 1 and 15, got {draft_steps}")
     dev = pick_device(device)
     apply_threads(dev.type, threads)
@@ -53,14 +57,17 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
         draft_src = resolve(draft_spec, log=say, what="draft")
         draft_path, draft_name = draft_src.path, draft_src.name
 
+    # A draft's verify rows must carry the bits of the plain decode steps they stand for, and the
+    # target's kernels are chosen once, here: with a draft, the batch-invariant ones from the start.
+    options = dataclasses.replace(options or KernelOptions.from_env(), batch_invariant=bool(draft_spec))
     say(f"loading {src.name}", 0.1)
     if src.is_gguf:
         prepared = prepared_dir(src.path, src.is_demo)
         if not is_current(prepared, src.path, dtype):
             say(f"converting {src.name} once (later starts read the prepared copy)", 0.1)
-        loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared, log=say)
+        loaded = load_gguf(src.path, dev, dtype, max_seq_len, prepared_dir=prepared, log=say, options=options)
     else:
-        loaded = load_folder(src.path, dev, dtype, max_seq_len)
+        loaded = load_folder(src.path, dev, dtype, max_seq_len, options)
     runner = ModelRunner(loaded.model, loaded.model.cos_sin.shape[0])
     t_loaded = time.perf_counter()
 

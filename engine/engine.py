@@ -11,6 +11,7 @@ import torch
 
 from . import read_ahead
 from .errors import UserError
+from .options import KernelOptions
 from .runner import ModelRunner
 from .decode import DecodeState, choose_next, plain_steps
 from .tokenizer import IncrementalDetokenizer, Tokenizer
@@ -48,12 +49,13 @@ class Engine:
     def load(cls, model: str, draft: str | None = None, device: str | None = None,
              max_seq_len: int | None = None, draft_steps: int = 5, use_graphs: bool = True,
              on_progress: Progress | None = None, defer_capture: bool = False,
-             threads: int | None = None) -> "Engine":
+             threads: int | None = None, options: KernelOptions | None = None) -> "Engine":
         """defer_capture: with a draft, no graph is captured at load. The target's own decode and
         verify graphs are captured on first use (a one-shot answer with greedy speculation never
         uses them), and an EAGLE-3 draft's graphs after the first request's first token (MTP
         layers' graphs are captured at load either way). threads: torch's CPU threads (default:
-        on the CPU, the cores free now; engine/threads.py).
+        on the CPU, the cores free now; engine/threads.py). options: the kernel switches
+        (engine/options.py; None: from the environment).
 
         on_progress(text, fraction) is called between load phases and while a download runs, never
         inside a torch call: an exception it raises abandons the load at that point (the app stops a
@@ -61,7 +63,7 @@ class Engine:
         from .build import build_engine
 
         return build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress,
-                            defer_capture, threads)
+                            defer_capture, threads, options)
 
     def generate(self, messages: list[dict], params: SamplingParams = SamplingParams(), **kw) -> GenerationResult:
         text, ids, last = [], [], None

@@ -7,11 +7,6 @@ import torch
 from .batch import ForwardBatch
 from .kernels.pick import greedy_next_ref
 
-# The decode graph's argmax, input-id copy and position step run as one kernel of ours
-# (Ops.greedy_next) where there is one: on the H200 torch's argmax alone took 28 us of the 8B
-# step. Benchmarks switch it off to compare (variants.py argmax_torch).
-GREEDY_NEXT_KERNEL = True
-
 
 def capture(fn, pool):
     """Warms `fn` up on a side stream (allocator, Triton compilation), then captures it.
@@ -42,7 +37,9 @@ class CapturedStep:
         self.positions = self.offsets + self.scratch_start(kv.max_len, num_tokens)
         batch = ForwardBatch(self.input_ids, self.positions, start_pos=None)
         self.next_token = torch.zeros(1, dtype=torch.long, device=dev)
-        pick = model.ops.greedy_next if GREEDY_NEXT_KERNEL and model.ops.greedy_next else greedy_next_ref
+        # The argmax, input-id copy and position step as one kernel of ours where there is one: torch's
+        # argmax alone took 28 us of the 8B step (docs/performance.md).
+        pick = model.ops.greedy_next or greedy_next_ref
 
         def run():
             out = model(batch, kv, aux_layer_ids)

@@ -40,8 +40,8 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.intermediate = intermediate
         self.silu_and_mul = silu_and_mul
-        self.row_linear = row_linear  # the GEMV for single-token steps on CUDA
-        self.linear = linear  # Ops.linear: batch-invariant projections when switched on
+        self.row_linear = row_linear  # Ops.row_linear: the GEMV for single-token steps on CUDA
+        self.linear = linear  # Ops.linear: batch-invariant projections in a target a draft verifies with
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 

@@ -16,6 +16,7 @@ from .errors import ModelLoadError
 from .gguf_file import gguf_shapes, hf_config, iter_gguf_tensors, open_gguf
 from .model import CausalLM
 from .ops import Ops
+from .options import KernelOptions
 from .prepared import is_current, write_prepared
 from .tokenizer import Tokenizer
 from .weights import load_weights
@@ -50,13 +51,14 @@ def _no_init(module: nn.Module) -> None:
 
 
 def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dtype: torch.dtype,
-                max_len: int) -> CausalLM:
-    model = build_uninitialized(lambda: CausalLM(cfg, max_len, Ops.for_device(device)), device, dtype)
+                max_len: int, options: KernelOptions = KernelOptions()) -> CausalLM:
+    model = build_uninitialized(lambda: CausalLM(cfg, max_len, Ops.for_device(device, options)), device, dtype)
     load_weights(model, tensors, source)
     return model.eval().requires_grad_(False)
 
 
-def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len: int | None) -> LoadedModel:
+def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len: int | None,
+                options: KernelOptions = KernelOptions()) -> LoadedModel:
     if not (folder / "config.json").exists():
         raise ModelLoadError(f"{folder} has no config.json; point --model at a Hugging Face model folder, "
                              "a .gguf file, a Hub repo id or 'demo'")
@@ -64,19 +66,19 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
     files = weight_files(folder)
     cfg.check_tensors(tensor_shapes(files), folder.name)
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
-    model = build_model(cfg, iter_tensors(files), folder.name, device, dtype, max_len)
+    model = build_model(cfg, iter_tensors(files), folder.name, device, dtype, max_len, options)
     eos = _generation_eos(folder) or cfg.eos_token_ids
     return LoadedModel(model, Tokenizer.from_folder(folder, eos), cfg, folder)
 
 
 def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int | None,
-              prepared_dir: Path | None = None, log=None) -> LoadedModel:
+              prepared_dir: Path | None = None, log=None, options: KernelOptions = KernelOptions()) -> LoadedModel:
     """Loads a GGUF file. With `prepared_dir`, the first load also writes there an HF folder
     (config, the dequantized tensors in `dtype`, the converted tokenizer) and later loads read that
     instead while the file is unchanged: parsing the GGUF vocabulary and dequantizing cost
     seconds at every start (engine/prepared.py)."""
     if prepared_dir is not None and is_current(prepared_dir, path, dtype):
-        return load_folder(prepared_dir, device, dtype, max_len)
+        return load_folder(prepared_dir, device, dtype, max_len, options)
     reader = open_gguf(path)
     raw = hf_config(reader, path)
     cfg = ModelConfig.from_hf(raw, path.name)
@@ -86,7 +88,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     if prepared_dir is not None:
         tensors = dict(tensors)
     model = build_model(cfg, iter(tensors.items()) if isinstance(tensors, dict) else tensors, path.name,
-                        device, dtype, max_len)
+                        device, dtype, max_len, options)
     tok = Tokenizer.from_folder(path.parent, cfg.eos_token_ids, gguf_file=path.name)
     if prepared_dir is not None:
         write_prepared(prepared_dir, path, raw, tensors, tok, dtype, log)

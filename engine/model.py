@@ -12,9 +12,10 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import GatedMLP, RMSNorm
 from .kernels.attention import MAX_INVARIANT_ROWS
-from .ops import Normed, Ops, rows_of
+from .layer_kernels import Normed, rows_of
+from .ops import Ops
+from .options import KernelOptions
 from .rope import apply_rope, rope_cos_sin
-
 
 
 @dataclass
@@ -157,6 +158,16 @@ class CausalLM(nn.Module):
             hidden, _ = self.model.norm.add_forward(x, residual)
         aux = torch.cat([captured[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
         return ForwardOutput(hidden=hidden, aux_hidden=aux)
+
+    def with_options(self, options: KernelOptions) -> "CausalLM":
+        """This model's weights (shared, not copied) under other kernel options: e.g. the batch
+        invariance that a draft's verify steps need, for a model built without it."""
+        ops = Ops.for_device(self.lm_head.weight.device, options)
+        with torch.device("meta"):
+            twin = CausalLM(self.config, self.cos_sin.shape[0], ops)
+        twin.load_state_dict(self.state_dict(), assign=True)
+        twin.cos_sin = self.cos_sin
+        return twin.eval().requires_grad_(False)
 
     def logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """(T, H) -> (T, V) fp32 (fp32 False: in the weights' dtype, enough for an argmax)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -22,7 +23,10 @@ from .speculator import Eagle3Speculator
 
 
 def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_name: str = "the target"):
-    """folder: an EAGLE-3 head, standalone MTP layers, or a target checkpoint that ships MTP layers."""
+    """folder: an EAGLE-3 head, standalone MTP layers, or a target checkpoint that ships MTP layers.
+    The runner's model must be built with KernelOptions.batch_invariant: verify rows must carry the
+    bits of the decode steps they stand for, and a model's kernels are chosen when it is built."""
+    assert runner.model.ops.options.batch_invariant, "build the target with batch_invariant to attach a draft"
     folder = Path(folder)
     path = folder / "config.json"
     if not path.exists():
@@ -31,12 +35,15 @@ def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_na
     raw = read_json(path)
     if MTPConfig.describes_mtp(raw):
         mc = MTPConfig.from_hf(raw, target_cfg, f"{folder.name}/config.json")
-        spec = build_mtp(folder, mc, runner, target_cfg, num_steps, target_name)
-    else:
-        spec = build_eagle3(folder, runner, target_cfg, num_steps, target_name)
-    # Verify rows must carry the bits of the decode steps they stand for (engine/ops.py).
-    runner.model.ops.set_batch_invariant(True)
-    return spec
+        return build_mtp(folder, mc, runner, target_cfg, num_steps, target_name)
+    return build_eagle3(folder, runner, target_cfg, num_steps, target_name)
+
+
+def draft_ops(runner) -> Ops:
+    """A draft's kernels: the target's options without batch invariance (a draft's last bits only
+    change which tokens it proposes, never the output)."""
+    options = dataclasses.replace(runner.model.ops.options, batch_invariant=False)
+    return Ops.for_device(runner.device, options)
 
 
 def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, num_steps: int, target_name: str):
@@ -44,7 +51,7 @@ def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, num_steps: int, t
     files = weight_files(folder)  # refused shard paths fail here, before any allocation
     mc.check_tensors(tensor_shapes(files), folder.name)
     dev, dtype = runner.device, runner.dtype
-    draft = build_uninitialized(lambda: MTPDraft(mc, target_cfg, Ops.for_device(dev)), dev, dtype)
+    draft = build_uninitialized(lambda: MTPDraft(mc, target_cfg, draft_ops(runner)), dev, dtype)
     # A MiMo checkpoint holds the target too: read only the MTP namespace (whole-prefix match).
     tensors = ((name, t) for name, t in iter_tensors(files)
                if mc.format != "mimo" or name.startswith(mc.prefix))
@@ -57,8 +64,7 @@ def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: 
     dc.check_fits(target_cfg, folder.name, target_name)
     dev, dtype = runner.device, runner.dtype
     files = weight_files(folder)  # refused shard paths fail here, before any allocation
-    draft = build_uninitialized(lambda: Eagle3Draft(dc, target_cfg, runner.max_len, Ops.for_device(dev)),
-                                dev, dtype)
+    draft = build_uninitialized(lambda: Eagle3Draft(dc, target_cfg, runner.max_len, draft_ops(runner)), dev, dtype)
     d2t_seen = False
 
     def tensors():

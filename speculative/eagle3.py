@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
@@ -11,20 +9,10 @@ from engine.attention import attend
 from engine.layers import GatedMLP, RMSNorm
 from engine.kernels.gemv import MAX_ROWS
 from engine.ops import Ops
+from engine.routing import ROW_TILE
 from engine.rope import apply_rope, rope_cos_sin
 
 from .config import DraftConfig
-
-
-# Draft steps with the GPU kernels (Eagle3Layer.fused_forward). On the H200 (session 4, demo
-# model, its head, 6 prompts, one process) greedy speculation ran at 1625 tok/s with them against
-# 1214 without, with the same accepted length (2.256 vs 2.255) and the same answers.
-# LOCALCHAT_FUSED_DRAFT=0 runs the torch layer instead (comparisons).
-FUSED_DRAFT = os.environ.get("LOCALCHAT_FUSED_DRAFT", "1") != "0"
-# Within the fused draft: the lean step (Eagle3Layer.lean_forward), ten launches a draft token with
-# the greedy loop's pick, against about twenty (H200, demo model and head: greedy speculation 1.07x,
-# benchmarks/results/h200_variants_lean_session9.json). LOCALCHAT_LEAN_DRAFT=0 runs fused_forward.
-LEAN_DRAFT = os.environ.get("LOCALCHAT_LEAN_DRAFT", "1") != "0"
 
 
 def pick_row(x: torch.Tensor, row: int | torch.Tensor) -> torch.Tensor:
@@ -111,14 +99,13 @@ class Eagle3Layer(nn.Module):
         weights' dtype, out)."""
         from engine.kernels.gemv import gemv
         from engine.kernels.norm import embed_pair_norm
-        from engine.ops import _ROW_GEMV
 
         T, H = hidden.shape
-        fast = ops.invariance.row_kernels  # fused norm / activation + GEMV where FUSED_TILES says it pays
+        fast, pdl = ops.draft_kernels, ops.options.pdl  # fused norm / activation + GEMV where FUSED_TILES says it pays
         x = embed_pair_norm(input_ids, embed_weight, hidden, self.input_layernorm.weight, self.hidden_norm.weight,
-                            self.input_layernorm.eps, self.hidden_norm.eps)
+                            self.input_layernorm.eps, self.hidden_norm.eps, pdl=pdl)
         residual = x[:, H:] if self.norm_before_residual else hidden
-        qkv = fast.linear(x, self.self_attn.qkv_proj)
+        qkv = fast.project(x, self.self_attn.qkv_proj, "qkv")
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
                                v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
@@ -126,10 +113,12 @@ class Eagle3Layer(nn.Module):
         if last is not None:
             o, residual = pick_row(o, last), pick_row(residual, last)
         o_proj = self.self_attn.o_proj
-        attn_out = gemv(o, o_proj.weight, config=_ROW_GEMV) if o.shape[0] == 1 else fast.linear(o, o_proj)
-        gate_up, h = fast.norm_linear(attn_out, residual, self.post_attention_layernorm, self.mlp.gate_up_proj)
+        attn_out = (gemv(o, o_proj.weight, config=ROW_TILE, pdl=pdl) if o.shape[0] == 1
+                    else fast.project(o, o_proj, "o_proj"))
+        gate_up, h = fast.norm_linear(attn_out, residual, self.post_attention_layernorm, self.mlp.gate_up_proj,
+                                      "gate_up")
         mlp_out = fast.mlp_down(gate_up, self.mlp)
-        logits, out = fast.norm_linear(mlp_out, h, final_norm, lm_head)
+        logits, out = fast.norm_linear(mlp_out, h, final_norm, lm_head, "lm_head")
         return logits, out
 
 
@@ -149,7 +138,9 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("cos_sin", rope_cos_sin(dc.layer_config(target_cfg), max_len).to(torch.get_default_device()),
                              persistent=False)
         self.ops = ops  # inference kernels: Ops.for_device (Triton on CUDA); None: plain torch (training)
-        self.fused = FUSED_DRAFT and ops is not None and None not in (ops.rope_and_cache, ops.row_linear)
+        # Draft steps on the GPU kernels (Eagle3Layer.fused_forward): about a third of the torch
+        # layer's launches, which matters because the draft runs k times per verify step.
+        self.fused = ops is not None and ops.options.fused_draft and None not in (ops.rope_and_cache, ops.row_linear)
 
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
                 start_pos: int | None = None, fp32_logits: bool = True, last: int | torch.Tensor | None = None):
@@ -179,7 +170,7 @@ class Eagle3Draft(nn.Module):
     @property
     def lean(self) -> bool:
         """Draft steps run Eagle3Layer.lean_forward (and the greedy loop picks on the device)."""
-        return self.fused and LEAN_DRAFT
+        return self.fused and self.ops.options.lean_draft
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

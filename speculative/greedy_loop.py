@@ -22,6 +22,8 @@ rows that cost little in a verify step whose time is launches, not arithmetic.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from engine.batch import ForwardBatch
@@ -29,10 +31,6 @@ from engine.graphs import capture
 from engine.kernels.alternative import take_alternative, take_alternative_ref
 from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref, greedy_verify,
                                  greedy_verify_ref)
-
-# begin() replays the first chain's graph when captured; False runs it eagerly (comparisons:
-# benchmarks/variants.py first_eager).
-FIRST_CHAIN_GRAPH = True
 
 
 class WholeIteration:
@@ -147,6 +145,17 @@ class GreedyIteration(WholeIteration):
         self.graph = None
         self.first_graph = None  # begin()'s first chain, captured with the iteration
         self._first_logits = self._first_hidden = None  # its static inputs
+        # The lean draft's GPU kernels: the acceptance and each pick in one launch; torch ops otherwise.
+        self.lean = spec.draft.lean
+        pdl = self.lean and spec.draft.ops.options.pdl
+
+        def chosen(kernel, ref):
+            return partial(kernel, pdl=pdl) if self.lean else ref
+
+        self._accept = chosen(greedy_verify, greedy_verify_ref)
+        self._take_alternative = chosen(take_alternative, take_alternative_ref)
+        self._draft_pick = chosen(draft_pick, draft_pick_ref)
+        self._argmax_pick = chosen(argmax_pick, argmax_pick_ref)
 
     def capture(self) -> None:
         """Captures the iteration's graph and the first chain's (CUDA), their warm-ups writing at
@@ -169,15 +178,14 @@ class GreedyIteration(WholeIteration):
         """n: the cache length when the host knows it (eager), None inside the graph."""
         spec, chain = self.spec, self.chain
         out = self._verify(n)
-        lean = spec.draft.lean  # GPU kernels: acceptance and picks in one launch each
-        (greedy_verify if lean else greedy_verify_ref)(self.runner.model.logits(out.hidden, fp32=not lean), chain)
+        lean = self.lean
+        self._accept(self.runner.model.logits(out.hidden, fp32=not lean), chain)
         states = spec._target_states(out.aux_hidden, out.hidden)
         if self.num_alts:
             # An accepted alternative: its K/V to its position, its state into the extend window.
             kv = self.runner.kv
             window_states = states.new_empty(self.k + 1, states.shape[1])
-            states = (take_alternative if lean else take_alternative_ref)(kv.k_all, kv.v_all, chain.kv_move, states,
-                                                                         chain.state_rows, window_states)
+            states = self._take_alternative(kv.k_all, kv.v_all, chain.kv_move, states, chain.state_rows, window_states)
         # the draft's logits and state at the last accepted row start the next chain
         d_logits, d_hidden = spec.draft(chain.window, self.positions[:self.k + 1], states, True, spec.embed, spec.kv,
                                         start_pos=n, fp32_logits=not lean, last=chain.accepted)
@@ -189,15 +197,14 @@ class GreedyIteration(WholeIteration):
         and state d_hidden (1, H) at the entry before the bonus token at n, the draft steps
         writing at draft_pos. n: the cache length when the host knows it."""
         spec, chain = self.spec, self.chain
-        lean = spec.draft.lean
         for s in range(self.k):
             slot = self.ids[s + 1:s + 2]  # draft token s + 1, and the next step's input
             if self.alts[s]:
-                (draft_pick if lean else draft_pick_ref)(d_logits, spec.draft.d2t, slot, chain.alt_slots(s))
+                self._draft_pick(d_logits, spec.draft.d2t, slot, chain.alt_slots(s))
             else:
-                (argmax_pick if lean else argmax_pick_ref)(d_logits, spec.draft.d2t, slot)
+                self._argmax_pick(d_logits, spec.draft.d2t, slot)
             if s < self.k - 1:
-                d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n, fp32_logits=not lean)
+                d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n, fp32_logits=not self.lean)
 
     # --- the first chain ----------------------------------------------------------------------
     @torch.inference_mode()
@@ -208,7 +215,7 @@ class GreedyIteration(WholeIteration):
         same function eagerly. Nothing here waits for the GPU."""
         self.n.fill_(n)
         self.ids[0] = bonus
-        if self.first_graph is not None and FIRST_CHAIN_GRAPH:
+        if self.first_graph is not None:
             self._first_logits.copy_(d_logits[-1:])
             self._first_hidden.copy_(d_hidden[-1:])
             self.first_graph.replay()

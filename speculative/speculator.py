@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Iterator
 
 import torch
@@ -12,6 +11,7 @@ from engine.decode import choose_next, plain_steps
 from engine.kernels.attention import MAX_INVARIANT_ROWS as MAX_VERIFY_ROWS
 from engine.kernels.pick import MAX_ALTS
 from engine.kv_cache import KVCache
+from engine.options import AUTO
 from engine.sampling import probabilities, sample_from
 
 from .draft_graphs import DraftGraphs
@@ -33,25 +33,25 @@ def shaped_alternatives(k: int, rows: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def default_alternatives(k: int, device: torch.device) -> tuple[int, ...]:
+def default_alternatives(k: int, device: torch.device, spec_alts: int | tuple[int, ...] | str | None = None
+                         ) -> tuple[int, ...]:
     """Alternatives for each draft in greedy verify steps. On a GPU, as many as fill the 16 rows
     of the batch-invariant kernels (shaped_alternatives): there a verify step's time is
     launches, and more rows cost little. On the CPU none: there each row costs its arithmetic
     (2 cores, demo model and head: accepted length 3.04 -> 3.60 with 2 a draft, but 43.5 ->
-    40.2 tok/s). LOCALCHAT_SPEC_ALTS=N sets N for every draft instead (0: the plain chain),
-    within the 16 rows; =auto the shaped ones on any device; =A,B,.. A for draft 1, B for
-    draft 2 and so on (missing ones: 0), for experiments."""
-    env = (os.environ.get("LOCALCHAT_SPEC_ALTS") or "").strip()
+    40.2 tok/s). spec_alts (KernelOptions.spec_alts, for experiments): N sets N for every draft
+    instead (0: the plain chain), within the 16 rows; "auto" the shaped ones on any device;
+    (A, B, ..) A for draft 1, B for draft 2 and so on (missing ones: 0)."""
     room = MAX_VERIFY_ROWS - k - 1
-    if env.isdigit():
-        return (min(int(env), room // max(k, 1), MAX_ALTS),) * k
-    if "," in env and all(p.strip().isdigit() for p in env.split(",")):
-        counts = [min(int(p), MAX_ALTS) for p in env.split(",")][:k]
+    if isinstance(spec_alts, int):
+        return (min(spec_alts, room // max(k, 1), MAX_ALTS),) * k
+    if isinstance(spec_alts, tuple):
+        counts = [min(c, MAX_ALTS) for c in spec_alts][:k]
         counts += [0] * (k - len(counts))
         while sum(counts) > room:  # within the 16 rows: the last drafts' first
             counts[max(i for i, c in enumerate(counts) if c)] -= 1
         return tuple(counts)
-    return shaped_alternatives(k, room) if device.type == "cuda" or env == "auto" else (0,) * k
+    return shaped_alternatives(k, room) if device.type == "cuda" or spec_alts == AUTO else (0,) * k
 
 
 class Eagle3Speculator:
@@ -68,7 +68,8 @@ class Eagle3Speculator:
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
-        self.fused = GreedyIteration(self, runner, default_alternatives(num_steps, runner.device))  # greedy, no penalty
+        alts = default_alternatives(num_steps, runner.device, runner.model.ops.options.spec_alts)
+        self.fused = GreedyIteration(self, runner, alts)  # greedy, no penalty
         self.alts = self.fused.alts  # runners-up each draft gets in its greedy verify steps
         self.sampled = sampled_loop.SampledIteration(self, runner)  # sampling without a penalty: the same
 

@@ -3,6 +3,7 @@ sequence (cached on the device), greedy replies to prompts, and the final specul
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -189,7 +190,10 @@ class Teacher:
 
         from .build import build_speculator
 
-        runner = ModelRunner(self.model, self.max_len)  # its graphs see the batch-invariant switch
+        # The same weights with the batch-invariant kernels a draft's verify steps need (features and
+        # generation keep the fast ones).
+        options = dataclasses.replace(self.model.ops.options, batch_invariant=True)
+        runner = ModelRunner(self.model.with_options(options), self.max_len)
         spec = build_speculator(folder, runner, self.config, k, "the target")
         runner.capture([1, spec.k + 1])  # no-op on CPU
         if self.device.type == "cuda":
@@ -210,7 +214,6 @@ class Teacher:
                 spec_s += fast.stats.decode_s
         finally:
             engine.reset()
-            self.model.ops.set_batch_invariant(False)  # features and generation run the fast kernels
         return {"prompts": len(prompts), "k": k, "max_tokens": max_tokens,
                 "accept_len_mean": tokens / max(steps, 1), "identical": identical,
                 "plain_decode_s": round(plain_s, 3), "spec_decode_s": round(spec_s, 3)}

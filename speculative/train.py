@@ -298,17 +298,20 @@ def _train_eagle3(args) -> int:
 
 def _load_target(opts: TrainOptions, dev: torch.device):
     from engine.loader import load_folder, load_gguf
+    from engine.options import KernelOptions
     from engine.resolve import resolve
 
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     src = resolve(opts.model, log=_log)
     _log(f"loading {src.name} on {dev}")
+    options = KernelOptions.from_env()  # no draft: the fast kernels (Teacher.check_speculator makes its own)
     if src.is_gguf:
         from engine.prepared import prepared_dir
 
-        return (load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared_dir(src.path, src.is_demo),
-                          log=_log), src.name, src.path)
-    return load_folder(src.path, dev, dtype, opts.max_len), src.name, src.path
+        loaded = load_gguf(src.path, dev, dtype, opts.max_len, prepared_dir=prepared_dir(src.path, src.is_demo),
+                           log=_log, options=options)
+        return loaded, src.name, src.path
+    return load_folder(src.path, dev, dtype, opts.max_len, options), src.name, src.path
 
 
 def _init_draft(loaded, aux_ids, draft_ids: torch.Tensor, opts: TrainOptions):

@@ -7,16 +7,8 @@ one signature. Triton is imported inside functions, so these modules import with
 from __future__ import annotations
 
 import functools
-import os
 
-
-def triton_interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1).
-
-    The interpreter computes bf16/fp16 arithmetic wrongly (it has no native bf16), so
-    kernels upcast every operand to fp32 before any arithmetic or dot when this is set.
-    """
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ..options import triton_interpreting  # noqa: F401  (the launchers import it from here)
 
 
 def next_pow2(n: int) -> int:
@@ -31,24 +23,6 @@ def num_sms(device) -> int:
     if getattr(device, "type", None) != "cuda":
         return 132
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-# Programmatic dependent launch (Hopper and later): each of our kernels, launched with the PDL
-# attribute, may start while the kernel before it in the stream finishes, and waits
-# (griddepcontrol.wait) before its first memory access until that kernel's writes are visible.
-# It hides part of the launch latency between the small kernels of a decode step: on an H200 the
-# demo model's plain decode ran 1.22x faster with it and the 8B shape's 1.02x, with the same
-# tokens (benchmarks/results/h200_pdl_*_session7.json). On by default; LOCALCHAT_PDL=0 (or
-# set_pdl(False)) launches plainly.
-_pdl_override: bool | None = None
-
-
-def set_pdl(on: bool | None) -> None:
-    """Tests and benchmarks: force PDL on or off (None: LOCALCHAT_PDL decides, on unless "0"). Kernels captured
-    in CUDA graphs keep the setting they were captured with."""
-    global _pdl_override
-    _pdl_override = on
-    _pdl_supported.cache_clear()
 
 
 @functools.cache
@@ -66,10 +40,15 @@ def _pdl_supported(device_index: int) -> bool:
         return False
 
 
-def pdl_args(device) -> dict:
+# Programmatic dependent launch (Hopper and later): each of our kernels, launched with the PDL
+# attribute, may start while the kernel before it in the stream finishes, and waits
+# (griddepcontrol.wait) before its first memory access until that kernel's writes are visible.
+# It hides part of the launch latency between the small kernels of a decode step (figures:
+# docs/performance.md). Every launcher takes `pdl` (KernelOptions.pdl, which Ops binds); kernels
+# captured in CUDA graphs keep the setting they were captured with.
+def pdl_args(device, on: bool = True) -> dict:
     """Launch arguments for one of our kernels on `device`: its USE_PDL constexpr, and Triton's
-    launch_pdl option when PDL is on."""
-    on = _pdl_override if _pdl_override is not None else os.environ.get("LOCALCHAT_PDL", "1") != "0"
+    launch_pdl option when PDL is on (`on`, and supported there)."""
     if not on or getattr(device, "type", None) != "cuda" or triton_interpreting():
         return {"USE_PDL": False}
     if not _pdl_supported(device.index if device.index is not None else 0):

@@ -38,7 +38,7 @@ def _kernels():
     return silu_and_mul_kernel
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor, pdl: bool = True) -> torch.Tensor:
     """gate_up: (T, 2I) = [gate | up], last dim contiguous -> (T, I) in its dtype.
 
     CUDA (or the Triton interpreter); no host sync.
@@ -49,7 +49,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((num_rows, inter), dtype=gate_up.dtype, device=gate_up.device)
     kernel[(num_rows, -(-inter // _BLOCK))](
         gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=_BLOCK, num_warps=4,
-        **pdl_args(gate_up.device),
+        **pdl_args(gate_up.device, pdl),
     )
     return out
 

@@ -66,8 +66,9 @@ def _check(k_all, v_all, move, states, rows, out) -> None:
 
 
 def take_alternative(k_all: torch.Tensor, v_all: torch.Tensor, move: torch.Tensor, states: torch.Tensor,
-                     rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """See the module docstring. CUDA (or the Triton interpreter); returns out."""
+                     rows: torch.Tensor, out: torch.Tensor, pdl: bool = True) -> torch.Tensor:
+    """See the module docstring. CUDA (or the Triton interpreter); returns out. pdl: programmatic
+    dependent launch (KernelOptions.pdl)."""
     _check(k_all, v_all, move, states, rows, out)
     num_layers = k_all.shape[0]
     row_size = k_all.shape[2] * k_all.shape[3]
@@ -76,7 +77,7 @@ def take_alternative(k_all: torch.Tensor, v_all: torch.Tensor, move: torch.Tenso
         k_all, v_all, move, states, rows, out,
         num_layers, k_all.stride(0), k_all.stride(1), row_size, width, states.stride(0), out.stride(0),
         OUT_ROWS=rows.shape[0], BLOCK=next_pow2(row_size), BLOCK_W=next_pow2(width), num_warps=4,
-        **pdl_args(states.device),
+        **pdl_args(states.device, pdl),
     )
     return out
 

@@ -22,16 +22,10 @@ from . import next_pow2, num_sms, pdl_args, triton_interpreting
 triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
 
-SPLIT_SIZE = None  # benchmarks: cache rows per split instead of the rule below (variants.py splitN)
-SPLIT_PROGRAMS = None  # benchmarks: split programs per kv head instead of the rule below (variants.py progN)
-
-
 def _split_size(max_seq_len: int) -> int:
     # Cache rows per split program. Small splits keep ~100 programs busy at a few hundred
     # tokens on 8 kv heads; past 8192 rows larger splits bound the partial buffers
     # (T, Hq, num_splits, D) fp32 and the number of idle programs in the fixed grid.
-    if SPLIT_SIZE is not None:
-        return SPLIT_SIZE
     return 64 if max_seq_len <= 8192 else 128
 
 
@@ -39,8 +33,6 @@ def _split_programs(num_splits: int, num_kv_heads: int, num_sms: int) -> int:
     # Programs per kv head, each taking every stride-th split: about one wave over the SMs, at least
     # 16 (the 8B at 768 positions fills 12 splits of 64 per kv head), so that the grid, and the
     # idle programs in it, do not grow with the cache's capacity, only a long context's loop does.
-    if SPLIT_PROGRAMS is not None:
-        return min(num_splits, SPLIT_PROGRAMS)
     return min(num_splits, max(16, -(-num_sms // num_kv_heads)))
 
 
@@ -218,7 +210,7 @@ def _kernels():
         part_o_ptr, part_lse_ptr, pos_ptr, out_ptr,
         num_splits, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr, EARLY_TRIGGER: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         t = tl.program_id(0)
         head = tl.program_id(1)
@@ -227,13 +219,10 @@ def _kernels():
         # positions come from before the step's RoPE kernel: read before the PDL wait.)
         num_valid = tl.load(pos_ptr + t).to(tl.int32) // SPLIT_SIZE + 1
         if USE_PDL:
-            if EARLY_TRIGGER:
-                # Let the next kernel (o_proj's GEMV) launch now, while the split kernel still
-                # runs: it loads weights before its own wait, which holds until this grid is done.
-                tl.extra.cuda.gdc_launch_dependents()
+            # Let the next kernel (o_proj's GEMV) launch now, while the split kernel still
+            # runs: it loads weights before its own wait, which holds until this grid is done.
+            tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()  # the split kernel's writes
-            if not EARLY_TRIGGER:
-                tl.extra.cuda.gdc_launch_dependents()
         base = (t * num_heads + head) * num_splits
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
@@ -265,14 +254,6 @@ def _kernels():
     return split_kernel, reduce_kernel
 
 
-# A one-row launch requests its first block of K/V before the PDL wait (split_kernel). Benchmarks
-# switch it off to compare (variants.py kv_late).
-EARLY_KV = True
-# The reduce kernel lets the next launch (o_proj's GEMV) start before its own PDL wait, so that
-# the GEMV's programs are resident, requesting their first weight lines, while the split kernel
-# runs. Benchmarks switch it off to compare (variants.py rt_off).
-EARLY_TRIGGER = True
-
 MAX_INVARIANT_ROWS = 16  # the longest verify step (15 draft tokens + 1) of batch-invariant mode
 
 
@@ -284,6 +265,7 @@ def decode_attention(
     scale: float,
     invariant: bool = False,
     own_slots: torch.Tensor | None = None,
+    pdl: bool = True,  # programmatic dependent launch (KernelOptions.pdl)
 ) -> torch.Tensor:
     """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
 
@@ -300,7 +282,7 @@ def decode_attention(
     partials of (T, Hq, S_max / split_size, D) from the caching allocator on each call.
     """
     _check(q, k_cache, v_cache, positions)
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None)
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl)
 
 
 def rope_decode_attention(
@@ -314,6 +296,7 @@ def rope_decode_attention(
     scale: float,
     invariant: bool = False,
     slots: torch.Tensor | None = None,
+    pdl: bool = True,
 ) -> torch.Tensor:
     """rope_and_cache then decode_attention for one decode row, with the same bits, one launch
     fewer: the split kernel rotates q and the key itself and writes the key and value into the
@@ -322,10 +305,10 @@ def rope_decode_attention(
     assert q.shape[0] == 1 and k.shape == v.shape == (1, *k_cache.shape[1:]) and q.dtype == k.dtype == v.dtype
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache))
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl)
 
 
-def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -> torch.Tensor:
+def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on) -> torch.Tensor:
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     split_kernel, reduce_kernel = _kernels()
     num_rows, num_heads, head_dim = q.shape
@@ -339,7 +322,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -
     block_m = max(16, next_pow2((MAX_INVARIANT_ROWS if invariant else num_rows) * group))  # tl.dot: >= 16
     block_d = max(16, next_pow2(head_dim))
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
-    pdl = pdl_args(q.device)
+    pdl = pdl_args(q.device, pdl_on)
     k_new, v_new, cos_sin = rope if rope is not None else (k_cache, v_cache, part_o)  # unused without rope
     programs = _split_programs(num_splits, num_kv_heads, num_sms(q.device))
     split_kernel[(num_kv_heads, programs)](
@@ -351,7 +334,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_M=block_m, BLOCK_N=min(64, split_size), BLOCK_D=block_d,
-        DOT_F32=dot_f32, EARLY_KV=rope is not None or (EARLY_KV and num_rows == 1), FUSE_ROPE=rope is not None,
+        DOT_F32=dot_f32, EARLY_KV=rope is not None or num_rows == 1, FUSE_ROPE=rope is not None,
         num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
         **pdl,
@@ -360,7 +343,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope) -
         part_o, part_lse, positions, out,
         num_splits, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
-        BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d, EARLY_TRIGGER=EARLY_TRIGGER,
+        BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d,
         num_warps=4, **pdl,
     )
     return out

@@ -34,15 +34,9 @@ _MAX_TILES = 1 << 16  # split-K counters per device
 # How the RMS_NORM prologue gets the row's mean square (norm_mode):
 # LOOP: a pass over K before the projection (L2-resident), K / BLOCK_K dependent loads.
 # ONE_PASS: one load of the whole row (one-row launches up to ONE_PASS_MAX elements): one round
-#   trip to L2 before the first weight step. ONE_PASS_NORM = False: the loop (benchmarks).
-# DEFERRED: no pass at all (one-row launches without split-K, DEFER_NORM): the program sums the
-#   squares of the row as its own K loop reads it, projects h * norm_weight, and scales its outputs
-#   by 1 / rms at the end, since rms_norm(h) @ W.T = (h * norm_weight) @ W.T / rms(h). Fewer bf16
-#   roundings than the reference, so not its bits. Off until measured (variants.py deferred).
-LOOP, ONE_PASS, DEFERRED = 0, 1, 2
-ONE_PASS_NORM = True
+#   trip to L2 before the first weight step (docs/performance.md: 1.09x over the loop).
+LOOP, ONE_PASS = 0, 1
 ONE_PASS_MAX = 8192
-DEFER_NORM = False
 
 
 @dataclass(frozen=True)
@@ -140,7 +134,6 @@ def _kernels():
         if NORM_TAIL:  # requested now, used after the K loop: its round trip overlaps the weights'
             res_tail = tl.load(res_ptr + offs_n[None, :], mask=n_ok[None, :], other=0.0)
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
-        sum_sq = tl.zeros([BLOCK_M], tl.float32)  # NORM_MODE 2: accumulated in the K loop
         if PROLOGUE == 1 and NORM_MODE == 1:
             # One row (BLOCK_M == 1): its K elements in one load, summed in fp32.
             offs_all = tl.arange(0, K_POW2)
@@ -192,13 +185,8 @@ def _kernels():
                     if pid_n == 0:  # column tile 0 writes the new residual stream
                         tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_k[None, :], h, mask=mask)
                 nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                if NORM_MODE == 2:  # project h * norm_weight; 1 / rms scales the outputs below
-                    h32 = h.to(tl.float32)
-                    sum_sq += tl.sum(h32 * h32, axis=1)
-                    a = h32 * nw[None, :]
-                else:
-                    normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
-                    a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
+                normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
+                a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
             elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
                 up = tl.load(x_ptr + rows[:, None] * stride_x + K + offs_k[None, :], mask=mask, other=0.0)
                 gate = x.to(tl.float32)
@@ -227,8 +215,6 @@ def _kernels():
                 gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
                 up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
                 acc = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32) * up
-        if PROLOGUE == 1 and NORM_MODE == 2:
-            acc = acc * tl.rsqrt(sum_sq / K + eps)[:, None]
         out_mask = row_ok[:, None] & n_ok[None, :]
         if SPLIT_K > 1:
             # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
@@ -275,12 +261,13 @@ def _kernels():
     return gemv_kernel
 
 
-def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
-            invariant: bool = False, gated: bool = False, tail: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, invariant: bool = False,
+            gated: bool = False, tail: bool = False, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """invariant: one compiled kernel and tile for every row count (the tensor-core path over
     MAX_ROWS rows, the config of a MAX_ROWS-row call), so row i's result does not depend on how
     many rows came with it: a verify row equals the decode step of the same token bit for bit.
-    tail (gemv_add_norm): residual and norm_weight go to the epilogue; returns (normed, h)."""
+    tail (gemv_add_norm): residual and norm_weight go to the epilogue; returns (normed, h).
+    pdl: programmatic dependent launch (KernelOptions.pdl), as in every launcher here."""
     num_rows = x.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
@@ -324,7 +311,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         part = counters = out  # unused
     interpreting = triton_interpreting()
     block_m = MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows)))
-    norm = norm_mode(block_m, k, cfg.split_k) if prologue == RMS_NORM else LOOP
+    norm = norm_mode(block_m, k) if prologue == RMS_NORM else LOOP
     kernel = _kernels()
     kernel[(tiles, cfg.split_k)](
         x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
@@ -335,7 +322,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
         SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
         BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device),
+        num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device, pdl),
         LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES,
         NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1, GATED=gated,
         NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1,
@@ -343,23 +330,19 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config,
     return out, new_res
 
 
-def norm_mode(block_m: int, k: int, split_k: int) -> int:
-    """How an RMS_NORM launch of block_m rows gets the mean square: DEFERRED, ONE_PASS or LOOP."""
-    if block_m == 1 and DEFER_NORM and split_k == 1:
-        return DEFERRED
-    if block_m == 1 and ONE_PASS_NORM and k <= ONE_PASS_MAX:
-        return ONE_PASS
-    return LOOP
+def norm_mode(block_m: int, k: int) -> int:
+    """How an RMS_NORM launch of block_m rows gets the mean square: ONE_PASS or LOOP."""
+    return ONE_PASS if block_m == 1 and k <= ONE_PASS_MAX else LOOP
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None, invariant: bool = False) -> torch.Tensor:
+         config: GemvConfig | None = None, invariant: bool = False, pdl: bool = True) -> torch.Tensor:
     """x (M, K), weight (N, K) as nn.Linear holds it -> (M, N) in x's dtype, fp32 accumulation.
 
     CUDA (or the Triton interpreter); no host sync; graph-capturable. `config` overrides
     the built-in table (benchmarks). invariant: each row's result is independent of M.
     """
-    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, invariant)[0]
+    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, invariant, pdl=pdl)[0]
 
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -370,7 +353,8 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
 
 def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                   weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  config: GemvConfig | None = None, invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  config: GemvConfig | None = None, invariant: bool = False,
+                  pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm followed by a projection, in one launch: returns (out, x + residual).
 
     x, residual (M, K) (residual None: the first layer; the stream returned is x itself);
@@ -379,7 +363,7 @@ def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
     writes the new residual. invariant: as for gemv (the rms too is computed by
     the same tile for any M).
     """
-    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant)
+    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant, pdl=pdl)
 
 
 def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
@@ -390,11 +374,12 @@ def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=N
 
 
 def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  config: GemvConfig | None = None, invariant: bool = False) -> torch.Tensor:
+                  config: GemvConfig | None = None, invariant: bool = False, pdl: bool = True) -> torch.Tensor:
     """gate_up (M, 2I) = [gate | up], weight (N, I) -> (silu(gate) * up) @ weight.T, (M, N).
     invariant: as for gemv."""
     assert gate_up.shape[1] % 2 == 0
-    return _launch(SILU_MUL, gate_up, None, None, 0.0, weight, bias, gate_up.shape[1] // 2, config, invariant)[0]
+    return _launch(SILU_MUL, gate_up, None, None, 0.0, weight, bias, gate_up.shape[1] // 2, config, invariant,
+                   pdl=pdl)[0]
 
 
 def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
@@ -403,11 +388,11 @@ def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
 
 
 def gated_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               config: GemvConfig | None = None) -> torch.Tensor:
+               config: GemvConfig | None = None, pdl: bool = True) -> torch.Tensor:
     """One row: silu(x @ gate.T) * (x @ up.T), (1, I), where weight (2I, K) = [gate; up] as the MLP's
     gate_up projection holds them. One launch; the down projection then reads I values instead of
     2I and computes no activation (silu_mul_gemv's prologue recomputes it in every program)."""
-    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, gated=True)[0]
+    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, gated=True, pdl=pdl)[0]
 
 
 def gated_gemv_ref(x, weight, bias=None, config=None):
@@ -417,9 +402,9 @@ def gated_gemv_ref(x, weight, bias=None, config=None):
 
 def rms_norm_gated_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor, bias: torch.Tensor | None = None,
-                        config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        config: GemvConfig | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """One row: add_rms_norm then gated_gemv, in one launch: (silu(h @ gate.T) * (h @ up.T), x + residual)."""
-    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, gated=True)
+    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, gated=True, pdl=pdl)
 
 
 def rms_norm_gated_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
@@ -430,7 +415,7 @@ def rms_norm_gated_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, co
 
 def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                   norm_weight: torch.Tensor, eps: float,
-                  config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  config: GemvConfig | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """One row: gemv, then add_rms_norm of its output and residual, in one launch: returns
     (rms_norm(h) * norm_weight, h) with h = x @ weight.T (+ bias) + residual, each rounded as the
     two ops round. x (1, K); weight (N, K); residual (1, N); norm_weight (N,). No split-K (config
@@ -438,7 +423,7 @@ def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     program adds the residual to its columns and stores h; the last program to finish reads h back
     (N values, from L2) and writes the normed row, in place of a separate norm launch that would
     read it after a kernel boundary."""
-    return _launch(NONE, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, tail=True)
+    return _launch(NONE, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, tail=True, pdl=pdl)
 
 
 def gemv_add_norm_ref(x, weight, bias, residual, norm_weight, eps, config=None):

@@ -92,6 +92,7 @@ def add_rms_norm(
     residual: torch.Tensor | None,  # (T, H) like x, or None for the first layer
     weight: torch.Tensor,  # (H,)
     eps: float,
+    pdl: bool = True,  # programmatic dependent launch (KernelOptions.pdl)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (normed, new_residual), both (T, H) in x's dtype.
 
@@ -113,7 +114,7 @@ def add_rms_norm(
         x, res, weight, out, new_res,
         hidden, x.stride(0), res.stride(0), out.stride(0), new_res.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=min(16, max(4, block // 256)), **pdl_args(x.device),
+        num_warps=min(16, max(4, block // 256)), **pdl_args(x.device, pdl),
     )
     return out, new_res
 
@@ -129,7 +130,7 @@ def add_rms_norm_ref(
 
 
 def embed_pair_norm(ids: torch.Tensor, table: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor,
-                    weight_b: torch.Tensor, eps_a: float, eps_b: float) -> torch.Tensor:
+                    weight_b: torch.Tensor, eps_a: float, eps_b: float, pdl: bool = True) -> torch.Tensor:
     """[rms_norm(table[ids]) * weight_a, rms_norm(b) * weight_b] side by side, (T, 2H), in one launch.
 
     ids (T,) row indices into table (V, H) (an embedding lookup); b (T, H). Each half is
@@ -145,7 +146,7 @@ def embed_pair_norm(ids: torch.Tensor, table: torch.Tensor, b: torch.Tensor, wei
     _kernels()[1][(num_rows,)](
         ids, table, b, weight_a, weight_b, out,
         hidden, table.stride(0), b.stride(0), out.stride(0), eps_a, eps_b,
-        BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl_args(b.device),
+        BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl_args(b.device, pdl),
     )
     return out
 
@@ -157,7 +158,7 @@ def embed_pair_norm_ref(ids, table, b, weight_a, weight_b, eps_a, eps_b) -> torc
     return torch.cat(halves, dim=-1)
 
 
-def embed_rows(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+def embed_rows(ids: torch.Tensor, table: torch.Tensor, pdl: bool = True) -> torch.Tensor:
     """table[ids], (T, H): the embedding lookup of a decode or verify step as one of our kernels,
     so it joins the step's chain of programmatic dependent launches (torch's gather for a
     16-row verify step took about 10 us on the H200, against 2 for a norm). CUDA (or the Triton
@@ -167,7 +168,7 @@ def embed_rows(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     block = next_pow2(table.shape[1])
     _kernels()[2][(ids.shape[0],)](
         ids, table, out, table.shape[1], table.stride(0), out.stride(0),
-        BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl_args(table.device),
+        BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl_args(table.device, pdl),
     )
     return out
 

@@ -202,15 +202,16 @@ def _kernels():
     return argmax_pick_kernel, greedy_verify_kernel, draft_pick_kernel, greedy_next_kernel
 
 
-def argmax_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+def argmax_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor, pdl: bool = True) -> torch.Tensor:
     """The argmax of logits (1, V) (last dim contiguous; ties: the lowest index), mapped by
     offsets (V,) (id + offsets[id]; None: none), into out: a 1-element tensor (a view into a
-    buffer). Returns out. CUDA (or the Triton interpreter); no host sync."""
+    buffer). Returns out. CUDA (or the Triton interpreter); no host sync. pdl: programmatic dependent
+    launch (KernelOptions.pdl), as for every kernel here."""
     assert logits.dim() == 2 and logits.shape[0] == 1 and logits.stride(1) == 1 and out.numel() == 1
     assert offsets is None or offsets.shape == (logits.shape[1],)
     _kernels()[0][(1,)](
         logits, offsets if offsets is not None else out, out, logits.shape[1],
-        HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8, **pdl_args(logits.device),
+        HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8, **pdl_args(logits.device, pdl),
     )
     return out
 
@@ -236,7 +237,7 @@ def _next_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def greedy_next(logits: torch.Tensor, next_token: torch.Tensor, input_ids: torch.Tensor,
-                positions: torch.Tensor) -> None:
+                positions: torch.Tensor, pdl: bool = True) -> None:
     """The greedy chaining of a one-token decode graph, in one launch: i = argmax(logits[0])
     (ties: the lowest index; NaN never wins); next_token[0] = input_ids[0] = i; positions[0] += 1.
     Programs take chunks of the vocabulary and the last to finish picks among their best (torch's
@@ -252,7 +253,7 @@ def greedy_next(logits: torch.Tensor, next_token: torch.Tensor, input_ids: torch
     _kernels()[3][(parts,)](
         logits, part_val, part_idx, count, next_token, input_ids, positions, vocab, parts,
         CHUNK=chunk, BLOCK=_NEXT_BLOCK, BLOCK_P=max(16, next_pow2(parts)), num_warps=8,
-        **pdl_args(logits.device),
+        **pdl_args(logits.device, pdl),
     )
 
 
@@ -268,14 +269,15 @@ MAX_ALTS = 3  # draft_pick's limit
 
 
 def draft_pick(logits: torch.Tensor, offsets: torch.Tensor | None, out: torch.Tensor,
-               alts: torch.Tensor) -> torch.Tensor:
+               alts: torch.Tensor, pdl: bool = True) -> torch.Tensor:
     """argmax_pick, and the next alts.numel() (1..MAX_ALTS) best ids, best first, into alts (a
     contiguous view into a buffer; ties: the lowest index first). One launch, no host sync."""
     assert logits.dim() == 2 and logits.shape[0] == 1 and logits.stride(1) == 1 and out.numel() == 1
     assert 1 <= alts.numel() <= MAX_ALTS and alts.is_contiguous() and alts.numel() < logits.shape[1]
     _kernels()[2][(1,)](
         logits, offsets if offsets is not None else out, out, alts, logits.shape[1],
-        ALTS=alts.numel(), HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8, **pdl_args(logits.device),
+        ALTS=alts.numel(), HAS_OFFSETS=offsets is not None, BLOCK=_BLOCK, num_warps=8,
+        **pdl_args(logits.device, pdl),
     )
     return out
 
@@ -354,7 +356,7 @@ class ChainState:
         self.draft_pos.clamp_(max=self.last_pos)
 
 
-def greedy_verify(logits: torch.Tensor, chain: ChainState) -> None:
+def greedy_verify(logits: torch.Tensor, chain: ChainState, pdl: bool = True) -> None:
     """logits (rows, V): the target's after each verify row (ChainState.ids; any float dtype).
     The target's choice at each row is its argmax (ties: lowest index); d_1..d_a are accepted
     where they equal the choices before them. Where d_(a+1) was rejected, an alternative for it
@@ -369,7 +371,7 @@ def greedy_verify(logits: torch.Tensor, chain: ChainState) -> None:
         chain._choice, chain._counter, chain.state_rows, chain.kv_move,
         chain.alt_draft if chain.num_alts else chain.kv_move, logits.shape[1], logits.stride(0), rows, chain.k,
         chain.last_pos, HAS_ALTS=chain.num_alts > 0, BLOCK=_BLOCK, BLOCK_R=max(16, next_pow2(rows)),
-        num_warps=8, **pdl_args(logits.device),
+        num_warps=8, **pdl_args(logits.device, pdl),
     )
 
 

@@ -105,6 +105,7 @@ def rope_and_cache(
     k_cache: torch.Tensor,  # (S_max, Hkv, D), written at rows `positions` (rotated k)
     v_cache: torch.Tensor,  # (S_max, Hkv, D), written at rows `positions` (v as is)
     slots: torch.Tensor | None = None,  # (T,): write at these cache rows instead of `positions`
+    pdl: bool = True,  # programmatic dependent launch (KernelOptions.pdl)
 ) -> torch.Tensor:
     """Returns the rotated q, a new (T, Hq, D) tensor in q's dtype; q and k are untouched.
 
@@ -126,7 +127,7 @@ def rope_and_cache(
         cos_sin_cache.stride(0),
         HEAD_DIM=head_dim, HALF=head_dim // 2, BLOCK_HQ=next_pow2(num_q_heads), BLOCK_HKV=next_pow2(num_kv_heads),
         BLOCK_HALF=next_pow2(head_dim // 2), BLOCK_D=next_pow2(head_dim),
-        num_warps=4, **pdl_args(q.device),
+        num_warps=4, **pdl_args(q.device, pdl),
     )
     return q_out
 

@@ -1,15 +1,16 @@
-"""benchmarks/variants.py's switches: each sets what it names and everything goes back after."""
+"""benchmarks/variants.py: each variant is a KernelOptions built from the base options, and nothing
+global changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
 
-from engine import kernels, ops
-from engine.kernels import attention, gemv
+from engine.kernels.gemv import GemvConfig
+from engine.options import CUBLAS, KernelOptions
 
 _spec = importlib.util.spec_from_file_location(
     "bench_variants", Path(__file__).resolve().parents[2] / "benchmarks" / "variants.py")
@@ -17,29 +18,25 @@ variants = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(variants)
 
 
-def _state():
-    return (ops.ROW_GEMV, dict(ops.ROW_TILES), ops.NORM_GEMV, gemv.PREFETCH_LINES, gemv.DEFER_NORM,
-            attention.SPLIT_SIZE, attention.EARLY_TRIGGER, kernels._pdl_override, os.environ.get("LOCALCHAT_SPEC_ALTS"))
+def test_variant_options_change_what_they_name():
+    base = KernelOptions(row_tiles=(((6144, 4096), CUBLAS),))
+    spec = "row_cublas+tail_off+tiles:4096x14336/8/1024/1/4/3+pdl_off+alts2-1"
+    got = variants.variant_options(spec, base)
+    assert got == dataclasses.replace(base, qkv_gemv=False, norm_tail=False, pdl=False, spec_alts=(2, 1),
+                                      row_tiles=(((6144, 4096), CUBLAS), ((4096, 14336), GemvConfig(8, 1024, 1, 4, 3))))
+    assert variants.variant_options("base", base) == base
+    assert variants.variant_options("alts0", base).spec_alts == 0
+    assert variants.variant_options("altsauto", base).spec_alts == "auto"
+    fields = {f.name: f.default for f in dataclasses.fields(KernelOptions)}
+    for name, changes in variants.FIXED.items():  # every fixed variant turns a winner's switch off
+        assert variants.variant_options(name, base) == dataclasses.replace(base, **changes)
+        assert all(fields[f] is True and v is False for f, v in changes.items()), name
 
 
-def test_variant_sets_and_restores_every_switch():
-    before = _state()
-    spec = "row_cublas+deferred+rt_off+pf8+split32+qkv_norm+mlp_norm+tiles:4096x14336/8/1024/1/4/3+pdl_off+alts2-1"
-    with variants.variant(spec):
-        assert ops.ROW_GEMV == "cublas" and gemv.DEFER_NORM is True and attention.EARLY_TRIGGER is False
-        assert gemv.PREFETCH_LINES == 8 and attention.SPLIT_SIZE == 32 and ops.NORM_GEMV >= {"qkv", "gate_up"}
-        assert ops.ROW_TILES[(4096, 14336)] == ops.GemvConfig(8, 1024, 1, 4, 3)
-        assert kernels._pdl_override is False and os.environ["LOCALCHAT_SPEC_ALTS"] == "2,1"
-    assert _state() == before
-    for name, (module, attr, value) in variants.FIXED.items():  # every fixed switch names a real attribute
-        with variants.variant(name):
-            assert getattr(importlib.import_module(module), attr) == value
-    assert _state() == before
-
-
-def test_unknown_variant_stops_with_one_line_and_restores():
-    before = _state()
-    with pytest.raises(SystemExit, match="variants.py: unknown variant 'nope'"):
-        with variants.variant("row_all+nope"):
-            pass
-    assert _state() == before
+@pytest.mark.parametrize("spec,says", [("row_cublas+nope", "unknown variant 'nope'"),
+                                       ("row_all", "unknown variant 'row_all'"),
+                                       ("tiles:4096x14336/8", "cannot read '4096x14336/8'"),
+                                       ("alts2-x", "LOCALCHAT_SPEC_ALTS")])
+def test_bad_variant_stops_with_one_line(spec, says):
+    with pytest.raises(SystemExit, match="variants.py: .*" + says):
+        variants.variant_options(spec, KernelOptions())

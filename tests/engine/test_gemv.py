@@ -67,14 +67,9 @@ def test_gemv(device, config):
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
 @pytest.mark.parametrize("config", [None, FORCED[0]], ids=["default", "split4"])
-@pytest.mark.parametrize("norm", ["one_pass", "loop", "deferred"])
-def test_rms_norm_gemv(device, config, norm, monkeypatch):
-    """One-row launches take the one-load rms pre-pass up to ONE_PASS_MAX elements, the loop over
-    K, or (deferred) no pre-pass where they do not split K (9000 > ONE_PASS_MAX: no one load)."""
-    monkeypatch.setattr(gemv_module, "ONE_PASS_NORM", norm == "one_pass")
-    monkeypatch.setattr(gemv_module, "DEFER_NORM", norm == "deferred")
-    if norm == "deferred" and config is not None:
-        config = GemvConfig(8, 128, 1, 4, 2)  # no split: the deferred mean square (8 K steps, a masked tail)
+def test_rms_norm_gemv(device, config):
+    """One-row launches take the one-load rms pre-pass up to ONE_PASS_MAX elements, the others
+    (several rows; 9000 > ONE_PASS_MAX) the loop over K."""
     shapes = shapes_for(device) + [(1, 24, 9000)] if config is None else [(1, 200, 1000), (5, 200, 1000)]
     for m, n, k in shapes:
         gen, x, weight, _ = make(m, n, k, device, m * n + k + 1)
@@ -93,19 +88,13 @@ def test_rms_norm_gemv(device, config, norm, monkeypatch):
             torch.testing.assert_close(new_residual, want_residual, **tol(device))
 
 
-def test_norm_mode_choice(monkeypatch):
-    """The one-load mean square serves one-row launches up to ONE_PASS_MAX elements; the deferred
-    one, when switched on, one-row launches without split-K; everything else loops."""
+def test_norm_mode_choice():
+    """The one-load mean square serves one-row launches up to ONE_PASS_MAX elements; everything
+    else loops."""
     g = gemv_module
-    monkeypatch.setattr(g, "DEFER_NORM", False)
-    assert g.norm_mode(1, 576, 3) == g.norm_mode(1, g.ONE_PASS_MAX, 1) == g.ONE_PASS
-    assert g.norm_mode(1, g.ONE_PASS_MAX + 1, 1) == g.LOOP
-    assert g.norm_mode(16, 576, 1) == g.LOOP  # several rows, the invariant tile
-    monkeypatch.setattr(g, "DEFER_NORM", True)
-    assert g.norm_mode(1, 4096, 1) == g.norm_mode(1, 9000, 1) == g.DEFERRED
-    assert g.norm_mode(1, 4096, 2) == g.ONE_PASS and g.norm_mode(16, 4096, 1) == g.LOOP
-    monkeypatch.setattr(g, "ONE_PASS_NORM", False)
-    assert g.norm_mode(1, 576, 3) == g.LOOP
+    assert g.norm_mode(1, 576) == g.norm_mode(1, g.ONE_PASS_MAX) == g.norm_mode(1, 4096) == g.ONE_PASS
+    assert g.norm_mode(1, g.ONE_PASS_MAX + 1) == g.LOOP
+    assert g.norm_mode(16, 576) == g.LOOP  # several rows, the invariant tile
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
@@ -148,7 +137,7 @@ def test_gemv_add_norm(device, config):
     program norms) == gemv then add_rms_norm, with the built-in tile (split-K dropped), the
     decode step's row tile or another; odd N masks the last column tile, and launches one after
     another find the counter back at zero."""
-    from engine.ops import row_tile
+    from engine.routing import row_tile
 
     shapes = [(1, 37, 300), (1, 576, 1536), (1, 200, 1000)] + ([(1, 4096, 4096), (1, 4096, 14336)]
                                                               if device == "cuda" else [])

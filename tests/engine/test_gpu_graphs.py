@@ -19,19 +19,20 @@ def _tokens(engine, ids, params, speculative=False):
 @pytest.mark.parametrize("gated", [False, True], ids=["silu_mul", "gated"])
 @pytest.mark.parametrize("norms", ["fused", "apart"])
 def test_graph_decode_equals_eager_200_steps(arch, temperature, gated, norms, tiny_models, monkeypatch):
-    """gated: the one-row MLP as gated_gemv + a plain down GEMV (engine/ops.py GATED_MLP), or not;
+    """gated: the one-row MLP as gated_gemv + a plain down GEMV (KernelOptions.gated_mlp), or not;
     norms apart: the one-row norms unfused, so that o_proj and down carry them (gemv_add_norm)."""
-    import engine.ops
+    import engine.routing
     from engine.config import ModelConfig
+    from engine.options import KernelOptions
     from tests.engine.test_fused_layers import norms_apart
     from tests.tiny import read_config
 
-    monkeypatch.setattr(engine.ops, "GATED_MLP", gated)
+    options = KernelOptions(gated_mlp=gated)
     if norms == "apart":
         cfg = ModelConfig.from_hf(read_config(tiny_models[arch]))
-        monkeypatch.setattr(engine.ops, "FUSED_TILES", {**engine.ops.FUSED_TILES, **norms_apart(cfg)})
-    graphs = Engine.load(str(tiny_models[arch]), device="cuda", use_graphs=True)
-    eager = Engine.load(str(tiny_models[arch]), device="cuda", use_graphs=False)
+        monkeypatch.setattr(engine.routing, "FUSED_TILES", {**engine.routing.FUSED_TILES, **norms_apart(cfg)})
+    graphs = Engine.load(str(tiny_models[arch]), device="cuda", use_graphs=True, options=options)
+    eager = Engine.load(str(tiny_models[arch]), device="cuda", use_graphs=False, options=options)
     assert graphs.runner.uses_graphs and not eager.runner.uses_graphs
     for e in (graphs, eager):
         e.tokenizer.eos_token_ids = frozenset()
@@ -41,7 +42,7 @@ def test_graph_decode_equals_eager_200_steps(arch, temperature, gated, norms, ti
     assert len(a) == 200 and a == b
 
 
-def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k, max_seq_len=1024, defer_capture=False):
+def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k, max_seq_len=1024, defer_capture=False, options=None):
     from tests.speculative.heads import head_tensors, write_head
     from tests.tiny import read_config
 
@@ -51,7 +52,7 @@ def _spec_engines(tmp_path, tiny_models, fmt, use_aux, k, max_seq_len=1024, defe
     out = []
     for graphs in (True, False):
         e = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cuda", use_graphs=graphs, draft_steps=k,
-                        max_seq_len=max_seq_len, defer_capture=defer_capture and graphs)
+                        max_seq_len=max_seq_len, defer_capture=defer_capture and graphs, options=options)
         e.tokenizer.eos_token_ids = frozenset()
         out.append(e)
     return out
@@ -182,19 +183,18 @@ def test_pdl_graphs_equal_plain_launches(tmp_path, tiny_models):
     they compute: graph decode (greedy and seeded sampling) and greedy speculation give the
     same tokens with it as without, and every kernel of the set ran with USE_PDL on."""
     from engine import kernels
+    from engine.options import KernelOptions
 
     ids_msg = [{"role": "user", "content": "The quick brown fox"}]
     runs = {}
-    try:
-        for on in (False, True):
-            kernels.set_pdl(on)
-            assert kernels.pdl_args(torch.device("cuda"))["USE_PDL"] is on
-            e = Engine.load(str(tiny_models["llama"]), device="cuda", use_graphs=True)
-            e.tokenizer.eos_token_ids = frozenset()
-            ids = e.tokenizer.apply_chat_template(ids_msg)
-            runs[on] = [_tokens(e, ids, SamplingParams(max_tokens=200, temperature=t, seed=7)) for t in (0.0, 0.8)]
-            spec, _ = _spec_engines(tmp_path / str(on), tiny_models, "sglang", True, 5)
-            runs[on].append(_tokens(spec, ids, SamplingParams(max_tokens=200), speculative=True))
-    finally:
-        kernels.set_pdl(None)
+    for on in (False, True):
+        assert kernels.pdl_args(torch.device("cuda"), on)["USE_PDL"] is on
+        options = KernelOptions(pdl=on)
+        e = Engine.load(str(tiny_models["llama"]), device="cuda", use_graphs=True, options=options)
+        assert e.runner.model.ops.options.pdl is on
+        e.tokenizer.eos_token_ids = frozenset()
+        ids = e.tokenizer.apply_chat_template(ids_msg)
+        runs[on] = [_tokens(e, ids, SamplingParams(max_tokens=200, temperature=t, seed=7)) for t in (0.0, 0.8)]
+        spec, _ = _spec_engines(tmp_path / str(on), tiny_models, "sglang", True, 5, options=options)
+        runs[on].append(_tokens(spec, ids, SamplingParams(max_tokens=200), speculative=True))
     assert all(len(r) == 200 for r in runs[True]) and runs[True] == runs[False]

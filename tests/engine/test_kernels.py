@@ -144,13 +144,17 @@ def test_norm_and_activation_refs():
 # ---- kernels vs references (CUDA, or the CPU interpreter on request) -----------------------
 
 
+def _three_programs(num_splits: int, num_kv_heads: int, num_sms: int) -> int:
+    return min(num_splits, 3)
+
+
 def _few_programs(*args, **kwargs):
     """decode_attention with 3 split programs per kv head, each looping over several splits."""
-    saved, attention_module.SPLIT_PROGRAMS = attention_module.SPLIT_PROGRAMS, 3
+    saved, attention_module._split_programs = attention_module._split_programs, _three_programs
     try:
         return decode_attention(*args, **kwargs)
     finally:
-        attention_module.SPLIT_PROGRAMS = saved
+        attention_module._split_programs = saved
 
 
 ATTN_OPS = [pytest.param(decode_attention, id="split+reduce"), pytest.param(_few_programs, id="3_programs")]
@@ -343,7 +347,8 @@ def test_rope_decode_attention_equals_rope_then_attention(device, dtype, shape, 
     """The one-row step with RoPE and the cache write inside the attention kernel gives exactly
     the bits of rope_and_cache then decode_attention: the output and both caches (3 programs per
     kv head: each loops over its splits, and the one with the position's split writes the cache)."""
-    monkeypatch.setattr(attention_module, "SPLIT_PROGRAMS", programs)
+    if programs == 3:
+        monkeypatch.setattr(attention_module, "_split_programs", _three_programs)
     num_heads, num_kv_heads, head_dim, max_seq_len = shape
     gen = torch.Generator().manual_seed(sum(shape) + len(where))
     q, k, v, cos_sin, caches = _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
@@ -756,7 +761,6 @@ def test_rope_and_cache(device, dtype, shape, with_slots):
 def test_every_kernel_with_pdl_equals_its_plain_launch():
     """Each kernel launched with programmatic dependent launch gives the bits of its plain
     launch, back to back in one stream (each reads what the one before it wrote)."""
-    from engine import kernels
     from engine.kernels.activation import silu_and_mul
     from engine.kernels.attention import decode_attention
     from engine.kernels.gemv import gemv, rms_norm_gemv, silu_mul_gemv
@@ -766,7 +770,7 @@ def test_every_kernel_with_pdl_equals_its_plain_launch():
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = dict(device="cuda", dtype=torch.bfloat16)
 
-    def chain():
+    def chain(pdl: bool):
         x = torch.randn(1, 576, generator=g, **bf)
         res = torch.randn(1, 576, generator=g, **bf)
         nw = torch.rand(576, generator=g, **bf)
@@ -775,55 +779,42 @@ def test_every_kernel_with_pdl_equals_its_plain_launch():
         v_cache = torch.zeros(256, 3, 64, **bf)
         cos_sin = torch.randn(256, 64, generator=g, device="cuda")
         pos = torch.tensor([17], device="cuda")
-        qkv, h = rms_norm_gemv(x, res, nw, 1e-5, w_qkv)
+        qkv, h = rms_norm_gemv(x, res, nw, 1e-5, w_qkv, pdl=pdl)
         q, k, v = qkv.split([576, 192, 192], dim=-1)
-        q = rope_and_cache(q.view(1, 9, 64), k.view(1, 3, 64), v.view(1, 3, 64), cos_sin, pos, k_cache, v_cache)
-        o = decode_attention(q, k_cache, v_cache, pos, 0.125)
-        o2 = gemv(o.reshape(1, 576), torch.randn(576, 576, generator=g, **bf) * 0.05)
-        normed, h2 = add_rms_norm(o2, h, nw, 1e-5)
-        gate_up = gemv(normed, torch.randn(3072, 576, generator=g, **bf) * 0.05)
-        act = silu_and_mul(gate_up)
-        down = silu_mul_gemv(gate_up, torch.randn(576, 1536, generator=g, **bf) * 0.05)
+        q = rope_and_cache(q.view(1, 9, 64), k.view(1, 3, 64), v.view(1, 3, 64), cos_sin, pos, k_cache, v_cache,
+                           pdl=pdl)
+        o = decode_attention(q, k_cache, v_cache, pos, 0.125, pdl=pdl)
+        o2 = gemv(o.reshape(1, 576), torch.randn(576, 576, generator=g, **bf) * 0.05, pdl=pdl)
+        normed, h2 = add_rms_norm(o2, h, nw, 1e-5, pdl=pdl)
+        gate_up = gemv(normed, torch.randn(3072, 576, generator=g, **bf) * 0.05, pdl=pdl)
+        act = silu_and_mul(gate_up, pdl=pdl)
+        down = silu_mul_gemv(gate_up, torch.randn(576, 1536, generator=g, **bf) * 0.05, pdl=pdl)
         # the next layer's one-row step with RoPE inside attention, after the down projection
-        qkv2 = gemv(down, w_qkv)
+        qkv2 = gemv(down, w_qkv, pdl=pdl)
         q2, k2, v2 = qkv2.split([576, 192, 192], dim=-1)
         o3 = rope_decode_attention(q2.view(1, 9, 64), k2.view(1, 3, 64), v2.view(1, 3, 64), cos_sin, pos + 1,
-                                   k_cache, v_cache, 0.125)
+                                   k_cache, v_cache, 0.125, pdl=pdl)
         return [qkv, h, q, k_cache, v_cache, o, o2, normed, h2, gate_up, act, down, qkv2, o3]
 
     outs = {}
-    try:
-        for on in (False, True):
-            kernels.set_pdl(on)
-            g.manual_seed(0)
-            outs[on] = chain()
-            torch.cuda.synchronize()
-    finally:
-        kernels.set_pdl(None)
+    for on in (False, True):
+        g.manual_seed(0)
+        outs[on] = chain(on)
+        torch.cuda.synchronize()
     for a, b in zip(outs[False], outs[True]):
         assert torch.equal(a, b)
 
 
 def test_pdl_launch_arguments(monkeypatch):
     """PDL is on by default for a Hopper-class CUDA device whose Triton knows the option, and
-    off on a CPU; LOCALCHAT_PDL=0 (or set_pdl(False)) turns it off."""
+    off on a CPU; a launch with pdl=False (KernelOptions.pdl, LOCALCHAT_PDL=0) launches plainly."""
     from engine import kernels
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    monkeypatch.delenv("LOCALCHAT_PDL", raising=False)
     monkeypatch.setattr(kernels, "triton_interpreting", lambda: False)
     monkeypatch.setattr(kernels, "_pdl_supported", lambda index: True)
-    try:
-        assert kernels.pdl_args(cuda) == {"USE_PDL": True, "launch_pdl": True}
-        monkeypatch.setenv("LOCALCHAT_PDL", "0")
-        assert kernels.pdl_args(cuda) == {"USE_PDL": False}
-        monkeypatch.setenv("LOCALCHAT_PDL", "1")
-        assert kernels.pdl_args(cuda) == {"USE_PDL": True, "launch_pdl": True}
-        assert kernels.pdl_args(cpu) == {"USE_PDL": False}
-        kernels._pdl_override = False
-        assert kernels.pdl_args(cuda) == {"USE_PDL": False}
-        kernels._pdl_override = None
-        monkeypatch.setattr(kernels, "_pdl_supported", lambda index: False)  # older GPU or Triton
-        assert kernels.pdl_args(cuda) == {"USE_PDL": False}
-    finally:
-        kernels._pdl_override = None
+    assert kernels.pdl_args(cuda) == kernels.pdl_args(cuda, True) == {"USE_PDL": True, "launch_pdl": True}
+    assert kernels.pdl_args(cuda, False) == {"USE_PDL": False}
+    assert kernels.pdl_args(cpu) == {"USE_PDL": False}
+    monkeypatch.setattr(kernels, "_pdl_supported", lambda index: False)  # older GPU or Triton
+    assert kernels.pdl_args(cuda) == {"USE_PDL": False}

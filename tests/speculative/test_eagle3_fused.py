@@ -19,8 +19,9 @@ if INTERPRET:
 from engine.config import ModelConfig  # noqa: E402
 from engine.kv_cache import KVCache  # noqa: E402
 from engine.rope import rope_cos_sin  # noqa: E402
+from engine.ops import Ops  # noqa: E402
+from engine.options import KernelOptions  # noqa: E402
 from speculative.config import DraftConfig  # noqa: E402
-import speculative.eagle3 as eagle3_module  # noqa: E402
 from speculative.eagle3 import Eagle3Draft  # noqa: E402
 from speculative.train_export import head_config  # noqa: E402
 
@@ -35,15 +36,10 @@ TARGET = ModelConfig(architecture="LlamaForCausalLM", vocab_size=512, hidden_siz
                      num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, max_position_embeddings=2048)
 
 
-def _ops():
-    from engine.kernels.activation import silu_and_mul
-    from engine.kernels.attention import decode_attention
-    from engine.kernels.norm import add_rms_norm
-    from engine.kernels.rope import rope_and_cache
-    from engine.ops import BatchInvariance, Ops
-
-    inv = BatchInvariance()  # off, as in a draft's Ops.for_device: its 1-row GEMV for single-token steps
-    return Ops(add_rms_norm, silu_and_mul, rope_and_cache, decode_attention, inv.row_linear, inv.linear, inv)
+def _ops(**options) -> Ops:
+    """A draft's CUDA ops (no batch invariance: its 1-row GEMV for single-token steps), on any
+    device (the kernels run there under Triton's interpreter only)."""
+    return Ops.routed(KernelOptions(**options))
 
 
 def _assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
@@ -58,12 +54,10 @@ def _assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None
 @pytest.mark.parametrize("norm_before_residual", [False, True])
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "fused"])
 @pytest.mark.parametrize("narrow", [False, True], ids=["target-width", "narrow"])
-def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual, lean, narrow, monkeypatch):
+def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual, lean, narrow):
     """Both GPU paths of a draft step (lean_forward, the default, and fused_forward) against the
     torch layer: a prompt's extend, a verify window's, then single-token steps. narrow: a head
     narrower than the target (its own embeddings; fc maps the target's states down)."""
-    monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", True)
-    monkeypatch.setattr(eagle3_module, "LEAN_DRAFT", lean)
     dev = torch.device(device)
     cfg = head_config(TARGET, 256, (2, 15, 27))
     cfg["norm_before_residual"] = norm_before_residual
@@ -73,7 +67,7 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
     max_len = 256
     torch.manual_seed(0)
     drafts = []
-    for ops in (_ops(), None):
+    for ops in (_ops(lean_draft=lean), None):
         d = Eagle3Draft(dc, TARGET, max_len, ops)
         drafts.append(d)
     with torch.no_grad():
@@ -92,8 +86,7 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
     for d in drafts:
         d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), max_len).to(dev)
     assert drafts[0].fused and not drafts[1].fused and drafts[0].lean == lean and not drafts[1].lean
-    monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", False)
-    assert not Eagle3Draft(dc, TARGET, max_len, _ops()).fused  # the switch (LOCALCHAT_FUSED_DRAFT=0) turns it off
+    assert not Eagle3Draft(dc, TARGET, max_len, _ops(fused_draft=False)).fused  # LOCALCHAT_FUSED_DRAFT=0 turns it off
     assert drafts[0].midlayer.norm_before_residual == norm_before_residual
     assert dc.owns_embeddings == narrow
     embed = torch.nn.Embedding(TARGET.vocab_size, dc.hidden_size).to(dev, dtype)
@@ -142,17 +135,14 @@ ONE_ROW = [pytest.param("cpu", torch.float32, None, id="torch-cpu"),
 
 
 @pytest.mark.parametrize("device,dtype,path", ONE_ROW)
-def test_an_extend_for_one_row_equals_that_row_of_the_whole_extend(device, dtype, path, monkeypatch):
+def test_an_extend_for_one_row_equals_that_row_of_the_whole_extend(device, dtype, path):
     """Draft-extends continue from one row (the prompt's last, a verify step's last accepted):
     forward(last=r) writes every row's K/V as the whole extend does and returns row r's logits
     and state, for an index tensor and a Python index alike."""
     dev = torch.device(device)
-    if path is not None:
-        monkeypatch.setattr(eagle3_module, "FUSED_DRAFT", True)
-        monkeypatch.setattr(eagle3_module, "LEAN_DRAFT", path == "lean")
     dc = DraftConfig.from_hf(head_config(TARGET, 256, (2, 15, 27)), TARGET)
     torch.manual_seed(0)
-    d = Eagle3Draft(dc, TARGET, 64, _ops() if path is not None else None)
+    d = Eagle3Draft(dc, TARGET, 64, _ops(lean_draft=path == "lean") if path is not None else None)
     with torch.no_grad():
         for n, p in d.named_parameters():
             p.normal_(0, 0.05)

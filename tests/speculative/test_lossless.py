@@ -145,14 +145,18 @@ def test_shaped_alternatives():
     assert default_alternatives(5, torch.device("cpu")) == (0,) * 5
 
 
-def test_alternatives_from_the_environment(monkeypatch):
+def test_alternatives_from_the_environment():
+    from engine.errors import UserError
+    from engine.options import KernelOptions
     from speculative.speculator import default_alternatives
 
     cpu = torch.device("cpu")
     for env, want in [("0", (0,) * 5), ("2", (2,) * 5), ("9", (2,) * 5), ("auto", (3, 3, 2, 1, 1)),
-                      ("2,1", (2, 1, 0, 0, 0)), ("3,3,3,3,3", (3, 3, 3, 1, 0)), ("", (0,) * 5), ("x,1", (0,) * 5)]:
-        monkeypatch.setenv("LOCALCHAT_SPEC_ALTS", env)
-        assert default_alternatives(5, cpu) == want, env  # 10 rows at most next to the chain's 6
+                      ("2,1", (2, 1, 0, 0, 0)), ("3,3,3,3,3", (3, 3, 3, 1, 0)), ("", (0,) * 5)]:
+        spec_alts = KernelOptions.from_env({"LOCALCHAT_SPEC_ALTS": env}).spec_alts
+        assert default_alternatives(5, cpu, spec_alts) == want, env  # 10 rows at most next to the chain's 6
+    with pytest.raises(UserError, match="LOCALCHAT_SPEC_ALTS='x,1'"):
+        KernelOptions.from_env({"LOCALCHAT_SPEC_ALTS": "x,1"})
 
 
 def test_sampling_with_speculation_is_reproducible_and_well_formed(tmp_path, targets):

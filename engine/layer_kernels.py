@@ -1,0 +1,137 @@
+"""LayerKernels: the launches of a decoder layer's norm + projection pairs and MLP for one step,
+unfused or fused (FusedLayerKernels), with the kernels and tiles engine/routing.py picks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import routing
+from .kernels.gemv import gated_gemv, gemv_add_norm, rms_norm_gated_gemv, rms_norm_gemv, silu_mul_gemv
+from .options import KernelOptions
+from .routing import INVARIANT, ROW, UNFUSED
+
+
+@dataclass(frozen=True)
+class Normed:
+    """A sublayer's output already added to the stream and normed by `norm` (a projection with
+    a norm tail, FusedLayerKernels.ending): the norm_linear or mlp that follows takes it as is."""
+    normed: torch.Tensor  # norm(stream)
+    stream: torch.Tensor  # the sublayer's output + the stream before it
+    norm: object  # the RMSNorm module it was normed with
+
+
+def rows_of(x: "torch.Tensor | Normed") -> torch.Tensor:
+    """The (T, H) tensor that stands for x's rows (shape, dtype, device)."""
+    return x.normed if isinstance(x, Normed) else x
+
+
+class LayerKernels:
+    """A decoder layer's two norm + projection pairs and its MLP's down projection, unfused:
+    add_rms_norm then the projection; silu_and_mul then the down projection (GatedMLP.down)."""
+
+    def __init__(self, project: Callable, add_rms_norm: Callable | None = None,
+                 silu_and_mul: Callable | None = None):
+        # (x, linear, role) -> linear(x), on the kernel routing.linear_route picks for this set
+        self.project = project
+        # None: the modules' own (the target's carry the kernels); a draft's modules are plain
+        # torch, so its kernels come here.
+        self.add_rms_norm, self.silu_and_mul = add_rms_norm, silu_and_mul
+
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm, linear: torch.nn.Linear, role: str):
+        """-> (linear(norm(x + residual)), x + residual); residual None: the stream is x.
+        role: the projection's (routing.ROLES)."""
+        h, stream = self.add_norm(x, residual, norm)
+        return self.project(h, linear, role), stream
+
+    def add_norm(self, x: "torch.Tensor | Normed", residual: torch.Tensor | None,
+                 norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (norm(x + residual), x + residual), on these kernels' add_rms_norm or the module's
+        (x Normed: what its projection's tail computed)."""
+        if isinstance(x, Normed):
+            assert x.norm is norm, "normed for another norm"
+            return x.normed, x.stream
+        if self.add_rms_norm is not None:
+            return self.add_rms_norm(x, residual, norm.weight, norm.eps)
+        return norm.add_forward(x, residual)
+
+    def mlp(self, x, residual: torch.Tensor | None, norm, mlp, then=None) -> tuple["torch.Tensor | Normed", torch.Tensor]:
+        """The MLP sublayer: (down(silu(gate) * up) of norm(x + residual), x + residual).
+        then: the norm that follows and its projection, (norm, linear, role) (see ending)."""
+        gate_up, stream = self.norm_linear(x, residual, norm, mlp.gate_up_proj, "gate_up")
+        return self.mlp_down(gate_up, mlp), stream
+
+    def ending(self, residual: torch.Tensor | None, then) -> Callable | None:
+        """A sublayer's last projection (o_proj, down) as (x, linear) -> Normed, taking the
+        residual add and `then`'s norm into its last program; None: a plain projection."""
+        return None
+
+    def mlp_down(self, gate_up: torch.Tensor, mlp) -> torch.Tensor:
+        """(T, 2I) [gate | up] -> down(silu(gate) * up)."""
+        if self.silu_and_mul is not None:
+            return self.project(self.silu_and_mul(gate_up), mlp.down_proj, "down")
+        return mlp.down(gate_up)
+
+
+class FusedLayerKernels(LayerKernels):
+    """One launch each: rms_norm_gemv for add_rms_norm + qkv and add_rms_norm + gate_up,
+    silu_mul_gemv for silu_and_mul + down (or, for one row, gated_gemv for gate_up and the
+    activation), each with its routing tile, or unfused where routing says so. invariant: the
+    batch-invariant kernels (a row's bits the same for any row count up to 16); else the M = 1
+    tiles."""
+
+    def __init__(self, options: KernelOptions, invariant: bool, project: Callable, **unfused):
+        super().__init__(project, **unfused)
+        self.options = options
+        self.invariant = invariant
+        self.mode = INVARIANT if invariant else ROW
+
+    def norm_linear(self, x, residual, norm, linear, role):
+        tile = routing.norm_tile(self.options, self.mode, rows_of(x).shape[0], tuple(linear.weight.shape))
+        if tile == UNFUSED or isinstance(x, Normed):
+            return super().norm_linear(x, residual, norm, linear, role)
+        return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant,
+                             pdl=self.options.pdl)
+
+    def mlp(self, x, residual, norm, mlp, then=None):
+        gate_up, rows = mlp.gate_up_proj, rows_of(x)
+        shape = tuple(gate_up.weight.shape)
+        if not routing.is_gated(self.options, self.mode, rows.shape[0], shape, rows.dtype):
+            return super().mlp(x, residual, norm, mlp)
+        tile, pdl = routing.gated_tile(self.options, shape), self.options.pdl
+        if routing.norm_tile(self.options, ROW, 1, shape) == UNFUSED or isinstance(x, Normed):
+            h, stream = self.add_norm(x, residual, norm)
+            act = gated_gemv(h, gate_up.weight, gate_up.bias, tile, pdl=pdl)
+        else:
+            act, stream = rms_norm_gated_gemv(x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, tile,
+                                              pdl=pdl)
+        down = self.ending(stream, then)
+        return (down(act, mlp.down_proj) if down else self.project(act, mlp.down_proj, "down")), stream
+
+    def ending(self, residual, then):
+        """A one-row step's o_proj or down with gemv_add_norm, where `then` = (norm, linear, role)
+        would otherwise run the norm as its own launch (routing.carries_norm). None elsewhere."""
+        if then is None or residual is None:
+            return None
+        norm, next_linear, role = then
+        if not routing.carries_norm(self.options, self.mode, residual.shape[0], residual.dtype, role,
+                                    tuple(next_linear.weight.shape)):
+            return None
+
+        def project(x: torch.Tensor, linear: torch.nn.Linear) -> "torch.Tensor | Normed":
+            tile = routing.tail_tile(self.options, tuple(linear.weight.shape))
+            if tile is None:
+                return self.project(x, linear, "o_proj")  # o_proj and down route alike
+            return Normed(*gemv_add_norm(x, linear.weight, linear.bias, residual, norm.weight, norm.eps, tile,
+                                         pdl=self.options.pdl), norm)
+
+        return project
+
+    def mlp_down(self, gate_up, mlp):
+        down = mlp.down_proj
+        tile = routing.down_tile(self.options, self.mode, gate_up.shape[0], tuple(down.weight.shape))
+        if tile == UNFUSED:
+            return super().mlp_down(gate_up, mlp)
+        return silu_mul_gemv(gate_up, down.weight, down.bias, tile, self.invariant, pdl=self.options.pdl)

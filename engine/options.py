@@ -1,0 +1,156 @@
+"""KernelOptions: every kernel and routing switch of the engine and its drafts, and the one place
+that reads them (and Triton's interpreter flag) from the environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import functools
+import os
+from typing import TYPE_CHECKING, Mapping
+
+from .errors import UserError
+
+if TYPE_CHECKING:
+    from .kernels.gemv import GemvConfig
+
+CUBLAS = "cublas"  # a row_tiles entry that sends that shape to nn.Linear (cuBLAS) instead of our GEMV
+AUTO = "auto"  # spec_alts: the GPU's shaped alternatives on any device
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """How decode and verify steps launch their kernels. The defaults are the measured winners
+    (docs/performance.md); every switch left is one that a user or a benchmark turns off to
+    compare. Built once (from_env, or by a benchmark) and passed in at construction: the target's
+    Ops, its draft's, and through them every layer and kernel launch read these and nothing else."""
+
+    # Every projection and attention of a step of up to 16 bf16 rows runs one tile whose per-row
+    # arithmetic does not depend on the row count, so that a verify row has exactly the bits of the
+    # decode step it stands for (in bf16, cuBLAS picks other kernels for other row counts, and the
+    # last bits flip near-tied tokens). Chosen by whoever builds a target that a draft will verify
+    # with (engine/build.py), never from the environment; a draft's own kernels never need it.
+    batch_invariant: bool = False
+    # Programmatic dependent launch on Hopper and later: each kernel of ours may start while the one
+    # before it ends (1.22x on the demo model's plain decode). LOCALCHAT_PDL=0 launches plainly.
+    pdl: bool = True
+    # Decode and verify steps fold norms and the activation into the projections where
+    # routing.FUSED_TILES says it pays. LOCALCHAT_FUSE=0: never (comparisons).
+    fuse: bool = True
+    # With batch_invariant, the fused kernels in their invariant tiles too (4% faster speculation).
+    # LOCALCHAT_FUSE_INVARIANT=0: the unfused invariant ops.
+    fuse_invariant: bool = True
+    # A one-row step without a draft runs qkv on our GEMV, so that attention may start while it ends
+    # (1.024x on the 8B shape). LOCALCHAT_ROW_GEMV=cublas: cuBLAS (=qkv: the default).
+    qkv_gemv: bool = True
+    # A one-row step's MLP as gated_gemv (silu(gate) * up in gate_up's epilogue) and a plain down
+    # GEMV (1.12x on the demo's shape). LOCALCHAT_GATED_MLP=0: gate_up, then silu_mul_gemv.
+    gated_mlp: bool = True
+    # A one-row step's o_proj and down add the residual and run the next RMSNorm in their last
+    # program where that norm would be a launch of its own (1.010x on the 8B shape).
+    # LOCALCHAT_NORM_TAIL=0: the norms launch apart.
+    norm_tail: bool = True
+    # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
+    # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
+    rope_in_attention: bool = True
+    # EAGLE-3 draft steps on the GPU kernels (1625 against 1214 tok/s). LOCALCHAT_FUSED_DRAFT=0: the
+    # torch layer.
+    fused_draft: bool = True
+    # Within those, the lean step (ten launches a draft token) and the greedy loop's picks on the
+    # device (1.07x). LOCALCHAT_LEAN_DRAFT=0: the fused step and the picks in torch ops.
+    lean_draft: bool = True
+    # Runners-up each draft gets as extra rows of a greedy verify step. None: the device's default
+    # (GPU: as many as fill 16 rows, shaped; CPU: none, each row costs its arithmetic there); AUTO:
+    # the shaped ones on any device; N: N for every draft; (A, B, ...): A for draft 1, B for draft 2,
+    # none after. LOCALCHAT_SPEC_ALTS=auto|N|A,B,...
+    spec_alts: int | tuple[int, ...] | str | None = None
+    # Benchmarks only (benchmarks/variants.py tiles:SPEC): ((N, K), tile or CUBLAS) pairs that send a
+    # one-row projection of that weight shape to that tile of our GEMV, or to cuBLAS.
+    row_tiles: tuple[tuple[tuple[int, int], GemvConfig | str], ...] = ()
+
+    def __post_init__(self):
+        alts = self.spec_alts
+        ok = (alts is None or alts == AUTO or (isinstance(alts, int) and alts >= 0)
+              or (isinstance(alts, tuple) and all(isinstance(a, int) and a >= 0 for a in alts)))
+        if not ok:
+            raise ValueError(f"spec_alts must be None, {AUTO!r}, a count or a tuple of counts, got {alts!r}")
+        for shape, tile in self.row_tiles:
+            if len(shape) != 2 or not (tile == CUBLAS or hasattr(tile, "split_k")):
+                raise ValueError(f"row_tiles: ({shape!r}, {tile!r}) is not ((N, K), GemvConfig or {CUBLAS!r})")
+
+    def row_tile(self, shape: tuple[int, int]) -> GemvConfig | str | None:
+        """row_tiles' entry for a weight of `shape` (N, K), None where there is none."""
+        return self._row_tiles.get(tuple(shape))
+
+    @functools.cached_property
+    def _row_tiles(self) -> dict:
+        return dict(self.row_tiles)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "KernelOptions":
+        """The defaults, with the LOCALCHAT_* switches set in `environ` (the process's by default).
+        A value it cannot read stops with a UserError naming the variable."""
+        env = os.environ if environ is None else environ
+        return cls(
+            pdl=_flag(env, "LOCALCHAT_PDL"), fuse=_flag(env, "LOCALCHAT_FUSE"),
+            fuse_invariant=_flag(env, "LOCALCHAT_FUSE_INVARIANT"),
+            qkv_gemv=_row_gemv(env.get("LOCALCHAT_ROW_GEMV", "")),
+            gated_mlp=_flag(env, "LOCALCHAT_GATED_MLP"), norm_tail=_flag(env, "LOCALCHAT_NORM_TAIL"),
+            rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
+            fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
+            spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
+        )
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """A switch that is on unless set to 0."""
+    value = env.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise UserError(f"{name}={value!r}: use 1 (on, the default) or 0 (off)")
+    return value != "0"
+
+
+def _row_gemv(value: str) -> bool:
+    value = value.strip()
+    if value in ("layers", "all"):
+        raise UserError(f"LOCALCHAT_ROW_GEMV={value} was removed (it measured slower: docs/performance.md); "
+                        "use qkv (the default) or cublas")
+    if value not in ("", "qkv", CUBLAS):
+        raise UserError(f"LOCALCHAT_ROW_GEMV={value!r}: use qkv (the default) or cublas")
+    return value != CUBLAS
+
+
+def parse_spec_alts(spec: str) -> int | tuple[int, ...] | str | None:
+    """LOCALCHAT_SPEC_ALTS: "" (the device's default), "auto", "N" or "A,B,..." (see KernelOptions)."""
+    spec = spec.strip()
+    if spec in ("", AUTO):
+        return spec or None
+    parts = [p.strip() for p in spec.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise UserError(f"LOCALCHAT_SPEC_ALTS={spec!r}: use auto, a count (0: the chain alone) or counts "
+                        "for the drafts in order, e.g. 2,1")
+    return int(parts[0]) if len(parts) == 1 else tuple(int(p) for p in parts)
+
+
+def parse_row_tiles(spec: str) -> tuple[tuple[tuple[int, int], GemvConfig | str], ...]:
+    """A row_tiles value from "NxK/block_n/block_k/split_k/warps/stages|NxK/cublas|...", e.g.
+    "4096x14336/4/1024/1/4/3|6144x4096/cublas". A bad entry raises a one-line ValueError."""
+    from .kernels.gemv import GemvConfig
+
+    tiles = {}
+    for entry in filter(None, spec.split("|")):
+        try:
+            shape, *fields = entry.split("/")
+            n, k = (int(v) for v in shape.split("x"))
+            tiles[(n, k)] = CUBLAS if fields == [CUBLAS] else GemvConfig(*(int(v) for v in fields))
+        except (TypeError, ValueError):
+            raise ValueError(f"row tiles: cannot read {entry!r} (NxK/bn/bk/split/warps/stages or NxK/cublas)") from None
+    return tuple(tiles.items())
+
+
+def triton_interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (Triton's own TRITON_INTERPRET=1).
+
+    The interpreter computes bf16/fp16 arithmetic wrongly (it has no native bf16), so
+    kernels upcast every operand to fp32 before any arithmetic or dot when this is set.
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

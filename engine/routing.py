@@ -1,0 +1,185 @@
+"""Kernel routing: which kernel and tile serve each projection of a decode or verify step on CUDA,
+as pure functions of the options, the kernel set (mode), the projection's role, the row count and
+the weight's shape. No tensors here: the layer code (layer_kernels.py, ops.py) asks and launches.
+
+A projection on its own (linear_route), in a bf16 step:
+    batch_invariant, up to 16 rows         our GEMV, the batch-invariant tile (any role, any set)
+    a draft's step (DRAFT), up to 16 rows  our GEMV, its built-in tile
+    o_proj or down, one row                our GEMV, row_tile(K)
+    qkv, one row of the ROW set            our GEMV, its built-in tile (qkv_gemv)
+    anything else                          cuBLAS (nn.Linear)
+Fused launches (layer_kernels.py) of the ROW set (one bf16 row, no draft; layer_mode) and the
+INVARIANT set (up to 16 bf16 rows with batch_invariant):
+    norm + qkv, norm + gate_up             rms_norm_gemv with FUSED_TILES' tile, or apart (UNFUSED)
+    ROW: gate_up + activation              gated_gemv (gated_mlp), then down on its own
+    activation + down otherwise            silu_mul_gemv with FUSED_TILES' tile, or apart
+    ROW: o_proj or down + the next norm    gemv_add_norm where that norm stays apart (norm_tail)
+KernelOptions.row_tiles (a benchmark instrument) override the one-row tiles by weight shape.
+
+Re-measure the tables on the GPU and edit: `python benchmarks/bench_gemv.py --rows 1,6 --out fused.json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kernels.gemv import MAX_ROWS, GemvConfig
+from .options import CUBLAS, KernelOptions
+
+# Kernel sets (modes): which kernels a decoder layer's step runs (layer_mode).
+UNFUSED = "unfused"  # add_rms_norm and silu_and_mul apart, projections routed one by one
+ROW = "row"  # one bf16 row without a draft: the fused one-row kernels
+INVARIANT = "invariant"  # up to 16 bf16 rows with batch_invariant: the fused invariant kernels
+DRAFT = "draft"  # a draft's step: our GEMV for up to 16 rows, bits of no concern to the output
+
+GEMV = "gemv"  # Route.kernel: our GEMV (CUBLAS: nn.Linear)
+ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
+
+
+@dataclass(frozen=True)
+class Route:
+    kernel: str  # GEMV or CUBLAS
+    tile: GemvConfig | None = None  # GEMV: None, the kernel's built-in table (default_config)
+    invariant: bool = False  # GEMV: the batch-invariant tile, the same for every row count
+
+
+CUBLAS_ROUTE = Route(CUBLAS)
+
+# Four output columns by 512-element steps, no split: the fastest M = 1 tile for the o_proj and
+# down shapes of both the 8B and the SmolLM2 models in the same benchmark.
+ROW_TILE = GemvConfig(block_n=4, block_k=512, split_k=1, num_warps=4, num_stages=3)
+# From K = 4096 on, 1,024-element steps: twice the bytes in flight per program (the 8B's down
+# projection 1.014x-1.017x in the decode graph).
+ROW_TILE_LONG_K = GemvConfig(block_n=4, block_k=1024, split_k=1, num_warps=4, num_stages=3)
+
+
+def row_tile(k: int) -> GemvConfig:
+    """The M = 1 tile of o_proj and down (and their fused prologues) for reduction length k."""
+    return ROW_TILE_LONG_K if k >= 4096 else ROW_TILE
+
+
+# The fused kernels' tiles by (mode, kernel, N, K). A GemvConfig: fuse with that tile. UNFUSED: run
+# the unfused pair for that projection. A shape not listed: fuse with the built-in tile (row:
+# default_config for rms_norm_gemv, row_tile for silu_mul_gemv; invariant: the invariant tile). The
+# UNFUSED entries are the shapes where the fused kernel lost in benchmarks/results/h200_gemv.json
+# (us, fused vs unfused; its M = 6 rows run the invariant tile): every program redoes the rms
+# pre-pass over K (costly at K = 4096), and the 16-row prologues are slower than their separate
+# kernels. A one-row launch reads the row for its rms in one load (kernels/gemv.py ONE_PASS): with
+# that, SmolLM2's gate_up (3072 x 576) runs fused (the demo-shaped step 1.13x faster), while on
+# the 8B folding the norm into qkv still lost (0.973x; into qkv and gate_up 0.950x).
+FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
+    (ROW, "rms_norm_gemv", 6144, 4096): UNFUSED,  # Llama-3.1-8B qkv: 25.5 vs 17.9
+    (ROW, "rms_norm_gemv", 28672, 4096): UNFUSED,  # 8B gate_up: 77.9 vs 58.8
+    (INVARIANT, "rms_norm_gemv", 6144, 4096): UNFUSED,  # 36.5 vs 24.8
+    (INVARIANT, "rms_norm_gemv", 28672, 4096): UNFUSED,  # 159.7 vs 74.7
+    (INVARIANT, "rms_norm_gemv", 3072, 576): UNFUSED,  # 8.3 vs 6.9
+    (INVARIANT, "silu_mul_gemv", 4096, 14336): UNFUSED,  # 201.0 vs 44.3
+    (INVARIANT, "silu_mul_gemv", 576, 1536): UNFUSED,  # 7.9 vs 5.3
+}
+
+
+def is_invariant(options: KernelOptions, rows: int, dtype: torch.dtype) -> bool:
+    """Whether a step of `rows` rows runs the batch-invariant tiles."""
+    return options.batch_invariant and rows <= MAX_ROWS and dtype == torch.bfloat16
+
+
+def layer_mode(options: KernelOptions, rows: int, dtype: torch.dtype, packed: bool) -> str:
+    """The kernel set of a decoder layer's step on CUDA: INVARIANT, ROW or UNFUSED (prefill,
+    packed forwards, other dtypes, fusion off)."""
+    if not options.fuse or packed:
+        return UNFUSED
+    if is_invariant(options, rows, dtype):
+        return INVARIANT if options.fuse_invariant else UNFUSED
+    return ROW if rows == 1 and dtype == torch.bfloat16 else UNFUSED
+
+
+def linear_route(options: KernelOptions, mode: str, role: str, rows: int, shape: tuple[int, int],
+                 dtype: torch.dtype) -> Route:
+    """The kernel of a projection run on its own (not fused with the norm or activation before
+    it). role: one of ROLES; o_proj and down stand for a sublayer's last projection, and for
+    every projection of a fused draft step (the same one-row tile)."""
+    bf16 = dtype == torch.bfloat16
+    if mode == DRAFT:
+        return Route(GEMV) if rows <= MAX_ROWS and bf16 else CUBLAS_ROUTE
+    if is_invariant(options, rows, dtype):
+        return Route(GEMV, invariant=True)
+    if rows != 1 or not bf16:
+        return CUBLAS_ROUTE
+    if role in ("o_proj", "down"):
+        tile = options.row_tile(shape) or row_tile(shape[1])
+    elif mode == ROW and role in ("qkv", "gate_up"):
+        tile = options.row_tile(shape)
+        if tile is None:
+            # qkv on our GEMV: the attention kernel after it may then start while it ends (after a
+            # cuBLAS launch it waits for it to finish); gate_up stays on cuBLAS, which streams the
+            # widest projections faster.
+            return Route(GEMV) if role == "qkv" and options.qkv_gemv else CUBLAS_ROUTE
+    else:
+        return CUBLAS_ROUTE  # lm_head; qkv and gate_up outside the fused one-row set
+    return CUBLAS_ROUTE if tile == CUBLAS else Route(GEMV, tile)
+
+
+def fused_tile(options: KernelOptions, mode: str, kernel: str, n: int, k: int) -> GemvConfig | str | None:
+    """FUSED_TILES' entry for rms_norm_gemv or silu_mul_gemv in mode ROW or INVARIANT: a
+    GemvConfig, UNFUSED, or None (fuse with the built-in tile)."""
+    tile = FUSED_TILES.get((mode, kernel, n, k))
+    if mode == ROW and kernel == "silu_mul_gemv" and options.row_tile((n, k)) is not None:
+        tile = options.row_tile((n, k))
+        return UNFUSED if tile == CUBLAS else tile
+    if tile is None and kernel == "rms_norm_gemv" and k >= 4096:
+        tile = UNFUSED  # as every such shape measured: each program's rms pre-pass over K costs more than it saves
+    if tile is None and mode == ROW and kernel == "silu_mul_gemv":
+        return row_tile(k)  # the down projection's tuned M = 1 tile, as unfused
+    return tile
+
+
+def _table_mode(mode: str, rows: int) -> str:
+    # A ROW-mode set on several rows (a draft-extend): the invariant entries, measured on 6 and 16
+    # rows, with the built-in tile for that row count; the row tiles are M = 1 tiles.
+    return INVARIANT if mode == ROW and rows > 1 else mode
+
+
+def norm_tile(options: KernelOptions, mode: str, rows: int, shape: tuple[int, int]) -> GemvConfig | str | None:
+    """rms_norm_gemv's tile for a norm and the projection after it (qkv, gate_up, a draft's
+    lm_head) of weight `shape`: a GemvConfig, None (the built-in tile) or UNFUSED (apart)."""
+    return fused_tile(options, _table_mode(mode, rows), "rms_norm_gemv", *shape)
+
+
+def down_tile(options: KernelOptions, mode: str, rows: int, shape: tuple[int, int]) -> GemvConfig | str | None:
+    """silu_mul_gemv's tile for the activation and the down projection of weight `shape`."""
+    return fused_tile(options, _table_mode(mode, rows), "silu_mul_gemv", *shape)
+
+
+def is_gated(options: KernelOptions, mode: str, rows: int, gate_up_shape: tuple[int, int],
+             dtype: torch.dtype) -> bool:
+    """Whether an MLP runs as gated_gemv (gate_up with silu(gate) * up in its epilogue) and a plain
+    down GEMV over I values: one bf16 row of the ROW set, unless row_tiles sends gate_up to cuBLAS
+    (silu_mul_gemv recomputed the activation of all I columns in each of its programs)."""
+    return (options.gated_mlp and mode == ROW and rows == 1 and dtype == torch.bfloat16
+            and options.row_tile(gate_up_shape) != CUBLAS)
+
+
+def gated_tile(options: KernelOptions, gate_up_shape: tuple[int, int]) -> GemvConfig | None:
+    """The gated launch's tile (block_n: gate rows, and as many up rows); None: gemv.gated_config."""
+    return options.row_tile(gate_up_shape)
+
+
+def carries_norm(options: KernelOptions, mode: str, rows: int, dtype: torch.dtype, next_role: str,
+                 next_shape: tuple[int, int]) -> bool:
+    """Whether a sublayer's last projection (o_proj, down) ends with the residual add and the next
+    RMSNorm in its last program (gemv_add_norm): a one-row bf16 step of the ROW set, where that norm
+    would otherwise be a launch of its own: before lm_head, or before a projection (next_role, of
+    weight next_shape) whose norm FUSED_TILES keeps apart."""
+    if not (options.norm_tail and mode == ROW and rows == 1 and dtype == torch.bfloat16):
+        return False
+    return next_role == "lm_head" or norm_tile(options, ROW, 1, next_shape) == UNFUSED
+
+
+def tail_tile(options: KernelOptions, shape: tuple[int, int]) -> GemvConfig | None:
+    """gemv_add_norm's tile for a one-row o_proj or down of weight `shape` that carries the next
+    norm; None: the plain projection instead (cuBLAS by row_tiles, or a split-K tile: the tail
+    needs whole columns in one program)."""
+    tile = options.row_tile(shape) or row_tile(shape[1])
+    return None if tile == CUBLAS or tile.split_k != 1 else tile

@@ -1,0 +1,69 @@
+"""KernelOptions: the measured winners by default, the LOCALCHAT_* switches read in one place, a
+bad value one line naming the variable; the engine builds its target with the batch invariance
+a draft needs, and nothing flips it later."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.errors import UserError
+from engine.options import KernelOptions
+
+
+def test_defaults_are_the_winners_and_the_environment_turns_them_off():
+    default = KernelOptions()
+    assert KernelOptions.from_env({}) == default and not default.batch_invariant
+    switches = {"LOCALCHAT_PDL": "pdl", "LOCALCHAT_FUSE": "fuse", "LOCALCHAT_FUSE_INVARIANT": "fuse_invariant",
+                "LOCALCHAT_GATED_MLP": "gated_mlp", "LOCALCHAT_NORM_TAIL": "norm_tail",
+                "LOCALCHAT_ROPE_IN_ATTENTION": "rope_in_attention", "LOCALCHAT_FUSED_DRAFT": "fused_draft",
+                "LOCALCHAT_LEAN_DRAFT": "lean_draft"}
+    for name, field in switches.items():
+        assert getattr(default, field) is True
+        assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
+        assert KernelOptions.from_env({name: "1"}) == default
+    assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
+    assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
+    alts = {"": None, "auto": "auto", "0": 0, "3": 3, "2,1": (2, 1), " 2, 1, 0 ": (2, 1, 0)}
+    for value, want in alts.items():
+        assert KernelOptions.from_env({"LOCALCHAT_SPEC_ALTS": value}).spec_alts == want
+
+
+@pytest.mark.parametrize("env,says", [({"LOCALCHAT_PDL": "off"}, "LOCALCHAT_PDL='off': use 1"),
+                                      ({"LOCALCHAT_FUSE": "all"}, "LOCALCHAT_FUSE='all': use 1"),
+                                      ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
+                                      ({"LOCALCHAT_ROW_GEMV": "x"}, "use qkv .* or cublas"),
+                                      ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'")])
+def test_a_bad_switch_is_one_line(env, says):
+    with pytest.raises(UserError, match=says) as e:
+        KernelOptions.from_env(env)
+    assert "\n" not in str(e.value)
+
+
+def test_fields_are_validated_and_frozen():
+    with pytest.raises(ValueError, match="spec_alts"):
+        KernelOptions(spec_alts=-1)
+    with pytest.raises(ValueError, match="row_tiles"):
+        KernelOptions(row_tiles=(((4096, 4096), "fast"),))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        KernelOptions().pdl = False
+
+
+def test_the_target_gets_batch_invariance_exactly_when_a_draft_comes(tiny_models, tmp_path, monkeypatch):
+    """Engine.load builds the target with batch_invariant when (and only when) a draft is loaded;
+    the draft's own kernels never need it; the other switches come from the environment."""
+    from engine.engine import Engine
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import read_config
+
+    monkeypatch.setenv("LOCALCHAT_NORM_TAIL", "0")
+    plain = Engine.load(str(tiny_models["llama"]), device="cpu")
+    assert plain.runner.model.ops.options == KernelOptions(norm_tail=False)
+    cfg = read_config(tiny_models["llama"])
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200), 64, (0, 1, 2))
+    with_draft = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cpu",
+                             options=KernelOptions(spec_alts=1))
+    assert with_draft.runner.model.ops.options == KernelOptions(spec_alts=1, batch_invariant=True)
+    assert with_draft.speculator.draft.ops.options == KernelOptions(spec_alts=1)
+    assert with_draft.speculator.alts == (1,) * with_draft.speculator.k

@@ -1,0 +1,141 @@
+"""The kernel routing table (engine/routing.py) read on the CPU: which kernel and tile each
+projection of the 8B's and the demo model's decode and verify steps gets, by options."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine import routing
+from engine.kernels.gemv import GemvConfig
+from engine.options import CUBLAS, KernelOptions
+from engine.routing import DRAFT, GEMV, INVARIANT, ROW, UNFUSED, Route
+
+BF16, F32 = torch.bfloat16, torch.float32
+DEFAULT, INVARIANT_OPTIONS = KernelOptions(), KernelOptions(batch_invariant=True)
+# (N, K) of each projection's weight
+LLAMA_8B = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+            "lm_head": (128256, 4096)}
+SMOLLM2 = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
+           "lm_head": (49152, 576)}
+LONG_K, SHORT_K = routing.ROW_TILE_LONG_K, routing.ROW_TILE
+CUBLAS_ROUTE, OUR_TABLE, INVARIANT_GEMV = Route(CUBLAS), Route(GEMV), Route(GEMV, invariant=True)
+
+
+@pytest.mark.parametrize("shapes,o_proj_tile,down_tile", [(LLAMA_8B, LONG_K, LONG_K), (SMOLLM2, SHORT_K, SHORT_K)],
+                         ids=["8b", "smollm2"])
+def test_one_row_projections_without_a_draft(shapes, o_proj_tile, down_tile):
+    """A decode step without a draft: o_proj and down on our GEMV's one-row tile (the longer K step
+    from K = 4096 on), qkv on our GEMV's own table, gate_up and lm_head on cuBLAS."""
+    want = {"qkv": OUR_TABLE, "o_proj": Route(GEMV, o_proj_tile), "gate_up": CUBLAS_ROUTE,
+            "down": Route(GEMV, down_tile), "lm_head": CUBLAS_ROUTE}
+    for role, shape in shapes.items():
+        assert routing.linear_route(DEFAULT, ROW, role, 1, shape, BF16) == want[role], role
+    # outside the fused one-row set (fusion off): qkv and gate_up on cuBLAS, o_proj and down as before
+    for role, shape in shapes.items():
+        want_unfused = want[role] if role in ("o_proj", "down") else CUBLAS_ROUTE
+        assert routing.linear_route(DEFAULT, UNFUSED, role, 1, shape, BF16) == want_unfused, role
+    no_qkv_gemv = KernelOptions(qkv_gemv=False)  # LOCALCHAT_ROW_GEMV=cublas
+    assert routing.linear_route(no_qkv_gemv, ROW, "qkv", 1, shapes["qkv"], BF16) == CUBLAS_ROUTE
+
+
+@pytest.mark.parametrize("rows", [1, 2, 6, 16])
+@pytest.mark.parametrize("mode", [ROW, INVARIANT, UNFUSED])
+def test_batch_invariant_steps_run_one_tile_for_every_row_count(rows, mode):
+    """With a draft loaded, every projection of a step of up to 16 bf16 rows runs the invariant
+    GEMV, whatever the kernel set; 17 rows or fp32 go to cuBLAS."""
+    for role, shape in LLAMA_8B.items():
+        assert routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, BF16) == INVARIANT_GEMV
+        assert routing.linear_route(INVARIANT_OPTIONS, mode, role, 17, shape, BF16) == CUBLAS_ROUTE
+        assert routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, F32) == CUBLAS_ROUTE
+
+
+def test_several_rows_without_invariance_and_drafts():
+    """Several rows without batch invariance (a prefill's tail, a draft-extend) go to cuBLAS; a
+    draft's projections take our GEMV for up to 16 rows whatever the options, its bits being of no
+    concern to the output."""
+    for role, shape in SMOLLM2.items():
+        assert routing.linear_route(DEFAULT, ROW, role, 6, shape, BF16) == CUBLAS_ROUTE
+        for options in (DEFAULT, INVARIANT_OPTIONS):
+            assert routing.linear_route(options, DRAFT, role, 6, shape, BF16) == OUR_TABLE
+            assert routing.linear_route(options, DRAFT, role, 17, shape, BF16) == CUBLAS_ROUTE
+            assert routing.linear_route(options, DRAFT, role, 1, shape, F32) == CUBLAS_ROUTE
+
+
+def test_layer_mode():
+    assert routing.layer_mode(DEFAULT, 1, BF16, packed=False) == ROW
+    assert [routing.layer_mode(DEFAULT, m, BF16, False) for m in (2, 16, 17)] == [UNFUSED] * 3
+    assert routing.layer_mode(DEFAULT, 1, F32, False) == routing.layer_mode(DEFAULT, 1, BF16, True) == UNFUSED
+    modes = [routing.layer_mode(INVARIANT_OPTIONS, m, BF16, False) for m in (1, 6, 16, 17)]
+    assert modes == [INVARIANT] * 3 + [UNFUSED]
+    apart = KernelOptions(batch_invariant=True, fuse_invariant=False)
+    assert routing.layer_mode(apart, 6, BF16, False) == routing.layer_mode(apart, 1, BF16, False) == UNFUSED
+    assert routing.layer_mode(KernelOptions(fuse=False), 1, BF16, False) == UNFUSED
+
+
+def test_fused_norms_and_activations():
+    """The FUSED_TILES decisions: the 8B keeps its norms apart (K = 4096: each program's pre-pass
+    costs more than the norm's launch) and so its one-row o_proj and down carry them; the demo's
+    one-row norms fold into qkv and gate_up; the invariant set keeps the measured losers apart."""
+    for options, mode, rows in ((DEFAULT, ROW, 1), (INVARIANT_OPTIONS, INVARIANT, 6)):
+        assert routing.norm_tile(options, mode, rows, LLAMA_8B["qkv"]) == UNFUSED
+        assert routing.norm_tile(options, mode, rows, LLAMA_8B["gate_up"]) == UNFUSED
+        assert routing.norm_tile(options, mode, rows, SMOLLM2["qkv"]) is None  # the built-in tile
+    assert routing.norm_tile(DEFAULT, ROW, 1, SMOLLM2["gate_up"]) is None
+    assert routing.norm_tile(INVARIANT_OPTIONS, INVARIANT, 6, SMOLLM2["gate_up"]) == UNFUSED
+    assert routing.norm_tile(DEFAULT, ROW, 6, SMOLLM2["gate_up"]) == UNFUSED  # several rows: the invariant entries
+    assert routing.norm_tile(DEFAULT, ROW, 1, (32000, 4096)) == UNFUSED  # not listed, K = 4096
+    assert routing.down_tile(DEFAULT, ROW, 1, LLAMA_8B["down"]) == LONG_K
+    assert routing.down_tile(DEFAULT, ROW, 1, SMOLLM2["down"]) == SHORT_K
+    assert routing.down_tile(INVARIANT_OPTIONS, INVARIANT, 6, LLAMA_8B["down"]) == UNFUSED
+    assert routing.down_tile(INVARIANT_OPTIONS, INVARIANT, 6, SMOLLM2["down"]) == UNFUSED
+    for (mode, kernel, _, _), tile in routing.FUSED_TILES.items():
+        assert mode in (ROW, INVARIANT) and kernel in ("rms_norm_gemv", "silu_mul_gemv")
+        assert tile == UNFUSED or isinstance(tile, GemvConfig)
+
+
+def test_gated_mlp_and_norm_tails():
+    for shapes in (LLAMA_8B, SMOLLM2):
+        assert routing.is_gated(DEFAULT, ROW, 1, shapes["gate_up"], BF16)
+        assert routing.gated_tile(DEFAULT, shapes["gate_up"]) is None  # gemv.gated_config
+        assert not routing.is_gated(INVARIANT_OPTIONS, INVARIANT, 1, shapes["gate_up"], BF16)
+        assert not routing.is_gated(DEFAULT, ROW, 2, shapes["gate_up"], BF16)
+        assert not routing.is_gated(KernelOptions(gated_mlp=False), ROW, 1, shapes["gate_up"], BF16)
+        assert not routing.is_gated(KernelOptions(row_tiles=((shapes["gate_up"], CUBLAS),)), ROW, 1,
+                                    shapes["gate_up"], BF16)
+        # the final norm always rides on the last down projection of a one-row step
+        assert routing.carries_norm(DEFAULT, ROW, 1, BF16, "lm_head", shapes["lm_head"])
+        assert not routing.carries_norm(DEFAULT, INVARIANT, 1, BF16, "lm_head", shapes["lm_head"])
+        assert not routing.carries_norm(KernelOptions(norm_tail=False), ROW, 1, BF16, "lm_head", shapes["lm_head"])
+    # o_proj carries the post-attention norm, down the next input norm, where those stay apart
+    assert routing.carries_norm(DEFAULT, ROW, 1, BF16, "gate_up", LLAMA_8B["gate_up"])
+    assert routing.carries_norm(DEFAULT, ROW, 1, BF16, "qkv", LLAMA_8B["qkv"])
+    assert not routing.carries_norm(DEFAULT, ROW, 1, BF16, "gate_up", SMOLLM2["gate_up"])
+    assert not routing.carries_norm(DEFAULT, ROW, 1, BF16, "qkv", SMOLLM2["qkv"])
+    assert routing.tail_tile(DEFAULT, LLAMA_8B["down"]) == LONG_K
+    assert routing.tail_tile(DEFAULT, SMOLLM2["o_proj"]) == SHORT_K
+
+
+def test_row_tiles_override_one_row_projections():
+    """Benchmarks' row_tiles send a one-row projection's shape to a tile of our GEMV or to cuBLAS
+    (o_proj, down; qkv and gate_up of the fused one-row set; silu_mul_gemv's tile); lm_head, the
+    unfused set's qkv and gate_up, and invariant steps ignore them; a split tile drops the tail."""
+    tile, split = GemvConfig(2, 1024, 1, 4, 3), GemvConfig(4, 512, 2, 4, 3)
+    options = KernelOptions(row_tiles=((LLAMA_8B["o_proj"], CUBLAS), (LLAMA_8B["gate_up"], tile),
+                                       (LLAMA_8B["qkv"], tile), (LLAMA_8B["lm_head"], tile), (LLAMA_8B["down"], split)))
+
+    def route(mode, role, rows=1, opts=options):
+        return routing.linear_route(opts, mode, role, rows, LLAMA_8B[role], BF16)
+
+    assert route(ROW, "o_proj") == CUBLAS_ROUTE and route(UNFUSED, "o_proj") == CUBLAS_ROUTE
+    assert route(ROW, "gate_up") == route(ROW, "qkv") == Route(GEMV, tile)
+    assert route(UNFUSED, "gate_up") == route(UNFUSED, "qkv") == route(ROW, "lm_head") == CUBLAS_ROUTE
+    assert route(ROW, "down") == Route(GEMV, split) and routing.tail_tile(options, LLAMA_8B["down"]) is None
+    assert routing.tail_tile(options, LLAMA_8B["o_proj"]) is None
+    assert routing.down_tile(options, ROW, 1, LLAMA_8B["down"]) == split
+    cublas_down = dataclasses.replace(options, row_tiles=((LLAMA_8B["down"], CUBLAS),))
+    assert routing.down_tile(cublas_down, ROW, 1, LLAMA_8B["down"]) == UNFUSED
+    invariant = dataclasses.replace(options, batch_invariant=True)
+    assert route(ROW, "o_proj", 1, invariant) == route(ROW, "gate_up", 6, invariant) == INVARIANT_GEMV
