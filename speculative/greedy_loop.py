@@ -26,9 +26,11 @@ import torch
 
 from engine.batch import ForwardBatch
 from engine.graphs import capture
-from engine.kernels.alternative import take_alternative, take_alternative_ref
-from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref, greedy_verify,
-                                 greedy_verify_ref)
+
+from .chain_state import ChainState
+from .kernels.alternative import take_alternative, take_alternative_ref
+from .kernels.draft_pick import argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref
+from .kernels.greedy_verify import greedy_verify, greedy_verify_ref
 
 # begin() replays the first chain's graph when captured; False runs it eagerly (comparisons:
 # benchmarks/variants.py first_eager).

@@ -10,7 +10,6 @@ import torch
 from engine import read_ahead
 from engine.decode import choose_next, plain_steps
 from engine.kernels.attention import MAX_INVARIANT_ROWS as MAX_VERIFY_ROWS
-from engine.kernels.pick import MAX_ALTS
 from engine.kv_cache import KVCache
 from engine.sampling import probabilities, sample_from
 
@@ -18,6 +17,7 @@ from .draft_graphs import DraftGraphs
 from .eagle3 import Eagle3Draft
 from . import sampled_loop
 from .greedy_loop import GreedyIteration
+from .kernels.draft_pick import MAX_ALTS
 from .verify import accept_drafts
 
 
