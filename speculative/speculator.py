@@ -13,6 +13,7 @@ from engine.kernels.attention import MAX_INVARIANT_ROWS as MAX_VERIFY_ROWS
 from engine.kv_cache import KVCache
 from engine.sampling import probabilities, sample_from
 
+from .commit import commit
 from .draft_graphs import DraftGraphs
 from .eagle3 import Eagle3Draft
 from . import sampled_loop
@@ -136,14 +137,7 @@ class Eagle3Speculator:
             window = torch.where(rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
             d_logits, d_hidden = self._extend(window, n, target_states, accepted)
             # The one host sync of the iteration.
-            a, nxt, *proposed = torch.cat([accepted.view(1), next_token.view(1), drafts]).tolist()
-            out = proposed[:a] + [nxt]
-            state.tokens.extend(out)
-            state.kv_len = n + a + 1
-            state.accept_lens.append(a + 1)
-            self._seq = state.tokens[:state.kv_len + 1]
-            if state.seen is not None:
-                state.seen[torch.tensor(out, device=dev)] = True
+            out, _ = self._commit(torch.cat([accepted.view(1), next_token.view(1), drafts]).tolist(), n, state)
             yield out
 
     def _whole_iterations(self, runner, state, it, d_logits, d_hidden) -> Iterator[list[int]]:
@@ -179,7 +173,7 @@ class Eagle3Speculator:
         k, n, width = self.k, state.kv_len, it.width
         if it.graph is None:  # eager: one iteration at a time
             while n + width <= runner.max_len:
-                out, n = self._fused_step(it.run(), n, state)
+                out, n = self._commit(it.run(), n, state)
                 yield out
             yield from plain_steps(runner, state)
             return
@@ -193,7 +187,7 @@ class Eagle3Speculator:
                 if queued < read_ahead.DEPTH and n + k + 1 + width <= runner.max_len:
                     it.queue()
                     queued += 1
-                out, n = self._fused_step(it.take(), n, state)
+                out, n = self._commit(it.take(), n, state)
                 queued -= 1
                 if not queued and n + width <= runner.max_len:
                     it.queue()
@@ -203,15 +197,12 @@ class Eagle3Speculator:
             it.drain()  # an iteration queued past the answer's end wrote only at or past kv_len
         yield from plain_steps(runner, state)
 
-    def _fused_step(self, result: list[int], n: int, state) -> tuple[list[int], int]:
-        a, nxt, *proposed = result
-        out = proposed[:a] + [nxt]
-        state.tokens.extend(out)
-        n = n + a + 1
-        state.kv_len = n
-        state.accept_lens.append(a + 1)
-        self._seq = state.tokens[:n + 1]
-        return out, n
+    def _commit(self, result: list[int], n: int, state) -> tuple[list[int], int]:
+        """commit() for the verify step at n, and the record of the tokens the draft's cache
+        holds. Returns (the new tokens, the cache length after them)."""
+        out = commit(state, n, result)
+        self._seq = state.tokens[:state.kv_len + 1]
+        return out, state.kv_len
 
     # --- pieces ---------------------------------------------------------------------------
     def _target_states(self, aux, hidden):
