@@ -15,6 +15,7 @@ from engine.sampling import probabilities, sample_from
 
 from .commit import commit
 from .draft_graphs import DraftGraphs
+from .draft_parts import DraftParts
 from .eagle3 import Eagle3Draft
 from . import sampled_loop
 from .greedy_loop import GreedyIteration
@@ -69,9 +70,11 @@ class Eagle3Speculator:
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
-        self.fused = GreedyIteration(self, runner, default_alternatives(num_steps, runner.device))  # greedy, no penalty
+        self.parts = DraftParts(draft, self.embed, self.kv, num_steps)  # what the loops and graphs use
+        # greedy, no penalty
+        self.fused = GreedyIteration(self.parts, runner, default_alternatives(num_steps, runner.device))
         self.alts = self.fused.alts  # runners-up each draft gets in its greedy verify steps
-        self.sampled = sampled_loop.SampledIteration(self, runner)  # sampling without a penalty: the same
+        self.sampled = sampled_loop.SampledIteration(self.parts, runner)  # sampling without a penalty: the same
 
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
@@ -98,7 +101,7 @@ class Eagle3Speculator:
         if not self._capture_pending or not self.fused.fits_capture(kv_len):
             return  # eager for now (in a context shorter than 4 (k + 1) tokens: always)
         self._capture_pending = False
-        self.graphs = DraftGraphs(self, self.kv, self.fused.scratch())
+        self.graphs = DraftGraphs(self.parts, self.fused.scratch())
         self.fused.capture()
 
     def tokens(self, runner, state) -> Iterator[list[int]]:
@@ -107,7 +110,7 @@ class Eagle3Speculator:
         start = state.kv_len
         new = torch.tensor(state.tokens[start:], dtype=torch.long, device=dev)
         logits, _, aux = runner.forward(new, start, want_aux=True, all_logits=False)
-        target_states = self._target_states(aux, _)
+        target_states = self.parts.target_states(aux, _)
         state.kv_len = len(state.tokens)
         yield [choose_next(logits[-1], state)]
         # Draft prefill: entries start..n-1 pair target state j with token j + 1.
@@ -130,7 +133,7 @@ class Eagle3Speculator:
             bonus = torch.tensor([state.tokens[n]], dtype=torch.long, device=dev)
             drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
             logits, hidden, aux = runner.forward(torch.cat([bonus, drafts]), n, want_aux=True)
-            target_states = self._target_states(aux, hidden)
+            target_states = self.parts.target_states(aux, hidden)
             accepted, next_token = self._accept(drafts, q, logits, state)
             # Draft-extend over the fixed window of k+1 rows; row a (accepted) is the last valid.
             rows = torch.arange(k + 1, device=dev)
@@ -205,9 +208,6 @@ class Eagle3Speculator:
         return out, state.kv_len
 
     # --- pieces ---------------------------------------------------------------------------
-    def _target_states(self, aux, hidden):
-        return aux if self.config.use_aux_hidden_state else hidden
-
     def _draft_chain(self, d_logits, d_hidden, n: int, state):
         """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities."""
         p, k = state.params, self.k
