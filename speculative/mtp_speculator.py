@@ -35,6 +35,8 @@ from .verify import accept_drafts
 
 
 class MTPSpeculator:
+    """The MTP Speculator (protocol.py): one step-by-step loop for every kind of sampling."""
+
     def __init__(self, draft: MTPDraft, runner, num_steps: int):
         mc = draft.config
         self.draft = draft

@@ -57,6 +57,10 @@ def default_alternatives(k: int, device: torch.device) -> tuple[int, ...]:
 
 
 class Eagle3Speculator:
+    """The EAGLE-3 Speculator (protocol.py). Answers run as whole iterations (greedy_loop.py,
+    sampled_loop.py) where those compute them, the rest (a repetition penalty, for one) as the
+    step-by-step loop in tokens()."""
+
     def __init__(self, draft: Eagle3Draft, runner, num_steps: int):
         dc = draft.config
         self.draft = draft

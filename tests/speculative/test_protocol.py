@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import speculative.mtp_speculator as mtp_module
-import speculative.speculator as eagle3_module
+import speculative.mtp_speculator as mtp_speculator
+import speculative.speculator as eagle3_speculator
 from engine.decode import DecodeState
 from engine.engine import Engine
 from engine.types import SamplingParams
@@ -68,8 +68,8 @@ def _commit_counts(monkeypatch) -> list[int]:
         calls.append(n)
         return commit(state, n, result)
 
-    monkeypatch.setattr(eagle3_module, "commit", counted)
-    monkeypatch.setattr(mtp_module, "commit", counted)
+    monkeypatch.setattr(eagle3_speculator, "commit", counted)
+    monkeypatch.setattr(mtp_speculator, "commit", counted)
     return calls
 
 
