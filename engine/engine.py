@@ -37,7 +37,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.draft_name = draft_name
-        self.speculator = speculator  # speculative.Speculator or None
+        self.speculator = speculator  # a speculative.protocol.Speculator (EAGLE-3 or MTP), or None
         self.device = str(runner.device)
         self._kv_tokens: list[int] = []  # tokens whose K/V the target cache holds, in order
 

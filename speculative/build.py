@@ -19,10 +19,11 @@ from .eagle3 import Eagle3Draft
 from .mtp import MTPDraft
 from .mtp_config import MTPConfig
 from .mtp_speculator import MTPSpeculator
+from .protocol import Speculator
 from .speculator import Eagle3Speculator
 
 
-def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_name: str = "the target"):
+def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_name: str = "the target") -> Speculator:
     """folder: an EAGLE-3 head, standalone MTP layers, or a target checkpoint that ships MTP layers.
     The runner's model must be built with KernelOptions.batch_invariant: verify rows must carry the
     bits of the decode steps they stand for, and a model's kernels are chosen when it is built."""

@@ -10,14 +10,17 @@ import torch
 
 from engine.graphs import capture
 
+from .draft_parts import DraftParts
+
 
 class DraftGraphs:
-    def __init__(self, spec, kv, scratch: int):
+    def __init__(self, parts: DraftParts, scratch: int):
         """scratch: the cache position where the capture's warm-ups write (the decode step at
         scratch, the extend window from there); nothing live may be at or past it."""
-        dc, draft, embed = spec.config, spec.draft, spec.embed
+        draft, embed, kv = parts.draft, parts.embed, parts.kv
+        dc = draft.config
         dev, dtype = kv.k_all.device, kv.k_all.dtype
-        rows = spec.k + 1
+        rows = parts.k + 1
         pool = torch.cuda.graph_pool_handle()
         # decode step buffers: sized from the draft config's decode width
         self.dec_ids = torch.zeros(1, dtype=torch.long, device=dev)

@@ -24,7 +24,14 @@ def pick_row(x: torch.Tensor, row: int | torch.Tensor) -> torch.Tensor:
 
 
 class Eagle3Layer(nn.Module):
-    """Attention reads [input_layernorm(embed(token)), hidden_norm(h)], 2H wide."""
+    """Attention reads [input_layernorm(embed(token)), hidden_norm(h)], 2H wide.
+
+    One computation on three paths that differ in kernels, and so in their last bits (which only
+    change what is drafted, never the output); they share _cached_attention where they agree:
+        forward        plain torch: the CPU, training, and the reference the GPU paths are tested against
+        fused_forward  GPU kernels for any number of rows: prompts longer than the GEMV's MAX_ROWS
+        lean_forward   GPU, fewest launches, up to MAX_ROWS rows: draft steps and draft-extends
+    """
 
     def __init__(self, dc: DraftConfig):
         super().__init__()
@@ -69,7 +76,6 @@ class Eagle3Layer(nn.Module):
         SiLU-and-mul; the residual adds ride on the norms): about a third of the launches of
         the torch version, which matters because the draft runs k times per verify step.
         Returns (final_norm(out), out)."""
-        T = embeds.shape[0]
         eps = self.hidden_norm.eps
         normed_h, _ = ops.add_rms_norm(hidden, None, self.hidden_norm.weight, eps)
         residual = normed_h if self.norm_before_residual else hidden
@@ -77,11 +83,8 @@ class Eagle3Layer(nn.Module):
         lin = ops.row_linear  # our M = 1 GEMV for a draft step (faster than cuBLAS there); cuBLAS otherwise
         qkv = lin(torch.cat([normed_e, normed_h], dim=-1), self.self_attn.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
-                               v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
-        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention).reshape(T, self.q_size)
-        if last is not None:
-            o, residual = pick_row(o, last), pick_row(residual, last)
+        o, residual = self._cached_attention(q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache,
+                                             ops, last)
         attn_out = lin(o, self.self_attn.o_proj)
         normed, h = ops.add_rms_norm(attn_out, residual, self.post_attention_layernorm.weight,
                                      self.post_attention_layernorm.eps)
@@ -107,11 +110,8 @@ class Eagle3Layer(nn.Module):
         residual = x[:, H:] if self.norm_before_residual else hidden
         qkv = fast.project(x, self.self_attn.qkv_proj, "qkv")
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
-                               v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
-        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention).reshape(T, self.q_size)
-        if last is not None:
-            o, residual = pick_row(o, last), pick_row(residual, last)
+        o, residual = self._cached_attention(q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache,
+                                             ops, last)
         o_proj = self.self_attn.o_proj
         attn_out = (gemv(o, o_proj.weight, config=ROW_TILE, pdl=pdl) if o.shape[0] == 1
                     else fast.project(o, o_proj, "o_proj"))
@@ -120,6 +120,18 @@ class Eagle3Layer(nn.Module):
         mlp_out = fast.mlp_down(gate_up, self.mlp)
         logits, out = fast.norm_linear(mlp_out, h, final_norm, lm_head, "lm_head")
         return logits, out
+
+    def _cached_attention(self, q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache, ops, last):
+        """The attention of both GPU paths: RoPE with the cache write in one launch, attention over
+        the cache, then (with `last`) only that row of its output and of the residual. Returns
+        (o (T, q_size), residual), one row each with `last`."""
+        T = q.shape[0]
+        q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
+                               v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention).reshape(T, self.q_size)
+        if last is not None:
+            o, residual = pick_row(o, last), pick_row(residual, last)
+        return o, residual
 
 
 class Eagle3Draft(nn.Module):

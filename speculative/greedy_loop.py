@@ -28,9 +28,12 @@ import torch
 
 from engine.batch import ForwardBatch
 from engine.graphs import capture
-from engine.kernels.alternative import take_alternative, take_alternative_ref
-from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref, greedy_verify,
-                                 greedy_verify_ref)
+
+from .chain_state import ChainState
+from .draft_parts import DraftParts
+from .kernels.alternative import take_alternative, take_alternative_ref
+from .kernels.draft_pick import argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref
+from .kernels.greedy_verify import greedy_verify, greedy_verify_ref
 
 
 class WholeIteration:
@@ -40,9 +43,9 @@ class WholeIteration:
 
     graph = None  # the captured graph (subclasses), None: eager
 
-    def __init__(self, spec, runner, alts: tuple[int, ...] | int = 0):
-        self.spec, self.runner = spec, runner
-        k = spec.k
+    def __init__(self, parts: DraftParts, runner, alts: tuple[int, ...] | int = 0):
+        self.parts, self.runner = parts, runner
+        k = parts.k
         self.k = k
         self.last_pos = runner.max_len - 1
         self.chain = chain = ChainState(k, self.last_pos, runner.device, alts)
@@ -121,33 +124,33 @@ class WholeIteration:
         positions) and runs the draft-extend over the k+1 rows (the sampled loop; the greedy one
         has greedy_verify move the chain). Returns (the draft's logits and state at the last
         accepted row, the next n when the host knows it)."""
-        spec = self.spec
+        parts = self.parts
         self.chain.advance(accepted, next_token)
         # Row i pairs target state n+i with the token at n+i+1; rows past the accepted ones carry
         # the next token and are never read. The draft steps write at n + a + 1 + s (clamped:
         # past the context the host switches to plain steps before using these drafts).
-        states = spec._target_states(out.aux_hidden, out.hidden)
-        logits, hidden = spec.draft(self.chain.window, self.positions[:self.k + 1], states, True, spec.embed, spec.kv,
-                                    start_pos=n, last=accepted)
+        states = parts.target_states(out.aux_hidden, out.hidden)
+        logits, hidden = parts.draft(self.chain.window, self.positions[:self.k + 1], states, True, parts.embed,
+                                     parts.kv, start_pos=n, last=accepted)
         return logits, hidden, None if n is None else n + int(accepted) + 1
 
     def _draft_step(self, tok, s: int, d_hidden, n_next: int | None, fp32_logits: bool = True):
         """Draft step s + 1 of the next chain (its input: draft token s at n + s)."""
-        spec = self.spec
+        parts = self.parts
         start = None if n_next is None else min(n_next + s, self.last_pos)
-        return spec.draft(tok, self.draft_pos[s:s + 1], d_hidden, False, spec.embed, spec.kv, start_pos=start,
-                          fp32_logits=fp32_logits)
+        return parts.draft(tok, self.draft_pos[s:s + 1], d_hidden, False, parts.embed, parts.kv, start_pos=start,
+                           fp32_logits=fp32_logits)
 
 
 class GreedyIteration(WholeIteration):
-    def __init__(self, spec, runner, alts: tuple[int, ...] | int = 0):
-        super().__init__(spec, runner, alts)
+    def __init__(self, parts: DraftParts, runner, alts: tuple[int, ...] | int = 0):
+        super().__init__(parts, runner, alts)
         self.graph = None
         self.first_graph = None  # begin()'s first chain, captured with the iteration
         self._first_logits = self._first_hidden = None  # its static inputs
         # The lean draft's GPU kernels: the acceptance and each pick in one launch; torch ops otherwise.
-        self.lean = spec.draft.lean
-        pdl = self.lean and spec.draft.ops.options.pdl
+        self.lean = parts.draft.lean
+        pdl = self.lean and parts.draft.ops.options.pdl
 
         def chosen(kernel, ref):
             return partial(kernel, pdl=pdl) if self.lean else ref
@@ -163,7 +166,7 @@ class GreedyIteration(WholeIteration):
         first replay reads)."""
         if self.runner.device.type != "cuda":
             return
-        dc, dev = self.spec.config, self.runner.device
+        dc, dev = self.parts.draft.config, self.runner.device
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             self._first_logits = torch.zeros(1, dc.draft_vocab_size, dtype=torch.float32, device=dev)
@@ -176,19 +179,19 @@ class GreedyIteration(WholeIteration):
 
     def _body(self, n: int | None = None) -> None:
         """n: the cache length when the host knows it (eager), None inside the graph."""
-        spec, chain = self.spec, self.chain
+        parts, chain = self.parts, self.chain
         out = self._verify(n)
         lean = self.lean
         self._accept(self.runner.model.logits(out.hidden, fp32=not lean), chain)
-        states = spec._target_states(out.aux_hidden, out.hidden)
+        states = parts.target_states(out.aux_hidden, out.hidden)
         if self.num_alts:
             # An accepted alternative: its K/V to its position, its state into the extend window.
             kv = self.runner.kv
             window_states = states.new_empty(self.k + 1, states.shape[1])
             states = self._take_alternative(kv.k_all, kv.v_all, chain.kv_move, states, chain.state_rows, window_states)
         # the draft's logits and state at the last accepted row start the next chain
-        d_logits, d_hidden = spec.draft(chain.window, self.positions[:self.k + 1], states, True, spec.embed, spec.kv,
-                                        start_pos=n, fp32_logits=not lean, last=chain.accepted)
+        d_logits, d_hidden = parts.draft(chain.window, self.positions[:self.k + 1], states, True, parts.embed,
+                                         parts.kv, start_pos=n, fp32_logits=not lean, last=chain.accepted)
         n_next = None if n is None else n + int(chain.accepted) + 1
         self._chain(d_logits, d_hidden, n_next)
 
@@ -196,13 +199,13 @@ class GreedyIteration(WholeIteration):
         """The next k drafts (and their alternatives) into ids[1:], from the draft's logits (1, Vd)
         and state d_hidden (1, H) at the entry before the bonus token at n, the draft steps
         writing at draft_pos. n: the cache length when the host knows it."""
-        spec, chain = self.spec, self.chain
+        draft, chain = self.parts.draft, self.chain
         for s in range(self.k):
             slot = self.ids[s + 1:s + 2]  # draft token s + 1, and the next step's input
             if self.alts[s]:
-                self._draft_pick(d_logits, spec.draft.d2t, slot, chain.alt_slots(s))
+                self._draft_pick(d_logits, draft.d2t, slot, chain.alt_slots(s))
             else:
-                self._argmax_pick(d_logits, spec.draft.d2t, slot)
+                self._argmax_pick(d_logits, draft.d2t, slot)
             if s < self.k - 1:
                 d_logits, d_hidden = self._draft_step(slot, s, d_hidden, n, fp32_logits=not self.lean)
 

@@ -28,12 +28,15 @@ from engine.rope import rope_cos_sin
 from engine.decode import choose_next, plain_steps
 from engine.sampling import probabilities, sample_from
 
+from .commit import commit
 from .mtp import MTPDraft
 from .mtp_graphs import MTPWindow
 from .verify import accept_drafts
 
 
 class MTPSpeculator:
+    """The MTP Speculator (protocol.py): one step-by-step loop for every kind of sampling."""
+
     def __init__(self, draft: MTPDraft, runner, num_steps: int):
         mc = draft.config
         self.draft = draft
@@ -102,13 +105,8 @@ class MTPSpeculator:
             self.window.begin(n - S + 1, cur_ids, hidden, accepted)
             new_drafts, new_q = self._draft(state)
             a = int(accepted)  # the one host sync of the iteration
-            out = drafts[:a].tolist() + [int(next_token)]
-            state.tokens.extend(out)
-            state.kv_len = n + a + 1
-            state.accept_lens.append(a + 1)
+            out = commit(state, n, [a, int(next_token)] + drafts[:a].tolist())
             self._seq = state.tokens[:state.kv_len + 1]
-            if state.seen is not None:
-                state.seen[torch.tensor(out, device=dev)] = True
             drafts, q = new_drafts, new_q
             yield out
 

@@ -27,6 +27,7 @@ import torch
 from engine.graphs import capture
 from engine.sampling import SamplingTensors, filtered, probabilities_t
 
+from .draft_parts import DraftParts
 from .greedy_loop import WholeIteration
 
 
@@ -52,16 +53,16 @@ def accept_with_draws(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u:
 
 
 class SampledIteration(WholeIteration):
-    def __init__(self, spec, runner):
-        super().__init__(spec, runner)
-        k, dev, V = spec.k, runner.device, runner.config.vocab_size
+    def __init__(self, parts: DraftParts, runner):
+        super().__init__(parts, runner)
+        k, dev, V = parts.k, runner.device, runner.config.vocab_size
         self.q = torch.zeros(k, V, dtype=torch.float32, device=dev)
         self.params = SamplingTensors(dev)
         self.cut = False  # the request has top-k, top-p or min-p: the graph with the sorting pass
         self.u = torch.zeros(k, dtype=torch.float32, device=dev)
         self.e_residual = torch.ones(V, dtype=torch.float32, device=dev)
         self.e_drafts = torch.ones(k, V, dtype=torch.float32, device=dev)
-        self.draft_rows = torch.arange(spec.draft.d2t.shape[0], device=dev)
+        self.draft_rows = torch.arange(parts.draft.d2t.shape[0], device=dev)
         self.generator: torch.Generator | None = None
         self.graphs: dict[bool, torch.cuda.CUDAGraph | None] = {False: None, True: None}
         self._capture_failed = {False: False, True: False}
@@ -136,7 +137,7 @@ class SampledIteration(WholeIteration):
         p = probabilities_t(self.runner.model.logits(out.hidden), self.params, self.cut)
         accepted, next_token = accept_with_draws(self.ids[1:], self.q, p, self.u, self.e_residual)
         d_logits, d_hidden, n_next = self._extend(out, accepted, next_token, n)
-        targets = self.spec.draft.d2t + self.draft_rows  # draft id -> target id
+        targets = self.parts.draft.d2t + self.draft_rows  # draft id -> target id
         for s in range(self.k):
             qd = probabilities_t(d_logits[-1:], self.params, self.cut)[0]  # over the draft vocabulary
             q = self.q[s]

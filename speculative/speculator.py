@@ -9,15 +9,17 @@ import torch
 from engine import read_ahead
 from engine.decode import choose_next, plain_steps
 from engine.kernels.attention import MAX_INVARIANT_ROWS as MAX_VERIFY_ROWS
-from engine.kernels.pick import MAX_ALTS
 from engine.kv_cache import KVCache
 from engine.options import AUTO
 from engine.sampling import probabilities, sample_from
 
+from .commit import commit
 from .draft_graphs import DraftGraphs
+from .draft_parts import DraftParts
 from .eagle3 import Eagle3Draft
 from . import sampled_loop
 from .greedy_loop import GreedyIteration
+from .kernels.draft_pick import MAX_ALTS
 from .verify import accept_drafts
 
 
@@ -55,6 +57,10 @@ def default_alternatives(k: int, device: torch.device, spec_alts: int | tuple[in
 
 
 class Eagle3Speculator:
+    """The EAGLE-3 Speculator (protocol.py). Answers run as whole iterations (greedy_loop.py,
+    sampled_loop.py) where those compute them, the rest (a repetition penalty, for one) as the
+    step-by-step loop in tokens()."""
+
     def __init__(self, draft: Eagle3Draft, runner, num_steps: int):
         dc = draft.config
         self.draft = draft
@@ -68,10 +74,11 @@ class Eagle3Speculator:
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
+        self.parts = DraftParts(draft, self.embed, self.kv, num_steps)  # what the loops and graphs use
         alts = default_alternatives(num_steps, runner.device, runner.model.ops.options.spec_alts)
-        self.fused = GreedyIteration(self, runner, alts)  # greedy, no penalty
+        self.fused = GreedyIteration(self.parts, runner, alts)  # greedy, no penalty
         self.alts = self.fused.alts  # runners-up each draft gets in its greedy verify steps
-        self.sampled = sampled_loop.SampledIteration(self, runner)  # sampling without a penalty: the same
+        self.sampled = sampled_loop.SampledIteration(self.parts, runner)  # sampling without a penalty: the same
 
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
@@ -98,7 +105,7 @@ class Eagle3Speculator:
         if not self._capture_pending or not self.fused.fits_capture(kv_len):
             return  # eager for now (in a context shorter than 4 (k + 1) tokens: always)
         self._capture_pending = False
-        self.graphs = DraftGraphs(self, self.kv, self.fused.scratch())
+        self.graphs = DraftGraphs(self.parts, self.fused.scratch())
         self.fused.capture()
 
     def tokens(self, runner, state) -> Iterator[list[int]]:
@@ -107,7 +114,7 @@ class Eagle3Speculator:
         start = state.kv_len
         new = torch.tensor(state.tokens[start:], dtype=torch.long, device=dev)
         logits, _, aux = runner.forward(new, start, want_aux=True, all_logits=False)
-        target_states = self._target_states(aux, _)
+        target_states = self.parts.target_states(aux, _)
         state.kv_len = len(state.tokens)
         yield [choose_next(logits[-1], state)]
         # Draft prefill: entries start..n-1 pair target state j with token j + 1.
@@ -130,21 +137,14 @@ class Eagle3Speculator:
             bonus = torch.tensor([state.tokens[n]], dtype=torch.long, device=dev)
             drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
             logits, hidden, aux = runner.forward(torch.cat([bonus, drafts]), n, want_aux=True)
-            target_states = self._target_states(aux, hidden)
+            target_states = self.parts.target_states(aux, hidden)
             accepted, next_token = self._accept(drafts, q, logits, state)
             # Draft-extend over the fixed window of k+1 rows; row a (accepted) is the last valid.
             rows = torch.arange(k + 1, device=dev)
             window = torch.where(rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
             d_logits, d_hidden = self._extend(window, n, target_states, accepted)
             # The one host sync of the iteration.
-            a, nxt, *proposed = torch.cat([accepted.view(1), next_token.view(1), drafts]).tolist()
-            out = proposed[:a] + [nxt]
-            state.tokens.extend(out)
-            state.kv_len = n + a + 1
-            state.accept_lens.append(a + 1)
-            self._seq = state.tokens[:state.kv_len + 1]
-            if state.seen is not None:
-                state.seen[torch.tensor(out, device=dev)] = True
+            out, _ = self._commit(torch.cat([accepted.view(1), next_token.view(1), drafts]).tolist(), n, state)
             yield out
 
     def _whole_iterations(self, runner, state, it, d_logits, d_hidden) -> Iterator[list[int]]:
@@ -180,7 +180,7 @@ class Eagle3Speculator:
         k, n, width = self.k, state.kv_len, it.width
         if it.graph is None:  # eager: one iteration at a time
             while n + width <= runner.max_len:
-                out, n = self._fused_step(it.run(), n, state)
+                out, n = self._commit(it.run(), n, state)
                 yield out
             yield from plain_steps(runner, state)
             return
@@ -194,7 +194,7 @@ class Eagle3Speculator:
                 if queued < read_ahead.DEPTH and n + k + 1 + width <= runner.max_len:
                     it.queue()
                     queued += 1
-                out, n = self._fused_step(it.take(), n, state)
+                out, n = self._commit(it.take(), n, state)
                 queued -= 1
                 if not queued and n + width <= runner.max_len:
                     it.queue()
@@ -204,20 +204,14 @@ class Eagle3Speculator:
             it.drain()  # an iteration queued past the answer's end wrote only at or past kv_len
         yield from plain_steps(runner, state)
 
-    def _fused_step(self, result: list[int], n: int, state) -> tuple[list[int], int]:
-        a, nxt, *proposed = result
-        out = proposed[:a] + [nxt]
-        state.tokens.extend(out)
-        n = n + a + 1
-        state.kv_len = n
-        state.accept_lens.append(a + 1)
-        self._seq = state.tokens[:n + 1]
-        return out, n
+    def _commit(self, result: list[int], n: int, state) -> tuple[list[int], int]:
+        """commit() for the verify step at n, and the record of the tokens the draft's cache
+        holds. Returns (the new tokens, the cache length after them)."""
+        out = commit(state, n, result)
+        self._seq = state.tokens[:state.kv_len + 1]
+        return out, state.kv_len
 
     # --- pieces ---------------------------------------------------------------------------
-    def _target_states(self, aux, hidden):
-        return aux if self.config.use_aux_hidden_state else hidden
-
     def _draft_chain(self, d_logits, d_hidden, n: int, state):
         """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities."""
         p, k = state.params, self.k

@@ -27,9 +27,11 @@ from engine.kernels.attention import (decode_attention, decode_attention_ref, de
                                      rope_decode_attention)
 from engine.kernels.norm import (add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref,  # noqa: E402
                                  embed_rows, embed_rows_ref)
-from engine.kernels.pick import (ChainState, argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref,  # noqa: E402
-                                 greedy_next, greedy_next_ref, greedy_verify, greedy_verify_ref)
+from engine.kernels.pick import greedy_next, greedy_next_ref  # noqa: E402
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
+from speculative.chain_state import ChainState  # noqa: E402
+from speculative.kernels.draft_pick import argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref  # noqa: E402
+from speculative.kernels.greedy_verify import greedy_verify, greedy_verify_ref  # noqa: E402
 
 DEVICES = [
     pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
@@ -650,7 +652,7 @@ def test_greedy_verify_ref_accepts_an_alternative():
 
 
 def test_take_alternative_ref_moves_kv_and_gathers_states():
-    from engine.kernels.alternative import take_alternative_ref
+    from speculative.kernels.alternative import take_alternative_ref
 
     gen = torch.Generator().manual_seed(3)
     k_all, v_all = torch.randn(2, 4, 20, 3, 8, generator=gen).unbind(0)
@@ -669,7 +671,7 @@ def test_take_alternative_ref_moves_kv_and_gathers_states():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(30, 3, 64, 1728), (2, 8, 128, 4096 * 3), (1, 1, 64, 100)])
 def test_take_alternative(device, dtype, shape):
-    from engine.kernels.alternative import take_alternative, take_alternative_ref
+    from speculative.kernels.alternative import take_alternative, take_alternative_ref
 
     layers, heads, head_dim, width = shape
     gen = torch.Generator().manual_seed(sum(shape))

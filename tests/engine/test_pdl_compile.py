@@ -25,12 +25,14 @@ READ_EARLY = {"rope_and_cache", "attention reduce trigger first"}
 
 def _kernels():
     import engine.kernels.activation as activation
-    import engine.kernels.alternative as alternative
     import engine.kernels.attention as attention
     import engine.kernels.gemv as gemv
     import engine.kernels.norm as norm
     import engine.kernels.pick as pick
     import engine.kernels.rope as rope
+    import speculative.kernels.alternative as alternative
+    import speculative.kernels.draft_pick as draft_pick
+    import speculative.kernels.greedy_verify as greedy_verify
 
     split, reduce = attention._kernels()
     gemv_base = dict(HAS_RESIDUAL=True, HAS_BIAS=False, DOT_F32=False, SPLIT_K=1, K_PER_SPLIT=768, EVEN_K=False,
@@ -40,11 +42,11 @@ def _kernels():
         ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
         ("embed_rows", norm._kernels()[2], dict(BLOCK=1024), 4),
-        ("argmax_pick", pick._kernels()[0], dict(HAS_OFFSETS=True, BLOCK=2048), 8),
-        ("greedy_verify", pick._kernels()[1], dict(HAS_ALTS=False, BLOCK=2048, BLOCK_R=16), 8),
-        ("greedy_verify alternatives", pick._kernels()[1], dict(HAS_ALTS=True, BLOCK=2048, BLOCK_R=16), 8),
-        ("greedy_next", pick._kernels()[3], dict(CHUNK=2048, BLOCK=2048, BLOCK_P=64), 8),
-        ("draft_pick", pick._kernels()[2], dict(ALTS=3, HAS_OFFSETS=True, BLOCK=2048), 8,
+        ("argmax_pick", draft_pick._kernels()[0], dict(HAS_OFFSETS=True, BLOCK=2048), 8),
+        ("greedy_verify", greedy_verify._kernel(), dict(HAS_ALTS=False, BLOCK=2048, BLOCK_R=16), 8),
+        ("greedy_verify alternatives", greedy_verify._kernel(), dict(HAS_ALTS=True, BLOCK=2048, BLOCK_R=16), 8),
+        ("greedy_next", pick._kernels(), dict(CHUNK=2048, BLOCK=2048, BLOCK_P=64), 8),
+        ("draft_pick", draft_pick._kernels()[1], dict(ALTS=3, HAS_OFFSETS=True, BLOCK=2048), 8,
          {"out_ptr": "*i64"}),
         ("take_alternative", alternative._kernels(), dict(OUT_ROWS=6, BLOCK=256, BLOCK_W=2048), 4),
         ("silu_and_mul", activation._kernels(), dict(BLOCK=1024), 4),
