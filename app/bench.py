@@ -118,7 +118,7 @@ def comparison_model(model: str, device: str, n_prompts: int, prompt_set: str = 
 
     from engine.engine import Engine
 
-    from .bench_setup import build_bench_engine, chat_prompts_from
+    from app.bench_setup import build_bench_engine, chat_prompts_from
 
     if model == "demo":
         def workload(engine):
@@ -184,7 +184,7 @@ def cmd_bench(args) -> int:
 
     from engine.errors import UserError
 
-    from .bench_setup import bench_prompts, build_bench_engine
+    from app.bench_setup import bench_prompts, build_bench_engine
 
     apply_counts(args)
     if args.prompt_tokens < 1 or args.new_tokens < 2:

@@ -31,7 +31,7 @@ def build_bench_engine(args, options=None):
     """options: a random-weight model's kernel switches (engine/options.py; None: from the
     environment, as for a real model)."""
     if not args.random_weights:
-        from .commands import load_engine
+        from app.commands import load_engine
 
         return load_engine(args, quiet=args.json)
     import dataclasses
@@ -45,7 +45,7 @@ def build_bench_engine(args, options=None):
     from engine.runner import ModelRunner
     from engine.threads import apply_threads
 
-    from .bench import LLAMA_8B
+    from app.bench import LLAMA_8B
 
     from engine.config_checks import read_json
 
@@ -91,9 +91,9 @@ def random_draft(cfg, runner, k: int, force_accept: int):
     import torch
 
     from engine.errors import UserError
-    from speculative.config import DraftConfig
-    from speculative.eagle3 import Eagle3Draft
-    from speculative.speculator import Eagle3Speculator
+    from speculative.eagle3.config import DraftConfig
+    from speculative.eagle3.model import Eagle3Draft
+    from speculative.eagle3.speculator import Eagle3Speculator
 
     if not 1 <= force_accept <= k + 1:
         raise UserError(f"--force-accept must be between 1 and k + 1 = {k + 1}")
@@ -130,7 +130,7 @@ def bench_prompts(engine, args) -> tuple[list[list[int]], str]:
 
 
 HELD_OUT = "held-out chitchat conversations"
-HELD_OUT_INSTRUCT = "held-out built-in instruction prompts (speculative/instruct_prompts.py)"
+HELD_OUT_INSTRUCT = "held-out built-in instruction prompts (speculative/train/instruct_prompts.py)"
 BUILT_IN = "built-in prompts (the chitchat data set is not in the cache)"
 
 
@@ -143,15 +143,15 @@ def chat_prompts_from(n: int, prompt_set: str = "chitchat") -> tuple[list[list[d
     (never used to train the shipped heads) when the data set is in the cache; otherwise the
     built-in prompts, on which the shipped head accepts less (H200: 2.3 against 3.0). Reports
     say which, so figures from the two sets are never compared by mistake. prompt_set
-    "instruct": (the held-out instruction prompts of speculative/instruct_prompts.py, in a fixed
+    "instruct": (the held-out instruction prompts of speculative/train/instruct_prompts.py, in a fixed
     shuffle that mixes their kinds, HELD_OUT_INSTRUCT)."""
     if prompt_set == "instruct":
-        from speculative.instruct_prompts import instruct_prompts, interleaved
+        from speculative.train.instruct_prompts import instruct_prompts, interleaved
 
         held = interleaved(instruct_prompts(heldout=True), 0)
         return [[{"role": "user", "content": p}] for p in (held * (1 + n // len(held)))[:n]], HELD_OUT_INSTRUCT
     try:
-        from speculative.train_data import heldout_prompts
+        from speculative.train.data import heldout_prompts
 
         held = heldout_prompts(n)
         if len(held) == n:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from engine.errors import UserError
 
-from .paths import AppPaths
-from .store import ChatRecord, ChatStore, MessageRecord
+from app.paths import AppPaths
+from app.store import ChatRecord, ChatStore, MessageRecord
 
 ROLE_HEADINGS = {"user": "You", "assistant": "Assistant", "system": "System"}
 
@@ -21,7 +21,7 @@ ROLE_HEADINGS = {"user": "You", "assistant": "Assistant", "system": "System"}
 def chat_markdown(chat: ChatRecord, messages: list[MessageRecord], now: float | None = None) -> str:
     """One chat as a Markdown document: title, when it was exported, the system prompt, then
     each message under a heading, with the answer's speed line (model, tok/s, accepted length)."""
-    from .widgets.stats_line import format_stats
+    from app.widgets.stats_line import format_stats
 
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() if now is None else now))
     count = f"{len(messages)} message" + ("" if len(messages) == 1 else "s")

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             return _dispatch(args)
     except UserError as e:
         print(f"localchat: error: {e}", file=sys.stderr)
-        return e.exit_status  # 2, or 1 for a download that broke off (engine/hub_errors.py)
+        return e.exit_status  # 2, or 1 for a download that broke off (engine/hub/errors.py)
     except KeyboardInterrupt as stop:  # Ctrl+C or SIGTERM: 130 or 143, as a shell reports a signal
         print(f"localchat: {describe(stop)}", file=sys.stderr)
         return exit_status(stop)
@@ -213,7 +213,7 @@ def _dispatch(args) -> int:
 
         return cmd_bench(args)
     if args.command == "train-draft":
-        from speculative.train import cmd_train
+        from speculative.train.command import cmd_train
 
         return cmd_train(args)
     return args.handler(args)

@@ -165,11 +165,11 @@ def cmd_doctor(args) -> int:
     why = "from OMP_NUM_THREADS" if threads is None else "free now; --threads N sets it"
     lines.append(f"cpu threads  {threads or torch.get_num_threads()} for the CPU path ({why}; {load.usable} usable "
                  f"of {load.cores} cores, load {load.load_1min:.1f})")
-    from engine.demo import demo_gguf_path
+    from engine.hub.demo import demo_gguf_path
 
     lines += [f"cache        {cache_dir()}", f"data         {data_dir()}", f"config       {config_dir()}",
               f"demo model   {demo_gguf_path()} ({'present' if demo_gguf_path().exists() else 'not fetched yet'})"]
-    from engine.hub_cache import cache_dir as hub_cache_dir
+    from engine.hub.cache import cache_dir as hub_cache_dir
 
     lines.append(f"hf cache     {hub_cache_dir()}")
     print("\n".join(lines))

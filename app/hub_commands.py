@@ -93,8 +93,8 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from engine.catalog import DEMO_ID, load_catalog
-    from engine.hub import plan_download, run_download
+    from engine.hub.catalog import DEMO_ID, load_catalog
+    from engine.hub.download import plan_download, run_download
 
     if args.repo == DEMO_ID:
         return _download_demo()
@@ -135,14 +135,14 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _say_hashing(name: str, size: int) -> None:
-    from engine.hub import is_weight_file
+    from engine.hub.download import is_weight_file
 
     if is_weight_file(name):  # the only files large enough for the wait to need a word
         say(f"checking the cached {name} ({format_bytes(size)}) against the Hub's sha256, once")
 
 
 def _download_demo() -> int:
-    from engine.demo import ensure_demo
+    from engine.hub.demo import ensure_demo
 
     try:  # asked for by name: hash the file even if it was checked before, and fetch it again if it is bad
         path = ensure_demo(log=say, verify=True)
@@ -153,9 +153,9 @@ def _download_demo() -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from engine.catalog import load_catalog
-    from engine.fit import detect_gpu, estimate_fit, local_weights_bytes, shape_from_config
-    from engine.local_models import list_cached_models
+    from engine.hub.catalog import load_catalog
+    from engine.hub.fit import detect_gpu, estimate_fit, local_weights_bytes, shape_from_config
+    from engine.hub.local_models import list_cached_models
 
     if args.context < 1:
         return fail(f"--context must be >= 1, got {args.context}")

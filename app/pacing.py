@@ -19,13 +19,13 @@ from typing import Any, Awaitable, Callable
 from textual.message_pump import MessagePump
 from textual.timer import Timer
 
-from .engine_runner import AnswerStream, EngineRunner
+from app.engine_worker import AnswerStream, EngineWorker
 
 ShowCallback = Callable[[str, Any], Awaitable[None]]
 
 
-def release_when_drawn(owner: MessagePump, runner: EngineRunner, job_id: int) -> None:
-    """Let a held job (EngineRunner.generate(hold=True)) decode once the screen has been refreshed twice:
+def release_when_drawn(owner: MessagePump, runner: EngineWorker, job_id: int) -> None:
+    """Let a held job (EngineWorker.generate(hold=True)) decode once the screen has been refreshed twice:
     the first refresh lays out and paints the widgets just mounted, the second what mounting them started
     (a Markdown parses its text once mounted)."""
     owner.call_after_refresh(owner.call_after_refresh, runner.release, job_id)
@@ -77,7 +77,7 @@ class LiveAnswer:
         await self._update(first=True)
 
     def stop(self) -> None:
-        """No more updates (the answer has finished: the rest comes with EngineRunner.Finished)."""
+        """No more updates (the answer has finished: the rest comes with EngineWorker.Finished)."""
         self._stopped = True
         if self._timer is not None:
             self._timer.stop()

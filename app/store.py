@@ -9,10 +9,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import chat_lease
-from .chat_lease import LeaseHolder
-from .chat_records import ChatRecord, MessageRecord
-from .write_queue import ChatChange, ChatDeletion, ChatHeld, MessageDeletion, NewChat, NewMessage, Write, \
+from app import chat_lease
+from app.chat_lease import LeaseHolder
+from app.chat_records import ChatRecord, MessageRecord
+from app.write_queue import ChatChange, ChatDeletion, ChatHeld, MessageDeletion, NewChat, NewMessage, Write, \
     WriteQueue, describe
 
 # Each entry moves the schema from version i to i + 1. Append only: never edit a shipped one.

@@ -13,15 +13,15 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from .engine_runner import EngineFactory, EngineRunner, ProgressCallback
-from .paths import AppPaths
-from .screens.chat_screen import ChatScreen
-from .screens.keys_screen import KeysScreen, key_rows
-from .screens.settings_screen import SettingsScreen
-from .settings import Settings, load_settings, save_settings
-from .stop_signals import describe, exit_status, quit_on_stop_signals
-from .store import ChatStore
-from .widgets.prompt_input import PromptInput
+from app.engine_worker import EngineFactory, EngineWorker, ProgressCallback
+from app.paths import AppPaths
+from app.screens.chat_screen import ChatScreen
+from app.screens.keys_screen import KeysScreen, key_rows
+from app.screens.settings_screen import SettingsScreen
+from app.settings import Settings, load_settings, save_settings
+from app.stop_signals import describe, exit_status, quit_on_stop_signals
+from app.store import ChatStore
+from app.widgets.prompt_input import PromptInput
 
 ENGINE_SWITCH_INTERVAL_S = 0.0002
 # On quit the engine thread stops at its next step: at once while it decodes, but a load phase or a long
@@ -56,7 +56,7 @@ class LocalChatApp(App):
         steps = draft_steps or self.settings.draft_steps
         self.load_kwargs = dict(device=device, draft_steps=steps, max_seq_len=max_seq_len, use_graphs=use_graphs,
                                 threads=threads)
-        self.runner = EngineRunner(engine_factory or _load_engine(model, draft=draft, **self.load_kwargs))
+        self.runner = EngineWorker(engine_factory or _load_engine(model, draft=draft, **self.load_kwargs))
         self.model_label = model
         self.speculative = self.settings.speculative if speculative is None else speculative
         self.chat_screen: ChatScreen | None = None
@@ -104,7 +104,7 @@ class LocalChatApp(App):
 
     def action_models(self) -> None:
         """The model wizard; the chosen model (and draft) replaces the loaded one."""
-        from .screens.wizard import WizardScreen
+        from app.screens.wizard import WizardScreen
 
         def done(result) -> None:
             if result is None:
@@ -157,7 +157,7 @@ def _load_engine(model: str, **load_kwargs) -> EngineFactory:
         engine = Engine.load(model, on_progress=on_progress, **load_kwargs)
         # Torch, the model and the app are a large heap that lives as long as the model: a full collection
         # of it holds the GIL for 100 ms or more, as long as a whole answer on a GPU. Freezing it keeps it
-        # out of later collections (EngineRunner unfreezes before a reload lets it go).
+        # out of later collections (EngineWorker unfreezes before a reload lets it go).
         gc.collect()
         gc.freeze()
         return engine
@@ -199,7 +199,7 @@ def run_app(app: LocalChatApp) -> int:
     return app.return_code or 0
 
 
-def _stop_engine(runner: EngineRunner, status: int) -> None:
+def _stop_engine(runner: EngineWorker, status: int) -> None:
     """Stops the engine thread (an answer stops at its next step, a load at its next phase) and waits for it,
     saying so when that takes long; a thread that never comes back is left behind: the process exits with
     `status` without it."""

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.catalog import DEMO_ID, MTP_BUILTIN, Catalog, load_catalog
+from engine.hub.catalog import DEMO_ID, MTP_BUILTIN, Catalog, load_catalog
 from engine.errors import UserError
-from engine.fit import FitEstimate, GpuMemory, detect_gpu, estimate_fit
-from engine.hub import DownloadPlan, cache_dir, free_disk_bytes, is_offline, plan_download
-from engine.local_models import LocalModel, cached_snapshot, list_cached_models
+from engine.hub.fit import FitEstimate, GpuMemory, detect_gpu, estimate_fit
+from engine.hub.download import DownloadPlan, cache_dir, free_disk_bytes, is_offline, plan_download
+from engine.hub.local_models import LocalModel, cached_snapshot, list_cached_models
 from engine.units import format_bytes
 
-from .widgets.hub_search import SearchHit
+from app.widgets.hub_search import SearchHit
 
 CONTEXT = 8192  # the fit column assumes this context; the chat screen may choose another
 
@@ -55,7 +55,7 @@ def probe_environment(catalog: Catalog | None = None) -> Environment:
 def search_hub(text: str, limit: int = 40) -> list[SearchHit]:
     from huggingface_hub import HfApi
 
-    from engine.hub_errors import hub_errors
+    from engine.hub.errors import hub_errors
 
     with hub_errors(text):
         models = HfApi().list_models(search=text, limit=limit, sort="downloads")
@@ -77,7 +77,7 @@ class Choice:
 
     @property
     def is_demo_missing(self) -> bool:
-        from engine.demo import demo_gguf_path
+        from engine.hub.demo import demo_gguf_path
 
         return self.target == DEMO_ID and not demo_gguf_path().with_suffix(".verified").is_file()
 
@@ -94,7 +94,7 @@ def _fit_text(target: str, weights_bytes: int, draft_bytes: int, gpu: GpuMemory 
 
 def is_missing_path(spec: str) -> bool:
     """`spec` names a file or folder that is not there: it is no Hub repo id (OWNER/NAME), as the command line
-    decides (engine.resolve), and nothing is at that path."""
+    decides (engine.hub.resolve), and nothing is at that path."""
     from pathlib import Path
 
     if spec in (DEMO_ID, MTP_BUILTIN, "none") or Path(spec).expanduser().exists():
@@ -115,7 +115,7 @@ def plan_choice(target: str, draft: str | None, gpu: GpuMemory | None, is_local:
         entry = load_catalog().by_id(DEMO_ID)
         return Choice(target, None, None, f"demo model with its shipped draft head · {format_bytes(entry.target.size_bytes)} from PyPI")
     if Path(target).expanduser().exists():
-        from engine.resolve import resolve
+        from engine.hub.resolve import resolve
 
         source = resolve(target)  # a path: checked here, nothing fetched
         kind = "GGUF file" if source.is_gguf else "model folder"

@@ -10,9 +10,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from . import chat_lease
-from .chat_lease import LeaseHolder
-from .chat_records import ChatRecord, MessageRecord
+from app import chat_lease
+from app.chat_lease import LeaseHolder
+from app.chat_records import ChatRecord, MessageRecord
 
 
 @dataclass(frozen=True)

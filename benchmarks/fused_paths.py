@@ -15,7 +15,7 @@ import torch
 from engine.engine import Engine
 from engine.options import KernelOptions
 from engine.types import SamplingParams
-from engine.batch import ForwardBatch
+from engine.forward_batch import ForwardBatch
 from app.bench_setup import chat_prompts
 
 out = {}

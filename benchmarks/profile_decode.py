@@ -55,7 +55,7 @@ def main() -> None:
     engine = build_bench_engine(ns, options)
     r = engine.runner
     r.capture([args.rows])
-    from engine.batch import ForwardBatch
+    from engine.forward_batch import ForwardBatch
 
     _mode = torch.inference_mode()
     _mode.__enter__()

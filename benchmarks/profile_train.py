@@ -51,11 +51,11 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from speculative.teacher import Teacher
-    from speculative.train import TrainOptions, _init_draft, _load_target, feature_cache_bytes
-    from speculative.train_export import default_aux_layers
-    from speculative.train_loop import Batcher, train_step
-    from speculative.train_prepare import choose_draft_vocab, prepare_data
+    from speculative.train.teacher import Teacher
+    from speculative.train.command import TrainOptions, _init_draft, _load_target, feature_cache_bytes
+    from speculative.train.export import default_aux_layers
+    from speculative.train.loop import Batcher, train_step
+    from speculative.train.prepare import choose_draft_vocab, prepare_data
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":

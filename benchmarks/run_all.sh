@@ -4,7 +4,7 @@
 #     bash benchmarks/run_all.sh OUTDIR [quick]
 #
 # Needs the demo model (and, for held-out prompts, the chitchat data set) in the cache: run
-# `localchat run --model demo hi` and `python -c "from speculative.train_data import
+# `localchat run --model demo hi` and `python -c "from speculative.train.data import
 # load_chitchat; load_chitchat()"` once with network first. About 10 minutes on an H200
 # ("quick": the demo rows only, about 4). Copy the files into benchmarks/results/ under the
 # names that benchmarks/update_readme.py reads (the session-7 rows read files named *_session7),

@@ -1,9 +1,9 @@
 """train-draft's two target-side phases, old path against new in one process, on a model of a
 given shape with random bf16 weights (no download; the demo's shape by default):
 
-- generation of training replies (engine/batched.py greedy_batch): the host reading each
+- generation of training replies (speculative/train/batched_generate.py greedy_batch): the host reading each
   step's tokens (SYNC_EVERY = 1) against reading them every SYNC_EVERY steps;
-- teacher features (a packed forward with aux layers, speculative/teacher.py): padded groups
+- teacher features (a packed forward with aux layers, speculative/train/teacher.py): padded groups
   of similar lengths against one variable-length flash call per layer.
 
 Rounds alternate (old, new, old, new) so clock drift falls on both. Random weights rarely emit
@@ -43,8 +43,8 @@ def main() -> None:
 
     import engine.attention as attention
     from app.bench_setup import build_bench_engine
-    from engine import batched
-    from engine.batch import ForwardBatch
+    from speculative.train import batched_generate as batched
+    from engine.forward_batch import ForwardBatch
 
     sync = lambda: torch.cuda.synchronize() if a.device == "cuda" else None  # noqa: E731
     args = SimpleNamespace(random_weights=a.config, device=a.device, max_seq_len=1024, force_accept=None,

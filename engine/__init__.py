@@ -3,8 +3,8 @@
 `Engine` is imported lazily so that `engine.types` and `engine.errors` stay free of torch.
 """
 
-from .errors import ModelLoadError, UserError
-from .types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
+from engine.errors import ModelLoadError, UserError
+from engine.types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
 
 __all__ = ["Engine", "GenerationResult", "GenerationStats", "ModelLoadError", "SamplingParams",
            "StreamEvent", "UserError"]
@@ -12,7 +12,7 @@ __all__ = ["Engine", "GenerationResult", "GenerationStats", "ModelLoadError", "S
 
 def __getattr__(name: str):
     if name == "Engine":
-        from .engine import Engine
+        from engine.engine import Engine
 
         return Engine
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .kernels.attention import decode_attention_ref, decode_attention_sdpa
+from engine.kernels.attention import decode_attention_ref, decode_attention_sdpa
 
 
 def attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

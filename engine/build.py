@@ -7,14 +7,14 @@ import time
 
 import torch
 
-from .demo import demo_draft_path
-from .errors import UserError
-from .loader import load_folder, load_gguf
-from .options import KernelOptions
-from .prepared import is_current, prepared_dir
-from .resolve import resolve
-from .runner import ModelRunner
-from .threads import apply_threads
+from engine.hub.demo import demo_draft_path
+from engine.errors import UserError
+from engine.loader import load_folder, load_gguf
+from engine.options import KernelOptions
+from engine.weights.prepared import is_current, prepared_dir
+from engine.hub.resolve import resolve
+from engine.runner import ModelRunner
+from engine.threads import apply_threads
 
 
 def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq_len: int | None,
@@ -22,7 +22,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
                  threads: int | None = None, options: KernelOptions | None = None):
     """options: the kernel switches (None: KernelOptions.from_env()); batch_invariant is set here,
     from whether a draft comes with the target."""
-    from .engine import pick_device
+    from engine.engine import pick_device
 
     def say(msg: str, frac: float | None = None) -> None:
         if on_progress:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .errors import UserError
+from engine.errors import UserError
 
 # The render limit is the messages' own text plus an allowance for what the template adds: per
 # token of context (a prompt past the context is refused after rendering anyway), and at least

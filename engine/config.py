@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config_checks import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_POSITIONS,
+from engine.config_checks import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_POSITIONS,
                             MAX_VOCAB, check_layer_count, check_rope_scaling, flag, get, integer, mapping, names,
                             number, read_json, token_ids)
-from .errors import ModelLoadError
+from engine.errors import ModelLoadError
 
 # Architectures with our own implementation; all are the Llama decoder with small variations.
 SUPPORTED_ARCHITECTURES = (

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from .errors import ModelLoadError
+from engine.errors import ModelLoadError
 
 # Generous bounds: several times the largest released models (hidden 16384, 126 layers, 128
 # heads, vocabularies of 256K, a few million positions), and tight enough that a typo in a

@@ -7,8 +7,8 @@ from typing import Iterator
 
 import torch
 
-from .sampling import apply_repetition_penalty, choose_tokens
-from .types import SamplingParams
+from engine.sampling import apply_repetition_penalty, choose_tokens
+from engine.types import SamplingParams
 
 
 @dataclass

@@ -9,13 +9,13 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import read_ahead
-from .errors import UserError
-from .options import KernelOptions
-from .runner import ModelRunner
-from .decode import DecodeState, choose_next, plain_steps
-from .tokenizer import IncrementalDetokenizer, Tokenizer
-from .types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
+from engine import read_ahead
+from engine.errors import UserError
+from engine.options import KernelOptions
+from engine.runner import ModelRunner
+from engine.decode import DecodeState, choose_next, plain_steps
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
 
 Progress = Callable[[str, "float | None"], None]
 
@@ -60,7 +60,7 @@ class Engine:
         on_progress(text, fraction) is called between load phases and while a download runs, never
         inside a torch call: an exception it raises abandons the load at that point (the app stops a
         load this way when it quits)."""
-        from .build import build_engine
+        from engine.build import build_engine
 
         return build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress,
                             defer_capture, threads, options)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .batch import ForwardBatch
-from .kernels.pick import greedy_next_ref
+from engine.forward_batch import ForwardBatch
+from engine.kernels.pick import greedy_next_ref
 
 
 def capture(fn, pool):
@@ -62,7 +62,7 @@ class CapturedStep:
     def read_ahead(self):
         """A ReadAhead over the decode graph's next token (made once, kept with the graph)."""
         if self._reader is None:
-            from .read_ahead import ReadAhead
+            from engine.read_ahead import ReadAhead
 
             self._reader = ReadAhead(self.next_token)
         return self._reader

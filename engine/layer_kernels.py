@@ -8,10 +8,10 @@ from typing import Callable
 
 import torch
 
-from . import routing
-from .kernels.gemv import gated_gemv, gemv_add_norm, rms_norm_gated_gemv, rms_norm_gemv, silu_mul_gemv
-from .options import KernelOptions
-from .routing import INVARIANT, ROW, UNFUSED
+from engine import routing
+from engine.kernels.gemv import gated_gemv, gemv_add_norm, rms_norm_gated_gemv, rms_norm_gemv, silu_mul_gemv
+from engine.options import KernelOptions
+from engine.routing import INVARIANT, ROW, UNFUSED
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,17 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .checkpoint import iter_tensors, tensor_shapes, weight_files
-from .config import ModelConfig
-from .config_checks import read_json, token_ids
-from .errors import ModelLoadError
-from .gguf_file import gguf_shapes, hf_config, iter_gguf_tensors, open_gguf
-from .model import CausalLM
-from .ops import Ops
-from .options import KernelOptions
-from .prepared import is_current, write_prepared
-from .tokenizer import Tokenizer
-from .weights import load_weights
+from engine.weights.checkpoint import iter_tensors, tensor_shapes, weight_files
+from engine.config import ModelConfig
+from engine.config_checks import read_json, token_ids
+from engine.errors import ModelLoadError
+from engine.weights.gguf import gguf_shapes, hf_config, iter_gguf_tensors, open_gguf
+from engine.model import CausalLM
+from engine.ops import Ops
+from engine.options import KernelOptions
+from engine.weights.prepared import is_current, write_prepared
+from engine.tokenizer import Tokenizer
+from engine.weights.load import load_weights
 
 
 @dataclass
@@ -76,7 +76,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     """Loads a GGUF file. With `prepared_dir`, the first load also writes there an HF folder
     (config, the dequantized tensors in `dtype`, the converted tokenizer) and later loads read that
     instead while the file is unchanged: parsing the GGUF vocabulary and dequantizing cost
-    seconds at every start (engine/prepared.py)."""
+    seconds at every start (engine/weights/prepared.py)."""
     if prepared_dir is not None and is_current(prepared_dir, path, dtype):
         return load_folder(prepared_dir, device, dtype, max_len, options)
     reader = open_gguf(path)

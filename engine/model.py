@@ -6,16 +6,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import attend, attention_packed
-from .batch import ForwardBatch
-from .config import ModelConfig
-from .kv_cache import KVCache
-from .layers import GatedMLP, RMSNorm
-from .kernels.attention import MAX_INVARIANT_ROWS
-from .layer_kernels import Normed, rows_of
-from .ops import Ops
-from .options import KernelOptions
-from .rope import apply_rope, rope_cos_sin
+from engine.attention import attend, attention_packed
+from engine.forward_batch import ForwardBatch
+from engine.config import ModelConfig
+from engine.kv_cache import KVCache
+from engine.layers import GatedMLP, RMSNorm
+from engine.kernels.attention import MAX_INVARIANT_ROWS
+from engine.layer_kernels import Normed, rows_of
+from engine.ops import Ops
+from engine.options import KernelOptions
+from engine.rope import apply_rope, rope_cos_sin
 
 
 @dataclass

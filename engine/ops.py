@@ -9,16 +9,16 @@ from typing import Callable
 
 import torch
 
-from . import routing
-from .kernels.activation import silu_and_mul, silu_and_mul_ref
-from .kernels.attention import MAX_INVARIANT_ROWS, decode_attention, rope_decode_attention
-from .kernels.gemv import gemv
-from .kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
-from .kernels.pick import greedy_next
-from .kernels.rope import rope_and_cache
-from .layer_kernels import FusedLayerKernels, LayerKernels
-from .options import KernelOptions
-from .routing import CUBLAS, DRAFT, UNFUSED
+from engine import routing
+from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
+from engine.kernels.attention import MAX_INVARIANT_ROWS, decode_attention, rope_decode_attention
+from engine.kernels.gemv import gemv
+from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
+from engine.kernels.pick import greedy_next
+from engine.kernels.rope import rope_and_cache
+from engine.layer_kernels import FusedLayerKernels, LayerKernels
+from engine.options import KernelOptions
+from engine.routing import CUBLAS, DRAFT, UNFUSED
 
 
 def _nn_linear(x: torch.Tensor, linear: torch.nn.Linear, role: str = "") -> torch.Tensor:
@@ -131,7 +131,7 @@ def _has_triton() -> bool:
         import triton  # noqa: F401
     except ImportError:
         return False
-    from .kernels.triton_key import remember_triton_key
+    from engine.kernels.triton_key import remember_triton_key
 
     remember_triton_key()
     return True

@@ -8,10 +8,10 @@ import functools
 import os
 from typing import TYPE_CHECKING, Mapping
 
-from .errors import UserError
+from engine.errors import UserError
 
 if TYPE_CHECKING:
-    from .kernels.gemv import GemvConfig
+    from engine.kernels.gemv import GemvConfig
 
 CUBLAS = "cublas"  # a row_tiles entry that sends that shape to nn.Linear (cuBLAS) instead of our GEMV
 AUTO = "auto"  # spec_alts: the GPU's shaped alternatives on any device
@@ -134,7 +134,7 @@ def parse_spec_alts(spec: str) -> int | tuple[int, ...] | str | None:
 def parse_row_tiles(spec: str) -> tuple[tuple[tuple[int, int], GemvConfig | str], ...]:
     """A row_tiles value from "NxK/block_n/block_k/split_k/warps/stages|NxK/cublas|...", e.g.
     "4096x14336/4/1024/1/4/3|6144x4096/cublas". A bad entry raises a one-line ValueError."""
-    from .kernels.gemv import GemvConfig
+    from engine.kernels.gemv import GemvConfig
 
     tiles = {}
     for entry in filter(None, spec.split("|")):

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .config import ModelConfig
+from engine.config import ModelConfig
 
 
 def _base_inv_freq(base: float, dim: int) -> torch.Tensor:

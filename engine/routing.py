@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels.gemv import MAX_ROWS, GemvConfig
-from .options import CUBLAS, KernelOptions
+from engine.kernels.gemv import MAX_ROWS, GemvConfig
+from engine.options import CUBLAS, KernelOptions
 
 # Kernel sets (modes): which kernels a decoder layer's step runs (layer_mode).
 UNFUSED = "unfused"  # add_rms_norm and silu_and_mul apart, projections routed one by one

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .batch import ForwardBatch
-from .graphs import CapturedStep
-from .kv_cache import KVCache
-from .model import CausalLM
+from engine.forward_batch import ForwardBatch
+from engine.graphs import CapturedStep
+from engine.kv_cache import KVCache
+from engine.model import CausalLM
 
 
 class ModelRunner:

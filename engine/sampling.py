@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .types import SamplingParams
+from engine.types import SamplingParams
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from engine.errors import UserError
 
 
 @dataclass(frozen=True)

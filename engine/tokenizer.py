@@ -14,8 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from .chat_template import ChatTemplate, render_limit
-from .errors import ModelLoadError, UserError
+from engine.chat_template import ChatTemplate, render_limit
+from engine.errors import ModelLoadError, UserError
 
 # Files a tokenizer folder may hold: a change to any of them re-derives the cached facts.
 _SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -55,7 +55,7 @@ class Tokenizer:
                     cache: Path | None = None) -> "Tokenizer":
         """cache: where verified fast tokenizers are kept (default: the localchat cache)."""
         if cache is None:
-            from .paths import cache_dir
+            from engine.paths import cache_dir
 
             cache = cache_dir() / "tokenizers"
         key = None if gguf_file else _source_key(folder)

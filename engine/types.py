@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, asdict
 
-from .errors import UserError
+from engine.errors import UserError
 
 # torch.Generator.manual_seed takes 0 .. 2**64 - 1 (negative seeds alias positive ones).
 MAX_SEED = 2**64 - 1

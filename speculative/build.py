@@ -7,20 +7,20 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint import iter_tensors, tensor_shapes, weight_files
+from engine.weights.checkpoint import iter_tensors, tensor_shapes, weight_files
 from engine.config_checks import read_json
 from engine.errors import ModelLoadError
 from engine.loader import build_uninitialized
 from engine.ops import Ops
-from engine.weights import load_weights
+from engine.weights.load import load_weights
 
-from .config import DraftConfig
-from .eagle3 import Eagle3Draft
-from .mtp import MTPDraft
-from .mtp_config import MTPConfig
-from .mtp_speculator import MTPSpeculator
-from .protocol import Speculator
-from .speculator import Eagle3Speculator
+from speculative.eagle3.config import DraftConfig
+from speculative.eagle3.model import Eagle3Draft
+from speculative.mtp.model import MTPDraft
+from speculative.mtp.config import MTPConfig
+from speculative.mtp.speculator import MTPSpeculator
+from speculative.protocol import Speculator
+from speculative.eagle3.speculator import Eagle3Speculator
 
 
 def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_name: str = "the target") -> Speculator:

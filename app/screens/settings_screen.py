@@ -10,7 +10,7 @@ from textual.containers import Grid, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Switch
 
-from ..settings import Settings
+from app.settings import Settings
 
 NUMBER_FIELDS = (
     ("temperature", "Temperature", "0 = greedy"),

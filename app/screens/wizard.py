@@ -19,18 +19,18 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, TabbedContent, TabPane
 
-from engine.catalog import DEMO_ID, load_catalog
-from engine.download_progress import DownloadCancelled, DownloadProgress
+from engine.hub.catalog import DEMO_ID, load_catalog
+from engine.hub.progress import DownloadCancelled, DownloadProgress
 from engine.errors import UserError
-from engine.hub_errors import GatedRepo, hub_url
+from engine.hub.errors import GatedRepo, hub_url
 
-from ..widgets.catalog_table import CatalogTable
-from ..widgets.download_panel import DownloadPanel
-from ..widgets.downloaded_table import DownloadedTable
-from ..widgets.hub_search import HubSearch, SearchHit
-from ..widgets.path_label import PathLabel
-from ..widgets.token_prompt import TokenPrompt
-from ..wizard_tasks import Choice, Environment, plan_choice, probe_environment, search_hub
+from app.widgets.catalog_table import CatalogTable
+from app.widgets.download_panel import DownloadPanel
+from app.widgets.downloaded_table import DownloadedTable
+from app.widgets.hub_search import HubSearch, SearchHit
+from app.widgets.path_label import PathLabel
+from app.widgets.token_prompt import TokenPrompt
+from app.wizard_tasks import Choice, Environment, plan_choice, probe_environment, search_hub
 
 WizardResult = tuple[str, str | None]
 
@@ -141,8 +141,8 @@ class WizardScreen(Screen[WizardResult | None]):
 
     @work(thread=True, exclusive=True, group="download")
     def download(self, choice: Choice) -> None:
-        from engine.demo import ensure_demo
-        from engine.hub import run_download
+        from engine.hub.demo import ensure_demo
+        from engine.hub.download import run_download
 
         try:
             if choice.target == DEMO_ID:

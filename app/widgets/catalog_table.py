@@ -9,8 +9,8 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
-from engine.catalog import Catalog, CatalogEntry
-from engine.fit import FitEstimate
+from engine.hub.catalog import Catalog, CatalogEntry
+from engine.hub.fit import FitEstimate
 from engine.units import format_bytes
 
 FIT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red", "no GPU": "dim"}

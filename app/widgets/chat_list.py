@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
-from ..store import ChatRecord
+from app.store import ChatRecord
 
 
 class ChatList(OptionList):

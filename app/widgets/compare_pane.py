@@ -8,8 +8,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label, Markdown
 
-from .markdown_feed import MarkdownFeed
-from .stats_line import StatsLine, stats_dict
+from app.widgets.markdown_feed import MarkdownFeed
+from app.widgets.stats_line import StatsLine, stats_dict
 
 
 class ComparePane(Vertical):

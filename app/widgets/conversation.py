@@ -7,8 +7,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..store import MessageRecord
-from .message_view import MessageView
+from app.store import MessageRecord
+from app.widgets.message_view import MessageView
 
 WELCOME = (  # lines short enough not to wrap at 80 columns
     "[b]Start a conversation[/b]\n\n"

@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Button, Label, ProgressBar
 
-from engine.download_progress import DownloadProgress
+from engine.hub.progress import DownloadProgress
 from engine.units import format_bytes, format_eta, format_speed
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from textual.message import Message
 from textual.widgets import DataTable
 
-from engine.local_models import LocalModel
+from engine.hub.local_models import LocalModel
 from engine.units import format_bytes
 
 

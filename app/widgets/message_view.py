@@ -9,8 +9,8 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Label, Markdown
 
-from .markdown_feed import MarkdownFeed
-from .stats_line import StatsLine
+from app.widgets.markdown_feed import MarkdownFeed
+from app.widgets.stats_line import StatsLine
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 

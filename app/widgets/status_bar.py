@@ -13,7 +13,7 @@ from textual.reactive import reactive
 from textual.timer import Timer
 from textual.widgets import ProgressBar, Static
 
-from .stats_line import stats_dict
+from app.widgets.stats_line import stats_dict
 
 GAP = 2  # cells after the model and the speculation fields (margin-right in the stylesheet)
 # The short speed text, with and without an accepted length ("1234 tok/s · TTFT 999 ms · accept 3.13").

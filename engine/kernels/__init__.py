@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from ..options import triton_interpreting  # noqa: F401  (the launchers import it from here)
+from engine.options import triton_interpreting  # noqa: F401  (the launchers import it from here)
 
 
 def next_pow2(n: int) -> int:

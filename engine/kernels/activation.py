@@ -7,7 +7,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from . import pdl_args
+from engine.kernels import pdl_args
 
 triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 

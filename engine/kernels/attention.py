@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import next_pow2, num_sms, pdl_args, triton_interpreting
+from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 
 triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -49,7 +49,7 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    from .rope import rotate_helper
+    from engine.kernels.rope import rotate_helper
 
     rotate = rotate_helper()
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from . import next_pow2, num_sms, pdl_args, triton_interpreting
+from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 
 triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -427,6 +427,6 @@ def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def gemv_add_norm_ref(x, weight, bias, residual, norm_weight, eps, config=None):
-    from .norm import add_rms_norm_ref
+    from engine.kernels.norm import add_rms_norm_ref
 
     return add_rms_norm_ref(F.linear(x, weight, bias), residual, norm_weight, eps)

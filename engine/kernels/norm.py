@@ -7,7 +7,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from . import next_pow2, pdl_args
+from engine.kernels import next_pow2, pdl_args
 
 triton = tl = table_row = None  # bound by _kernels(): Triton is imported on first use only
 

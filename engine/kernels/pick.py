@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from . import next_pow2, pdl_args
+from engine.kernels import next_pow2, pdl_args
 
 triton = tl = span_best = row_argmax = None  # bound by argmax_helpers(): Triton is imported on first use only
 

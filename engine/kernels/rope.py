@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from . import next_pow2, pdl_args
+from engine.kernels import next_pow2, pdl_args
 
 triton = tl = rotate = rotate_rows = None  # bound by _kernels(): Triton is imported on first use only
 

@@ -9,7 +9,7 @@ import torch
 
 from engine.kernels import next_pow2, pdl_args
 
-from ..chain_state import ChainState
+from speculative.chain_state import ChainState
 
 triton = tl = row_argmax = None  # bound by _kernel(): Triton is imported on first use only
 

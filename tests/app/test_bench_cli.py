@@ -57,7 +57,7 @@ def test_accept_hist_total_sums_histograms_of_any_length():
 def test_bench_instruct_prompt_set(tmp_path, tiny_models):
     """--prompt-set instruct asks held-out built-in instruction prompts, and says so."""
     from app.bench_setup import HELD_OUT_INSTRUCT, chat_prompts_from
-    from speculative.instruct_prompts import instruct_prompts
+    from speculative.train.instruct_prompts import instruct_prompts
 
     prompts, which = chat_prompts_from(3, "instruct")
     held = set(instruct_prompts(heldout=True))

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from app.cli import main
-from engine.catalog import Catalog, CatalogEntry
+from engine.hub.catalog import Catalog, CatalogEntry
 from tests.hub_fixtures import fake_hub, hub_env  # noqa: F401
 from tests.hub_server import FakeRepo
 from tests.speculative.heads import head_tensors, write_head
@@ -39,8 +39,8 @@ def folders(tmp_path_factory):
 @pytest.fixture
 def published(hub_env, fake_hub, folders, monkeypatch):
     """Both repos on the fake Hub, and a catalog that pairs them with the head marked allow_bin."""
-    import engine.catalog
-    import engine.pairing
+    import engine.hub.catalog
+    import engine.hub.pairing
 
     for repo, folder in zip((TARGET, DRAFT), folders):
         fake_hub.add(FakeRepo(repo, {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}))
@@ -50,8 +50,8 @@ def published(hub_env, fake_hub, folders, monkeypatch):
         "target": dict(shape, repo=TARGET, size_bytes=10**6),
         "draft": dict(shape, repo=DRAFT, kind="eagle3", allow_bin=True, size_bytes=10**6, num_layers=1),
     })
-    catalog = Catalog(engine.catalog.load_catalog().entries + (entry,))
-    for module in (engine.catalog, engine.pairing):
+    catalog = Catalog(engine.hub.catalog.load_catalog().entries + (entry,))
+    for module in (engine.hub.catalog, engine.hub.pairing):
         monkeypatch.setattr(module, "load_catalog", lambda path=None: catalog)
     return hub_env
 

@@ -62,7 +62,7 @@ def tiny_as_demo(tiny_models, monkeypatch):
     build_speculator records what it is asked for."""
     import engine.build as build
     import speculative.build as spec_build
-    from engine.resolve import ModelSource
+    from engine.hub.resolve import ModelSource
 
     real_resolve = build.resolve
 

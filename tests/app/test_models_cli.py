@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.fit import GpuMemory, detect_gpu
+from engine.hub.fit import GpuMemory, detect_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_ELEMENTS = 134_515_008  # parameters in the demo GGUF's tensors (a fact of the file, sha256-pinned)
@@ -29,8 +29,8 @@ def test_models_with_the_demo_answers_quickly_without_torch(demo_gguf, tmp_path)
     assert float(inside) < 10 and wall < 30, (inside, wall)  # it took 27-30 s; ~1 s is expected
     data = json.loads(out.stdout)
     demo = next(m for m in data["local"] if m["name"] == "demo")
-    from engine.catalog import load_catalog
-    from engine.fit import estimate_fit
+    from engine.hub.catalog import load_catalog
+    from engine.hub.fit import estimate_fit
 
     shape = load_catalog().by_id("demo").target.shape
     assert demo["need_bytes"] == estimate_fit(DEMO_ELEMENTS * 2, shape, 8192).need_bytes
@@ -76,7 +76,7 @@ def test_no_visible_device_means_no_gpu(tmp_path, monkeypatch, visible):
 
 
 def test_a_failing_nvidia_smi_without_a_driver_is_no_gpu(tmp_path, monkeypatch):
-    import engine.fit as fit
+    import engine.hub.fit as fit
 
     _fake_smi(tmp_path, "echo 'NVIDIA-SMI has failed because it could not communicate with the driver'\nexit 9\n")
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from app import stop_signals, tui
-from app.engine_runner import EngineRunner
+from app.engine_worker import EngineWorker
 from app.settings import Settings
 from app.stop_signals import Terminated, exit_status, interrupt_on_stop_signals, quit_on_stop_signals
 from tests.app.fake_engine import FakeEngine, answer_for, fake_factory, split_tokens
@@ -106,40 +106,40 @@ def test_with_no_loop_running_the_app_handler_interrupts():
 
 def test_shutdown_mid_load_stops_at_the_next_phase_and_the_thread_ends():
     inbox = Inbox()
-    runner = EngineRunner(fake_factory(load_delay_s=2.0))  # four phases of 0.5 s
+    runner = EngineWorker(fake_factory(load_delay_s=2.0))  # four phases of 0.5 s
     runner.start(inbox)
-    inbox.wait_for(EngineRunner.LoadProgress)
+    inbox.wait_for(EngineWorker.LoadProgress)
     runner.shutdown()
     assert runner.join(5)
     assert runner.engine is None and not runner.factory.made  # stopped at a phase: no engine was built
-    assert not inbox.of(EngineRunner.Loaded) and not inbox.of(EngineRunner.LoadFailed)
+    assert not inbox.of(EngineWorker.Loaded) and not inbox.of(EngineWorker.LoadFailed)
 
 
 def test_shutdown_mid_answer_stops_it_and_the_thread_ends():
     inbox = Inbox()
-    runner = EngineRunner(fake_factory(step_delay_s=0.05))
+    runner = EngineWorker(fake_factory(step_delay_s=0.05))
     runner.start(inbox)
-    inbox.wait_for(EngineRunner.Loaded)
+    inbox.wait_for(EngineWorker.Loaded)
     runner.generate(inbox, MESSAGES, Settings(), speculative=False)
-    started = inbox.wait_for(EngineRunner.Started)
+    started = inbox.wait_for(EngineWorker.Started)
     queued = runner.generate(inbox, MESSAGES, Settings(), speculative=False)
     runner.shutdown()
     assert runner.join(5)
-    finished = {m.job_id: m for m in inbox.of(EngineRunner.Finished)}
+    finished = {m.job_id: m for m in inbox.of(EngineWorker.Finished)}
     assert finished[started.job_id].finish_reason == "cancelled" and finished[queued].finish_reason == "cancelled"
     assert runner.factory.made[-1].calls[-1]["messages"] == MESSAGES and len(runner.factory.made[-1].calls) == 1
 
 
 def test_join_before_start_is_immediate():
-    assert EngineRunner(fake_factory()).join(0)
+    assert EngineWorker(fake_factory()).join(0)
 
 
 def test_a_quit_that_waits_for_the_engine_says_so(monkeypatch, capsys):
     monkeypatch.setattr(tui, "STOP_NOTICE_S", 0.05)
     inbox = Inbox()
-    runner = EngineRunner(fake_factory(load_delay_s=2.0))
+    runner = EngineWorker(fake_factory(load_delay_s=2.0))
     runner.start(inbox)
-    inbox.wait_for(EngineRunner.LoadProgress)
+    inbox.wait_for(EngineWorker.LoadProgress)
     tui._stop_engine(runner, 0)
     assert runner.join(0)
     assert "localchat: stopping…" in capsys.readouterr().err
@@ -151,7 +151,7 @@ def test_an_engine_that_never_stops_is_left_behind_with_a_message(monkeypatch, c
     exits: list[int] = []
     monkeypatch.setattr(tui, "_exit_now", exits.append)
     stuck = threading.Event()
-    runner = EngineRunner(lambda on_progress: stuck.wait(10))  # a load phase that does not end
+    runner = EngineWorker(lambda on_progress: stuck.wait(10))  # a load phase that does not end
     runner.start(Inbox())
     try:
         tui._stop_engine(runner, 0)

@@ -12,7 +12,7 @@ from textual.widgets import Markdown
 from textual.widgets.markdown import MarkdownBlock
 
 from app import pacing
-from app.engine_runner import EngineRunner
+from app.engine_worker import EngineWorker
 from app.settings import Settings
 from app.widgets.markdown_feed import PLACEHOLDER, MarkdownFeed
 from tests.app.fake_engine import answer_for, fake_factory
@@ -47,9 +47,9 @@ class Inbox:
 @pytest.fixture
 def runner():
     inbox = Inbox()
-    runner = EngineRunner(fake_factory(step_delay_s=0.002))
+    runner = EngineWorker(fake_factory(step_delay_s=0.002))
     runner.start(inbox)
-    inbox.wait_for(EngineRunner.Loaded)
+    inbox.wait_for(EngineWorker.Loaded)
     yield runner, inbox
     runner.shutdown()
 
@@ -58,10 +58,10 @@ def test_a_held_job_decodes_only_once_released_and_counts_the_wait_in_ttft(runne
     runner, inbox = runner
     job = runner.generate(inbox, MESSAGES, Settings(), speculative=True, hold=True)
     time.sleep(0.2)
-    assert runner.factory.made[-1].calls == [] and not inbox.of(EngineRunner.Started)
+    assert runner.factory.made[-1].calls == [] and not inbox.of(EngineWorker.Started)
     runner.release(job)
-    started = inbox.wait_for(EngineRunner.Started)
-    finished = inbox.wait_for(EngineRunner.Finished)
+    started = inbox.wait_for(EngineWorker.Started)
+    finished = inbox.wait_for(EngineWorker.Finished)
     assert started.job_id == finished.job_id == job
     assert finished.text == answer_for(MESSAGES) == started.stream.text
     assert finished.stats.ttft_s >= 0.2  # from the request, not from when decoding was let start
@@ -70,13 +70,13 @@ def test_a_held_job_decodes_only_once_released_and_counts_the_wait_in_ttft(runne
 
 def test_asked_while_loading_time_to_first_token_counts_from_the_load():
     inbox = Inbox()
-    runner = EngineRunner(fake_factory(load_delay_s=0.4, step_delay_s=0.002))
+    runner = EngineWorker(fake_factory(load_delay_s=0.4, step_delay_s=0.002))
     runner.start(inbox)
     try:
         job = runner.generate(inbox, MESSAGES, Settings(), speculative=False, hold=True)
         runner.release(job)
-        finished = inbox.wait_for(EngineRunner.Finished)
-        assert inbox.of(EngineRunner.Loaded) and 0 < finished.stats.ttft_s < 0.3
+        finished = inbox.wait_for(EngineWorker.Finished)
+        assert inbox.of(EngineWorker.Loaded) and 0 < finished.stats.ttft_s < 0.3
     finally:
         runner.shutdown()
 
@@ -86,25 +86,25 @@ def test_stop_cancels_a_held_job_at_once(runner):
     job = runner.generate(inbox, MESSAGES, Settings(), speculative=False, hold=True)
     t0 = time.monotonic()
     runner.stop()
-    finished = inbox.wait_for(EngineRunner.Finished)
+    finished = inbox.wait_for(EngineWorker.Finished)
     assert finished.job_id == job and finished.finish_reason == "cancelled" and time.monotonic() - t0 < 0.5
     assert runner.factory.made[-1].calls == []
 
 
 def test_a_held_job_starts_anyway_if_never_released(runner, monkeypatch):
     runner, inbox = runner
-    monkeypatch.setattr(EngineRunner, "HOLD_MAX_S", 0.1)
+    monkeypatch.setattr(EngineWorker, "HOLD_MAX_S", 0.1)
     runner.generate(inbox, MESSAGES, Settings(), speculative=False, hold=True)
-    assert inbox.wait_for(EngineRunner.Finished).finish_reason == "stop"
+    assert inbox.wait_for(EngineWorker.Finished).finish_reason == "stop"
 
 
 def test_the_engine_thread_posts_no_message_per_token(runner):
     runner, inbox = runner
     runner.generate(inbox, MESSAGES, Settings(), speculative=False)  # plain: one event per token
-    finished = inbox.wait_for(EngineRunner.Finished)
+    finished = inbox.wait_for(EngineWorker.Finished)
     assert finished.stats.generated_tokens > 20
-    assert len(inbox.of(EngineRunner.Started)) == 1
-    stream = inbox.of(EngineRunner.Started)[0].stream
+    assert len(inbox.of(EngineWorker.Started)) == 1
+    stream = inbox.of(EngineWorker.Started)[0].stream
     first = stream.take()
     assert first and stream.take() == stream.text[len(first):] and stream.take() == ""
 

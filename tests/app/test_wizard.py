@@ -9,8 +9,8 @@ from textual.app import App
 from textual.widgets import Button, DataTable, Input, Label, TabbedContent
 
 from app.screens.wizard import WizardScreen
-from engine.local_models import cached_snapshot
-from engine.hub import plan_download, run_download
+from engine.hub.local_models import cached_snapshot
+from engine.hub.download import plan_download, run_download
 from tests.hub_fixtures import cache_files, fake_hub, hub_env  # noqa: F401
 
 NOT_DONE = object()

@@ -14,11 +14,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from app.cli import main
-from engine.checkpoint import iter_tensors, weight_files
+from engine.weights.checkpoint import iter_tensors, weight_files
 from engine.errors import ModelLoadError
-from engine.fit import local_weights_bytes
+from engine.hub.fit import local_weights_bytes
 from engine.loader import load_folder
-from engine.local_models import is_complete_folder
+from engine.hub.local_models import is_complete_folder
 from tests.tiny import make_tiny_model
 
 CPU = torch.device("cpu")

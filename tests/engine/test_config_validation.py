@@ -121,7 +121,7 @@ def test_the_unchanged_model_still_answers(llama, capsys):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_real_configs_pass(tmp_path, arch):
     """Each tiny architecture's config (llama3, yarn and linear RoPE scaling) and its tensors pass."""
-    from engine.checkpoint import tensor_shapes, weight_files
+    from engine.weights.checkpoint import tensor_shapes, weight_files
 
     folder = make_tiny_model(tmp_path / arch, arch)
     cfg = ModelConfig.from_file(folder / "config.json")
@@ -167,7 +167,7 @@ def write_gguf(path, meta: dict | None = None, tokens: bool = True, blocks: int 
 
 
 def test_a_complete_gguf_passes_the_checks(tmp_path):
-    from engine.gguf_file import gguf_shapes, hf_config, open_gguf
+    from engine.weights.gguf import gguf_shapes, hf_config, open_gguf
 
     path = write_gguf(tmp_path / "ok.gguf")
     reader = open_gguf(path)
@@ -193,7 +193,7 @@ def test_bad_gguf_metadata(tmp_path, capsys, meta, tokens, needle):
 
 
 def test_gguf_blocks_beyond_block_count(tmp_path):
-    from engine.gguf_file import gguf_shapes, hf_config, open_gguf
+    from engine.weights.gguf import gguf_shapes, hf_config, open_gguf
 
     path = write_gguf(tmp_path / "extra.gguf", blocks=3)
     reader = open_gguf(path)
@@ -203,7 +203,7 @@ def test_gguf_blocks_beyond_block_count(tmp_path):
 
 def test_hub_configs_that_are_not_objects(tmp_path):
     """The pairing check reads downloaded config.json files: a list or a nested list is one line."""
-    from engine.pairing import check_draft_pair, read_config
+    from engine.hub.pairing import check_draft_pair, read_config
 
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ModelLoadError, match="JSON object"):

@@ -105,7 +105,7 @@ def test_a_signal_during_the_demo_fetch_stops_pip_and_removes_its_folder(tmp_pat
 
 
 def test_a_folder_left_by_a_killed_fetch_is_removed_by_the_next(tmp_path, monkeypatch):
-    from engine import demo
+    from engine.hub import demo
     from engine.errors import UserError
 
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
@@ -128,7 +128,7 @@ def test_download_demo_rehashes_and_repairs_a_damaged_file(demo_gguf, tmp_path, 
     import zipfile
 
     from app.cli import main
-    from engine import demo
+    from engine.hub import demo
 
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
     path = demo.demo_gguf_path()

@@ -24,7 +24,7 @@ if INTERPRET:
 
 import engine.layer_kernels as layer_kernels_module  # noqa: E402
 import engine.routing as routing  # noqa: E402
-from engine.batch import ForwardBatch  # noqa: E402
+from engine.forward_batch import ForwardBatch  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.kernels.activation import silu_and_mul_ref  # noqa: E402
 from engine.kernels.gemv import GemvConfig  # noqa: E402

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.gguf_header import read_tensor_infos
+from engine.weights.gguf_header import read_tensor_infos
 from tests.tiny_gguf import make_tiny_gguf
 
 
@@ -39,7 +39,7 @@ def test_a_cut_header_or_a_non_gguf_is_a_value_error(tiny, tmp_path):
 
 
 def test_fit_falls_back_to_the_file_size_for_a_damaged_gguf(tmp_path):
-    from engine.fit import local_weights_bytes
+    from engine.hub.fit import local_weights_bytes
 
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 8)

@@ -1,4 +1,4 @@
-"""engine.hub against the fake Hub: what is fetched, errors, interruption, disk, offline, cancel."""
+"""engine.hub.download against the fake Hub: what is fetched, errors, interruption, disk, offline, cancel."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.download_progress import DownloadCancelled
+from engine.hub.progress import DownloadCancelled
 from engine.errors import UserError
-from engine.hub import plan_download, run_download, select_files
-from engine.hub_errors import DownloadInterrupted
-from engine.local_models import cached_snapshot
-from engine.resolve import resolve
+from engine.hub.download import plan_download, run_download, select_files
+from engine.hub.errors import DownloadInterrupted
+from engine.hub.local_models import cached_snapshot
+from engine.hub.resolve import resolve
 from tests.hub_fixtures import cache_files, fake_hub, hub_env  # noqa: F401
 
 NEEDED = {
@@ -190,7 +190,7 @@ def test_incomplete_snapshot_is_not_used(hub_env, fake_hub):
 
 
 def test_localchat_home_moves_the_hub_cache_unless_hf_home_is_set(hub_env, tmp_path, monkeypatch):
-    from engine.hub_cache import cache_dir
+    from engine.hub.cache import cache_dir
 
     assert cache_dir() == hub_env  # HF_HOME is set by the fixture: the user's choice wins
     monkeypatch.delenv("HF_HOME")
@@ -203,7 +203,7 @@ def test_localchat_home_moves_the_hub_cache_unless_hf_home_is_set(hub_env, tmp_p
 
 
 def test_download_list_and_load_agree_on_the_moved_cache(hub_env, tmp_path, monkeypatch):
-    from engine.local_models import list_cached_models
+    from engine.hub.local_models import list_cached_models
 
     monkeypatch.delenv("HF_HOME")
     moved = tmp_path / "localchat" / "cache" / "huggingface" / "hub"

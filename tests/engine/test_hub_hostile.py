@@ -1,4 +1,4 @@
-"""engine.hub against a broken or hostile Hub: bad commits, ETags and names, wrong bytes, corrupt caches."""
+"""engine.hub.download against a broken or hostile Hub: bad commits, ETags and names, wrong bytes, corrupt caches."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from engine.errors import ModelLoadError, UserError
-from engine.hub import plan_download, run_download
-from engine.hub_errors import DownloadCorrupt
-from engine.hub_metadata import HubAnswerError, check_repo_path
-from engine.local_models import cached_snapshot
+from engine.hub.download import plan_download, run_download
+from engine.hub.errors import DownloadCorrupt
+from engine.hub.metadata import HubAnswerError, check_repo_path
+from engine.hub.local_models import cached_snapshot
 from tests.hub_fixtures import cache_files, fake_hub, hub_env  # noqa: F401
 from tests.hub_server import Tamper
 
@@ -147,7 +147,7 @@ def test_a_corrupt_cached_file_is_found_by_the_next_plan_and_repaired(hub_env, f
 def test_a_file_checked_once_is_not_hashed_again(hub_env, fake_hub, monkeypatch, tmp_path):
     import shutil
 
-    from engine.hub_metadata import Digest
+    from engine.hub.metadata import Digest
 
     run_download(plan_download("tiny/llama"))
     shutil.rmtree(tmp_path / "localchat" / "cache" / "hub-verified")  # as if another tool had downloaded it
@@ -170,7 +170,7 @@ def test_a_truncated_file_is_corrupt_too(hub_env, fake_hub):
 
 
 def test_an_unreadable_cached_file_names_its_path_and_the_repair(hub_env, fake_hub):
-    from engine.weights import iter_safetensors
+    from engine.weights.load import iter_safetensors
 
     snapshot = run_download(plan_download("tiny/llama")).target
     blob = (snapshot / SHARD).resolve()
@@ -187,7 +187,7 @@ def test_an_unreadable_cached_file_names_its_path_and_the_repair(hub_env, fake_h
 
 
 def test_an_unreadable_gguf_names_its_path(tmp_path):
-    from engine.gguf_file import open_gguf
+    from engine.weights.gguf import open_gguf
 
     path = tmp_path / "models--some--repo" / "snapshots" / ("c" * 40) / "m.gguf"
     path.parent.mkdir(parents=True)

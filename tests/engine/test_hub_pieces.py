@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from engine.catalog import MTP_BUILTIN, ModelShape, load_catalog
-from engine.download_progress import DownloadCancelled, ProgressMeter
+from engine.hub.catalog import MTP_BUILTIN, ModelShape, load_catalog
+from engine.hub.progress import DownloadCancelled, ProgressMeter
 from engine.errors import UserError
-from engine.fit import GpuMemory, estimate_fit, shape_from_config
-from engine.pairing import check_draft_pair, draft_widths, is_draft_config
+from engine.hub.fit import GpuMemory, estimate_fit, shape_from_config
+from engine.hub.pairing import check_draft_pair, draft_widths, is_draft_config
 from engine.units import format_bytes, format_eta
 
 GiB = 2**30

@@ -10,7 +10,7 @@ import torch
 
 import engine.loader as loader
 from engine import Engine
-from engine.prepared import COMPLETE, STAMP, is_current, prepared_dir
+from engine.weights.prepared import COMPLETE, STAMP, is_current, prepared_dir
 from engine.types import SamplingParams
 from tests.tiny_gguf import make_tiny_gguf
 
@@ -90,7 +90,7 @@ def test_a_folder_without_a_stamp_is_prepared_again(gguf_file):
 
 
 def test_no_room_on_disk_loads_without_keeping_a_copy(gguf_file, monkeypatch):
-    import engine.prepared as prepared
+    import engine.weights.prepared as prepared
 
     path, conversions = gguf_file
     monkeypatch.setattr(prepared.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 0))
@@ -120,7 +120,7 @@ def test_a_bf16_copy_serves_bf16_loads_and_a_float32_one_serves_all(gguf_file):
 
 
 def test_the_demo_named_by_its_path_shares_the_demos_folder(monkeypatch, tmp_path):
-    from engine.demo import demo_gguf_path
+    from engine.hub.demo import demo_gguf_path
 
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
     demo = demo_gguf_path()

@@ -3,7 +3,7 @@
 import pytest
 
 from engine.errors import UserError
-from engine.pypi import download_wheel, sha256_file
+from engine.hub.pypi import download_wheel, sha256_file
 
 
 def test_a_wheel_pip_cannot_find_is_one_line(tmp_path):

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import batched
+from speculative.train import batched_generate as batched
 from engine.loader import load_folder
 from engine.runner import ModelRunner
-from speculative.teacher import Teacher
+from speculative.train.teacher import Teacher
 from tests.tiny import make_tiny_model
 
 MAX_LEN = 48  # the 30-token prompt has room for 18 reply tokens only

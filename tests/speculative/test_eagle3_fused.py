@@ -21,9 +21,9 @@ from engine.kv_cache import KVCache  # noqa: E402
 from engine.rope import rope_cos_sin  # noqa: E402
 from engine.ops import Ops  # noqa: E402
 from engine.options import KernelOptions  # noqa: E402
-from speculative.config import DraftConfig  # noqa: E402
-from speculative.eagle3 import Eagle3Draft  # noqa: E402
-from speculative.train_export import head_config  # noqa: E402
+from speculative.eagle3.config import DraftConfig  # noqa: E402
+from speculative.eagle3.model import Eagle3Draft  # noqa: E402
+from speculative.train.export import head_config  # noqa: E402
 
 _GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 _INTERPRETER = pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")

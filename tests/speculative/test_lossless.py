@@ -135,7 +135,7 @@ def test_alternatives_the_target_takes_are_accepted_losslessly(tmp_path, targets
 
 
 def test_shaped_alternatives():
-    from speculative.speculator import default_alternatives, shaped_alternatives
+    from speculative.eagle3.speculator import default_alternatives, shaped_alternatives
 
     assert shaped_alternatives(5, 10) == (3, 3, 2, 1, 1)
     assert shaped_alternatives(5, 0) == (0,) * 5 and shaped_alternatives(3, 3) == (2, 1, 0)
@@ -148,7 +148,7 @@ def test_shaped_alternatives():
 def test_alternatives_from_the_environment():
     from engine.errors import UserError
     from engine.options import KernelOptions
-    from speculative.speculator import default_alternatives
+    from speculative.eagle3.speculator import default_alternatives
 
     cpu = torch.device("cpu")
     for env, want in [("0", (0,) * 5), ("2", (2,) * 5), ("9", (2,) * 5), ("auto", (3, 3, 2, 1, 1)),

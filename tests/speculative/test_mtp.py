@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.batch import ForwardBatch
+from engine.forward_batch import ForwardBatch
 from engine.decode import DecodeState
 from engine.engine import Engine
 from engine.errors import ModelLoadError

@@ -60,7 +60,7 @@ def test_mimo_layout_reads_hidden_first(mimo):
     layer = e.speculator.draft.mtp_layers[0]
     H = layer.input_proj.weight.shape[0]
     layer.input_proj.weight[:, :H] = 0
-    from engine.batch import ForwardBatch
+    from engine.forward_batch import ForwardBatch
     from engine.kv_cache import KVCache
 
     ids = torch.tensor([5, 6, 7])

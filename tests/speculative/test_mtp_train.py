@@ -10,10 +10,10 @@ from safetensors import safe_open
 
 from engine import Engine
 from engine.types import SamplingParams
-from speculative.mtp_unroll import shift_left, valid
-from speculative.train import cmd_train
-from speculative.train_data import heldout_prompts
-from speculative.ttt import DocFeatures, TTTBatch
+from speculative.train.mtp_unroll import shift_left, valid
+from speculative.train.command import cmd_train
+from speculative.train.data import heldout_prompts
+from speculative.train.ttt import DocFeatures, TTTBatch
 from tests.speculative.mtp_layers import LAYER_KEYS
 from tests.speculative.test_train import _write_data
 from tests.tiny import make_tiny_model
@@ -100,13 +100,13 @@ def test_alignment():
 def test_unroll_equals_the_inference_layers(trained):
     """The sequence-parallel training forward gives, at every position and layer, what MTPDraft.step
     (the engine's path, one KV cache per layer) computes over the whole sequence in chain mode."""
-    from engine.batch import ForwardBatch
+    from engine.forward_batch import ForwardBatch
     from engine.kv_cache import KVCache
     from engine.loader import load_folder
-    from speculative.mtp_train import init_layers
-    from speculative.mtp_unroll import unroll
-    from speculative.teacher import Teacher
-    from speculative.train_data import Sequence
+    from speculative.train.mtp import init_layers
+    from speculative.train.mtp_unroll import unroll
+    from speculative.train.teacher import Teacher
+    from speculative.train.data import Sequence
 
     target = trained[0]
     loaded = load_folder(target, torch.device("cpu"), torch.float32, 64)

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import speculative.mtp_speculator as mtp_speculator
-import speculative.speculator as eagle3_speculator
+import speculative.mtp.speculator as mtp_speculator
+import speculative.eagle3.speculator as eagle3_speculator
 from engine.decode import DecodeState
 from engine.engine import Engine
 from engine.types import SamplingParams
 from speculative.build import build_speculator
 from speculative.commit import commit
-from speculative.mtp_speculator import MTPSpeculator
+from speculative.mtp.speculator import MTPSpeculator
 from speculative.protocol import Speculator
-from speculative.speculator import Eagle3Speculator
+from speculative.eagle3.speculator import Eagle3Speculator
 from tests.speculative.heads import head_tensors, write_head
 from tests.speculative.mtp_layers import random_layers, write_localchat_mtp
 from tests.tiny import make_tiny_model, read_config

@@ -4,7 +4,7 @@ reproducible with a seed, and its acceptance rule equal to verify.rejection_acce
 import pytest
 import torch
 
-import speculative.sampled_loop as sampled_loop
+import speculative.eagle3.sampled_loop as sampled_loop
 from engine.engine import Engine
 from engine.types import SamplingParams
 from speculative.verify import rejection_accept

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import torch
 
-from engine.batch import ForwardBatch
+from engine.forward_batch import ForwardBatch
 from engine.loader import load_folder
-from speculative.teacher import Teacher
-from speculative.train_data import Sequence
+from speculative.train.teacher import Teacher
+from speculative.train.data import Sequence
 from tests.tiny import make_tiny_model
 
 

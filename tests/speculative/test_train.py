@@ -13,8 +13,8 @@ from safetensors import safe_open
 from engine import Engine
 from engine.errors import UserError
 from engine.types import SamplingParams
-from speculative.train import cmd_train
-from speculative.train_data import HELDOUT_PERCENT, heldout_prompts, is_heldout, load_jsonl, split
+from speculative.train.command import cmd_train
+from speculative.train.data import HELDOUT_PERCENT, heldout_prompts, is_heldout, load_jsonl, split
 from tests.tiny import make_tiny_model
 
 WORDS = ("the quick brown fox jumps over a lazy dog hello how are you today fine thank "
@@ -118,8 +118,8 @@ def test_bad_data(tmp_path):
 def test_train_prompts_use_every_conversation_before_any_twice():
     from types import SimpleNamespace
 
-    from speculative.train_data import Conversation
-    from speculative.train_prepare import _train_prompts
+    from speculative.train.data import Conversation
+    from speculative.train.prepare import _train_prompts
 
     def conv(i, turns):
         msgs = []
@@ -152,9 +152,9 @@ def test_instruct_prompts_split_and_mix():
     training split only, interleaved evenly with the conversations' prompts."""
     from types import SimpleNamespace
 
-    from speculative.instruct_prompts import all_prompts, instruct_prompts
-    from speculative.train_data import Conversation, is_heldout
-    from speculative.train_prepare import _train_prompts
+    from speculative.train.instruct_prompts import all_prompts, instruct_prompts
+    from speculative.train.data import Conversation, is_heldout
+    from speculative.train.prepare import _train_prompts
 
     every = all_prompts()
     assert len(every) == len(set(every)) > 4000
@@ -186,7 +186,7 @@ def test_instruct_prompts_split_and_mix():
 def test_ctrl_c_saves_what_is_trained(tmp_path, monkeypatch, kind):
     """Ctrl+C during training stops it, saves the head (or layers) trained so far, which loads,
     records the interruption, and exits with 130; before the first step it just stops."""
-    import speculative.ttt as ttt
+    import speculative.train.ttt as ttt
 
     target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
     data = _write_data(tmp_path / "data.jsonl")
@@ -224,9 +224,9 @@ def test_ctrl_c_saves_what_is_trained(tmp_path, monkeypatch, kind):
 
 
 def test_a_second_run_reuses_the_replies(tmp_path, monkeypatch):
-    """The target's replies are kept (speculative/reply_cache.py): a second run for the same
+    """The target's replies are kept (speculative/train/reply_cache.py): a second run for the same
     target takes them from the cache and generates nothing; another target does not see them."""
-    import speculative.teacher as teacher_mod
+    import speculative.train.teacher as teacher_mod
 
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
     target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
@@ -256,8 +256,8 @@ def test_a_second_run_reuses_the_replies(tmp_path, monkeypatch):
 
 
 def test_reply_cache_pieces(tmp_path):
-    from speculative.reply_cache import ReplyCache, replies_for
-    from speculative.train_data import Sequence
+    from speculative.train.reply_cache import ReplyCache, replies_for
+    from speculative.train.data import Sequence
 
     cache = ReplyCache(tmp_path / "c")
     assert cache.load() == {}
@@ -281,8 +281,8 @@ def test_resume_continues_a_stopped_run(tmp_path, monkeypatch):
     """A run stopped with Ctrl+C leaves a checkpoint; --resume continues it along the same
     schedule with the same vocabulary and replies (no new generation) to the planned step
     count; the finished run removes the checkpoint; mismatched settings are refused."""
-    import speculative.teacher as teacher_mod
-    from speculative import train_checkpoint
+    import speculative.train.teacher as teacher_mod
+    from speculative.train import checkpoint as train_checkpoint
 
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
     target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
@@ -356,7 +356,7 @@ def test_sigterm_stops_like_ctrl_c(tmp_path, monkeypatch, signum, times):
             os.kill(os.getpid(), getattr(signal, signum))
         return real_clip(*a, **kw)
 
-    import speculative.train_loop as train_loop
+    import speculative.train.loop as train_loop
 
     real_on_ctrl_c = train_loop.on_ctrl_c
 
@@ -396,7 +396,7 @@ def test_out_must_be_a_writable_folder(tmp_path):
 def test_progress_bar_on_a_terminal_only():
     import io
 
-    from speculative.progress import ProgressBar
+    from speculative.train.progress import ProgressBar
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -425,7 +425,7 @@ def test_progress_bar_on_a_terminal_only():
 def test_ctrl_c_while_generating_keeps_the_replies(tmp_path, monkeypatch):
     """Ctrl+C during generation stops the run; the replies finished by then are in the cache,
     and the next run generates only the rest."""
-    import speculative.teacher as teacher_mod
+    import speculative.train.teacher as teacher_mod
 
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
     target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
@@ -493,7 +493,7 @@ def test_feature_cache_takes_the_free_memory_less_a_steps_working_set(monkeypatc
     """Set after the target is loaded: free memory less 16 GiB per 16,384 tokens a step (the
     demo run's features, about 86 GB, fit on a 141 GB GPU; the old cap of 64 GiB made every
     later step recompute about a quarter of them)."""
-    from speculative.train import TrainOptions, feature_cache_bytes
+    from speculative.train.command import TrainOptions, feature_cache_bytes
 
     opts = TrainOptions.from_args(Namespace(model="m", out="o"), torch.device("cpu"))
     assert feature_cache_bytes(opts, torch.device("cpu")).cache_bytes == 2 << 30

@@ -5,10 +5,10 @@ import torch
 
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
-from speculative.config import DraftConfig
-from speculative.eagle3 import Eagle3Draft
-from speculative.train_export import head_config
-from speculative.ttt import DocFeatures, TTTBatch, chain_accept_len, ttt_loss, unroll
+from speculative.eagle3.config import DraftConfig
+from speculative.eagle3.model import Eagle3Draft
+from speculative.train.export import head_config
+from speculative.train.ttt import DocFeatures, TTTBatch, chain_accept_len, ttt_loss, unroll
 
 TARGET = ModelConfig(architecture="LlamaForCausalLM", vocab_size=96, hidden_size=32, intermediate_size=64,
                      num_layers=4, num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
@@ -120,7 +120,7 @@ def test_packing_places_each_sequence_and_pads_the_rest():
 
 
 def test_greedy_weight_adds_the_hard_loss_on_the_greedy_token():
-    from speculative.ttt import greedy_in_draft
+    from speculative.train.ttt import greedy_in_draft
 
     draft = _draft()
     embed = torch.nn.Embedding(96, 32)
@@ -146,7 +146,7 @@ def test_greedy_weight_adds_the_hard_loss_on_the_greedy_token():
 def test_chunked_queries_compute_what_one_call_computes(monkeypatch, chunk):
     """Queries in chunks (each with step 0's keys up to its last row and the later steps' keys
     of its own rows) give the logits and gradients of one call over every key."""
-    import speculative.ttt as ttt
+    import speculative.train.ttt as ttt
 
     g = torch.Generator().manual_seed(9)
     docs = [_doc(7, g), _doc(11, g), _doc(5, g), _doc(9, g)]

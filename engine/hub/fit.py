@@ -1,0 +1,163 @@
+"""Will a target (+ draft) fit on this GPU? Weights + KV cache for the context + draft + overhead."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.hub.catalog import ModelShape
+from engine.weights.checkpoint import weight_files
+from engine.errors import ModelLoadError
+
+OVERHEAD_BYTES = 2**30  # CUDA context, CUDA-graph pools, activations and logits at batch 1
+TIGHT_MARGIN = 0.10  # "tight" when the estimate is within 10% of the free memory
+DEFAULT_CONTEXT = 8192
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    name: str
+    free_bytes: int
+    total_bytes: int
+
+
+def detect_gpu() -> GpuMemory | None:
+    """Free and total memory of the GPU that CUDA numbers 0, or None without a usable GPU.
+
+    nvidia-smi answers in a fraction of a second where importing torch takes seconds, so torch
+    is asked only where a GPU driver is present but nvidia-smi cannot answer (no binary on the
+    PATH, a MIG or ROCm device)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = None
+    if visible is not None:
+        first = visible.split(",")[0].strip()
+        if not first or first.startswith("-"):  # "" or "-1": CUDA sees no device
+            return None
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        answer = _ask_nvidia_smi(smi, first)
+        if answer is not None:
+            return answer
+    if sys.platform.startswith("linux") and not any(os.path.exists(p) for p in _LINUX_GPU_DRIVERS):
+        return None
+    return _ask_torch()
+
+
+_LINUX_GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")  # NVIDIA, AMD ROCm
+NVIDIA_SMI_TIMEOUT_S = 3.0  # it answers in ~0.1 s; a wedged driver must not hang `localchat models`
+
+
+def _ask_nvidia_smi(smi: str, device: str | None) -> GpuMemory | None:
+    """nvidia-smi's name and memory of `device` (an index or UUID; its first GPU when None), or
+    None when it cannot say. Without CUDA_DEVICE_ORDER=PCI_BUS_ID, CUDA may number unlike GPUs in
+    another order than nvidia-smi; the fit estimate only needs a GPU of the machine's kind."""
+    cmd = [smi, "--query-gpu=name,memory.free,memory.total", "--format=csv,noheader,nounits"]
+    if device:
+        cmd += ["-i", device]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        return None
+    try:
+        name, free_mib, total_mib = (part.strip() for part in lines[0].rsplit(",", 2))
+        return GpuMemory(name, int(float(free_mib) * 2**20), int(float(total_mib) * 2**20))
+    except ValueError:  # "[N/A]" fields, or a format this version does not write
+        return None
+
+
+def _ask_torch() -> GpuMemory | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        free, total = torch.cuda.mem_get_info(0)
+        return GpuMemory(torch.cuda.get_device_name(0), int(free), int(total))
+    except Exception:  # no driver, no torch build with CUDA: same answer for the user
+        return None
+
+
+@dataclass(frozen=True)
+class FitEstimate:
+    weights_bytes: int
+    kv_bytes: int
+    draft_bytes: int  # draft weights and the draft's own KV cache
+    overhead_bytes: int
+    available_bytes: int | None  # free GPU memory; None: no GPU
+
+    @property
+    def need_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.draft_bytes + self.overhead_bytes
+
+    @property
+    def verdict(self) -> str:
+        """"fits", "tight", "does not fit", or "no GPU"."""
+        if self.available_bytes is None:
+            return "no GPU"
+        if self.need_bytes > self.available_bytes:
+            return "does not fit"
+        if self.need_bytes > (1 - TIGHT_MARGIN) * self.available_bytes:
+            return "tight"
+        return "fits"
+
+
+def estimate_fit(
+    weights_bytes: int,
+    shape: ModelShape,
+    context: int = DEFAULT_CONTEXT,
+    draft_bytes: int = 0,
+    draft_shape: ModelShape | None = None,
+    gpu: GpuMemory | None = None,
+) -> FitEstimate:
+    """bf16 KV cache (2 bytes a value); the draft keeps its own cache of the same length."""
+    if context < 1:
+        raise ValueError(f"context must be >= 1, got {context}")
+    draft_kv = draft_shape.kv_bytes(context) if draft_shape is not None else 0
+    return FitEstimate(
+        weights_bytes=weights_bytes,
+        kv_bytes=shape.kv_bytes(context),
+        draft_bytes=draft_bytes + draft_kv,
+        overhead_bytes=OVERHEAD_BYTES,
+        available_bytes=gpu.free_bytes if gpu is not None else None,
+    )
+
+
+def shape_from_config(config: dict) -> ModelShape | None:
+    """The KV shape of a Hugging Face config.json (head_dim defaults to hidden / heads)."""
+    text = config.get("text_config") or config.get("transformer_layer_config") or config
+    try:
+        heads = text["num_attention_heads"]
+        head_dim = text.get("head_dim") or text["hidden_size"] // heads
+        return ModelShape(text["num_hidden_layers"], text.get("num_key_value_heads") or heads, head_dim)
+    except (KeyError, TypeError, ZeroDivisionError, ValueError):
+        return None
+
+
+def local_weights_bytes(path: Path) -> int:
+    """Bytes the weights take on the GPU: sizes of the files the loader reads (safetensors, or
+    pytorch_model*.bin when there are none), bf16 of every tensor for GGUF; 0 without weights."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return _gguf_bf16_bytes(path)
+    try:
+        files = weight_files(path)
+    except ModelLoadError:
+        return 0
+    return sum(f.stat().st_size for f in files)
+
+
+def _gguf_bf16_bytes(path: Path) -> int:
+    """GGUF weights are dequantized at load, so count elements, not file bytes."""
+    from engine.weights.gguf_header import read_tensor_infos
+
+    try:
+        return sum(t.n_elements for t in read_tensor_infos(path)) * 2
+    except (OSError, ValueError):
+        return path.stat().st_size * 4  # ~4-5 bits a weight in the usual quantizations

@@ -1,0 +1,80 @@
+"""Weight loading: exact-name copy of checkpoint tensors into a model; the safetensors reader
+(which files to read, and .bin files: engine/weights/checkpoint.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from engine.errors import ModelLoadError
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+    from safetensors import SafetensorError
+
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            from engine.hub.cache import repair_hint
+
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ModelLoadError(
+                f"cannot read {path}: {first} (file truncated or corrupt?); {repair_hint(path)}"
+            ) from None
+
+
+def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape, from the files' headers alone (no tensor data is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                shapes.update((name, tuple(f.get_slice(name).get_shape())) for name in f.keys())
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ModelLoadError(f"cannot read {path.name}: {str(e).splitlines()[0]} (file truncated or corrupt?)") from None
+    return shapes
+
+
+def _summary(names: list[str], limit: int = 4) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+@torch.no_grad()
+def load_weights(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
+    """Copies every tensor into the parameter `model.checkpoint_target(name)` names and checks
+    that nothing is missing, left over or of the wrong shape."""
+    params = dict(model.named_parameters())
+    filled: dict[str, int] = {name: 0 for name in params}  # rows filled, for fused projections
+    unexpected: list[str] = []
+    for name, tensor in tensors:
+        target = model.checkpoint_target(name)
+        if target is None:
+            continue
+        pname, offset, rows = target
+        param = params.get(pname)
+        if param is None:
+            unexpected.append(name)
+            continue
+        dest = param if rows < 0 else param[offset:offset + rows]
+        if tuple(dest.shape) != tuple(tensor.shape):
+            raise ModelLoadError(
+                f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}")
+        dest.copy_(tensor)
+        filled[pname] += dest.shape[0] if dest.dim() else 1
+    missing = [n for n, p in params.items() if filled[n] != (p.shape[0] if p.dim() else 1)]
+    if unexpected or missing:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors: {_summary(missing)}")
+        if unexpected:
+            parts.append(f"unexpected tensors: {_summary(unexpected)}")
+        raise ModelLoadError(f"{source}: checkpoint does not match the model ({'; '.join(parts)})")

@@ -1,0 +1,1 @@
+"""EAGLE-3: the draft head, its config formats, the speculator and its whole-iteration loops and graphs."""

@@ -1,0 +1,280 @@
+"""Eagle3Speculator: draft k tokens, verify them in one target forward, accept, draft-extend."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from engine import read_ahead
+from engine.decode import choose_next, plain_steps
+from engine.kernels.attention import MAX_INVARIANT_ROWS as MAX_VERIFY_ROWS
+from engine.kv_cache import KVCache
+from engine.options import AUTO
+from engine.sampling import probabilities, sample_from
+
+from speculative.commit import commit
+from speculative.eagle3.draft_graphs import DraftGraphs
+from speculative.eagle3.draft_parts import DraftParts
+from speculative.eagle3.model import Eagle3Draft
+from speculative.eagle3 import sampled_loop
+from speculative.eagle3.greedy_loop import GreedyIteration
+from speculative.kernels.draft_pick import MAX_ALTS
+from speculative.verify import accept_drafts
+
+
+def shaped_alternatives(k: int, rows: int) -> tuple[int, ...]:
+    """`rows` alternatives spread over k drafts where they are likeliest to be taken: the
+    runner-up r (1 = second best) of draft d in the order of r + d, then r (an early draft is
+    reached more often, and its runners-up are likelier than a later draft's). k = 5, 10 rows:
+    (3, 3, 2, 1, 1)."""
+    order = sorted(((r, d) for r in range(1, MAX_ALTS + 1) for d in range(1, k + 1)), key=lambda x: (x[0] + x[1], x[0]))
+    counts = [0] * k
+    for r, d in order[:max(0, rows)]:
+        counts[d - 1] += 1
+    return tuple(counts)
+
+
+def default_alternatives(k: int, device: torch.device, spec_alts: int | tuple[int, ...] | str | None = None
+                         ) -> tuple[int, ...]:
+    """Alternatives for each draft in greedy verify steps. On a GPU, as many as fill the 16 rows
+    of the batch-invariant kernels (shaped_alternatives): there a verify step's time is
+    launches, and more rows cost little. On the CPU none: there each row costs its arithmetic
+    (2 cores, demo model and head: accepted length 3.04 -> 3.60 with 2 a draft, but 43.5 ->
+    40.2 tok/s). spec_alts (KernelOptions.spec_alts, for experiments): N sets N for every draft
+    instead (0: the plain chain), within the 16 rows; "auto" the shaped ones on any device;
+    (A, B, ..) A for draft 1, B for draft 2 and so on (missing ones: 0)."""
+    room = MAX_VERIFY_ROWS - k - 1
+    if isinstance(spec_alts, int):
+        return (min(spec_alts, room // max(k, 1), MAX_ALTS),) * k
+    if isinstance(spec_alts, tuple):
+        counts = [min(c, MAX_ALTS) for c in spec_alts][:k]
+        counts += [0] * (k - len(counts))
+        while sum(counts) > room:  # within the 16 rows: the last drafts' first
+            counts[max(i for i, c in enumerate(counts) if c)] -= 1
+        return tuple(counts)
+    return shaped_alternatives(k, room) if device.type == "cuda" or spec_alts == AUTO else (0,) * k
+
+
+class Eagle3Speculator:
+    """The EAGLE-3 Speculator (protocol.py). Answers run as whole iterations (greedy_loop.py,
+    sampled_loop.py) where those compute them, the rest (a repetition penalty, for one) as the
+    step-by-step loop in tokens()."""
+
+    def __init__(self, draft: Eagle3Draft, runner, num_steps: int):
+        dc = draft.config
+        self.draft = draft
+        self.config = dc
+        self.k = num_steps
+        self.embed = draft.embed_tokens if dc.owns_embeddings else runner.model.model.embed_tokens
+        self.kv = KVCache(1, runner.max_len, dc.num_kv_heads, dc.head_dim, runner.dtype, runner.device)
+        self.graphs: DraftGraphs | None = None
+        self._capture_pending = False  # CUDA graphs not captured yet (capture(defer=True))
+        self._seq: list[int] = []  # draft entry j holds (seq[j + 1], target state j) for j < len - 1
+        runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
+        self.vocab_size = runner.config.vocab_size
+        self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
+        self.parts = DraftParts(draft, self.embed, self.kv, num_steps)  # what the loops and graphs use
+        alts = default_alternatives(num_steps, runner.device, runner.model.ops.options.spec_alts)
+        self.fused = GreedyIteration(self.parts, runner, alts)  # greedy, no penalty
+        self.alts = self.fused.alts  # runners-up each draft gets in its greedy verify steps
+        self.sampled = sampled_loop.SampledIteration(self.parts, runner)  # sampling without a penalty: the same
+
+    # --- the facade's hooks -------------------------------------------------------------
+    def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
+        """Positions whose target K/V and draft entries both stay valid for this prompt."""
+        n = 0
+        limit = min(len(target_cached), len(self._seq), len(prompt))
+        while n < limit and target_cached[n] == prompt[n] == self._seq[n]:
+            n += 1
+        self._seq = []
+        return max(0, n - 1)  # entry n-1 pairs with token n, which may change
+
+    def capture(self, defer: bool = False) -> None:
+        """Captures the draft's decode and extend graphs and the greedy whole-iteration graph
+        (CUDA), their warm-ups writing in the caches' last positions. defer: on the first request
+        instead, after its first token; one whose conversation already reaches those positions
+        runs eagerly and leaves the capture to a later one."""
+        if self.fused.runner.device.type != "cuda":
+            return
+        self._capture_pending = True
+        if not defer:
+            self._capture_if_pending(0)
+
+    def _capture_if_pending(self, kv_len: int) -> None:
+        if not self._capture_pending or not self.fused.fits_capture(kv_len):
+            return  # eager for now (in a context shorter than 4 (k + 1) tokens: always)
+        self._capture_pending = False
+        self.graphs = DraftGraphs(self.parts, self.fused.scratch())
+        self.fused.capture()
+
+    def tokens(self, runner, state) -> Iterator[list[int]]:
+        k = self.k
+        dev = runner.device
+        start = state.kv_len
+        new = torch.tensor(state.tokens[start:], dtype=torch.long, device=dev)
+        logits, _, aux = runner.forward(new, start, want_aux=True, all_logits=False)
+        target_states = self.parts.target_states(aux, _)
+        state.kv_len = len(state.tokens)
+        yield [choose_next(logits[-1], state)]
+        # Draft prefill: entries start..n-1 pair target state j with token j + 1.
+        ids = torch.tensor(state.tokens[start + 1:], dtype=torch.long, device=dev)
+        pos = torch.arange(start, state.kv_len, device=dev)
+        d_logits, d_hidden = self.draft(ids, pos, target_states, True, self.embed, self.kv, start_pos=start, last=-1)
+        self._seq = state.tokens[:state.kv_len + 1]
+        self._capture_if_pending(state.kv_len)
+        if state.params.is_greedy and state.seen is None and self.force_accept is None:
+            yield from self._whole_iterations(runner, state, self.fused, d_logits, d_hidden)
+            return
+        if sampled_loop.supports(state.params, state) and self.force_accept is None and self._sampled_ready(state):
+            yield from self._whole_iterations(runner, state, self.sampled, d_logits, d_hidden)
+            return
+        while True:
+            n = state.kv_len
+            if n + k + 1 > runner.max_len:
+                yield from plain_steps(runner, state)
+                return
+            bonus = torch.tensor([state.tokens[n]], dtype=torch.long, device=dev)
+            drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
+            logits, hidden, aux = runner.forward(torch.cat([bonus, drafts]), n, want_aux=True)
+            target_states = self.parts.target_states(aux, hidden)
+            accepted, next_token = self._accept(drafts, q, logits, state)
+            # Draft-extend over the fixed window of k+1 rows; row a (accepted) is the last valid.
+            rows = torch.arange(k + 1, device=dev)
+            window = torch.where(rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
+            d_logits, d_hidden = self._extend(window, n, target_states, accepted)
+            # The one host sync of the iteration.
+            out, _ = self._commit(torch.cat([accepted.view(1), next_token.view(1), drafts]).tolist(), n, state)
+            yield out
+
+    def _whole_iterations(self, runner, state, it, d_logits, d_hidden) -> Iterator[list[int]]:
+        """The first k drafts, then one `it` (GreedyIteration or SampledIteration) per verify
+        step. The greedy iteration drafts the first chain itself (one graph replay); sampled
+        ones draw it here."""
+        n = state.kv_len
+        if n + it.width > runner.max_len:
+            yield from plain_steps(runner, state)
+            return
+        if it is self.fused:
+            it.begin(n, state.tokens[n], d_logits, d_hidden)
+        else:
+            drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
+            it.start(n, state.tokens[n], drafts, q, state.generator)
+        yield from self._iterations(runner, state, it)
+
+    def _sampled_ready(self, state) -> bool:
+        """Selects the request's sampling in SampledIteration. With graphs (CUDA) it runs only
+        as a graph, captured on first use (before start(), since the warm-ups move its state);
+        where that fails, the step-by-step loop, which replays the verify and draft graphs, is
+        faster than the iteration's eager body."""
+        self.sampled.select(state.params)
+        # No graphs (CPU, --no-graphs, or not captured yet): the body runs eagerly, drawing the
+        # same numbers as the graph would.
+        return self.graphs is None or self.sampled.capture(state.kv_len)
+
+    def _iterations(self, runner, state, it) -> Iterator[list[int]]:
+        """Runs a started whole-iteration loop (GreedyIteration or SampledIteration) to the end
+        of the context, then plain steps. With a graph, the iteration after the next is queued
+        before the host reads a result (it needs nothing from the host), whenever it surely fits
+        in the context."""
+        k, n, width = self.k, state.kv_len, it.width
+        if it.graph is None:  # eager: one iteration at a time
+            while n + width <= runner.max_len:
+                out, n = self._commit(it.run(), n, state)
+                yield out
+            yield from plain_steps(runner, state)
+            return
+        it.drain()
+        try:
+            it.queue()
+            queued = 1
+            while queued:
+                # The queued iteration starts at n; the one after it at n + k + 1 at most, and
+                # each writes `width` cache rows from where it starts.
+                if queued < read_ahead.DEPTH and n + k + 1 + width <= runner.max_len:
+                    it.queue()
+                    queued += 1
+                out, n = self._commit(it.take(), n, state)
+                queued -= 1
+                if not queued and n + width <= runner.max_len:
+                    it.queue()
+                    queued = 1
+                yield out
+        finally:
+            it.drain()  # an iteration queued past the answer's end wrote only at or past kv_len
+        yield from plain_steps(runner, state)
+
+    def _commit(self, result: list[int], n: int, state) -> tuple[list[int], int]:
+        """commit() for the verify step at n, and the record of the tokens the draft's cache
+        holds. Returns (the new tokens, the cache length after them)."""
+        out = commit(state, n, result)
+        self._seq = state.tokens[:state.kv_len + 1]
+        return out, state.kv_len
+
+    # --- pieces ---------------------------------------------------------------------------
+    def _draft_chain(self, d_logits, d_hidden, n: int, state):
+        """k chained draft tokens (target ids) and, when sampling, their (k, V) probabilities."""
+        p, k = state.params, self.k
+        tokens, probs = [], []
+        for s in range(k):
+            if p.is_greedy:
+                tok = self.draft.to_target_ids(d_logits[-1].argmax().view(1))
+            else:
+                qd = probabilities(d_logits[-1], p)  # over the draft vocabulary
+                q = torch.zeros(self.vocab_size, dtype=qd.dtype, device=qd.device)
+                q.index_add_(0, self.draft.d2t + torch.arange(qd.shape[0], device=qd.device), qd)
+                tok = sample_from(q, state.generator).view(1)
+                probs.append(q)
+            tokens.append(tok)
+            if s < k - 1:
+                d_logits, d_hidden = self._draft_step(tok, n + s, d_hidden)
+        return torch.cat(tokens), (torch.stack(probs) if probs else None)
+
+    def _draft_step(self, tok, pos: int, hidden):
+        if self.graphs is not None:
+            return self.graphs.decode(tok, pos, hidden)
+        positions = torch.tensor([pos], device=tok.device)
+        return self.draft(tok, positions, hidden, False, self.embed, self.kv, start_pos=pos)
+
+    def _extend(self, window, n: int, target_states, accepted):
+        if self.graphs is not None:
+            return self.graphs.extend(window, n, target_states, accepted)
+        positions = torch.arange(n, n + self.k + 1, device=window.device)
+        return self.draft(window, positions, target_states, True, self.embed, self.kv, start_pos=n, last=accepted)
+
+    def _accept(self, drafts, q, logits, state):
+        if self.force_accept is not None:  # benchmark only: not lossless
+            accepted = torch.tensor(self.force_accept - 1, device=drafts.device)
+            return accepted, logits[accepted].argmax()
+        return accept_drafts(drafts, q, logits, state.params, state.seen, state.generator)
+
+    def measure_components(self, runner, iters: int = 50) -> dict:
+        """Benchmark only: mean ms of one verify, one draft decode step and one draft-extend
+        (graph replays, CUDA events), and the loop's ideal tokens/s at the forced acceptance."""
+        dev = runner.device
+        n = min(600, runner.max_len - self.k - 2)
+        tok = torch.zeros(1, dtype=torch.long, device=dev)
+        window = torch.zeros(self.k + 1, dtype=torch.long, device=dev)
+        states = torch.zeros(self.k + 1, self.config.extend_width, dtype=runner.dtype, device=dev)
+        hidden = torch.zeros(1, self.config.decode_width, dtype=runner.dtype, device=dev)
+        last = torch.tensor(0, device=dev)
+        steps = {
+            "verify_ms": lambda: runner.forward(window, n, want_aux=True),
+            "draft_step_ms": lambda: self._draft_step(tok, n, hidden),
+            "extend_ms": lambda: self._extend(window, n, states, last),
+        }
+        out = {}
+        for name, fn in steps.items():
+            for _ in range(5):
+                fn()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            out[name] = start.elapsed_time(end) / iters
+        per_iter = out["verify_ms"] + (self.k - 1) * out["draft_step_ms"] + out["extend_ms"]
+        out["ideal_iteration_ms"] = per_iter
+        out["ideal_tok_s"] = self.force_accept / per_iter * 1000
+        return out

@@ -1,0 +1,144 @@
+"""A trained EAGLE-3 head on disk, SGLang/SpecForge format: config.json, model.safetensors
+(bf16, unfused projections, d2t and t2d), provenance.json and a README beside them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from speculative.train.instruct_prompts import instruct_note
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """Inputs of layers 2, L//2 and L-3 (EAGLE-3's choice); tiny targets get 1, L//2, L-1."""
+    if num_layers >= 6:
+        return (2, num_layers // 2, num_layers - 3)
+    return (1, max(1, num_layers // 2), max(1, num_layers - 1))
+
+
+def head_config(target: ModelConfig, draft_vocab: int, aux_layer_ids: tuple[int, ...],
+                intermediate_size: int | None = None) -> dict:
+    """The head's config.json: one decoder layer shaped like the target's (its MLP
+    `intermediate_size` wide if given). SGLang names aux states by the layer that outputs them,
+    so its ids are our input-of-layer ids minus one."""
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": target.hidden_size,
+        "intermediate_size": intermediate_size or target.intermediate_size,
+        "num_attention_heads": target.num_heads,
+        "num_key_value_heads": target.num_kv_heads,
+        "head_dim": target.head_dim,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": target.rms_norm_eps,
+        "rope_theta": target.rope_theta,
+        "max_position_embeddings": target.max_position_embeddings,
+        "vocab_size": target.vocab_size,
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": target.hidden_size,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux_layer_ids],
+            "use_aux_hidden_state": True,
+        },
+    }
+    if target.rope_scaling_dict:
+        cfg["rope_scaling"] = dict(target.rope_scaling_dict)
+    return cfg
+
+
+def head_tensors(draft, target_vocab: int) -> dict[str, torch.Tensor]:
+    """Checkpoint names and bf16 tensors; fused qkv / gate_up split back into the Hub's names."""
+    sd = {k: v.detach() for k, v in draft.state_dict().items() if k not in ("d2t", "cos_sin")}
+    out: dict[str, torch.Tensor] = {}
+    layer = draft.midlayer
+    for name, t in sd.items():
+        if name == "midlayer.self_attn.qkv_proj.weight":
+            for proj, (_, off, rows) in layer.packed_shards().items():
+                out[f"midlayer.self_attn.{proj}.weight"] = t[off:off + rows]
+        elif name == "midlayer.mlp.gate_up_proj.weight":
+            for proj, (_, off, rows) in layer.mlp.packed_shards().items():
+                out[f"midlayer.mlp.{proj}.weight"] = t[off:off + rows]
+        else:
+            out[name] = t
+    out = {k: v.to(torch.bfloat16).contiguous().cpu() for k, v in out.items()}
+    d2t = draft.d2t.detach().cpu().long()
+    out["d2t"] = d2t.contiguous()
+    t2d = torch.zeros(target_vocab, dtype=torch.bool)
+    t2d[torch.arange(d2t.shape[0]) + d2t] = True
+    out["t2d"] = t2d
+    return out
+
+
+def save_head(folder: Path, config: dict, draft, target_vocab: int) -> None:
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(head_tensors(draft, target_vocab), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def write_provenance(folder: Path, prov: dict, readme: str, log) -> None:
+    """provenance.json and README.md beside the weights, then one line on what was saved."""
+    folder = Path(folder)
+    (folder / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
+    (folder / "README.md").write_text(readme)
+    final = prov["final_eval"]
+    spec = final.get("speculator")
+    if "skipped" in final:
+        log(f"saved {folder} in {prov['wall_s']:.0f} s ({final['skipped']}: the final checks were skipped)")
+        return
+    log(f"saved {folder} in {prov['wall_s']:.0f} s; held-out acc {final.get('step_acc')}, est. accept len "
+        f"{final.get('accept_len_estimate')}" + (f"; speculator: accept len {spec['accept_len_mean']:.2f}, "
+                                                f"identical {spec['identical']}/{spec['prompts']}" if spec else ""))
+
+
+def head_readme(p: dict) -> str:
+    ev = p.get("final_eval", {})
+    spec = ev.get("speculator", {})
+    lines = [
+        f"# EAGLE-3 draft head for {p['target']}",
+        "",
+        f"Trained by `localchat train-draft` in {p['wall_s']:.0f} s on {p['device']}:",
+        "",
+        f"    {p['command']}",
+        "",
+        "SGLang/SpecForge format (`LlamaForCausalLMEagle3`): one decoder layer of the target's width, "
+        f"aux states from target layers {p['aux_layer_ids_input']} (inputs of those layers; config.json "
+        "stores them as output-of-layer ids, one less), reduced vocabulary of "
+        f"{p['draft_vocab_size']} tokens (`d2t`: target = draft + d2t[draft]).",
+        "",
+        "## Data",
+        "",
+        f"- Conversations: {p['data']['source']} (file sha256 {p['data']['sha256']}), "
+        f"{p['data']['train_conversations']} for training, {p['data']['heldout_conversations']} held out.",
+        f"- Held-out split: {p['data']['split']}",
+        f"- Self-distillation: labels are the target's own next-token distributions over the draft "
+        f"vocabulary; {p['data']['generated_responses']} greedy replies of the target to training prompts "
+        "were added to the conversations.",
+        *instruct_note(p["data"]),
+        "",
+        "## Training",
+        "",
+        f"- {p['train']['steps_done']} steps of {p['train']['batch_tokens']} tokens (rows of "
+        f"{p['train']['seq_len']}), training-time test over {p['train']['ttt_steps']} draft steps "
+        f"(loss weight {p['train']['decay']}^t), AdamW lr {p['train']['lr']} with warm-up and cosine decay.",
+        "",
+        "## Held-out validation",
+        "",
+        f"- Top-1 agreement with the target's greedy token, per draft step: {ev.get('step_acc')}",
+        f"- Estimated tokens per verify step (k = {ev.get('k')}): {ev.get('accept_len_estimate')}",
+    ]
+    if p.get("interrupted"):
+        lines.append(f"- Stopped with Ctrl+C ({ev.get('skipped')}): the final checks were skipped.")
+    if spec:
+        lines.append(f"- Real speculator, greedy, {spec['prompts']} held-out prompts, k = {spec['k']}: mean "
+                     f"accepted length {spec['accept_len_mean']:.2f}; output identical to plain decoding "
+                     f"for {spec['identical']}/{spec['prompts']} prompts")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,202 @@
+"""What a train-draft run trains on: the conversations and their held-out split, tokenized; the
+target's own greedy replies to training prompts (kept between runs in the reply cache); and the
+reduced draft vocabulary chosen from token frequencies."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.errors import UserError
+
+from speculative.train.progress import log as _log
+from speculative.train.instruct_prompts import SPLIT_RULE as INSTRUCT_SPLIT
+from speculative.train.data import (
+    SPLIT_RULE,
+    Conversation,
+    Sequence,
+    load_conversations,
+    prompt_prefix,
+    split,
+    tokenize,
+    user_turns,
+)
+
+if TYPE_CHECKING:
+    from speculative.train.command import TrainOptions
+
+
+@dataclass
+class TrainData:
+    """The conversations, their split, and the target's own replies, as both trainers use them."""
+
+    source: dict
+    convs: list[Conversation]
+    train_convs: list[Conversation]
+    held: list[Conversation]
+    text: list[Sequence]  # training conversations, tokenized
+    val_text: list[Sequence]  # the first held-out conversations, tokenized
+    eval_msgs: list[list[dict]]  # first user turns of held-out conversations
+    gen: list[Sequence]  # the target's greedy replies to training prompts
+    val_gen: list[Sequence]  # ... and to held-out first turns
+    cached_replies: int = 0  # of gen + val_gen, taken from the reply cache
+    instruct_prompts: int = 0  # of the prompts behind gen, from instruct_prompts.py
+
+    def provenance(self) -> dict:
+        return {**self.source, "split": SPLIT_RULE, "conversations": len(self.convs),
+                "train_conversations": len(self.train_convs), "heldout_conversations": len(self.held),
+                "train_tokens": sum(len(s.ids) for s in self.text), "generated_responses": len(self.gen),
+                "responses_from_cache": self.cached_replies, "instruct_prompts": self.instruct_prompts,
+                **({"instruct_split": INSTRUCT_SPLIT} if self.instruct_prompts else {}),
+                "generated_tokens": sum(len(s.ids) - s.response_start for s in self.gen),
+                "validation": f"the first {len(self.val_text)} held-out conversations and the target's replies to "
+                              f"the first user turns of {len(self.val_gen)} held-out conversations"}
+
+
+def reply_cache(opts: TrainOptions, target_path: Path, loaded):
+    """The reply cache for this target, device and reply limits (speculative/train/reply_cache.py)."""
+    from engine.paths import cache_dir
+
+    from speculative.train.reply_cache import ReplyCache, target_identity
+
+    w = loaded.model.lm_head.weight
+    identity = {"target": target_identity(target_path), "eos": sorted(loaded.tokenizer.eos_token_ids),
+                "device": w.device.type, "dtype": str(w.dtype), "gen_tokens": opts.gen_tokens,
+                "max_len": opts.max_len}
+    return ReplyCache.for_run(cache_dir() / "train-draft" / "replies", identity)
+
+
+def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: float | None,
+                 phases: dict, cache=None, generate: bool = True) -> TrainData:
+    """Loads and splits the conversations, tokenizes them and has the target answer training
+    prompts (until gen_share of the time budget), taking the replies it already has from
+    `cache` (a ReplyCache) and adding the new ones to it; records data_s and generate_s."""
+    t = time.perf_counter()
+    convs, source = load_conversations(opts.data, _log)
+    train_convs, held = split(convs)
+    if not train_convs or not held:
+        raise UserError(f"the data has {len(convs)} conversations; the 5% held-out split needs more "
+                        "(a few hundred at least)")
+    tok = loaded.tokenizer
+    text = tokenize(tok, train_convs, opts.seq_len)
+    val_text = tokenize(tok, held[:opts.val_conversations], opts.seq_len)
+    eval_msgs = [p for p in (prompt_prefix(c.messages, 1) for c in held) if p is not None]
+    phases["data_s"] = time.perf_counter() - t
+    _log(f"{len(convs)} conversations: {len(train_convs)} for training ({sum(len(s.ids) for s in text):,} "
+         f"tokens), {len(held)} held out; {phases['data_s']:.1f} s")
+
+    t = time.perf_counter()
+    gen: list[Sequence] = []
+    val_gen: list[Sequence] = []
+    cached = 0
+    if opts.gen_prompts:
+        from speculative.train.reply_cache import GenerationStopped, replies_for
+
+        def answer(prompts, gen_deadline=None, log=None):
+            return teacher.generate(prompts, opts.gen_tokens, gen_deadline, log) if generate else []
+
+        def keep(entries: dict) -> None:
+            if cache is not None and entries:
+                try:
+                    cache.save({**known, **entries})
+                except OSError as e:  # a full or read-only disk costs the next run time, not this one
+                    _log(f"could not keep the replies for later runs: {e}")
+
+        known = cache.load() if cache is not None else {}
+        added: dict = {}
+        try:
+            val_prompts = [tok.apply_chat_template(m) for m in eval_msgs[:opts.val_conversations // 2]]
+            val_gen, n_val, new = replies_for(val_prompts, known, answer)
+            added.update(new)
+            gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
+            prompts, n_instruct = _train_prompts(train_convs, tok, opts)
+            gen, n_gen, new = replies_for(prompts, known, lambda ps: answer(ps, gen_deadline, _log))
+            added.update(new)
+        except GenerationStopped as stop:  # Ctrl+C: the replies made so far serve the next run
+            keep({**added, **stop.new})
+            _log(f"interrupted while generating: {len(added) + len(stop.new)} new replies kept for the next run")
+            raise KeyboardInterrupt from None
+        cached = n_val + n_gen
+        keep(added)
+        made = sum(len(s.ids) - s.response_start for s in gen + val_gen)
+        phases["generate_s"] = time.perf_counter() - t
+        _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts: {made:,} tokens in "
+             f"{phases['generate_s']:.1f} s" + (f", {cached} of the replies from earlier runs" if cached else
+                                                f" ({made / max(phases['generate_s'], 1e-9):,.0f} tokens/s)"))
+    return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen, cached,
+                     n_instruct if opts.gen_prompts else 0)
+
+
+def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> tuple[list[list[int]], int]:
+    """The prompts the target answers: --instruct-frac of them from instruct_prompts.py (its
+    training split, in a fixed shuffle; at most all of it), the rest from the conversations
+    (_conversation_prompts), interleaved evenly so that a generation cut short by the time budget
+    keeps the mix. Returns (prompts, how many are instruction prompts)."""
+    room = opts.seq_len - opts.gen_tokens - 1
+    instruct: list[list[int]] = []
+    if opts.instruct_frac > 0:
+        from speculative.train.instruct_prompts import instruct_prompts, interleaved
+
+        want = round(opts.instruct_frac * opts.gen_prompts)
+        for text in interleaved(instruct_prompts(heldout=False), opts.seed + 2):
+            if len(instruct) == want:
+                break
+            ids = tok.apply_chat_template([{"role": "user", "content": text}])
+            if 0 < len(ids) <= room:
+                instruct.append(ids)
+    chats = _conversation_prompts(convs, tok, opts, opts.gen_prompts - len(instruct))
+    # each list's i-th item at (i + 0.5) / len: an even interleave, stable within each list
+    keyed = [((i + 0.5) / len(lst), j, ids) for j, lst in enumerate((chats, instruct)) for i, ids in enumerate(lst)]
+    return [ids for _, _, ids in sorted(keyed, key=lambda e: e[:2])], len(instruct)
+
+
+def _conversation_prompts(convs: list[Conversation], tok, opts: TrainOptions, count: int) -> list[list[int]]:
+    """Prefixes of training conversations ending on a user turn, each short enough to leave
+    room for a full reply. Taken in rounds over the shuffled conversations, one unused turn of
+    each per round (in the first round the first turn for half of them), so --gen may ask for
+    more replies than there are conversations and every conversation is used before any twice."""
+    rng = random.Random(opts.seed + 1)
+    order = list(range(len(convs)))
+    rng.shuffle(order)
+    room = opts.seq_len - opts.gen_tokens - 1
+    free = {i: list(range(1, user_turns(convs[i].messages) + 1)) for i in order}
+    out: list[list[int]] = []
+    first_round = True
+    while len(out) < count and any(free.values()):
+        for i in order:
+            if len(out) == count:
+                break
+            turns = free[i]
+            if not turns:
+                continue
+            t = 1 if first_round and turns[0] == 1 and rng.random() < 0.5 else rng.choice(turns)
+            turns.remove(t)
+            prefix = prompt_prefix(convs[i].messages, t)
+            ids = tok.apply_chat_template(prefix) if prefix else []
+            if 0 < len(ids) <= room:
+                out.append(ids)
+            elif len(ids) > room:  # later turns are longer still
+                free[i] = [u for u in turns if u < t]
+        first_round = False
+    return out
+
+
+def choose_draft_vocab(text: list[Sequence], gen: list[Sequence], vocab: int, size: int, dev):
+    """The `size` most frequent tokens (replies of the target count 4x: they are what gets
+    drafted), sorted by id. Returns (ids on dev, coverage figures)."""
+    def counts(seqs, from_reply):
+        ids = [t for s in seqs for t in (s.ids[s.response_start:] if from_reply else s.ids[1:])]
+        return torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab).double() if ids else \
+            torch.zeros(vocab, dtype=torch.double)
+
+    c_text, c_gen = counts(text, False), counts(gen, True)
+    chosen = torch.topk(c_text + 4 * c_gen, size).indices.sort().values
+    cov = {"text": float(c_text[chosen].sum() / c_text.sum().clamp(min=1))}
+    if gen:
+        cov["replies"] = float(c_gen[chosen].sum() / c_gen.sum().clamp(min=1))
+    return chosen.to(dev), {k: round(v, 4) for k, v in cov.items()}
