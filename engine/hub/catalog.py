@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-CATALOG_PATH = Path(__file__).resolve().parent.parent / "assets" / "catalog.json"
+CATALOG_PATH = Path(__file__).resolve().parents[2] / "assets" / "catalog.json"
 
 DEMO_ID = "demo"
 MTP_BUILTIN = "mtp:builtin"  # draft spec meaning "the target's own MTP layers"

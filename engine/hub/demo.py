@@ -21,7 +21,7 @@ NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
 
 def demo_draft_path(kind: str = "eagle3") -> Path | None:
     """The draft head shipped in `assets/` for the demo model, if this install has it."""
-    folder = Path(__file__).resolve().parent.parent / "assets" / f"demo-{kind}"
+    folder = Path(__file__).resolve().parents[2] / "assets" / f"demo-{kind}"
     return folder if (folder / "config.json").exists() else None
 
 
