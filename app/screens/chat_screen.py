@@ -440,10 +440,10 @@ class ChatScreen(Screen):
 
     # Engine thread reports
 
-    def on_engine_runner_load_progress(self, message: EngineWorker.LoadProgress) -> None:
+    def on_engine_worker_load_progress(self, message: EngineWorker.LoadProgress) -> None:
         self.status.show_progress(message.text)
 
-    def on_engine_runner_loaded(self, message: EngineWorker.Loaded) -> None:
+    def on_engine_worker_loaded(self, message: EngineWorker.Loaded) -> None:
         self.status.hide_progress()
         self.is_model_ready = True
         self.model_name = message.model_name
@@ -456,7 +456,7 @@ class ChatScreen(Screen):
         if self.answer:
             self.answer.view.set_waiting("thinking…")
 
-    def on_engine_runner_load_failed(self, message: EngineWorker.LoadFailed) -> None:
+    def on_engine_worker_load_failed(self, message: EngineWorker.LoadFailed) -> None:
         self.status.hide_progress()
         self.is_model_ready = False
         self.status.model = "no model"
@@ -466,7 +466,7 @@ class ChatScreen(Screen):
         self.notify(f"{message.error}\nPress F5 to load another model.", title="The model failed to load",
                     severity="error", timeout=30)
 
-    async def on_engine_runner_started(self, message: EngineWorker.Started) -> None:
+    async def on_engine_worker_started(self, message: EngineWorker.Started) -> None:
         answer = self.answer
         if answer is None or message.job_id != answer.job_id:
             return
@@ -479,7 +479,7 @@ class ChatScreen(Screen):
         answer.live = LiveAnswer(self, message.stream, show)
         await answer.live.start()
 
-    async def on_engine_runner_finished(self, message: EngineWorker.Finished) -> None:
+    async def on_engine_worker_finished(self, message: EngineWorker.Finished) -> None:
         answer = self.answer
         if answer is None or message.job_id != answer.job_id:
             return
@@ -508,7 +508,7 @@ class ChatScreen(Screen):
             self.store.add_message(answer.chat_id, "assistant", answer.text, stats.to_json() if stats else None,
                                    "cancelled", self.model_name)
 
-    async def on_engine_runner_failed(self, message: EngineWorker.Failed) -> None:
+    async def on_engine_worker_failed(self, message: EngineWorker.Failed) -> None:
         answer = self.answer
         if answer is None or message.job_id != answer.job_id:
             return

@@ -47,7 +47,7 @@ class CompareScreen(ModalScreen[None]):
     def pane(self, side: str) -> ComparePane:
         return self.query_one(f"#pane-{side}", ComparePane)
 
-    async def on_engine_runner_started(self, message: EngineWorker.Started) -> None:
+    async def on_engine_worker_started(self, message: EngineWorker.Started) -> None:
         if message.job_id == self.job_id:
             self.live = LiveAnswer(self, message.stream, self.pane(message.side).append)
             await self.live.start()
@@ -57,7 +57,7 @@ class CompareScreen(ModalScreen[None]):
             self.live.stop()
             self.live = None
 
-    async def on_engine_runner_finished(self, message: EngineWorker.Finished) -> None:
+    async def on_engine_worker_finished(self, message: EngineWorker.Finished) -> None:
         if message.job_id != self.job_id:
             return
         self._stop_live()
@@ -73,7 +73,7 @@ class CompareScreen(ModalScreen[None]):
                 self.run_side("on", speculative=True)
         self._update_verdict()
 
-    async def on_engine_runner_failed(self, message: EngineWorker.Failed) -> None:
+    async def on_engine_worker_failed(self, message: EngineWorker.Failed) -> None:
         if message.job_id != self.job_id:
             return
         self._stop_live()
