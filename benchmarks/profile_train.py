@@ -52,7 +52,9 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from speculative.train.teacher import Teacher
-    from speculative.train.command import TrainOptions, _init_draft, _load_target, feature_cache_bytes
+    from speculative.train.command import _init_draft
+    from speculative.train.options import TrainOptions, feature_cache_bytes
+    from speculative.train.target import load_target
     from speculative.train.export import default_aux_layers
     from speculative.train.loop import Batcher, train_step
     from speculative.train.prepare import choose_draft_vocab, prepare_data
@@ -62,7 +64,7 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
     args = SimpleNamespace(model=a.model, out="unused", gen=a.gen, time_budget=None)
     opts = TrainOptions.from_args(args, dev)
-    loaded, name, _ = _load_target(opts, dev)
+    loaded, name, _ = load_target(opts, dev)
     opts = feature_cache_bytes(opts, dev)
     teacher = Teacher(loaded, default_aux_layers(loaded.config.num_layers), opts.max_len, opts.cache_bytes)
     report: dict = {"model": name, "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",

@@ -23,7 +23,7 @@ the options from the environment (KernelOptions.from_env):
                 (silu(gate) * up in gate_up's epilogue) and a plain down GEMV (gated_mlp=False)
   tail_off      a one-token step's o_proj and down without the residual add and next RMSNorm in
                 their last program: those norms launch apart (norm_tail=False)
-  tiles:SPEC    M = 1 tiles by weight shape (row_tiles, engine/options.py parse_row_tiles),
+  tiles:SPEC    M = 1 tiles by weight shape (row_tiles, parse_row_tiles below),
                 e.g. tiles:4096x14336/4/1024/1/4/3|6144x4096/cublas
   joined by '+': row_cublas+tail_off
 The variants measured and removed from the engine are in docs/performance.md.
@@ -62,7 +62,7 @@ FIXED = {
 def variant_options(spec: str, base):
     """The KernelOptions `spec` names: base with each '+'-joined part's changes. An unknown part
     or a bad tile spec stops with one line."""
-    from engine.options import parse_row_tiles, parse_spec_alts
+    from engine.options import parse_spec_alts
 
     changes: dict = {}
     for part in spec.split("+"):
@@ -140,5 +140,23 @@ def main() -> None:
     Path(a.out).write_text(json.dumps(report, indent=1))
 
 
+def parse_row_tiles(spec: str) -> tuple:
+    """A row_tiles value from "NxK/block_n/block_k/split_k/warps/stages|NxK/cublas|...", e.g.
+    "4096x14336/4/1024/1/4/3|6144x4096/cublas". A bad entry raises a one-line ValueError."""
+    from engine.kernels.gemv import GemvConfig
+    from engine.options import CUBLAS
+
+    tiles = {}
+    for entry in filter(None, spec.split("|")):
+        try:
+            shape, *fields = entry.split("/")
+            n, k = (int(v) for v in shape.split("x"))
+            tiles[(n, k)] = CUBLAS if fields == [CUBLAS] else GemvConfig(*(int(v) for v in fields))
+        except (TypeError, ValueError):
+            raise ValueError(f"row tiles: cannot read {entry!r} (NxK/bn/bk/split/warps/stages or NxK/cublas)") from None
+    return tuple(tiles.items())
+
+
 if __name__ == "__main__":
     main()
+

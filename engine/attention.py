@@ -79,6 +79,13 @@ def _pack_plan(lengths: tuple[int, ...], device: torch.device) -> list[tuple]:
 # lengths (some 40 host operations per group and layer). If the kernel refuses (an older torch
 # or GPU), the reason is kept here and the padded groups serve from then on.
 _VARLEN_FAILED: str | None = None
+
+
+def varlen_fallback() -> str | None:
+    """Why packed forwards fell back to padded attention in this process (None: they did not)."""
+    return _VARLEN_FAILED
+
+
 USE_VARLEN = True
 
 

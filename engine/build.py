@@ -22,7 +22,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
                  threads: int | None = None, options: KernelOptions | None = None):
     """options: the kernel switches (None: KernelOptions.from_env()); batch_invariant is set here,
     from whether a draft comes with the target."""
-    from engine.engine import pick_device
+    from engine.device import pick_device
 
     def say(msg: str, frac: float | None = None) -> None:
         if on_progress:

@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 import functools
 import os
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from engine.errors import UserError
 
-if TYPE_CHECKING:
-    from engine.kernels.gemv import GemvConfig
-
 CUBLAS = "cublas"  # a row_tiles entry that sends that shape to nn.Linear (cuBLAS) instead of our GEMV
 AUTO = "auto"  # spec_alts: the GPU's shaped alternatives on any device
+# A row_tiles tile: an engine.kernels.gemv.GemvConfig (duck-typed here, so that this module imports no
+# kernel code), or CUBLAS.
+Tile = object
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class KernelOptions:
     spec_alts: int | tuple[int, ...] | str | None = None
     # Benchmarks only (benchmarks/variants.py tiles:SPEC): ((N, K), tile or CUBLAS) pairs that send a
     # one-row projection of that weight shape to that tile of our GEMV, or to cuBLAS.
-    row_tiles: tuple[tuple[tuple[int, int], GemvConfig | str], ...] = ()
+    row_tiles: tuple[tuple[tuple[int, int], Tile], ...] = ()
 
     def __post_init__(self):
         alts = self.spec_alts
@@ -77,7 +77,7 @@ class KernelOptions:
             if len(shape) != 2 or not (tile == CUBLAS or hasattr(tile, "split_k")):
                 raise ValueError(f"row_tiles: ({shape!r}, {tile!r}) is not ((N, K), GemvConfig or {CUBLAS!r})")
 
-    def row_tile(self, shape: tuple[int, int]) -> GemvConfig | str | None:
+    def row_tile(self, shape: tuple[int, int]) -> Tile | None:
         """row_tiles' entry for a weight of `shape` (N, K), None where there is none."""
         return self._row_tiles.get(tuple(shape))
 
@@ -129,22 +129,6 @@ def parse_spec_alts(spec: str) -> int | tuple[int, ...] | str | None:
         raise UserError(f"LOCALCHAT_SPEC_ALTS={spec!r}: use auto, a count (0: the chain alone) or counts "
                         "for the drafts in order, e.g. 2,1")
     return int(parts[0]) if len(parts) == 1 else tuple(int(p) for p in parts)
-
-
-def parse_row_tiles(spec: str) -> tuple[tuple[tuple[int, int], GemvConfig | str], ...]:
-    """A row_tiles value from "NxK/block_n/block_k/split_k/warps/stages|NxK/cublas|...", e.g.
-    "4096x14336/4/1024/1/4/3|6144x4096/cublas". A bad entry raises a one-line ValueError."""
-    from engine.kernels.gemv import GemvConfig
-
-    tiles = {}
-    for entry in filter(None, spec.split("|")):
-        try:
-            shape, *fields = entry.split("/")
-            n, k = (int(v) for v in shape.split("x"))
-            tiles[(n, k)] = CUBLAS if fields == [CUBLAS] else GemvConfig(*(int(v) for v in fields))
-        except (TypeError, ValueError):
-            raise ValueError(f"row tiles: cannot read {entry!r} (NxK/bn/bk/split/warps/stages or NxK/cublas)") from None
-    return tuple(tiles.items())
 
 
 def triton_interpreting() -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 from engine.hub.catalog import DEMO_ID
 from engine.weights.checkpoint import weight_files
 from engine.errors import ModelLoadError
-from engine.hub.download import cache_dir
+from engine.hub.cache import cache_dir
 from engine.hub.pairing import is_draft_config, read_config
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")

@@ -136,10 +136,12 @@ def train(draft, target: _Target, teacher: Teacher, pools, val, opts, deadline, 
 
 
 def cmd_train_mtp(args) -> int:
-    from engine.engine import pick_device
+    from engine.device import pick_device
 
     from speculative.train.mtp_export import layers_readme, save_layers
-    from speculative.train.command import TrainOptions, _command, _load_target, _log, feature_cache_bytes
+    from speculative.train.options import TrainOptions, command_line, feature_cache_bytes
+    from speculative.train.progress import log as _log
+    from speculative.train.target import load_target
     from speculative.train.export import write_provenance
     from speculative.train.prepare import prepare_data, reply_cache
 
@@ -152,7 +154,7 @@ def cmd_train_mtp(args) -> int:
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     phases: dict[str, float] = {}
-    loaded, target_name, target_path = _load_target(opts, dev)
+    loaded, target_name, target_path = load_target(opts, dev)
     opts = feature_cache_bytes(opts, dev)
     cfg = loaded.config
     # aux = the final residual stream (the input of "layer L"); its final norm is h_p.
@@ -182,7 +184,7 @@ def cmd_train_mtp(args) -> int:
     wall = time.perf_counter() - t_start
     skip = ("out", "model", "data", "draft_vocab", "ttt_steps")
     prov = {
-        "target": target_name, "kind": "mtp", "command": _command(args),
+        "target": target_name, "kind": "mtp", "command": command_line(args),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
         "wall_s": round(wall, 1), "phases_s": {k: round(v, 1) for k, v in phases.items()},
         "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1) if dev.type == "cuda" else None,

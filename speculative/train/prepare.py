@@ -28,7 +28,7 @@ from speculative.train.data import (
 )
 
 if TYPE_CHECKING:
-    from speculative.train.command import TrainOptions
+    from speculative.train.options import TrainOptions
 
 
 @dataclass

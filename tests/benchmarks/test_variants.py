@@ -40,3 +40,14 @@ def test_variant_options_change_what_they_name():
 def test_bad_variant_stops_with_one_line(spec, says):
     with pytest.raises(SystemExit, match="variants.py: .*" + says):
         variants.variant_options(spec, KernelOptions())
+
+
+def test_row_tiles_spec():
+    """row_tiles (benchmarks/variants.py tiles:SPEC): tiles or cuBLAS by weight shape; a bad entry
+    is a one-line error."""
+    tiles = variants.parse_row_tiles("4096x14336/4/1024/1/4/3|6144x4096/cublas|")
+    assert tiles == (((4096, 14336), GemvConfig(4, 1024, 1, 4, 3)), ((6144, 4096), CUBLAS))
+    assert KernelOptions(row_tiles=tiles).row_tile((6144, 4096)) == CUBLAS
+    for bad in ("4096x14336/4/1024", "4096/4/1024/1/4/3", "axb/cublas", "4096x4096/4/x/1/4/3"):
+        with pytest.raises(ValueError, match="row tiles: cannot read"):
+            variants.parse_row_tiles(bad)

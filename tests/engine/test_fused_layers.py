@@ -33,7 +33,7 @@ from engine.kv_cache import KVCache  # noqa: E402
 from engine.layer_kernels import FusedLayerKernels, LayerKernels  # noqa: E402
 from engine.model import CausalLM  # noqa: E402
 from engine.ops import Ops  # noqa: E402
-from engine.options import CUBLAS, KernelOptions, parse_row_tiles  # noqa: E402
+from engine.options import CUBLAS, KernelOptions  # noqa: E402
 from engine.rope import rope_cos_sin  # noqa: E402
 
 GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -309,18 +309,6 @@ def test_fused_invariant_verify_rows_equal_decode_steps(arch, use_graphs, fuse_i
     # and the 1-row steps again after the verify steps rewrote the cache rows: same bits
     again = runner.forward(ids[PROMPT + 3:PROMPT + 4], PROMPT + 3)[0]
     assert torch.equal(again, singles[3:4])
-
-
-def test_row_tiles_spec():
-    """row_tiles (benchmarks/variants.py tiles:SPEC): tiles or cuBLAS by weight shape; a bad entry
-    is a one-line error."""
-    tiles = parse_row_tiles("4096x14336/4/1024/1/4/3|6144x4096/cublas|")
-    assert tiles == (((4096, 14336), GemvConfig(4, 1024, 1, 4, 3)), ((6144, 4096), CUBLAS))
-    assert KernelOptions(row_tiles=tiles).row_tile((6144, 4096)) == CUBLAS
-    for bad in ("4096x14336/4/1024", "4096/4/1024/1/4/3", "axb/cublas", "4096x4096/4/x/1/4/3"):
-        with pytest.raises(ValueError, match="row tiles: cannot read"):
-            parse_row_tiles(bad)
-    assert routing.row_tile(14336).block_k == 1024 and routing.row_tile(1536).block_k == 512
 
 
 def test_routed_projections_launch_what_routing_picks(monkeypatch):

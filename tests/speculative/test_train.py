@@ -493,7 +493,7 @@ def test_feature_cache_takes_the_free_memory_less_a_steps_working_set(monkeypatc
     """Set after the target is loaded: free memory less 16 GiB per 16,384 tokens a step (the
     demo run's features, about 86 GB, fit on a 141 GB GPU; the old cap of 64 GiB made every
     later step recompute about a quarter of them)."""
-    from speculative.train.command import TrainOptions, feature_cache_bytes
+    from speculative.train.options import TrainOptions, feature_cache_bytes
 
     opts = TrainOptions.from_args(Namespace(model="m", out="o"), torch.device("cpu"))
     assert feature_cache_bytes(opts, torch.device("cpu")).cache_bytes == 2 << 30

@@ -1,0 +1,137 @@
+"""TrainOptions: a train-draft run's settings, from its flags and the device; the command line that
+reproduces a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from engine.errors import UserError
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    model: str
+    out: Path
+    data: str | None
+    draft_vocab: int
+    steps: int
+    seq_len: int  # tokens per packed row; longer conversations are cut
+    batch_tokens: int  # tokens per step (rows = batch_tokens // seq_len)
+    ttt_steps: int  # draft steps unrolled in training-time test; also k of the final check
+    lr: float
+    gen_prompts: int  # training prompts the target answers itself (greedy); 0: none
+    gen_tokens: int  # longest reply generated
+    time_budget: float | None  # seconds for the whole command; training stops in time, annealed
+    eval_every: int
+    eval_prompts: int  # held-out prompts decoded with the saved head at the end
+    seed: int = 0
+    decay: float = 0.8  # loss weight of draft step t is decay ** t (EAGLE-3)
+    # Share of a step's sequences drawn from the target's own replies: they are what gets drafted;
+    # the conversations' human turns keep the head from memorising a few thousand replies.
+    gen_frac: float = 0.85
+    # Weight of an extra hard cross-entropy on the target's greedy token, which is what greedy
+    # verification accepts (0: the target's distribution only). 0.85 and 0.5 against 0.7 and 0
+    # on an H200, demo target, same budget: held-out accepted length 2.52 vs 2.40 at step 750,
+    # 2.74 vs 2.66 at step 1250, and 2.50 vs 2.25 measured by `bench` (benchmarks/results/
+    # h200_train_ab_session6.json). A full-length run ended level with 0.7 and 0 at equal steps
+    # (held-out 3.20 at step 3,994; h200_train_s7_part2.log).
+    greedy_weight: float = 0.5
+    gen_share: float = 0.45  # share of the time budget after which no new reply is started
+    reserve_s: float = 25.0  # budget kept for validation, saving and the speculator check
+    val_conversations: int = 48
+    val_rows: int = 4
+    cache_bytes: int = 2 << 30  # target features kept on the device (feature_cache_bytes sets it)
+    mtp_layers: int = 3  # --kind mtp: chained MTP layers S, also k of the final check
+    draft_intermediate: int = 0  # the head's MLP width (0: the target's intermediate size)
+    # Share of the generation prompts taken from speculative/train/instruct_prompts.py (requests for
+    # lists, how-tos, explanations, code and short writing) instead of the conversations; at
+    # most the ~4,200 training prompts there. 0.1 (default): the shipped EAGLE-3 head's recipe.
+    # Against 0, on an H200, demo target, same budget, one bench run: accepted length 3.26 vs
+    # 3.22 on held-out chitchat and 2.57 vs 1.77 on held-out instruction requests
+    # (benchmarks/results/h200_head_ab_*_session10.json).
+    instruct_frac: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("draft_vocab", "steps", "seq_len", "batch_tokens", "ttt_steps", "mtp_layers"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for flag, value in (("gen", self.gen_prompts), ("eval-every", self.eval_every),
+                            ("eval-prompts", self.eval_prompts)):
+            if value < 0:
+                raise UserError(f"--{flag} must be at least 0 (0: none), got {value}")
+        if self.gen_tokens < 1:
+            raise UserError(f"--gen-tokens must be at least 1, got {self.gen_tokens}")
+        if self.seq_len < self.gen_tokens + 16 and self.gen_prompts:
+            raise UserError(f"--seq-len {self.seq_len} leaves no room for prompts before --gen-tokens "
+                            f"{self.gen_tokens} of reply")
+        if not 0 <= self.gen_frac <= 1:
+            raise UserError(f"--gen-frac must be in [0, 1], got {self.gen_frac}")
+        if not 0 <= self.instruct_frac <= 1:
+            raise UserError(f"--instruct-frac must be in [0, 1], got {self.instruct_frac}")
+        if not 0 <= self.greedy_weight <= 100:
+            raise UserError(f"--greedy-weight must be in [0, 100], got {self.greedy_weight}")
+        if not 0 < self.lr < 1:
+            raise UserError(f"--lr must be in (0, 1), got {self.lr}")
+        if self.time_budget is not None and self.time_budget < 2 * self.reserve_s:
+            raise UserError(f"--time-budget must be at least {2 * self.reserve_s:.0f} s, got {self.time_budget}")
+
+    @property
+    def max_len(self) -> int:
+        return self.seq_len + self.gen_tokens + 32
+
+    @classmethod
+    def from_args(cls, args, device: torch.device) -> "TrainOptions":
+        gpu = device.type == "cuda"
+
+        def opt(name, gpu_default, cpu_default):
+            v = getattr(args, name, None)
+            return v if v is not None else (gpu_default if gpu else cpu_default)
+
+        width = getattr(args, "draft_intermediate", None)
+        if width is not None and width < 1:
+            raise UserError(f"--draft-intermediate must be positive, got {width}")
+        return cls(model=args.model, out=Path(args.out).expanduser(), data=getattr(args, "data", None),
+                   draft_vocab=int(opt("draft_vocab", 8192, 8192)), steps=int(opt("steps", 20000, 200)),
+                   seq_len=int(opt("seq_len", 1024, 512)), batch_tokens=int(opt("batch_tokens", 16384, 2048)),
+                   ttt_steps=int(opt("ttt_steps", 5, 5)), lr=float(opt("lr", 1.2e-3, 6e-4)),
+                   gen_prompts=int(opt("gen", 40000, 0)), gen_tokens=int(opt("gen_tokens", 256, 128)),
+                   time_budget=opt("time_budget", 840.0, None), eval_every=int(opt("eval_every", 250, 100)),
+                   eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),
+                   val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
+                   mtp_layers=int(opt("mtp_layers", 3, 3)), draft_intermediate=int(width or 0),
+                   gen_frac=float(opt("gen_frac", 0.85, 0.85)), greedy_weight=float(opt("greedy_weight", 0.5, 0.5)),
+                   instruct_frac=float(opt("instruct_frac", 0.1, 0.1)))
+
+
+def feature_cache_bytes(opts: TrainOptions, device: torch.device) -> TrainOptions:
+    """opts with the bytes of target features to keep on the device, set once the target is
+    loaded: on CUDA the free memory less what a training step needs (about 12 GiB at 16,384
+    tokens a step, so 16 GiB per 16,384 are kept back); 2 GiB elsewhere. The features of the
+    default demo run (16.5 M tokens of prompts and the target's replies, 2.2 M of conversations,
+    4.6 KB each) take about 86 GB; a cache that cannot hold them recomputes the rest at every
+    step, at about half the speed. Generation runs before the cache fills and frees its K/V."""
+    if device.type != "cuda":
+        return replace(opts, cache_bytes=2 << 30)
+    keep = (16 << 30) * max(1.0, opts.batch_tokens / 16384)
+    return replace(opts, cache_bytes=int(max(1 << 30, torch.cuda.mem_get_info(device)[0] - keep)))
+
+
+def command_line(args, resume: bool | None = None) -> str:
+    """The command line that reproduces this run, from the parsed flags (resume: with or
+    without --resume instead of as given)."""
+    parts = ["localchat", "train-draft"]
+    for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "draft_intermediate", "steps", "device",
+                 "time_budget", "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_frac", "greedy_weight",
+                 "gen_tokens", "instruct_frac", "eval_every", "eval_prompts", "seed"):
+        value = getattr(args, name, None)
+        if name in (("draft_vocab", "draft_intermediate", "ttt_steps") if getattr(args, "kind", None) == "mtp"
+                    else ("mtp_layers",)):
+            continue  # flags the other kind ignores
+        if value is not None:
+            parts += [f"--{name.replace('_', '-')}", str(value)]
+    if (getattr(args, "resume", False) if resume is None else resume):
+        parts.append("--resume")
+    return " ".join(parts)
