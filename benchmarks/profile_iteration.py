@@ -38,7 +38,7 @@ def main() -> None:
     for _ in engine.stream_ids(engine.tokenizer.apply_chat_template(msgs[0]), SamplingParams(max_tokens=64),
                                speculative=True):
         pass
-    it = engine.speculator.fused
+    it = engine.speculator.greedy
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(40):

@@ -19,15 +19,15 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.fused = add_rms_norm  # the Triton kernel on CUDA; None: plain torch
+        self.kernel = add_rms_norm  # the Triton kernel on CUDA; None: plain torch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (norm(x + residual), x + residual); the sum is the new residual stream."""
-        if self.fused is not None:
-            return self.fused(x, residual, self.weight, self.eps)
+        if self.kernel is not None:
+            return self.kernel(x, residual, self.weight, self.eps)
         h = x if residual is None else x + residual
         return rms_norm(h, self.weight, self.eps), h
 

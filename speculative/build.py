@@ -23,7 +23,7 @@ from speculative.protocol import Speculator
 from speculative.eagle3.speculator import Eagle3Speculator
 
 
-def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_name: str = "the target") -> Speculator:
+def build_speculator(folder: Path, runner, target_cfg, draft_steps: int, target_name: str = "the target") -> Speculator:
     """folder: an EAGLE-3 head, standalone MTP layers, or a target checkpoint that ships MTP layers.
     The runner's model must be built with KernelOptions.batch_invariant: verify rows must carry the
     bits of the decode steps they stand for, and a model's kernels are chosen when it is built."""
@@ -36,8 +36,8 @@ def build_speculator(folder: Path, runner, target_cfg, num_steps: int, target_na
     raw = read_json(path)
     if MTPConfig.describes_mtp(raw):
         mc = MTPConfig.from_hf(raw, target_cfg, f"{folder.name}/config.json")
-        return build_mtp(folder, mc, runner, target_cfg, num_steps, target_name)
-    return build_eagle3(folder, runner, target_cfg, num_steps, target_name)
+        return build_mtp(folder, mc, runner, target_cfg, draft_steps, target_name)
+    return build_eagle3(folder, runner, target_cfg, draft_steps, target_name)
 
 
 def draft_ops(runner) -> Ops:
@@ -47,7 +47,7 @@ def draft_ops(runner) -> Ops:
     return Ops.for_device(runner.device, options)
 
 
-def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, num_steps: int, target_name: str):
+def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, draft_steps: int, target_name: str):
     mc.check_fits(target_cfg, folder.name, target_name)
     files = weight_files(folder)  # refused shard paths fail here, before any allocation
     mc.check_tensors(tensor_shapes(files), folder.name)
@@ -57,10 +57,10 @@ def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, num_steps: int, t
     tensors = ((name, t) for name, t in iter_tensors(files)
                if mc.format != "mimo" or name.startswith(mc.prefix))
     load_weights(draft, tensors, folder.name)
-    return MTPSpeculator(draft.eval().requires_grad_(False), runner, num_steps)
+    return MTPSpeculator(draft.eval().requires_grad_(False), runner, draft_steps)
 
 
-def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: str):
+def build_eagle3(folder: Path, runner, target_cfg, draft_steps: int, target_name: str):
     dc = DraftConfig.from_folder(folder, target_cfg)
     dc.check_fits(target_cfg, folder.name, target_name)
     dev, dtype = runner.device, runner.dtype
@@ -89,7 +89,7 @@ def build_eagle3(folder: Path, runner, target_cfg, num_steps: int, target_name: 
         raise ModelLoadError(f"{folder.name}: d2t has {draft.d2t.shape[0]} entries, draft_vocab_size is "
                              f"{dc.draft_vocab_size}")
     check_d2t(draft.d2t, target_cfg.vocab_size, folder.name)
-    return Eagle3Speculator(draft.eval().requires_grad_(False), runner, num_steps)
+    return Eagle3Speculator(draft.eval().requires_grad_(False), runner, draft_steps)
 
 
 def check_d2t(d2t: torch.Tensor, target_vocab: int, source: str) -> None:

@@ -61,11 +61,11 @@ class Eagle3Speculator:
     sampled_loop.py) where those compute them, the rest (a repetition penalty, for one) as the
     step-by-step loop in tokens()."""
 
-    def __init__(self, draft: Eagle3Draft, runner, num_steps: int):
+    def __init__(self, draft: Eagle3Draft, runner, draft_steps: int):
         dc = draft.config
         self.draft = draft
         self.config = dc
-        self.k = num_steps
+        self.k = draft_steps
         self.embed = draft.embed_tokens if dc.owns_embeddings else runner.model.model.embed_tokens
         self.kv = KVCache(1, runner.max_len, dc.num_kv_heads, dc.head_dim, runner.dtype, runner.device)
         self.graphs: DraftGraphs | None = None
@@ -74,10 +74,10 @@ class Eagle3Speculator:
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
         self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
-        self.parts = DraftParts(draft, self.embed, self.kv, num_steps)  # what the loops and graphs use
-        alts = default_alternatives(num_steps, runner.device, runner.model.ops.options.spec_alts)
-        self.fused = GreedyIteration(self.parts, runner, alts)  # greedy, no penalty
-        self.alts = self.fused.alts  # runners-up each draft gets in its greedy verify steps
+        self.parts = DraftParts(draft, self.embed, self.kv, draft_steps)  # what the loops and graphs use
+        alts = default_alternatives(draft_steps, runner.device, runner.model.ops.options.spec_alts)
+        self.greedy = GreedyIteration(self.parts, runner, alts)  # greedy, no penalty
+        self.alts = self.greedy.alts  # runners-up each draft gets in its greedy verify steps
         self.sampled = sampled_loop.SampledIteration(self.parts, runner)  # sampling without a penalty: the same
 
     # --- the facade's hooks -------------------------------------------------------------
@@ -95,18 +95,18 @@ class Eagle3Speculator:
         (CUDA), their warm-ups writing in the caches' last positions. defer: on the first request
         instead, after its first token; one whose conversation already reaches those positions
         runs eagerly and leaves the capture to a later one."""
-        if self.fused.runner.device.type != "cuda":
+        if self.greedy.runner.device.type != "cuda":
             return
         self._capture_pending = True
         if not defer:
             self._capture_if_pending(0)
 
     def _capture_if_pending(self, kv_len: int) -> None:
-        if not self._capture_pending or not self.fused.fits_capture(kv_len):
+        if not self._capture_pending or not self.greedy.fits_capture(kv_len):
             return  # eager for now (in a context shorter than 4 (k + 1) tokens: always)
         self._capture_pending = False
-        self.graphs = DraftGraphs(self.parts, self.fused.scratch())
-        self.fused.capture()
+        self.graphs = DraftGraphs(self.parts, self.greedy.scratch())
+        self.greedy.capture()
 
     def tokens(self, runner, state) -> Iterator[list[int]]:
         k = self.k
@@ -124,7 +124,7 @@ class Eagle3Speculator:
         self._seq = state.tokens[:state.kv_len + 1]
         self._capture_if_pending(state.kv_len)
         if state.params.is_greedy and state.seen is None and self.force_accept is None:
-            yield from self._whole_iterations(runner, state, self.fused, d_logits, d_hidden)
+            yield from self._whole_iterations(runner, state, self.greedy, d_logits, d_hidden)
             return
         if sampled_loop.supports(state.params, state) and self.force_accept is None and self._sampled_ready(state):
             yield from self._whole_iterations(runner, state, self.sampled, d_logits, d_hidden)
@@ -155,7 +155,7 @@ class Eagle3Speculator:
         if n + it.width > runner.max_len:
             yield from plain_steps(runner, state)
             return
-        if it is self.fused:
+        if it is self.greedy:
             it.begin(n, state.tokens[n], d_logits, d_hidden)
         else:
             drafts, q = self._draft_chain(d_logits, d_hidden, n, state)

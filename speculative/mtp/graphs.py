@@ -17,12 +17,12 @@ from engine.graphs import capture
 
 
 class MTPWindow:
-    def __init__(self, draft, num_steps: int, embed, lm_head, cos_sin_table, kvs, dtype, device):
+    def __init__(self, draft, draft_steps: int, embed, lm_head, cos_sin_table, kvs, dtype, device):
         mc = draft.config
-        S = num_steps
+        S = draft_steps
         W = 2 * S
         self.draft, self.embed, self.lm_head, self.cos_sin_table, self.kvs = draft, embed, lm_head, cos_sin_table, kvs
-        self.num_steps, self.num_rows, self.chain = S, W, mc.chain
+        self.draft_steps, self.num_rows, self.chain = S, W, mc.chain
         self.ids = torch.zeros(W, dtype=torch.long, device=device)
         self.offsets = torch.arange(W, dtype=torch.long, device=device)
         self.positions = self.offsets.clone()
@@ -40,7 +40,7 @@ class MTPWindow:
     @property
     def last_row(self) -> torch.Tensor:
         """() device index of the row at the last accepted position: where every step drafts."""
-        return self.accepted + (self.num_steps - 1)
+        return self.accepted + (self.draft_steps - 1)
 
     def begin(self, start: int, cur_ids: torch.Tensor, cur_states: torch.Tensor, accepted: torch.Tensor) -> None:
         """Writes a window. start: position of row 0 (= bonus position - S + 1);
@@ -65,7 +65,7 @@ class MTPWindow:
         batch = ForwardBatch(self.ids, self.positions, start_pos)
         passed, normed = self.draft.step(s, self.ids, self.hidden, batch, self.embed, self.kvs[s], self.cos_sin_table)
         row = normed.index_select(0, self.last_row.view(1))
-        if self.chain and s < self.num_steps - 1:
+        if self.chain and s < self.draft_steps - 1:
             self.hidden.copy_(passed)  # the state this step produced, for step s + 1
         return self.lm_head(row).float()  # (1, V)
 
@@ -81,7 +81,7 @@ class MTPWindow:
         pool = torch.cuda.graph_pool_handle()
         graphs, outs = [], []
         with torch.inference_mode():
-            for s in range(self.num_steps):
+            for s in range(self.draft_steps):
                 g, out = capture(lambda s=s: self._step(s), pool)
                 graphs.append(g)
                 outs.append(out)

@@ -37,11 +37,11 @@ from speculative.verify import accept_drafts
 class MTPSpeculator:
     """The MTP Speculator (protocol.py): one step-by-step loop for every kind of sampling."""
 
-    def __init__(self, draft: MTPDraft, runner, num_steps: int):
+    def __init__(self, draft: MTPDraft, runner, draft_steps: int):
         mc = draft.config
         self.draft = draft
         self.config = mc
-        self.k = min(num_steps, mc.num_layers)  # S: step s runs physical layer s
+        self.k = min(draft_steps, mc.num_layers)  # S: step s runs physical layer s
         self.runner = runner
         target = runner.model
         self.embed, self.lm_head = target.model.embed_tokens, target.lm_head

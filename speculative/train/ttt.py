@@ -144,8 +144,8 @@ def _masked_attention(q, key_blocks, value_blocks, batch: TTTBatch, t: int, scal
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
-def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int) -> list[torch.Tensor]:
-    """Returns the draft's logits (B, L, Vd) fp32 for steps 0..num_steps-1."""
+def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, ttt_steps: int) -> list[torch.Tensor]:
+    """Returns the draft's logits (B, L, Vd) fp32 for steps 0..ttt_steps-1."""
     layer = draft.midlayer
     dc = draft.config
     B, L = batch.tokens.shape
@@ -156,7 +156,7 @@ def unroll(draft, embed: torch.nn.Embedding, batch: TTTBatch, num_steps: int) ->
     cos_sin = draft.cos_sin.index_select(0, batch.positions.reshape(-1))  # (B*L, D)
     keys, values, logits = [], [], []
     out = hidden  # the previous step's output, set at the end of each step
-    for t in range(num_steps):
+    for t in range(ttt_steps):
         if t > 0:
             hidden = _shift_right(out, 1)  # step t at p consumes step t-1's output at p-1
         normed_h = layer.hidden_norm(hidden)

@@ -122,7 +122,7 @@ def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
     the middle of a conversation, whose cache their warm-ups must leave alone."""
     g, e = _spec_engines(tmp_path, tiny_models, "sglang", True, 4, defer_capture=True)
     assert g.runner.uses_graphs and not g.runner.graphs
-    assert g.speculator.graphs is None and g.speculator.fused.graph is None  # not before the first answer
+    assert g.speculator.graphs is None and g.speculator.greedy.graph is None  # not before the first answer
     ids = g.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
     turns = []
     for engine in (g, e):
@@ -131,8 +131,8 @@ def test_deferred_graphs_are_captured_mid_conversation(tmp_path, tiny_models):
                for t in ev.token_ids]
         if engine is g:
             assert not g.runner.graphs  # the whole-iteration graph served it
-            assert g.speculator.graphs is not None and g.speculator.fused.graph is not None
-            assert g.speculator.fused.first_graph is not None  # the first chain's, with it
+            assert g.speculator.graphs is not None and g.speculator.greedy.graph is not None
+            assert g.speculator.greedy.first_graph is not None  # the first chain's, with it
         more = ids + one + ids[-3:]
         two = [t for ev in engine.stream_ids(more, SamplingParams(max_tokens=60), speculative=False)
                for t in ev.token_ids]
@@ -156,10 +156,10 @@ def test_deferred_draft_capture_never_touches_a_long_conversation(tmp_path, tiny
     sampled = SamplingParams(max_tokens=9, temperature=0.9, seed=5)
     p_long = SamplingParams(max_tokens=9) if first == "greedy" else sampled
     assert _tokens(g, long_ids, p_long, True) == _tokens(e, long_ids, p_long, True)
-    assert g.speculator.graphs is None and g.speculator.fused.graph is None
+    assert g.speculator.graphs is None and g.speculator.greedy.graph is None
     for p in (SamplingParams(max_tokens=120), sampled, SamplingParams(max_tokens=120, temperature=0.9, seed=6)):
         assert _tokens(g, short_ids, p, True) == _tokens(e, short_ids, p, True), p
-        assert g.speculator.graphs is not None and g.speculator.fused.graph is not None
+        assert g.speculator.graphs is not None and g.speculator.greedy.graph is not None
     # and a long conversation again, now with the graphs captured
     assert _tokens(g, long_ids, p_long, True) == _tokens(e, long_ids, p_long, True)
 
@@ -173,7 +173,7 @@ def test_a_context_too_short_to_capture_in_runs_eagerly(tmp_path, tiny_models, d
     ids = g.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])[:8]
     for p in (SamplingParams(max_tokens=30), SamplingParams(max_tokens=30, temperature=0.9, seed=4)):
         assert _tokens(g, ids, p, True) == _tokens(e, ids, p, True), p
-    assert g.speculator.graphs is None and g.speculator.fused.graph is None
+    assert g.speculator.graphs is None and g.speculator.greedy.graph is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,

@@ -208,7 +208,7 @@ def test_speculation_runs_to_the_end_of_the_context_like_plain(tmp_path, targets
     head = _constant_draft(tmp_path, cfg, a)
     n_prompt = len(probe.tokenizer.apply_chat_template(PROMPT))
     monkeypatch.setenv("LOCALCHAT_SPEC_ALTS", str(alts))
-    width = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=4).speculator.fused.width
+    width = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=4).speculator.greedy.width
     assert width == 4 + 1 + 4 * alts  # the chain and its alternatives
     for room in range(width, width + 4):  # tokens left in the context after the prompt: room for a verify or two
         e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=4, max_seq_len=n_prompt + room)
