@@ -8,7 +8,7 @@ breaks in the programmatic-dependent-launch chain show there). Also times the fi
 graph (GreedyIteration.begin). JSON to OUT:
 
     python benchmarks/profile_iteration.py OUT.json
-    LOCALCHAT_LEAN_DRAFT=0 python benchmarks/profile_iteration.py OUT.json   # session 8's loop
+    LOCALCHAT_LEAN_DRAFT=0 python benchmarks/profile_iteration.py OUT.json   # the loop before the lean draft step
     LOCALCHAT_SPEC_ALTS=0 python benchmarks/profile_iteration.py OUT.json    # no runners-up verified
 """
 

@@ -6,9 +6,8 @@
 # Needs the demo model (and, for held-out prompts, the chitchat data set) in the cache: run
 # `localchat run --model demo hi` and `python -c "from speculative.train.data import
 # load_chitchat; load_chitchat()"` once with network first. About 10 minutes on an H200
-# ("quick": the demo rows only, about 4). Copy the files into benchmarks/results/ under the
-# names that benchmarks/update_readme.py reads (the session-7 rows read files named *_session7),
-# then run it.
+# ("quick": the demo rows only, about 4). To refresh the README's table, copy a file into
+# benchmarks/results/, point its row (ROWS in benchmarks/update_readme.py) at it, then run that.
 set -u
 out=${1:?usage: bash benchmarks/run_all.sh OUTDIR [quick]}
 mode=${2:-full}
@@ -48,7 +47,7 @@ step "train-draft's generation and teacher features, old paths vs new"
 python3 benchmarks/teacher_paths.py --out "$out/h200_teacher_paths.json"
 step "kernel-routing variants of the 8B decode step"
 python3 benchmarks/variants.py --models llama-8b --variants base,row_cublas,gated_off,tail_off,rope_apart --rounds 3 --out "$out/h200_variants_8b.json"
-step "the lean draft step and one-launch acceptance against session 8's greedy iteration"
+step "the lean draft step and one-launch acceptance against the greedy iteration before them"
 python3 benchmarks/variants.py --models demo --variants base,lean_off --prompts 8 --rounds 3 --out "$out/h200_variants_lean.json"
 python3 benchmarks/variants.py --models llama-8b --force-accept 4 --variants base,lean_off --rounds 2 \
     --out "$out/h200_variants_lean_8b.json"

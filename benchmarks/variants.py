@@ -11,9 +11,9 @@ the options from the environment (KernelOptions.from_env):
   fuse_off      no norm/activation folded into a projection (fuse=False)
   fuse_invariant_off  with a draft, the unfused batch-invariant ops (fuse_invariant=False)
   fused_draft_off  the draft's torch layer instead of its GPU kernels (fused_draft=False)
-  lean_off      the greedy iteration as in session 8: the draft's fused_forward, an argmax, gather
-                and copy per draft token, and acceptance in torch ops, instead of the lean draft
-                step, argmax_pick and greedy_verify (lean_draft=False)
+  lean_off      the greedy iteration before the lean draft step: the draft's fused_forward, an
+                argmax, gather and copy per draft token, and acceptance in torch ops, instead of
+                the lean draft step, argmax_pick and greedy_verify (lean_draft=False)
   altsN         N alternatives for each draft in greedy verify steps (spec_alts=N; alts0: the plain
                 chain; altsauto: the default shape, as many as fill 16 rows; alts2-1-0: 2 for
                 draft 1, 1 for draft 2, none after)

@@ -63,12 +63,13 @@ def row_tile(k: int) -> GemvConfig:
 # The fused kernels' tiles by (mode, kernel, N, K). A GemvConfig: fuse with that tile. UNFUSED: run
 # the unfused pair for that projection. A shape not listed: fuse with the built-in tile (row:
 # default_config for rms_norm_gemv, row_tile for silu_mul_gemv; invariant: the invariant tile). The
-# UNFUSED entries are the shapes where the fused kernel lost in benchmarks/results/h200_gemv.json
-# (us, fused vs unfused; its M = 6 rows run the invariant tile): every program redoes the rms
-# pre-pass over K (costly at K = 4096), and the 16-row prologues are slower than their separate
-# kernels. A one-row launch reads the row for its rms in one load (kernels/gemv.py ONE_PASS): with
-# that, SmolLM2's gate_up (3072 x 576) runs fused (the demo-shaped step 1.13x faster), while on
-# the 8B folding the norm into qkv still lost (0.973x; into qkv and gate_up 0.950x).
+# UNFUSED entries are the shapes where the fused kernel lost to the unfused pair on an H200
+# (benchmarks/bench_gemv.py; us, fused vs unfused, an invariant entry measured at 6 rows): every
+# program redoes the rms pre-pass over K (costly at K = 4096), and the 16-row prologues are slower
+# than their separate kernels. A one-row launch reads the row for its rms in one load
+# (kernels/gemv.py ONE_PASS): with that, SmolLM2's gate_up (3072 x 576) runs fused (the
+# demo-shaped step 1.13x faster), while on the 8B folding the norm into qkv still lost (0.973x;
+# into qkv and gate_up 0.950x).
 FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
     (ROW, "rms_norm_gemv", 6144, 4096): UNFUSED,  # Llama-3.1-8B qkv: 25.5 vs 17.9
     (ROW, "rms_norm_gemv", 28672, 4096): UNFUSED,  # 8B gate_up: 77.9 vs 58.8

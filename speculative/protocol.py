@@ -11,8 +11,8 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Speculator(Protocol):
-    """Eagle3Speculator (speculator.py) and MTPSpeculator (mtp_speculator.py); the engine gets one
-    from build.build_speculator and reaches speculation through nothing else."""
+    """Eagle3Speculator (eagle3/speculator.py) and MTPSpeculator (mtp/speculator.py); the engine
+    gets one from build.build_speculator and reaches speculation through nothing else."""
 
     k: int  # draft tokens per verify step: the target's verify forward takes k + 1 rows
 

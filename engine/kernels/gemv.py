@@ -76,9 +76,9 @@ def default_config(num_rows: int, n: int, k: int, num_sms: int = 132) -> GemvCon
 def gated_config(n: int, k: int) -> GemvConfig:
     """A one-row gated launch's tile: 4 gate and 4 up rows a program, no split-K, the whole row in
     one K step up to 4,096 elements (every weight load of a program in flight at once). On an H200
-    (variants.py, session 16) the 8B's gate_up with 4 x 4096 made the step 1.034x and 1.035x faster
-    than with 4 x 1024 (4 x 2048: 1.026x, 1.029x; 8 rows or 8 warps lost); SmolLM2's 4 x 1024 (one
-    step over K = 576) 1.018x faster than 4 x 256."""
+    (benchmarks/variants.py; docs/performance.md) the 8B's gate_up with 4 x 4096 made the step
+    1.034x and 1.035x faster than with 4 x 1024 (4 x 2048: 1.026x, 1.029x; 8 rows or 8 warps
+    lost); SmolLM2's 4 x 1024 (one step over K = 576) 1.018x faster than 4 x 256."""
     return GemvConfig(4, min(next_pow2(k), 4096), 1, num_warps=4, num_stages=3)
 
 

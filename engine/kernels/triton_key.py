@@ -3,7 +3,7 @@
 Triton keys its on-disk kernel cache with a hash of its own installation: its compiler,
 backend and language sources and the whole libtriton library (hundreds of MB), read once per
 process at the first kernel launch. On an H200 host that took 0.39 s of the 0.72 s between
-Engine.load and the first token (benchmarks/results/h200_startup_profile_session10.txt). The
+Engine.load and the first token (docs/performance.md, start-up). The
 hash changes only when those files do, so it is stored under the cache folder, named by their
 sizes and modification times, and later processes hand Triton the stored value, as Triton's
 own compile warm-up pool does in its workers. On any surprise Triton computes it as usual.

@@ -2,7 +2,7 @@
 
 Rows are TTTBatch rows (speculative/train/ttt.py) built with aux = the target's final residual stream,
 so entry p holds t_{p+1} (tokens), the stream at p (aux; the target's final norm of it is h_p),
-h_{p+1} (label_hidden) and the target's argmax at p+1 (greedy). What mtp_speculator.py does,
+h_{p+1} (label_hidden) and the target's argmax at p+1 (greedy). What speculative/mtp/speculator.py does,
 restated per position p: layer s reads t_{p+s+1} = tokens[p+s] and x^s_p (x^0_p = h_p; x^{s+1}_p
 is layer s's block output at p, chain mode) and predicts t_{p+s+2}, whose target distribution is
 lm_head(h_{p+s+1}) = lm_head(label_hidden[p+s]). Layer s's attention is causal over its own

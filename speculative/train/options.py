@@ -35,9 +35,8 @@ class TrainOptions:
     # Weight of an extra hard cross-entropy on the target's greedy token, which is what greedy
     # verification accepts (0: the target's distribution only). 0.85 and 0.5 against 0.7 and 0
     # on an H200, demo target, same budget: held-out accepted length 2.52 vs 2.40 at step 750,
-    # 2.74 vs 2.66 at step 1250, and 2.50 vs 2.25 measured by `bench` (benchmarks/results/
-    # h200_train_ab_session6.json). A full-length run ended level with 0.7 and 0 at equal steps
-    # (held-out 3.20 at step 3,994; h200_train_s7_part2.log).
+    # 2.74 vs 2.66 at step 1250, and 2.50 vs 2.25 measured by `bench`. A full-length run ended
+    # level with 0.7 and 0 at equal steps (held-out 3.20 at step 3,994; docs/performance.md).
     greedy_weight: float = 0.5
     gen_share: float = 0.45  # share of the time budget after which no new reply is started
     reserve_s: float = 25.0  # budget kept for validation, saving and the speculator check
@@ -51,7 +50,7 @@ class TrainOptions:
     # most the ~4,200 training prompts there. 0.1 (default): the shipped EAGLE-3 head's recipe.
     # Against 0, on an H200, demo target, same budget, one bench run: accepted length 3.26 vs
     # 3.22 on held-out chitchat and 2.57 vs 1.77 on held-out instruction requests
-    # (benchmarks/results/h200_head_ab_*_session10.json).
+    # (docs/performance.md).
     instruct_frac: float = 0.1
 
     def __post_init__(self) -> None:
