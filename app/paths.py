@@ -8,6 +8,8 @@ from pathlib import Path
 
 import platformdirs
 
+from engine.paths import localchat_home
+
 APP_NAME = "localchat"
 
 
@@ -20,7 +22,7 @@ class AppPaths:
     @classmethod
     def resolve(cls, home: str | os.PathLike | None = None) -> AppPaths:
         """`home` (or $LOCALCHAT_HOME) puts both folders under one root, for tests and portable installs."""
-        home = home if home is not None else os.environ.get("LOCALCHAT_HOME") or None
+        home = home if home is not None else localchat_home()
         if home is not None:
             root = Path(home).expanduser()
             return cls(data_dir=root / "data", config_dir=root / "config", export_dir=root / "exports")

@@ -138,3 +138,21 @@ def triton_interpreting() -> bool:
     kernels upcast every operand to fp32 before any arithmetic or dot when this is set.
     """
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# Other settings the engine takes from the process environment, read here and nowhere else.
+
+def cuda_visible_devices() -> str | None:
+    """$CUDA_VISIBLE_DEVICES as set (None: unset, every GPU visible)."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def omp_threads_chosen(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the user chose torch's CPU threads through OMP_NUM_THREADS."""
+    return bool((os.environ if environ is None else environ).get("OMP_NUM_THREADS"))
+
+
+def use_hub_token(token: str) -> None:
+    """Makes `token` this process's Hugging Face token (huggingface_hub reads HF_TOKEN on every
+    request); nothing is written to disk."""
+    os.environ["HF_TOKEN"] = token

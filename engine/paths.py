@@ -6,10 +6,25 @@ import os
 from pathlib import Path
 
 
-def _base(kind: str) -> Path:
+# The user's choices of Hugging Face cache; any of them keeps Hub downloads where the user put them.
+HUB_ENV_VARS = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME")
+
+
+def localchat_home() -> Path | None:
+    """$LOCALCHAT_HOME: one folder for every file localchat writes (None: the platform's folders)."""
     home = os.environ.get("LOCALCHAT_HOME")
-    if home:
-        return Path(home).expanduser() / kind
+    return Path(home).expanduser() if home else None
+
+
+def hub_cache_chosen() -> bool:
+    """Whether the user set a Hugging Face cache location (HF_HUB_CACHE, HF_HOME, ...)."""
+    return any(os.environ.get(v) for v in HUB_ENV_VARS)
+
+
+def _base(kind: str) -> Path:
+    home = localchat_home()
+    if home is not None:
+        return home / kind
     import platformdirs
 
     return Path(getattr(platformdirs, f"user_{kind}_dir")("localchat"))

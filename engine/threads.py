@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import UserError
+from engine.options import omp_threads_chosen
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,14 @@ def free_cores(load: CpuLoad) -> int:
     return max(1, min(load.usable, load.cores - round(load.load_1min)))
 
 
-def choose_threads(requested: int | None, environ=os.environ) -> int | None:
+def choose_threads(requested: int | None, environ=None) -> int | None:
     """The thread count to give torch: `requested` (--threads) when given; None (torch's own
     choice) when OMP_NUM_THREADS is set, since the user chose there; else the free cores."""
     if requested is not None:
         if requested < 1:
             raise UserError(f"--threads must be at least 1, got {requested}")
         return requested
-    if environ.get("OMP_NUM_THREADS"):
+    if omp_threads_chosen(environ):
         return None
     return free_cores(CpuLoad.now())
 

@@ -6,7 +6,6 @@ disk work runs on worker threads that post messages back; widgets are touched on
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from engine.hub.catalog import DEMO_ID, load_catalog
 from engine.hub.progress import DownloadCancelled, DownloadProgress
 from engine.errors import UserError
 from engine.hub.errors import GatedRepo, hub_url
+from engine.options import use_hub_token
 
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.download_panel import DownloadPanel
@@ -297,7 +297,7 @@ class WizardScreen(Screen[WizardResult | None]):
             self.say("checking the token…", info=True)
             self.login(event.token)
         else:
-            os.environ["HF_TOKEN"] = event.token  # read by huggingface_hub on every request; this process only
+            use_hub_token(event.token)  # this process only
             self.action_start()
 
     def on_download_panel_cancel_requested(self, event: DownloadPanel.CancelRequested) -> None:

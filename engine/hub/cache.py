@@ -11,10 +11,7 @@ import os
 from pathlib import Path
 
 from engine.hub.metadata import Digest, ListedFile
-from engine.paths import cache_dir as localchat_cache_dir
-
-HUB_ENV_VARS = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME")
-
+from engine.paths import cache_dir as localchat_cache_dir, hub_cache_chosen, localchat_home
 
 def cache_dir() -> Path:
     """The Hub cache: the user's HF_HUB_CACHE/HF_HOME when set, else under LOCALCHAT_HOME when that is set,
@@ -22,7 +19,7 @@ def cache_dir() -> Path:
     explicitly), so it does not matter when huggingface_hub read its environment."""
     from huggingface_hub import constants
 
-    if os.environ.get("LOCALCHAT_HOME") and not any(os.environ.get(v) for v in HUB_ENV_VARS):
+    if localchat_home() is not None and not hub_cache_chosen():
         return localchat_cache_dir() / "huggingface" / "hub"
     return Path(constants.HF_HUB_CACHE)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from engine.hub.catalog import ModelShape
 from engine.weights.checkpoint import weight_files
 from engine.errors import ModelLoadError
+from engine.options import cuda_visible_devices
 
 OVERHEAD_BYTES = 2**30  # CUDA context, CUDA-graph pools, activations and logits at batch 1
 TIGHT_MARGIN = 0.10  # "tight" when the estimate is within 10% of the free memory
@@ -31,7 +32,7 @@ def detect_gpu() -> GpuMemory | None:
     nvidia-smi answers in a fraction of a second where importing torch takes seconds, so torch
     is asked only where a GPU driver is present but nvidia-smi cannot answer (no binary on the
     PATH, a MIG or ROCm device)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = cuda_visible_devices()
     first = None
     if visible is not None:
         first = visible.split(",")[0].strip()

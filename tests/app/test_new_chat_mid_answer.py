@@ -1,3 +1,5 @@
+"""Ctrl+N while an answer streams: the answer stops, and the new chat answers the next prompt."""
+
 from tests.app.pilot_helpers import ready, send, wait_for
 
 
