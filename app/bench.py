@@ -61,14 +61,10 @@ def time_decode(engine, prompt_ids, new_tokens, speculative, temperature=0.0):
     from engine.types import SamplingParams
 
     engine.reset()
-    eos, engine.tokenizer.eos_token_ids = engine.tokenizer.eos_token_ids, frozenset()
-    try:
-        params = SamplingParams(max_tokens=new_tokens, temperature=temperature, seed=0)
-        last = None
-        for ev in engine.stream_ids(prompt_ids, params, speculative=speculative):
-            last = ev
-    finally:
-        engine.tokenizer.eos_token_ids = eos
+    params = SamplingParams(max_tokens=new_tokens, temperature=temperature, seed=0, ignore_eos=True)
+    last = None
+    for ev in engine.stream_ids(prompt_ids, params, speculative=speculative):
+        last = ev
     s = last.stats
     return {"decode_tok_s": s.decode_tok_s, "ttft_s": s.ttft_s, "prefill_tok_s": s.prefill_tokens / s.ttft_s,
             "generated_tokens": s.generated_tokens, "accept_len_mean": s.accept_len_mean,
