@@ -239,7 +239,9 @@ def cmd_bench(args) -> int:
         report["spec"]["speedup"] = report["spec"]["decode_tok_s"] / report["plain"]["decode_tok_s"]
         report["spec"]["per_prompt"] = runs["spec"]
         report["spec"]["accept_hist"] = accept_hist_total(runs["spec"], args.draft_steps + 2)
-        if engine.speculator.force_accept and dev.type == "cuda":
+        from speculative.testing import ForcedEagle3Speculator
+
+        if isinstance(engine.speculator, ForcedEagle3Speculator) and dev.type == "cuda":
             report["spec"]["loop_cost"] = engine.speculator.measure_components(engine.runner)
     if not args.no_peer:
         peer = time_transformers(engine, prompts[0], min(args.new_tokens, 64))

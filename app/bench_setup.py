@@ -77,42 +77,18 @@ def build_bench_engine(args, options=None):
     runner = ModelRunner(model, max_len)
     speculator = None
     if args.force_accept is not None:
-        speculator = random_draft(cfg, runner, args.draft_steps, args.force_accept)
+        from engine.errors import UserError
+        from speculative.testing import random_eagle3
+
+        if not 1 <= args.force_accept <= args.draft_steps + 1:
+            raise UserError(f"--force-accept must be between 1 and k + 1 = {args.draft_steps + 1}")
+        speculator = random_eagle3(runner, args.draft_steps, args.force_accept)
     if not args.no_graphs and dev.type == "cuda":
         runner.capture([1] + ([args.draft_steps + 1] if speculator else []))
         if speculator:
             speculator.capture()
     name = "random " + (args.random_weights if args.random_weights == "llama-8b" else cfg.architecture)
     return Engine(runner, IdTokenizer(), name, speculator, "random EAGLE-3 head (forced acceptance)" if speculator else None)
-
-
-def random_draft(cfg, runner, k: int, force_accept: int):
-    """An EAGLE-3 head of the usual shape for `cfg`, random weights, accepting `force_accept` - 1 drafts."""
-    import torch
-
-    from engine.errors import UserError
-    from speculative.eagle3.config import DraftConfig
-    from speculative.eagle3.model import Eagle3Draft
-    from speculative.eagle3.speculator import Eagle3Speculator
-
-    if not 1 <= force_accept <= k + 1:
-        raise UserError(f"--force-accept must be between 1 and k + 1 = {k + 1}")
-    L = cfg.num_layers
-    dc = DraftConfig(format="sglang", hidden_size=cfg.hidden_size, target_hidden_size=cfg.hidden_size,
-                     intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                     head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, draft_vocab_size=min(32000, cfg.vocab_size),
-                     aux_layer_ids=(2, L // 2, L - 3), rope_theta=cfg.rope_theta)
-    from speculative.build import draft_ops
-
-    with torch.device(runner.device):
-        draft = Eagle3Draft(dc, cfg, runner.max_len, draft_ops(runner)).to(runner.dtype)
-    gen = torch.Generator(device=runner.device).manual_seed(1)  # the same head in every engine of a run
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.normal_(0, 0.02, generator=gen)
-    spec = Eagle3Speculator(draft.eval().requires_grad_(False), runner, k)
-    spec.force_accept = force_accept
-    return spec
 
 
 def bench_prompts(engine, args) -> tuple[list[list[int]], str]:
