@@ -97,7 +97,8 @@ def main() -> None:
 
     import torch
 
-    from app.bench import alternating_rounds, comparison_model
+    from benchmarks.harness.compare import comparison_model
+    from benchmarks.harness.timing import alternating_rounds
     from engine.options import KernelOptions
     from speculative.testing import ForcedEagle3Speculator
 
