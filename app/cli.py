@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON result object at the end")
     run.add_argument("prompt", help="the question ('-' reads it from stdin)")
 
-    from app.bench import FULL_BENCH, QUICK_BENCH  # light: bench imports torch only when it runs
+    from benchmarks.harness.counts import FULL_BENCH, QUICK_BENCH  # light: the harness loads when bench runs
 
     bench = sub.add_parser("bench", help="speculation off vs on (and peers) in one run")
     _model_options(bench, no_spec_help="time plain decoding only (the draft still loads, as in the app)")
@@ -209,9 +209,9 @@ def _dispatch(args) -> int:
 
         return cmd_doctor(args)
     if args.command == "bench":
-        from app.bench import cmd_bench
+        from benchmarks.harness.run import run_bench
 
-        return cmd_bench(args)
+        return run_bench(args)
     if args.command == "train-draft":
         from speculative.train.command import cmd_train
 

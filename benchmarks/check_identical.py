@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from app.bench_setup import chat_prompts_from
+    from benchmarks.harness.prompts import chat_prompts_from
     from engine.engine import Engine
     from engine.types import SamplingParams
 

@@ -16,7 +16,7 @@ from engine.engine import Engine
 from engine.options import KernelOptions
 from engine.types import SamplingParams
 from engine.forward_batch import ForwardBatch
-from app.bench_setup import chat_prompts
+from benchmarks.harness.prompts import chat_prompts
 
 out = {}
 prompts = chat_prompts(int(os.environ.get("NP", "6")))

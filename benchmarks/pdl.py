@@ -34,7 +34,8 @@ def main() -> None:
 
     import torch
 
-    from app.bench import alternating_rounds, comparison_model
+    from benchmarks.harness.compare import comparison_model
+    from benchmarks.harness.timing import alternating_rounds
     from engine.options import KernelOptions
 
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else a.device

@@ -43,16 +43,14 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from app.bench_setup import build_bench_engine
+    from benchmarks.harness.shapes import random_engine
     from engine.options import KernelOptions
     from variants import variant_options
 
     options = variant_options(args.variant, KernelOptions.from_env())
     # --invariant: the target's kernels with a draft loaded, without the draft
     options = dataclasses.replace(options, fuse=options.fuse and not args.no_fuse, batch_invariant=args.invariant)
-    ns = argparse.Namespace(random_weights=args.random_weights, device="cuda", max_seq_len=4096,
-                            force_accept=None, draft_steps=5, no_graphs=False)
-    engine = build_bench_engine(ns, options)
+    engine = random_engine(args.random_weights, "cuda", 4096, options)
     r = engine.runner
     r.capture([args.rows])
     from engine.forward_batch import ForwardBatch

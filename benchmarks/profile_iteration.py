@@ -29,7 +29,7 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from app.bench_setup import chat_prompts_from
+    from benchmarks.harness.prompts import chat_prompts_from
     from engine.engine import Engine
     from engine.types import SamplingParams
 

@@ -45,7 +45,7 @@ def main() -> None:
 
     import torch
 
-    from app.bench_setup import chat_prompts
+    from benchmarks.harness.prompts import chat_prompts
     from engine import read_ahead
     from engine.engine import Engine
     from engine.types import SamplingParams

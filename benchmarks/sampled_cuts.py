@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.bench_setup import chat_prompts_from
+from benchmarks.harness.prompts import chat_prompts_from
 from engine.engine import Engine
 from engine.types import SamplingParams
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.bench_setup import chat_prompts_from  # noqa: E402
+from benchmarks.harness.prompts import chat_prompts_from  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.types import SamplingParams  # noqa: E402

@@ -22,7 +22,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 ROOT = Path(__file__).resolve().parent
@@ -42,14 +41,12 @@ def main() -> None:
     import torch
 
     import engine.attention as attention
-    from app.bench_setup import build_bench_engine
+    from benchmarks.harness.shapes import random_engine
     from speculative.train import batched_generate as batched
     from engine.forward_batch import ForwardBatch
 
     sync = lambda: torch.cuda.synchronize() if a.device == "cuda" else None  # noqa: E731
-    args = SimpleNamespace(random_weights=a.config, device=a.device, max_seq_len=1024, force_accept=None,
-                           draft_steps=5, no_graphs=True)
-    runner = build_bench_engine(args).runner
+    runner = random_engine(a.config, a.device, 1024, use_graphs=False).runner
     model = runner.model
     cfg = model.config
     g = torch.Generator().manual_seed(0)

@@ -97,8 +97,10 @@ def main() -> None:
 
     import torch
 
-    from app.bench import alternating_rounds, comparison_model
+    from benchmarks.harness.compare import comparison_model
+    from benchmarks.harness.timing import alternating_rounds
     from engine.options import KernelOptions
+    from speculative.testing import ForcedEagle3Speculator
 
     names = [v for v in a.variants.split(",") if v]
     base = KernelOptions.from_env()
@@ -129,7 +131,7 @@ def main() -> None:
                 print(f"{Path(model).stem:14s} {mode:11s} {name:18s} {mean:8.1f} tok/s  x{mean / base:.3f}  "
                       f"same tokens: {tokens[name] == tokens[names[0]]}{acc}", flush=True)
                 e = engines[name]
-                if spec and e.speculator is not None and e.speculator.force_accept and a.device == "cuda":
+                if spec and isinstance(e.speculator, ForcedEagle3Speculator) and a.device == "cuda":
                     parts = e.speculator.measure_components(e.runner)
                     res[mode][name]["parts_ms"] = {k: round(v, 4) for k, v in parts.items()}
                     print(f"{'':26s} {name:18s} " + "  ".join(f"{k} {v:.4f}" for k, v in parts.items()), flush=True)

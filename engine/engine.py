@@ -107,7 +107,7 @@ class Engine:
                                 speculative=use_spec, draft_steps=self.speculator.k if use_spec else 0)
         tokens = self.speculator.tokens(self.runner, state) if use_spec else self._plain_tokens(state)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
-        eos = self.tokenizer.eos_token_ids
+        eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
         out: list[int] = []
         t_first = None
         reason = "length"

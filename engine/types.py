@@ -22,6 +22,9 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
+    # Benchmarks: decode max_tokens whatever the model says, the tokenizer's EOS ids ending nothing
+    # (stop strings still end the answer), so that every run times the same number of tokens.
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:

@@ -25,9 +25,7 @@ from speculative.eagle3.speculator import Eagle3Speculator
 
 def build_speculator(folder: Path, runner, target_cfg, draft_steps: int, target_name: str = "the target") -> Speculator:
     """folder: an EAGLE-3 head, standalone MTP layers, or a target checkpoint that ships MTP layers.
-    The runner's model must be built with KernelOptions.batch_invariant: verify rows must carry the
-    bits of the decode steps they stand for, and a model's kernels are chosen when it is built."""
-    assert runner.model.ops.options.batch_invariant, "build the target with batch_invariant to attach a draft"
+    The runner's model must be built with KernelOptions.batch_invariant (draft_ops checks)."""
     folder = Path(folder)
     path = folder / "config.json"
     if not path.exists():
@@ -42,7 +40,11 @@ def build_speculator(folder: Path, runner, target_cfg, draft_steps: int, target_
 
 def draft_ops(runner) -> Ops:
     """A draft's kernels: the target's options without batch invariance (a draft's last bits only
-    change which tokens it proposes, never the output)."""
+    change which tokens it proposes, never the output). Every draft is built with these, so here
+    is where a target is checked to be one a draft may verify with: built with batch_invariant,
+    since verify rows must carry the bits of the decode steps they stand for and a model's kernels
+    are chosen when it is built."""
+    assert runner.model.ops.options.batch_invariant, "build the target with batch_invariant to attach a draft"
     options = dataclasses.replace(runner.model.ops.options, batch_invariant=False)
     return Ops.for_device(runner.device, options)
 
@@ -60,12 +62,19 @@ def build_mtp(folder: Path, mc: MTPConfig, runner, target_cfg, draft_steps: int,
     return MTPSpeculator(draft.eval().requires_grad_(False), runner, draft_steps)
 
 
+def new_eagle3_draft(dc: DraftConfig, runner, target_cfg) -> Eagle3Draft:
+    """An EAGLE-3 head of dc's shape for the runner's target: on its device, in its dtype, with the
+    draft's kernels (draft_ops), its weights uninitialized and d2t zero (the caller fills them)."""
+    return build_uninitialized(lambda: Eagle3Draft(dc, target_cfg, runner.max_len, draft_ops(runner)),
+                               runner.device, runner.dtype)
+
+
 def build_eagle3(folder: Path, runner, target_cfg, draft_steps: int, target_name: str):
     dc = DraftConfig.from_folder(folder, target_cfg)
     dc.check_fits(target_cfg, folder.name, target_name)
-    dev, dtype = runner.device, runner.dtype
+    dev = runner.device
     files = weight_files(folder)  # refused shard paths fail here, before any allocation
-    draft = build_uninitialized(lambda: Eagle3Draft(dc, target_cfg, runner.max_len, draft_ops(runner)), dev, dtype)
+    draft = new_eagle3_draft(dc, runner, target_cfg)
     d2t_seen = False
 
     def tensors():

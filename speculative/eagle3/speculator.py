@@ -61,7 +61,10 @@ class Eagle3Speculator:
     sampled_loop.py) where those compute them, the rest (a repetition penalty, for one) as the
     step-by-step loop in tokens()."""
 
-    def __init__(self, draft: Eagle3Draft, runner, draft_steps: int):
+    def __init__(self, draft: Eagle3Draft, runner, draft_steps: int, accept=None):
+        """accept: the verify rule, with verify.accept_drafts's signature; None: accept_drafts,
+        the lossless rule, which the whole iterations also compute inside their graphs. Another
+        rule (speculative/testing.py fixes the accepted length) runs in the step-by-step loop."""
         dc = draft.config
         self.draft = draft
         self.config = dc
@@ -73,7 +76,8 @@ class Eagle3Speculator:
         self._seq: list[int] = []  # draft entry j holds (seq[j + 1], target state j) for j < len - 1
         runner.aux_layer_ids = dc.aux_layer_ids if dc.use_aux_hidden_state else ()
         self.vocab_size = runner.config.vocab_size
-        self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
+        self.accept = accept or accept_drafts
+        self.whole_iterations = accept is None
         self.parts = DraftParts(draft, self.embed, self.kv, draft_steps)  # what the loops and graphs use
         alts = default_alternatives(draft_steps, runner.device, runner.model.ops.options.spec_alts)
         self.greedy = GreedyIteration(self.parts, runner, alts)  # greedy, no penalty
@@ -123,10 +127,10 @@ class Eagle3Speculator:
         d_logits, d_hidden = self.draft(ids, pos, target_states, True, self.embed, self.kv, start_pos=start, last=-1)
         self._seq = state.tokens[:state.kv_len + 1]
         self._capture_if_pending(state.kv_len)
-        if state.params.is_greedy and state.seen is None and self.force_accept is None:
+        if self.whole_iterations and state.params.is_greedy and state.seen is None:
             yield from self._whole_iterations(runner, state, self.greedy, d_logits, d_hidden)
             return
-        if sampled_loop.supports(state.params, state) and self.force_accept is None and self._sampled_ready(state):
+        if self.whole_iterations and sampled_loop.supports(state.params, state) and self._sampled_ready(state):
             yield from self._whole_iterations(runner, state, self.sampled, d_logits, d_hidden)
             return
         while True:
@@ -138,7 +142,7 @@ class Eagle3Speculator:
             drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
             logits, hidden, aux = runner.forward(torch.cat([bonus, drafts]), n, want_aux=True)
             target_states = self.parts.target_states(aux, hidden)
-            accepted, next_token = self._accept(drafts, q, logits, state)
+            accepted, next_token = self.accept(drafts, q, logits, state.params, state.seen, state.generator)
             # Draft-extend over the fixed window of k+1 rows; row a (accepted) is the last valid.
             rows = torch.arange(k + 1, device=dev)
             window = torch.where(rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
@@ -241,40 +245,3 @@ class Eagle3Speculator:
             return self.graphs.extend(window, n, target_states, accepted)
         positions = torch.arange(n, n + self.k + 1, device=window.device)
         return self.draft(window, positions, target_states, True, self.embed, self.kv, start_pos=n, last=accepted)
-
-    def _accept(self, drafts, q, logits, state):
-        if self.force_accept is not None:  # benchmark only: not lossless
-            accepted = torch.tensor(self.force_accept - 1, device=drafts.device)
-            return accepted, logits[accepted].argmax()
-        return accept_drafts(drafts, q, logits, state.params, state.seen, state.generator)
-
-    def measure_components(self, runner, iters: int = 50) -> dict:
-        """Benchmark only: mean ms of one verify, one draft decode step and one draft-extend
-        (graph replays, CUDA events), and the loop's ideal tokens/s at the forced acceptance."""
-        dev = runner.device
-        n = min(600, runner.max_len - self.k - 2)
-        tok = torch.zeros(1, dtype=torch.long, device=dev)
-        window = torch.zeros(self.k + 1, dtype=torch.long, device=dev)
-        states = torch.zeros(self.k + 1, self.config.extend_width, dtype=runner.dtype, device=dev)
-        hidden = torch.zeros(1, self.config.decode_width, dtype=runner.dtype, device=dev)
-        last = torch.tensor(0, device=dev)
-        steps = {
-            "verify_ms": lambda: runner.forward(window, n, want_aux=True),
-            "draft_step_ms": lambda: self._draft_step(tok, n, hidden),
-            "extend_ms": lambda: self._extend(window, n, states, last),
-        }
-        out = {}
-        for name, fn in steps.items():
-            for _ in range(5):
-                fn()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            out[name] = start.elapsed_time(end) / iters
-        per_iter = out["verify_ms"] + (self.k - 1) * out["draft_step_ms"] + out["extend_ms"]
-        out["ideal_iteration_ms"] = per_iter
-        out["ideal_tok_s"] = self.force_accept / per_iter * 1000
-        return out

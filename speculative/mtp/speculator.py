@@ -37,7 +37,9 @@ from speculative.verify import accept_drafts
 class MTPSpeculator:
     """The MTP Speculator (protocol.py): one step-by-step loop for every kind of sampling."""
 
-    def __init__(self, draft: MTPDraft, runner, draft_steps: int):
+    def __init__(self, draft: MTPDraft, runner, draft_steps: int, accept=None):
+        """accept: the verify rule, with verify.accept_drafts's signature; None: accept_drafts,
+        the lossless rule (speculative/testing.py has one that fixes the accepted length)."""
         mc = draft.config
         self.draft = draft
         self.config = mc
@@ -55,7 +57,7 @@ class MTPSpeculator:
                                 runner.dtype, runner.device)
         self._seq: list[int] = []  # tokens the draft caches were built from (bonus included)
         self.vocab_size = runner.config.vocab_size
-        self.force_accept: int | None = None  # benchmark only: fixed tokens per verify step
+        self.accept = accept or accept_drafts
 
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
@@ -99,7 +101,7 @@ class MTPSpeculator:
                 return
             bonus = torch.tensor([state.tokens[n]], dtype=torch.long, device=dev)
             logits, hidden, _ = runner.forward(torch.cat([bonus, drafts]), n)
-            accepted, next_token = self._accept(drafts, q, logits, state)
+            accepted, next_token = self.accept(drafts, q, logits, state.params, state.seen, state.generator)
             rows = torch.arange(S + 1, device=dev)
             cur_ids = torch.where(rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
             self.window.begin(n - S + 1, cur_ids, hidden, accepted)
@@ -152,10 +154,3 @@ class MTPSpeculator:
             if s < self.k - 1:
                 self.window.push_draft(tok)
         return torch.cat(tokens), (torch.stack(probs) if probs else None)
-
-    def _accept(self, drafts, q, logits, state):
-        if self.force_accept is not None:  # benchmark only: not lossless
-            accepted = torch.tensor(self.force_accept - 1, device=drafts.device)
-            return accepted, logits[accepted].argmax()
-        return accept_drafts(drafts, q, logits, state.params, state.seen, state.generator)
-

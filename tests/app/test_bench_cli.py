@@ -47,7 +47,7 @@ def test_bench_reports_the_runners_up_it_verified(tmp_path, tiny_models, monkeyp
 
 
 def test_accept_hist_total_sums_histograms_of_any_length():
-    from app.bench import _hist_line, accept_hist_total
+    from benchmarks.harness.report import _hist_line, accept_hist_total
 
     assert accept_hist_total([{"accept_hist": [0, 2, 1]}, {"accept_hist": [0, 1, 0, 0, 3]}, {}]) == [0, 3, 1, 0, 3]
     assert accept_hist_total([{"accept_hist": [0, 2]}], 4) == [0, 2, 0, 0]
@@ -56,7 +56,7 @@ def test_accept_hist_total_sums_histograms_of_any_length():
 
 def test_bench_instruct_prompt_set(tmp_path, tiny_models):
     """--prompt-set instruct asks held-out built-in instruction prompts, and says so."""
-    from app.bench_setup import HELD_OUT_INSTRUCT, chat_prompts_from
+    from benchmarks.harness.prompts import HELD_OUT_INSTRUCT, chat_prompts_from
     from speculative.train.instruct_prompts import instruct_prompts
 
     prompts, which = chat_prompts_from(3, "instruct")
@@ -81,7 +81,7 @@ def test_bench_random_weights_from_a_config(tmp_path, tiny_models):
 
 
 def test_bench_bad_out_fails_first(tmp_path, monkeypatch, capsys):
-    import app.bench_setup as setup
+    import benchmarks.harness.run as setup
 
     def no_load(*a, **kw):
         raise AssertionError("loaded a model before checking --out")
@@ -93,7 +93,7 @@ def test_bench_bad_out_fails_first(tmp_path, monkeypatch, capsys):
 
 
 def test_bench_bad_counts_are_one_line_errors(monkeypatch, capsys):
-    import app.bench_setup as setup
+    import benchmarks.harness.run as setup
 
     def no_load(*a, **kw):
         raise AssertionError("loaded a model before checking the counts")

@@ -37,7 +37,7 @@ def test_bench_help_gives_every_default(capsys):
 
 
 def test_bench_counts_from_quick_or_full_with_explicit_flags_first():
-    from app.bench import FULL_BENCH, QUICK_BENCH, apply_counts
+    from benchmarks.harness.counts import FULL_BENCH, QUICK_BENCH, apply_counts
 
     full = SimpleNamespace(quick=False, prompts=None, new_tokens=None, prompt_tokens=None)
     apply_counts(full)

@@ -137,3 +137,22 @@ def _check_packed(attention_packed, lengths, g):
     want = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
                                           scale=0.3, enable_gqa=True).transpose(0, 1)
     torch.testing.assert_close(attention_packed(q, k, v, lengths, 0.3), want)
+
+
+def test_ignore_eos_decodes_past_an_eos_and_leaves_the_tokenizer_alone(tiny_models):
+    """SamplingParams.ignore_eos (benchmarks time a fixed number of tokens): EOS ends nothing."""
+    import copy
+
+    loaded = Engine.load(str(tiny_models["llama"]), device="cpu")
+    ids = list(range(3, 20))
+    plain = [t for ev in loaded.stream_ids(ids, SamplingParams(max_tokens=6)) for t in ev.token_ids]
+    tokenizer = copy.copy(loaded.tokenizer)
+    cut = next(i for i, t in enumerate(plain) if i and t not in plain[:i])
+    tokenizer.eos_token_ids = frozenset({plain[cut]})  # a token of the answer, not its first, is an EOS
+    eng = Engine(loaded.runner, tokenizer, "tiny")
+    stopped = list(eng.stream_ids(ids, SamplingParams(max_tokens=6)))
+    assert [t for ev in stopped for t in ev.token_ids] == plain[:cut] and stopped[-1].finish_reason == "stop"
+    eng.reset()
+    ran = list(eng.stream_ids(ids, SamplingParams(max_tokens=6, ignore_eos=True)))
+    assert [t for ev in ran for t in ev.token_ids] == plain and ran[-1].finish_reason == "length"
+    assert tokenizer.eos_token_ids == {plain[cut]}

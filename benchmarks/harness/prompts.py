@@ -1,0 +1,59 @@
+"""The prompts benchmarks decode: held-out chat prompts (or built-in ones), or random token ids."""
+
+from __future__ import annotations
+
+import torch
+
+PROMPTS = [
+    "Explain how a refrigerator keeps food cold, step by step.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "What are the main differences between cats and dogs as pets?",
+    "Give me a recipe for a simple tomato soup and explain each step.",
+    "Describe the water cycle to a ten-year-old.",
+    "What should I pack for a weekend hiking trip in the mountains?",
+    "Summarize the history of the bicycle in a few paragraphs.",
+    "How do I start learning to play the guitar? Give practical advice.",
+]
+
+HELD_OUT = "held-out chitchat conversations"
+HELD_OUT_INSTRUCT = "held-out built-in instruction prompts (speculative/train/instruct_prompts.py)"
+BUILT_IN = "built-in prompts (the chitchat data set is not in the cache)"
+
+
+def bench_prompts(engine, args) -> tuple[list[list[int]], str]:
+    """(token-id prompts, where they came from): random ids of --prompt-tokens for random
+    weights, chat prompts otherwise (see chat_prompts_from)."""
+    if args.random_weights:
+        g = torch.Generator().manual_seed(1)
+        vocab = engine.runner.config.vocab_size
+        ids = [torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)]
+        return ids, f"random token ids, {args.prompt_tokens} each"
+    prompts, source = chat_prompts_from(args.prompts, getattr(args, "prompt_set", "chitchat"))
+    return [engine.tokenizer.apply_chat_template(m) for m in prompts], source
+
+
+def chat_prompts(n: int) -> list[list[dict]]:
+    return chat_prompts_from(n)[0]
+
+
+def chat_prompts_from(n: int, prompt_set: str = "chitchat") -> tuple[list[list[dict]], str]:
+    """(prompts, HELD_OUT or BUILT_IN): the first user turns of held-out chitchat conversations
+    (never used to train the shipped heads) when the data set is in the cache; otherwise the
+    built-in prompts, on which the shipped head accepts less (H200: 2.3 against 3.0). Reports
+    say which, so figures from the two sets are never compared by mistake. prompt_set
+    "instruct": (the held-out instruction prompts of speculative/train/instruct_prompts.py, in a fixed
+    shuffle that mixes their kinds, HELD_OUT_INSTRUCT)."""
+    if prompt_set == "instruct":
+        from speculative.train.instruct_prompts import instruct_prompts, interleaved
+
+        held = interleaved(instruct_prompts(heldout=True), 0)
+        return [[{"role": "user", "content": p}] for p in (held * (1 + n // len(held)))[:n]], HELD_OUT_INSTRUCT
+    try:
+        from speculative.train.data import heldout_prompts
+
+        held = heldout_prompts(n)
+        if len(held) == n:
+            return held, HELD_OUT
+    except Exception:  # no cached data set (offline): fall back
+        pass
+    return [[{"role": "user", "content": p}] for p in (PROMPTS * 4)[:n]], BUILT_IN

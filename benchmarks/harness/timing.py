@@ -1,0 +1,72 @@
+"""Timed decoding: one answer's speeds, several engines in alternating rounds, and copy bandwidth."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from engine.types import SamplingParams
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes/s of a large device-to-device copy (read + write counted)."""
+    if device.type != "cuda":
+        return 0.0
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    sync()
+    n = 20
+    t = time.perf_counter()
+    for _ in range(n):
+        b.copy_(a)
+    sync()
+    bw = 2 * a.numel() * n / (time.perf_counter() - t)
+    del a, b
+    return bw
+
+
+def time_decode(engine, prompt_ids, new_tokens, speculative, temperature=0.0) -> dict:
+    """One answer of exactly new_tokens tokens (ignore_eos: an EOS ends nothing), from an empty
+    cache: its decode speed, time to first token, prefill speed and accepted lengths."""
+    engine.reset()
+    params = SamplingParams(max_tokens=new_tokens, temperature=temperature, seed=0, ignore_eos=True)
+    last = None
+    for ev in engine.stream_ids(prompt_ids, params, speculative=speculative):
+        last = ev
+    s = last.stats
+    return {"decode_tok_s": s.decode_tok_s, "ttft_s": s.ttft_s, "prefill_tok_s": s.prefill_tokens / s.ttft_s,
+            "generated_tokens": s.generated_tokens, "accept_len_mean": s.accept_len_mean,
+            "accept_hist": s.accept_hist}
+
+
+def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculative: bool, rounds: int,
+                       accept: dict | None = None) -> tuple[dict, dict]:
+    """Decode speed of several engines over the same prompts, in alternating rounds so that clock
+    drift falls on all of them, after one uncounted warm-up each (first-use allocations and
+    caches); and the first 64 tokens each gives for prompts[0], to compare. Each engine carries
+    its own kernel options (Engine.load(options=...)). Returns ({name: mean tok/s of each round},
+    {name: tokens}); accept, when given, gets {name: the mean accepted length over the prompts,
+    each round}."""
+    speeds, tokens = {name: [] for name in engines}, {}
+    for e in engines.values():
+        time_decode(e, prompts[0], new_tokens, speculative)
+    for _ in range(rounds):
+        for name, e in engines.items():
+            runs = [time_decode(e, p, new_tokens, speculative) for p in prompts]
+            speeds[name].append(statistics.mean(r["decode_tok_s"] for r in runs))
+            if accept is not None:
+                accept.setdefault(name, []).append(statistics.mean(r["accept_len_mean"] for r in runs))
+    for name, e in engines.items():
+        e.reset()
+        tokens[name] = [t for ev in e.stream_ids(prompts[0], SamplingParams(max_tokens=64), speculative=speculative)
+                        for t in ev.token_ids]
+    return speeds, tokens

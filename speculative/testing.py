@@ -1,0 +1,92 @@
+"""Heads for tests and benchmarks: forced acceptance, and a random EAGLE-3 head built as a real one is."""
+
+from __future__ import annotations
+
+import torch
+
+from speculative.build import new_eagle3_draft
+from speculative.eagle3.config import DraftConfig
+from speculative.eagle3.model import Eagle3Draft
+from speculative.eagle3.speculator import Eagle3Speculator
+
+
+def forced_acceptance(accept_len: int):
+    """A verify rule with verify.accept_drafts's signature that accepts the first accept_len - 1
+    drafts whatever they are, then takes the target's greedy token after them. Not lossless: it
+    fixes the tokens each verify step gives, so that a benchmark times the loop at an acceptance it
+    chooses, on random weights that would accept nothing. Either speculator takes it (accept=)."""
+
+    def accept(draft_tokens, draft_probs, logits, params, seen, generator):
+        accepted = torch.tensor(accept_len - 1, device=draft_tokens.device)
+        return accepted, logits.index_select(0, accepted.view(1))[0].argmax()
+
+    return accept
+
+
+class ForcedEagle3Speculator(Eagle3Speculator):
+    """An Eagle3Speculator whose verify steps each give accept_len tokens (forced_acceptance), and
+    what its loop costs in parts."""
+
+    def __init__(self, draft: Eagle3Draft, runner, num_steps: int, accept_len: int):
+        if not 1 <= accept_len <= num_steps + 1:
+            raise ValueError(f"accept_len must be between 1 and k + 1 = {num_steps + 1}, got {accept_len}")
+        super().__init__(draft, runner, num_steps, accept=forced_acceptance(accept_len))
+        self.accept_len = accept_len
+
+    def measure_components(self, runner, iters: int = 50) -> dict:
+        """CUDA: mean ms of one verify, one draft decode step and one draft-extend (graph replays
+        where captured, timed with CUDA events), and the loop's ideal tokens/s at accept_len."""
+        dev = runner.device
+        n = min(600, runner.max_len - self.k - 2)
+        tok = torch.zeros(1, dtype=torch.long, device=dev)
+        window = torch.zeros(self.k + 1, dtype=torch.long, device=dev)
+        states = torch.zeros(self.k + 1, self.config.extend_width, dtype=runner.dtype, device=dev)
+        hidden = torch.zeros(1, self.config.decode_width, dtype=runner.dtype, device=dev)
+        last = torch.tensor(0, device=dev)
+        steps = {
+            "verify_ms": lambda: runner.forward(window, n, want_aux=True),
+            "draft_step_ms": lambda: self._draft_step(tok, n, hidden),
+            "extend_ms": lambda: self._extend(window, n, states, last),
+        }
+        out = {}
+        for name, fn in steps.items():
+            for _ in range(5):
+                fn()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            out[name] = start.elapsed_time(end) / iters
+        per_iter = out["verify_ms"] + (self.k - 1) * out["draft_step_ms"] + out["extend_ms"]
+        out["ideal_iteration_ms"] = per_iter
+        out["ideal_tok_s"] = self.accept_len / per_iter * 1000
+        return out
+
+
+def random_eagle3_config(target_cfg) -> DraftConfig:
+    """The usual EAGLE-3 head for a target (SpecForge's): one layer of the target's widths, a
+    32000-token draft vocabulary, and EAGLE-3's aux layers (2, L/2, L - 3), kept within the
+    target's layers for the shallow models of tests."""
+    L = target_cfg.num_layers
+    return DraftConfig(
+        format="sglang", hidden_size=target_cfg.hidden_size, target_hidden_size=target_cfg.hidden_size,
+        intermediate_size=target_cfg.intermediate_size, num_heads=target_cfg.num_heads,
+        num_kv_heads=target_cfg.num_kv_heads, head_dim=target_cfg.head_dim, vocab_size=target_cfg.vocab_size,
+        draft_vocab_size=min(32000, target_cfg.vocab_size),
+        aux_layer_ids=tuple(min(max(i, 0), L) for i in (2, L // 2, L - 3)), rope_theta=target_cfg.rope_theta)
+
+
+def random_eagle3(runner, num_steps: int, accept_len: int, seed: int = 1) -> ForcedEagle3Speculator:
+    """A random_eagle3_config head for the runner's target, built as build_eagle3 builds a loaded
+    one (new_eagle3_draft: the draft's kernels, on a target built with batch_invariant), its
+    weights drawn from N(0, 0.02) with `seed` (the same head in every engine of a run), accepting
+    accept_len - 1 drafts at each verify step."""
+    dc = random_eagle3_config(runner.config)
+    draft = new_eagle3_draft(dc, runner, runner.config)  # d2t zero: draft id i is target id i
+    gen = torch.Generator(device=runner.device).manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.normal_(0, 0.02, generator=gen)
+    return ForcedEagle3Speculator(draft.eval().requires_grad_(False), runner, num_steps, accept_len)

@@ -1,0 +1,72 @@
+"""speculative/testing.py: the random EAGLE-3 head is built as a loaded head is (the draft's kernels,
+on a batch-invariant target, the same dtypes), and forced acceptance gives each verify step the
+accepted length it names, with either speculator."""
+
+import pytest
+import torch
+
+from engine.engine import Engine
+from engine.loader import load_folder
+from engine.options import KernelOptions
+from engine.runner import ModelRunner
+from engine.types import SamplingParams
+from speculative.build import build_speculator, draft_ops
+from speculative.mtp.speculator import MTPSpeculator
+from speculative.testing import ForcedEagle3Speculator, forced_acceptance, random_eagle3
+from tests.speculative.heads import head_tensors, write_head
+from tests.speculative.mtp_layers import random_layers, write_localchat_mtp
+from tests.tiny import read_config
+
+PROMPT = list(range(3, 20))
+
+
+def _target(folder, dtype=torch.float32, batch_invariant=True):
+    loaded = load_folder(folder, torch.device("cpu"), dtype, 256, KernelOptions(batch_invariant=batch_invariant))
+    return ModelRunner(loaded.model, 256), loaded
+
+
+def test_the_random_head_is_built_as_a_loaded_one(tmp_path, tiny_models):
+    """bf16, where building the head in fp32 and casting it would also cast its fp32 RoPE table."""
+    runner, loaded = _target(tiny_models["llama"], torch.bfloat16)
+    cfg = read_config(tiny_models["llama"])
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200), 64,
+                      (1, 2, 2))
+    real = build_speculator(head, runner, loaded.config, 3).draft
+    forced = random_eagle3(runner, 3, 2)
+    assert isinstance(forced, ForcedEagle3Speculator)
+    assert forced.draft.ops.options == draft_ops(runner).options and not forced.draft.ops.options.batch_invariant
+    assert runner.model.ops.options.batch_invariant
+    assert {n: b.dtype for n, b in forced.draft.named_buffers()} == {n: b.dtype for n, b in real.named_buffers()}
+    assert forced.draft.cos_sin.dtype == torch.float32
+    assert {p.dtype for p in forced.draft.parameters()} == {torch.bfloat16}
+
+
+def test_a_draft_needs_a_batch_invariant_target(tiny_models):
+    runner, _ = _target(tiny_models["llama"], batch_invariant=False)
+    with pytest.raises(AssertionError, match="batch_invariant"):
+        random_eagle3(runner, 3, 2)
+
+
+@pytest.mark.parametrize("params", [dict(), dict(temperature=0.8, seed=3), dict(repetition_penalty=1.3)],
+                         ids=["greedy", "sampled", "penalty"])
+def test_every_verify_step_gives_the_forced_length(tiny_models, params):
+    runner, loaded = _target(tiny_models["llama"])
+    engine = Engine(runner, loaded.tokenizer, "tiny", random_eagle3(runner, 3, 3), "random head")
+    stats = list(engine.stream_ids(PROMPT, SamplingParams(max_tokens=13, ignore_eos=True, **params)))[-1].stats
+    assert stats.generated_tokens == 13 and stats.verify_steps == 4  # the first token, then 4 steps of 3
+    assert stats.accept_len_mean == 3 and stats.accept_hist == [0, 0, 0, 4]
+
+
+def test_mtp_takes_the_forced_rule(tmp_path, tiny_models):
+    runner, loaded = _target(tiny_models["llama"])
+    cfg = read_config(tiny_models["llama"])
+    layers = write_localchat_mtp(tmp_path / "mtp", cfg, random_layers(2, cfg, seed=2), chain=True)
+    draft = build_speculator(layers, runner, loaded.config, 2).draft
+    engine = Engine(runner, loaded.tokenizer, "tiny", MTPSpeculator(draft, runner, 2, accept=forced_acceptance(2)))
+    stats = list(engine.stream_ids(PROMPT, SamplingParams(max_tokens=9, ignore_eos=True)))[-1].stats
+    assert stats.verify_steps == 4 and stats.accept_hist == [0, 0, 4]
+
+
+def test_forced_length_is_within_the_verify_step():
+    with pytest.raises(ValueError, match="k \\+ 1 = 4"):
+        ForcedEagle3Speculator(None, None, 3, 5)
