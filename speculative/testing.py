@@ -27,10 +27,10 @@ class ForcedEagle3Speculator(Eagle3Speculator):
     """An Eagle3Speculator whose verify steps each give accept_len tokens (forced_acceptance), and
     what its loop costs in parts."""
 
-    def __init__(self, draft: Eagle3Draft, runner, num_steps: int, accept_len: int):
-        if not 1 <= accept_len <= num_steps + 1:
-            raise ValueError(f"accept_len must be between 1 and k + 1 = {num_steps + 1}, got {accept_len}")
-        super().__init__(draft, runner, num_steps, accept=forced_acceptance(accept_len))
+    def __init__(self, draft: Eagle3Draft, runner, draft_steps: int, accept_len: int):
+        if not 1 <= accept_len <= draft_steps + 1:
+            raise ValueError(f"accept_len must be between 1 and k + 1 = {draft_steps + 1}, got {accept_len}")
+        super().__init__(draft, runner, draft_steps, accept=forced_acceptance(accept_len))
         self.accept_len = accept_len
 
     def measure_components(self, runner, iters: int = 50) -> dict:
@@ -78,7 +78,7 @@ def random_eagle3_config(target_cfg) -> DraftConfig:
         aux_layer_ids=tuple(min(max(i, 0), L) for i in (2, L // 2, L - 3)), rope_theta=target_cfg.rope_theta)
 
 
-def random_eagle3(runner, num_steps: int, accept_len: int, seed: int = 1) -> ForcedEagle3Speculator:
+def random_eagle3(runner, draft_steps: int, accept_len: int, seed: int = 1) -> ForcedEagle3Speculator:
     """A random_eagle3_config head for the runner's target, built as build_eagle3 builds a loaded
     one (new_eagle3_draft: the draft's kernels, on a target built with batch_invariant), its
     weights drawn from N(0, 0.02) with `seed` (the same head in every engine of a run), accepting
@@ -89,4 +89,4 @@ def random_eagle3(runner, num_steps: int, accept_len: int, seed: int = 1) -> For
     with torch.no_grad():
         for p in draft.parameters():
             p.normal_(0, 0.02, generator=gen)
-    return ForcedEagle3Speculator(draft.eval().requires_grad_(False), runner, num_steps, accept_len)
+    return ForcedEagle3Speculator(draft.eval().requires_grad_(False), runner, draft_steps, accept_len)
