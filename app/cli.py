@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 from engine.errors import UserError
 from engine.types import MAX_SEED
@@ -62,105 +65,145 @@ def _sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    """`localchat run`: model, sampling and output flags, and the prompt."""
+    _model_options(p)
+    _sampling_options(p)
+    p.add_argument("--system", default=None,
+                   help="system prompt (default: the chat app's, from settings.toml; '' for none)")
+    p.add_argument("--json", action="store_true", help="print one JSON result object at the end")
+    p.add_argument("prompt", help="the question ('-' reads it from stdin)")
+
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    """`localchat bench`: the model and what to time."""
+    from benchmarks.harness.counts import FULL_BENCH, QUICK_BENCH  # light: the harness loads when bench runs
+
+    _model_options(p, no_spec_help="time plain decoding only (the draft still loads, as in the app)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a first look in a minute: {QUICK_BENCH['prompts']} prompt, "
+                        f"{QUICK_BENCH['new_tokens']} new tokens ({QUICK_BENCH['prompt_tokens']}-token prompts "
+                        "with --random-weights) unless given")
+    p.add_argument("--random-weights", default=None, metavar="CONFIG",
+                   help="build the target from a config.json (or 'llama-8b') with random bf16 weights "
+                        "(default: off, --model is loaded)")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help=f"prompt length with --random-weights (default {FULL_BENCH['prompt_tokens']})")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help=f"tokens decoded per prompt (default {FULL_BENCH['new_tokens']})")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--prompts", type=int, default=None,
+                   help=f"prompts to average over (default {FULL_BENCH['prompts']})")
+    p.add_argument("--prompt-set", choices=["chitchat", "instruct"], default="chitchat",
+                   help="held-out chitchat conversations (default), or held-out built-in instruction-style requests")
+    p.add_argument("--force-accept", type=int, default=None,
+                   help="benchmark only: force this accepted length with a random-weight draft (default: off)")
+    p.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
+    p.add_argument("--out", default=None, help="write the JSON report here (default: not written)")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
+
+
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    """`localchat train-draft`: the target, the draft's kind and shape, data and schedule."""
+    p.add_argument("--model", required=True, help="the target: Hub repo id, local folder, .gguf file, or 'demo'")
+    p.add_argument("--out", required=True, help="folder the trained draft is written to")
+    p.add_argument("--kind", choices=["eagle3", "mtp"], default="eagle3",
+                   help="an EAGLE-3 head (default) or chained MTP layers")
+    p.add_argument("--data", default=None, help="JSONL conversations, or a local chitchat-dataset wheel (default: chitchat-dataset from PyPI)")
+    p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default 8192)")
+    p.add_argument("--draft-intermediate", type=int, default=None,
+                   help="EAGLE-3: the head's MLP width (default: the target's intermediate size)")
+    p.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 20000 on GPU, 200 on CPU; the time budget usually ends training first)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds for the whole run; training is annealed to stop in time (default: 840 on GPU)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per packed row (default: 1024 GPU, 512 CPU)")
+    p.add_argument("--batch-tokens", type=int, default=None, help="tokens per step (default: 16384 GPU, 2048 CPU)")
+    p.add_argument("--mtp-layers", type=int, default=None, help="--kind mtp: chained MTP layers (default 3)")
+    p.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1.2e-3 GPU, 6e-4 CPU)")
+    p.add_argument("--gen", type=int, default=None,
+                   help="training prompts the target answers itself, greedy (default: 40000 GPU, 0 CPU; generation stops at 45%% of the time budget; several turns of a conversation may be used)")
+    p.add_argument("--gen-frac", type=float, default=None,
+                   help="share of each step's sequences taken from the target's own replies (default 0.85)")
+    p.add_argument("--greedy-weight", type=float, default=None,
+                   help="weight of an extra loss on the target's greedy token, which greedy verification accepts, beside the loss on the target's distribution (default 0.5; 0: the distribution only)")
+    p.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
+    p.add_argument("--instruct-frac", type=float, default=None,
+                   help="share of the self-answered prompts taken from built-in instruction-style requests (lists, how-tos, explanations, code, short writing) instead of the conversations (default 0.1; 0: conversations only)")
+    p.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
+    p.add_argument("--eval-prompts", type=int, default=None,
+                   help="held-out prompts decoded with the saved head at the end (default: 8 GPU, 2 CPU)")
+    p.add_argument("--seed", type=_seed, default=None, help="random seed of the run (default 0)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run for this --out that Ctrl+C (or SIGTERM) stopped, with the same settings")
+
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    """`localchat export`: which chat, and where to."""
+    p.add_argument("chat_id", type=int, metavar="ID", help="the chat's id, from `localchat chats`")
+    p.add_argument("--out", default=None, help="a file, or a folder that gets the chat's own file name")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing file (never a link, folder, device or FIFO)")
+
+
+def _no_arguments(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its help line, the function that adds its flags, and its handler as
+    "module:function", imported only when the command runs (start-up stays light)."""
+
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    handler: str
+
+
+def _hub_arguments(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    def add(p: argparse.ArgumentParser) -> None:
+        from app import hub_commands  # light: argparse wiring; its handlers import the Hub on use
+
+        getattr(hub_commands, f"{name}_arguments")(p)
+
+    return add
+
+
+# Every subcommand of `localchat`; with none, the chat app starts (app.tui:run_tui).
+COMMANDS = (
+    Command("run", "one-shot answer streamed to stdout", _run_arguments, "app.commands:cmd_run"),
+    Command("bench", "speculation off vs on (and peers) in one run", _bench_arguments,
+            "benchmarks.harness.run:run_bench"),
+    Command("train-draft", "train an EAGLE-3 head or MTP layers for a model", _train_arguments,
+            "speculative.train.command:cmd_train"),
+    Command("doctor", "GPU, VRAM, versions, paths", _no_arguments, "app.commands:cmd_doctor"),
+    Command("chats", "list the saved chats with their ids", _no_arguments, "app.chat_export:cmd_chats"),
+    Command("export", "write a saved chat as Markdown (stdout, or --out FILE or FOLDER)", _export_arguments,
+            "app.chat_export:cmd_export"),
+    Command("download", "fetch a model (and its draft) from the Hugging Face Hub", _hub_arguments("download"),
+            "app.hub_commands:cmd_download"),
+    Command("models", "local models and drafts, the catalog, and whether each fits the GPU", _hub_arguments("models"),
+            "app.hub_commands:cmd_models"),
+)
+APP_HANDLER = "app.tui:run_tui"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="localchat", description="Local chat with speculative decoding on one GPU.")
     _model_options(parser)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-
-    run = sub.add_parser("run", help="one-shot answer streamed to stdout")
-    _model_options(run)
-    _sampling_options(run)
-    run.add_argument("--system", default=None,
-                     help="system prompt (default: the chat app's, from settings.toml; '' for none)")
-    run.add_argument("--json", action="store_true", help="print one JSON result object at the end")
-    run.add_argument("prompt", help="the question ('-' reads it from stdin)")
-
-    from benchmarks.harness.counts import FULL_BENCH, QUICK_BENCH  # light: the harness loads when bench runs
-
-    bench = sub.add_parser("bench", help="speculation off vs on (and peers) in one run")
-    _model_options(bench, no_spec_help="time plain decoding only (the draft still loads, as in the app)")
-    bench.add_argument("--quick", action="store_true",
-                       help=f"a first look in a minute: {QUICK_BENCH['prompts']} prompt, "
-                            f"{QUICK_BENCH['new_tokens']} new tokens ({QUICK_BENCH['prompt_tokens']}-token prompts "
-                            "with --random-weights) unless given")
-    bench.add_argument("--random-weights", default=None, metavar="CONFIG",
-                       help="build the target from a config.json (or 'llama-8b') with random bf16 weights "
-                            "(default: off, --model is loaded)")
-    bench.add_argument("--prompt-tokens", type=int, default=None,
-                       help=f"prompt length with --random-weights (default {FULL_BENCH['prompt_tokens']})")
-    bench.add_argument("--new-tokens", type=int, default=None,
-                       help=f"tokens decoded per prompt (default {FULL_BENCH['new_tokens']})")
-    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    bench.add_argument("--prompts", type=int, default=None,
-                       help=f"prompts to average over (default {FULL_BENCH['prompts']})")
-    bench.add_argument("--prompt-set", choices=["chitchat", "instruct"], default="chitchat",
-                       help="held-out chitchat conversations (default), or held-out built-in instruction-style requests")
-    bench.add_argument("--force-accept", type=int, default=None,
-                       help="benchmark only: force this accepted length with a random-weight draft (default: off)")
-    bench.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
-    bench.add_argument("--out", default=None, help="write the JSON report here (default: not written)")
-    bench.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
-
-    train = sub.add_parser("train-draft", help="train an EAGLE-3 head or MTP layers for a model")
-    train.add_argument("--model", required=True, help="the target: Hub repo id, local folder, .gguf file, or 'demo'")
-    train.add_argument("--out", required=True, help="folder the trained draft is written to")
-    train.add_argument("--kind", choices=["eagle3", "mtp"], default="eagle3",
-                       help="an EAGLE-3 head (default) or chained MTP layers")
-    train.add_argument("--data", default=None, help="JSONL conversations, or a local chitchat-dataset wheel (default: chitchat-dataset from PyPI)")
-    train.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default 8192)")
-    train.add_argument("--draft-intermediate", type=int, default=None,
-                       help="EAGLE-3: the head's MLP width (default: the target's intermediate size)")
-    train.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 20000 on GPU, 200 on CPU; the time budget usually ends training first)")
-    train.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    train.add_argument("--time-budget", type=float, default=None,
-                       help="seconds for the whole run; training is annealed to stop in time (default: 840 on GPU)")
-    train.add_argument("--seq-len", type=int, default=None, help="tokens per packed row (default: 1024 GPU, 512 CPU)")
-    train.add_argument("--batch-tokens", type=int, default=None, help="tokens per step (default: 16384 GPU, 2048 CPU)")
-    train.add_argument("--mtp-layers", type=int, default=None, help="--kind mtp: chained MTP layers (default 3)")
-    train.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
-    train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1.2e-3 GPU, 6e-4 CPU)")
-    train.add_argument("--gen", type=int, default=None,
-                       help="training prompts the target answers itself, greedy (default: 40000 GPU, 0 CPU; generation stops at 45%% of the time budget; several turns of a conversation may be used)")
-    train.add_argument("--gen-frac", type=float, default=None,
-                       help="share of each step's sequences taken from the target's own replies (default 0.85)")
-    train.add_argument("--greedy-weight", type=float, default=None,
-                       help="weight of an extra loss on the target's greedy token, which greedy verification accepts, beside the loss on the target's distribution (default 0.5; 0: the distribution only)")
-    train.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
-    train.add_argument("--instruct-frac", type=float, default=None,
-                       help="share of the self-answered prompts taken from built-in instruction-style requests (lists, how-tos, explanations, code, short writing) instead of the conversations (default 0.1; 0: conversations only)")
-    train.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
-    train.add_argument("--eval-prompts", type=int, default=None,
-                       help="held-out prompts decoded with the saved head at the end (default: 8 GPU, 2 CPU)")
-    train.add_argument("--seed", type=_seed, default=None, help="random seed of the run (default 0)")
-    train.add_argument("--resume", action="store_true",
-                       help="continue the run for this --out that Ctrl+C (or SIGTERM) stopped, with the same settings")
-
-    sub.add_parser("doctor", help="GPU, VRAM, versions, paths")
-
-    def _chats(args):
-        from app.chat_export import cmd_chats
-
-        return cmd_chats(args)
-
-    def _export(args):
-        from app.chat_export import cmd_export
-
-        return cmd_export(args)
-
-    sub.add_parser("chats", help="list the saved chats with their ids").set_defaults(handler=_chats)
-    export = sub.add_parser("export", help="write a saved chat as Markdown (stdout, or --out FILE or FOLDER)")
-    export.add_argument("chat_id", type=int, metavar="ID", help="the chat's id, from `localchat chats`")
-    export.add_argument("--out", default=None, help="a file, or a folder that gets the chat's own file name")
-    export.add_argument("--force", action="store_true",
-                        help="replace an existing file (never a link, folder, device or FIFO)")
-    export.set_defaults(handler=_export)
-    try:
-        from app.hub_commands import add_subcommands
-    except ImportError:
-        pass
-    else:
-        add_subcommands(sub)
+    for command in COMMANDS:
+        command.arguments(sub.add_parser(command.name, help=command.help))
     return parser
+
+
+def handler_for(command: str | None) -> Callable:
+    """The function that runs `command` (None: the chat app), imported now."""
+    target = APP_HANDLER if command is None else next(c.handler for c in COMMANDS if c.name == command)
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,27 +239,7 @@ def _dispatch(args) -> int:
         args.draft_steps = 5  # the chat app takes its default from settings.toml instead
     if args.command in (None, "run") and args.no_spec:
         _no_draft(args)
-    if args.command is None:
-        from app.tui import run_tui
-
-        return run_tui(args)
-    if args.command == "run":
-        from app.commands import cmd_run
-
-        return cmd_run(args)
-    if args.command == "doctor":
-        from app.commands import cmd_doctor
-
-        return cmd_doctor(args)
-    if args.command == "bench":
-        from benchmarks.harness.run import run_bench
-
-        return run_bench(args)
-    if args.command == "train-draft":
-        from speculative.train.command import cmd_train
-
-        return cmd_train(args)
-    return args.handler(args)
+    return handler_for(args.command)(args)
 
 
 def _no_draft(args) -> None:

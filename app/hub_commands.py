@@ -12,8 +12,7 @@ from engine.errors import UserError
 from engine.units import format_bytes, format_eta, format_speed
 
 
-def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("download", help="fetch a model (and its draft) from the Hugging Face Hub")
+def download_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("repo", help="Hub repo id (e.g. Qwen/Qwen3-8B), a catalog id (e.g. qwen3-8b), or demo")
     p.add_argument("--draft", help="draft repo id, or mtp:builtin (default for catalog ids: the catalog's draft)")
     p.add_argument("--no-draft", action="store_true", help="do not fetch the catalog's draft")
@@ -22,12 +21,11 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                    help="also fetch files matching GLOB (e.g. '*Q4_K_M.gguf'); repeatable")
     p.add_argument("--allow-bin", action="store_true",
                    help="fetch pickled pytorch_model*.bin when a repo has no safetensors")
-    p.set_defaults(handler=cmd_download)
 
-    p = subparsers.add_parser("models", help="local models and drafts, the catalog, and whether each fits the GPU")
+
+def models_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=8192, help="context length for the KV-cache estimate (default 8192)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.set_defaults(handler=cmd_models)
 
 
 class ProgressPrinter:

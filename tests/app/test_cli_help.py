@@ -19,3 +19,15 @@ def test_help_prints(command, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: localchat")
+
+
+def test_every_subcommand_comes_from_the_one_table_and_its_handler_imports():
+    """The parser's subcommands are exactly app.cli.COMMANDS, and each "module:function" resolves."""
+    import argparse
+
+    from app.cli import COMMANDS, build_parser, handler_for
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == [c.name for c in COMMANDS]
+    for command in [None] + [c.name for c in COMMANDS]:
+        assert callable(handler_for(command))
