@@ -14,10 +14,10 @@ import torch
 
 from engine.errors import UserError
 
-from speculative.train.options import TrainOptions, command_line, feature_cache_bytes
+from speculative.train.options import TrainOptions, command_line
 from speculative.train.progress import log as _log
 from speculative.train.prepare import choose_draft_vocab, prepare_data, reply_cache
-from speculative.train.target import load_target
+from speculative.train.target import start_run
 
 
 def cmd_train(args) -> int:
@@ -91,19 +91,10 @@ REPEAT_S = 2.0
 
 
 def _train_eagle3(args) -> int:
-    from engine.device import pick_device
-
-    t_start = time.perf_counter()
-    dev = pick_device(getattr(args, "device", None))
-    opts = TrainOptions.from_args(args, dev)
-    deadline = None if opts.time_budget is None else t_start + opts.time_budget
-    torch.manual_seed(opts.seed)
-    if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+    run = start_run(args)
+    t_start, dev, opts, deadline = run.t_start, run.device, run.opts, run.deadline
+    loaded, target_name, target_path = run.loaded, run.target_name, run.target_path
     phases: dict[str, float] = {}
-
-    loaded, target_name, target_path = load_target(opts, dev)
-    opts = feature_cache_bytes(opts, dev)
     cfg = loaded.config
     if opts.draft_vocab > cfg.vocab_size:
         raise UserError(f"--draft-vocab {opts.draft_vocab} exceeds the target's vocabulary {cfg.vocab_size}")

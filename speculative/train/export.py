@@ -100,8 +100,6 @@ def write_provenance(folder: Path, prov: dict, readme: str, log) -> None:
 
 
 def head_readme(p: dict) -> str:
-    ev = p.get("final_eval", {})
-    spec = ev.get("speculator", {})
     lines = [
         f"# EAGLE-3 draft head for {p['target']}",
         "",
@@ -130,15 +128,23 @@ def head_readme(p: dict) -> str:
         f"{p['train']['seq_len']}), training-time test over {p['train']['ttt_steps']} draft steps "
         f"(loss weight {p['train']['decay']}^t), AdamW lr {p['train']['lr']} with warm-up and cosine decay.",
         "",
-        "## Held-out validation",
-        "",
-        f"- Top-1 agreement with the target's greedy token, per draft step: {ev.get('step_acc')}",
-        f"- Estimated tokens per verify step (k = {ev.get('k')}): {ev.get('accept_len_estimate')}",
+        *validation_lines(p, "draft step"),
     ]
+    return "\n".join(lines) + "\n"
+
+
+def validation_lines(p: dict, unit: str) -> list[str]:
+    """The README's held-out validation section of a trained draft's provenance `p` (unit: what
+    the per-step accuracy is counted over, "draft step" or "layer")."""
+    ev = p.get("final_eval", {})
+    spec = ev.get("speculator", {})
+    lines = ["## Held-out validation", "",
+             f"- Top-1 agreement with the target's greedy token, per {unit}: {ev.get('step_acc')}",
+             f"- Estimated tokens per verify step (k = {ev.get('k')}): {ev.get('accept_len_estimate')}"]
     if p.get("interrupted"):
         lines.append(f"- Stopped with Ctrl+C ({ev.get('skipped')}): the final checks were skipped.")
     if spec:
         lines.append(f"- Real speculator, greedy, {spec['prompts']} held-out prompts, k = {spec['k']}: mean "
                      f"accepted length {spec['accept_len_mean']:.2f}; output identical to plain decoding "
                      f"for {spec['identical']}/{spec['prompts']} prompts")
-    return "\n".join(lines) + "\n"
+    return lines

@@ -136,26 +136,17 @@ def train(draft, target: _Target, teacher: Teacher, pools, val, opts, deadline, 
 
 
 def cmd_train_mtp(args) -> int:
-    from engine.device import pick_device
-
     from speculative.train.mtp_export import layers_readme, save_layers
-    from speculative.train.options import TrainOptions, command_line, feature_cache_bytes
+    from speculative.train.options import command_line
     from speculative.train.progress import log as _log
-    from speculative.train.target import load_target
+    from speculative.train.target import start_run
     from speculative.train.export import write_provenance
     from speculative.train.prepare import prepare_data, reply_cache
 
-    t_start = time.perf_counter()
-    dev = pick_device(getattr(args, "device", None))
-    opts = TrainOptions.from_args(args, dev)
-    opts = replace(opts, ttt_steps=opts.mtp_layers)  # k of the final check
-    deadline = None if opts.time_budget is None else t_start + opts.time_budget
-    torch.manual_seed(opts.seed)
-    if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+    run = start_run(args, lambda opts: replace(opts, ttt_steps=opts.mtp_layers))  # k of the final check
+    t_start, dev, opts, deadline = run.t_start, run.device, run.opts, run.deadline
+    loaded, target_name, target_path = run.loaded, run.target_name, run.target_path
     phases: dict[str, float] = {}
-    loaded, target_name, target_path = load_target(opts, dev)
-    opts = feature_cache_bytes(opts, dev)
     cfg = loaded.config
     # aux = the final residual stream (the input of "layer L"); its final norm is h_p.
     teacher = Teacher(loaded, (cfg.num_layers,), opts.max_len, opts.cache_bytes)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from speculative.mtp.config import MTPConfig
+from speculative.train.export import validation_lines
 from speculative.train.instruct_prompts import instruct_note
 
 
@@ -42,8 +43,6 @@ def save_layers(folder: Path, mc: MTPConfig, draft) -> None:
 
 
 def layers_readme(p: dict) -> str:
-    ev = p.get("final_eval", {})
-    spec = ev.get("speculator", {})
     t = p["train"]
     lines = [
         f"# Chain-MTP layers for {p['target']}",
@@ -71,15 +70,6 @@ def layers_readme(p: dict) -> str:
         f"{t['decay']}^s for layer s, AdamW lr {t['lr']} with warm-up and cosine decay; blocks initialised "
         "from the target's last layer, input_proj near identity on the state half.",
         "",
-        "## Held-out validation",
-        "",
-        f"- Top-1 agreement with the target's greedy token, per layer: {ev.get('step_acc')}",
-        f"- Estimated tokens per verify step (k = {ev.get('k')}): {ev.get('accept_len_estimate')}",
+        *validation_lines(p, "layer"),
     ]
-    if p.get("interrupted"):
-        lines.append(f"- Stopped with Ctrl+C ({ev.get('skipped')}): the final checks were skipped.")
-    if spec:
-        lines.append(f"- Real speculator, greedy, {spec['prompts']} held-out prompts, k = {spec['k']}: mean "
-                     f"accepted length {spec['accept_len_mean']:.2f}; output identical to plain decoding "
-                     f"for {spec['identical']}/{spec['prompts']} prompts")
     return "\n".join(lines) + "\n"
