@@ -65,8 +65,9 @@ class Engine:
         when, on a GPU, its KV cache would leave too little memory free (twin_fits).
 
         Sharing is sound because no kernel choice touches a weight: every kernel set (routing.py,
-        layer_kernels.py, ops.py) reads each nn.Linear's (N, K) weight as loaded, and Ops keeps no
-        tensor of a model's (only scratch counters every launch leaves zeroed)."""
+        layer_kernels.py, ops.py) reads each nn.Linear's (N, K) weight as loaded, and the kernels
+        keep nothing of a model's: only per-device scratch (split-K counters, the greedy pick's
+        partials) that every model on the device already shares, one launch at a time."""
         if self.speculator is None:
             return self
         if self._no_draft is None:
