@@ -79,7 +79,7 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     """`localchat bench`: the model and what to time."""
     from benchmarks.harness.counts import FULL_BENCH, QUICK_BENCH  # light: the harness loads when bench runs
 
-    _model_options(p, no_spec_help="time plain decoding only (the draft still loads, as in the app)")
+    _model_options(p, no_spec_help="time plain decoding only, with no draft and with the draft loaded")
     p.add_argument("--quick", action="store_true",
                    help=f"a first look in a minute: {QUICK_BENCH['prompts']} prompt, "
                         f"{QUICK_BENCH['new_tokens']} new tokens ({QUICK_BENCH['prompt_tokens']}-token prompts "
@@ -90,12 +90,19 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-tokens", type=int, default=None,
                    help=f"prompt length with --random-weights (default {FULL_BENCH['prompt_tokens']})")
     p.add_argument("--new-tokens", type=int, default=None,
-                   help=f"tokens decoded per prompt (default {FULL_BENCH['new_tokens']})")
+                   help=f"most tokens decoded per prompt; answers end at EOS (default {FULL_BENCH['new_tokens']})")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="decode exactly --new-tokens tokens, past the answer's end (default: answers end at EOS, as in the app)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--prompts", type=int, default=None,
                    help=f"prompts to average over (default {FULL_BENCH['prompts']})")
     p.add_argument("--prompt-set", choices=["chitchat", "instruct"], default="chitchat",
                    help="held-out chitchat conversations (default), or held-out built-in instruction-style requests")
+    p.add_argument("--prompts-file", default=None, metavar="FILE",
+                   help="your own prompts instead, one per line (blank lines skipped); all of them unless --prompts "
+                        "(default: none, --prompt-set's)")
+    p.add_argument("--system", default=None,
+                   help="system prompt over each prompt (default: the chat app's built-in one; '' for none)")
     p.add_argument("--force-accept", type=int, default=None,
                    help="benchmark only: force this accepted length with a random-weight draft (default: off)")
     p.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
@@ -174,7 +181,7 @@ def _hub_arguments(name: str) -> Callable[[argparse.ArgumentParser], None]:
 # Every subcommand of `localchat`; with none, the chat app starts (app.tui:run_tui).
 COMMANDS = (
     Command("run", "one-shot answer streamed to stdout", _run_arguments, "app.commands:cmd_run"),
-    Command("bench", "speculation off vs on (and peers) in one run", _bench_arguments,
+    Command("bench", "no draft vs speculation off vs on (and peers) in one run", _bench_arguments,
             "benchmarks.harness.run:run_bench"),
     Command("train-draft", "train an EAGLE-3 head or MTP layers for a model", _train_arguments,
             "speculative.train.command:cmd_train"),
@@ -245,7 +252,7 @@ def _dispatch(args) -> int:
 def _no_draft(args) -> None:
     """--no-spec in `run` and the app: no draft is loaded at all (it would cost load time and
     memory and never be used). `bench --no-spec` keeps its draft: it times plain decoding with
-    the draft loaded, as the app has it."""
+    the draft loaded, as the app has it, beside the same weights with no draft."""
     if args.draft not in (None, "none"):
         raise UserError(f"--no-spec loads no draft, so --draft {args.draft} would not be used: drop one of the two")
     args.draft = "none"

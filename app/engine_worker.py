@@ -37,6 +37,8 @@ class ChatEngine(Protocol):
     def stream(self, messages: list[dict], params: SamplingParams, speculative: bool | None = None,
                stop_event: threading.Event | None = None, t0: float | None = None) -> Iterator[StreamEvent]: ...
 
+    def without_draft(self, if_fits: bool = False) -> ChatEngine | None: ...
+
 
 EngineFactory = Callable[[ProgressCallback], ChatEngine]
 
@@ -83,6 +85,7 @@ class _Job:
     stop_event: threading.Event
     asked_at: float  # time.perf_counter() when the UI asked: time to first token counts from here (or the load)
     go: threading.Event  # set by release(): the UI has drawn the answer's place, decoding may start
+    no_draft: bool = False  # on the engine without its draft (compare's baseline), where it fits
 
 
 @dataclass
@@ -141,6 +144,7 @@ class EngineWorker:
         text: str  # the whole answer
         stats: GenerationStats | None
         finish_reason: str
+        token_ids: list[int] = dataclasses.field(default_factory=list)  # the whole answer's
 
     @dataclass
     class Failed(Message):
@@ -168,13 +172,14 @@ class EngineWorker:
         self._thread.start()
 
     def generate(self, target: MessagePump, messages: list[dict], settings: Settings,
-                 speculative: bool, side: str = "answer", hold: bool = False) -> int:
+                 speculative: bool, side: str = "answer", hold: bool = False, no_draft: bool = False) -> int:
         """Queue an answer; reports go to `target`. With `hold`, decoding waits for release(job_id) (at most
         HOLD_MAX_S): the UI calls it once the answer's widgets are mounted and drawn, so that layout work does
         not run alongside decoding. Time to first token still counts from now (or, asked while the model
-        loads, from the end of the load)."""
+        loads, from the end of the load). no_draft: decode on Engine.without_draft() (where it fits in
+        memory; the answer's stats say which engine ran: draft_loaded)."""
         job = _Job(next(self._job_ids), target, [dict(m) for m in messages], settings, side, speculative,
-                   threading.Event(), time.perf_counter(), threading.Event())
+                   threading.Event(), time.perf_counter(), threading.Event(), no_draft)
         if not hold:
             job.go.set()
         self._pending[job.job_id] = job
@@ -271,13 +276,16 @@ class EngineWorker:
         stats: Any = None
         finish_reason = "stop"
         started = False
+        ids: list[int] = []
         try:
             from engine.types import SamplingParams
 
             params = SamplingParams(**job.settings.sampling_kwargs())
-            for event in self.engine.stream(job.messages, params, speculative=job.speculative,
-                                            stop_event=job.stop_event, t0=max(job.asked_at, self._loaded_at)):
+            engine = (self.engine.without_draft(if_fits=True) if job.no_draft else None) or self.engine
+            for event in engine.stream(job.messages, params, speculative=job.speculative,
+                                       stop_event=job.stop_event, t0=max(job.asked_at, self._loaded_at)):
                 stream.write(event.text, event.stats)
+                ids.extend(event.token_ids)
                 stats = event.stats
                 if event.finished:
                     finish_reason = event.finish_reason or "stop"
@@ -290,7 +298,7 @@ class EngineWorker:
             return
         if job.stop_event.is_set():
             finish_reason = "cancelled"
-        target.post_message(self.Finished(job.job_id, side, stream.text, _snapshot(stats), finish_reason))
+        target.post_message(self.Finished(job.job_id, side, stream.text, _snapshot(stats), finish_reason, ids))
 
 
 def _snapshot(stats: Any) -> Any:

@@ -1,5 +1,7 @@
-"""Greedy speculation against plain decoding on held-out chat prompts, same engine, token for
-token: how many of the answers are identical and where the first difference is.
+"""Greedy speculation against plain decoding on held-out chat prompts, token for token: with the
+draft loaded and speculation off (the same engine), and with no draft loaded (Engine.without_draft,
+the kernels a user gets without the draft): how many answers are identical, where the first
+difference is.
 
     python benchmarks/check_identical.py --draft demo-eagle3 --prompts 16 --out identical.json
     python benchmarks/check_identical.py --prompt-set instruct --prompts 8 --out identical_instruct.json
@@ -34,19 +36,33 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens)
     rows = []
     prompts, which = chat_prompts_from(args.prompts, args.prompt_set)
+    no_draft = engine.without_draft()
     for msgs in prompts:
         engine.reset()
         plain = engine.generate(msgs, params, speculative=False).token_ids
         engine.reset()
         spec = engine.generate(msgs, params, speculative=True).token_ids
+        base = no_draft.generate(msgs, params, speculative=False).token_ids
+        no_draft.reset()
         rows.append({"plain_tokens": len(plain), "spec_tokens": len(spec), "identical": plain == spec,
-                     "first_difference": next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)})
+                     "first_difference": _first_difference(plain, spec),
+                     "no_draft_tokens": len(base), "identical_to_no_draft": base == spec,
+                     "first_difference_from_no_draft": _first_difference(base, spec)})
     out = {"model": engine.model_name, "draft": engine.draft_name, "device": str(engine.device), "prompt_set": which,
            "max_tokens": args.max_tokens, "prompts": len(rows),
-           "identical": sum(r["identical"] for r in rows), "rows": rows}
+           "identical": sum(r["identical"] for r in rows),
+           "identical_to_no_draft": sum(r["identical_to_no_draft"] for r in rows), "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"identical {out['identical']} of {len(rows)}")
+    print(f"identical {out['identical']} of {len(rows)} (no draft: {out['identical_to_no_draft']})")
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token; None where the two are equal (one a prefix of the
+    other: the shorter one's length)."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 lc() { python3 -m app.cli "$@"; }
 step() { echo "== $*" >&2; }
 
-step "demo + shipped head, greedy, k = 5 (speculation off vs on, held-out prompts)"
+step "demo + shipped head, greedy, k = 5 (no draft, speculation off, on; held-out prompts)"
 lc bench --model demo --prompts 8 --no-peer --out "$out/h200_demo_spec.json"
 step "the same on held-out instruction-style requests"
 lc bench --model demo --prompts 8 --no-peer --prompt-set instruct --out "$out/h200_demo_spec_instruct.json"

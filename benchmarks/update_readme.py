@@ -13,9 +13,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
+# Rows written before `localchat bench` kept EOS and put the app's system prompt over its prompts:
+# these flags repeat what their commands did then.
+BEFORE = " --ignore-eos --system ''"
 BENCH_8B = "localchat bench --random-weights llama-8b --prompts 2"
-BENCH_DEMO_SPEC = "localchat bench --model demo --prompts 8 --no-peer"
-BENCH_CPU_SPEC = "localchat bench --model demo --device cpu --prompts 4 --no-peer --new-tokens 128"
+BENCH_DEMO_SPEC = "localchat bench --model demo --prompts 8 --no-peer" + BEFORE
+BENCH_CPU_SPEC = "localchat bench --model demo --device cpu --prompts 4 --no-peer --new-tokens 128" + BEFORE
 
 # (kind, label, command, file): what each row reads is in row() below.
 ROWS = (
@@ -24,7 +27,7 @@ ROWS = (
     ("startup_8b", "start-up (load + CUDA-graph capture), the same run", BENCH_8B,
      "h200_8b_plain_final_session17.json"),
     ("plain", "plain decode, demo model (SmolLM2-135M), no draft loaded",
-     "localchat bench --model demo --draft none --prompts 4 --no-peer", "h200_demo_plain_final_session17.json"),
+     "localchat bench --model demo --draft none --prompts 4 --no-peer" + BEFORE, "h200_demo_plain_final_session17.json"),
     ("spec", "greedy speculation, demo model + its EAGLE-3 head, k = 5, 8 held-out chitchat prompts",
      BENCH_DEMO_SPEC, "h200_demo_spec_final_session12.json"),
     ("spec", "the same, 8 held-out instruction-style requests", BENCH_DEMO_SPEC + " --prompt-set instruct",
@@ -32,13 +35,13 @@ ROWS = (
     ("spec", "the same at temperature 0.7", BENCH_DEMO_SPEC + " --temperature 0.7",
      "h200_demo_spec_t07_session12.json"),
     ("spec", "greedy speculation, demo model + its 2 MTP layers, k = 2 (an early build)",
-     "localchat bench --model demo --draft demo-mtp --prompts 8 --no-peer", "h200_demo_mtp.json"),
+     "localchat bench --model demo --draft demo-mtp --prompts 8 --no-peer" + BEFORE, "h200_demo_mtp.json"),
     ("identical", "greedy speculation equals plain decoding, token for token, 256 tokens",
      "python benchmarks/check_identical.py --draft demo-eagle3 --prompts 16", "h200_identical_final_session12.json"),
     ("startup", "a fresh `localchat run --model demo` to the first byte of its answer, warm machine",
      "python benchmarks/startup.py --model demo --runs 4", "h200_startup_first_token_pyc_final_session10.json"),
     ("plain_cpu", "CPU, 2 cores, fp32: plain decode, demo model",
-     "localchat bench --model demo --device cpu --draft none --new-tokens 128", "cpu_demo_plain.json"),
+     "localchat bench --model demo --device cpu --draft none --new-tokens 128" + BEFORE, "cpu_demo_plain.json"),
     ("spec", "CPU, 2 cores: greedy speculation, demo model + head, 4 held-out chitchat prompts, 128 tokens",
      BENCH_CPU_SPEC, "cpu_demo_spec_chitchat_session10.json"),
 )
@@ -67,7 +70,12 @@ def row(kind: str, label: str, command: str, name: str) -> str:
     elif kind == "spec":
         s = b["spec"]
         result = f"{s['decode_tok_s']:.0f} tok/s, accepted length {s['accept_len_mean']:.2f}"
-        versus = f"plain decode, draft loaded, {b['plain']['decode_tok_s']:.0f} tok/s: {s['speedup']:.2f}x"
+        if "speedup_vs_no_draft" in s:
+            versus = (f"no draft loaded, {b['no_draft']['decode_tok_s']:.0f} tok/s: {s['speedup_vs_no_draft']:.2f}x "
+                      f"(draft loaded, speculation off, {b['plain']['decode_tok_s']:.0f} tok/s: "
+                      f"{s['speedup_vs_draft_off']:.2f}x)")
+        else:  # written before bench measured against an engine with no draft loaded
+            versus = f"plain decode, draft loaded, {b['plain']['decode_tok_s']:.0f} tok/s: {s['speedup']:.2f}x"
     elif kind == "identical":
         result, versus = f"{b['identical']} of {b['prompts']} answers identical", ""
     elif kind == "startup":

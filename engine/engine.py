@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -30,6 +31,7 @@ class Engine:
         self.speculator = speculator  # a speculative.protocol.Speculator (EAGLE-3 or MTP), or None
         self.device = str(runner.device)
         self._kv_tokens: list[int] = []  # tokens whose K/V the target cache holds, in order
+        self._no_draft: Engine | None = None  # without_draft(), once built
 
     @property
     def has_draft(self) -> bool:
@@ -54,6 +56,30 @@ class Engine:
 
         return build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress,
                             defer_capture, threads, options)
+
+    def without_draft(self, if_fits: bool = False) -> "Engine | None":
+        """This engine as a user gets it by unloading the draft, the baseline speculation is measured
+        against: the same weight tensors (shared, not copied) under the kernels a target without a
+        draft runs (no batch invariance: engine/build.py), with a KV cache and a decode graph of its
+        own. Built on the first call and kept; self when no draft is loaded. if_fits: None instead
+        when, on a GPU, its KV cache would leave too little memory free (twin_fits).
+
+        Sharing is sound because no kernel choice touches a weight: every kernel set (routing.py,
+        layer_kernels.py, ops.py) reads each nn.Linear's (N, K) weight as loaded, and the kernels
+        keep nothing of a model's: only per-device scratch (split-K counters, the greedy pick's
+        partials) that every model on the device already shares, one launch at a time."""
+        if self.speculator is None:
+            return self
+        if self._no_draft is None:
+            runner = self.runner
+            if if_fits and not twin_fits(runner.kv.nbytes, *device_memory(runner.device)):
+                return None
+            options = dataclasses.replace(runner.model.ops.options, batch_invariant=False)
+            twin = ModelRunner(runner.model.with_options(options), runner.max_len)
+            if runner.uses_graphs:
+                twin.defer([1])  # captured on its first answer, not while the caller waits here
+            self._no_draft = Engine(twin, self.tokenizer, self.model_name)
+        return self._no_draft
 
     def generate(self, messages: list[dict], params: SamplingParams = SamplingParams(), **kw) -> GenerationResult:
         text, ids, last = [], [], None
@@ -104,7 +130,8 @@ class Engine:
             state.seen = torch.zeros(self.runner.config.vocab_size, dtype=torch.bool, device=dev)
             state.seen[torch.tensor(prompt, device=dev)] = True
         stats = GenerationStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt) - state.kv_len,
-                                speculative=use_spec, draft_steps=self.speculator.k if use_spec else 0)
+                                speculative=use_spec, draft_steps=self.speculator.k if use_spec else 0,
+                                draft_loaded=self.speculator is not None)
         tokens = self.speculator.tokens(self.runner, state) if use_spec else self._plain_tokens(state)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
@@ -188,6 +215,30 @@ class Engine:
     def reset(self) -> None:
         """Forgets the cached conversation (the next prompt is prefilled in full)."""
         self._kv_tokens = []
+
+
+# What building the no-draft twin must leave free on a GPU: the draft's deferred graphs are still
+# to be captured, and running out of memory in the middle of a chat costs more than comparing
+# against the draft-loaded engine instead.
+TWIN_SPARE_FRACTION = 0.05
+TWIN_SPARE_MIN_BYTES = 1 << 30
+
+
+def twin_fits(kv_bytes: int, free_bytes: int | None, total_bytes: int | None) -> bool:
+    """Whether a twin's KV cache of kv_bytes fits with the spare above left free (None: memory
+    not counted, as on the CPU)."""
+    if free_bytes is None or total_bytes is None:
+        return True
+    return free_bytes - kv_bytes >= max(TWIN_SPARE_MIN_BYTES, TWIN_SPARE_FRACTION * total_bytes)
+
+
+def device_memory(device: torch.device) -> tuple[int | None, int | None]:
+    """(bytes a new allocation can take, the device's total) on CUDA: the driver's free memory plus
+    what torch's allocator holds unused; (None, None) elsewhere."""
+    if device.type != "cuda":
+        return None, None
+    free, total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

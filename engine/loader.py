@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
-from torch import nn
 
 from engine.weights.checkpoint import iter_tensors, tensor_shapes, weight_files
 from engine.config import ModelConfig
@@ -20,6 +18,7 @@ from engine.options import KernelOptions
 from engine.weights.prepared import is_current, write_prepared
 from engine.tokenizer import Tokenizer
 from engine.weights.load import load_weights
+from engine.uninitialized import build_uninitialized
 
 
 @dataclass
@@ -28,26 +27,6 @@ class LoadedModel:
     tokenizer: Tokenizer
     config: ModelConfig
     source: Path
-
-
-def build_uninitialized(make: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """make() on `device` with its floating parameters in `dtype` and left uninitialized: the
-    checkpoint fills them next. (Building on the meta device instead costs about a second of
-    lazy torch imports at every start; building in fp32 and casting doubles peak memory.)
-    Float buffers a constructor computes come out in `dtype` too: recompute any that need fp32."""
-    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters, torch.get_default_dtype()
-    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = _no_init
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            return make()
-    finally:
-        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved[:2]
-        torch.set_default_dtype(saved[2])
-
-
-def _no_init(module: nn.Module) -> None:
-    pass
 
 
 def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dtype: torch.dtype,

@@ -16,6 +16,7 @@ from engine.layer_kernels import Normed, rows_of
 from engine.ops import Ops
 from engine.options import KernelOptions
 from engine.rope import apply_rope, rope_cos_sin
+from engine.uninitialized import build_uninitialized
 
 
 @dataclass
@@ -163,8 +164,8 @@ class CausalLM(nn.Module):
         """This model's weights (shared, not copied) under other kernel options: e.g. the batch
         invariance that a draft's verify steps need, for a model built without it."""
         ops = Ops.for_device(self.lm_head.weight.device, options)
-        with torch.device("meta"):
-            twin = CausalLM(self.config, self.cos_sin.shape[0], ops)
+        twin = build_uninitialized(lambda: CausalLM(self.config, self.cos_sin.shape[0], ops), torch.device("meta"),
+                                   self.lm_head.weight.dtype)
         twin.load_state_dict(self.state_dict(), assign=True)
         twin.cos_sin = self.cos_sin
         return twin.eval().requires_grad_(False)

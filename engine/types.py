@@ -58,6 +58,9 @@ class GenerationStats:
     decode_s: float = 0.0
     decode_tok_s: float = 0.0
     speculative: bool = False
+    # A draft was loaded: its target runs the batch-invariant kernels, slower for plain decoding
+    # than those of an engine without one (Engine.without_draft).
+    draft_loaded: bool = False
     draft_steps: int = 0
     verify_steps: int = 0
     accept_len_mean: float = 0.0

@@ -10,7 +10,7 @@ import torch
 from engine.weights.checkpoint import iter_tensors, tensor_shapes, weight_files
 from engine.config_checks import read_json
 from engine.errors import ModelLoadError
-from engine.loader import build_uninitialized
+from engine.uninitialized import build_uninitialized
 from engine.ops import Ops
 from engine.weights.load import load_weights
 

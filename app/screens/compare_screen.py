@@ -1,4 +1,9 @@
-"""Runs the last prompt with speculation off, then on, and shows the two answers side by side."""
+"""Runs the last prompt with speculation off, then on, and shows the two answers side by side.
+
+The off side runs on the engine without its draft (Engine.without_draft: the same weights, the
+kernels of an engine with no draft), so the speed-up is the one a user measures by unloading the
+draft. Where that does not fit in GPU memory, the off side keeps the draft loaded (its plain
+decoding then runs the slower batch-invariant kernels) and the screen says which one it divided by."""
 
 from __future__ import annotations
 
@@ -41,7 +46,8 @@ class CompareScreen(ModalScreen[None]):
 
     def run_side(self, side: str, speculative: bool) -> None:
         runner = self.app.runner
-        self.job_id = runner.generate(self, self.messages, self.app.settings, speculative, side=side, hold=True)
+        self.job_id = runner.generate(self, self.messages, self.app.settings, speculative, side=side, hold=True,
+                                      no_draft=not speculative)
         release_when_drawn(self, runner, self.job_id)
 
     def pane(self, side: str) -> ComparePane:
@@ -49,6 +55,8 @@ class CompareScreen(ModalScreen[None]):
 
     async def on_engine_worker_started(self, message: EngineWorker.Started) -> None:
         if message.job_id == self.job_id:
+            if message.side == "off":
+                self._title_off(message.stream.stats())
             self.live = LiveAnswer(self, message.stream, self.pane(message.side).append)
             await self.live.start()
 
@@ -61,8 +69,15 @@ class CompareScreen(ModalScreen[None]):
         if message.job_id != self.job_id:
             return
         self._stop_live()
-        await self.pane(message.side).finish(message.text, message.stats, message.finish_reason)
+        if message.side == "off" and message.stats is not None:
+            self._title_off(message.stats)
+        await self.pane(message.side).finish(message.text, message.stats, message.finish_reason,
+                                             token_ids=message.token_ids)
         await self._next_side(message.side, message.finish_reason)
+
+    def _title_off(self, stats) -> None:
+        """Says which engine the off side runs on, once its stats tell."""
+        self.pane("off").retitle("Speculation off · " + ("draft loaded" if stats.draft_loaded else "no draft loaded"))
 
     async def _next_side(self, side: str, finish_reason: str) -> None:
         if side == "off":
@@ -91,14 +106,25 @@ class CompareScreen(ModalScreen[None]):
             return
         slow, fast = off.stats.get("decode_tok_s", 0.0), on.stats.get("decode_tok_s", 0.0)
         speedup = f"{fast / slow:.2f}×" if slow > 0 else "n/a"
-        same = "identical ✓" if off.text == on.text else "differ ✗"
-        if off.text != on.text and self.app.settings.temperature > 0:
+        if off.stats.get("draft_loaded"):
+            over = "over speculation off with the draft loaded (too little GPU memory to compare without it)"
+        else:
+            over = "over no draft loaded"
+        identical = off.token_ids == on.token_ids
+        same = "identical ✓" if identical else f"differ from token {first_difference(off.token_ids, on.token_ids) + 1} ✗"
+        if not identical and self.app.settings.temperature > 0:
             same += " (expected when sampling: set temperature 0 for greedy)"
-        verdict.update(f"Speed-up {speedup}  ({slow:.1f} → {fast:.1f} tok/s)  ·  texts {same}")
-        verdict.add_class("identical" if off.text == on.text else "different")
+        verdict.update(f"Speed-up {speedup} {over}  ({slow:.1f} → {fast:.1f} tok/s)  ·  tokens {same}")
+        verdict.add_class("identical" if identical else "different")
 
     def action_close(self) -> None:
         self._stop_live()
         if not (self.pane("off").done and self.pane("on").done):
             self.app.runner.stop()
         self.dismiss(None)
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """Index of the first token where a and b differ (the shorter one's length where it is a prefix
+    of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -17,6 +17,7 @@ class ComparePane(Vertical):
         super().__init__(classes="compare-pane", **kwargs)
         self.title = title
         self.text = ""
+        self.token_ids: list[int] = []
         self.stats: dict[str, Any] = {}
         self.finish_reason: str | None = None
         self.done = False
@@ -44,7 +45,12 @@ class ComparePane(Vertical):
         if self._feed is not None:
             await self._feed.append(text)
 
-    async def finish(self, text: str, stats: Any, finish_reason: str, error: str | None = None) -> None:
+    def retitle(self, title: str) -> None:
+        self.title = title
+        self.query_one(".pane-title", Label).update(title)
+
+    async def finish(self, text: str, stats: Any, finish_reason: str, error: str | None = None,
+                     token_ids: list[int] | None = None) -> None:
         if self._feed is not None:
             await self._feed.finish(self.text if error else text)
             self._feed = None
@@ -58,4 +64,5 @@ class ComparePane(Vertical):
             return
         self.stats = stats_dict(stats)
         self.text = text
+        self.token_ids = list(token_ids or [])
         self.query_one(StatsLine).show_stats(stats, finish_reason)

@@ -1,4 +1,5 @@
-"""run_bench: `localchat bench`, plain decode, speculation, and transformers `generate` in one process."""
+"""run_bench: `localchat bench`: plain decoding with no draft loaded, with the draft loaded and
+speculation off, speculation on, and transformers `generate`, in one process."""
 
 from __future__ import annotations
 
@@ -14,28 +15,35 @@ from speculative.testing import ForcedEagle3Speculator
 
 from benchmarks.harness.counts import apply_counts
 from benchmarks.harness.peer import time_transformers
-from benchmarks.harness.prompts import bench_prompts
-from benchmarks.harness.report import _table, accept_hist_total
+from benchmarks.harness.prompts import bench_prompts, read_prompts_file, system_prompt
+from benchmarks.harness.report import _table, summary
 from benchmarks.harness.shapes import random_engine
 from benchmarks.harness.timing import copy_bandwidth, time_decode
+
+
+# What each setting is: its engine (the loaded one, or without_draft()) and whether it speculates.
+NO_DRAFT, DRAFT_OFF, SPEC = "no_draft", "plain", "spec"
 
 
 def run_bench(args) -> int:
     """args: `localchat bench`'s (app/cli.py). Prints the report (a table, or JSON with --json),
     writes it to --out when given, and returns the exit status."""
-    apply_counts(args)
-    check_args(args)
+    file_prompts = check_args(args)
     t0 = time.perf_counter()
     engine = build_bench_engine(args)
     startup_s = time.perf_counter() - t0
     dev = engine.runner.device
     alts = getattr(engine.speculator, "alts", ())
+    system = None if args.random_weights else system_prompt(args)
     report = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                           "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if dev.type == "cuda"
                           else platform.processor() or "cpu", "cuda": torch.version.cuda,
                           "cpu_threads": torch.get_num_threads()},
               "model": engine.model_name, "draft": engine.draft_name, "draft_steps": args.draft_steps,
               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "quick": bool(getattr(args, "quick", False)),
+              "ignore_eos": args.ignore_eos, "system_prompt": system,
+              "tok_s": "decode tokens after each answer's first, summed over the prompts, over their summed decode "
+                       "time; the same for every setting",
               "startup_s": startup_s,
               "startup_phases_s": getattr(engine, "load_phases", None),
               "graphs": engine.runner.uses_graphs, "temperature": args.temperature,
@@ -45,33 +53,35 @@ def run_bench(args) -> int:
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
     report.update(copy_bandwidth_GBps=bw / 1e9, weight_bytes=weight_bytes,
                   bandwidth_limit_tok_s=bw / weight_bytes if bw else None)
-    prompts, report["prompt_set"] = bench_prompts(engine, args)
+    prompts, report["prompt_set"] = bench_prompts(engine, args, system, file_prompts)
     report["prompts"] = len(prompts)
-    runs = {"plain": [], "spec": []}
-    for ids in prompts:
-        time_decode(engine, ids, 8, speculative=False)  # warm-up
-        runs["plain"].append(time_decode(engine, ids, args.new_tokens, False, args.temperature))
-        if engine.has_draft and not args.no_spec:
-            time_decode(engine, ids, 8, speculative=True)
-            runs["spec"].append(time_decode(engine, ids, args.new_tokens, True, args.temperature))
-
-    def mean(rs, key):
-        return sum(r[key] for r in rs) / len(rs) if rs else None
-
-    report["plain"] = {k: mean(runs["plain"], k) for k in ("decode_tok_s", "ttft_s", "prefill_tok_s")}
+    settings = bench_settings(engine, args.no_spec)
+    report["order"] = [name for name, _, _ in settings]
+    runs = time_settings(settings, prompts, args)
+    report[NO_DRAFT] = summary(runs[NO_DRAFT])
+    report[DRAFT_OFF] = summary(runs[DRAFT_OFF]) if engine.has_draft else report[NO_DRAFT]
     if report["bandwidth_limit_tok_s"]:
-        report["plain"]["fraction_of_bandwidth_limit"] = report["plain"]["decode_tok_s"] / report["bandwidth_limit_tok_s"]
-    if runs["spec"]:
-        report["spec"] = {k: mean(runs["spec"], k) for k in ("decode_tok_s", "ttft_s", "accept_len_mean")}
-        report["spec"]["speedup"] = report["spec"]["decode_tok_s"] / report["plain"]["decode_tok_s"]
-        report["spec"]["per_prompt"] = runs["spec"]
-        report["spec"]["accept_hist"] = accept_hist_total(runs["spec"], args.draft_steps + 2)
+        for name in {NO_DRAFT, DRAFT_OFF}:
+            report[name]["fraction_of_bandwidth_limit"] = report[name]["decode_tok_s"] / report["bandwidth_limit_tok_s"]
+    base = report[NO_DRAFT]["decode_tok_s"]
+    greedy = args.temperature == 0
+    if engine.has_draft:
+        report[DRAFT_OFF]["speedup_vs_no_draft"] = report[DRAFT_OFF]["decode_tok_s"] / base
+        if greedy:
+            report[DRAFT_OFF]["same_tokens_as_no_draft"] = same_tokens(runs[DRAFT_OFF], runs[NO_DRAFT])
+    if runs.get(SPEC):
+        spec = report[SPEC] = summary(runs[SPEC], args.draft_steps + 2)
+        spec["speedup_vs_no_draft"] = spec["decode_tok_s"] / base
+        spec["speedup_vs_draft_off"] = spec["decode_tok_s"] / report[DRAFT_OFF]["decode_tok_s"]
+        if greedy:
+            spec["same_tokens_as_no_draft"] = same_tokens(runs[SPEC], runs[NO_DRAFT])
+            spec["same_tokens_as_draft_off"] = same_tokens(runs[SPEC], runs[DRAFT_OFF])
         if isinstance(engine.speculator, ForcedEagle3Speculator) and dev.type == "cuda":
-            report["spec"]["loop_cost"] = engine.speculator.measure_components(engine.runner)
+            spec["loop_cost"] = engine.speculator.measure_components(engine.runner)
     if not args.no_peer:
         peer = time_transformers(engine, prompts[0], min(args.new_tokens, 64))
         report["transformers"] = peer
-        report["speedup_vs_transformers"] = report["plain"]["decode_tok_s"] / peer["decode_tok_s"]
+        report["speedup_vs_transformers"] = base / peer["decode_tok_s"]
     if dev.type == "cuda":
         report["peak_gpu_mem_GB"] = torch.cuda.max_memory_allocated() / 1e9
     text = json.dumps(report, indent=1)
@@ -80,6 +90,36 @@ def run_bench(args) -> int:
             f.write(text)
     print(text if args.json else _table(report))
     return 0
+
+
+def bench_settings(engine, no_spec: bool) -> list[tuple[str, object, bool]]:
+    """(name, engine, speculative) of each setting timed: the engine with no draft loaded (the
+    loaded one, or its twin over the same weights: Engine.without_draft), and with a draft the
+    loaded engine with speculation off and on."""
+    settings = [(NO_DRAFT, engine.without_draft(), False)]
+    if engine.has_draft:
+        settings.append((DRAFT_OFF, engine, False))
+        if not no_spec:
+            settings.append((SPEC, engine, True))
+    return settings
+
+
+def time_settings(settings, prompts, args) -> dict[str, list[dict]]:
+    """Every setting on every prompt, alternating per prompt (the order rotating from one prompt to
+    the next, so that drift falls on all of them alike), each timed run after an uncounted 8-token
+    warm-up of the same setting on that prompt."""
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in settings}
+    for i, ids in enumerate(prompts):
+        for name, engine, speculative in settings[i % len(settings):] + settings[:i % len(settings)]:
+            time_decode(engine, ids, 8, speculative)
+            runs[name].append(time_decode(engine, ids, args.new_tokens, speculative, args.temperature,
+                                          ignore_eos=args.ignore_eos))
+    return runs
+
+
+def same_tokens(runs: list[dict], base: list[dict]) -> int:
+    """How many of the prompts' answers have exactly the tokens of `base`'s."""
+    return sum(a["token_ids"] == b["token_ids"] for a, b in zip(runs, base))
 
 
 def build_bench_engine(args, options=None):
@@ -93,8 +133,21 @@ def build_bench_engine(args, options=None):
                          args.draft_steps, not args.no_graphs, getattr(args, "threads", None))
 
 
-def check_args(args) -> None:
-    """The counts and --out, checked before any model loads (not after minutes of benchmarking)."""
+def check_args(args) -> list[str] | None:
+    """The counts, --prompts-file and --out, checked before any model loads (not after minutes of
+    benchmarking). Returns --prompts-file's prompts (None without one); --prompts then defaults to
+    all of them."""
+    file_prompts = None
+    if args.prompts_file is not None:
+        if args.random_weights:
+            raise UserError("--prompts-file needs a model with a tokenizer; --random-weights times random token ids")
+        file_prompts = read_prompts_file(args.prompts_file)
+        if args.prompts is None:
+            args.prompts = len(file_prompts)
+        elif args.prompts > len(file_prompts):
+            raise UserError(f"--prompts {args.prompts} asks for more than the {len(file_prompts)} prompts in "
+                            f"{args.prompts_file}")
+    apply_counts(args)
     if args.prompt_tokens < 1 or args.new_tokens < 2:
         raise UserError("--prompt-tokens must be >= 1 and --new-tokens >= 2")
     if args.prompts < 1:
@@ -110,3 +163,4 @@ def check_args(args) -> None:
         except OSError as e:
             raise UserError(f"--out {args.out}: cannot write a file there ({e.strerror or type(e).__name__})") \
                 from None
+    return file_prompts

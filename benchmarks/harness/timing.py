@@ -34,18 +34,32 @@ def copy_bandwidth(device) -> float:
     return bw
 
 
-def time_decode(engine, prompt_ids, new_tokens, speculative, temperature=0.0) -> dict:
-    """One answer of exactly new_tokens tokens (ignore_eos: an EOS ends nothing), from an empty
-    cache: its decode speed, time to first token, prefill speed and accepted lengths."""
+def time_decode(engine, prompt_ids, new_tokens, speculative, temperature=0.0, ignore_eos=True) -> dict:
+    """One answer of at most new_tokens tokens from an empty cache: its decode speed (tokens after
+    the first over the time after the first), time to first token, prefill speed, accepted lengths
+    and token ids. ignore_eos: exactly new_tokens tokens, an EOS ending nothing (comparisons of
+    kernel variants time the same work); False: the answer ends where the model ends it, as in
+    the app (`localchat bench`)."""
     engine.reset()
-    params = SamplingParams(max_tokens=new_tokens, temperature=temperature, seed=0, ignore_eos=True)
-    last = None
+    params = SamplingParams(max_tokens=new_tokens, temperature=temperature, seed=0, ignore_eos=ignore_eos)
+    last, ids = None, []
     for ev in engine.stream_ids(prompt_ids, params, speculative=speculative):
         last = ev
+        ids.extend(ev.token_ids)
     s = last.stats
     return {"decode_tok_s": s.decode_tok_s, "ttft_s": s.ttft_s, "prefill_tok_s": s.prefill_tokens / s.ttft_s,
-            "generated_tokens": s.generated_tokens, "accept_len_mean": s.accept_len_mean,
-            "accept_hist": s.accept_hist}
+            "generated_tokens": s.generated_tokens, "decode_s": s.decode_s, "accept_len_mean": s.accept_len_mean,
+            "accept_hist": s.accept_hist, "token_ids": ids}
+
+
+def summed_tok_s(runs: list[dict]) -> float:
+    """Decode tokens/s of several answers: the tokens after each answer's first, summed, over their
+    decode times, summed. Every setting of `localchat bench` is measured this way: with answers
+    ending at EOS their lengths differ, and a mean of per-answer speeds would weigh a 5-token
+    answer as much as a 300-token one."""
+    tokens = sum(max(r["generated_tokens"] - 1, 0) for r in runs)
+    seconds = sum(r["decode_s"] for r in runs)
+    return tokens / seconds if seconds > 0 else 0.0
 
 
 def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculative: bool, rounds: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import zlib
 from typing import Callable, Iterator
 
 from engine.types import GenerationStats, SamplingParams, StreamEvent
@@ -41,7 +42,7 @@ def split_tokens(text: str) -> list[str]:
 class FakeEngine:
     def __init__(self, model_name: str = "fake-model", draft_name: str | None = "fake-draft",
                  step_delay_s: float = 0.004, fixed_stats: bool = False,
-                 fail_stream: Exception | None = None) -> None:
+                 fail_stream: Exception | None = None, twin_fits: bool = True) -> None:
         self.model_name = model_name
         self.draft_name = draft_name
         self.device = "cpu"
@@ -49,8 +50,21 @@ class FakeEngine:
         self.step_delay_s = step_delay_s
         self.fixed_stats = fixed_stats  # stats that never vary, for snapshots
         self.fail_stream = fail_stream
+        self.twin_fits = twin_fits  # whether without_draft(if_fits=True) builds the twin
         self.calls: list[dict] = []
         self._lock = threading.Lock()  # the real engine is not thread-safe either: catch misuse
+        self._twin: FakeEngine | None = None
+
+    def without_draft(self, if_fits: bool = False) -> "FakeEngine | None":
+        """Engine.without_draft: a twin with no draft that shares this one's calls and lock."""
+        if not self.has_draft:
+            return self
+        if if_fits and not self.twin_fits:
+            return None
+        if self._twin is None:
+            self._twin = FakeEngine(self.model_name, None, self.step_delay_s, self.fixed_stats, self.fail_stream)
+            self._twin.calls, self._twin._lock = self.calls, self._lock
+        return self._twin
 
     def stream(self, messages: list[dict], params: SamplingParams, speculative: bool | None = None,
                stop_event: threading.Event | None = None, t0: float | None = None) -> Iterator[StreamEvent]:
@@ -64,12 +78,12 @@ class FakeEngine:
     def _stream(self, messages, params, speculative, stop_event, t0) -> Iterator[StreamEvent]:
         is_spec = self.has_draft and (True if speculative is None else speculative)
         self.calls.append({"messages": messages, "speculative": is_spec, "thread": threading.get_ident(),
-                           "params": params})
+                           "params": params, "draft_loaded": self.has_draft})
         if self.fail_stream is not None:
             raise self.fail_stream
         tokens = split_tokens(answer_for(messages))[: params.max_tokens]
         stats = GenerationStats(prompt_tokens=sum(len(m["content"].split()) for m in messages),
-                                speculative=is_spec, draft_steps=5 if is_spec else 0)
+                                speculative=is_spec, draft_steps=5 if is_spec else 0, draft_loaded=self.has_draft)
         start = time.perf_counter() if t0 is None else t0  # time to first token counts from t0, as in Engine
         time.sleep(self.step_delay_s)  # prefill
         stats.ttft_s = 0.05 if self.fixed_stats else time.perf_counter() - start
@@ -96,7 +110,7 @@ class FakeEngine:
                 stats.decode_tok_s = (pos - 1) / stats.decode_s if stats.decode_s > 0 and pos > 1 else 0.0
             done = pos >= len(tokens)
             reason = ("length" if len(tokens) == params.max_tokens else "stop") if done else None
-            yield StreamEvent("".join(chunk), list(range(pos - len(chunk), pos)), stats,
+            yield StreamEvent("".join(chunk), [zlib.crc32(t.encode()) for t in chunk], stats,
                               finished=done, finish_reason=reason)
 
 

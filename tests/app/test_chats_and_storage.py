@@ -70,10 +70,14 @@ async def test_compare_shows_both_answers_speeds_and_identity(make_app):
         expected = answer_for([{"role": "user", "content": "compare this"}])
         assert off.text == on.text == expected
         text = str(verdict.render())
-        assert "identical" in text and "3.00×" in text and "40.0 → 120.0 tok/s" in text
+        assert "tokens identical" in text and "3.00× over no draft loaded" in text and "40.0 → 120.0 tok/s" in text
+        assert off.token_ids == on.token_ids != []
         assert "40.0 tok/s" in str(off.query_one(".stats").render())
         assert "120 tok/s" in str(on.query_one(".stats").render())  # the short form: no decimals past 100
-        assert [c["speculative"] for c in engine_of(app).calls[-2:]] == [False, True]
+        # off ran on the engine without its draft (Engine.without_draft), on with the draft
+        assert [(c["speculative"], c["draft_loaded"]) for c in engine_of(app).calls[-2:]] == [(False, False),
+                                                                                              (True, True)]
+        assert off.title == "Speculation off · no draft loaded"
         # the prompt rerun is the last user message, without the answer that followed it
         assert engine_of(app).calls[-1]["messages"][-1] == {"role": "user", "content": "compare this"}
         await pilot.press("escape")
@@ -95,7 +99,49 @@ async def test_compare_reports_different_texts(make_app, monkeypatch):
         await pilot.press("ctrl+b")
         verdict = app.screen.query_one("#compare-verdict")
         await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()))
-        assert "differ" in str(verdict.render())
+        last = len(fake_engine.split_tokens(original([{"role": "user", "content": "compare this"}])))
+        assert f"tokens differ from token {last} ✗" in str(verdict.render())  # the last word differs
+
+
+async def test_compare_says_identical_only_for_the_same_tokens(make_app, monkeypatch):
+    """The same text from other tokens is not identical."""
+    from tests.app import fake_engine
+
+    original = fake_engine.split_tokens
+    app = make_app(fixed_stats=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "compare this")
+        calls = iter(range(100))
+        monkeypatch.setattr(fake_engine, "split_tokens", lambda text: original(text) if next(calls) else list(text))
+        await pilot.press("ctrl+b")
+        verdict = app.screen.query_one("#compare-verdict")
+        await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()))
+        off, on = app.screen.query_one("#pane-off", ComparePane), app.screen.query_one("#pane-on", ComparePane)
+        assert off.text == on.text and "tokens differ from token 1" in str(verdict.render())
+
+
+async def test_compare_says_when_the_draft_stayed_loaded_for_lack_of_memory(make_app):
+    app = make_app(fixed_stats=True, twin_fits=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "compare this")
+        await pilot.press("ctrl+b")
+        verdict = app.screen.query_one("#compare-verdict")
+        await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()))
+        text = " ".join(str(verdict.render()).split())
+        assert "3.00× over speculation off with the draft loaded (too little GPU memory" in text
+        assert app.screen.query_one("#pane-off", ComparePane).title == "Speculation off · draft loaded"
+        assert [(c["speculative"], c["draft_loaded"]) for c in engine_of(app).calls[-2:]] == [(False, True),
+                                                                                              (True, True)]
+
+
+def test_first_difference():
+    from app.screens.compare_screen import first_difference
+
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    assert first_difference([], [4]) == 0
 
 
 async def test_restart_keeps_history_and_settings(make_app, home: Path):

@@ -90,8 +90,15 @@ async def test_real_engine_compare_is_identical_with_greedy_decoding(home, tiny_
         await pilot.pause()
         verdict = app.screen.query_one("#compare-verdict")
         await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()), timeout_s=40)
-        assert "identical" in str(verdict.render()), (str(verdict.render()), notes(app))
-        assert app.screen.query_one("#pane-off").text == app.screen.query_one("#pane-on").text != ""
+        assert "over no draft loaded" in str(verdict.render()), (str(verdict.render()), notes(app))
+        assert "tokens identical" in str(verdict.render()), (str(verdict.render()), notes(app))
+        off, on = app.screen.query_one("#pane-off"), app.screen.query_one("#pane-on")
+        assert off.text == on.text != "" and off.token_ids == on.token_ids != []
+        assert off.stats["draft_loaded"] is False and on.stats["draft_loaded"] is True
+        # the off side ran on the engine without its draft, over the same weights
+        twin = app.runner.engine.without_draft()
+        assert twin is not app.runner.engine and twin.runner.model.lm_head.weight.data_ptr() == \
+            app.runner.engine.runner.model.lm_head.weight.data_ptr()
 
 
 async def test_missing_model_is_a_notification(home):

@@ -38,3 +38,45 @@ def test_bench_force_accept_past_the_verify_step_is_a_one_line_error(tiny_models
     assert main(["bench", "--random-weights", str(tiny_models["llama"] / "config.json"), "--device", "cpu",
                  "--force-accept", "5", "--draft-steps", "3"]) == 2
     assert "--force-accept must be between 1 and k + 1 = 4" in capsys.readouterr().err
+
+
+def test_bench_alternates_the_no_draft_twin_with_the_draft_loaded_engine(tiny_models, monkeypatch):
+    """bench's baseline is the engine without its draft, built over the same weights
+    (Engine.without_draft), and the settings alternate per prompt, the order rotating."""
+    import argparse
+
+    import benchmarks.harness.run as run
+
+    e = random_engine(str(tiny_models["llama"] / "config.json"), "cpu", 256, force_accept=2, draft_steps=3)
+    settings = run.bench_settings(e, no_spec=False)
+    twin = e.without_draft()
+    assert [(n, eng, spec) for n, eng, spec in settings] == [("no_draft", twin, False), ("plain", e, False),
+                                                              ("spec", e, True)]
+    assert twin is not e and twin.speculator is None and not twin.runner.model.ops.options.batch_invariant
+    assert twin.runner.model.lm_head.weight.data_ptr() == e.runner.model.lm_head.weight.data_ptr()
+    assert [n for n, _, _ in run.bench_settings(e, no_spec=True)] == ["no_draft", "plain"]
+    calls = []
+
+    def timed(engine, ids, new_tokens, speculative, temperature=0.0, ignore_eos=True):
+        calls.append((engine, speculative, new_tokens, ignore_eos, ids[0]))
+        return {"token_ids": []}
+
+    monkeypatch.setattr(run, "time_decode", timed)
+    args = argparse.Namespace(new_tokens=9, temperature=0.0, ignore_eos=False)
+    runs = run.time_settings(settings, [[0], [1], [2]], args)
+    assert {n: len(r) for n, r in runs.items()} == {"no_draft": 3, "plain": 3, "spec": 3}
+    warm, timed_runs = calls[0::2], calls[1::2]
+    assert all(w[2] == 8 and w[3] for w in warm) and all(t[2] == 9 and not t[3] for t in timed_runs)
+    assert [w[:2] for w in warm] == [t[:2] for t in timed_runs]  # each run right after its own warm-up
+    nd, off, on = (twin, False), (e, False), (e, True)
+    assert [(t[4], t[:2]) for t in timed_runs] == [(0, nd), (0, off), (0, on), (1, off), (1, on), (1, nd),
+                                                   (2, on), (2, nd), (2, off)]
+
+
+def test_summed_tok_s_weighs_answers_by_their_length():
+    from benchmarks.harness.timing import summed_tok_s
+
+    runs = [{"generated_tokens": 101, "decode_s": 1.0}, {"generated_tokens": 3, "decode_s": 0.1},
+            {"generated_tokens": 1, "decode_s": 0.0}]
+    assert summed_tok_s(runs) == 102 / 1.1
+    assert summed_tok_s([{"generated_tokens": 1, "decode_s": 0.0}]) == 0.0
