@@ -88,7 +88,8 @@ class QuantConfig:
             return cls("awq", size)
         key, desc_act = setting("desc_act", False)
         if flag(desc_act, f"quantization_config.{key}", where):
-            raise refuse(key, desc_act, "act-order checkpoints reorder the groups: use one quantized with desc_act false")
+            raise refuse(key, desc_act,
+                         "act-order checkpoints reorder the groups: use one quantized with desc_act false")
         key, fmt = setting("checkpoint_format", "gptq", "format")
         if fmt not in GPTQ_ZERO_OFFSETS:
             raise refuse(key, fmt, "the GPTQ checkpoint formats are gptq and gptq_v2")

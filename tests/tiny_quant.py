@@ -106,7 +106,8 @@ def fp8_tensors(w: torch.Tensor, per_channel: bool) -> tuple[dict[str, torch.Ten
             w8.float() * scale)
 
 
-def quantized_folder(src: Path, dst: Path, method: str, quantization_config: dict, **options) -> dict[str, torch.Tensor]:
+def quantized_folder(src: Path, dst: Path, method: str, quantization_config: dict, **options
+                     ) -> dict[str, torch.Tensor]:
     """Copies the tiny model folder `src` to `dst` with its decoder linears quantized by `method`
     ("awq", "gptq", "fp8"; options for the packer) and config.json's quantization_config; returns
     the float32 weights the checkpoint stands for, under their HF names (every tensor)."""
