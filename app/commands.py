@@ -127,7 +127,7 @@ def _report(args, engine, text: str, ids: list[int], stats, finish_reason: str) 
     on stderr."""
     if args.json:
         print(json.dumps({"text": text, "token_ids": ids, "finish_reason": finish_reason,
-                          "model": engine.model_name, "draft": engine.draft_name,
+                          "model": engine.model_name, "weights": engine.weights, "draft": engine.draft_name,
                           "stats": stats.to_json() if stats else None}))
         return
     sys.stdout.write("\n")
@@ -168,9 +168,21 @@ def cmd_doctor(args) -> int:
     from engine.hub.demo import demo_gguf_path
 
     lines += [f"cache        {cache_dir()}", f"data         {data_dir()}", f"config       {config_dir()}",
-              f"demo model   {demo_gguf_path()} ({'present' if demo_gguf_path().exists() else 'not fetched yet'})"]
+              f"demo model   {demo_gguf_path()} ({_demo_state(demo_gguf_path())})"]
     from engine.hub.cache import cache_dir as hub_cache_dir
 
     lines.append(f"hf cache     {hub_cache_dir()}")
     print("\n".join(lines))
     return 0
+
+
+def _demo_state(path) -> str:
+    """'present, Q4_1 weights': the weight format read from the file's header (a moment, no tensor data)."""
+    if not path.exists():
+        return "not fetched yet"
+    from engine.weights.gguf_header import header_weights_label
+
+    try:
+        return f"present, {header_weights_label(path)} weights"
+    except (OSError, ValueError) as e:
+        return f"present, unreadable: {e}"

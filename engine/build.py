@@ -96,6 +96,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
             say("capturing the draft's CUDA graphs", 0.9)
             speculator.capture(defer=defer_capture)
     engine = cls(runner, loaded.tokenizer, src.name, speculator, draft_name)
+    engine.weights = loaded.weights  # the checkpoint's weight format, for run --json
     t_end = time.perf_counter()
     engine.load_s = t_end - t0
     engine.load_phases = {k: round(v, 3) for k, v in (

@@ -9,6 +9,7 @@ from engine.config_checks import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTER
                             MAX_VOCAB, check_layer_count, check_rope_scaling, flag, get, integer, mapping, names,
                             number, read_json, token_ids)
 from engine.errors import ModelLoadError
+from engine.quant_config import QuantConfig
 
 # Architectures with our own implementation; all are the Llama decoder with small variations.
 SUPPORTED_ARCHITECTURES = (
@@ -55,6 +56,7 @@ class ModelConfig:
     sliding_window: int | None = None  # recorded, not applied: contexts we serve are shorter
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    quantization: QuantConfig | None = None  # AWQ, GPTQ or FP8 weights (config.json's quantization_config)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -154,6 +156,8 @@ class ModelConfig:
             sliding_window=window,
             bos_token_id=bos[0] if bos else None,
             eos_token_ids=token_ids(cfg.get("eos_token_id"), "eos_token_id", where),
+            quantization=(None if cfg.get("quantization_config") is None
+                          else QuantConfig.from_hf(cfg["quantization_config"], where)),
             **size,
         )
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 
@@ -11,14 +14,19 @@ from engine.weights.checkpoint import iter_tensors, tensor_shapes, weight_files
 from engine.config import ModelConfig
 from engine.config_checks import read_json, token_ids
 from engine.errors import ModelLoadError
-from engine.weights.gguf import gguf_shapes, hf_config, iter_gguf_tensors, open_gguf
+from engine.weights.gguf import (check_gguf_types, gguf_shapes, gguf_weights_label, hf_config, iter_gguf_tensors,
+                                 open_gguf)
 from engine.model import CausalLM
 from engine.ops import Ops
 from engine.options import KernelOptions
-from engine.weights.prepared import is_current, write_prepared
+from engine.weights.prepared import is_current, prepared_weights, write_prepared
+from engine.weights.quantized import dequantized, packed_linears
 from engine.tokenizer import Tokenizer
 from engine.weights.load import load_weights
 from engine.uninitialized import build_uninitialized
+
+# Float dtypes as the weight format is reported.
+_DTYPE_LABELS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 @dataclass
@@ -27,6 +35,9 @@ class LoadedModel:
     tokenizer: Tokenizer
     config: ModelConfig
     source: Path
+    # The checkpoint's weight format: "bf16", "Q4_K_M", "AWQ-int4-g128". For now every format is
+    # dequantized at load to the model's dtype; the kernels that decode packed weights come later.
+    weights: str
 
 
 def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dtype: torch.dtype,
@@ -45,9 +56,31 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
     files = weight_files(folder)
     cfg.check_tensors(tensor_shapes(files), folder.name)
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
-    model = build_model(cfg, iter_tensors(files), folder.name, device, dtype, max_len, options)
+    matrices: Counter = Counter()
+    tensors = _counting_matrices(iter_tensors(files), matrices)
+    if cfg.quantization is not None:
+        tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name))
+    model = build_model(cfg, tensors, folder.name, device, dtype, max_len, options)
     eos = _generation_eos(folder) or cfg.eos_token_ids
-    return LoadedModel(model, Tokenizer.from_folder(folder, eos), cfg, folder)
+    weights = cfg.quantization.label if cfg.quantization else _dtype_label(matrices)
+    return LoadedModel(model, Tokenizer.from_folder(folder, eos), cfg, folder, weights)
+
+
+def _counting_matrices(tensors: Iterable[tuple[str, torch.Tensor]], counts: Counter
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors, counting the elements of the matrices by dtype as they pass."""
+    for name, tensor in tensors:
+        if tensor.dim() == 2:
+            counts[tensor.dtype] += tensor.numel()
+        yield name, tensor
+
+
+def _dtype_label(matrices: Counter) -> str:
+    """The dtype most matrix elements are stored in: "bf16"."""
+    if not matrices:
+        return "unknown"
+    dtype = matrices.most_common(1)[0][0]
+    return _DTYPE_LABELS.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int | None,
@@ -57,21 +90,25 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     instead while the file is unchanged: parsing the GGUF vocabulary and dequantizing cost
     seconds at every start (engine/weights/prepared.py)."""
     if prepared_dir is not None and is_current(prepared_dir, path, dtype):
-        return load_folder(prepared_dir, device, dtype, max_len, options)
+        loaded = load_folder(prepared_dir, device, dtype, max_len, options)
+        return dataclasses.replace(loaded, weights=prepared_weights(prepared_dir))
     reader = open_gguf(path)
     raw = hf_config(reader, path)
     cfg = ModelConfig.from_hf(raw, path.name)
     cfg.check_tensors(gguf_shapes(reader), path.name, "block_count")
+    check_gguf_types(reader, path)
+    weights = gguf_weights_label(reader)
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
-    tensors = iter_gguf_tensors(reader, raw, path)
+    # Quantized tensors arrive as their blocks and are dequantized one at a time, on every device for now.
+    tensors = dequantized(iter_gguf_tensors(reader, raw))
     if prepared_dir is not None:
         tensors = dict(tensors)
     model = build_model(cfg, iter(tensors.items()) if isinstance(tensors, dict) else tensors, path.name,
                         device, dtype, max_len, options)
     tok = Tokenizer.from_folder(path.parent, cfg.eos_token_ids, gguf_file=path.name)
     if prepared_dir is not None:
-        write_prepared(prepared_dir, path, raw, tensors, tok, dtype, log)
-    return LoadedModel(model, tok, cfg, path)
+        write_prepared(prepared_dir, path, raw, tensors, tok, dtype, weights, log)
+    return LoadedModel(model, tok, cfg, path, weights)
 
 
 def _generation_eos(folder: Path) -> tuple[int, ...]:

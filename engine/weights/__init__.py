@@ -1,2 +1,3 @@
 """Weight files: safetensors and PyTorch .bin checkpoints, GGUF files and their prepared folders,
-and the exact-name copy of tensors into a model."""
+quantized weights (PackedWeight and the torch references that decode them), and the exact-name
+copy of tensors into a model."""

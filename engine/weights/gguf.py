@@ -1,7 +1,10 @@
-"""GGUF files: model config from metadata, tensors renamed to Hugging Face names and dequantized."""
+"""GGUF files: model config from metadata, tensors renamed to Hugging Face names, quantized ones
+kept as their blocks (PackedWeight)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 from typing import Iterator
 
@@ -11,6 +14,9 @@ import torch
 from engine.config_checks import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_POSITIONS,
                             MAX_VOCAB, integer, number, token_ids)
 from engine.errors import ModelLoadError
+from engine.weights.gguf_blocks import BLOCKS
+from engine.weights.gguf_header import weights_label
+from engine.weights.packed import PackedWeight, dequantize, gguf_weight
 
 # GGUF architecture -> the Hugging Face class we build for it.
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -120,30 +126,63 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp stores Llama q/k rows interleaved per head; restore the HF half-split order."""
+FLOAT_TYPES = ("F32", "F16", "BF16")
+SUPPORTED_TYPES = (*FLOAT_TYPES, *BLOCKS)
+
+
+def check_gguf_types(reader, path: Path) -> None:
+    """Every tensor is of a type we read, checked before anything is allocated."""
+    bad = [t for t in reader.tensors if t.tensor_type.name not in SUPPORTED_TYPES]
+    if bad:
+        kinds = sorted({t.tensor_type.name for t in bad})
+        count = f"{len(bad)} tensors, e.g." if len(bad) > 1 else "tensor"
+        raise ModelLoadError(f"{path.name}: GGUF type {', '.join(kinds)} ({count} {bad[0].name}) "
+                             f"is not supported (supported: {', '.join(SUPPORTED_TYPES)}); use a Q4_K_M, Q5_K_M, "
+                             "Q6_K or Q8_0 file of this model")
+
+
+def gguf_weights_label(reader) -> str:
+    """The weight format to report: "Q4_K_M" from the file type llama.cpp wrote, else the type of most weights."""
+    matrices = {}
+    for t in reader.tensors:
+        if len(t.shape) == 2:
+            matrices[t.tensor_type.name] = matrices.get(t.tensor_type.name, 0) + int(t.n_elements)
+    return weights_label(_field(reader, "general.file_type"), matrices)
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """llama.cpp stores Llama q/k rows interleaved per head; restore the HF half-split order. Rows
+    move whole, so a quantized weight's rows of blocks move the same way."""
     rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def iter_gguf_tensors(reader, cfg: dict, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    import gguf
+def _read(t) -> torch.Tensor | PackedWeight:
+    """A GGUF tensor in Hugging Face's shape: float types as float32, block types as their blocks."""
+    kind = t.tensor_type.name
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest-varying dimension first
+    data = torch.from_numpy(np.array(t.data))  # a copy: the reader's arrays are read-only views of the file
+    if kind == "BF16":
+        return data.reshape(-1, 2).view(torch.bfloat16).float().reshape(shape)
+    if kind in FLOAT_TYPES:
+        return data.float().reshape(shape)
+    rows = math.prod(shape[:-1])
+    packed = gguf_weight(kind, data.reshape(rows, -1), (rows, shape[-1]))
+    return packed if len(shape) == 2 else dequantize(packed).reshape(shape)
 
+
+def iter_gguf_tensors(reader, cfg: dict) -> Iterator[tuple[str, torch.Tensor | PackedWeight]]:
+    """Every tensor under its Hugging Face name: float32 tensors and PackedWeights (check the types
+    first: check_gguf_types)."""
     is_llama = _field(reader, "general.architecture") in ("llama", "mistral")
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:
             yield t.name, torch.empty(0)  # reported as unexpected by the loader
             continue
-        try:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise ModelLoadError(f"{path.name}: tensor {t.name} uses GGUF type {t.tensor_type.name}, "
-                                 "which this version cannot dequantize") from None
-        arr = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+        w = _read(t)
         if is_llama and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             heads = cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"]
-            arr = _unpermute(arr, heads)
-        if not arr.flags.writeable or not arr.flags.c_contiguous:
-            arr = np.array(arr, order="C")
-        yield name, torch.from_numpy(arr)
+            w = (dataclasses.replace(w, data=_unpermute(w.data, heads)) if isinstance(w, PackedWeight)
+                 else _unpermute(w, heads))
+        yield name, w

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from engine.paths import cache_dir
 
-STAMP = "source.json"  # which file (path, size, mtime) the folder was prepared from
+STAMP = "source.json"  # which file (path, size, mtime) the folder was prepared from, and its weight format
 COMPLETE = "complete"  # written last: a folder without it was cut short
 DISK_MARGIN_BYTES = 2**30  # preparing never leaves the cache's disk with less than this free
 
@@ -40,25 +40,34 @@ def _stamp(gguf: Path, dtype) -> dict:
 
 def is_current(folder: Path, gguf: Path, dtype) -> bool:
     """The folder is complete, was prepared from `gguf` as it is now (same path, size and
-    modification time: a file rewritten in place or replaced gets prepared again), and holds
-    its tensors in `dtype` or in float32, which serves any load."""
+    modification time: a file rewritten in place or replaced gets prepared again), holds its
+    tensors in `dtype` or in float32, which serves any load, and records the file's weight format
+    (folders prepared before it did are prepared again)."""
     try:
         if not (folder / COMPLETE).is_file():
             return False
         stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
         want = _stamp(gguf, dtype)
         return (isinstance(stamp, dict) and stamp.get("dtype") in ("float32", want["dtype"])
-                and {**stamp, "dtype": want["dtype"]} == want)
+                and isinstance(stamp.get("weights"), str)
+                and {**stamp, "dtype": want["dtype"], "weights": None} == {**want, "weights": None})
     except (OSError, ValueError):
         return False
 
 
-def write_prepared(folder: Path, gguf: Path, raw_config: dict, tensors: dict, tok, dtype, log=None) -> bool:
-    """Writes the prepared folder for `gguf` (config, tensors in `dtype`, tokenizer, stamp) and
-    returns whether it did. `tensors` are converted to `dtype` in place, one at a time: a bf16
-    load keeps half the bytes of float32 on disk and reads half at every start. The folder is
-    assembled in a sibling folder and renamed into place, so a reader never sees half of one; a
-    full disk or a read-only cache only costs the next start the conversion again."""
+def prepared_weights(folder: Path) -> str:
+    """The weight format of the GGUF file a current folder was prepared from ("Q4_1")."""
+    return json.loads((folder / STAMP).read_text(encoding="utf-8"))["weights"]
+
+
+def write_prepared(folder: Path, gguf: Path, raw_config: dict, tensors: dict, tok, dtype, weights: str,
+                   log=None) -> bool:
+    """Writes the prepared folder for `gguf` (config, tensors in `dtype`, tokenizer, a stamp with the
+    file's weight format `weights`) and returns whether it did. `tensors` are converted to `dtype`
+    in place, one at a time: a bf16 load keeps half the bytes of float32 on disk and reads half at
+    every start. The folder is assembled in a sibling folder and renamed into place, so a reader
+    never sees half of one; a full disk or a read-only cache only costs the next start the
+    conversion again."""
     from safetensors.torch import save_file
 
     for name in list(tensors):
@@ -81,7 +90,7 @@ def write_prepared(folder: Path, gguf: Path, raw_config: dict, tensors: dict, to
         (tmp / "config.json").write_text(json.dumps(raw_config, indent=1), encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"))
         tok.hf.save_pretrained(str(tmp))
-        (tmp / STAMP).write_text(json.dumps(_stamp(gguf, dtype)), encoding="utf-8")
+        (tmp / STAMP).write_text(json.dumps({**_stamp(gguf, dtype), "weights": weights}), encoding="utf-8")
         (tmp / COMPLETE).write_text("written after every other file\n", encoding="utf-8")
         if is_current(folder, gguf, dtype):  # another process finished first and may be reading it
             return True

@@ -45,6 +45,7 @@ class FakeEngine:
                  fail_stream: Exception | None = None, twin_fits: bool = True) -> None:
         self.model_name = model_name
         self.draft_name = draft_name
+        self.weights = "bf16"
         self.device = "cpu"
         self.has_draft = draft_name is not None
         self.step_delay_s = step_delay_s

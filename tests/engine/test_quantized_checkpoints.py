@@ -1,0 +1,130 @@
+"""AWQ, GPTQ and FP8 safetensors checkpoints load through PackedWeight: the model holds exactly the
+weights the checkpoint stands for (the formats' formulas, tests/tiny_quant.py) and gives the
+greedy tokens of the float32 model built from them; what they lack is refused in one line."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from engine import Engine
+from engine.errors import ModelLoadError
+from engine.types import SamplingParams
+from tests.tiny import make_tiny_model
+from tests.tiny_quant import quantized_folder
+
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
+       "modules_to_not_convert": None}
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True, "damp_percent": 0.01,
+        "true_sequential": True, "checkpoint_format": "gptq"}
+FP8 = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+CASES = {  # name: (method, quantization_config, packer options, the label run --json reports)
+    "awq-g128": ("awq", AWQ, {"group_size": 128}, "AWQ-int4-g128"),
+    "awq-g64": ("awq", {**AWQ, "group_size": 64}, {"group_size": 64}, "AWQ-int4-g64"),
+    "gptq-g32-sym": ("gptq", GPTQ, {"group_size": 32, "sym": True, "v2": False}, "GPTQ-int4-g32"),
+    # AutoGPTQ's own configs name no checkpoint_format: the original format
+    "gptq-g128-autogptq": ("gptq", {k: v for k, v in GPTQ.items() if k != "checkpoint_format"} | {"group_size": 128},
+                           {"group_size": 128, "sym": True, "v2": False}, "GPTQ-int4-g128"),
+    "gptq-v2-per-channel-asym": ("gptq", {**GPTQ, "group_size": -1, "sym": False, "checkpoint_format": "gptq_v2"},
+                                 {"group_size": -1, "sym": False, "v2": True}, "GPTQ-int4-per-channel"),
+    "fp8-per-tensor": ("fp8", FP8, {"per_channel": False}, "FP8-e4m3"),
+    "fp8-per-channel": ("fp8", FP8, {"per_channel": True}, "FP8-e4m3"),
+}
+PROMPT_IDS = list(range(3, 40))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama with hidden 128 (every group size divides both 128 and the MLP's 256)."""
+    return make_tiny_model(tmp_path_factory.mktemp("quant") / "float", "llama", hidden=128)
+
+
+def _float_folder(src, dst, weights: dict[str, torch.Tensor]):
+    """`src` with its weights replaced by `weights` in float32."""
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(dst / "model.safetensors"))
+    return dst
+
+
+def _greedy(engine: Engine) -> list[int]:
+    engine.tokenizer.eos_token_ids = frozenset()  # random weights: never stop early
+    return [t for ev in engine.stream_ids(PROMPT_IDS, SamplingParams(max_tokens=16)) for t in ev.token_ids]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_quantized_checkpoint_is_the_float_model_of_its_weights(case, tiny, tmp_path):
+    method, qcfg, options, label = CASES[case]
+    meant = quantized_folder(tiny, tmp_path / case, method, qcfg, **options)
+    ours = Engine.load(str(tmp_path / case), device="cpu")
+    assert ours.weights == label
+    params = dict(ours.runner.model.named_parameters())
+    for name, w in meant.items():
+        if name in params:  # lm_head and the embeddings, and every decoder weight
+            assert torch.equal(params[name], w), name
+    reference = Engine.load(str(_float_folder(tiny, tmp_path / "float", meant)), device="cpu")
+    assert reference.weights == "fp32"
+    tokens = _greedy(ours)
+    assert tokens == _greedy(reference)
+    assert len(set(tokens)) > 3
+
+
+def _write(folder, config: dict | None = None, drop: str | None = None, change: dict | None = None):
+    from safetensors.torch import load_file, save_file
+
+    if config is not None:
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["quantization_config"] = config
+        (folder / "config.json").write_text(json.dumps(cfg))
+    if drop or change:
+        state = load_file(str(folder / "model.safetensors"))
+        state.pop(drop, None)
+        state.update(change or {})
+        save_file(state, str(folder / "model.safetensors"))
+
+
+def _refusal(folder) -> str:
+    with pytest.raises(ModelLoadError) as e:
+        Engine.load(str(folder), device="cpu")
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_unsupported_settings_are_refused_in_one_line(tiny, tmp_path):
+    folder = tmp_path / "gptq"
+    quantized_folder(tiny, folder, "gptq", GPTQ, group_size=32, sym=True, v2=False)
+    _write(folder, {**GPTQ, "desc_act": True})
+    assert "desc_act = true is not supported" in _refusal(folder)
+    _write(folder, {**AWQ, "version": "gemv"})
+    assert "quantization_config.version = \"gemv\"" in _refusal(folder)
+    _write(folder, {"quant_method": "bitsandbytes", "load_in_4bit": True})
+    assert "quant_method \"bitsandbytes\" is not supported" in _refusal(folder)
+
+
+def test_act_order_weights_are_refused_even_when_the_config_denies_it(tiny, tmp_path):
+    folder = tmp_path / "gptq"
+    quantized_folder(tiny, folder, "gptq", GPTQ, group_size=32, sym=True, v2=False)
+    name = "model.layers.1.mlp.down_proj.g_idx"
+    g_idx = (torch.arange(256, dtype=torch.int32) // 32).flip(0).contiguous()
+    _write(folder, change={name: g_idx})
+    assert name in _refusal(folder) and "act-order" in _refusal(folder)
+
+
+def test_a_missing_part_is_named(tiny, tmp_path):
+    folder = tmp_path / "awq"
+    quantized_folder(tiny, folder, "awq", AWQ, group_size=128)
+    _write(folder, drop="model.layers.0.self_attn.v_proj.qzeros")
+    msg = _refusal(folder)
+    assert "model.layers.0.self_attn.v_proj.qzeros" in msg and "AWQ" in msg
+
+
+def test_packed_tensors_without_a_quantization_config_are_unexpected(tiny, tmp_path):
+    folder = tmp_path / "awq"
+    quantized_folder(tiny, folder, "awq", AWQ, group_size=128)
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["quantization_config"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    msg = _refusal(folder)
+    assert "qweight" in msg and "unexpected" in msg

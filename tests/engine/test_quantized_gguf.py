@@ -1,0 +1,134 @@
+"""GGUF files of every supported block type load through PackedWeight and the torch references: the
+same weights and greedy tokens as dequantizing with the gguf package (the path before packed
+weights), and the same tokens as transformers loading the file; other types are refused in one line."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from engine import Engine
+from engine.errors import ModelLoadError
+from engine.types import SamplingParams
+from engine.weights.gguf_blocks import BLOCKS
+from tests.tiny_gguf import make_tiny_gguf
+
+KINDS = list(BLOCKS)
+PROMPT_IDS = list(range(3, 30))
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """One tiny Llama (hidden 256: k-quant blocks span 256 inputs) that every file is written from."""
+    return tmp_path_factory.mktemp("quantized-gguf")
+
+
+def _file(work, kind: str):
+    path = work / kind / f"tiny-{kind}.gguf"
+    if not path.exists():
+        path.parent.mkdir()
+        make_tiny_gguf(path, work / "model", qtype=kind, hidden=256)
+    return path
+
+
+def _greedy(engine: Engine) -> list[int]:
+    engine.tokenizer.eos_token_ids = frozenset()  # random weights: never stop early
+    return [t for ev in engine.stream_ids(PROMPT_IDS, SamplingParams(max_tokens=MAX_TOKENS)) for t in ev.token_ids]
+
+
+def _with_gguf_dequantize(path, out):
+    """The file as loading it dequantized it before: every tensor through gguf.quants.dequantize,
+    Llama q/k rows put back in HF order, written as a float32 folder with the file's config."""
+    import gguf
+    from safetensors.torch import save_file
+
+    from engine.weights.gguf import hf_config, hf_name
+
+    reader = gguf.GGUFReader(str(path))
+    cfg = hf_config(reader, path)
+    tensors = {}
+    for t in reader.tensors:
+        arr = gguf.quants.dequantize(t.data, t.tensor_type).reshape([int(d) for d in reversed(t.shape)])
+        name = hf_name(t.name)
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"]
+            arr = arr.reshape(heads, arr.shape[0] // heads // 2, 2, *arr.shape[1:]).swapaxes(1, 2).reshape(arr.shape)
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+    out.mkdir()
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg))
+    hf = path.parent.parent / "model" / "hf"  # the tokenizer the file was written with
+    for f in hf.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_block_type_loads_as_the_gguf_package_dequantizes_it(kind, work):
+    path = _file(work, kind)
+    ours = Engine.load(str(path), device="cpu")
+    assert ours.weights == kind
+    before = Engine.load(str(_with_gguf_dequantize(path, path.parent / "dequantized")), device="cpu")
+    theirs = dict(before.runner.model.named_parameters())
+    for name, p in ours.runner.model.named_parameters():
+        assert torch.equal(p, theirs[name]), name  # bit for bit
+    tokens = _greedy(ours)
+    assert tokens == _greedy(before)
+    assert len(set(tokens)) > 3  # a degenerate run would prove little
+
+
+def _transformers_greedy(path) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    x = torch.tensor([PROMPT_IDS])
+    with torch.no_grad():
+        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(PROMPT_IDS):].tolist()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_block_type_gives_transformers_tokens(kind, work):
+    path = _file(work, kind)
+    assert _greedy(Engine.load(str(path), device="cpu")) == _transformers_greedy(path)
+
+
+def test_a_prepared_copy_remembers_the_files_weight_format(work):
+    path = _file(work, "Q5_K")
+    Engine.load(str(path), device="cpu")
+    again = Engine.load(str(path), device="cpu")  # from the prepared folder this time
+    assert again.weights == "Q5_K"
+
+
+def test_an_unsupported_type_is_refused_in_one_line(work, tmp_path):
+    """An IQ2_XS tensor (its bytes need not be meaningful: the type is refused before they are read)."""
+    import gguf
+
+    src = gguf.GGUFReader(str(_file(work, "Q8_0")))
+    path = tmp_path / "iq.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for field in src.fields.values():
+        if field.name.startswith(("GGUF.", "general.architecture")):
+            continue
+        w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    iq = gguf.GGMLQuantizationType.IQ2_XS
+    for t in src.tensors:
+        if t.name == "blk.1.ffn_up.weight":
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            nbytes = gguf.quants.quant_shape_to_byte_shape((rows, cols), iq)
+            w.add_tensor(t.name, np.zeros(nbytes, dtype=np.uint8), raw_dtype=iq)
+        else:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError) as e:
+        Engine.load(str(path), device="cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and "IQ2_XS" in msg and "blk.1.ffn_up.weight" in msg and "not supported" in msg

@@ -1,0 +1,136 @@
+"""AWQ, GPTQ and FP8 weights for tests, packed by this file's own packers.
+
+The packers follow the quantizers' own code, not engine/weights/int4.py, so a test that unpacks
+their words with the engine checks the engine against the formats:
+- AWQ: AutoAWQ's `WQLinear_GEMM.from_linear` (awq/modules/linear/gemm.py) packs qweight (K, N/8)
+  and qzeros (K/G, N/8) with `order_map = [0, 2, 4, 6, 1, 3, 5, 7]`: column c*8 + order_map[i]
+  into bits 4i of word c. Zero points as they are.
+- GPTQ: AutoGPTQ's `QuantLinear.pack` (auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py) packs
+  qweight (K/8, N) along K (input 8r + j into bits 4j of row r) after `zeros -= 1`, and qzeros
+  (K/G, N/8) along N in order; GPTQModel's gptq_v2 format skips the `- 1`.
+- The weight they stand for: w[n, k] = (q[k, n] - zero[k // G, n]) * scale[k // G, n].
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+AWQ_ORDER_MAP = [0, 2, 4, 6, 1, 3, 5, 7]
+# The linear layers AWQ and GPTQ quantize in a Llama decoder layer (lm_head and embeddings stay float).
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def pack_awq(values: np.ndarray) -> np.ndarray:
+    """(R, C) values 0-15 -> (R, C/8) int32, AutoAWQ's order."""
+    words = np.zeros((values.shape[0], values.shape[1] // 8), dtype=np.uint32)
+    for col in range(words.shape[1]):
+        for i in range(8):
+            words[:, col] |= values[:, col * 8 + AWQ_ORDER_MAP[i]].astype(np.uint32) << (4 * i)
+    return words.view(np.int32)
+
+
+def pack_gptq_rows(values: np.ndarray) -> np.ndarray:
+    """(K, N) values 0-15 -> (K/8, N) int32: 8 consecutive rows per word, the first in the low bits."""
+    words = np.zeros((values.shape[0] // 8, values.shape[1]), dtype=np.uint32)
+    for row in range(words.shape[0]):
+        for j in range(8):
+            words[row] |= values[row * 8 + j].astype(np.uint32) << (4 * j)
+    return words.view(np.int32)
+
+
+def pack_gptq_cols(values: np.ndarray) -> np.ndarray:
+    """(R, N) values 0-15 -> (R, N/8) int32: 8 consecutive columns per word, the first in the low bits."""
+    words = np.zeros((values.shape[0], values.shape[1] // 8), dtype=np.uint32)
+    for col in range(words.shape[1]):
+        for j in range(8):
+            words[:, col] |= values[:, col * 8 + j].astype(np.uint32) << (4 * j)
+    return words.view(np.int32)
+
+
+def quantize_int4(w: np.ndarray, group_size: int, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """w (N, K) float -> q (K, N), zeros (K/G, N) as ints 0-15, scales (K/G, N) float16: min-max
+    quantization per group of G inputs (G = K for -1); `sym`: the zero point is 8 everywhere."""
+    n, k = w.shape
+    g = k if group_size == -1 else group_size
+    groups = w.reshape(n, k // g, g)
+    if sym:
+        scale = np.abs(groups).max(-1) / 7.5
+        zero = np.full(scale.shape, 8)
+    else:
+        lo, hi = groups.min(-1), groups.max(-1)
+        scale = (hi - lo) / 15
+        zero = np.clip(np.round(-lo / np.maximum(scale, 1e-8)), 0, 15)
+    scale = np.maximum(scale, 1e-6).astype(np.float16)
+    q = np.clip(np.round(groups / scale.astype(np.float32)[..., None]) + zero[..., None], 0, 15)
+    return (q.reshape(n, k).T.astype(np.int64), zero.T.astype(np.int64), scale.T.copy())
+
+
+def int4_weight(q: np.ndarray, zeros: np.ndarray, scales: np.ndarray, group_size: int) -> np.ndarray:
+    """The documented formula, element by element of its definition: (N, K) float32."""
+    k = q.shape[0]
+    g = k if group_size == -1 else group_size
+    group = np.arange(k) // g
+    return ((q - zeros[group]).astype(np.float32) * scales[group].astype(np.float32)).T.copy()
+
+
+def awq_tensors(w: np.ndarray, group_size: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The AWQ tensors of one linear layer, and the weight they stand for."""
+    q, zeros, scales = quantize_int4(w, group_size, sym=False)
+    return ({"qweight": pack_awq(q), "qzeros": pack_awq(zeros), "scales": scales},
+            int4_weight(q, zeros, scales, group_size))
+
+
+def gptq_tensors(w: np.ndarray, group_size: int, sym: bool, v2: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The GPTQ tensors of one linear layer (the original format, or gptq_v2), and the weight they stand for."""
+    q, zeros, scales = quantize_int4(w, group_size, sym)
+    k = q.shape[0]
+    g_idx = (np.arange(k) // (k if group_size == -1 else group_size)).astype(np.int32)
+    assert v2 or zeros.min() >= 1, "the original format cannot store a zero point of 0"
+    stored = zeros if v2 else zeros - 1  # AutoGPTQ's pack: `zeros -= 1`
+    return ({"qweight": pack_gptq_rows(q), "qzeros": pack_gptq_cols(stored), "scales": scales,
+             "g_idx": g_idx}, int4_weight(q, zeros, scales, group_size))
+
+
+def fp8_tensors(w: torch.Tensor, per_channel: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The FP8 tensors of one linear layer (weight, weight_scale, and a static input_scale), and
+    the weight they stand for: weight.float() * scale."""
+    amax = w.abs().amax(dim=1, keepdim=True) if per_channel else w.abs().max()
+    scale = (amax / 448.0).clamp(min=1e-8).float()
+    w8 = (w / scale).to(torch.float8_e4m3fn)
+    return ({"weight": w8, "weight_scale": scale, "input_scale": torch.tensor(0.01)},
+            w8.float() * scale)
+
+
+def quantized_folder(src: Path, dst: Path, method: str, quantization_config: dict, **options
+                     ) -> dict[str, torch.Tensor]:
+    """Copies the tiny model folder `src` to `dst` with its decoder linears quantized by `method`
+    ("awq", "gptq", "fp8"; options for the packer) and config.json's quantization_config; returns
+    the float32 weights the checkpoint stands for, under their HF names (every tensor)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    state = load_file(str(src / "model.safetensors"))
+    out, meant = {}, {}
+    for name, t in state.items():
+        prefix, _, leaf = name.rpartition(".")
+        if leaf != "weight" or prefix.rpartition(".")[2] not in LINEARS:
+            out[name], meant[name] = t, t.float()
+            continue
+        if method == "fp8":
+            parts, w = fp8_tensors(t.float(), **options)
+        else:
+            make = awq_tensors if method == "awq" else gptq_tensors
+            arrays, w = make(t.float().numpy(), **options)
+            parts, w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}, torch.from_numpy(w)
+        out.update({f"{prefix}.{k}": v for k, v in parts.items()})
+        meant[name] = w
+    save_file(out, str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = quantization_config
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return meant
