@@ -130,9 +130,23 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_TYPES = (*FLOAT_TYPES, *BLOCKS)
 
 
+def _gguf_dequantizes(tensor_type) -> bool:
+    """Whether gguf-py can dequantize this type (the IQ, TQ and FP4 types among others). Those load
+    as floats through it; the block types above load through our own references, which the GPU
+    kernels mirror."""
+    import gguf
+    import numpy as np
+
+    try:
+        gguf.quants.dequantize(np.zeros((1, gguf.GGML_QUANT_SIZES[tensor_type][1]), dtype=np.uint8), tensor_type)
+    except Exception:  # NotImplementedError for the types gguf-py cannot read; a KeyError for unknown ones
+        return False
+    return True
+
+
 def check_gguf_types(reader, path: Path) -> None:
     """Every tensor is of a type we read, checked before anything is allocated."""
-    bad = [t for t in reader.tensors if t.tensor_type.name not in SUPPORTED_TYPES]
+    bad = [t for t in reader.tensors if t.tensor_type.name not in SUPPORTED_TYPES and not _gguf_dequantizes(t.tensor_type)]
     if bad:
         kinds = sorted({t.tensor_type.name for t in bad})
         count = f"{len(bad)} tensors, e.g." if len(bad) > 1 else "tensor"
@@ -166,6 +180,10 @@ def _read(t) -> torch.Tensor | PackedWeight:
         return data.reshape(-1, 2).view(torch.bfloat16).float().reshape(shape)
     if kind in FLOAT_TYPES:
         return data.float().reshape(shape)
+    if kind not in BLOCKS:  # a type only gguf-py reads (check_gguf_types): floats through it
+        import gguf
+
+        return torch.from_numpy(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)).float().reshape(shape)
     rows = math.prod(shape[:-1])
     packed = gguf_weight(kind, data.reshape(rows, -1), (rows, shape[-1]))
     return packed if len(shape) == 2 else dequantize(packed).reshape(shape)

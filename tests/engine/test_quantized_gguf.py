@@ -105,30 +105,51 @@ def test_a_prepared_copy_remembers_the_files_weight_format(work):
     assert again.weights == "Q5_K"
 
 
-def test_an_unsupported_type_is_refused_in_one_line(work, tmp_path):
-    """An IQ2_XS tensor (its bytes need not be meaningful: the type is refused before they are read)."""
+def _with_one_tensor_of(work, tmp_path, qtype):
+    """The Q8_0 test model with blk.1.ffn_up.weight replaced by zero bytes of `qtype`."""
     import gguf
 
     src = gguf.GGUFReader(str(_file(work, "Q8_0")))
-    path = tmp_path / "iq.gguf"
+    path = tmp_path / f"{qtype.name}.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     for field in src.fields.values():
         if field.name.startswith(("GGUF.", "general.architecture")):
             continue
         w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
-    iq = gguf.GGMLQuantizationType.IQ2_XS
     for t in src.tensors:
         if t.name == "blk.1.ffn_up.weight":
             rows, cols = int(t.shape[1]), int(t.shape[0])
-            nbytes = gguf.quants.quant_shape_to_byte_shape((rows, cols), iq)
-            w.add_tensor(t.name, np.zeros(nbytes, dtype=np.uint8), raw_dtype=iq)
+            nbytes = gguf.quants.quant_shape_to_byte_shape((rows, cols), qtype)
+            w.add_tensor(t.name, np.zeros(nbytes, dtype=np.uint8), raw_dtype=qtype)
         else:
             w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_a_type_only_gguf_reads_loads_through_its_dequantize(work, tmp_path):
+    """IQ2_XS has no packed reference here: it loads as floats through gguf-py, as it did before
+    packed weights existed (IQ4_XS and friends are common in the wild)."""
+    import gguf
+
+    path = _with_one_tensor_of(work, tmp_path, gguf.GGMLQuantizationType.IQ2_XS)
+    e = Engine.load(str(path), device="cpu")
+    reader = gguf.GGUFReader(str(path))
+    raw = next(t for t in reader.tensors if t.name == "blk.1.ffn_up.weight")
+    want = torch.from_numpy(gguf.quants.dequantize(np.asarray(raw.data), raw.tensor_type)).float()
+    up = e.runner.model.state_dict()["model.layers.1.mlp.gate_up_proj.weight"].chunk(2)[1]
+    assert torch.equal(up, want.reshape(up.shape))
+
+
+def test_a_type_gguf_cannot_read_is_refused_in_one_line(work, tmp_path):
+    """Q8_1 (llama.cpp's activation type) is refused before any tensor is read."""
+    import gguf
+
+    path = _with_one_tensor_of(work, tmp_path, gguf.GGMLQuantizationType.Q8_1)
     with pytest.raises(ModelLoadError) as e:
         Engine.load(str(path), device="cpu")
     msg = str(e.value)
-    assert "\n" not in msg and "IQ2_XS" in msg and "blk.1.ffn_up.weight" in msg and "not supported" in msg
+    assert "\n" not in msg and "Q8_1" in msg and "blk.1.ffn_up.weight" in msg and "not supported" in msg
