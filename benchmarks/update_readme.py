@@ -17,8 +17,9 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 # these flags repeat what their commands did then.
 BEFORE = " --ignore-eos --system ''"
 BENCH_8B = "localchat bench --random-weights llama-8b --prompts 2"
-BENCH_DEMO_SPEC = "localchat bench --model demo --prompts 8 --no-peer" + BEFORE
 BENCH_CPU_SPEC = "localchat bench --model demo --device cpu --prompts 4 --no-peer --new-tokens 128" + BEFORE
+
+UNSEEN = "localchat bench --model demo --prompts-file benchmarks/prompts/unseen_requests.txt --new-tokens 384 --no-peer"
 
 # (kind, label, command, file): what each row reads is in row() below.
 ROWS = (
@@ -26,18 +27,19 @@ ROWS = (
      "h200_8b_plain_final_session17.json"),
     ("startup_8b", "start-up (load + CUDA-graph capture), the same run", BENCH_8B,
      "h200_8b_plain_final_session17.json"),
-    ("plain", "plain decode, demo model (SmolLM2-135M), no draft loaded",
-     "localchat bench --model demo --draft none --prompts 4 --no-peer" + BEFORE, "h200_demo_plain_final_session17.json"),
-    ("spec", "greedy speculation, demo model + its EAGLE-3 head, k = 5, 8 held-out chitchat prompts",
-     BENCH_DEMO_SPEC, "h200_demo_spec_final_session12.json"),
-    ("spec", "the same, 8 held-out instruction-style requests", BENCH_DEMO_SPEC + " --prompt-set instruct",
-     "h200_demo_spec_instruct_session12.json"),
-    ("spec", "the same at temperature 0.7", BENCH_DEMO_SPEC + " --temperature 0.7",
-     "h200_demo_spec_t07_session12.json"),
-    ("spec", "greedy speculation, demo model + its 2 MTP layers, k = 2 (an early build)",
-     "localchat bench --model demo --draft demo-mtp --prompts 8 --no-peer" + BEFORE, "h200_demo_mtp.json"),
-    ("identical", "greedy speculation equals plain decoding, token for token, 256 tokens",
-     "python benchmarks/check_identical.py --draft demo-eagle3 --prompts 16", "h200_identical_final_session12.json"),
+    ("no_draft", "plain decode, demo model (SmolLM2-135M), no draft loaded, 24 requests", UNSEEN,
+     "h200_demo_eagle3_unseen.json"),
+    ("spec", "greedy speculation, demo model + its EAGLE-3 head, k = 5, the same 24 requests", UNSEEN,
+     "h200_demo_eagle3_unseen.json"),
+    ("identical_bench", "greedy speculation equals plain decoding with the draft loaded, token for token",
+     UNSEEN, "h200_demo_eagle3_unseen.json"),
+    ("spec", "the same head at temperature 0.7, 12 of the requests", UNSEEN + " --temperature 0.7 --prompts 12",
+     "h200_demo_eagle3_unseen_t07.json"),
+    ("spec", "greedy speculation, demo model + its 2 MTP layers, k = 2, the 24 requests",
+     UNSEEN + " --draft demo-mtp --draft-steps 2", "h200_demo_mtp_unseen.json"),
+    ("spec", "8B shape, random head forced to accept 4 tokens per verify step, k = 5",
+     "localchat bench --random-weights llama-8b --force-accept 4 --prompts 1 --new-tokens 256 --no-peer",
+     "h200_8b_forced4.json"),
     ("startup", "a fresh `localchat run --model demo` to the first byte of its answer, warm machine",
      "python benchmarks/startup.py --model demo --runs 4", "h200_startup_first_token_pyc_final_session10.json"),
     ("plain_cpu", "CPU, 2 cores, fp32: plain decode, demo model",
@@ -76,6 +78,13 @@ def row(kind: str, label: str, command: str, name: str) -> str:
                       f"{s['speedup_vs_draft_off']:.2f}x)")
         else:  # written before bench measured against an engine with no draft loaded
             versus = f"plain decode, draft loaded, {b['plain']['decode_tok_s']:.0f} tok/s: {s['speedup']:.2f}x"
+    elif kind == "no_draft":
+        nd, off = b["no_draft"], b["plain"]
+        result = f"{nd['decode_tok_s']:.0f} tok/s"
+        versus = f"the same engine with its draft loaded, speculation off: {off['decode_tok_s']:.0f} tok/s ({off['speedup_vs_no_draft']:.2f}x)"
+    elif kind == "identical_bench":
+        s = b["spec"]
+        result, versus = f"{s['same_tokens_as_draft_off']} of {b['prompts']} answers identical", ""
     elif kind == "identical":
         result, versus = f"{b['identical']} of {b['prompts']} answers identical", ""
     elif kind == "startup":
