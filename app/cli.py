@@ -207,6 +207,13 @@ APP_HANDLER = "app.tui:run_tui"
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="localchat", description="Local chat with speculative decoding on one GPU.")
     _model_options(parser)
+    parser.add_argument("--remote", default=None, metavar="URL",
+                        help="chat with the model of an OpenAI-compatible server (localchat serve, vLLM, SGLang, "
+                             "llama.cpp...) instead of loading one, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--api-key", dest="remote_api_key", default=None, metavar="KEY",
+                        help="with --remote: the server's API key (default: none)")
+    parser.add_argument("--remote-model", default=None, metavar="NAME",
+                        help="with --remote: which of the server's models (default: the first it lists)")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     for command in COMMANDS:
         command.arguments(sub.add_parser(command.name, help=command.help))
@@ -249,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.remote is not None and args.command is not None:
+        raise UserError(f"--remote is for the chat app (`localchat --remote URL`), not `localchat {args.command}`")
+    if args.remote is None and (args.remote_api_key is not None or args.remote_model is not None):
+        raise UserError("--api-key and --remote-model go with --remote URL (for `localchat serve`, put --api-key "
+                        "after serve)")
     if args.command is not None and getattr(args, "draft_steps", 0) is None:
         args.draft_steps = 5  # the chat app takes its default from settings.toml instead
     if args.command in (None, "run", "serve") and args.no_spec:
