@@ -59,6 +59,7 @@ class RemoteEngine:
         self.is_localchat = isinstance(ours, dict)  # our server: per-request speculation and its figures
         self.draft_name = ours.get("draft") if self.is_localchat else None
         self.has_draft = bool(self.is_localchat and ours.get("has_draft"))
+        self.draft_steps = ours.get("draft_steps", 0) if self.has_draft else 0
 
     @classmethod
     def connect(cls, choice: RemoteChoice, on_progress=None) -> "RemoteEngine":
@@ -96,7 +97,9 @@ class RemoteEngine:
                t0: float | None = None) -> Iterator[StreamEvent]:
         t0 = time.perf_counter() if t0 is None else t0
         stop_event = stop_event or threading.Event()
-        stats = GenerationStats()
+        # What the answer will be, until the server's figures say: as the local engine has it from the start.
+        is_spec = self.has_draft and speculative is not False
+        stats = GenerationStats(speculative=is_spec, draft_steps=self.draft_steps if is_spec else 0)
         try:
             response = self.client.chat.completions.create(**self._request(messages, params, speculative))
         except Exception as e:

@@ -43,6 +43,7 @@ def build_app(engine, scheduler: Scheduler, options: ServeOptions = ServeOptions
     def model_card() -> dict:
         return {"id": engine.model_name, "object": "model", "created": created, "owned_by": "localchat",
                 protocol.EXTENSION: {"draft": engine.draft_name, "has_draft": engine.has_draft,
+                                     "draft_steps": engine.speculator.k if engine.has_draft else 0,
                                      "max_model_len": max_len, "device": engine.device}}
 
     async def health(request: Request) -> Response:
@@ -113,8 +114,7 @@ class _Reply:
                     num_tokens += len(event.token_ids)
                     last = event
                     if event.text or (ids_wanted and event.token_ids):
-                        parts.append(self._chunk({"content": event.text},
-                                                 extension={"completion_tokens": num_tokens},
+                        parts.append(self._chunk({"content": event.text}, extension=_running(event, num_tokens),
                                                  token_ids=event.token_ids if ids_wanted else None))
                 yield "".join(parts)
         except EngineFailed as e:
@@ -128,6 +128,15 @@ class _Reply:
             body = protocol.usage_chunk(self.request_id, self.created, self.model, usage)
             tail += f"data: {json.dumps(body)}\n\n"
         yield tail + "data: [DONE]\n\n"
+
+
+def _running(event, num_tokens: int) -> dict:
+    """What a text chunk says of the answer so far: its tokens (a verify step may add several) and, with
+    speculation, the accepted length until now, so that a client can show both live."""
+    figures = {"completion_tokens": num_tokens, "speculative": event.stats.speculative}
+    if event.stats.speculative:
+        figures["accept_len_mean"] = round(event.stats.accept_len_mean, 3)
+    return figures
 
 
 class _EventStream(StreamingResponse):

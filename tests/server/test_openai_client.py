@@ -91,15 +91,19 @@ def test_greedy_tokens_equal_localchat_run(served, engine, tiny, capsys):
     run = json.loads(capsys.readouterr().out)
     reply = ask(served, engine, max_tokens=24, extra_body={"return_token_ids": True})
     assert reply.choices[0].model_extra["token_ids"] == run["token_ids"]
-    streamed = ask(served, engine, max_tokens=24, stream=True, extra_body={"return_token_ids": True})
+    streamed = list(ask(served, engine, max_tokens=24, stream=True, extra_body={"return_token_ids": True}))
     assert [t for c in streamed if c.choices for t in c.choices[0].model_extra.get("token_ids") or []] \
         == run["token_ids"]
+    live = [c.model_extra["localchat"] for c in streamed if c.choices and c.choices[0].delta.content]
+    assert all(f["speculative"] for f in live) and live[-1]["accept_len_mean"] >= 1 \
+        and live[-1]["completion_tokens"] <= 24
 
 
 def test_models_and_health(served, engine):
     models = served.client().models.list().data
     assert [m.id for m in models] == [engine.model_name]
     assert models[0].model_extra["localchat"]["has_draft"] is True
+    assert models[0].model_extra["localchat"]["draft_steps"] == 5
     with urllib.request.urlopen(served.url + "/health") as r:
         assert json.loads(r.read())["status"] == "ok"
 
