@@ -217,3 +217,33 @@ def test_fifty_sequential_and_eight_concurrent_requests(served, engine):
         reasons = list(pool.map(one, range(8)))
     assert len(reasons) == 8 and set(reasons) <= {"stop", "length"}
     wait_until(lambda: served.scheduler.num_waiting == 0 and not served.scheduler.is_decoding, 2.0)
+
+
+class Failing:
+    """The real engine, failing after its second step: a runtime error inside the engine."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    def stream_ids(self, *args, **kwargs):
+        events = self.engine.stream_ids(*args, **kwargs)
+        for i, event in enumerate(events):
+            if i == 2:
+                events.close()
+                raise RuntimeError("CUDA error: an illegal memory access\nmore lines")
+            yield event
+
+
+def test_an_engine_failure_ends_that_request_only(engine):
+    with serving(Failing(engine)) as s:
+        client = s.client()
+        with pytest.raises(openai.InternalServerError, match="illegal memory access"):
+            client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=20, temperature=0)
+        with pytest.raises(openai.APIError, match="illegal memory access"):
+            list(client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=20, temperature=0,
+                                                stream=True))
+        reply = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, temperature=0)
+        assert reply.choices[0].finish_reason == "length"  # two steps: no failure, and the server lives on
