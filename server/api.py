@@ -116,7 +116,8 @@ class _Reply:
                     if event.text or (ids_wanted and event.token_ids):
                         parts.append(self._chunk({"content": event.text}, extension=_running(event, num_tokens),
                                                  token_ids=event.token_ids if ids_wanted else None))
-                yield "".join(parts)
+                if parts:
+                    yield "".join(parts)
         except EngineFailed as e:
             yield f"data: {json.dumps(protocol.error_body(str(e), 'server_error'))}\n\n"
             return

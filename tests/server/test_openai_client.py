@@ -178,6 +178,9 @@ def test_disconnect_stops_the_answer_and_leaves_the_queue(engine):
         start = time.monotonic()
         reply = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4, temperature=0)
         assert reply.usage.completion_tokens <= 4 and time.monotonic() - start < 2.0
+        with pytest.raises(openai.APITimeoutError):  # a non-streamed request whose client gives up
+            s.client(timeout=0.5).chat.completions.create(model="m", messages=MESSAGES, max_tokens=200)
+        assert wait_until(lambda: not s.scheduler.is_decoding, 2.0) < 1.0
 
 
 def test_a_full_queue_refuses_with_429_and_retry_after(engine):
