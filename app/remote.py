@@ -142,8 +142,9 @@ class RemoteEngine:
             response.close()
         if stop_event.is_set():
             reason = "cancelled"
-        yield StreamEvent("", [], stats, finished=True, finish_reason="length" if reason == "length" else
-                          "cancelled" if reason == "cancelled" else "stop")
+        elif reason != "length":  # the engine's words: anything else a server says ends the answer as EOS does
+            reason = "stop"
+        yield StreamEvent("", [], stats, finished=True, finish_reason=reason)
 
     def _request(self, messages: list[dict], params: SamplingParams, speculative: bool | None) -> dict:
         request = dict(model=self.model_name, messages=messages, stream=True, stream_options={"include_usage": True},
