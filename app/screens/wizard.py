@@ -1,8 +1,8 @@
 """WizardScreen: pick a model and its draft (catalog, Hub search, or local path), then download it; or a server.
 
 Dismisses with (model_path_or_id, draft_or_None), a RemoteChoice (Connect to a server), or None when the
-user backs out. All Hub and
-disk work runs on worker threads that post messages back; widgets are touched only here.
+user backs out. All Hub and disk work runs on worker threads that post messages back; widgets are touched
+only here.
 """
 
 from __future__ import annotations
