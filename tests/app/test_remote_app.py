@@ -24,6 +24,13 @@ def engine(tmp_path_factory):
     return tiny_engine(model, tiny_head(model, base / "head"))
 
 
+async def answer(pilot, text: str) -> None:
+    """Send `text` and wait for the whole answer, with room for a busy 2-core machine."""
+    await send(pilot, text, wait=False)
+    await wait_for(pilot, lambda: pilot.app.screen.answer is None, timeout_s=30)
+    await pilot.pause()
+
+
 def status_text(app, part: str) -> str:
     return str(app.screen.query_one(f"#status-{part}", Static).render())
 
@@ -39,7 +46,7 @@ async def test_app_chats_with_localchat_serve(home, engine):
             assert f"remote: {served.url} · {engine.model_name}" in status_text(app, "model")
             assert "SPEC ON" in status_text(app, "spec")
 
-            await send(pilot, "Paris is the capital of")
+            await answer(pilot, "Paris is the capital of")
             saved = app.store.messages(app.screen.chat.id)[-1]
             messages = [{"role": "system", "content": Settings().system_prompt},
                         {"role": "user", "content": "Paris is the capital of"}]
@@ -52,7 +59,7 @@ async def test_app_chats_with_localchat_serve(home, engine):
             assert "accept" in status_text(app, "speed")
 
             await pilot.press("ctrl+t")  # the switch is a per-request field for our server
-            await send(pilot, "Again")
+            await answer(pilot, "Again")
             again = app.store.messages(app.screen.chat.id)[-1]
             assert again.stats["speculative"] is False and again.content
             assert not [n for n in notes(app) if "failed" in n.lower()]
