@@ -75,6 +75,18 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the question ('-' reads it from stdin)")
 
 
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    """`localchat serve`: the model, and where and how to listen."""
+    _model_options(p, no_spec_help="no draft is loaded; requests decode plainly")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default %(default)s: this machine only; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default %(default)s)")
+    p.add_argument("--api-key", default=None,
+                   help="clients must send 'Authorization: Bearer KEY' (default: no key asked)")
+    p.add_argument("--max-queue", type=int, default=8,
+                   help="requests that may wait while one decodes; more get HTTP 429 (default %(default)s)")
+
+
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
     """`localchat bench`: the model and what to time."""
     from benchmarks.harness.counts import FULL_BENCH, QUICK_BENCH  # light: the harness loads when bench runs
@@ -181,6 +193,8 @@ def _hub_arguments(name: str) -> Callable[[argparse.ArgumentParser], None]:
 # Every subcommand of `localchat`; with none, the chat app starts (app.tui:run_tui).
 COMMANDS = (
     Command("run", "one-shot answer streamed to stdout", _run_arguments, "app.commands:cmd_run"),
+    Command("serve", "an OpenAI-compatible HTTP API for the model (POST /v1/chat/completions)", _serve_arguments,
+            "server.command:cmd_serve"),
     Command("bench", "no draft vs speculation off vs on (and peers) in one run", _bench_arguments,
             "benchmarks.harness.run:run_bench"),
     Command("train-draft", "train an EAGLE-3 head or MTP layers for a model", _train_arguments,
@@ -200,6 +214,13 @@ APP_HANDLER = "app.tui:run_tui"
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="localchat", description="Local chat with speculative decoding on one GPU.")
     _model_options(parser)
+    parser.add_argument("--remote", default=None, metavar="URL",
+                        help="chat with the model of an OpenAI-compatible server (localchat serve, vLLM, SGLang, "
+                             "llama.cpp...) instead of loading one, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--api-key", dest="remote_api_key", default=None, metavar="KEY",
+                        help="with --remote: the server's API key (default: none)")
+    parser.add_argument("--remote-model", default=None, metavar="NAME",
+                        help="with --remote: which of the server's models (default: the first it lists)")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     for command in COMMANDS:
         command.arguments(sub.add_parser(command.name, help=command.help))
@@ -242,15 +263,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.remote is not None and args.command is not None:
+        raise UserError(f"--remote is for the chat app (`localchat --remote URL`), not `localchat {args.command}`")
+    if args.remote is None and (args.remote_api_key is not None or args.remote_model is not None):
+        raise UserError("--api-key and --remote-model go with --remote URL (for `localchat serve`, put --api-key "
+                        "after serve)")
     if args.command is not None and getattr(args, "draft_steps", 0) is None:
         args.draft_steps = 5  # the chat app takes its default from settings.toml instead
-    if args.command in (None, "run") and args.no_spec:
+    if args.command in (None, "run", "serve") and args.no_spec:
         _no_draft(args)
     return handler_for(args.command)(args)
 
 
 def _no_draft(args) -> None:
-    """--no-spec in `run` and the app: no draft is loaded at all (it would cost load time and
+    """--no-spec in `run`, `serve` and the app: no draft is loaded at all (it would cost load time and
     memory and never be used). `bench --no-spec` keeps its draft: it times plain decoding with
     the draft loaded, as the app has it, beside the same weights with no draft."""
     if args.draft not in (None, "none"):

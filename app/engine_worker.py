@@ -18,6 +18,8 @@ from engine.errors import UserError  # torch-free, like engine.types
 from textual.message import Message
 from textual.message_pump import MessagePump
 
+from app.remote import RemoteEngine
+
 if TYPE_CHECKING:
     from engine.types import GenerationStats, SamplingParams, StreamEvent
 
@@ -125,6 +127,8 @@ class EngineWorker:
         draft_name: str | None
         device: str
         has_draft: bool
+        remote: str | None = None  # the server's address when the engine is a RemoteEngine
+        spec_by_server: bool = False  # a server that takes no per-request speculation switch
 
     @dataclass
     class LoadFailed(Message):
@@ -265,7 +269,9 @@ class EngineWorker:
             return
         self.engine = engine
         self._loaded_at = time.perf_counter()
-        target.post_message(self.Loaded(engine.model_name, engine.draft_name, engine.device, engine.has_draft))
+        is_remote = isinstance(engine, RemoteEngine)
+        target.post_message(self.Loaded(engine.model_name, engine.draft_name, engine.device, engine.has_draft,
+                                        engine.url if is_remote else None, is_remote and not engine.is_localchat))
 
     def _generate(self, job: _Job) -> None:
         target, side = job.target, job.side

@@ -15,6 +15,7 @@ from textual.screen import Screen
 
 from app.engine_worker import EngineFactory, EngineWorker, ProgressCallback
 from app.paths import AppPaths
+from app.remote import RemoteChoice, RemoteEngine
 from app.screens.chat_screen import ChatScreen
 from app.screens.keys_screen import KeysScreen, key_rows
 from app.screens.settings_screen import SettingsScreen
@@ -43,7 +44,7 @@ class LocalChatApp(App):
                  draft: str | None = None, device: str | None = None, draft_steps: int | None = None,
                  max_seq_len: int | None = None, use_graphs: bool = True,
                  speculative: bool | None = None, home: str | os.PathLike | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, remote: RemoteChoice | None = None) -> None:
         super().__init__()
         # The engine thread must get the GIL back quickly after each GPU step; Python's default
         # 5 ms switch interval would let a UI redraw stall a 1 ms decode step.
@@ -56,8 +57,10 @@ class LocalChatApp(App):
         steps = draft_steps or self.settings.draft_steps
         self.load_kwargs = dict(device=device, draft_steps=steps, max_seq_len=max_seq_len, use_graphs=use_graphs,
                                 threads=threads)
-        self.runner = EngineWorker(engine_factory or _load_engine(model, draft=draft, **self.load_kwargs))
-        self.model_label = model
+        if engine_factory is None:
+            engine_factory = _connect(remote) if remote else _load_engine(model, draft=draft, **self.load_kwargs)
+        self.runner = EngineWorker(engine_factory)
+        self.model_label = remote.label if remote else model
         self.speculative = self.settings.speculative if speculative is None else speculative
         self.chat_screen: ChatScreen | None = None
         self.exit_notes: list[str] = []  # printed once the terminal is back
@@ -108,6 +111,12 @@ class LocalChatApp(App):
 
         def done(result) -> None:
             if result is None:
+                return
+            if isinstance(result, RemoteChoice):
+                self.model_label = result.label
+                if self.chat_screen is not None:
+                    self.chat_screen.model_switching(result.label)
+                self.runner.reload(_connect(result))
                 return
             model, draft = result
             self.model_label = model
@@ -165,6 +174,13 @@ def _load_engine(model: str, **load_kwargs) -> EngineFactory:
     return load
 
 
+def _connect(choice: RemoteChoice) -> EngineFactory:
+    def connect(on_progress: ProgressCallback):
+        return RemoteEngine.connect(choice, on_progress)
+
+    return connect
+
+
 def run_tui(args) -> int:
     """Entry point for `localchat` with no subcommand; `args` carries model, draft, device, no_spec, draft_steps
     (and, when present, max_seq_len and no_graphs)."""
@@ -177,6 +193,8 @@ def run_tui(args) -> int:
         use_graphs=not getattr(args, "no_graphs", False),
         speculative=False if getattr(args, "no_spec", False) else None,
         threads=getattr(args, "threads", None),
+        remote=RemoteChoice(args.remote, args.remote_api_key, args.remote_model) if getattr(args, "remote", None)
+        else None,
     )
     return run_app(app)
 

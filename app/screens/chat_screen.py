@@ -80,6 +80,7 @@ class ChatScreen(Screen):
         self.has_draft = True
         self.model_name: str | None = None
         self.is_model_ready = False  # a model is loaded and answering (not loading, not failed)
+        self.spec_by_server = False  # a remote server that takes no per-request speculation switch
         self.sidebar_choice: bool | None = None  # None: shown or hidden by the screen's width
 
     def compose(self) -> ComposeResult:
@@ -390,6 +391,10 @@ class ChatScreen(Screen):
             self.notify(f"Copied the last answer ({len(text)} characters).", timeout=2)
 
     def action_toggle_speculation(self) -> None:
+        if self.spec_by_server:
+            self.notify("This server decides on speculation itself: the switch works with a localchat server "
+                        "(`localchat serve`).", timeout=4)
+            return
         self.speculative = not self.speculative
         self.status.speculative = self.speculative
         state = "on" if self.speculative else "off"
@@ -414,6 +419,10 @@ class ChatScreen(Screen):
             self.notify("The model is still loading: compare once it is ready.")
             return
         if not self.has_draft:
+            if self.status.remote:
+                self.notify("Compare needs a localchat server with a draft: this server cannot turn speculation "
+                            "off and on per request.", timeout=6)
+                return
             self.offer_wizard()
             return
         self.app.push_screen(CompareScreen(messages))
@@ -434,6 +443,8 @@ class ChatScreen(Screen):
         label = Path(model).name if Path(model).expanduser().exists() else model  # a path's end names it
         self.status.model = label
         self.status.model_ok = True
+        self.status.remote = None
+        self.spec_by_server = self.status.spec_by_server = False
         self.status.draft = None
         self.status.show_stats(None)
         self.status.show_progress(f"Loading {label}…")
@@ -450,6 +461,8 @@ class ChatScreen(Screen):
         self.has_draft = message.has_draft
         self.status.model = message.model_name
         self.status.model_ok = True
+        self.status.remote = message.remote
+        self.spec_by_server = self.status.spec_by_server = message.spec_by_server
         self.status.draft = message.draft_name
         self.status.has_draft = message.has_draft
         self.status.show_stats(None)  # whatever it shows was measured on the model before
@@ -461,6 +474,7 @@ class ChatScreen(Screen):
         self.is_model_ready = False
         self.status.model = "no model"
         self.status.model_ok = False
+        self.status.remote = None
         self.status.draft = None
         self.status.show_stats(None)
         self.notify(f"{message.error}\nPress F5 to load another model.", title="The model failed to load",

@@ -15,6 +15,7 @@ from textual.widgets import Footer, Label, Static
 
 from app.engine_worker import EngineWorker
 from app.pacing import LiveAnswer, release_when_drawn
+from app.remote import RemoteEngine
 from app.widgets.compare_pane import ComparePane
 
 
@@ -106,7 +107,9 @@ class CompareScreen(ModalScreen[None]):
             return
         slow, fast = off.stats.get("decode_tok_s", 0.0), on.stats.get("decode_tok_s", 0.0)
         speedup = f"{fast / slow:.2f}×" if slow > 0 else "n/a"
-        if off.stats.get("draft_loaded"):
+        if off.stats.get("draft_loaded") and isinstance(getattr(self.app.runner, "engine", None), RemoteEngine):
+            over = "over speculation off on the server (its draft stays loaded there)"
+        elif off.stats.get("draft_loaded"):
             over = "over speculation off with the draft loaded (too little GPU memory to compare without it)"
         else:
             over = "over no draft loaded"

@@ -1,7 +1,8 @@
-"""WizardScreen: pick a model and its draft (catalog, Hub search, or local path), then download it.
+"""WizardScreen: pick a model and its draft (catalog, Hub search, or local path), then download it; or a server.
 
-Dismisses with (model_path_or_id, draft_or_None), or None when the user backs out. All Hub and
-disk work runs on worker threads that post messages back; widgets are touched only here.
+Dismisses with (model_path_or_id, draft_or_None), a RemoteChoice (Connect to a server), or None when the
+user backs out. All Hub and disk work runs on worker threads that post messages back; widgets are touched
+only here.
 """
 
 from __future__ import annotations
@@ -24,15 +25,17 @@ from engine.errors import UserError
 from engine.hub.errors import GatedRepo, hub_url
 from engine.options import use_hub_token
 
+from app.remote import RemoteChoice
 from app.widgets.catalog_table import CatalogTable
 from app.widgets.download_panel import DownloadPanel
 from app.widgets.downloaded_table import DownloadedTable
 from app.widgets.hub_search import HubSearch, SearchHit
 from app.widgets.path_label import PathLabel
+from app.widgets.server_form import ServerForm
 from app.widgets.token_prompt import TokenPrompt
 from app.wizard_tasks import Choice, Environment, plan_choice, probe_environment, search_hub
 
-WizardResult = tuple[str, str | None]
+WizardResult = tuple[str, str | None] | RemoteChoice
 
 
 def gated_prompt(error: GatedRepo) -> str:
@@ -101,6 +104,8 @@ class WizardScreen(Screen[WizardResult | None]):
             with TabPane("Local file or folder", id="local-pane"):
                 yield Label("A Hugging Face model folder (config.json + safetensors) or a .gguf file:")
                 yield Input(compact=True, placeholder="/path/to/model or model.gguf (Enter to choose)", id="local-path")
+            with TabPane("Connect to a server", id="server-pane"):
+                yield ServerForm(id="server")
         with Horizontal(id="choice"):
             yield Label("Model:")
             yield PathLabel("(none chosen)", id="target")
@@ -300,6 +305,9 @@ class WizardScreen(Screen[WizardResult | None]):
             use_hub_token(event.token)  # this process only
             self.action_start()
 
+    def on_server_form_connect(self, event: ServerForm.Connect) -> None:
+        self.dismiss(event.choice)
+
     def on_download_panel_cancel_requested(self, event: DownloadPanel.CancelRequested) -> None:
         self.cancel_event.set()
 
@@ -312,6 +320,9 @@ class WizardScreen(Screen[WizardResult | None]):
     # --- actions ----------------------------------------------------------------------------------
     def action_start(self) -> None:
         if self.is_downloading:
+            return
+        if self.query_one("#tabs", TabbedContent).active == "server-pane":
+            self.query_one(ServerForm).submit()
             return
         path = self.typed_local_path()
         if path is not None:  # typed, Enter not pressed: choose it and go on as Enter then Ctrl+D would

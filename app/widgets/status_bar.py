@@ -28,6 +28,8 @@ class StatusBar(Horizontal):
     stats: reactive[dict] = reactive(dict, always_update=True)
     load_text: reactive[str] = reactive("")
     model_ok: reactive[bool] = reactive(True)
+    remote: reactive[str | None] = reactive(None)  # the server's address, when the app is its client
+    spec_by_server: reactive[bool] = reactive(False)  # the server decides speculation, not the switch
     unsaved: reactive[int] = reactive(0)  # chat history writes waiting for the database
 
     def __init__(self, **kwargs) -> None:
@@ -75,6 +77,7 @@ class StatusBar(Horizontal):
         self._render_all()
 
     _watch_draft = _watch_speculative = _watch_has_draft = _watch_load_text = _watch_model_ok = _watch_model
+    _watch_remote = _watch_spec_by_server = _watch_model
 
     def _watch_unsaved(self) -> None:
         if self.is_mounted:
@@ -100,6 +103,12 @@ class StatusBar(Horizontal):
 
     def _model_text(self, room: int) -> Text:
         """The model, and its draft where there is room; a long name loses its middle."""
+        if self.remote:
+            text = Text.assemble(("● ", "bold green" if self.model_ok else "bold red"), f"remote: {self.remote} · ",
+                                 (self.model, "bold"))
+            if room > 12:
+                text.truncate(room, overflow="ellipsis")
+            return text
         text = Text.assemble(("● ", "bold green" if self.model_ok else "bold red"), (self.model, "bold"))
         if self.draft and text.cell_len + cell_len(f"  draft {self.draft}") <= room:
             text.append(f"  draft {self.draft}", style="dim")
@@ -110,6 +119,8 @@ class StatusBar(Horizontal):
         return text
 
     def _spec_text(self) -> Text:
+        if self.spec_by_server:
+            return Text(" SPEC — server's ", style="reverse dim")
         if not self.has_draft:
             return Text(" SPEC — no draft ", style="reverse dim")
         if self.speculative:
