@@ -104,8 +104,9 @@ class RemoteEngine:
         stop_event = stop_event or threading.Event()
         # What the answer will be, until the server's figures say: as the local engine has it from the start.
         is_spec = self.has_draft and speculative is not False
-        stats = GenerationStats(speculative=is_spec, draft_steps=self.draft_steps if is_spec else 0,
-                                draft_loaded=self.has_draft)
+        # A server other than ours decides speculation itself and does not say: None, not "off".
+        stats = GenerationStats(speculative=is_spec if self.is_localchat else None,
+                                draft_steps=self.draft_steps if is_spec else 0, draft_loaded=self.has_draft)
         try:
             response = self.client.chat.completions.create(**self._request(messages, params, speculative))
         except Exception as e:

@@ -57,7 +57,7 @@ class GenerationStats:
     ttft_s: float = 0.0
     decode_s: float = 0.0
     decode_tok_s: float = 0.0
-    speculative: bool = False
+    speculative: bool | None = False  # None: unknown (a remote server that decides it itself)
     # A draft was loaded: its target runs the batch-invariant kernels, slower for plain decoding
     # than those of an engine without one (Engine.without_draft).
     draft_loaded: bool = False

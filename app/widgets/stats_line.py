@@ -18,6 +18,11 @@ def stats_dict(stats: Any) -> dict[str, Any]:
     return dict(stats)
 
 
+def _spec_off(s: dict) -> str:
+    """No accepted length to show: speculation was off, or (None) a server decided it without saying."""
+    return "spec: the server's" if "speculative" in s and s["speculative"] is None else "spec off"
+
+
 def format_stats(stats: Any, finish_reason: str | None = None, model: str | None = None,
                  compact: bool = False) -> str:
     """compact: the short form, for a half-width pane whose title already says speculation off
@@ -30,7 +35,7 @@ def format_stats(stats: Any, finish_reason: str | None = None, model: str | None
         speed = s.get("decode_tok_s", 0.0)
         parts.append(f"{speed:.0f} tok/s" if speed >= 100 else f"{speed:.1f} tok/s")
         parts.append(f"TTFT {s.get('ttft_s', 0.0) * 1000:.0f} ms")
-        parts.append(f"accept {s.get('accept_len_mean', 0.0):.2f}" if s.get("speculative") else "spec off")
+        parts.append(f"accept {s.get('accept_len_mean', 0.0):.2f}" if s.get("speculative") else _spec_off(s))
     elif s:
         parts.append(f"{s.get('decode_tok_s', 0.0):.1f} tok/s")
         parts.append(f"TTFT {s.get('ttft_s', 0.0) * 1000:.0f} ms")
@@ -38,7 +43,7 @@ def format_stats(stats: Any, finish_reason: str | None = None, model: str | None
         if s.get("speculative"):
             parts.append(f"spec k={s.get('draft_steps', 0)}, accept len {s.get('accept_len_mean', 0.0):.2f}")
         else:
-            parts.append("spec off")
+            parts.append(_spec_off(s))
     if finish_reason == "cancelled":
         parts.append("stopped")
     elif finish_reason == "length":
