@@ -94,7 +94,7 @@ class ChatStore:
         notes: list[str] = []
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            return cls(_connect(path, timeout_s, notes), path, notes, timeout_s)
+            return cls(_connect_retrying(path, timeout_s, notes), path, notes, timeout_s)
         except sqlite3.DatabaseError as e:
             if _is_locked(e):
                 notes.append(f"Chat history {path} is locked by another program (is localchat already "
@@ -286,6 +286,20 @@ class ChatStore:
         return kept
 
 
+def _connect_retrying(path: Path, timeout_s: float, notes: list[str]) -> sqlite3.Connection:
+    """_connect, tried again while the database is locked, up to timeout_s. Two apps opening a
+    history at once can get SQLITE_BUSY at once, without SQLite's busy handler: switching a new file
+    to WAL, or a read that must become a write after the other committed, never waits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _connect(path, timeout_s, notes)
+        except sqlite3.OperationalError as e:
+            if not _is_locked(e) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _connect(path: Path, timeout_s: float, notes: list[str]) -> sqlite3.Connection:
     # Autocommit mode: transactions are opened explicitly by _transaction, DDL included.
     conn = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None)
@@ -304,7 +318,9 @@ def _connect(path: Path, timeout_s: float, notes: list[str]) -> sqlite3.Connecti
 
 
 def _migrate(conn: sqlite3.Connection, notes: list[str]) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_version'").fetchone():
+        with _transaction(conn):  # IMMEDIATE: waits for another app's write rather than failing at once
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
     version = _version(conn)
     if version > SCHEMA_VERSION:
         notes.append(f"Chat history has schema version {version}, newer than this localchat "
