@@ -88,6 +88,7 @@ def _kernels():
     def split_kernel(
         q_ptr, k_ptr, v_ptr, pos_ptr, own_ptr, part_o_ptr, part_lse_ptr,
         k_new_ptr, v_new_ptr, cos_sin_ptr,  # FUSE_ROPE: the step's unrotated k and v, the RoPE table
+        q_rot_ptr, stride_qrt, stride_qrh,  # the rotated q: q itself, or (FUSE_ROPE) where it is written
         num_rows, num_splits,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_knh, stride_vnh, stride_cs,
@@ -133,6 +134,33 @@ def _kernels():
         if USE_PDL and EARLY_KV:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        q_mask = row_ok[:, None] & d_ok[None, :]
+        if FUSE_ROPE:
+            # One decode row, q, k and v straight from the projection: rotate q and this kv head's
+            # key as rope_and_cache does (same helper, same rounding) and store them where the
+            # unfused step has them (q: q_rot; k and v: the cache, by the program whose split
+            # holds the position). Everything after reads them back with the unfused step's code,
+            # so that its reductions, whose order follows the compiler's layouts, are the unfused
+            # step's too: the decode step then has the bits of a verify row.
+            q_src = q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh
+            q_raw = tl.load(q_src + offs_d[None, :], mask=q_mask, other=0.0)
+            q_pair = tl.load(q_src + partner[None, :], mask=q_mask, other=0.0)
+            q_turned = rotate(q_raw.to(tl.float32), q_pair.to(tl.float32), cos[None, :], signed_sin[None, :])
+            tl.store(q_rot_ptr + t[:, None] * stride_qrt + head[:, None] * stride_qrh + offs_d[None, :],
+                     q_turned.to(q_rot_ptr.dtype.element_ty), mask=q_mask)
+            k_new = tl.load(k_new_ptr + kv_head * stride_knh + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+            k_pair = tl.load(k_new_ptr + kv_head * stride_knh + partner, mask=d_ok, other=0.0).to(tl.float32)
+            k_rot = rotate(k_new, k_pair, cos, signed_sin).to(k_ptr.dtype.element_ty)
+            v_new = tl.load(v_new_ptr + kv_head * stride_vnh + offs_d, mask=d_ok, other=0.0)
+            slot = tl.max(own_slot, axis=0)
+            home = pos_max // SPLIT_SIZE  # the split holding the position, and its program
+            writes = d_ok & (first <= home) & ((home - first) % stride == 0)
+            tl.store(k_ptr + slot * stride_kt + kv_head * stride_kh + offs_d, k_rot, mask=writes)
+            tl.store(v_ptr + slot * stride_vt + kv_head * stride_vh + offs_d, v_new.to(v_ptr.dtype.element_ty),
+                     mask=writes)
+            tl.debug_barrier()  # this program's stores are visible to all its threads
         # Splits past the largest position hold no key for any row: they are skipped (a program
         # whose first split is past it stores nothing). The first split's K/V came above.
         for split in range(first, pos_max // SPLIT_SIZE + 1, stride):
@@ -141,10 +169,7 @@ def _kernels():
             if split != first:
                 k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
                                   stride_vt, stride_vh, BLOCK_N, BLOCK_D, HEAD_DIM)
-            offs_d = tl.arange(0, BLOCK_D)
-            d_ok = offs_d < HEAD_DIM
-            q_rows = q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh
-            q_mask = row_ok[:, None] & d_ok[None, :]
+            q_rows = q_rot_ptr + t[:, None] * stride_qrt + head[:, None] * stride_qrh
             q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
             # The row's own key, read from its own slot (requested with q) and added outside the
             # dot, last: a verify row whose K/V sits elsewhere (an alternative draft token) then
@@ -152,30 +177,10 @@ def _kernels():
             # tile holds at pos.
             own = row_ok & (pos >= start) & (pos < start + SPLIT_SIZE)
             own_mask = own[:, None] & d_ok[None, :]
-            if FUSE_ROPE:
-                # One decode row, q, k and v straight from the projection: rotate q and this kv
-                # head's key as rope_and_cache does (same helper, same rounding), and the program
-                # whose split holds the position writes the key and value into the cache.
-                q_pair = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0)
-                q = rotate(q.to(tl.float32), q_pair.to(tl.float32), cos[None, :], signed_sin[None, :])
-                q = q.to(q_ptr.dtype.element_ty)
-                k_new = tl.load(k_new_ptr + kv_head * stride_knh + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-                k_pair = tl.load(k_new_ptr + kv_head * stride_knh + partner, mask=d_ok, other=0.0).to(tl.float32)
-                k_rot = rotate(k_new, k_pair, cos, signed_sin).to(k_ptr.dtype.element_ty)
-                v_new = tl.load(v_new_ptr + kv_head * stride_vnh + offs_d, mask=d_ok, other=0.0)
-                v_new = v_new.to(v_ptr.dtype.element_ty)
-                slot = tl.max(own_slot, axis=0)
-                pos_d = tl.zeros([BLOCK_D], tl.int32) + pos_max
-                writes = d_ok & (pos_d >= start) & (pos_d < start + SPLIT_SIZE)
-                tl.store(k_ptr + slot * stride_kt + kv_head * stride_kh + offs_d, k_rot, mask=writes)
-                tl.store(v_ptr + slot * stride_vt + kv_head * stride_vh + offs_d, v_new, mask=writes)
-                k_own = tl.where(own_mask, k_rot.to(tl.float32)[None, :], 0.0)
-                v_own = tl.where(own_mask, v_new.to(tl.float32)[None, :], 0.0)
-            else:
-                k_own = tl.load(k_ptr + own_slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                                mask=own_mask, other=0.0).to(tl.float32)
-                v_own = tl.load(v_ptr + own_slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                                mask=own_mask, other=0.0).to(tl.float32)
+            k_own = tl.load(k_ptr + own_slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                            mask=own_mask, other=0.0).to(tl.float32)
+            v_own = tl.load(v_ptr + own_slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                            mask=own_mask, other=0.0).to(tl.float32)
             if DOT_F32:
                 q = q.to(tl.float32)
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -324,10 +329,11 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
     pdl = pdl_args(q.device, pdl_on)
     k_new, v_new, cos_sin = rope if rope is not None else (k_cache, v_cache, part_o)  # unused without rope
+    q_rot = torch.empty((num_rows, num_heads, head_dim), dtype=q.dtype, device=q.device) if rope is not None else q
     programs = _split_programs(num_splits, num_kv_heads, num_sms(q.device))
     split_kernel[(num_kv_heads, programs)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
-        k_new, v_new, cos_sin,
+        k_new, v_new, cos_sin, q_rot, q_rot.stride(0), q_rot.stride(1),
         num_rows, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         k_new.stride(-2), v_new.stride(-2), cos_sin.stride(0),

@@ -46,6 +46,9 @@ class GemvConfig:
     split_k: int  # programs along K per column tile; 1: no reduction pass
     num_warps: int
     num_stages: int
+    # Tensor-core tiles (several rows, or invariant): the weight tile as the left operand of the
+    # dot, out.T = W @ x.T, so that BLOCK_N, not the 16 padded rows, is the dot's long side.
+    swap_ab: bool = False
 
 
 def default_config(num_rows: int, n: int, k: int, num_sms: int = 132) -> GemvConfig:
@@ -108,7 +111,7 @@ def _kernels():
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
         LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, NORM_MODE: tl.constexpr, K_POW2: tl.constexpr,
-        GATED: tl.constexpr, NORM_TAIL: tl.constexpr, N_POW2: tl.constexpr,
+        GATED: tl.constexpr, NORM_TAIL: tl.constexpr, N_POW2: tl.constexpr, SWAP_AB: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -157,7 +160,10 @@ def _kernels():
                 sq += tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=1)
             inv_rms = tl.rsqrt(sq / K + eps)
         if USE_DOT:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            if SWAP_AB:
+                acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            else:
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         else:
             acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # M == 1: reduce once, after the loop
             acc2_up = tl.zeros([BLOCK_N if GATED else 1, BLOCK_K], tl.float32)  # GATED: the up rows'
@@ -194,7 +200,12 @@ def _kernels():
                 a = (act * up.to(tl.float32)).to(x.dtype).to(tl.float32)
             else:
                 a = x.to(tl.float32)
-            if USE_DOT:
+            if USE_DOT and SWAP_AB:
+                if DOT_F32:
+                    acc_t += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
+                else:
+                    acc_t += tl.dot(w, tl.trans(a.to(w.dtype)))
+            elif USE_DOT:
                 if DOT_F32:
                     acc += tl.dot(a, tl.trans(w.to(tl.float32)), input_precision="ieee")
                 else:
@@ -203,6 +214,8 @@ def _kernels():
                 acc2 += w.to(tl.float32) * a  # a: (1, BLOCK_K)
                 if GATED:
                     acc2_up += w_up.to(tl.float32) * a
+        if USE_DOT and SWAP_AB:
+            acc = tl.trans(acc_t)
         if not USE_DOT:
             acc = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
             if GATED:
@@ -325,7 +338,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
         num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device, pdl),
         LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES,
         NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1, GATED=gated,
-        NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1,
+        NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1, SWAP_AB=dot and cfg.swap_ab,
     )
     return out, new_res
 
