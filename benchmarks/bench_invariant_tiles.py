@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gemv import SHAPES, make_inputs, time_graph  # noqa: E402
 from engine.kernels.gemv import MAX_ROWS, GemvConfig, default_config, gemv  # noqa: E402
-from engine.routing import row_tile  # noqa: E402
+from engine.routing import invariant_tile, row_tile  # noqa: E402
 
 # (block_n, block_k, split_k, num_warps, num_stages, swap_ab)
 TILES = [GemvConfig(*c) for c in [
@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--max-seconds", type=float, default=400)
+    ap.add_argument("--no-sweep", action="store_true", help="the engine's invariant tile only, no sweep")
     args = ap.parse_args()
     t0 = time.time()
     results = []
@@ -76,7 +77,14 @@ def main() -> None:
             best_row[impl] = time_graph(fn, args.iters, args.calls)
         row_us = min(best_row.values())
         entry = {"shape": name, "n": n, "k": k, "one_row": best_row, "one_row_best_us": row_us, "tiles": []}
-        cfgs = [default_config(MAX_ROWS, n, k)] + TILES + [with_split(c, n, k) for c in TILES]
+        # the one-row kernel row by row (each_row), on the M = 1 tiles
+        entry["each_row"] = {}
+        for impl, cfg in [("default", None), ("row_tile", row_tile(k))]:
+            entry["each_row"][impl] = {
+                m: time_graph(lambda i, m=m, c=cfg: gemv(x16[:m], ws[i % len(ws)], config=c, each_row=True),
+                              args.iters, args.calls) for m in (1, 6, 16)}
+        cfgs = [invariant_tile((n, k))] + ([] if args.no_sweep else
+                                           [default_config(MAX_ROWS, n, k)] + TILES + [with_split(c, n, k) for c in TILES])
         seen = set()
         for cfg in cfgs:
             if cfg in seen or time.time() - t0 > args.max_seconds:
@@ -99,6 +107,8 @@ def main() -> None:
         entry["best_m1"] = min(ok, key=lambda t: t["us_1"]) if ok else None
         results.append(entry)
         b = entry["best_m1"]
+        er = entry["each_row"]["row_tile"]
+        print(f"{name:14s} each_row row_tile: 1 row {er[1]:.2f} us, 6 rows {er[6]:.2f}, 16 rows {er[16]:.2f}", flush=True)
         print(f"{name:14s} one-row {row_us:7.2f} us ({min(best_row, key=best_row.get)}); invariant best at 1 row: "
               f"{b['tile'] if b else '-'} {b['us_1'] if b else 0:7.2f} us (x{b['vs_one_row'] if b else 0:.3f}), "
               f"6 rows {b['us_6'] if b else 0:.2f}, 16 rows {b['us_16'] if b else 0:.2f}", flush=True)

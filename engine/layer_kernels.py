@@ -77,28 +77,33 @@ class LayerKernels:
 
 class FusedLayerKernels(LayerKernels):
     """One launch each: rms_norm_gemv for add_rms_norm + qkv and add_rms_norm + gate_up,
-    silu_mul_gemv for silu_and_mul + down (or, for one row, gated_gemv for gate_up and the
+    silu_mul_gemv for silu_and_mul + down (or, on the one-row kernel, gated_gemv for gate_up and the
     activation), each with its routing tile, or unfused where routing says so. invariant: the
-    batch-invariant kernels (a row's bits the same for any row count up to 16); else the M = 1
-    tiles."""
+    batch-invariant tensor-core kernels (a row's bits the same for any row count up to 16); else
+    the M = 1 tiles (with each_row, row by row: batch-invariant as well)."""
 
-    def __init__(self, options: KernelOptions, invariant: bool, project: Callable, **unfused):
+    def __init__(self, options: KernelOptions, invariant: bool, project: Callable, each_row: bool = False,
+                 **unfused):
         super().__init__(project, **unfused)
         self.options = options
         self.invariant = invariant
         self.mode = INVARIANT if invariant else ROW
+        # The ROW set on several rows runs the one-row kernels row by row (a batch-invariant
+        # target's small layers: routing.each_row_layer); without it, the dot kernel (a draft's).
+        self.each_row = each_row and not invariant
 
     def norm_linear(self, x, residual, norm, linear, role):
-        tile = routing.norm_tile(self.options, self.mode, rows_of(x).shape[0], tuple(linear.weight.shape))
+        tile = routing.norm_tile(self.options, self.mode, rows_of(x).shape[0], tuple(linear.weight.shape),
+                                 self.each_row)
         if tile == UNFUSED or isinstance(x, Normed):
             return super().norm_linear(x, residual, norm, linear, role)
         return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant,
-                             pdl=self.options.pdl)
+                             pdl=self.options.pdl, each_row=self.each_row)
 
     def mlp(self, x, residual, norm, mlp, then=None):
         gate_up, rows = mlp.gate_up_proj, rows_of(x)
         shape = tuple(gate_up.weight.shape)
-        if not routing.is_gated(self.options, self.mode, rows.shape[0], shape, rows.dtype):
+        if not routing.is_gated(self.options, self.mode, rows.shape[0], shape, rows.dtype, self.each_row):
             return super().mlp(x, residual, norm, mlp)
         tile, pdl = routing.gated_tile(self.options, shape), self.options.pdl
         if routing.norm_tile(self.options, ROW, 1, shape) == UNFUSED or isinstance(x, Normed):
@@ -117,7 +122,7 @@ class FusedLayerKernels(LayerKernels):
             return None
         norm, next_linear, role = then
         if not routing.carries_norm(self.options, self.mode, residual.shape[0], residual.dtype, role,
-                                    tuple(next_linear.weight.shape)):
+                                    tuple(next_linear.weight.shape), self.each_row):
             return None
 
         def project(x: torch.Tensor, linear: torch.nn.Linear) -> "torch.Tensor | Normed":
@@ -131,7 +136,8 @@ class FusedLayerKernels(LayerKernels):
 
     def mlp_down(self, gate_up, mlp):
         down = mlp.down_proj
-        tile = routing.down_tile(self.options, self.mode, gate_up.shape[0], tuple(down.weight.shape))
+        tile = routing.down_tile(self.options, self.mode, gate_up.shape[0], tuple(down.weight.shape), self.each_row)
         if tile == UNFUSED:
             return super().mlp_down(gate_up, mlp)
-        return silu_mul_gemv(gate_up, down.weight, down.bias, tile, self.invariant, pdl=self.options.pdl)
+        return silu_mul_gemv(gate_up, down.weight, down.bias, tile, self.invariant, pdl=self.options.pdl,
+                             each_row=self.each_row)

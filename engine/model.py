@@ -13,6 +13,7 @@ from engine.kv_cache import KVCache
 from engine.layers import GatedMLP, RMSNorm
 from engine.kernels.attention import MAX_INVARIANT_ROWS
 from engine.layer_kernels import Normed, rows_of
+from engine import routing
 from engine.ops import Ops
 from engine.options import KernelOptions
 from engine.rope import apply_rope, rope_cos_sin
@@ -92,6 +93,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
         self.ops = ops
+        self.shapes = [tuple(m.weight.shape) for m in (self.self_attn.qkv_proj, self.self_attn.o_proj,
+                                                       self.mlp.gate_up_proj, self.mlp.down_proj)]
 
     def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, cos_sin_table, stream_in: list | None = None,
                 then=None):
@@ -101,7 +104,9 @@ class DecoderLayer(nn.Module):
         x + residual, as its first norm computes it (no extra launch). then: the norm after this
         layer and the projection after it, (norm, linear, role), which the MLP's down projection
         may run in its last program (the output is then a Normed: LayerKernels.ending)."""
-        kernels = self.ops.layer_kernels(rows_of(x), batch)  # fused norm + projection launches, or not
+        rows = rows_of(x)
+        each_row = routing.each_row_layer(self.ops.options, self.shapes, rows.dtype)
+        kernels = self.ops.layer_kernels(rows, batch, each_row)  # fused norm + projection launches, or not
         qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, role="qkv")
         if stream_in is not None:
             stream_in.append(residual)

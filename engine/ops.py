@@ -72,7 +72,7 @@ class Ops:
             bound(attention, options), row_linear=bound(project, UNFUSED, role="o_proj"),
             linear=bound(project, UNFUSED, role="lm_head"), embed=bound(embed_rows, pdl=pdl),
             rope_attention=bound(rope_attention, options), greedy_next=bound(greedy_next, pdl=pdl),
-            fused_row=FusedLayerKernels(options, False, bound(project, routing.ROW)),
+            fused_row=FusedLayerKernels(options, False, bound(project, routing.ROW), each_row=options.batch_invariant),
             fused_invariant=FusedLayerKernels(options, True, bound(project, routing.INVARIANT)),
             draft_kernels=FusedLayerKernels(options, False, bound(project, DRAFT),
                                             add_rms_norm=bound(add_rms_norm, pdl=pdl),
@@ -86,13 +86,15 @@ class Ops:
             return self.rope_attention
         return None
 
-    def layer_kernels(self, x: torch.Tensor, batch) -> LayerKernels:
+    def layer_kernels(self, x: torch.Tensor, batch, each_row: bool = False) -> LayerKernels:
         """The kernels a decoder layer runs on x (T, H) for `batch`: the one place that picks
         fused norm/activation + projection launches (CUDA with Triton, bf16, a decode or verify
-        step: routing.layer_mode) or the unfused ops (CPU, prefill, packed forwards)."""
+        step: routing.layer_mode) or the unfused ops (CPU, prefill, packed forwards). each_row:
+        the layer's weights are small enough for the one-row set row by row
+        (routing.each_row_layer)."""
         if self.fused_row is None:
             return self._unfused
-        mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed)
+        mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row)
         if mode == routing.ROW:
             return self.fused_row
         return self.fused_invariant if mode == routing.INVARIANT else self._unfused
@@ -109,7 +111,8 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)
     if route.kernel == CUBLAS:
         return linear(x)
-    return gemv(x, linear.weight, linear.bias, config=route.tile, invariant=route.invariant, pdl=options.pdl)
+    return gemv(x, linear.weight, linear.bias, config=route.tile, invariant=route.invariant, pdl=options.pdl,
+                each_row=route.each_row)
 
 
 def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own_slots=None) -> torch.Tensor:

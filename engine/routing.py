@@ -21,7 +21,7 @@ Re-measure the tables on the GPU and edit: `python benchmarks/bench_gemv.py --ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -42,7 +42,37 @@ ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 class Route:
     kernel: str  # GEMV or CUBLAS
     tile: GemvConfig | None = None  # GEMV: None, the kernel's built-in table (default_config)
-    invariant: bool = False  # GEMV: the batch-invariant tile, the same for every row count
+    invariant: bool = False  # GEMV: the batch-invariant tensor-core tile, the same for every row count
+    each_row: bool = False  # GEMV: the one-row kernel and tile, row after row (batch-invariant too)
+
+
+# Batch invariance (a draft loaded) runs each projection on one of two kernels, chosen by the
+# weight's shape alone so that a verify row and the decode step of its token take the same one:
+# weights up to EACH_ROW_MAX_BYTES on the one-row kernels, row after row (each_row: a program's
+# weight tile is still in its SM's cache for the next rows, and one row runs exactly as without a
+# draft, fusions included); larger ones on the tensor-core tile over 16 padded rows.
+EACH_ROW_MAX_BYTES = 8 << 20
+
+
+def each_row_serves(options: KernelOptions, shape: tuple[int, int], dtype: torch.dtype) -> bool:
+    """Whether a batch-invariant step runs the projection of weight `shape` row by row."""
+    return options.batch_invariant and dtype == torch.bfloat16 and shape[0] * shape[1] * 2 <= EACH_ROW_MAX_BYTES
+
+
+def each_row_layer(options: KernelOptions, shapes: list[tuple[int, int]], dtype: torch.dtype) -> bool:
+    """Whether a decoder layer whose projections have these weight shapes runs its batch-invariant
+    steps on the fused one-row set, row by row (all of them small enough), rather than INVARIANT."""
+    return all(each_row_serves(options, s, dtype) for s in shapes)
+
+
+def invariant_tile(shape: tuple[int, int]) -> GemvConfig:
+    """The tensor-core tile of a batch-invariant projection too large for each_row: the weight as
+    the dot's long side (swap_ab), 64 columns a program. On an H200 (bench_invariant_tiles.py) one
+    row ran at 0.91x-1.02x of the fastest one-row kernel for the 8B's shapes; for K <= 1024 the
+    shorter K step (SmolLM2's lm_head 19.1 against 20.7 us)."""
+    if shape[1] <= 1024:
+        return GemvConfig(64, 128, 1, 4, 3, swap_ab=True)
+    return GemvConfig(64, 256, 1, 4, 4, swap_ab=True)
 
 
 CUBLAS_ROUTE = Route(CUBLAS)
@@ -86,12 +116,16 @@ def is_invariant(options: KernelOptions, rows: int, dtype: torch.dtype) -> bool:
     return options.batch_invariant and rows <= MAX_ROWS and dtype == torch.bfloat16
 
 
-def layer_mode(options: KernelOptions, rows: int, dtype: torch.dtype, packed: bool) -> str:
+def layer_mode(options: KernelOptions, rows: int, dtype: torch.dtype, packed: bool,
+               each_row: bool = False) -> str:
     """The kernel set of a decoder layer's step on CUDA: INVARIANT, ROW or UNFUSED (prefill,
-    packed forwards, other dtypes, fusion off)."""
+    packed forwards, other dtypes, fusion off). each_row: the layer's weights are small enough for
+    the one-row set row by row (each_row_layer); a batch-invariant step of 1 to 16 rows runs ROW."""
     if not options.fuse or packed:
         return UNFUSED
     if is_invariant(options, rows, dtype):
+        if each_row:
+            return ROW
         return INVARIANT if options.fuse_invariant else UNFUSED
     return ROW if rows == 1 and dtype == torch.bfloat16 else UNFUSED
 
@@ -105,7 +139,10 @@ def linear_route(options: KernelOptions, mode: str, role: str, rows: int, shape:
     if mode == DRAFT:
         return Route(GEMV) if rows <= MAX_ROWS and bf16 else CUBLAS_ROUTE
     if is_invariant(options, rows, dtype):
-        return Route(GEMV, invariant=True)
+        if not each_row_serves(options, shape, dtype):
+            return Route(GEMV, invariant_tile(shape), invariant=True)
+        one = linear_route(replace(options, batch_invariant=False), mode, role, 1, shape, dtype)
+        return Route(GEMV, one.tile, each_row=True)  # the one-row route, never cuBLAS
     if rows != 1 or not bf16:
         return CUBLAS_ROUTE
     if role in ("o_proj", "down"):
@@ -136,29 +173,38 @@ def fused_tile(options: KernelOptions, mode: str, kernel: str, n: int, k: int) -
     return tile
 
 
-def _table_mode(mode: str, rows: int) -> str:
-    # A ROW-mode set on several rows (a draft-extend): the invariant entries, measured on 6 and 16
-    # rows, with the built-in tile for that row count; the row tiles are M = 1 tiles.
-    return INVARIANT if mode == ROW and rows > 1 else mode
+def _table_mode(mode: str, rows: int, each_row: bool) -> str:
+    # A ROW-mode set on several rows without each_row (a draft-extend): the invariant entries,
+    # measured on 6 and 16 rows, with the built-in tile for that row count; the row tiles are
+    # M = 1 tiles, which each_row runs row by row.
+    return INVARIANT if mode == ROW and rows > 1 and not each_row else mode
 
 
-def norm_tile(options: KernelOptions, mode: str, rows: int, shape: tuple[int, int]) -> GemvConfig | str | None:
+def _one_row(rows: int, each_row: bool) -> bool:
+    # The one-row kernels serve this step: one row, or up to MAX_ROWS row by row.
+    return rows == 1 or (each_row and rows <= MAX_ROWS)
+
+
+def norm_tile(options: KernelOptions, mode: str, rows: int, shape: tuple[int, int],
+              each_row: bool = False) -> GemvConfig | str | None:
     """rms_norm_gemv's tile for a norm and the projection after it (qkv, gate_up, a draft's
     lm_head) of weight `shape`: a GemvConfig, None (the built-in tile) or UNFUSED (apart)."""
-    return fused_tile(options, _table_mode(mode, rows), "rms_norm_gemv", *shape)
+    return fused_tile(options, _table_mode(mode, rows, each_row), "rms_norm_gemv", *shape)
 
 
-def down_tile(options: KernelOptions, mode: str, rows: int, shape: tuple[int, int]) -> GemvConfig | str | None:
+def down_tile(options: KernelOptions, mode: str, rows: int, shape: tuple[int, int],
+              each_row: bool = False) -> GemvConfig | str | None:
     """silu_mul_gemv's tile for the activation and the down projection of weight `shape`."""
-    return fused_tile(options, _table_mode(mode, rows), "silu_mul_gemv", *shape)
+    return fused_tile(options, _table_mode(mode, rows, each_row), "silu_mul_gemv", *shape)
 
 
 def is_gated(options: KernelOptions, mode: str, rows: int, gate_up_shape: tuple[int, int],
-             dtype: torch.dtype) -> bool:
+             dtype: torch.dtype, each_row: bool = False) -> bool:
     """Whether an MLP runs as gated_gemv (gate_up with silu(gate) * up in its epilogue) and a plain
-    down GEMV over I values: one bf16 row of the ROW set, unless row_tiles sends gate_up to cuBLAS
-    (silu_mul_gemv recomputed the activation of all I columns in each of its programs)."""
-    return (options.gated_mlp and mode == ROW and rows == 1 and dtype == torch.bfloat16
+    down GEMV over I values: bf16 rows of the ROW set on the one-row kernel, unless row_tiles sends
+    gate_up to cuBLAS (silu_mul_gemv recomputed the activation of all I columns in each of its
+    programs)."""
+    return (options.gated_mlp and mode == ROW and _one_row(rows, each_row) and dtype == torch.bfloat16
             and options.row_tile(gate_up_shape) != CUBLAS)
 
 
@@ -168,12 +214,12 @@ def gated_tile(options: KernelOptions, gate_up_shape: tuple[int, int]) -> GemvCo
 
 
 def carries_norm(options: KernelOptions, mode: str, rows: int, dtype: torch.dtype, next_role: str,
-                 next_shape: tuple[int, int]) -> bool:
+                 next_shape: tuple[int, int], each_row: bool = False) -> bool:
     """Whether a sublayer's last projection (o_proj, down) ends with the residual add and the next
-    RMSNorm in its last program (gemv_add_norm): a one-row bf16 step of the ROW set, where that norm
-    would otherwise be a launch of its own: before lm_head, or before a projection (next_role, of
-    weight next_shape) whose norm FUSED_TILES keeps apart."""
-    if not (options.norm_tail and mode == ROW and rows == 1 and dtype == torch.bfloat16):
+    RMSNorm in its last program (gemv_add_norm): a bf16 step of the ROW set on the one-row kernel,
+    where that norm would otherwise be a launch of its own: before lm_head, or before a projection
+    (next_role, of weight next_shape) whose norm FUSED_TILES keeps apart."""
+    if not (options.norm_tail and mode == ROW and _one_row(rows, each_row) and dtype == torch.bfloat16):
         return False
     return next_role == "lm_head" or norm_tile(options, ROW, 1, next_shape) == UNFUSED
 

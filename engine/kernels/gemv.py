@@ -1,11 +1,18 @@
 """Skinny matmul out = x @ weight.T for M = 1..16 rows (decode/verify), with fused prologues.
 
-One kernel serves three ops, each beside its plain-torch reference:
+Three ops, each beside its plain-torch reference:
   gemv(x, weight, bias)                              out = x @ W.T (+ bias)
   rms_norm_gemv(x, residual, norm_weight, eps, W)    h = x + residual; out = rms_norm(h) @ W.T
   silu_mul_gemv(gate_up, W)                          out = (silu(gate) * up) @ W.T
-and, for one row, two epilogues: gated_gemv (silu(gate) * up of [gate; up] rows) and
+and two epilogues of the one-row kernel: gated_gemv (silu(gate) * up of [gate; up] rows) and
 gemv_add_norm (x @ W.T + residual, then RMSNorm in the last program: see there).
+
+Two kernels: row_kernel (CUDA-core FMAs on one-row tiles; several rows run one after the other
+in each program, so every row has the bits of a one-row call: `each_row`) and dot_kernel
+(tensor cores over 16 padded rows; `invariant`: one tile for every row count, so again a row's
+bits do not depend on the rows beside it). The first is the faster for a single row and for
+weights small enough to stay in an SM's cache across the rows; the second for several rows of
+large weights.
 
 Each program owns BLOCK_N output columns of every row and one K range (split). With one
 split it stores the result; with several, it stores an fp32 partial and bumps a per-tile
@@ -25,7 +32,7 @@ import torch.nn.functional as F
 
 from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 
-triton = tl = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = prefetch_rows = None  # bound by _kernels(): Triton is imported on first use only
 
 NONE, RMS_NORM, SILU_MUL = 0, 1, 2  # prologue kinds
 MAX_ROWS = 16
@@ -99,55 +106,195 @@ def _tail_counter(device: torch.device) -> torch.Tensor:
 
 @functools.cache
 def _kernels():
-    global triton, tl
+    global triton, tl, prefetch_rows
     import triton
     import triton.language as tl
 
     @triton.jit
-    def gemv_kernel(
+    def prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, GATED: tl.constexpr, LINE: tl.constexpr,
+                      PREFETCH_LINES: tl.constexpr):
+        """With PDL: the weights are never written by a kernel, so the first PREFETCH_LINES 128-byte
+        lines (LINE elements each) of this program's rows are requested into L2 while the previous
+        kernel may still run (GATED: the up rows' too)."""
+        lines = k_start + tl.arange(0, PREFETCH_LINES) * LINE
+        line_ptrs = w_ptr + w_rows[:, None] * stride_w + tl.minimum(lines, K - 1)[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [line_ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+        if GATED:
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [line_ptrs + N * stride_w],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def row_kernel(
         x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
         num_rows, N, K, stride_x, stride_res, stride_new_res, stride_w, stride_out, eps,
-        PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
+        PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+        SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, NORM_MODE: tl.constexpr, K_POW2: tl.constexpr,
+        GATED: tl.constexpr, NORM_TAIL: tl.constexpr, N_POW2: tl.constexpr,
+    ):
+        """The one-row kernel (CUDA-core FMAs), looping over the rows: row m runs the same
+        instructions whatever num_rows is, so its bits do not depend on the rows beside it. The
+        weight tile a program reads for row 0 is still in its SM's cache for the next rows."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        w_rows = tl.where(n_ok, offs_n, 0)  # clamped instead of masked: loads stay vectorized
+        k_start = pid_k * K_PER_SPLIT
+        dtype = out_ptr.dtype.element_ty
+        if USE_PDL:
+            prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, GATED, LINE, PREFETCH_LINES)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        for m in range(num_rows):
+            x_row = x_ptr + m * stride_x
+            res_row = res_ptr + m * stride_res
+            if NORM_TAIL:  # requested now, used after the K loop: its round trip overlaps the weights'
+                res_tail = tl.load(res_row + offs_n[None, :], mask=n_ok[None, :], other=0.0)
+            inv_rms = tl.zeros([1], tl.float32)
+            if PROLOGUE == 1 and NORM_MODE == 1:
+                # The row's K elements in one load, summed in fp32.
+                offs_all = tl.arange(0, K_POW2)
+                all_ok = offs_all < K
+                row_all = tl.load(x_row + offs_all, mask=all_ok, other=0.0)
+                if HAS_RESIDUAL:
+                    res_all = tl.load(res_row + offs_all, mask=all_ok, other=0.0)
+                    row_all = (row_all.to(tl.float32) + res_all.to(tl.float32)).to(row_all.dtype)
+                row_f32 = row_all.to(tl.float32)
+                inv_rms += tl.rsqrt(tl.sum(row_f32 * row_f32, axis=0) / K + eps)
+            elif PROLOGUE == 1 and NORM_MODE == 0:
+                # The norm needs the whole row's mean square first: a pass over K (L2-resident).
+                sq = tl.zeros([1], tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    offs_k = k0 + tl.arange(0, BLOCK_K)
+                    mask = (offs_k < K)[None, :]
+                    h = tl.load(x_row + offs_k[None, :], mask=mask, other=0.0)
+                    if HAS_RESIDUAL:
+                        res = tl.load(res_row + offs_k[None, :], mask=mask, other=0.0)
+                        h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
+                    sq += tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=1)
+                inv_rms = tl.rsqrt(sq / K + eps)
+            acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # reduced once, after the loop
+            acc2_up = tl.zeros([BLOCK_N if GATED else 1, BLOCK_K], tl.float32)  # GATED: the up rows'
+            for kk in range(0, K_PER_SPLIT, BLOCK_K):
+                offs_k = k_start + kk + tl.arange(0, BLOCK_K)
+                if EVEN_K:
+                    k_ok = offs_k < K_PER_SPLIT * SPLIT_K
+                    w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
+                    if GATED:
+                        w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :])
+                else:
+                    k_ok = offs_k < K
+                    w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+                    if GATED:
+                        w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :],
+                                       mask=k_ok[None, :], other=0.0)
+                # a: the (1, BLOCK_K) fp32 left operand after the prologue
+                mask = k_ok[None, :]
+                x = tl.load(x_row + offs_k[None, :], mask=mask, other=0.0)
+                if PROLOGUE == 1:  # RMS_NORM, rounded like rms_norm_gemv_ref at each step
+                    h = x
+                    if HAS_RESIDUAL:
+                        res = tl.load(res_row + offs_k[None, :], mask=mask, other=0.0)
+                        h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+                        if pid_n == 0:  # column tile 0 writes the new residual stream
+                            tl.store(new_res_ptr + m * stride_new_res + offs_k[None, :], h, mask=mask)
+                    nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                    normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
+                    a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
+                elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
+                    up = tl.load(x_row + K + offs_k[None, :], mask=mask, other=0.0)
+                    gate = x.to(tl.float32)
+                    act = (gate * tl.sigmoid(gate)).to(x.dtype).to(tl.float32)
+                    a = (act * up.to(tl.float32)).to(x.dtype).to(tl.float32)
+                else:
+                    a = x.to(tl.float32)
+                acc2 += w.to(tl.float32) * a
+                if GATED:
+                    acc2_up += w_up.to(tl.float32) * a
+            acc = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
+            if GATED:
+                # silu(gate) * up of this tile's columns, each rounded as the unfused ops round them
+                gate = acc
+                up = tl.reshape(tl.sum(acc2_up, axis=1), (1, BLOCK_N))
+                if HAS_BIAS:
+                    gate += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                    up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                gate = gate.to(dtype).to(tl.float32)
+                up = up.to(dtype).to(tl.float32)
+                acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
+            out_mask = n_ok[None, :]
+            if SPLIT_K > 1:  # part: (SPLIT_K, num_rows, N) fp32
+                tl.store(part_ptr + (pid_k * num_rows + m) * N + offs_n[None, :], acc, mask=out_mask)
+            else:
+                if HAS_BIAS and not GATED:
+                    acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                if NORM_TAIL:
+                    # h = x @ W.T + residual on this tile's columns, rounded as gemv and then
+                    # add_rms_norm round, goes to the new stream; the norm comes below.
+                    h = (acc.to(dtype).to(tl.float32) + res_tail.to(tl.float32)).to(dtype)
+                    tl.store(new_res_ptr + m * stride_new_res + offs_n[None, :], h, mask=out_mask)
+                else:
+                    tl.store(out_ptr + m * stride_out + offs_n[None, :], acc.to(dtype), mask=out_mask)
+        if SPLIT_K > 1:
+            tl.debug_barrier()  # every thread's partials are written before the counter moves
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:  # last program of this column tile: sum the splits
+                tl.debug_barrier()
+                for m in range(num_rows):
+                    acc = tl.zeros([1, BLOCK_N], tl.float32)
+                    for s in range(SPLIT_K):
+                        acc += tl.load(part_ptr + (s * num_rows + m) * N + offs_n[None, :], mask=n_ok[None, :],
+                                       other=0.0, cache_modifier=".cg")
+                    if HAS_BIAS:
+                        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                    tl.store(out_ptr + m * stride_out + offs_n[None, :], acc.to(dtype), mask=n_ok[None, :])
+                tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
+        if NORM_TAIL:
+            # The program that finishes last reads each row's h back from L2 and writes
+            # rms_norm(h) * norm_weight to out, in place of a separate norm launch.
+            tl.debug_barrier()  # every thread's columns are written before the counter moves
+            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+            if arrived == tl.num_programs(0) - 1:
+                tl.debug_barrier()
+                offs_h = tl.arange(0, N_POW2)
+                h_ok = offs_h < N
+                nw_h = tl.load(nw_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+                for m in range(num_rows):
+                    hf = tl.load(new_res_ptr + m * stride_new_res + offs_h, mask=h_ok, other=0.0,
+                                 cache_modifier=".cg").to(tl.float32)
+                    inv_rms_h = tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)
+                    normed_h = (hf * inv_rms_h).to(dtype).to(tl.float32)  # HF casts before the weight
+                    tl.store(out_ptr + m * stride_out + offs_h, (normed_h * nw_h).to(dtype), mask=h_ok)
+                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+
+    @triton.jit
+    def dot_kernel(
+        x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
+        num_rows, N, K, stride_x, stride_res, stride_new_res, stride_w, stride_out, eps,
+        PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, NORM_MODE: tl.constexpr, K_POW2: tl.constexpr,
-        GATED: tl.constexpr, NORM_TAIL: tl.constexpr, N_POW2: tl.constexpr, SWAP_AB: tl.constexpr,
+        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWAP_AB: tl.constexpr,
     ):
+        """Tensor-core tiles over BLOCK_M (>= 16) padded rows: each row's result comes from the
+        same dot instructions whatever the other rows hold."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
         row_ok = rows < num_rows
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
-        w_rows = tl.where(n_ok, offs_n, 0)  # clamped instead of masked: loads stay vectorized
+        w_rows = tl.where(n_ok, offs_n, 0)
         k_start = pid_k * K_PER_SPLIT
         if USE_PDL:
-            # The weights are never written by a kernel: the first PREFETCH_LINES 128-byte lines
-            # (LINE elements each) of this program's rows are requested into L2 while the
-            # previous kernel may still run. Then wait for its writes, and let the next launch.
-            lines = k_start + tl.arange(0, PREFETCH_LINES) * LINE
-            line_ptrs = w_ptr + w_rows[:, None] * stride_w + tl.minimum(lines, K - 1)[None, :]
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [line_ptrs], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-            if GATED:  # and the up rows'
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [line_ptrs + N * stride_w],
-                                          dtype=tl.int32, is_pure=False, pack=1)
+            prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, False, LINE, PREFETCH_LINES)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        if NORM_TAIL:  # requested now, used after the K loop: its round trip overlaps the weights'
-            res_tail = tl.load(res_ptr + offs_n[None, :], mask=n_ok[None, :], other=0.0)
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
-        if PROLOGUE == 1 and NORM_MODE == 1:
-            # One row (BLOCK_M == 1): its K elements in one load, summed in fp32.
-            offs_all = tl.arange(0, K_POW2)
-            all_ok = offs_all < K
-            row_all = tl.load(x_ptr + offs_all, mask=all_ok, other=0.0)
-            if HAS_RESIDUAL:
-                res_all = tl.load(res_ptr + offs_all, mask=all_ok, other=0.0)
-                row_all = (row_all.to(tl.float32) + res_all.to(tl.float32)).to(row_all.dtype)
-            row_f32 = row_all.to(tl.float32)
-            inv_rms += tl.rsqrt(tl.sum(row_f32 * row_f32, axis=0) / K + eps)
-        elif PROLOGUE == 1 and NORM_MODE == 0:
+        if PROLOGUE == 1:
             # The norm needs the whole row's mean square first: a pass over K (L2-resident).
             sq = tl.zeros([BLOCK_M], tl.float32)
             for k0 in range(0, K, BLOCK_K):
@@ -159,27 +306,18 @@ def _kernels():
                     h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
                 sq += tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=1)
             inv_rms = tl.rsqrt(sq / K + eps)
-        if USE_DOT:
-            if SWAP_AB:
-                acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-            else:
-                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if SWAP_AB:
+            acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         else:
-            acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # M == 1: reduce once, after the loop
-            acc2_up = tl.zeros([BLOCK_N if GATED else 1, BLOCK_K], tl.float32)  # GATED: the up rows'
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for kk in range(0, K_PER_SPLIT, BLOCK_K):
             offs_k = k_start + kk + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 k_ok = offs_k < K_PER_SPLIT * SPLIT_K
                 w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
-                if GATED:
-                    w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :])
             else:
                 k_ok = offs_k < K
                 w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :], other=0.0)
-                if GATED:
-                    w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :],
-                                   other=0.0)
             # a: the (BLOCK_M, BLOCK_K) fp32 left operand after the prologue
             mask = row_ok[:, None] & k_ok[None, :]
             x = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
@@ -200,34 +338,18 @@ def _kernels():
                 a = (act * up.to(tl.float32)).to(x.dtype).to(tl.float32)
             else:
                 a = x.to(tl.float32)
-            if USE_DOT and SWAP_AB:
+            if SWAP_AB:
                 if DOT_F32:
                     acc_t += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
                 else:
                     acc_t += tl.dot(w, tl.trans(a.to(w.dtype)))
-            elif USE_DOT:
+            else:
                 if DOT_F32:
                     acc += tl.dot(a, tl.trans(w.to(tl.float32)), input_precision="ieee")
                 else:
                     acc += tl.dot(a.to(w.dtype), tl.trans(w))
-            else:
-                acc2 += w.to(tl.float32) * a  # a: (1, BLOCK_K)
-                if GATED:
-                    acc2_up += w_up.to(tl.float32) * a
-        if USE_DOT and SWAP_AB:
+        if SWAP_AB:
             acc = tl.trans(acc_t)
-        if not USE_DOT:
-            acc = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
-            if GATED:
-                # silu(gate) * up of this tile's columns, each rounded as the unfused ops round them
-                gate = acc
-                up = tl.reshape(tl.sum(acc2_up, axis=1), (1, BLOCK_N))
-                if HAS_BIAS:
-                    gate += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                    up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
-                up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
-                acc = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32) * up
         out_mask = row_ok[:, None] & n_ok[None, :]
         if SPLIT_K > 1:
             # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
@@ -246,61 +368,46 @@ def _kernels():
                          acc.to(out_ptr.dtype.element_ty), mask=out_mask)
                 tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
         else:
-            if HAS_BIAS and not GATED:
+            if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            if NORM_TAIL:
-                # One row: h = x @ W.T + residual on this tile's columns, rounded as gemv and then
-                # add_rms_norm round, goes to the new stream. The program that finishes last reads
-                # the whole of h back from L2 and writes rms_norm(h) * norm_weight to out.
-                dtype = out_ptr.dtype.element_ty
-                h = (acc.to(dtype).to(tl.float32) + res_tail.to(tl.float32)).to(dtype)
-                tl.store(new_res_ptr + offs_n[None, :], h, mask=out_mask)
-                tl.debug_barrier()  # every thread's columns are written before the counter moves
-                arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-                if arrived == tl.num_programs(0) - 1:
-                    tl.debug_barrier()
-                    offs_h = tl.arange(0, N_POW2)
-                    h_ok = offs_h < N
-                    hf = tl.load(new_res_ptr + offs_h, mask=h_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-                    inv_rms_h = tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)
-                    nw_h = tl.load(nw_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-                    normed_h = (hf * inv_rms_h).to(dtype).to(tl.float32)  # HF casts before the weight
-                    tl.store(out_ptr + offs_h, (normed_h * nw_h).to(dtype), mask=h_ok)
-                    tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
-            else:
-                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
-                         acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
-    return gemv_kernel
+    return row_kernel, dot_kernel
 
 
 def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, invariant: bool = False,
-            gated: bool = False, tail: bool = False, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """invariant: one compiled kernel and tile for every row count (the tensor-core path over
-    MAX_ROWS rows, the config of a MAX_ROWS-row call), so row i's result does not depend on how
-    many rows came with it: a verify row equals the decode step of the same token bit for bit.
-    tail (gemv_add_norm): residual and norm_weight go to the epilogue; returns (normed, h).
-    pdl: programmatic dependent launch (KernelOptions.pdl), as in every launcher here."""
+            gated: bool = False, tail: bool = False, pdl: bool = True,
+            each_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Picks the kernel: row_kernel for one row, or for several with each_row (each row's bits as
+    if it came alone, with the one-row tile); otherwise dot_kernel, with invariant one compiled
+    kernel and tile for every row count (the tensor-core path over MAX_ROWS rows, the config of a
+    MAX_ROWS-row call), so row i's result does not depend on how many rows came with it either.
+    gated and tail (gemv_add_norm: residual and norm_weight go to the epilogue; returns (normed, h))
+    run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl)."""
     num_rows = x.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
     assert bias is None or bias.shape == (weight.shape[0],)
+    rows_kernel = num_rows == 1 or each_row or gated or tail
+    assert not (rows_kernel and invariant and num_rows > 1), "each_row and invariant exclude each other"
+    invariant = invariant and not rows_kernel
     n = weight.shape[0] // 2 if gated else weight.shape[0]  # gated: [gate; up] rows, n outputs
     if gated:
-        assert num_rows == 1 and not invariant and prologue != SILU_MUL and weight.shape[0] % 2 == 0
+        assert prologue != SILU_MUL and weight.shape[0] % 2 == 0
         cfg = config or gated_config(n, k)
         assert cfg.split_k == 1, "gated launches do not split K"
     else:
-        cfg = config or default_config(MAX_ROWS if invariant else num_rows, n, k, num_sms(x.device))
+        cfg = config or default_config(1 if rows_kernel else (MAX_ROWS if invariant else num_rows), n, k,
+                                       num_sms(x.device))
         if tail and config is None:  # the built-in tile without its split: the tail needs whole columns
             cfg = replace(cfg, split_k=1)
-    dot = invariant or num_rows > 1
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     new_res = None
     res = nw = new_res_arg = x  # unused by the kernel unless the prologue or the tail reads them
     if tail:
-        assert num_rows == 1 and prologue == NONE and not gated and not invariant
-        assert residual.shape == (1, n) and residual.stride(1) == 1 and norm_weight.shape == (n,)
+        assert prologue == NONE and not gated
+        assert residual.shape == (num_rows, n) and residual.stride(1) == 1 and norm_weight.shape == (n,)
         assert cfg.split_k == 1, "a norm tail needs the whole column tile in one program"
         new_res = torch.empty_like(out)
         res, nw, new_res_arg = residual, norm_weight, new_res
@@ -311,7 +418,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
             assert residual.shape == x.shape and residual.stride(1) == 1
             new_res = torch.empty_like(x, memory_format=torch.contiguous_format)
             res, new_res_arg = residual, new_res
-    block_n = max(16, cfg.block_n) if dot else cfg.block_n  # tl.dot needs 16 columns or more
+    block_n = cfg.block_n if rows_kernel else max(16, cfg.block_n)  # tl.dot needs 16 columns or more
     tiles = -(-n // block_n)
     k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
     if cfg.split_k > 1:
@@ -323,23 +430,23 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     else:
         part = counters = out  # unused
     interpreting = triton_interpreting()
-    block_m = MAX_ROWS if invariant else (1 if num_rows == 1 else max(16, next_pow2(num_rows)))
-    norm = norm_mode(block_m, k) if prologue == RMS_NORM else LOOP
-    kernel = _kernels()
-    kernel[(tiles, cfg.split_k)](
-        x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
-        num_rows, n, k, x.stride(0), res.stride(0), new_res_arg.stride(0), weight.stride(0), out.stride(0),
-        float(eps),
-        PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=dot,
-        DOT_F32=x.dtype == torch.float32 or interpreting,
-        SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device, pdl),
-        LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES,
-        NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1, GATED=gated,
-        NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1, SWAP_AB=dot and cfg.swap_ab,
-    )
+    row_kernel, dot_kernel = _kernels()
+    common = dict(PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+                  SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
+                  BLOCK_N=block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+                  num_stages=1 if interpreting else cfg.num_stages, **pdl_args(x.device, pdl),
+                  LINE=128 // weight.element_size(), PREFETCH_LINES=PREFETCH_LINES)
+    args = (x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
+            num_rows, n, k, x.stride(0), res.stride(0), new_res_arg.stride(0), weight.stride(0), out.stride(0),
+            float(eps))
+    if rows_kernel:
+        norm = norm_mode(1, k) if prologue == RMS_NORM else LOOP
+        row_kernel[(tiles, cfg.split_k)](*args, NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1,
+                                         GATED=gated, NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1, **common)
+    else:
+        block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
+        dot_kernel[(tiles, cfg.split_k)](*args, DOT_F32=x.dtype == torch.float32 or interpreting, BLOCK_M=block_m,
+                                         SWAP_AB=cfg.swap_ab, **common)
     return out, new_res
 
 
@@ -349,13 +456,16 @@ def norm_mode(block_m: int, k: int) -> int:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None, invariant: bool = False, pdl: bool = True) -> torch.Tensor:
+         config: GemvConfig | None = None, invariant: bool = False, pdl: bool = True,
+         each_row: bool = False) -> torch.Tensor:
     """x (M, K), weight (N, K) as nn.Linear holds it -> (M, N) in x's dtype, fp32 accumulation.
 
     CUDA (or the Triton interpreter); no host sync; graph-capturable. `config` overrides
-    the built-in table (benchmarks). invariant: each row's result is independent of M.
+    the built-in table (benchmarks). invariant: each row's result is independent of M, on the
+    tensor-core tile; each_row: the same, on the one-row kernel (every row as a one-row call).
     """
-    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, invariant, pdl=pdl)[0]
+    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, invariant, pdl=pdl,
+                   each_row=each_row)[0]
 
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -367,7 +477,7 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
 def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                   weight: torch.Tensor, bias: torch.Tensor | None = None,
                   config: GemvConfig | None = None, invariant: bool = False,
-                  pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                  pdl: bool = True, each_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm followed by a projection, in one launch: returns (out, x + residual).
 
     x, residual (M, K) (residual None: the first layer; the stream returned is x itself);
@@ -376,7 +486,8 @@ def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
     writes the new residual. invariant: as for gemv (the rms too is computed by
     the same tile for any M).
     """
-    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant, pdl=pdl)
+    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant, pdl=pdl,
+                   each_row=each_row)
 
 
 def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
@@ -387,12 +498,13 @@ def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=N
 
 
 def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  config: GemvConfig | None = None, invariant: bool = False, pdl: bool = True) -> torch.Tensor:
+                  config: GemvConfig | None = None, invariant: bool = False, pdl: bool = True,
+                  each_row: bool = False) -> torch.Tensor:
     """gate_up (M, 2I) = [gate | up], weight (N, I) -> (silu(gate) * up) @ weight.T, (M, N).
-    invariant: as for gemv."""
+    invariant, each_row: as for gemv."""
     assert gate_up.shape[1] % 2 == 0
     return _launch(SILU_MUL, gate_up, None, None, 0.0, weight, bias, gate_up.shape[1] // 2, config, invariant,
-                   pdl=pdl)[0]
+                   pdl=pdl, each_row=each_row)[0]
 
 
 def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
@@ -402,9 +514,10 @@ def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
 
 def gated_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                config: GemvConfig | None = None, pdl: bool = True) -> torch.Tensor:
-    """One row: silu(x @ gate.T) * (x @ up.T), (1, I), where weight (2I, K) = [gate; up] as the MLP's
+    """silu(x @ gate.T) * (x @ up.T), (M, I), where weight (2I, K) = [gate; up] as the MLP's
     gate_up projection holds them. One launch; the down projection then reads I values instead of
-    2I and computes no activation (silu_mul_gemv's prologue recomputes it in every program)."""
+    2I and computes no activation (silu_mul_gemv's prologue recomputes it in every program). The
+    one-row kernel, row by row (each row's bits as if it came alone)."""
     return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, gated=True, pdl=pdl)[0]
 
 
@@ -416,7 +529,7 @@ def gated_gemv_ref(x, weight, bias=None, config=None):
 def rms_norm_gated_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor, bias: torch.Tensor | None = None,
                         config: GemvConfig | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row: add_rms_norm then gated_gemv, in one launch: (silu(h @ gate.T) * (h @ up.T), x + residual)."""
+    """add_rms_norm then gated_gemv, in one launch: (silu(h @ gate.T) * (h @ up.T), x + residual)."""
     return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, gated=True, pdl=pdl)
 
 
@@ -429,13 +542,14 @@ def rms_norm_gated_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, co
 def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                   norm_weight: torch.Tensor, eps: float,
                   config: GemvConfig | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row: gemv, then add_rms_norm of its output and residual, in one launch: returns
+    """gemv, then add_rms_norm of its output and residual, in one launch: returns
     (rms_norm(h) * norm_weight, h) with h = x @ weight.T (+ bias) + residual, each rounded as the
-    two ops round. x (1, K); weight (N, K); residual (1, N); norm_weight (N,). No split-K (config
+    two ops round. x (M, K); weight (N, K); residual (M, N); norm_weight (N,). The one-row kernel,
+    row by row. No split-K (config
     None: the built-in one-row tile without its split). Each
     program adds the residual to its columns and stores h; the last program to finish reads h back
     (N values, from L2) and writes the normed row, in place of a separate norm launch that would
-    read it after a kernel boundary."""
+    read it after a kernel boundary (one row after the other)."""
     return _launch(NONE, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, tail=True, pdl=pdl)
 
 

@@ -181,21 +181,25 @@ def tiles(request, monkeypatch):
 
 
 def expected_launches(cfg: ModelConfig, options: KernelOptions, rows: int = 1) -> dict[str, int]:
-    mode = routing.INVARIANT if options.batch_invariant else routing.ROW
-    normed = lambda n, k: routing.norm_tile(options, mode, rows, (n, k)) != routing.UNFUSED  # noqa: E731
     qkv = cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim
     H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-    # One row: o_proj runs the post-attention norm where it stays unfused (norm_tail); with the gated
-    # MLP, down runs the next layer's input norm where that stays unfused, and the last one the final norm.
-    tail = options.norm_tail and mode == routing.ROW and rows == 1
+    shapes = [(qkv, H), (H, cfg.num_heads * cfg.head_dim), (2 * I, H), (H, I)]
+    # Batch invariance: small layers run the one-row set row by row, larger ones the invariant set.
+    each_row = routing.each_row_layer(options, shapes, torch.bfloat16)
+    mode = routing.INVARIANT if options.batch_invariant and not each_row else routing.ROW
+    one_row = rows == 1 or each_row
+    normed = lambda n, k: routing.norm_tile(options, mode, rows, (n, k), each_row) != routing.UNFUSED  # noqa: E731
+    # One-row kernels: o_proj runs the post-attention norm where it stays unfused (norm_tail); with the
+    # gated MLP, down runs the next layer's input norm where that stays unfused, and the last one the final norm.
+    tail = options.norm_tail and mode == routing.ROW and one_row
     o_tails = L * (not normed(2 * I, H)) if tail else 0
-    if options.gated_mlp and mode == routing.ROW and rows == 1:  # each MLP: one gated launch, down plain
+    if options.gated_mlp and mode == routing.ROW and one_row:  # each MLP: one gated launch, down plain
         down_tails = (L - 1) * (not normed(qkv, H)) + 1 if tail else 0
         return {"rms_norm_gemv": L * normed(qkv, H), "silu_mul_gemv": 0,
                 "rms_norm_gated_gemv": L * normed(2 * I, H),
                 "gated_gemv": L * (not normed(2 * I, H)), "gemv_add_norm": o_tails + down_tails}
     return {"rms_norm_gemv": L * (normed(qkv, H) + normed(2 * I, H)),
-            "silu_mul_gemv": L * (routing.down_tile(options, mode, rows, (H, I)) != routing.UNFUSED),
+            "silu_mul_gemv": L * (routing.down_tile(options, mode, rows, (H, I), each_row) != routing.UNFUSED),
             "rms_norm_gated_gemv": 0, "gated_gemv": 0, "gemv_add_norm": o_tails}
 
 
@@ -317,8 +321,8 @@ def test_routed_projections_launch_what_routing_picks(monkeypatch):
     import engine.ops as ops_module
 
     calls = []
-    monkeypatch.setattr(ops_module, "gemv", lambda x, w, b, config=None, invariant=False, pdl=True:
-                        calls.append((config, invariant, pdl)) or "gemv")
+    monkeypatch.setattr(ops_module, "gemv", lambda x, w, b, config=None, invariant=False, pdl=True, each_row=False:
+                        calls.append((config, invariant, pdl) + ((True,) if each_row else ())) or "gemv")
     tile = GemvConfig(2, 1024, 1, 4, 3)
     options = dict(row_tiles=(((8, 4096), CUBLAS), ((16, 4096), tile)), pdl=False)
     ops = make_ops("cpu", **options)
@@ -333,5 +337,11 @@ def test_routed_projections_launch_what_routing_picks(monkeypatch):
     assert row(x, plain, "gate_up").shape == (1, 4) and len(calls) == 3
     assert row(x, plain, "qkv") == "gemv" and calls[-1] == (None, False, False)
     invariant = make_ops("cpu", batch_invariant=True, **options)
-    assert invariant.linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (None, True, False)
-    assert invariant.linear(x.expand(17, -1), plain).shape == (17, 4) and len(calls) == 5
+    # a small weight: the one-row route, row by row (lm_head's is cuBLAS: our GEMV's built-in tile)
+    assert invariant.linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (None, False, False, True)
+    assert invariant.row_linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (routing.row_tile(4096), False,
+                                                                                     False, True)
+    assert invariant.linear(x.expand(17, -1), plain).shape == (17, 4) and len(calls) == 6
+    large = torch.nn.Linear(4096, 2048, bias=False).to(torch.bfloat16)  # 16 MiB: the tensor-core tile
+    assert invariant.linear(x.expand(6, -1), large) == "gemv"
+    assert calls[-1] == (routing.invariant_tile((2048, 4096)), True, False)

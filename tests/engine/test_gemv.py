@@ -187,7 +187,7 @@ def test_gated_refs_match_unfused():
 
     torch.testing.assert_close(gated_gemv_ref(x, weight, bias), silu_and_mul_ref(x @ weight.T + bias))
     with pytest.raises(AssertionError):
-        gated_gemv(x.repeat(2, 1), weight)  # one row only
+        gated_gemv(x.repeat(17, 1), weight)  # up to 16 rows
 
 
 def test_default_config_table():
@@ -246,3 +246,39 @@ def test_invariant_rows_equal_single_row_bits(n, k):
         assert torch.equal(gemv(x[:m], w, invariant=True), singles[:m]), m
     ref = torch.nn.functional.linear(x, w)
     assert (singles.float() - ref.float()).abs().max() < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k", [(960, 576), (3072, 576), (576, 1536), (4096, 4096), (200, 1000)])
+def test_each_row_rows_equal_single_row_bits(n, k):
+    """each_row (the one-row kernel over several rows), every op and epilogue: each row of an
+    M-row call has exactly the bits of a 1-row call, split-K and norm tail included, and the
+    counters come back to zero."""
+    from engine.routing import row_tile
+
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    res = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    w2 = (torch.randn(2 * n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16)
+    out_res = torch.randn(16, n, device="cuda", generator=g).to(torch.bfloat16)
+    out_nw = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(torch.bfloat16)
+    gu = torch.randn(16, 2 * k, device="cuda", generator=g).to(torch.bfloat16)
+    ops = {  # each of rows a .. b - 1
+        "gemv": lambda a, b: gemv(x[a:b], w, each_row=True),
+        "gemv row_tile": lambda a, b: gemv(x[a:b], w, config=row_tile(k), each_row=True),
+        "rms_norm_gemv": lambda a, b: torch.cat(rms_norm_gemv(x[a:b], res[a:b], nw, 1e-5, w, each_row=True), 1),
+        "silu_mul_gemv": lambda a, b: silu_mul_gemv(gu[a:b], w, each_row=True),
+        "gated_gemv": lambda a, b: gated_gemv(x[a:b], w2),
+        "rms_norm_gated_gemv": lambda a, b: torch.cat(rms_norm_gated_gemv(x[a:b], res[a:b], nw, 1e-5, w2), 1),
+        "gemv_add_norm": lambda a, b: torch.cat(gemv_add_norm(x[a:b], w, None, out_res[a:b], out_nw, 1e-5), 1),
+    }
+    for name, op in ops.items():
+        singles = torch.cat([op(i, i + 1) for i in range(16)])
+        for m in (2, 6, 16):
+            assert torch.equal(op(0, m), singles[:m]), (name, m)
+    assert int(gemv_module._tail_counter(x.device).item()) == 0
+    assert int(gemv_module._tile_counters(x.device).sum().item()) == 0
+    torch.testing.assert_close(gemv(x, w, each_row=True), gemv_ref(x, w), **BF16_TOL)

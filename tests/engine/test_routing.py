@@ -21,7 +21,7 @@ LLAMA_8B = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096
 SMOLLM2 = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
            "lm_head": (49152, 576)}
 LONG_K, SHORT_K = routing.ROW_TILE_LONG_K, routing.ROW_TILE
-CUBLAS_ROUTE, OUR_TABLE, INVARIANT_GEMV = Route(CUBLAS), Route(GEMV), Route(GEMV, invariant=True)
+CUBLAS_ROUTE, OUR_TABLE = Route(CUBLAS), Route(GEMV)
 
 
 @pytest.mark.parametrize("shapes,o_proj_tile,down_tile", [(LLAMA_8B, LONG_K, LONG_K), (SMOLLM2, SHORT_K, SHORT_K)],
@@ -44,12 +44,24 @@ def test_one_row_projections_without_a_draft(shapes, o_proj_tile, down_tile):
 @pytest.mark.parametrize("rows", [1, 2, 6, 16])
 @pytest.mark.parametrize("mode", [ROW, INVARIANT, UNFUSED])
 def test_batch_invariant_steps_run_one_tile_for_every_row_count(rows, mode):
-    """With a draft loaded, every projection of a step of up to 16 bf16 rows runs the invariant
-    GEMV, whatever the kernel set; 17 rows or fp32 go to cuBLAS."""
+    """With a draft loaded, every projection of a step of up to 16 bf16 rows runs one kernel and
+    tile whatever the row count and kernel set: the 8B's (and the demo's lm_head) the tensor-core
+    tile, the demo's layers the one-row route row by row; 17 rows or fp32 go to cuBLAS."""
     for role, shape in LLAMA_8B.items():
-        assert routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, BF16) == INVARIANT_GEMV
+        want = Route(GEMV, routing.invariant_tile(shape), invariant=True)
+        assert routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, BF16) == want
         assert routing.linear_route(INVARIANT_OPTIONS, mode, role, 17, shape, BF16) == CUBLAS_ROUTE
         assert routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, F32) == CUBLAS_ROUTE
+    for role, shape in SMOLLM2.items():
+        got = routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, BF16)
+        if role == "lm_head":  # 56 MB
+            assert got == Route(GEMV, routing.invariant_tile(shape), invariant=True)
+            continue
+        one_row = routing.linear_route(DEFAULT, mode, role, 1, shape, BF16)
+        assert got == Route(GEMV, one_row.tile, each_row=True), role  # gate_up's cuBLAS: our built-in tile
+    assert routing.each_row_layer(INVARIANT_OPTIONS, [s for r, s in SMOLLM2.items() if r != "lm_head"], BF16)
+    assert not routing.each_row_layer(INVARIANT_OPTIONS, [s for r, s in LLAMA_8B.items() if r != "lm_head"], BF16)
+    assert not routing.each_row_layer(DEFAULT, [SMOLLM2["qkv"]], BF16)
 
 
 def test_several_rows_without_invariance_and_drafts():
@@ -70,6 +82,8 @@ def test_layer_mode():
     assert routing.layer_mode(DEFAULT, 1, F32, False) == routing.layer_mode(DEFAULT, 1, BF16, True) == UNFUSED
     modes = [routing.layer_mode(INVARIANT_OPTIONS, m, BF16, False) for m in (1, 6, 16, 17)]
     assert modes == [INVARIANT] * 3 + [UNFUSED]
+    small = [routing.layer_mode(INVARIANT_OPTIONS, m, BF16, False, each_row=True) for m in (1, 6, 16, 17)]
+    assert small == [ROW] * 3 + [UNFUSED]  # a small layer: the one-row set, row by row
     apart = KernelOptions(batch_invariant=True, fuse_invariant=False)
     assert routing.layer_mode(apart, 6, BF16, False) == routing.layer_mode(apart, 1, BF16, False) == UNFUSED
     assert routing.layer_mode(KernelOptions(fuse=False), 1, BF16, False) == UNFUSED
@@ -86,6 +100,7 @@ def test_fused_norms_and_activations():
     assert routing.norm_tile(DEFAULT, ROW, 1, SMOLLM2["gate_up"]) is None
     assert routing.norm_tile(INVARIANT_OPTIONS, INVARIANT, 6, SMOLLM2["gate_up"]) == UNFUSED
     assert routing.norm_tile(DEFAULT, ROW, 6, SMOLLM2["gate_up"]) == UNFUSED  # several rows: the invariant entries
+    assert routing.norm_tile(INVARIANT_OPTIONS, ROW, 6, SMOLLM2["gate_up"], each_row=True) is None  # row by row
     assert routing.norm_tile(DEFAULT, ROW, 1, (32000, 4096)) == UNFUSED  # not listed, K = 4096
     assert routing.down_tile(DEFAULT, ROW, 1, LLAMA_8B["down"]) == LONG_K
     assert routing.down_tile(DEFAULT, ROW, 1, SMOLLM2["down"]) == SHORT_K
@@ -102,6 +117,9 @@ def test_gated_mlp_and_norm_tails():
         assert routing.gated_tile(DEFAULT, shapes["gate_up"]) is None  # gemv.gated_config
         assert not routing.is_gated(INVARIANT_OPTIONS, INVARIANT, 1, shapes["gate_up"], BF16)
         assert not routing.is_gated(DEFAULT, ROW, 2, shapes["gate_up"], BF16)
+        assert routing.is_gated(INVARIANT_OPTIONS, ROW, 16, shapes["gate_up"], BF16, each_row=True)
+        assert routing.carries_norm(INVARIANT_OPTIONS, ROW, 6, BF16, "lm_head", shapes["lm_head"], each_row=True)
+        assert not routing.carries_norm(DEFAULT, ROW, 6, BF16, "lm_head", shapes["lm_head"])
         assert not routing.is_gated(KernelOptions(gated_mlp=False), ROW, 1, shapes["gate_up"], BF16)
         assert not routing.is_gated(KernelOptions(row_tiles=((shapes["gate_up"], CUBLAS),)), ROW, 1,
                                     shapes["gate_up"], BF16)
@@ -138,4 +156,5 @@ def test_row_tiles_override_one_row_projections():
     cublas_down = dataclasses.replace(options, row_tiles=((LLAMA_8B["down"], CUBLAS),))
     assert routing.down_tile(cublas_down, ROW, 1, LLAMA_8B["down"]) == UNFUSED
     invariant = dataclasses.replace(options, batch_invariant=True)
-    assert route(ROW, "o_proj", 1, invariant) == route(ROW, "gate_up", 6, invariant) == INVARIANT_GEMV
+    assert route(ROW, "o_proj", 1, invariant) == Route(GEMV, routing.invariant_tile(LLAMA_8B["o_proj"]), invariant=True)
+    assert route(ROW, "gate_up", 6, invariant) == Route(GEMV, routing.invariant_tile(LLAMA_8B["gate_up"]), invariant=True)
