@@ -39,6 +39,10 @@ class KernelOptions:
     # With batch_invariant, the fused kernels in their invariant tiles too (4% faster speculation).
     # LOCALCHAT_FUSE_INVARIANT=0: the unfused invariant ops.
     fuse_invariant: bool = True
+    # With batch_invariant, a layer whose weights are all small (routing.EACH_ROW_MAX_BYTES) runs the
+    # one-row kernels and fusions on each verify row (each_row), so that the decode step with a draft
+    # loaded is the one without. LOCALCHAT_EACH_ROW=0: such layers take the tensor-core tiles too.
+    each_row: bool = True
     # A one-row step without a draft runs qkv on our GEMV, so that attention may start while it ends
     # (1.024x on the 8B shape). LOCALCHAT_ROW_GEMV=cublas: cuBLAS (=qkv: the default).
     qkv_gemv: bool = True
@@ -92,7 +96,7 @@ class KernelOptions:
         env = os.environ if environ is None else environ
         return cls(
             pdl=_flag(env, "LOCALCHAT_PDL"), fuse=_flag(env, "LOCALCHAT_FUSE"),
-            fuse_invariant=_flag(env, "LOCALCHAT_FUSE_INVARIANT"),
+            fuse_invariant=_flag(env, "LOCALCHAT_FUSE_INVARIANT"), each_row=_flag(env, "LOCALCHAT_EACH_ROW"),
             qkv_gemv=_row_gemv(env.get("LOCALCHAT_ROW_GEMV", "")),
             gated_mlp=_flag(env, "LOCALCHAT_GATED_MLP"), norm_tail=_flag(env, "LOCALCHAT_NORM_TAIL"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),

@@ -56,7 +56,8 @@ EACH_ROW_MAX_BYTES = 8 << 20
 
 def each_row_serves(options: KernelOptions, shape: tuple[int, int], dtype: torch.dtype) -> bool:
     """Whether a batch-invariant step runs the projection of weight `shape` row by row."""
-    return options.batch_invariant and dtype == torch.bfloat16 and shape[0] * shape[1] * 2 <= EACH_ROW_MAX_BYTES
+    return (options.batch_invariant and options.each_row and dtype == torch.bfloat16
+            and shape[0] * shape[1] * 2 <= EACH_ROW_MAX_BYTES)
 
 
 def each_row_layer(options: KernelOptions, shapes: list[tuple[int, int]], dtype: torch.dtype) -> bool:
@@ -124,9 +125,9 @@ def layer_mode(options: KernelOptions, rows: int, dtype: torch.dtype, packed: bo
     if not options.fuse or packed:
         return UNFUSED
     if is_invariant(options, rows, dtype):
-        if each_row:
-            return ROW
-        return INVARIANT if options.fuse_invariant else UNFUSED
+        if not options.fuse_invariant:
+            return UNFUSED
+        return ROW if each_row else INVARIANT
     return ROW if rows == 1 and dtype == torch.bfloat16 else UNFUSED
 
 

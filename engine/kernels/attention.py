@@ -154,11 +154,11 @@ def _kernels():
             k_pair = tl.load(k_new_ptr + kv_head * stride_knh + partner, mask=d_ok, other=0.0).to(tl.float32)
             k_rot = rotate(k_new, k_pair, cos, signed_sin).to(k_ptr.dtype.element_ty)
             v_new = tl.load(v_new_ptr + kv_head * stride_vnh + offs_d, mask=d_ok, other=0.0)
-            slot = tl.max(own_slot, axis=0)
+            own_row = tl.max(own_slot, axis=0)
             home = pos_max // SPLIT_SIZE  # the split holding the position, and its program
             writes = d_ok & (first <= home) & ((home - first) % stride == 0)
-            tl.store(k_ptr + slot * stride_kt + kv_head * stride_kh + offs_d, k_rot, mask=writes)
-            tl.store(v_ptr + slot * stride_vt + kv_head * stride_vh + offs_d, v_new.to(v_ptr.dtype.element_ty),
+            tl.store(k_ptr + own_row * stride_kt + kv_head * stride_kh + offs_d, k_rot, mask=writes)
+            tl.store(v_ptr + own_row * stride_vt + kv_head * stride_vh + offs_d, v_new.to(v_ptr.dtype.element_ty),
                      mask=writes)
             tl.debug_barrier()  # this program's stores are visible to all its threads
         # Splits past the largest position hold no key for any row: they are skipped (a program

@@ -7,12 +7,12 @@ Three ops, each beside its plain-torch reference:
 and two epilogues of the one-row kernel: gated_gemv (silu(gate) * up of [gate; up] rows) and
 gemv_add_norm (x @ W.T + residual, then RMSNorm in the last program: see there).
 
-Two kernels: row_kernel (CUDA-core FMAs on one-row tiles; several rows run one after the other
-in each program, so every row has the bits of a one-row call: `each_row`) and dot_kernel
-(tensor cores over 16 padded rows; `invariant`: one tile for every row count, so again a row's
-bits do not depend on the rows beside it). The first is the faster for a single row and for
-weights small enough to stay in an SM's cache across the rows; the second for several rows of
-large weights.
+Two kernels: row_kernel (CUDA-core FMAs on one-row tiles; several rows run as that many one-row
+programs along the grid's third axis, so every row has the bits of a one-row call: `each_row`)
+and dot_kernel (tensor cores over 16 padded rows; `invariant`: one tile for every row count, so
+again a row's bits do not depend on the rows beside it). The first is the faster for one row,
+and for several rows of weights small enough that their re-reads come from L2; the second for
+several rows of large weights.
 
 Each program owns BLOCK_N output columns of every row and one K range (split). With one
 split it stores the result; with several, it stores an fp32 partial and bumps a per-tile
@@ -100,8 +100,8 @@ def _tile_counters(device: torch.device) -> torch.Tensor:
 
 @functools.cache
 def _tail_counter(device: torch.device) -> torch.Tensor:
-    # Zeroed once; the last program of each norm-tail launch sets it back to zero.
-    return torch.zeros(1, dtype=torch.int32, device=device)
+    # One per row, zeroed once; the last program of each row of a norm-tail launch sets it back to zero.
+    return torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)
 
 
 @functools.cache
@@ -134,9 +134,10 @@ def _kernels():
         LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, NORM_MODE: tl.constexpr, K_POW2: tl.constexpr,
         GATED: tl.constexpr, NORM_TAIL: tl.constexpr, N_POW2: tl.constexpr,
     ):
-        """The one-row kernel (CUDA-core FMAs), looping over the rows: row m runs the same
-        instructions whatever num_rows is, so its bits do not depend on the rows beside it. The
-        weight tile a program reads for row 0 is still in its SM's cache for the next rows."""
+        """The one-row kernel (CUDA-core FMAs), one row per program along the grid's third axis:
+        row m runs the same instructions whatever num_rows is, so its bits do not depend on the
+        rows beside it. The programs of one column tile read the same weights, from L2 after the
+        first (a small model's layer stays there)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -148,127 +149,126 @@ def _kernels():
             prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, GATED, LINE, PREFETCH_LINES)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        for m in range(num_rows):
-            x_row = x_ptr + m * stride_x
-            res_row = res_ptr + m * stride_res
-            if NORM_TAIL:  # requested now, used after the K loop: its round trip overlaps the weights'
-                res_tail = tl.load(res_row + offs_n[None, :], mask=n_ok[None, :], other=0.0)
-            inv_rms = tl.zeros([1], tl.float32)
-            if PROLOGUE == 1 and NORM_MODE == 1:
-                # The row's K elements in one load, summed in fp32.
-                offs_all = tl.arange(0, K_POW2)
-                all_ok = offs_all < K
-                row_all = tl.load(x_row + offs_all, mask=all_ok, other=0.0)
+        m = tl.program_id(2)
+        x_row = x_ptr + m * stride_x
+        res_row = res_ptr + m * stride_res
+        if NORM_TAIL:  # requested now, used after the K loop: its round trip overlaps the weights'
+            res_tail = tl.load(res_row + offs_n[None, :], mask=n_ok[None, :], other=0.0)
+        inv_rms = tl.zeros([1], tl.float32)
+        if PROLOGUE == 1 and NORM_MODE == 1:
+            # The row's K elements in one load, summed in fp32.
+            offs_all = tl.arange(0, K_POW2)
+            all_ok = offs_all < K
+            row_all = tl.load(x_row + offs_all, mask=all_ok, other=0.0)
+            if HAS_RESIDUAL:
+                res_all = tl.load(res_row + offs_all, mask=all_ok, other=0.0)
+                row_all = (row_all.to(tl.float32) + res_all.to(tl.float32)).to(row_all.dtype)
+            row_f32 = row_all.to(tl.float32)
+            inv_rms += tl.rsqrt(tl.sum(row_f32 * row_f32, axis=0) / K + eps)
+        elif PROLOGUE == 1 and NORM_MODE == 0:
+            # The norm needs the whole row's mean square first: a pass over K (L2-resident).
+            sq = tl.zeros([1], tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                mask = (offs_k < K)[None, :]
+                h = tl.load(x_row + offs_k[None, :], mask=mask, other=0.0)
                 if HAS_RESIDUAL:
-                    res_all = tl.load(res_row + offs_all, mask=all_ok, other=0.0)
-                    row_all = (row_all.to(tl.float32) + res_all.to(tl.float32)).to(row_all.dtype)
-                row_f32 = row_all.to(tl.float32)
-                inv_rms += tl.rsqrt(tl.sum(row_f32 * row_f32, axis=0) / K + eps)
-            elif PROLOGUE == 1 and NORM_MODE == 0:
-                # The norm needs the whole row's mean square first: a pass over K (L2-resident).
-                sq = tl.zeros([1], tl.float32)
-                for k0 in range(0, K, BLOCK_K):
-                    offs_k = k0 + tl.arange(0, BLOCK_K)
-                    mask = (offs_k < K)[None, :]
-                    h = tl.load(x_row + offs_k[None, :], mask=mask, other=0.0)
-                    if HAS_RESIDUAL:
-                        res = tl.load(res_row + offs_k[None, :], mask=mask, other=0.0)
-                        h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
-                    sq += tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=1)
-                inv_rms = tl.rsqrt(sq / K + eps)
-            acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # reduced once, after the loop
-            acc2_up = tl.zeros([BLOCK_N if GATED else 1, BLOCK_K], tl.float32)  # GATED: the up rows'
-            for kk in range(0, K_PER_SPLIT, BLOCK_K):
-                offs_k = k_start + kk + tl.arange(0, BLOCK_K)
-                if EVEN_K:
-                    k_ok = offs_k < K_PER_SPLIT * SPLIT_K
-                    w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
-                    if GATED:
-                        w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :])
-                else:
-                    k_ok = offs_k < K
-                    w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :], other=0.0)
-                    if GATED:
-                        w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :],
-                                       mask=k_ok[None, :], other=0.0)
-                # a: the (1, BLOCK_K) fp32 left operand after the prologue
-                mask = k_ok[None, :]
-                x = tl.load(x_row + offs_k[None, :], mask=mask, other=0.0)
-                if PROLOGUE == 1:  # RMS_NORM, rounded like rms_norm_gemv_ref at each step
-                    h = x
-                    if HAS_RESIDUAL:
-                        res = tl.load(res_row + offs_k[None, :], mask=mask, other=0.0)
-                        h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
-                        if pid_n == 0:  # column tile 0 writes the new residual stream
-                            tl.store(new_res_ptr + m * stride_new_res + offs_k[None, :], h, mask=mask)
-                    nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                    normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
-                    a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
-                elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
-                    up = tl.load(x_row + K + offs_k[None, :], mask=mask, other=0.0)
-                    gate = x.to(tl.float32)
-                    act = (gate * tl.sigmoid(gate)).to(x.dtype).to(tl.float32)
-                    a = (act * up.to(tl.float32)).to(x.dtype).to(tl.float32)
-                else:
-                    a = x.to(tl.float32)
-                acc2 += w.to(tl.float32) * a
+                    res = tl.load(res_row + offs_k[None, :], mask=mask, other=0.0)
+                    h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
+                sq += tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=1)
+            inv_rms = tl.rsqrt(sq / K + eps)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # reduced once, after the loop
+        acc2_up = tl.zeros([BLOCK_N if GATED else 1, BLOCK_K], tl.float32)  # GATED: the up rows'
+        for kk in range(0, K_PER_SPLIT, BLOCK_K):
+            offs_k = k_start + kk + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                k_ok = offs_k < K_PER_SPLIT * SPLIT_K
+                w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
                 if GATED:
-                    acc2_up += w_up.to(tl.float32) * a
-            acc = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
-            if GATED:
-                # silu(gate) * up of this tile's columns, each rounded as the unfused ops round them
-                gate = acc
-                up = tl.reshape(tl.sum(acc2_up, axis=1), (1, BLOCK_N))
-                if HAS_BIAS:
-                    gate += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                    up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                gate = gate.to(dtype).to(tl.float32)
-                up = up.to(dtype).to(tl.float32)
-                acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
-            out_mask = n_ok[None, :]
-            if SPLIT_K > 1:  # part: (SPLIT_K, num_rows, N) fp32
-                tl.store(part_ptr + (pid_k * num_rows + m) * N + offs_n[None, :], acc, mask=out_mask)
+                    w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :])
             else:
-                if HAS_BIAS and not GATED:
-                    acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                if NORM_TAIL:
-                    # h = x @ W.T + residual on this tile's columns, rounded as gemv and then
-                    # add_rms_norm round, goes to the new stream; the norm comes below.
-                    h = (acc.to(dtype).to(tl.float32) + res_tail.to(tl.float32)).to(dtype)
-                    tl.store(new_res_ptr + m * stride_new_res + offs_n[None, :], h, mask=out_mask)
-                else:
-                    tl.store(out_ptr + m * stride_out + offs_n[None, :], acc.to(dtype), mask=out_mask)
+                k_ok = offs_k < K
+                w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+                if GATED:
+                    w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :],
+                                   mask=k_ok[None, :], other=0.0)
+            # a: the (1, BLOCK_K) fp32 left operand after the prologue
+            mask = k_ok[None, :]
+            x = tl.load(x_row + offs_k[None, :], mask=mask, other=0.0)
+            if PROLOGUE == 1:  # RMS_NORM, rounded like rms_norm_gemv_ref at each step
+                h = x
+                if HAS_RESIDUAL:
+                    res = tl.load(res_row + offs_k[None, :], mask=mask, other=0.0)
+                    h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+                    if pid_n == 0:  # column tile 0 writes the new residual stream
+                        tl.store(new_res_ptr + m * stride_new_res + offs_k[None, :], h, mask=mask)
+                nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
+                a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
+            elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
+                up = tl.load(x_row + K + offs_k[None, :], mask=mask, other=0.0)
+                gate = x.to(tl.float32)
+                act = (gate * tl.sigmoid(gate)).to(x.dtype).to(tl.float32)
+                a = (act * up.to(tl.float32)).to(x.dtype).to(tl.float32)
+            else:
+                a = x.to(tl.float32)
+            acc2 += w.to(tl.float32) * a
+            if GATED:
+                acc2_up += w_up.to(tl.float32) * a
+        acc = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
+        if GATED:
+            # silu(gate) * up of this tile's columns, each rounded as the unfused ops round them
+            gate = acc
+            up = tl.reshape(tl.sum(acc2_up, axis=1), (1, BLOCK_N))
+            if HAS_BIAS:
+                gate += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            gate = gate.to(dtype).to(tl.float32)
+            up = up.to(dtype).to(tl.float32)
+            acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
+        out_mask = n_ok[None, :]
+        if SPLIT_K > 1:  # part: (SPLIT_K, num_rows, N) fp32
+            tl.store(part_ptr + (pid_k * num_rows + m) * N + offs_n[None, :], acc, mask=out_mask)
+        else:
+            if HAS_BIAS and not GATED:
+                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if NORM_TAIL:
+                # h = x @ W.T + residual on this tile's columns, rounded as gemv and then
+                # add_rms_norm round, goes to the new stream; the norm comes below.
+                h = (acc.to(dtype).to(tl.float32) + res_tail.to(tl.float32)).to(dtype)
+                tl.store(new_res_ptr + m * stride_new_res + offs_n[None, :], h, mask=out_mask)
+            else:
+                tl.store(out_ptr + m * stride_out + offs_n[None, :], acc.to(dtype), mask=out_mask)
         if SPLIT_K > 1:
+            counter = count_ptr + m * tl.num_programs(0) + pid_n  # one per (row, column tile)
             tl.debug_barrier()  # every thread's partials are written before the counter moves
-            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:  # last program of this column tile: sum the splits
                 tl.debug_barrier()
-                for m in range(num_rows):
-                    acc = tl.zeros([1, BLOCK_N], tl.float32)
-                    for s in range(SPLIT_K):
-                        acc += tl.load(part_ptr + (s * num_rows + m) * N + offs_n[None, :], mask=n_ok[None, :],
-                                       other=0.0, cache_modifier=".cg")
-                    if HAS_BIAS:
-                        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                    tl.store(out_ptr + m * stride_out + offs_n[None, :], acc.to(dtype), mask=n_ok[None, :])
-                tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
+                acc = tl.zeros([1, BLOCK_N], tl.float32)
+                for s in range(SPLIT_K):
+                    acc += tl.load(part_ptr + (s * num_rows + m) * N + offs_n[None, :], mask=n_ok[None, :],
+                                   other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                tl.store(out_ptr + m * stride_out + offs_n[None, :], acc.to(dtype), mask=n_ok[None, :])
+                tl.atomic_xchg(counter, 0)  # ready for the next launch
         if NORM_TAIL:
-            # The program that finishes last reads each row's h back from L2 and writes
+            # The program that finishes its row last reads the row's h back from L2 and writes
             # rms_norm(h) * norm_weight to out, in place of a separate norm launch.
             tl.debug_barrier()  # every thread's columns are written before the counter moves
-            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+            arrived = tl.atomic_add(count_ptr + m, 1, sem="acq_rel", scope="gpu")
             if arrived == tl.num_programs(0) - 1:
                 tl.debug_barrier()
                 offs_h = tl.arange(0, N_POW2)
                 h_ok = offs_h < N
                 nw_h = tl.load(nw_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-                for m in range(num_rows):
-                    hf = tl.load(new_res_ptr + m * stride_new_res + offs_h, mask=h_ok, other=0.0,
-                                 cache_modifier=".cg").to(tl.float32)
-                    inv_rms_h = tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)
-                    normed_h = (hf * inv_rms_h).to(dtype).to(tl.float32)  # HF casts before the weight
-                    tl.store(out_ptr + m * stride_out + offs_h, (normed_h * nw_h).to(dtype), mask=h_ok)
-                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+                hf = tl.load(new_res_ptr + m * stride_new_res + offs_h, mask=h_ok, other=0.0,
+                             cache_modifier=".cg").to(tl.float32)
+                inv_rms_h = tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)
+                normed_h = (hf * inv_rms_h).to(dtype).to(tl.float32)  # HF casts before the weight
+                tl.store(out_ptr + m * stride_out + offs_h, (normed_h * nw_h).to(dtype), mask=h_ok)
+                tl.atomic_xchg(count_ptr + m, 0)  # ready for the next launch
 
     @triton.jit
     def dot_kernel(
@@ -389,9 +389,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
     assert bias is None or bias.shape == (weight.shape[0],)
-    rows_kernel = num_rows == 1 or each_row or gated or tail
-    assert not (rows_kernel and invariant and num_rows > 1), "each_row and invariant exclude each other"
-    invariant = invariant and not rows_kernel
+    assert not (invariant and (each_row or gated or tail)), "the tensor-core tile runs no each_row, gated or tail"
+    rows_kernel = not invariant and (num_rows == 1 or each_row or gated or tail)
     n = weight.shape[0] // 2 if gated else weight.shape[0]  # gated: [gate; up] rows, n outputs
     if gated:
         assert prologue != SILU_MUL and weight.shape[0] % 2 == 0
@@ -441,7 +440,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
             float(eps))
     if rows_kernel:
         norm = norm_mode(1, k) if prologue == RMS_NORM else LOOP
-        row_kernel[(tiles, cfg.split_k)](*args, NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1,
+        assert cfg.split_k == 1 or tiles * num_rows <= _MAX_TILES
+        row_kernel[(tiles, cfg.split_k, num_rows)](*args, NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1,
                                          GATED=gated, NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1, **common)
     else:
         block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
