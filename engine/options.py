@@ -40,9 +40,11 @@ class KernelOptions:
     # LOCALCHAT_FUSE_INVARIANT=0: the unfused invariant ops.
     fuse_invariant: bool = True
     # With batch_invariant, a layer whose weights are all small (routing.EACH_ROW_MAX_BYTES) runs the
-    # one-row kernels and fusions on each verify row (each_row), so that the decode step with a draft
-    # loaded is the one without. LOCALCHAT_EACH_ROW=0: such layers take the tensor-core tiles too.
-    each_row: bool = True
+    # one-row kernels and fusions on each verify row too (each_row), so that plain decoding with a
+    # draft loaded runs the kernels of plain decoding without one. Off: its verify rows cost too
+    # much (demo model: plain decoding with the head loaded 0.90x of no draft instead of 0.73x, but
+    # greedy speculation 0.75x instead of 1.63x; docs/performance.md). LOCALCHAT_EACH_ROW=1: on.
+    each_row: bool = False
     # A one-row step without a draft runs qkv on our GEMV, so that attention may start while it ends
     # (1.024x on the 8B shape). LOCALCHAT_ROW_GEMV=cublas: cuBLAS (=qkv: the default).
     qkv_gemv: bool = True
@@ -96,7 +98,7 @@ class KernelOptions:
         env = os.environ if environ is None else environ
         return cls(
             pdl=_flag(env, "LOCALCHAT_PDL"), fuse=_flag(env, "LOCALCHAT_FUSE"),
-            fuse_invariant=_flag(env, "LOCALCHAT_FUSE_INVARIANT"), each_row=_flag(env, "LOCALCHAT_EACH_ROW"),
+            fuse_invariant=_flag(env, "LOCALCHAT_FUSE_INVARIANT"), each_row=_flag(env, "LOCALCHAT_EACH_ROW", default=False),
             qkv_gemv=_row_gemv(env.get("LOCALCHAT_ROW_GEMV", "")),
             gated_mlp=_flag(env, "LOCALCHAT_GATED_MLP"), norm_tail=_flag(env, "LOCALCHAT_NORM_TAIL"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
@@ -105,12 +107,13 @@ class KernelOptions:
         )
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    """A switch that is on unless set to 0."""
+def _flag(env: Mapping[str, str], name: str, default: bool = True) -> bool:
+    """A switch: 1 on, 0 off, unset the default."""
     value = env.get(name, "").strip()
     if value not in ("", "0", "1"):
-        raise UserError(f"{name}={value!r}: use 1 (on, the default) or 0 (off)")
-    return value != "0"
+        raise UserError(f"{name}={value!r}: use 1 (on{', the default' if default else ''}) or 0 "
+                        f"(off{'' if default else ', the default'})")
+    return default if value == "" else value == "1"
 
 
 def _row_gemv(value: str) -> bool:

@@ -67,12 +67,17 @@ def each_row_layer(options: KernelOptions, shapes: list[tuple[int, int]], dtype:
 
 
 def invariant_tile(shape: tuple[int, int]) -> GemvConfig:
-    """The tensor-core tile of a batch-invariant projection too large for each_row: the weight as
-    the dot's long side (swap_ab), 64 columns a program. On an H200 (bench_invariant_tiles.py) one
-    row ran at 0.91x-1.02x of the fastest one-row kernel for the 8B's shapes; for K <= 1024 the
-    shorter K step (SmolLM2's lm_head 19.1 against 20.7 us)."""
-    if shape[1] <= 1024:
+    """The tensor-core tile of a batch-invariant projection (not each_row): the weight as the dot's
+    long side (swap_ab), 64 columns a program. On an H200 (bench_invariant_tiles.py,
+    docs/performance.md) one row ran at 0.91x-1.02x of the fastest one-row kernel for the 8B's
+    shapes (the old 16 x 256 tile: 0.61x-0.84x; SmolLM2's 0.47x-0.63x); for K <= 1024 the
+    shorter K step (SmolLM2's lm_head 19.1 against 20.7 us); a small weight with a longer K
+    (SmolLM2's down) 16 columns and 128-element steps without the swap (3.49 against 4.00 us)."""
+    n, k = shape
+    if k <= 1024:
         return GemvConfig(64, 128, 1, 4, 3, swap_ab=True)
+    if n * k * 2 <= EACH_ROW_MAX_BYTES:
+        return GemvConfig(16, 128, 1, 4, 4)
     return GemvConfig(64, 256, 1, 4, 4, swap_ab=True)
 
 

@@ -336,12 +336,14 @@ def test_routed_projections_launch_what_routing_picks(monkeypatch):
     assert row(x, tiled, "gate_up") == "gemv" and calls[-1] == (tile, False, False)
     assert row(x, plain, "gate_up").shape == (1, 4) and len(calls) == 3
     assert row(x, plain, "qkv") == "gemv" and calls[-1] == (None, False, False)
-    invariant = make_ops("cpu", batch_invariant=True, **options)
+    assert make_ops("cpu", batch_invariant=True, **options).linear(x.expand(6, -1), plain) == "gemv"
+    assert calls[-1] == (routing.invariant_tile((4, 4096)), True, False)  # each_row off: the tensor-core tile
+    invariant = make_ops("cpu", batch_invariant=True, each_row=True, **options)
     # a small weight: the one-row route, row by row (lm_head's is cuBLAS: our GEMV's built-in tile)
     assert invariant.linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (None, False, False, True)
     assert invariant.row_linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (routing.row_tile(4096), False,
                                                                                      False, True)
-    assert invariant.linear(x.expand(17, -1), plain).shape == (17, 4) and len(calls) == 6
+    assert invariant.linear(x.expand(17, -1), plain).shape == (17, 4) and len(calls) == 7
     large = torch.nn.Linear(4096, 2048, bias=False).to(torch.bfloat16)  # 16 MiB: the tensor-core tile
     assert invariant.linear(x.expand(6, -1), large) == "gemv"
     assert calls[-1] == (routing.invariant_tile((2048, 4096)), True, False)

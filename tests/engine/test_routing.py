@@ -15,6 +15,7 @@ from engine.routing import DRAFT, GEMV, INVARIANT, ROW, UNFUSED, Route
 
 BF16, F32 = torch.bfloat16, torch.float32
 DEFAULT, INVARIANT_OPTIONS = KernelOptions(), KernelOptions(batch_invariant=True)
+EACH_ROW_OPTIONS = KernelOptions(batch_invariant=True, each_row=True)
 # (N, K) of each projection's weight
 LLAMA_8B = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
             "lm_head": (128256, 4096)}
@@ -53,14 +54,17 @@ def test_batch_invariant_steps_run_one_tile_for_every_row_count(rows, mode):
         assert routing.linear_route(INVARIANT_OPTIONS, mode, role, 17, shape, BF16) == CUBLAS_ROUTE
         assert routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, F32) == CUBLAS_ROUTE
     for role, shape in SMOLLM2.items():
-        got = routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, BF16)
+        want = Route(GEMV, routing.invariant_tile(shape), invariant=True)  # each_row off (the default)
+        assert routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, BF16) == want
+        got = routing.linear_route(EACH_ROW_OPTIONS, mode, role, rows, shape, BF16)
         if role == "lm_head":  # 56 MB
             assert got == Route(GEMV, routing.invariant_tile(shape), invariant=True)
             continue
         one_row = routing.linear_route(DEFAULT, mode, role, 1, shape, BF16)
         assert got == Route(GEMV, one_row.tile, each_row=True), role  # gate_up's cuBLAS: our built-in tile
-    assert routing.each_row_layer(INVARIANT_OPTIONS, [s for r, s in SMOLLM2.items() if r != "lm_head"], BF16)
-    assert not routing.each_row_layer(INVARIANT_OPTIONS, [s for r, s in LLAMA_8B.items() if r != "lm_head"], BF16)
+    assert routing.each_row_layer(EACH_ROW_OPTIONS, [s for r, s in SMOLLM2.items() if r != "lm_head"], BF16)
+    assert not routing.each_row_layer(INVARIANT_OPTIONS, [s for r, s in SMOLLM2.items() if r != "lm_head"], BF16)
+    assert not routing.each_row_layer(EACH_ROW_OPTIONS, [s for r, s in LLAMA_8B.items() if r != "lm_head"], BF16)
     assert not routing.each_row_layer(DEFAULT, [SMOLLM2["qkv"]], BF16)
 
 
