@@ -3,13 +3,15 @@ as pure functions of the options, the kernel set (mode), the projection's role, 
 the weight's shape. No tensors here: the layer code (layer_kernels.py, ops.py) asks and launches.
 
 A projection on its own (linear_route), in a bf16 step:
-    batch_invariant, up to 16 rows         our GEMV, the batch-invariant tile (any role, any set)
+    batch_invariant, up to 16 rows         our GEMV: invariant_tile(shape) on tensor cores, or with
+                                           each_row a small weight's one-row route, row by row
     a draft's step (DRAFT), up to 16 rows  our GEMV, its built-in tile
     o_proj or down, one row                our GEMV, row_tile(K)
     qkv, one row of the ROW set            our GEMV, its built-in tile (qkv_gemv)
     anything else                          cuBLAS (nn.Linear)
-Fused launches (layer_kernels.py) of the ROW set (one bf16 row, no draft; layer_mode) and the
-INVARIANT set (up to 16 bf16 rows with batch_invariant):
+Fused launches (layer_kernels.py) of the ROW set (one bf16 row, no draft; or, with each_row, up
+to 16 rows of a small layer, row by row; layer_mode) and the INVARIANT set (up to 16 bf16 rows
+with batch_invariant):
     norm + qkv, norm + gate_up             rms_norm_gemv with FUSED_TILES' tile, or apart (UNFUSED)
     ROW: gate_up + activation              gated_gemv (gated_mlp), then down on its own
     activation + down otherwise            silu_mul_gemv with FUSED_TILES' tile, or apart
