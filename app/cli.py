@@ -72,6 +72,8 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None,
                    help="system prompt (default: the chat app's, from settings.toml; '' for none)")
     p.add_argument("--json", action="store_true", help="print one JSON result object at the end")
+    p.add_argument("--spec", action="store_true",
+                   help="speculate even where plain decoding is the faster default (a CPU); naming --draft does too")
     p.add_argument("prompt", help="the question ('-' reads it from stdin)")
 
 
@@ -270,6 +272,8 @@ def _dispatch(args) -> int:
                         "after serve)")
     if args.command is not None and getattr(args, "draft_steps", 0) is None:
         args.draft_steps = 5  # the chat app takes its default from settings.toml instead
+    if getattr(args, "spec", False) and args.no_spec:
+        raise UserError("--spec and --no-spec ask for opposite things: drop one of the two")
     if args.command in (None, "run", "serve") and args.no_spec:
         _no_draft(args)
     return handler_for(args.command)(args)

@@ -63,9 +63,15 @@ def cmd_run(args) -> int:
     system = default_system_prompt() if args.system is None else args.system
     messages = ([{"role": "system", "content": system}] if system else [])
     messages.append({"role": "user", "content": args.prompt})
+    speculative = not args.no_spec
+    pays, reason = engine.speculation_pays()
+    if engine.has_draft and not pays and not (args.spec or args.draft):
+        speculative = False  # the default draft where speculation is slower: plain decoding, said once
+        if not args.json:
+            print(f"[localchat] speculation off: {reason} (--spec turns it on)", file=sys.stderr)
     text, ids, last = [], [], None
     try:
-        for ev in engine.stream(messages, params, speculative=not args.no_spec):
+        for ev in engine.stream(messages, params, speculative=speculative):
             text.append(ev.text)
             ids.extend(ev.token_ids)
             last = ev

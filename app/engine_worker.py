@@ -129,6 +129,8 @@ class EngineWorker:
         has_draft: bool
         remote: str | None = None  # the server's address when the engine is a RemoteEngine
         spec_by_server: bool = False  # a server that takes no per-request speculation switch
+        spec_pays: bool = True  # speculation is the faster default on this engine (Engine.speculation_pays)
+        spec_reason: str = ""  # why not, in a few words
 
     @dataclass
     class LoadFailed(Message):
@@ -270,8 +272,10 @@ class EngineWorker:
         self.engine = engine
         self._loaded_at = time.perf_counter()
         is_remote = isinstance(engine, RemoteEngine)
+        pays, reason = engine.speculation_pays()
         target.post_message(self.Loaded(engine.model_name, engine.draft_name, engine.device, engine.has_draft,
-                                        engine.url if is_remote else None, is_remote and not engine.is_localchat))
+                                        engine.url if is_remote else None, is_remote and not engine.is_localchat,
+                                        pays, reason))
 
     def _generate(self, job: _Job) -> None:
         target, side = job.target, job.side

@@ -61,6 +61,10 @@ class RemoteEngine:
         self.has_draft = bool(self.is_localchat and ours.get("has_draft"))
         self.draft_steps = ours.get("draft_steps", 0) if self.has_draft else 0
 
+    def speculation_pays(self) -> tuple[bool, str]:
+        """The server knows its hardware: the switch stays as the user set it."""
+        return True, ""
+
     @classmethod
     def connect(cls, choice: RemoteChoice, on_progress=None) -> "RemoteEngine":
         """Asks the server for its models; the chosen one (or its first) answers from then on."""

@@ -37,6 +37,20 @@ class Engine:
     def has_draft(self) -> bool:
         return self.speculator is not None
 
+    # Why speculation is not the default on a CPU: a verify step there costs the arithmetic of each
+    # of its rows, where a GPU reads the weights once for all of them (the demo model and its head on
+    # 2 cores: 0.66x-0.76x of plain decoding in the app's compare screen, docs/performance.md).
+    CPU_SPEC_REASON = "slower on a CPU"
+
+    def speculation_pays(self) -> tuple[bool, str]:
+        """(whether speculation is the faster default here, and if not, why in a few words). The
+        caller may still ask for it: stream(speculative=True) always speculates with a draft."""
+        if self.speculator is None:
+            return False, "no draft"
+        if self.runner.device.type == "cpu":
+            return False, self.CPU_SPEC_REASON
+        return True, ""
+
     @classmethod
     def load(cls, model: str, draft: str | None = None, device: str | None = None,
              max_seq_len: int | None = None, draft_steps: int = 5, use_graphs: bool = True,

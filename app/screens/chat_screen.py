@@ -81,6 +81,7 @@ class ChatScreen(Screen):
         self.model_name: str | None = None
         self.is_model_ready = False  # a model is loaded and answering (not loading, not failed)
         self.spec_by_server = False  # a remote server that takes no per-request speculation switch
+        self.spec_chosen = False  # the user toggled speculation in this session: no default overrides it
         self.sidebar_choice: bool | None = None  # None: shown or hidden by the screen's width
 
     def compose(self) -> ComposeResult:
@@ -396,9 +397,13 @@ class ChatScreen(Screen):
                         "(`localchat serve`).", timeout=4)
             return
         self.speculative = not self.speculative
+        self.spec_chosen = True
         self.status.speculative = self.speculative
         state = "on" if self.speculative else "off"
         note = "" if self.has_draft else " (no draft model is loaded: answers decode plainly)"
+        if self.speculative and self.status.spec_note:
+            note = f" ({self.status.spec_note}: compare both with Ctrl+B)"
+        self.status.spec_note = ""
         self.notify(f"Speculation {state} from the next answer{note}.", timeout=3)
 
     def action_compare(self) -> None:
@@ -465,6 +470,12 @@ class ChatScreen(Screen):
         self.spec_by_server = self.status.spec_by_server = message.spec_by_server
         self.status.draft = message.draft_name
         self.status.has_draft = message.has_draft
+        if message.has_draft and self.speculative and not message.spec_pays and not self.spec_chosen:
+            # "on" in the settings means on where it pays: here plain decoding is the faster
+            self.speculative = self.status.speculative = False
+            self.status.spec_note = message.spec_reason
+            self.notify(f"Speculation is off: {message.spec_reason} (plain decoding gives more tokens per second "
+                        "here). Ctrl+T turns it on.", timeout=8)
         self.status.show_stats(None)  # whatever it shows was measured on the model before
         if self.answer:
             self.answer.view.set_waiting("thinking…")

@@ -30,6 +30,7 @@ class StatusBar(Horizontal):
     model_ok: reactive[bool] = reactive(True)
     remote: reactive[str | None] = reactive(None)  # the server's address, when the app is its client
     spec_by_server: reactive[bool] = reactive(False)  # the server decides speculation, not the switch
+    spec_note: reactive[str] = reactive("")  # why speculation was turned off by default (e.g. on a CPU)
     unsaved: reactive[int] = reactive(0)  # chat history writes waiting for the database
 
     def __init__(self, **kwargs) -> None:
@@ -77,6 +78,7 @@ class StatusBar(Horizontal):
         self._render_all()
 
     _watch_draft = _watch_speculative = _watch_has_draft = _watch_load_text = _watch_model_ok = _watch_model
+    _watch_spec_note = _watch_model
     _watch_remote = _watch_spec_by_server = _watch_model
 
     def _watch_unsaved(self) -> None:
@@ -125,6 +127,8 @@ class StatusBar(Horizontal):
             return Text(" SPEC — no draft ", style="reverse dim")
         if self.speculative:
             return Text(" SPEC ON ", style="bold reverse green")
+        if self.spec_note:
+            return Text(f" SPEC OFF: {self.spec_note} ", style="bold reverse yellow")
         return Text(" SPEC OFF ", style="bold reverse yellow")
 
     def _speed_text(self) -> Text:

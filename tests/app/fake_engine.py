@@ -42,7 +42,8 @@ def split_tokens(text: str) -> list[str]:
 class FakeEngine:
     def __init__(self, model_name: str = "fake-model", draft_name: str | None = "fake-draft",
                  step_delay_s: float = 0.004, fixed_stats: bool = False,
-                 fail_stream: Exception | None = None, twin_fits: bool = True) -> None:
+                 fail_stream: Exception | None = None, twin_fits: bool = True,
+                 spec_pays: tuple[bool, str] = (True, "")) -> None:
         self.model_name = model_name
         self.draft_name = draft_name
         self.weights = "bf16"
@@ -52,9 +53,13 @@ class FakeEngine:
         self.fixed_stats = fixed_stats  # stats that never vary, for snapshots
         self.fail_stream = fail_stream
         self.twin_fits = twin_fits  # whether without_draft(if_fits=True) builds the twin
+        self.spec_pays = spec_pays  # what speculation_pays() answers (a CPU engine's: (False, reason))
         self.calls: list[dict] = []
         self._lock = threading.Lock()  # the real engine is not thread-safe either: catch misuse
         self._twin: FakeEngine | None = None
+
+    def speculation_pays(self) -> tuple[bool, str]:
+        return self.spec_pays if self.has_draft else (False, "no draft")
 
     def without_draft(self, if_fits: bool = False) -> "FakeEngine | None":
         """Engine.without_draft: a twin with no draft that shares this one's calls and lock."""

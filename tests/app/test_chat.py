@@ -103,6 +103,25 @@ async def test_toggle_speculation_key_and_palette(make_app):
         assert len(app.runner.factory.made) == 1
 
 
+async def test_where_speculation_is_slower_it_starts_off_and_says_why(make_app):
+    """An engine on which plain decoding is the faster default (a CPU): the settings' "on" turns
+    into off at load, the status bar says why, and Ctrl+T still turns it on."""
+    app = make_app(spec_pays=(False, "slower on a CPU"))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await ready(pilot)
+        status = app.screen.query_one(StatusBar)
+        assert not status.speculative
+        assert "SPEC OFF: slower on a CPU" in str(status.query_one("#status-spec").render())
+        await send(pilot, "plain by default")
+        assert engine_of(app).calls[-1]["speculative"] is False
+        await pilot.press("ctrl+t")
+        assert status.speculative and "SPEC ON" in str(status.query_one("#status-spec").render())
+        await send(pilot, "on as asked")
+        assert engine_of(app).calls[-1]["speculative"] is True
+        await pilot.press("ctrl+t")  # off again: by choice now, so no reason shown
+        assert str(status.query_one("#status-spec").render()).strip() == "SPEC OFF"
+
+
 async def test_regenerate_replaces_the_last_answer(make_app):
     app = make_app()
     async with app.run_test() as pilot:
