@@ -117,8 +117,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: none, --prompt-set's)")
     p.add_argument("--system", default=None,
                    help="system prompt over each prompt (default: the chat app's built-in one; '' for none)")
-    p.add_argument("--force-accept", type=int, default=None,
-                   help="benchmark only: force this accepted length with a random-weight draft (default: off)")
+    p.add_argument("--force-accept", type=float, default=None,
+                   help="benchmark only: a random-weight draft whose verify steps give this many tokens: each step "
+                        "for a whole number, on average with a real head's spread otherwise, e.g. 3.5 (default: off)")
     p.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
     p.add_argument("--out", default=None, help="write the JSON report here (default: not written)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")

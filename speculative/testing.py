@@ -23,14 +23,43 @@ def forced_acceptance(accept_len: int):
     return accept
 
 
-class ForcedEagle3Speculator(Eagle3Speculator):
-    """An Eagle3Speculator whose verify steps each give accept_len tokens (forced_acceptance), and
-    what its loop costs in parts."""
+def draft_acceptance_rate(mean: float, k: int) -> float:
+    """The chance a that each draft is accepted, given the one before it was, for which a verify
+    step of k drafts gives `mean` tokens on average: 1 + a + a^2 + ... + a^k = mean."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < mean else (lo, mid)
+    return (lo + hi) / 2
 
-    def __init__(self, draft: Eagle3Draft, runner, draft_steps: int, accept_len: int):
+
+def forced_profile(mean: float, k: int, device, seed: int = 0):
+    """A verify rule like forced_acceptance whose steps give `mean` tokens on average with the
+    spread of a real head: each draft is accepted with the chance draft_acceptance_rate(mean, k)
+    if the one before it was (the leading run of a published EAGLE-3 head's acceptance), drawn on
+    the device from a generator seeded once, so that a run repeats."""
+    rate = draft_acceptance_rate(mean, k)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def accept(draft_tokens, draft_probs, logits, params, seen, generator):
+        u = torch.rand(draft_tokens.shape[0], generator=gen, device=draft_tokens.device)
+        accepted = (u < rate).to(torch.int64).cumprod(0).sum()
+        return accepted, logits.index_select(0, accepted.view(1))[0].argmax()
+
+    return accept
+
+
+class ForcedEagle3Speculator(Eagle3Speculator):
+    """An Eagle3Speculator whose verify steps give accept_len tokens: each of them when accept_len
+    is a whole number (forced_acceptance), on average otherwise (forced_profile); and what its loop
+    costs in parts."""
+
+    def __init__(self, draft: Eagle3Draft, runner, draft_steps: int, accept_len: float):
         if not 1 <= accept_len <= draft_steps + 1:
             raise ValueError(f"accept_len must be between 1 and k + 1 = {draft_steps + 1}, got {accept_len}")
-        super().__init__(draft, runner, draft_steps, accept=forced_acceptance(accept_len))
+        rule = (forced_acceptance(int(accept_len)) if float(accept_len).is_integer()
+                else forced_profile(accept_len, draft_steps, runner.device))
+        super().__init__(draft, runner, draft_steps, accept=rule)
         self.accept_len = accept_len
 
     def measure_components(self, runner, iters: int = 50) -> dict:
@@ -78,11 +107,11 @@ def random_eagle3_config(target_cfg) -> DraftConfig:
         aux_layer_ids=tuple(min(max(i, 0), L) for i in (2, L // 2, L - 3)), rope_theta=target_cfg.rope_theta)
 
 
-def random_eagle3(runner, draft_steps: int, accept_len: int, seed: int = 1) -> ForcedEagle3Speculator:
+def random_eagle3(runner, draft_steps: int, accept_len: float, seed: int = 1) -> ForcedEagle3Speculator:
     """A random_eagle3_config head for the runner's target, built as build_eagle3 builds a loaded
     one (new_eagle3_draft: the draft's kernels, on a target built with batch_invariant), its
-    weights drawn from N(0, 0.02) with `seed` (the same head in every engine of a run), accepting
-    accept_len - 1 drafts at each verify step."""
+    weights drawn from N(0, 0.02) with `seed` (the same head in every engine of a run), its verify
+    steps giving accept_len tokens (ForcedEagle3Speculator)."""
     dc = random_eagle3_config(runner.config)
     draft = new_eagle3_draft(dc, runner, runner.config)  # d2t zero: draft id i is target id i
     gen = torch.Generator(device=runner.device).manual_seed(seed)

@@ -40,13 +40,13 @@ class IdTokenizer:
 
 
 def random_engine(config: str, device: str | None = None, max_seq_len: int | None = None,
-                  options: KernelOptions | None = None, force_accept: int | None = None, draft_steps: int = 5,
+                  options: KernelOptions | None = None, force_accept: float | None = None, draft_steps: int = 5,
                   use_graphs: bool = True, threads: int | None = None) -> Engine:
     """An engine on random weights of `config` ('llama-8b' or a config.json): bf16 on a GPU, fp32
     on the CPU, a KV cache of max_seq_len rows (default 4096), graphs captured on CUDA unless
     use_graphs is False. options: the kernel switches (None: from the environment). force_accept:
-    also a random EAGLE-3 head (speculative/testing.py) whose verify steps each give force_accept
-    tokens; the target then gets the batch-invariant kernels a real draft's target gets (options
+    also a random EAGLE-3 head (speculative/testing.py) whose verify steps give force_accept
+    tokens (each step, or on average when it is not a whole number); the target then gets the batch-invariant kernels a real draft's target gets (options
     may ask for them without a head too: profiling the target's side)."""
     from speculative.testing import random_eagle3
 

@@ -80,3 +80,23 @@ def test_summed_tok_s_weighs_answers_by_their_length():
             {"generated_tokens": 1, "decode_s": 0.0}]
     assert summed_tok_s(runs) == 102 / 1.1
     assert summed_tok_s([{"generated_tokens": 1, "decode_s": 0.0}]) == 0.0
+
+
+def test_force_accept_mean_gives_a_spread_with_that_mean(tmp_path, tiny_models):
+    """--force-accept 3.5 (not a whole number): verify steps give 3.5 tokens on average with a real
+    head's spread (each draft accepted at one rate while the run lasts), not one length."""
+    from speculative.testing import draft_acceptance_rate
+
+    rate = draft_acceptance_rate(3.5, 5)
+    assert abs(sum(rate ** i for i in range(6)) - 3.5) < 1e-9 and 0.7 < rate < 0.8
+    assert draft_acceptance_rate(6.0, 5) > 0.999 and draft_acceptance_rate(1.0, 5) < 1e-6
+    out = tmp_path / "r.json"
+    code = main(["bench", "--random-weights", str(tiny_models["llama"] / "config.json"), "--device", "cpu",
+                 "--force-accept", "3.5", "--draft-steps", "5", "--prompts", "1", "--prompt-tokens", "12",
+                 "--new-tokens", "200", "--no-peer", "--out", str(out)])
+    assert code == 0
+    hist = json.loads(out.read_text())["spec"]["accept_hist"]
+    steps = sum(hist)
+    assert steps > 40 and sum(1 for n in hist if n) >= 4  # a spread over the lengths, not one of them
+    mean = sum(n * c for n, c in enumerate(hist)) / steps
+    assert 2.9 < mean < 4.1, (mean, hist)
