@@ -13,7 +13,8 @@ from engine.units import format_bytes, format_eta, format_speed
 
 
 def download_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("repo", help="Hub repo id (e.g. Qwen/Qwen3-8B), a catalog id (e.g. qwen3-8b), or demo")
+    p.add_argument("repo", help="Hub repo id (e.g. Qwen/Qwen3-8B), a catalog id (e.g. qwen3-8b), demo, or one file "
+                                "of a GGUF repo: REPO:Q4_K_M (a quantization) or REPO:FILE.gguf")
     p.add_argument("--draft", help="draft repo id, or mtp:builtin (default for catalog ids: the catalog's draft)")
     p.add_argument("--no-draft", action="store_true", help="do not fetch the catalog's draft")
     p.add_argument("--revision", help="branch, tag or commit of the target (default: main)")
@@ -94,10 +95,18 @@ def _download(args: argparse.Namespace) -> int:
     from engine.hub.catalog import DEMO_ID, load_catalog
     from engine.hub.download import plan_download, run_download
 
+    from engine.hub.gguf_files import parse_gguf_spec
+
     if args.repo == DEMO_ID:
         return _download_demo()
     repo, draft = args.repo, args.draft
-    entry = load_catalog().by_id(repo)
+    gguf = parse_gguf_spec(repo)
+    if gguf is not None:  # one file of a GGUF repo
+        repo, pick = gguf
+        entry = None
+    else:
+        pick = None
+        entry = load_catalog().by_id(repo)
     if entry is not None:  # a catalog id brings its draft unless one is given
         repo = entry.target.repo
         if draft is None and entry.draft is not None and not entry.draft.is_shipped:
@@ -107,7 +116,7 @@ def _download(args: argparse.Namespace) -> int:
     printer = ProgressPrinter(sys.stderr)
     try:
         plan = plan_download(repo, draft, args.revision, allow_bin=args.allow_bin, include=tuple(args.include),
-                             on_hash=_say_hashing)
+                             on_hash=_say_hashing, gguf=pick)
         for r in plan.repos:
             for f in r.corrupt:
                 say(f"the cached {r.repo_id}/{f.name} does not match the Hub's {f.listed.digest.kind}: "

@@ -105,6 +105,7 @@ class RepoPlan:
     commit: str
     files: tuple[RemoteFile, ...]
     is_gated: bool
+    gguf: str | None = None  # a GGUF repo's one model file (gguf_files.pick_gguf): the only file fetched
 
     @property
     def total_bytes(self) -> int:
@@ -171,10 +172,12 @@ def plan_repo(
     allow_bin: bool = False,
     include: tuple[str, ...] = (),
     on_hash: Callable[[str, int], None] | None = None,
+    gguf: str | None = None,
 ) -> RepoPlan:
     """Ask the Hub which files `repo_id` has at `revision` and which of the needed ones are cached and good.
 
     `on_hash(name, size)` is called before a cached file is hashed (once per file; see hub_cache).
+    gguf: a quantization tag or .gguf file name (gguf_files.pick_gguf): that one file of a GGUF repo.
     """
     from huggingface_hub import HfApi
 
@@ -187,8 +190,17 @@ def plan_repo(
         info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
     commit = check_commit(info.sha, repo_id)
     siblings = {check_repo_path(s.rfilename, repo_id): s for s in info.siblings or []}
-    names = select_files(list(siblings), allow_bin=allow_bin, include=include)
-    if "config.json" not in names:
+    picked = None
+    if gguf is not None:
+        from engine.hub.gguf_files import pick_gguf
+
+        picked = pick_gguf(list(siblings), gguf, repo_id)
+        names = [picked]
+    else:
+        names = select_files(list(siblings), allow_bin=allow_bin, include=include)
+    if picked is not None:
+        pass  # a GGUF file carries its own config and tokenizer
+    elif "config.json" not in names:
         raise UserError(f"{repo_id} has no config.json: it is not a Hugging Face model folder")
     if not any(is_weight_file(n) for n in names):
         has_bin = any(fnmatch.fnmatch(n, BIN_PATTERNS[0]) for n in siblings)
@@ -200,7 +212,7 @@ def plan_repo(
         listed = listed_file(siblings[name], repo_id)
         hook = (lambda f=listed: on_hash(f"{repo_id}/{f.name}", f.size)) if on_hash is not None else None
         files.append(RemoteFile(listed, cached_file_state(root, repo_id, commit, listed, hook)))
-    return RepoPlan(repo_id, revision or "main", commit, tuple(files), bool(info.gated))
+    return RepoPlan(repo_id, revision or "main", commit, tuple(files), bool(info.gated), picked)
 
 
 def plan_download(
@@ -210,11 +222,13 @@ def plan_download(
     allow_bin: bool = False,
     include: tuple[str, ...] = (),
     on_hash: Callable[[str, int], None] | None = None,
+    gguf: str | None = None,
 ) -> DownloadPlan:
-    """Plan the download of a target and optionally its draft (a repo id or "mtp:builtin")."""
+    """Plan the download of a target and optionally its draft (a repo id or "mtp:builtin");
+    gguf: the target is that one file of a GGUF repo (plan_repo)."""
     from engine.hub.catalog import load_catalog
 
-    target = plan_repo(repo_id, revision, allow_bin=allow_bin, include=include, on_hash=on_hash)
+    target = plan_repo(repo_id, revision, allow_bin=allow_bin, include=include, on_hash=on_hash, gguf=gguf)
     draft_plan = None
     if draft is not None and draft != MTP_BUILTIN:
         entry = load_catalog().for_draft(draft)
@@ -247,14 +261,16 @@ def run_download(
     missing = {r.repo_id: r.ordered_missing() for r in plan.repos}
     for repo in plan.repos:
         remove_stale_parts(root, repo.repo_id)
-    for repo in plan.repos:  # config.json first, for the draft check
-        config = next(f for f in repo.files if f.name == "config.json")
+    for repo in plan.repos:  # config.json first, for the draft check (a GGUF file has none apart)
+        config = next((f for f in repo.files if f.name == "config.json"), None)
+        if config is None:
+            continue
         if not config.is_cached:
             _fetch(root, repo, config, meter)
         elif not snapshot_file(root, repo.repo_id, repo.commit, "config.json").is_file():
             raise UserError(f"{repo.repo_id}/config.json vanished from the cache during the download: try again")
     folders = {r.repo_id: snapshot_file(root, r.repo_id, r.commit, "config.json").parent for r in plan.repos}
-    if plan.draft_spec is not None:
+    if plan.draft_spec is not None and plan.target.gguf is None:  # a GGUF target's pair is checked at load
         draft_config = read_config(folders[plan.draft.repo_id]) if plan.draft is not None else None
         check_draft_pair(plan.target.repo_id, read_config(folders[plan.target.repo_id]), plan.draft_spec, draft_config)
     for repo in plan.repos:
@@ -265,7 +281,10 @@ def run_download(
         _write_ref(root, repo)
     meter.finish()
     draft_out: Path | str | None = folders[plan.draft.repo_id] if plan.draft is not None else plan.draft_spec
-    return DownloadResult(folders[plan.target.repo_id], draft_out)
+    target = plan.target
+    if target.gguf is not None:
+        return DownloadResult(snapshot_file(root, target.repo_id, target.commit, target.gguf), draft_out)
+    return DownloadResult(folders[target.repo_id], draft_out)
 
 
 def _write_ref(root: Path, repo: RepoPlan) -> None:
@@ -286,6 +305,42 @@ def _write_ref(root: Path, repo: RepoPlan) -> None:
         os.replace(tmp, ref)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def gguf_file_path(repo_id: str, pick: str, log=None) -> Path:
+    """The local path of one model file of a GGUF repo (`REPO:Q4_K_M`, `REPO:file.gguf`): the
+    cached one when there is one, else a download of that file alone."""
+    from engine.hub.gguf_files import pick_gguf
+    from engine.hub.local_models import cached_snapshot_folder
+
+    check_repo_id(repo_id)
+    folder = cached_snapshot_folder(repo_id)
+    if folder is not None:
+        names = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")]
+        try:
+            return folder / pick_gguf(names, pick, repo_id)
+        except UserError:
+            pass  # not among the files fetched so far: the Hub says what the repo has
+    if is_offline():
+        raise UserError(f"{repo_id}:{pick} is not in the local cache and HF_HUB_OFFLINE is set: unset it and run "
+                        f"`localchat download {repo_id}:{pick}`")
+    plan = plan_download(repo_id, gguf=pick)
+    return run_download(plan, _progress_logger(repo_id, log)).target
+
+
+def _progress_logger(repo_id: str, log):
+    last = [float("-inf")]
+
+    def report(p) -> None:
+        now = time.monotonic()
+        if log is not None and (p.finished or now - last[0] >= 2.0):  # a line every 2 s is plenty
+            last[0] = now
+            from engine.units import format_bytes, format_eta, format_speed
+
+            log(f"downloading {repo_id}: {format_bytes(p.done_bytes)} of {format_bytes(p.total_bytes)}, "
+                f"{format_speed(p.speed)}, ETA {format_eta(p.eta_s)}", p.fraction * 0.1)
+
+    return report
 
 
 def snapshot_path(repo_id: str, log=None, revision: str | None = None) -> Path:
@@ -310,16 +365,4 @@ def snapshot_path(repo_id: str, log=None, revision: str | None = None) -> Path:
 
     entry = load_catalog().for_draft(repo_id)  # catalog heads that ship only .bin may be fetched as such
     plan = plan_download(repo_id, revision=revision, allow_bin=bool(entry and entry.draft.allow_bin))
-
-    last = [float("-inf")]
-
-    def report(p) -> None:
-        now = time.monotonic()
-        if log is not None and (p.finished or now - last[0] >= 2.0):  # a line every 2 s is plenty
-            last[0] = now
-            from engine.units import format_bytes, format_eta, format_speed
-
-            log(f"downloading {repo_id}: {format_bytes(p.done_bytes)} of {format_bytes(p.total_bytes)}, "
-                f"{format_speed(p.speed)}, ETA {format_eta(p.eta_s)}", p.fraction * 0.1)
-
-    return run_download(plan, report).target
+    return run_download(plan, _progress_logger(repo_id, log)).target

@@ -31,6 +31,21 @@ def repo_storage(repo_id: str) -> Path:
     return cache_dir() / ("models--" + repo_id.replace("/", "--"))
 
 
+def cached_snapshot_folder(repo_id: str, revision: str | None = None) -> Path | None:
+    """The cached snapshot folder of `repo_id` at `revision`, complete or not (a GGUF repo's holds
+    only the files fetched from it); None where there is none."""
+    storage = repo_storage(repo_id)
+    rev = revision or "main"
+    commit = rev if COMMIT_RE.match(rev) else None
+    ref = storage / "refs" / rev
+    if commit is None and ref.is_file():
+        commit = ref.read_text().strip()
+    if commit is None or not COMMIT_RE.match(commit):
+        return None
+    snapshot = storage / "snapshots" / commit
+    return snapshot if snapshot.is_dir() else None
+
+
 def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
     """The complete cached snapshot of `repo_id` at `revision` (a branch, tag or commit), if any."""
     storage = repo_storage(repo_id)
@@ -54,8 +69,31 @@ class LocalModel:
     config: dict | None
 
 
+def _gguf_files(repo_id: str, snapshot: Path) -> list[LocalModel]:
+    """The model files fetched from a GGUF repo (`localchat download REPO:Q4_K_M`), each named as
+    --model takes it: REPO:TAG where its tag picks it alone, else REPO:FILE."""
+    from engine.errors import UserError
+    from engine.hub.gguf_files import is_model_gguf, pick_gguf, quant_tags
+
+    names = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf"))
+    found = []
+    for name in names:
+        if not is_model_gguf(name) or not (snapshot / name).is_file():
+            continue
+        tags = quant_tags([name])
+        pick = name
+        if tags:
+            try:
+                pick = tags[0] if pick_gguf(names, tags[0], repo_id) == name else name
+            except UserError:
+                pass
+        found.append(LocalModel(f"{repo_id}:{pick}", snapshot / name, (snapshot / name).stat().st_size, False, None))
+    return found
+
+
 def list_cached_models() -> list[LocalModel]:
-    """Complete models and drafts in the HF cache (latest snapshot of each repo), plus the demo."""
+    """Complete models and drafts in the HF cache (latest snapshot of each repo), the model files
+    fetched from GGUF repos, and the demo."""
     from huggingface_hub import scan_cache_dir
 
     models: list[LocalModel] = []
@@ -70,6 +108,7 @@ def list_cached_models() -> list[LocalModel]:
                 continue
             latest = max(repo.revisions, key=lambda r: r.last_modified)
             if not is_complete_folder(Path(latest.snapshot_path)):
+                models += _gguf_files(repo.repo_id, Path(latest.snapshot_path))
                 continue
             config = read_config(Path(latest.snapshot_path))
             models.append(

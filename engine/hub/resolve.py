@@ -38,10 +38,20 @@ def resolve(spec: str, log=None, what: str = "model") -> ModelSource:
                                 "*.safetensors or pytorch_model*.bin")
             return ModelSource(path.resolve(), path.name)
         if path.suffix.lower() == ".gguf":
-            return ModelSource(path.resolve(), path.name)
+            # absolute, but not resolved: a Hub cache's file is a link to a blob named by its hash,
+            # and the loader knows a GGUF by its name
+            return ModelSource(path.absolute(), path.name)
         raise UserError(f"{path} is a file but not a .gguf; give its folder, a .gguf file or a Hub repo id")
+    from engine.hub.gguf_files import parse_gguf_spec
+
+    gguf = parse_gguf_spec(spec)
+    if gguf is not None:
+        from engine.hub.download import gguf_file_path
+
+        return ModelSource(gguf_file_path(*gguf, log=log), spec)
     if _REPO_ID.match(spec) and not spec.startswith((".", "~")):
         from engine.hub.download import snapshot_path
 
         return ModelSource(snapshot_path(spec, log=log), spec)
-    raise UserError(f"no such file or folder: {spec} (a {what} is a folder, a .gguf file, a Hub repo id or 'demo')")
+    raise UserError(f"no such file or folder: {spec} (a {what} is a folder, a .gguf file, a Hub repo id, "
+                    "REPO:Q4_K_M for one file of a GGUF repo, or 'demo')")
