@@ -304,8 +304,9 @@ def rope_decode_attention(
     pdl: bool = True,
 ) -> torch.Tensor:
     """rope_and_cache then decode_attention for one decode row, with the same bits, one launch
-    fewer: the split kernel rotates q and the key itself and writes the key and value into the
-    cache. Returns (1, Hq, D)."""
+    fewer: the split kernel rotates q and the key itself, writes the key and value into the cache
+    and q into a scratch row, and reads them back as decode_attention reads them. Returns
+    (1, Hq, D)."""
     _check(q, k_cache, v_cache, positions)
     assert q.shape[0] == 1 and k.shape == v.shape == (1, *k_cache.shape[1:]) and q.dtype == k.dtype == v.dtype
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
