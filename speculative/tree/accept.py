@@ -1,0 +1,68 @@
+"""Which path of a draft tree the target accepts, greedy and sampled, keeping the target's output.
+
+Row 0 of the target's verify output stands for the root, row i + 1 for node i.
+
+Greedy: from the root, step to the child whose token is the target's choice at the current row,
+while there is one; the next token is the target's choice where the walk stops. The output is what
+plain greedy decoding gives.
+
+Sampled (the siblings are the draft's top-k, not samples, so only the target's probabilities
+enter): at the current row, with the target's distribution p, try the children one after the
+other, best first: child c is accepted with probability r(c) / sum(r), where r is p with the tried
+children's mass removed; the first one accepted is stepped into. If none is, the next token is
+drawn from r, normalized. Then the token emitted at every step has exactly the distribution p: a
+child c is emitted with probability p(c) (the chance that the ones before were refused times c's
+share of what remained), and any other token x with the probability that all were refused times
+x's share of what remained, p(x). At a leaf, the next token is drawn from its row's p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from speculative.tree.grow import DraftTree
+
+
+def greedy_tree_accept(tree: DraftTree, target_choice: torch.Tensor) -> tuple[list[int], int]:
+    """target_choice: (N + 1,) the target's argmax at the root and at each node. Returns (the
+    accepted nodes, root to leaf; the next token)."""
+    choice = target_choice.tolist()
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    path, node = [], -1
+    while True:
+        want = choice[node + 1]
+        nxt = next((i for i in range(len(tokens)) if parents[i] == node and tokens[i] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+        node = nxt
+
+
+def sampled_tree_accept(tree: DraftTree, target_probs: torch.Tensor,
+                        generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """target_probs: (N + 1, V) the target's distribution (after temperature and the cuts) at the
+    root and at each node. Returns (the accepted nodes, root to leaf; the next token), the emitted
+    tokens having the target's distribution (see the module's docstring)."""
+    dev = target_probs.device
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    path, node = [], -1
+    while True:
+        residual = target_probs[node + 1].double().clone()
+        kids = [i for i in range(len(tokens)) if parents[i] == node]  # best score first (verify order)
+        stepped = None
+        for c in kids:
+            total = residual.sum()
+            if total <= 0:
+                break
+            u = torch.rand((), dtype=torch.float64, device=dev, generator=generator)
+            if u * total < residual[tokens[c]]:
+                stepped = c
+                break
+            residual[tokens[c]] = 0.0
+        if stepped is None:
+            if residual.sum() <= 0:  # every token the target allows was a refused child: cannot happen
+                residual = target_probs[node + 1].double()
+            nxt = torch.multinomial(residual / residual.sum(), 1, generator=generator)
+            return path, int(nxt)
+        path.append(stepped)
+        node = stepped

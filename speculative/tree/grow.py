@@ -1,0 +1,104 @@
+"""A draft tree grown the EAGLE-2 way, and its attention mask.
+
+From the root (the last token the target gave), the draft's top-k tokens form depth 1. At each
+further depth the k nodes with the highest cumulative draft log-probability are expanded, each into
+its own top-k children; every candidate seen is kept. At the end the `tokens` best candidates by
+cumulative log-probability are verified. A child's cumulative log-probability is at most its
+parent's, so the best candidates always include their ancestors (ties go to the shallower node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from speculative.tree.shape import TreeShape
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Nodes in verify order: by depth, then by score; a parent always comes before its children."""
+
+    tokens: torch.Tensor  # (N,) int64 draft token of each node
+    parents: torch.Tensor  # (N,) int64 index of the node's parent, -1 for the root's children
+    depths: torch.Tensor  # (N,) int64, 1 for the root's children
+    scores: torch.Tensor  # (N,) float32 cumulative draft log-probability
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def children(self, node: int) -> list[int]:
+        """The nodes whose parent is `node` (-1: the root), best score first."""
+        return [i for i in range(len(self)) if int(self.parents[i]) == node]
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from depth 1 down to `node`."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = int(self.parents[node])
+        return out[::-1]
+
+
+Expand = Callable[[torch.Tensor, "DraftTree"], torch.Tensor]
+
+
+def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> DraftTree:
+    """root_logprobs: (V,) the draft's log-probabilities for the token after the root.
+    expand(frontier, grown): (F, V) the draft's log-probabilities for the token after each of the
+    frontier nodes (indices into `grown`, the candidates so far, whose paths they extend)."""
+    k = min(shape.topk, root_logprobs.shape[-1])
+    dev = root_logprobs.device
+    top = root_logprobs.float().topk(k)
+    tokens, scores = [top.indices], [top.values]
+    parents = [torch.full((k,), -1, dtype=torch.int64, device=dev)]
+    depths = [torch.ones(k, dtype=torch.int64, device=dev)]
+    frontier = torch.arange(k, device=dev)
+    count = k
+    for depth in range(2, shape.depth + 1):
+        grown = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores))
+        lp = expand(frontier, grown).float()  # (F, V)
+        child = lp.topk(min(k, lp.shape[-1]), dim=-1)
+        cand = (grown.scores[frontier][:, None] + child.values).flatten()  # (F * k,)
+        n = cand.shape[0]
+        tokens.append(child.indices.flatten())
+        scores.append(cand)
+        parents.append(frontier.repeat_interleave(child.values.shape[1]))
+        depths.append(torch.full((n,), depth, dtype=torch.int64, device=dev))
+        frontier = count + cand.topk(min(k, n)).indices
+        count += n
+    all_tokens, all_parents = torch.cat(tokens), torch.cat(parents)
+    all_depths, all_scores = torch.cat(depths), torch.cat(scores)
+    keep = _best(all_scores, all_depths, min(shape.tokens, count))
+    # verify order: by depth, then score (keep is sorted by score, ties by depth: a stable sort by depth)
+    keep = keep[torch.sort(all_depths[keep], stable=True).indices]
+    new_index = torch.full((count,), -1, dtype=torch.int64, device=dev)
+    new_index[keep] = torch.arange(keep.shape[0], device=dev)
+    old_parents = all_parents[keep]
+    parents_out = torch.where(old_parents >= 0, new_index[old_parents.clamp_min(0)], old_parents)
+    assert bool((parents_out[old_parents >= 0] >= 0).all()), "a kept node lost its parent"
+    return DraftTree(all_tokens[keep], parents_out, all_depths[keep], all_scores[keep])
+
+
+def _best(scores: torch.Tensor, depths: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices of the n best scores, ties to the shallower node, then the earlier one."""
+    order = torch.argsort(depths, stable=True)
+    order = order[torch.argsort(-scores[order], stable=True)]
+    return order[:n]
+
+
+def tree_mask(parents: torch.Tensor) -> torch.Tensor:
+    """(N + 1, N + 1) bool: row i sees column j where node j is node i itself or one of its
+    ancestors; index 0 is the root, node n is index n + 1. The verify step's attention over the
+    tree's own rows (every row also sees the context before the root)."""
+    n = parents.shape[0]
+    up = torch.cat([torch.zeros(1, dtype=torch.int64, device=parents.device), parents + 1])  # root: itself
+    mask = torch.eye(n + 1, dtype=torch.bool, device=parents.device)
+    rows = torch.arange(n + 1, device=parents.device)
+    cur = up
+    for _ in range(n + 1):
+        mask[rows, cur] = True
+        cur = up[cur]
+    return mask
