@@ -43,7 +43,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                     yield Label(hint, classes="hint")
                 yield Label("Speculation")
                 yield Switch(self.settings.speculative, id="set-speculative")
-                yield Label("default for new sessions, where it pays (not on a CPU)", classes="hint")
+                yield Label("default (off on a CPU)", classes="hint")
             yield Label("Default system prompt (for new chats)")
             yield Input(self.settings.system_prompt, id="set-system_prompt", compact=True,
                         placeholder="empty: the model's own default")
