@@ -32,22 +32,30 @@ def compile_one(kern, sig: dict, consts: dict, divisible: list[str], num_warps: 
 
 
 def gemv_variants():
-    kern = gemv._kernels()
+    from engine.routing import invariant_tile
+
+    row_kernel, dot_kernel = gemv._kernels()
     ptrs = ["x_ptr", "res_ptr", "nw_ptr", "new_res_ptr", "w_ptr", "bias_ptr", "out_ptr"]
     ints = ["num_rows", "N", "K", "stride_x", "stride_res", "stride_new_res", "stride_w", "stride_out"]
     sig = {**{p: "*bf16" for p in ptrs}, "part_ptr": "*fp32", "count_ptr": "*i32", **{i: "i32" for i in ints},
            "eps": "fp32"}
     divisible = ptrs + ["part_ptr", "count_ptr"] + ints[1:]
-    for m in (1, 6, 16):
+    for m in (1, 16):  # the one-row kernel; the tensor-core kernel on its invariant tile (any M up to 16)
         for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (128256, 4096),
                      (960, 576), (576, 576), (3072, 576), (576, 1536)]:
             for prologue in (gemv.NONE, gemv.RMS_NORM, gemv.SILU_MUL):
-                cfg = gemv.default_config(m, n, k)
+                cfg = gemv.default_config(1, n, k) if m == 1 else invariant_tile((n, k))
                 k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
-                consts = dict(PROLOGUE=prologue, HAS_RESIDUAL=prologue == gemv.RMS_NORM, HAS_BIAS=m == 6,
-                              USE_DOT=m > 1, DOT_F32=False, SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split,
-                              EVEN_K=k_per_split * cfg.split_k == k, BLOCK_M=1 if m == 1 else max(16, next_pow2(m)),
-                              BLOCK_N=cfg.block_n if m == 1 else max(16, cfg.block_n), BLOCK_K=cfg.block_k)
+                consts = dict(PROLOGUE=prologue, HAS_RESIDUAL=prologue == gemv.RMS_NORM, HAS_BIAS=False,
+                              SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
+                              BLOCK_K=cfg.block_k, USE_PDL=True, LINE=64, PREFETCH_LINES=gemv.PREFETCH_LINES)
+                if m == 1:
+                    kern = row_kernel
+                    consts |= dict(BLOCK_N=cfg.block_n, NORM_MODE=gemv.norm_mode(1, k) if prologue else gemv.LOOP,
+                                   K_POW2=next_pow2(k), GATED=False, NORM_TAIL=False, N_POW2=1)
+                else:
+                    kern = dot_kernel
+                    consts |= dict(BLOCK_M=16, BLOCK_N=max(16, cfg.block_n), DOT_F32=False, SWAP_AB=cfg.swap_ab)
                 yield f"gemv M={m} N={n} K={k} prologue={prologue} {cfg}", kern, sig, consts, divisible, \
                     cfg.num_warps, cfg.num_stages
 

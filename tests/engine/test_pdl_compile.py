@@ -35,9 +35,11 @@ def _kernels():
     import speculative.kernels.greedy_verify as greedy_verify
 
     split, reduce = attention._kernels()
-    gemv_base = dict(HAS_RESIDUAL=True, HAS_BIAS=False, DOT_F32=False, SPLIT_K=1, K_PER_SPLIT=768, EVEN_K=False,
-                     BLOCK_K=256, LINE=64, PREFETCH_LINES=gemv.PREFETCH_LINES, NORM_MODE=0, K_POW2=1, GATED=False,
-                     NORM_TAIL=False, N_POW2=1)
+    row_kernel, dot_kernel = gemv._kernels()
+    shared = dict(HAS_RESIDUAL=True, HAS_BIAS=False, SPLIT_K=1, K_PER_SPLIT=768, EVEN_K=False, BLOCK_K=256, LINE=64,
+                  PREFETCH_LINES=gemv.PREFETCH_LINES)
+    row_base = dict(shared, NORM_MODE=0, K_POW2=1, GATED=False, NORM_TAIL=False, N_POW2=1)
+    dot_base = dict(shared, DOT_F32=False, SWAP_AB=False)
     return [
         ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
@@ -59,19 +61,17 @@ def _kernels():
         ("attention split rope early", split, dict(GROUP=4, HEAD_DIM=128, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
                                                    BLOCK_D=128, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=True), 4),
         ("attention reduce trigger first", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64), 4),
-        ("gemv rms_norm M=1", gemv._kernels(), dict(gemv_base, PROLOGUE=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8), 4),
-        ("gemv rms_norm M=1 one pass", gemv._kernels(),
-         dict(gemv_base, PROLOGUE=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=8, NORM_MODE=1, K_POW2=4096), 4),
-        ("gemv gated M=1", gemv._kernels(),
-         dict(gemv_base, PROLOGUE=0, HAS_RESIDUAL=False, HAS_BIAS=True, USE_DOT=False, BLOCK_M=1, BLOCK_N=4,
-              GATED=True), 4),
-        ("gemv rms_norm gated M=1 one pass", gemv._kernels(),
-         dict(gemv_base, PROLOGUE=1, USE_DOT=False, BLOCK_M=1, BLOCK_N=4, NORM_MODE=1, K_POW2=1024, GATED=True), 4),
-        ("gemv norm tail M=1", gemv._kernels(),
-         dict(gemv_base, PROLOGUE=0, HAS_BIAS=True, USE_DOT=False, BLOCK_M=1, BLOCK_N=4, NORM_TAIL=True, N_POW2=4096), 4),
-        ("gemv silu_mul M=16 split", gemv._kernels(),
-         dict(gemv_base, PROLOGUE=2, USE_DOT=True, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512,
-              EVEN_K=True), 4),
+        ("gemv rms_norm M=1", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8), 4),
+        ("gemv rms_norm M=1 one pass", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8, NORM_MODE=1, K_POW2=4096), 4),
+        ("gemv gated M=1", row_kernel,
+         dict(row_base, PROLOGUE=0, HAS_RESIDUAL=False, HAS_BIAS=True, BLOCK_N=4, GATED=True), 4),
+        ("gemv rms_norm gated M=1 one pass", row_kernel,
+         dict(row_base, PROLOGUE=1, BLOCK_N=4, NORM_MODE=1, K_POW2=1024, GATED=True), 4),
+        ("gemv norm tail M=1", row_kernel,
+         dict(row_base, PROLOGUE=0, HAS_BIAS=True, BLOCK_N=4, NORM_TAIL=True, N_POW2=4096), 4),
+        ("gemv silu_mul M=16 split", dot_kernel,
+         dict(dot_base, PROLOGUE=2, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512, EVEN_K=True), 4),
+        ("gemv M=16 swap_ab", dot_kernel, dict(dot_base, PROLOGUE=0, BLOCK_M=16, BLOCK_N=64, SWAP_AB=True), 4),
     ]
 
 
@@ -94,7 +94,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 21  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 22  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
