@@ -39,7 +39,8 @@ class Engine:
 
     # Why speculation is not the default on a CPU: a verify step there costs the arithmetic of each
     # of its rows, where a GPU reads the weights once for all of them (the demo model and its head on
-    # 2 cores: 0.66x-0.76x of plain decoding in the app's compare screen, docs/performance.md).
+    # 2 cores: 0.66x-0.76x of plain decoding in the app's compare screen, 0.96x of an engine with no
+    # draft in `localchat bench`; docs/performance.md).
     CPU_SPEC_REASON = "slower on a CPU"
 
     def speculation_pays(self) -> tuple[bool, str]:
