@@ -74,6 +74,7 @@ class ChatScreen(Screen):
     def __init__(self, speculative: bool) -> None:
         super().__init__()
         self.speculative = speculative
+        self.spec_default = speculative  # the settings' (or the command line's) choice, where it pays
         self.chat: ChatRecord | None = None  # None: a new chat, saved with its first message
         self.new_chat_system_prompt = ""
         self.answer: _Answer | None = None
@@ -470,12 +471,13 @@ class ChatScreen(Screen):
         self.spec_by_server = self.status.spec_by_server = message.spec_by_server
         self.status.draft = message.draft_name
         self.status.has_draft = message.has_draft
-        if message.has_draft and self.speculative and not message.spec_pays and not self.spec_chosen:
-            # "on" in the settings means on where it pays: here plain decoding is the faster
-            self.speculative = self.status.speculative = False
-            self.status.spec_note = message.spec_reason
-            self.notify(f"Speculation is off: {message.spec_reason} (plain decoding gives more tokens per second "
-                        "here). Ctrl+T turns it on.", timeout=8)
+        if not self.spec_chosen:  # "on" in the settings means on where it pays, for each model loaded
+            off_here = message.has_draft and self.spec_default and not message.spec_pays
+            self.speculative = self.status.speculative = self.spec_default and not off_here
+            self.status.spec_note = message.spec_reason if off_here else ""
+            if off_here:
+                self.notify(f"Speculation is off: {message.spec_reason} (plain decoding gives more tokens per "
+                            "second here). Ctrl+T turns it on.", timeout=8)
         self.status.show_stats(None)  # whatever it shows was measured on the model before
         if self.answer:
             self.answer.view.set_waiting("thinking…")
