@@ -48,11 +48,11 @@ class Route:
     each_row: bool = False  # GEMV: the one-row kernel and tile, row after row (batch-invariant too)
 
 
-# Batch invariance (a draft loaded) runs each projection on one of two kernels, chosen by the
-# weight's shape alone so that a verify row and the decode step of its token take the same one:
-# weights up to EACH_ROW_MAX_BYTES on the one-row kernels, row after row (each_row: a program's
-# weight tile is still in its SM's cache for the next rows, and one row runs exactly as without a
-# draft, fusions included); larger ones on the tensor-core tile over 16 padded rows.
+# Batch invariance (a draft loaded) runs each projection on one kernel chosen by the weight's shape
+# alone, so that a verify row and the decode step of its token take the same one: the tensor-core
+# tile over 16 padded rows (invariant_tile), or, with KernelOptions.each_row, for weights up to
+# EACH_ROW_MAX_BYTES, the one-row kernels with one program per row (their re-reads of the weights
+# come from L2; one row then runs exactly as without a draft, fusions included).
 EACH_ROW_MAX_BYTES = 8 << 20
 
 
