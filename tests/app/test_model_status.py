@@ -107,3 +107,24 @@ async def test_a_failed_load_points_to_f5_and_f5_recovers(make_app, monkeypatch)
         assert app.runner.load_error is None
         await send(pilot, "hello again")
         assert app.screen.conversation.views[-1].content.startswith("You said: **hello again**")
+
+
+async def test_the_speculation_default_is_decided_again_for_each_model(make_app, monkeypatch):
+    """Settings say on: a model where speculation is slower (a CPU) starts with it off and says why;
+    the next model, where it pays, starts with it on again; once the user toggles, the choice stays."""
+    app = make_app(spec_pays=(False, "slower on a CPU"))
+    monkeypatch.setattr("app.tui._load_engine", lambda model, **kw: fake_factory(model_name="gpu-model"))
+    async with app.run_test(size=(100, 24)) as pilot:
+        await ready(pilot)
+        assert "SPEC OFF: slower on a CPU" in status_text(app, "spec")
+        first = app.runner.engine
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: isinstance(app.screen, WizardScreen))
+        app.screen.dismiss(("org/gpu-model", "org/gpu-draft"))
+        await wait_for(pilot, lambda: app.runner.engine is not None and app.runner.engine is not first)
+        await pilot.pause(0.2)
+        assert "SPEC ON" in status_text(app, "spec")
+        await send(pilot, "fast")
+        assert engine_of(app).calls[-1]["speculative"] is True
+        await pilot.press("ctrl+t")  # the user's choice from now on
+        assert status_text(app, "spec").strip() == "SPEC OFF"
