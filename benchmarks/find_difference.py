@@ -80,7 +80,8 @@ def compare_forced(engine, prompt, answer, chunks) -> dict:
             "first_kv_layer_differing": layer_diff[0] if layer_diff else None,
         }
         del logits, k, v
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return out
 
 

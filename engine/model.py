@@ -93,8 +93,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
         self.ops = ops
-        self.shapes = [tuple(m.weight.shape) for m in (self.self_attn.qkv_proj, self.self_attn.o_proj,
-                                                       self.mlp.gate_up_proj, self.mlp.down_proj)]
+        self.shapes = tuple(tuple(m.weight.shape) for m in (self.self_attn.qkv_proj, self.self_attn.o_proj,
+                                                            self.mlp.gate_up_proj, self.mlp.down_proj))
 
     def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, cos_sin_table, stream_in: list | None = None,
                 then=None):

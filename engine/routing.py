@@ -23,6 +23,7 @@ Re-measure the tables on the GPU and edit: `python benchmarks/bench_gemv.py --ro
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -62,9 +63,11 @@ def each_row_serves(options: KernelOptions, shape: tuple[int, int], dtype: torch
             and shape[0] * shape[1] * 2 <= EACH_ROW_MAX_BYTES)
 
 
-def each_row_layer(options: KernelOptions, shapes: list[tuple[int, int]], dtype: torch.dtype) -> bool:
+@functools.lru_cache(maxsize=256)
+def each_row_layer(options: KernelOptions, shapes: tuple[tuple[int, int], ...], dtype: torch.dtype) -> bool:
     """Whether a decoder layer whose projections have these weight shapes runs its batch-invariant
-    steps on the fused one-row set, row by row (all of them small enough), rather than INVARIANT."""
+    steps on the fused one-row set, row by row (all of them small enough), rather than INVARIANT.
+    Asked by every layer at every eager step: cached."""
     return all(each_row_serves(options, s, dtype) for s in shapes)
 
 

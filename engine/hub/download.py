@@ -310,15 +310,14 @@ def _write_ref(root: Path, repo: RepoPlan) -> None:
 def gguf_file_path(repo_id: str, pick: str, log=None) -> Path:
     """The local path of one model file of a GGUF repo (`REPO:Q4_K_M`, `REPO:file.gguf`): the
     cached one when there is one, else a download of that file alone."""
-    from engine.hub.gguf_files import pick_gguf
+    from engine.hub.gguf_files import pick_gguf, snapshot_ggufs
     from engine.hub.local_models import cached_snapshot_folder
 
     check_repo_id(repo_id)
     folder = cached_snapshot_folder(repo_id)
     if folder is not None:
-        names = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")]
         try:
-            return folder / pick_gguf(names, pick, repo_id)
+            return folder / pick_gguf(snapshot_ggufs(folder), pick, repo_id)
         except UserError:
             pass  # not among the files fetched so far: the Hub says what the repo has
     if is_offline():

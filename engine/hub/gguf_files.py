@@ -6,6 +6,7 @@ fetched."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from engine.errors import UserError
 
@@ -25,6 +26,11 @@ def is_model_gguf(name: str) -> bool:
     """A .gguf file that holds a model (not a vision projector a multimodal repo ships beside it)."""
     base = name.rsplit("/", 1)[-1].lower()
     return base.endswith(".gguf") and not base.startswith("mmproj")
+
+
+def snapshot_ggufs(folder: Path) -> list[str]:
+    """The .gguf files in a cached snapshot folder, as paths in the repo."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf"))
 
 
 def quant_tags(names: list[str]) -> list[str]:

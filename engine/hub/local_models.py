@@ -48,16 +48,8 @@ def cached_snapshot_folder(repo_id: str, revision: str | None = None) -> Path | 
 
 def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
     """The complete cached snapshot of `repo_id` at `revision` (a branch, tag or commit), if any."""
-    storage = repo_storage(repo_id)
-    rev = revision or "main"
-    commit = rev if COMMIT_RE.match(rev) else None
-    ref = storage / "refs" / rev
-    if commit is None and ref.is_file():
-        commit = ref.read_text().strip()
-    if commit is not None:
-        snapshot = storage / "snapshots" / commit
-        return snapshot if is_complete_folder(snapshot) else None
-    return None
+    snapshot = cached_snapshot_folder(repo_id, revision)
+    return snapshot if snapshot is not None and is_complete_folder(snapshot) else None
 
 
 @dataclass(frozen=True)
@@ -73,9 +65,9 @@ def _gguf_files(repo_id: str, snapshot: Path) -> list[LocalModel]:
     """The model files fetched from a GGUF repo (`localchat download REPO:Q4_K_M`), each named as
     --model takes it: REPO:TAG where its tag picks it alone, else REPO:FILE."""
     from engine.errors import UserError
-    from engine.hub.gguf_files import is_model_gguf, pick_gguf, quant_tags
+    from engine.hub.gguf_files import is_model_gguf, pick_gguf, quant_tags, snapshot_ggufs
 
-    names = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf"))
+    names = snapshot_ggufs(snapshot)
     found = []
     for name in names:
         if not is_model_gguf(name) or not (snapshot / name).is_file():

@@ -86,6 +86,14 @@ async def test_compare_shows_both_answers_speeds_and_identity(make_app):
         assert len(app.store.messages(app.screen.chat.id)) == 2  # compare answers are not saved
 
 
+async def compare_verdict(pilot, app):
+    """Opens the compare screen (Ctrl+B) and waits until both sides have run: its verdict label."""
+    await pilot.press("ctrl+b")
+    verdict = app.screen.query_one("#compare-verdict")
+    await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()))
+    return verdict
+
+
 async def test_compare_reports_different_texts(make_app, monkeypatch):
     from tests.app import fake_engine
 
@@ -96,9 +104,7 @@ async def test_compare_reports_different_texts(make_app, monkeypatch):
         await send(pilot, "compare this")
         calls = iter(range(100))
         monkeypatch.setattr(fake_engine, "answer_for", lambda m: original(m) + str(next(calls)))
-        await pilot.press("ctrl+b")
-        verdict = app.screen.query_one("#compare-verdict")
-        await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()))
+        verdict = await compare_verdict(pilot, app)
         last = len(fake_engine.split_tokens(original([{"role": "user", "content": "compare this"}])))
         assert f"tokens differ from token {last} ✗" in str(verdict.render())  # the last word differs
 
@@ -114,9 +120,7 @@ async def test_compare_says_identical_only_for_the_same_tokens(make_app, monkeyp
         await send(pilot, "compare this")
         calls = iter(range(100))
         monkeypatch.setattr(fake_engine, "split_tokens", lambda text: original(text) if next(calls) else list(text))
-        await pilot.press("ctrl+b")
-        verdict = app.screen.query_one("#compare-verdict")
-        await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()))
+        verdict = await compare_verdict(pilot, app)
         off, on = app.screen.query_one("#pane-off", ComparePane), app.screen.query_one("#pane-on", ComparePane)
         assert off.text == on.text and "tokens differ from token 1" in str(verdict.render())
 
@@ -126,9 +130,7 @@ async def test_compare_says_when_the_draft_stayed_loaded_for_lack_of_memory(make
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await send(pilot, "compare this")
-        await pilot.press("ctrl+b")
-        verdict = app.screen.query_one("#compare-verdict")
-        await wait_for(pilot, lambda: "Speed-up" in str(verdict.render()))
+        verdict = await compare_verdict(pilot, app)
         text = " ".join(str(verdict.render()).split())
         assert "3.00× over speculation off with the draft loaded (too little GPU memory" in text
         assert app.screen.query_one("#pane-off", ComparePane).title == "Speculation off · draft loaded"

@@ -183,7 +183,7 @@ def tiles(request, monkeypatch):
 def expected_launches(cfg: ModelConfig, options: KernelOptions, rows: int = 1) -> dict[str, int]:
     qkv = cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim
     H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-    shapes = [(qkv, H), (H, cfg.num_heads * cfg.head_dim), (2 * I, H), (H, I)]
+    shapes = ((qkv, H), (H, cfg.num_heads * cfg.head_dim), (2 * I, H), (H, I))
     # Batch invariance: small layers run the one-row set row by row, larger ones the invariant set.
     each_row = routing.each_row_layer(options, shapes, torch.bfloat16)
     mode = routing.INVARIANT if options.batch_invariant and not each_row else routing.ROW

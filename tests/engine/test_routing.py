@@ -62,10 +62,11 @@ def test_batch_invariant_steps_run_one_tile_for_every_row_count(rows, mode):
             continue
         one_row = routing.linear_route(DEFAULT, mode, role, 1, shape, BF16)
         assert got == Route(GEMV, one_row.tile, each_row=True), role  # gate_up's cuBLAS: our built-in tile
-    assert routing.each_row_layer(EACH_ROW_OPTIONS, [s for r, s in SMOLLM2.items() if r != "lm_head"], BF16)
-    assert not routing.each_row_layer(INVARIANT_OPTIONS, [s for r, s in SMOLLM2.items() if r != "lm_head"], BF16)
-    assert not routing.each_row_layer(EACH_ROW_OPTIONS, [s for r, s in LLAMA_8B.items() if r != "lm_head"], BF16)
-    assert not routing.each_row_layer(DEFAULT, [SMOLLM2["qkv"]], BF16)
+    smol_layer, layer_8b = (tuple(s for r, s in m.items() if r != "lm_head") for m in (SMOLLM2, LLAMA_8B))
+    assert routing.each_row_layer(EACH_ROW_OPTIONS, smol_layer, BF16)
+    assert not routing.each_row_layer(INVARIANT_OPTIONS, smol_layer, BF16)
+    assert not routing.each_row_layer(EACH_ROW_OPTIONS, layer_8b, BF16)
+    assert not routing.each_row_layer(DEFAULT, (SMOLLM2["qkv"],), BF16)
 
 
 def test_several_rows_without_invariance_and_drafts():
