@@ -89,6 +89,12 @@ def test_run_without_no_spec_loads_the_default_draft(tiny_as_demo, capsys):
     assert len(tiny_as_demo) == 1 and tiny_as_demo[0].name == "demo-eagle3"
 
 
+def test_spec_with_no_spec_is_a_one_line_error(capsys):
+    assert main(["run", "--spec", "--no-spec", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--spec and --no-spec" in err and "Traceback" not in err
+
+
 def test_no_spec_with_a_draft_is_a_one_line_error(capsys):
     assert main(["run", "--no-spec", "--draft", "some/head", "Hi"]) == 2
     err = capsys.readouterr().err
