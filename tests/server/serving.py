@@ -53,8 +53,9 @@ def serving(engine, max_queue: int = 8, options: ServeOptions = ServeOptions()) 
 
 
 class Slowed:
-    """The real engine, slowed to at most one step per `delay_s`: long enough answers for a test to act on
-    one mid-stream or while others wait."""
+    """The real engine, slowed to at most one step per `delay_s`, its answers running to max_tokens
+    (a random model's sampled answer may end at once): long enough answers for a test to act on one
+    mid-stream or while others wait."""
 
     def __init__(self, engine, delay_s: float) -> None:
         self.engine, self.delay_s = engine, delay_s
@@ -62,8 +63,11 @@ class Slowed:
     def __getattr__(self, name: str):
         return getattr(self.engine, name)
 
-    def stream_ids(self, *args, **kwargs):
-        for event in self.engine.stream_ids(*args, **kwargs):
+    def stream_ids(self, prompt_ids, params, *args, **kwargs):
+        import dataclasses
+
+        params = dataclasses.replace(params, ignore_eos=True)
+        for event in self.engine.stream_ids(prompt_ids, params, *args, **kwargs):
             time.sleep(self.delay_s)
             yield event
 
