@@ -113,21 +113,22 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
     if route.kernel == CUBLAS:
         return linear(x)
     return gemv(x, linear.weight, linear.bias, config=route.tile, invariant=route.invariant, pdl=options.pdl,
-                each_row=route.each_row)
+                each_row=route.each_row, group=options.row_group if route.each_row else 0)
 
 
 def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own_slots=None) -> torch.Tensor:
     """decode_attention, with one tile for every row count under batch invariance."""
     invariant = options.batch_invariant and q.shape[0] <= MAX_INVARIANT_ROWS
     return decode_attention(q, k_cache, v_cache, positions, scale, invariant=invariant, own_slots=own_slots,
-                            pdl=options.pdl)
+                            pdl=options.pdl, per_token=invariant and options.token_attention)
 
 
 def rope_attention(options: KernelOptions, q, k, v, cos_sin, positions, k_cache, v_cache, scale,
                    slots=None) -> torch.Tensor:
     """rope_decode_attention (one row), with the tile attention() picks."""
     return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, scale,
-                                 invariant=options.batch_invariant, slots=slots, pdl=options.pdl)
+                                 invariant=options.batch_invariant, slots=slots, pdl=options.pdl,
+                                 per_token=options.batch_invariant and options.token_attention)
 
 
 def _has_triton() -> bool:

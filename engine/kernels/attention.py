@@ -96,6 +96,7 @@ def _kernels():
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, EARLY_KV: tl.constexpr, FUSE_ROPE: tl.constexpr,
+        PER_TOKEN: tl.constexpr,
     ):
         kv_head = tl.program_id(0)
         first = tl.program_id(1)  # this program's splits: first, first + stride, ... (num_splits in all)
@@ -103,9 +104,13 @@ def _kernels():
         num_heads = tl.num_programs(0) * GROUP
         # Program row r is query row t = r // GROUP of q head kv_head * GROUP + r % GROUP.
         offs_m = tl.arange(0, BLOCK_M)
-        t = offs_m // GROUP
         head = kv_head * GROUP + offs_m % GROUP
-        row_ok = t < num_rows
+        if PER_TOKEN:  # one query row a program along the grid's third axis: the one-row tile for every row
+            t = tl.program_id(2) + offs_m // GROUP
+            row_ok = (offs_m < GROUP) & (t < num_rows)
+        else:
+            t = offs_m // GROUP
+            row_ok = t < num_rows
         start = first * SPLIT_SIZE
         if USE_PDL and not EARLY_KV:  # wait for the previous kernel's writes, then let the next one launch
             tl.extra.cuda.gdc_wait()
@@ -271,6 +276,7 @@ def decode_attention(
     invariant: bool = False,
     own_slots: torch.Tensor | None = None,
     pdl: bool = True,  # programmatic dependent launch (KernelOptions.pdl)
+    per_token: bool = False,
 ) -> torch.Tensor:
     """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
 
@@ -285,9 +291,13 @@ def decode_attention(
 
     CUDA (or the Triton interpreter). No host sync; graph-capturable. Allocates fp32
     partials of (T, Hq, S_max / split_size, D) from the caching allocator on each call.
+    per_token (with invariant): each query row runs in programs of its own with the one-row tile
+    (its K/V re-read from L2 by every row), the same for every row count too, and as fast as the
+    one-row step for one row.
+
     """
     _check(q, k_cache, v_cache, positions)
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl)
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl, per_token)
 
 
 def rope_decode_attention(
@@ -302,6 +312,7 @@ def rope_decode_attention(
     invariant: bool = False,
     slots: torch.Tensor | None = None,
     pdl: bool = True,
+    per_token: bool = False,
 ) -> torch.Tensor:
     """rope_and_cache then decode_attention for one decode row, with the same bits, one launch
     fewer: the split kernel rotates q and the key itself, writes the key and value into the cache
@@ -311,10 +322,11 @@ def rope_decode_attention(
     assert q.shape[0] == 1 and k.shape == v.shape == (1, *k_cache.shape[1:]) and q.dtype == k.dtype == v.dtype
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl)
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl, per_token)
 
 
-def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on) -> torch.Tensor:
+def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on,
+            per_token: bool = False) -> torch.Tensor:
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     split_kernel, reduce_kernel = _kernels()
     num_rows, num_heads, head_dim = q.shape
@@ -325,14 +337,16 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
     part_o = torch.empty((num_rows, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((num_rows, num_heads, num_splits), dtype=torch.float32, device=q.device)
     out = torch.empty((num_rows, num_heads, head_dim), dtype=q.dtype, device=q.device)
-    block_m = max(16, next_pow2((MAX_INVARIANT_ROWS if invariant else num_rows) * group))  # tl.dot: >= 16
+    per_token = per_token and invariant
+    tile_rows = 1 if per_token else (MAX_INVARIANT_ROWS if invariant else num_rows)
+    block_m = max(16, next_pow2(tile_rows * group))  # tl.dot: >= 16
     block_d = max(16, next_pow2(head_dim))
     dot_f32 = q.dtype == torch.float32 or triton_interpreting()
     pdl = pdl_args(q.device, pdl_on)
     k_new, v_new, cos_sin = rope if rope is not None else (k_cache, v_cache, part_o)  # unused without rope
     q_rot = torch.empty((num_rows, num_heads, head_dim), dtype=q.dtype, device=q.device) if rope is not None else q
     programs = _split_programs(num_splits, num_kv_heads, num_sms(q.device))
-    split_kernel[(num_kv_heads, programs)](
+    split_kernel[(num_kv_heads, programs, num_rows if per_token else 1)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
         k_new, v_new, cos_sin, q_rot, q_rot.stride(0), q_rot.stride(1),
         num_rows, num_splits,
@@ -341,7 +355,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_M=block_m, BLOCK_N=min(64, split_size), BLOCK_D=block_d,
-        DOT_F32=dot_f32, EARLY_KV=rope is not None or num_rows == 1, FUSE_ROPE=rope is not None,
+        DOT_F32=dot_f32, EARLY_KV=rope is not None or num_rows == 1, FUSE_ROPE=rope is not None, PER_TOKEN=per_token,
         num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
         **pdl,

@@ -206,6 +206,8 @@ def test_decode_attention_own_slots(device, dtype, shape, k, alts, n):
     want = decode_attention_ref(q, k_cache, v_cache, positions, scale, slots)
     torch.testing.assert_close(decode_attention(q, k_cache, v_cache, positions, scale, own_slots=slots), want,
                                **tol(device, dtype))
+    torch.testing.assert_close(decode_attention(q, k_cache, v_cache, positions, scale, invariant=True,
+                                                own_slots=slots, per_token=True), want, **tol(device, dtype))
     torch.testing.assert_close(decode_attention_sdpa(q, k_cache, v_cache, positions, scale, slots), want,
                                **tol(device, dtype))
     # the reference itself: an alternative row sees the rows before its position, then its own
@@ -221,8 +223,9 @@ def test_decode_attention_own_slots(device, dtype, shape, k, alts, n):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (32, 8)])
-def test_alternative_rows_have_the_bits_of_their_decode_step(num_heads, num_kv_heads):
+def test_alternative_rows_have_the_bits_of_their_decode_step(num_heads, num_kv_heads, per_token):
     """An alternative's verify row, its K/V in a row of its own, has the bits of the 1-row
     decode step of its token with its K/V at its position (and so does every chain row): the
     verify step reproduces plain decoding whichever token the target takes."""
@@ -233,19 +236,22 @@ def test_alternative_rows_have_the_bits_of_their_decode_step(num_heads, num_kv_h
     q = torch.randn(rows, num_heads, head_dim, generator=gen).cuda().bfloat16()
     k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).cuda().bfloat16()
     v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).cuda().bfloat16()
-    out = decode_attention(q, k_cache, v_cache, positions, 0.125, invariant=True, own_slots=slots)
+    out = decode_attention(q, k_cache, v_cache, positions, 0.125, invariant=True, own_slots=slots,
+                           per_token=per_token)
     for r in range(rows):
         p, own = int(positions[r]), int(slots[r])
         kc, vc = k_cache.clone(), v_cache.clone()
         kc[p], vc[p] = k_cache[own], v_cache[own]  # where plain decoding would have put them
-        single = decode_attention(q[r:r + 1], kc, vc, positions[r:r + 1], 0.125, invariant=True)
+        single = decode_attention(q[r:r + 1], kc, vc, positions[r:r + 1], 0.125, invariant=True,
+                                  per_token=per_token)
         assert torch.equal(out[r:r + 1], single), r
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (32, 8), (16, 16)])
-def test_decode_attention_invariant_rows(num_heads, num_kv_heads):
+def test_decode_attention_invariant_rows(num_heads, num_kv_heads, per_token):
     """invariant=True: each row of a 2..16-row call has the bits of the 1-row call for its
     query (the verify step of speculation must reproduce plain decoding)."""
     gen = torch.Generator().manual_seed(num_heads)
@@ -254,10 +260,11 @@ def test_decode_attention_invariant_rows(num_heads, num_kv_heads):
     k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).cuda().bfloat16()
     v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).cuda().bfloat16()
     positions = torch.arange(start, start + 16, device="cuda")
-    singles = torch.cat([decode_attention(q[i:i + 1], k_cache, v_cache, positions[i:i + 1], 0.125, invariant=True)
-                         for i in range(16)])
+    singles = torch.cat([decode_attention(q[i:i + 1], k_cache, v_cache, positions[i:i + 1], 0.125, invariant=True,
+                                          per_token=per_token) for i in range(16)])
     for rows in (2, 6, 9, 16):
-        out = decode_attention(q[:rows], k_cache, v_cache, positions[:rows], 0.125, invariant=True)
+        out = decode_attention(q[:rows], k_cache, v_cache, positions[:rows], 0.125, invariant=True,
+                               per_token=per_token)
         assert torch.equal(out, singles[:rows]), rows
     torch.testing.assert_close(singles, decode_attention_ref(q, k_cache, v_cache, positions, 0.125),
                                **TOL[torch.bfloat16])
@@ -342,7 +349,7 @@ def _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, ge
 @pytest.mark.parametrize("shape", [(9, 3, 64, 300), (32, 8, 128, 1024), (4, 4, 64, 64), (12, 4, 96, 200),
                                    (8, 2, 128, 8200)])
 @pytest.mark.parametrize("where", ["zero", "split_edge", "last", "slot"])
-@pytest.mark.parametrize("invariant", [False, True])
+@pytest.mark.parametrize("invariant", [False, True, "per_token"])
 @pytest.mark.parametrize("programs", [None, 3], ids=["programs", "3_programs"])
 def test_rope_decode_attention_equals_rope_then_attention(device, dtype, shape, where, invariant, programs,
                                                           monkeypatch):
@@ -361,9 +368,12 @@ def test_rope_decode_attention_equals_rope_then_attention(device, dtype, shape, 
     k_a, v_a = caches[0].clone(), caches[1].clone()
     k_b, v_b = caches[0].clone(), caches[1].clone()
     scale = head_dim ** -0.5
+    per_token, invariant = invariant == "per_token", bool(invariant)
     q_rot = rope_and_cache(q, k, v, cos_sin, positions, k_a, v_a, slots)
-    want = decode_attention(q_rot, k_a, v_a, positions, scale, invariant=invariant, own_slots=slots)
-    got = rope_decode_attention(q, k, v, cos_sin, positions, k_b, v_b, scale, invariant=invariant, slots=slots)
+    want = decode_attention(q_rot, k_a, v_a, positions, scale, invariant=invariant, own_slots=slots,
+                            per_token=per_token)
+    got = rope_decode_attention(q, k, v, cos_sin, positions, k_b, v_b, scale, invariant=invariant, slots=slots,
+                                per_token=per_token)
     assert got.shape == want.shape and got.dtype == dtype
     assert torch.equal(k_b, k_a) and torch.equal(v_b, v_a)
     assert torch.equal(got, want)
