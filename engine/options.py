@@ -46,11 +46,15 @@ class KernelOptions:
     # greedy speculation 0.75x instead of 1.63x; docs/performance.md). LOCALCHAT_EACH_ROW=1: on.
     each_row: bool = False
     # each_row's launches run group_kernel with this many rows a program (each weight tile loaded
-    # once for them all); 0: row_kernel, one row a program. LOCALCHAT_ROW_GROUP=N.
-    row_group: int = 4
+    # once for them all); 0: row_kernel, one row a program, the faster (on the demo's shape a
+    # one-row step 0.546 ms against 0.638 with 4 rows a program; docs/performance.md).
+    # LOCALCHAT_ROW_GROUP=N.
+    row_group: int = 0
     # With batch_invariant, attention runs each query row in programs of its own (the one-row tile),
-    # instead of one tile over 16 padded rows. LOCALCHAT_TOKEN_ATTENTION=1: on.
-    token_attention: bool = False
+    # instead of one tile over 16 padded rows: plain decoding with a draft loaded 1.05x faster on
+    # the demo's shape, 0.95x of no draft instead of 0.93x on the 8B's, verify steps no slower
+    # (docs/performance.md). LOCALCHAT_TOKEN_ATTENTION=0: the 16-row tile.
+    token_attention: bool = True
     # A one-row step without a draft runs qkv on our GEMV, so that attention may start while it ends
     # (1.024x on the 8B shape). LOCALCHAT_ROW_GEMV=cublas: cuBLAS (=qkv: the default).
     qkv_gemv: bool = True
@@ -105,8 +109,8 @@ class KernelOptions:
         return cls(
             pdl=_flag(env, "LOCALCHAT_PDL"), fuse=_flag(env, "LOCALCHAT_FUSE"),
             fuse_invariant=_flag(env, "LOCALCHAT_FUSE_INVARIANT"), each_row=_flag(env, "LOCALCHAT_EACH_ROW", default=False),
-            row_group=_choice(env, "LOCALCHAT_ROW_GROUP", (0, 1, 2, 4, 8, 16), 4),
-            token_attention=_flag(env, "LOCALCHAT_TOKEN_ATTENTION", default=False),
+            row_group=_choice(env, "LOCALCHAT_ROW_GROUP", (0, 1, 2, 4, 8, 16), 0),
+            token_attention=_flag(env, "LOCALCHAT_TOKEN_ATTENTION"),
             qkv_gemv=_row_gemv(env.get("LOCALCHAT_ROW_GEMV", "")),
             gated_mlp=_flag(env, "LOCALCHAT_GATED_MLP"), norm_tail=_flag(env, "LOCALCHAT_NORM_TAIL"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),

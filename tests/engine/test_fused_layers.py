@@ -340,10 +340,10 @@ def test_routed_projections_launch_what_routing_picks(monkeypatch):
     assert calls[-1] == (routing.invariant_tile((4, 4096)), True, False)  # each_row off: the tensor-core tile
     invariant = make_ops("cpu", batch_invariant=True, each_row=True, **options)
     # a small weight: the one-row route, row by row (lm_head's is cuBLAS: our GEMV's built-in tile)
-    # (group_kernel, options.row_group rows a program)
-    assert invariant.linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (None, False, False, 4)
+    # (options.row_group 0: row_kernel, row by row)
+    assert invariant.linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (None, False, False, 0)
     assert invariant.row_linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (routing.row_tile(4096), False,
-                                                                                     False, 4)
+                                                                                     False, 0)
     assert invariant.linear(x.expand(17, -1), plain).shape == (17, 4) and len(calls) == 7
     large = torch.nn.Linear(4096, 2048, bias=False).to(torch.bfloat16)  # 16 MiB: the tensor-core tile
     assert invariant.linear(x.expand(6, -1), large) == "gemv"
