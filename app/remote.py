@@ -3,7 +3,8 @@
 It has the shape of `engine.Engine` that the engine thread uses (app/engine_worker.py: ChatEngine), so the
 chat, its history and the status bar work unchanged. Speed and time to first token are measured here, on
 the client; the speculation figures come from the server when it is a `localchat serve` (its
-"localchat" extension), which also takes speculation on or off per request."""
+"localchat" extension), which also takes speculation on or off per request, or from where vLLM and
+SGLang publish theirs (app/server_figures.py)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,11 @@ class RemoteChoice:
 class RemoteEngine:
     device = "remote"
 
-    def __init__(self, client, choice: RemoteChoice, model_name: str, card: dict):
+    def __init__(self, client, choice: RemoteChoice, model_name: str, card: dict, figures=None):
         self.client = client
+        # Another server's own speculation figures (vLLM's counters, SGLang's average), read after
+        # each answer: app/server_figures.py. None: ours, or a server that publishes none.
+        self.figures = figures
         self.url = choice.label
         self.model_name = model_name
         ours = card.get(EXTENSION)
@@ -94,7 +98,14 @@ class RemoteEngine:
         else:
             raise RemoteError(f"{choice.label} lists no models; name one with --remote-model")
         card = next((c for c in cards if c.get("id") == name), {})
-        return cls(client, choice, name, card)
+        figures = None
+        if not isinstance(card.get(EXTENSION), dict):
+            from app import server_figures
+
+            if on_progress is not None:
+                on_progress(f"Asking {choice.label} for its speculation figures", None)
+            figures = server_figures.probe(choice.label, choice.api_key)
+        return cls(client, choice, name, card, figures)
 
     def without_draft(self, if_fits: bool = False) -> "RemoteEngine":
         """The server keeps its draft loaded: the compare screen's off side asks it for plain
@@ -151,6 +162,8 @@ class RemoteEngine:
         finally:
             done.set()
             response.close()
+        if self.figures is not None:
+            self.figures.after_answer(stats)
         if stop_event.is_set():
             reason = "cancelled"
         elif reason != "length":  # the engine's words: anything else a server says ends the answer as EOS does
