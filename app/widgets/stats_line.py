@@ -41,7 +41,9 @@ def format_stats(stats: Any, finish_reason: str | None = None, model: str | None
         parts.append(f"TTFT {s.get('ttft_s', 0.0) * 1000:.0f} ms")
         parts.append(f"{s.get('generated_tokens', 0)} tokens")
         if s.get("speculative"):
-            parts.append(f"spec k={s.get('draft_steps', 0)}, accept len {s.get('accept_len_mean', 0.0):.2f}")
+            # k unknown (0): a server other than ours, which says how many tokens it accepted, not how many it drafted
+            k = f"k={s['draft_steps']}, " if s.get("draft_steps") else ""
+            parts.append(f"spec {k}accept len {s.get('accept_len_mean', 0.0):.2f}")
         else:
             parts.append(_spec_off(s))
     if finish_reason == "cancelled":

@@ -17,3 +17,6 @@ def test_speculation_on_off_and_decided_by_a_server():
     assert format_stats(server).endswith("spec: the server's")
     assert format_stats(server, compact=True).endswith("spec: the server's")
     assert "spec off" not in format_stats(server)
+    # vLLM's or SGLang's own figures: an accepted length without a draft count
+    published = GenerationStats(decode_tok_s=42.0, speculative=True, accept_len_mean=2.33)
+    assert format_stats(published).endswith("spec accept len 2.33") and "k=" not in format_stats(published)
