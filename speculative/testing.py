@@ -49,10 +49,45 @@ def forced_profile(mean: float, k: int, device, seed: int = 0):
     return accept
 
 
+class ForcedDrafts:
+    """Forced acceptance inside the greedy whole iteration (GreedyIteration.force), so that a
+    benchmark times the graph a real head's greedy answers run, target kernels and all: after the
+    verify forward, the verified drafts are rewritten so that the first `a` equal the target's
+    choices and the next one does not (and no runner-up matches), and the iteration's own greedy
+    acceptance then takes a drafts. a: accept_len - 1 for a whole accept_len; otherwise drawn per
+    iteration as forced_profile draws it, from a table of uniform draws made once (seeded) and
+    read by a counter on the device, so that the captured graph draws anew at every replay."""
+
+    DRAWS = 4096
+
+    def __init__(self, ids: torch.Tensor, k: int, accept_len: float, vocab_size: int, seed: int = 0):
+        self.ids, self.k, self.vocab = ids, k, vocab_size
+        if float(accept_len).is_integer():
+            table = (torch.arange(k) >= int(accept_len) - 1).float().expand(self.DRAWS, k).contiguous()
+            self.rate = 0.5
+        else:
+            table = torch.rand(self.DRAWS, k, generator=torch.Generator().manual_seed(seed))
+            self.rate = draft_acceptance_rate(accept_len, k)
+        self.table = table.to(ids.device)
+        self.counter = torch.zeros(1, dtype=torch.long, device=ids.device)
+        self.lane = torch.arange(k, device=ids.device)
+
+    def __call__(self, logits: torch.Tensor) -> None:
+        k = self.k
+        u = self.table.index_select(0, self.counter)[0]
+        self.counter.add_(1).remainder_(self.DRAWS)
+        accepted = (u < self.rate).to(torch.int64).cumprod(0).sum()
+        choice = logits[:k + 1].argmax(-1)
+        self.ids[1:k + 1] = torch.where(self.lane < accepted, choice[:k], (choice[:k] + 1) % self.vocab)
+        if self.ids.shape[0] > k + 1:  # runners-up: none equals the target's next token
+            self.ids[k + 1:] = (choice.index_select(0, accepted.view(1)) + 1) % self.vocab
+
+
 class ForcedEagle3Speculator(Eagle3Speculator):
     """An Eagle3Speculator whose verify steps give accept_len tokens: each of them when accept_len
     is a whole number (forced_acceptance), on average otherwise (forced_profile); and what its loop
-    costs in parts."""
+    costs in parts. Greedy answers run the whole-iteration graph (ForcedDrafts), as a real head's
+    do; sampled ones and those with a penalty the step-by-step loop with the forced rule."""
 
     def __init__(self, draft: Eagle3Draft, runner, draft_steps: int, accept_len: float):
         if not 1 <= accept_len <= draft_steps + 1:
@@ -61,6 +96,8 @@ class ForcedEagle3Speculator(Eagle3Speculator):
                 else forced_profile(accept_len, draft_steps, runner.device))
         super().__init__(draft, runner, draft_steps, accept=rule)
         self.accept_len = accept_len
+        self.whole_iterations = True  # greedy: the graph, forced by ForcedDrafts; sampling stays in the loop
+        self.greedy.force = ForcedDrafts(self.greedy.ids, draft_steps, accept_len, runner.config.vocab_size)
 
     def measure_components(self, runner, iters: int = 50) -> dict:
         """CUDA: mean ms of one verify, one draft decode step and one draft-extend (graph replays

@@ -159,6 +159,10 @@ class GreedyIteration(WholeIteration):
         self._take_alternative = chosen(take_alternative, take_alternative_ref)
         self._draft_pick = chosen(draft_pick, draft_pick_ref)
         self._argmax_pick = chosen(argmax_pick, argmax_pick_ref)
+        # Benchmarks only (speculative/testing.py, ForcedDrafts): called with the verify step's logits
+        # before the acceptance, it rewrites the verified drafts so that greedy acceptance takes as
+        # many as it chooses. None: real acceptance.
+        self.force = None
 
     def capture(self) -> None:
         """Captures the iteration's graph and the first chain's (CUDA), their warm-ups writing at
@@ -182,7 +186,10 @@ class GreedyIteration(WholeIteration):
         parts, chain = self.parts, self.chain
         out = self._verify(n)
         lean = self.lean
-        self._accept(self.runner.model.logits(out.hidden, fp32=not lean), chain)
+        logits = self.runner.model.logits(out.hidden, fp32=not lean)
+        if self.force is not None:
+            self.force(logits)
+        self._accept(logits, chain)
         states = parts.target_states(out.aux_hidden, out.hidden)
         if self.num_alts:
             # An accepted alternative: its K/V to its position, its state into the extend window.

@@ -78,6 +78,7 @@ class Eagle3Speculator:
         self.vocab_size = runner.config.vocab_size
         self.accept = accept or accept_drafts
         self.whole_iterations = accept is None
+        self.sampled_whole_iterations = accept is None  # sampling's whole iterations (the lossless rule only)
         self.parts = DraftParts(draft, self.embed, self.kv, draft_steps)  # what the loops and graphs use
         alts = default_alternatives(draft_steps, runner.device, runner.model.ops.options.spec_alts)
         self.greedy = GreedyIteration(self.parts, runner, alts)  # greedy, no penalty
@@ -130,7 +131,7 @@ class Eagle3Speculator:
         if self.whole_iterations and state.params.is_greedy and state.seen is None:
             yield from self._whole_iterations(runner, state, self.greedy, d_logits, d_hidden)
             return
-        if self.whole_iterations and sampled_loop.supports(state.params, state) and self._sampled_ready(state):
+        if self.sampled_whole_iterations and sampled_loop.supports(state.params, state) and self._sampled_ready(state):
             yield from self._whole_iterations(runner, state, self.sampled, d_logits, d_hidden)
             return
         while True:

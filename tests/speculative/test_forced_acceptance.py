@@ -51,10 +51,52 @@ def test_a_draft_needs_a_batch_invariant_target(tiny_models):
                          ids=["greedy", "sampled", "penalty"])
 def test_every_verify_step_gives_the_forced_length(tiny_models, params):
     runner, loaded = _target(tiny_models["llama"])
-    engine = Engine(runner, loaded.tokenizer, "tiny", random_eagle3(runner, 3, 3), "random head")
+    spec = random_eagle3(runner, 3, 3)
+    engine = Engine(runner, loaded.tokenizer, "tiny", spec, "random head")
     stats = list(engine.stream_ids(PROMPT, SamplingParams(max_tokens=13, ignore_eos=True, **params)))[-1].stats
     assert stats.generated_tokens == 13 and stats.verify_steps == 4  # the first token, then 4 steps of 3
     assert stats.accept_len_mean == 3 and stats.accept_hist == [0, 0, 0, 4]
+    # greedy answers run the whole iteration a real head's run (forced inside it), the others the loop
+    assert int(spec.greedy.force.counter) == (4 if not params else 0)
+
+
+def test_the_whole_iteration_draws_a_heads_spread(tiny_models):
+    """A mean that is not a whole number, inside the greedy whole iteration: verify steps of every
+    length, 3.5 tokens on average (each draft accepted at one rate while the run lasts), the same
+    draws in a second engine (seeded), and runners-up never taken in place of the forced choice."""
+    from speculative.testing import draft_acceptance_rate
+
+    hists = []
+    for _ in range(2):
+        runner, loaded = _target(tiny_models["llama"])
+        spec = random_eagle3(runner, 5, 3.5)
+        assert spec.greedy.num_alts == 0  # CPU: the chain alone
+        engine = Engine(runner, loaded.tokenizer, "tiny", spec, "random head")
+        stats = list(engine.stream_ids(PROMPT, SamplingParams(max_tokens=220, ignore_eos=True)))[-1].stats
+        hists.append(stats.accept_hist)
+        assert int(spec.greedy.force.counter) == stats.verify_steps
+    assert hists[0] == hists[1]
+    hist, steps = hists[0], sum(hists[0])
+    assert steps > 45 and all(hist[n] for n in range(1, 7)), hist
+    mean = sum(n * c for n, c in enumerate(hist)) / steps
+    assert 3.0 < mean < 4.0, (mean, hist)
+    rate = draft_acceptance_rate(3.5, 5)
+    assert hist[1] / steps == pytest.approx(1 - rate, abs=0.15)  # the first draft rejected
+
+
+def test_forced_drafts_skip_the_runners_up():
+    """With runners-up rows, none of them equals the target's next token, so the forced count stands."""
+    from speculative.testing import ForcedDrafts
+
+    k, vocab = 3, 10
+    ids = torch.zeros(k + 1 + 2, dtype=torch.long)
+    force = ForcedDrafts(ids, k, 3, vocab)  # 2 drafts accepted
+    logits = torch.full((k + 1 + 2, vocab), -1.0)
+    for row, tok in enumerate([4, 9, 2, 7, 0, 0]):
+        logits[row, tok] = 1.0
+    force(logits)
+    assert ids[1:k + 1].tolist() == [4, 9, 3]  # the target's first two choices, then not its third
+    assert ids[k + 1:].tolist() == [3, 3]  # not the target's choice after the two (2)
 
 
 def test_mtp_takes_the_forced_rule(tmp_path, tiny_models):
