@@ -44,6 +44,7 @@ class CatalogModel:
     allow_bin: bool = False  # the repo ships only pytorch_model*.bin, read as plain tensors (engine/weights/checkpoint.py)
     is_shipped: bool = False  # weights ship inside this package (the demo head)
     gpu_weights_bytes: int | None = None  # when it differs from the download (GGUF is dequantized at load)
+    weights: str | None = None  # a quantized variant's format (Q4_K_M, Q8_0, AWQ); None: the checkpoint's own
 
     @classmethod
     def from_json(cls, data: dict, kind: str) -> CatalogModel:
@@ -60,6 +61,7 @@ class CatalogModel:
             allow_bin=bool(data.get("allow_bin", False)),
             is_shipped=bool(data.get("shipped", False)),
             gpu_weights_bytes=data.get("gpu_weights_bytes"),
+            weights=data.get("weights"),
         )
 
     @property
@@ -78,6 +80,7 @@ class CatalogEntry:
     label: str
     target: CatalogModel
     draft: CatalogModel | None
+    variant_of: str | None = None  # a quantized variant: the id of the entry whose model it quantizes
 
     @classmethod
     def from_json(cls, data: dict) -> CatalogEntry:
@@ -87,6 +90,7 @@ class CatalogEntry:
             label=data["label"],
             target=CatalogModel.from_json(data["target"], "target"),
             draft=CatalogModel.from_json(draft, "eagle3") if draft else None,
+            variant_of=data.get("variant_of"),
         )
 
     @property
@@ -104,6 +108,12 @@ class Catalog:
 
     def for_target(self, repo: str) -> CatalogEntry | None:
         return next((e for e in self.entries if e.target.repo.lower() == repo.lower()), None)
+
+    def pairs(self, target: str, draft: str) -> bool:
+        """Whether some entry pairs this target with this draft (a draft serves its model's quantized
+        variants too)."""
+        return any(e.draft is not None and e.target.repo.lower() == target.lower()
+                   and e.draft.repo.lower() == draft.lower() for e in self.entries)
 
     def for_draft(self, repo: str) -> CatalogEntry | None:
         """The entry whose draft is `repo` (shipped and built-in drafts are not Hub repos)."""

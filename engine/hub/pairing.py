@@ -73,7 +73,7 @@ def check_draft_pair(target: str, target_config: dict | None, draft: str, draft_
         return
     catalog = load_catalog()
     made_for = catalog.for_draft(draft)
-    if made_for is not None and catalog.for_target(target) is not None and made_for.target.repo.lower() != target.lower():
+    if made_for is not None and catalog.for_target(target) is not None and not catalog.pairs(target, draft):
         raise UserError(f"draft {draft} is made for {made_for.target.repo}, not for target {target}")
     if target_config is None or draft_config is None:
         return

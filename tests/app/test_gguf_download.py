@@ -95,3 +95,33 @@ def test_a_missing_quantization_is_one_line_listing_the_repos(hub_env, fake_hub,
     # run fetches on demand, and says the same
     assert main(["run", "--model", f"{REPO}2:Q4_K_M", "--device", "cpu", "hi"]) != 0
     assert "tagged Q4_K_M; its quantizations: Q8_0" in capsys.readouterr().err
+
+
+def test_the_wizard_plans_one_quantization_and_fits_it_as_bf16(hub_env, fake_hub, gguf_files, monkeypatch):
+    """The wizard's plan for `REPO:Q8_0`: that file alone, named in the plan's text, and a fit
+    estimate that counts the bf16 model it is dequantized to at load, not the file; offline, the
+    cached file needs nothing and a quantization never fetched is one line."""
+    from huggingface_hub import constants
+
+    from app.wizard_tasks import gguf_gpu_bytes, is_missing_path, plan_choice
+    from engine.hub.download import run_download
+
+    fake_hub.add(FakeRepo(REPO + "3", {"README.md": b"# tiny\n", "tiny-F32.gguf": gguf_files["F32"],
+                                       "tiny-Q8_0.gguf": gguf_files["Q8_0"]}))
+    spec = f"{REPO}3:Q8_0"
+    assert not is_missing_path(spec) and not is_missing_path(f"{REPO}3:tiny-Q8_0.gguf")
+    choice = plan_choice(spec, None, None)
+    assert [f.name for f in choice.plan.target.files] == ["tiny-Q8_0.gguf"]
+    assert f"{REPO}3/tiny-Q8_0.gguf" in choice.summary and "to download" in choice.summary
+    size = len(gguf_files["Q8_0"])
+    bf16 = gguf_gpu_bytes(size, "q8_0")
+    assert bf16 == int(size * 16 / 8.5) and gguf_gpu_bytes(size, "tiny.gguf") is None
+    from engine.units import format_bytes
+
+    assert f"weights take {format_bytes(bf16)} of GPU memory" in choice.summary
+    run_download(choice.plan)
+    assert "already downloaded" in plan_choice(spec, None, None).summary
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert "offline mode uses the cache" in plan_choice(spec, None, None).summary
+    with pytest.raises(UserError, match="not in the cache and HF_HUB_OFFLINE is set"):
+        plan_choice(f"{REPO}3:F32", None, None)

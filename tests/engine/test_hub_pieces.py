@@ -118,3 +118,28 @@ def test_units():
     assert format_bytes(16_060_522_496) == "16.1 GB"
     assert format_bytes(512) == "512 B"
     assert format_eta(None) == "--:--" and format_eta(75) == "1:15" and format_eta(7322) == "2h02m"
+
+
+def test_quantized_variants_pair_with_their_models_drafts():
+    """The catalog's quantized variants (GGUF Q4_K_M / Q8_0, AWQ): one file of a GGUF repo or an
+    AWQ checkpoint, the shape and draft of the model they quantize, a download of their own size
+    and, dequantized to bf16 on the GPU today, that model's GPU bytes; the draft serves them, and
+    still no other model."""
+    from engine.hub.gguf_files import parse_gguf_spec
+    from engine.hub.pairing import check_draft_pair
+
+    catalog = load_catalog()
+    variants = [e for e in catalog.entries if e.variant_of]
+    formats = {e.target.weights for e in variants}
+    assert {"Q4_K_M", "Q8_0", "AWQ"} <= formats
+    assert {e.variant_of for e in variants} >= {"qwen3-8b", "llama-3.1-8b"}
+    for e in variants:
+        base = catalog.by_id(e.variant_of)
+        assert e.target.shape == base.target.shape and e.draft == base.draft
+        assert e.target.weights_bytes == base.target.size_bytes > e.target.size_bytes
+        gguf = parse_gguf_spec(e.target.repo)
+        assert (gguf is not None and gguf[1] == e.target.weights) or e.target.weights == "AWQ"
+        assert catalog.pairs(e.target.repo, e.draft.repo) and catalog.for_target(e.target.repo) is e
+        check_draft_pair(e.target.repo, None, e.draft.repo, None)  # no "made for another model"
+    with pytest.raises(UserError, match="made for Qwen/Qwen3-8B"):
+        check_draft_pair("bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q4_K_M", None, "AngelSlim/Qwen3-8B_eagle3", None)
