@@ -17,7 +17,7 @@ def load_engine(args, quiet: bool = False, defer_capture: bool = False):
     return Engine.load(args.model, draft=args.draft, device=args.device, max_seq_len=args.max_seq_len,
                        draft_steps=args.draft_steps, use_graphs=not args.no_graphs,
                        on_progress=None if quiet else _progress, defer_capture=defer_capture,
-                       threads=getattr(args, "threads", None))
+                       threads=getattr(args, "threads", None), tree=getattr(args, "tree", None))
 
 
 def sampling_from_args(args):

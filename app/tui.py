@@ -44,7 +44,7 @@ class LocalChatApp(App):
                  draft: str | None = None, device: str | None = None, draft_steps: int | None = None,
                  max_seq_len: int | None = None, use_graphs: bool = True,
                  speculative: bool | None = None, home: str | os.PathLike | None = None,
-                 threads: int | None = None, remote: RemoteChoice | None = None) -> None:
+                 threads: int | None = None, remote: RemoteChoice | None = None, tree=None) -> None:
         super().__init__()
         # The engine thread must get the GIL back quickly after each GPU step; Python's default
         # 5 ms switch interval would let a UI redraw stall a 1 ms decode step.
@@ -56,7 +56,7 @@ class LocalChatApp(App):
         self.store.on_error = lambda text: self.notify(text, title="Chat history", severity="error", timeout=15)
         steps = draft_steps or self.settings.draft_steps
         self.load_kwargs = dict(device=device, draft_steps=steps, max_seq_len=max_seq_len, use_graphs=use_graphs,
-                                threads=threads)
+                                threads=threads, tree=tree)
         if engine_factory is None:
             engine_factory = _connect(remote) if remote else _load_engine(model, draft=draft, **self.load_kwargs)
         self.runner = EngineWorker(engine_factory)
@@ -163,7 +163,11 @@ def _load_engine(model: str, **load_kwargs) -> EngineFactory:
     def load(on_progress: ProgressCallback):
         from engine import Engine  # imports torch: only ever on the engine thread
 
-        engine = Engine.load(model, on_progress=on_progress, **load_kwargs)
+        kwargs = dict(load_kwargs)
+        tree = kwargs.pop("tree", None)
+        engine = Engine.load(model, on_progress=on_progress, **kwargs)
+        if tree is not None and hasattr(engine.speculator, "set_tree"):  # the app keeps MTP's chains
+            engine.set_tree(tree)
         # Torch, the model and the app are a large heap that lives as long as the model: a full collection
         # of it holds the GIL for 100 ms or more, as long as a whole answer on a GPU. Freezing it keeps it
         # out of later collections (EngineWorker unfreezes before a reload lets it go).
@@ -193,6 +197,7 @@ def run_tui(args) -> int:
         use_graphs=not getattr(args, "no_graphs", False),
         speculative=False if getattr(args, "no_spec", False) else None,
         threads=getattr(args, "threads", None),
+        tree=getattr(args, "tree", None),
         remote=RemoteChoice(args.remote, args.remote_api_key, args.remote_model) if getattr(args, "remote", None)
         else None,
     )

@@ -136,6 +136,16 @@ def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     return out
 
 
+def attention_masked(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q: (T, Hq, D); visible: (T, S) bool, which of cache rows 0..S-1 each row sees (every row
+    sees one at least: its own). Returns (T, Hq, D). SDPA over the first S rows (eager steps)."""
+    S = visible.shape[1]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k_cache[:S].transpose(0, 1), v_cache[:S].transpose(0, 1),
+                                         attn_mask=visible, scale=scale, enable_gqa=q.shape[1] != k_cache.shape[1])
+    return out.transpose(0, 1).contiguous()
+
+
 MAX_KERNEL_ROWS = 16  # the decode/verify kernel serves up to this many query rows
 
 

@@ -21,6 +21,7 @@ class DecodeState:
     generator: torch.Generator | None
     seen: torch.Tensor | None = None  # (V,) bool, for the repetition penalty
     accept_lens: list[int] = field(default_factory=list)  # per verify step (speculation)
+    verify_rows: list[int] = field(default_factory=list)  # tokens each verify step ran through the target
 
 
 def choose_next(row: torch.Tensor, state: DecodeState) -> int:

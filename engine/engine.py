@@ -56,7 +56,7 @@ class Engine:
     def load(cls, model: str, draft: str | None = None, device: str | None = None,
              max_seq_len: int | None = None, draft_steps: int = 5, use_graphs: bool = True,
              on_progress: Progress | None = None, defer_capture: bool = False,
-             threads: int | None = None, options: KernelOptions | None = None) -> "Engine":
+             threads: int | None = None, options: KernelOptions | None = None, tree=None) -> "Engine":
         """defer_capture: with a draft, no graph is captured at load. The target's own decode and
         verify graphs are captured on first use (a one-shot answer with greedy speculation never
         uses them), and an EAGLE-3 draft's graphs after the first request's first token (MTP
@@ -66,11 +66,27 @@ class Engine:
 
         on_progress(text, fraction) is called between load phases and while a download runs, never
         inside a torch call: an exception it raises abandons the load at that point (the app stops a
-        load this way when it quits)."""
+        load this way when it quits). tree: a draft tree's shape (speculative/tree/shape.py:
+        TreeShape), None for chains (set_tree)."""
         from engine.build import build_engine
 
-        return build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress,
-                            defer_capture, threads, options)
+        engine = build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress,
+                              defer_capture, threads, options)
+        if tree is not None:
+            engine.set_tree(tree)
+        return engine
+
+    def set_tree(self, shape) -> None:
+        """Draft trees of `shape` (a TreeShape) from the next answer, or chains (None). Trees need an
+        EAGLE-3 draft: anything else is a UserError."""
+        if shape is None:
+            if hasattr(self.speculator, "set_tree"):
+                self.speculator.set_tree(None)
+            return
+        if self.speculator is None or not hasattr(self.speculator, "set_tree"):
+            what = "no draft is loaded" if self.speculator is None else "MTP layers draft chains only"
+            raise UserError(f"--tree {shape} needs an EAGLE-3 draft head: {what}")
+        self.speculator.set_tree(shape)
 
     def without_draft(self, if_fits: bool = False) -> "Engine | None":
         """This engine as a user gets it by unloading the draft, the baseline speculation is measured
@@ -277,3 +293,5 @@ def _update(stats: GenerationStats, out: list[int], t_first: float, now: float, 
             hist[x] += 1
         stats.accept_hist = hist
         stats.accept_by_position = [sum(hist[i + 2:]) / len(n) for i in range(len(hist) - 2)]
+    if state.verify_rows:
+        stats.verify_tokens = sum(state.verify_rows) / len(state.verify_rows)

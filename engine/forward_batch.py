@@ -22,6 +22,10 @@ class ForwardBatch:
     # alternative draft tokens share a position with a chain token and are kept past the chain.
     # Each row attends to the rows before its position and to its own. None: the positions.
     slots: torch.Tensor | None = None
+    # (T, S) bool: which cache rows 0..S-1 each row attends to, when neither positions nor slots
+    # say it (a draft tree's verify step: the context, the row's ancestors and itself). Eager
+    # only, on SDPA. None: by position (and own slot).
+    visible: torch.Tensor | None = None
 
     @classmethod
     def packed(cls, input_ids: torch.Tensor, lengths: list[int]) -> "ForwardBatch":

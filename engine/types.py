@@ -69,6 +69,9 @@ class GenerationStats:
     # accept_by_position[i] = fraction of verify steps that accepted draft i + 1 (drafts are
     # accepted as a prefix, so this falls with i); per-step acceptance of multi-step drafts
     accept_by_position: list[float] = field(default_factory=list)
+    # tokens a verify step runs through the target on average: k + 1 for a chain (with its
+    # runners-up, more), the root and the kept nodes for a draft tree
+    verify_tokens: float = 0.0
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -129,8 +129,11 @@ def build_bench_engine(args, options=None):
         from app.commands import load_engine
 
         return load_engine(args, quiet=args.json)
-    return random_engine(args.random_weights, args.device, args.max_seq_len, options, args.force_accept,
-                         args.draft_steps, not args.no_graphs, getattr(args, "threads", None))
+    engine = random_engine(args.random_weights, args.device, args.max_seq_len, options, args.force_accept,
+                           args.draft_steps, not args.no_graphs, getattr(args, "threads", None))
+    if getattr(args, "tree", None) is not None:
+        engine.set_tree(args.tree)
+    return engine
 
 
 def check_args(args) -> list[str] | None:

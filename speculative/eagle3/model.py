@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import attend
+from engine.attention import attend, attention_masked
 from engine.layers import GatedMLP, RMSNorm
 from engine.kernels.gemv import MAX_ROWS
 from engine.ops import Ops
@@ -52,9 +52,11 @@ class Eagle3Layer(nn.Module):
         q, kv = self.q_size, self.kv_size
         return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
 
-    def forward(self, embeds, hidden, positions, start_pos, cos_sin, k_cache, v_cache, kernel, last=None):
+    def forward(self, embeds, hidden, positions, start_pos, cos_sin, k_cache, v_cache, kernel, last=None,
+                slots=None, visible=None):
         """The layer in plain torch (CPU, and the reference for fused_forward). last: see
-        Eagle3Draft.forward."""
+        Eagle3Draft.forward. slots, visible (a draft tree's nodes): the K/V go to cache rows
+        `slots`, and each row attends to the rows `visible` (T, S) names."""
         T = embeds.shape[0]
         normed_h = self.hidden_norm(hidden)
         residual = normed_h if self.norm_before_residual else hidden
@@ -62,9 +64,13 @@ class Eagle3Layer(nn.Module):
         q, k, v = self.self_attn.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos_sin)
         k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos_sin)
-        k_cache.index_copy_(0, positions, k)
-        v_cache.index_copy_(0, positions, v.view(T, self.num_kv_heads, self.head_dim))
-        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, kernel).reshape(T, self.q_size)
+        rows = positions if slots is None else slots
+        k_cache.index_copy_(0, rows, k)
+        v_cache.index_copy_(0, rows, v.view(T, self.num_kv_heads, self.head_dim))
+        if visible is not None:
+            o = attention_masked(q, k_cache, v_cache, visible, self.scale).reshape(T, self.q_size)
+        else:
+            o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, kernel).reshape(T, self.q_size)
         if last is not None:
             o, residual = pick_row(o, last), pick_row(residual, last)
         h = residual + self.self_attn.o_proj(o)
@@ -155,16 +161,23 @@ class Eagle3Draft(nn.Module):
         self.fused = ops is not None and ops.options.fused_draft and None not in (ops.rope_and_cache, ops.row_linear)
 
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
-                start_pos: int | None = None, fp32_logits: bool = True, last: int | torch.Tensor | None = None):
+                start_pos: int | None = None, fp32_logits: bool = True, last: int | torch.Tensor | None = None,
+                slots: torch.Tensor | None = None, visible: torch.Tensor | None = None):
         """input_ids: (T,) target ids; hidden: (T, extend_width) target states when is_extend,
         else (T, decode_width) the draft's previous outputs. Returns (logits (T, Vd), fp32 unless
         fp32_logits is False (then maybe the weights' dtype: enough for an argmax), out_hidden
         (T, H) pre-norm: the state the next draft step consumes). last: only that row's outputs
         ((1, Vd), (1, H)): a Python index or a 0-dim index tensor on the device. Every row still
         writes its K/V; past the attention only that row is computed (a prompt's extend and a
-        verify step's draft-extend continue from one row, the last accepted)."""
+        verify step's draft-extend continue from one row, the last accepted). slots, visible: a
+        draft tree's nodes (Eagle3Layer.forward), on the plain torch layer."""
         if is_extend and self.config.needs_fc:
             hidden = self.fc(hidden)
+        if visible is not None:
+            cos_sin = self.cos_sin.index_select(0, positions)
+            out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], None, last,
+                                slots, visible)
+            return self.lm_head(self.norm(out)).float(), out
         if self.lean and hidden.shape[0] <= MAX_ROWS:  # the GEMV's limit; a prompt's extend runs fused_forward
             logits, out = self.midlayer.lean_forward(input_ids, embed.weight, hidden, positions, start_pos,
                                                      self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, self.lm_head,

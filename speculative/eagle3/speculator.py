@@ -19,7 +19,9 @@ from speculative.eagle3.draft_parts import DraftParts
 from speculative.eagle3.model import Eagle3Draft
 from speculative.eagle3 import sampled_loop
 from speculative.eagle3.greedy_loop import GreedyIteration
+from speculative.eagle3.tree_loop import TreeDrafting
 from speculative.kernels.draft_pick import MAX_ALTS
+from speculative.tree.shape import TreeShape
 from speculative.verify import accept_drafts
 
 
@@ -84,6 +86,12 @@ class Eagle3Speculator:
         self.greedy = GreedyIteration(self.parts, runner, alts)  # greedy, no penalty
         self.alts = self.greedy.alts  # runners-up each draft gets in its greedy verify steps
         self.sampled = sampled_loop.SampledIteration(self.parts, runner)  # sampling without a penalty: the same
+        self.tree: TreeShape | None = None  # a draft tree's shape (set_tree); None: chains of k
+
+    def set_tree(self, shape: TreeShape | None) -> None:
+        """Draft trees of `shape` from the next answer (tree_loop.py, eager), or (None) chains of k.
+        A repetition penalty keeps the chain."""
+        self.tree = shape
 
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
@@ -128,6 +136,9 @@ class Eagle3Speculator:
         d_logits, d_hidden = self.draft(ids, pos, target_states, True, self.embed, self.kv, start_pos=start, last=-1)
         self._seq = state.tokens[:state.kv_len + 1]
         self._capture_if_pending(state.kv_len)
+        if self.tree is not None and state.seen is None and self.whole_iterations:
+            yield from TreeDrafting(self, self.tree).iterations(runner, state, d_logits, d_hidden, self._commit)
+            return
         if self.whole_iterations and state.params.is_greedy and state.seen is None:
             yield from self._whole_iterations(runner, state, self.greedy, d_logits, d_hidden)
             return
@@ -149,6 +160,7 @@ class Eagle3Speculator:
             window = torch.where(rows < accepted, torch.cat([drafts, drafts[-1:]]), next_token)
             d_logits, d_hidden = self._extend(window, n, target_states, accepted)
             # The one host sync of the iteration.
+            state.verify_rows.append(k + 1)
             out, _ = self._commit(torch.cat([accepted.view(1), next_token.view(1), drafts]).tolist(), n, state)
             yield out
 
@@ -185,6 +197,7 @@ class Eagle3Speculator:
         k, n, width = self.k, state.kv_len, it.width
         if it.graph is None:  # eager: one iteration at a time
             while n + width <= runner.max_len:
+                state.verify_rows.append(width)
                 out, n = self._commit(it.run(), n, state)
                 yield out
             yield from plain_steps(runner, state)
@@ -199,6 +212,7 @@ class Eagle3Speculator:
                 if queued < read_ahead.DEPTH and n + k + 1 + width <= runner.max_len:
                     it.queue()
                     queued += 1
+                state.verify_rows.append(width)
                 out, n = self._commit(it.take(), n, state)
                 queued -= 1
                 if not queued and n + width <= runner.max_len:

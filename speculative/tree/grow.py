@@ -51,7 +51,7 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> 
     frontier nodes (indices into `grown`, the candidates so far, whose paths they extend)."""
     k = min(shape.topk, root_logprobs.shape[-1])
     dev = root_logprobs.device
-    top = root_logprobs.float().topk(k)
+    top = _top(root_logprobs.float(), k)
     tokens, scores = [top.indices], [top.values]
     parents = [torch.full((k,), -1, dtype=torch.int64, device=dev)]
     depths = [torch.ones(k, dtype=torch.int64, device=dev)]
@@ -60,14 +60,14 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> 
     for depth in range(2, shape.depth + 1):
         grown = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores))
         lp = expand(frontier, grown).float()  # (F, V)
-        child = lp.topk(min(k, lp.shape[-1]), dim=-1)
+        child = _top(lp, min(k, lp.shape[-1]))
         cand = (grown.scores[frontier][:, None] + child.values).flatten()  # (F * k,)
         n = cand.shape[0]
         tokens.append(child.indices.flatten())
         scores.append(cand)
         parents.append(frontier.repeat_interleave(child.values.shape[1]))
         depths.append(torch.full((n,), depth, dtype=torch.int64, device=dev))
-        frontier = count + cand.topk(min(k, n)).indices
+        frontier = count + _top(cand, min(k, n)).indices
         count += n
     all_tokens, all_parents = torch.cat(tokens), torch.cat(parents)
     all_depths, all_scores = torch.cat(depths), torch.cat(scores)
@@ -80,6 +80,13 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> 
     parents_out = torch.where(old_parents >= 0, new_index[old_parents.clamp_min(0)], old_parents)
     assert bool((parents_out[old_parents >= 0] >= 0).all()), "a kept node lost its parent"
     return DraftTree(all_tokens[keep], parents_out, all_depths[keep], all_scores[keep])
+
+
+def _top(x: torch.Tensor, k: int):
+    """topk along the last dim with ties to the lower index (as argmax breaks them, so that a
+    depth-1 tree of one node is the chain's first draft); torch.topk leaves ties unordered."""
+    values, indices = torch.sort(x, dim=-1, descending=True, stable=True)
+    return torch.return_types.topk((values[..., :k], indices[..., :k]))
 
 
 def _best(scores: torch.Tensor, depths: torch.Tensor, n: int) -> torch.Tensor:

@@ -161,3 +161,29 @@ def test_a_download_that_breaks_off_is_status_1_from_run_and_download(hub_env, f
     download = _status_and_error(capsys, "download", "tiny/llama")
     run = _status_and_error(capsys, "run", "--model", "tiny/llama", "--device", "cpu", "Hi")
     assert download[0] == run[0] == 1 and "connection dropped" in run[1]
+
+
+def test_run_with_a_draft_tree(tmp_path, tiny_models, capsys):
+    """`run --tree TOPK,DEPTH,TOKENS`: the same greedy tokens as chains, each verify step running
+    the root and TOKENS nodes (verify_tokens in --json); bad shapes, auto and MTP are one line."""
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import read_config
+
+    cfg = read_config(tiny_models["llama"])
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=1), 64,
+                      (0, 1, 2))
+    args = ["run", "--model", str(tiny_models["llama"]), "--draft", str(head), "--device", "cpu", "--spec", "--json",
+            "--max-tokens", "24", "--temperature", "0", "Hi there"]
+    results = []
+    for tree in ([], ["--tree", "off"], ["--tree", "3,3,10"]):
+        assert main(args + tree) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    chain, off, tree = results
+    assert chain["token_ids"] == off["token_ids"] == tree["token_ids"]
+    assert tree["stats"]["verify_tokens"] == 11 and chain["stats"]["verify_tokens"] == 6  # k = 5, no runners-up on a CPU
+    for bad, says in [("auto", "not built yet"), ("2,2,9", "lower TOKENS"), ("3,3", "TOPK,DEPTH,TOKENS")]:
+        with pytest.raises(SystemExit) as e:
+            main(args + ["--tree", bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err

@@ -1,0 +1,129 @@
+"""TreeDrafting: EAGLE-3 with a draft tree (EAGLE-2's dynamic tree), one verify step at a time.
+
+Each step, from the bonus token at position n (the root; the target has cached n tokens):
+1. grow: the draft's top-k after the root form depth 1; at each further depth the k best nodes by
+   cumulative draft log-probability run one draft step together (each node's entry in a scratch
+   row of the draft's cache, attending to the draft's context, its ancestors' rows and its own)
+   and give their top-k children; the best TOKENS nodes are kept (speculative/tree/grow.py);
+2. verify: one target forward over the root and every kept node, node i at position n + its
+   depth with its K/V in row n + 1 + i, each row attending to the context, its ancestors and
+   itself (ForwardBatch.visible);
+3. accept: greedy, the walk along the target's choices; sampled, the multi-candidate rule that
+   keeps the target's distribution exactly (speculative/tree/accept.py);
+4. move the accepted nodes' K/V to their positions n + 1.., run the draft-extend over the
+   accepted path (the draft's cache rows n.. now hold the path, overwriting the scratch rows), and
+   commit the path and the target's next token.
+
+Eager (no CUDA graph yet; attention over the tree runs on SDPA with an explicit mask). A step
+needs the tree's rows past n in both caches: where they would not fit, plain steps finish."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from engine.decode import plain_steps
+from engine.forward_batch import ForwardBatch
+from engine.sampling import probabilities
+
+from speculative.tree.accept import greedy_tree_accept, sampled_tree_accept
+from speculative.tree.grow import DraftTree, grow_tree, tree_mask
+from speculative.tree.shape import TreeShape
+
+
+class TreeDrafting:
+    def __init__(self, speculator, shape: TreeShape):
+        self.spec, self.shape = speculator, shape
+        self.parts = speculator.parts
+
+    def rows_needed(self) -> int:
+        """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""
+        s = self.shape
+        return max(1 + s.tokens, s.topk * max(1, s.depth - 1) + 1)
+
+    def iterations(self, runner, state, d_logits, d_hidden, commit) -> Iterator[list[int]]:
+        """Verify steps until the context is full (then plain steps); commit(result, n, state) as
+        the speculator commits a step: returns (the new tokens, the cache length after them)."""
+        while state.kv_len + self.rows_needed() <= runner.max_len:
+            n = state.kv_len
+            result, d_logits, d_hidden, rows = self.step(runner, state, n, d_logits, d_hidden)
+            state.verify_rows.append(rows)
+            out, _ = commit(result, n, state)
+            yield out
+        yield from plain_steps(runner, state)
+
+    @torch.inference_mode()
+    def step(self, runner, state, n: int, d_logits: torch.Tensor, d_hidden: torch.Tensor):
+        """One verify step. Returns ([a, next token, the a accepted tokens], the draft's logits and
+        state at the last accepted row, the rows verified)."""
+        parts, draft, dev = self.parts, self.parts.draft, runner.device
+        tree, node_hidden = self._grow(n, d_logits[-1], d_hidden[-1:])
+        del node_hidden
+        target_tree = DraftTree(draft.to_target_ids(tree.tokens), tree.parents, tree.depths, tree.scores)
+        N = len(tree)
+        ids = torch.cat([torch.tensor([state.tokens[n]], device=dev), target_tree.tokens])
+        positions = torch.cat([torch.tensor([n], device=dev), n + tree.depths])
+        slots = n + torch.arange(N + 1, device=dev)
+        visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool, device=dev)
+        visible[:, :n] = True
+        visible[:, n:] = tree_mask(tree.parents)
+        out = runner.model(ForwardBatch(ids, positions, start_pos=n, slots=slots, visible=visible), runner.kv,
+                           runner.aux_layer_ids)
+        logits = runner.model.logits(out.hidden)
+        if state.params.is_greedy:
+            path, next_token = greedy_tree_accept(target_tree, logits.argmax(-1))
+        else:
+            path, next_token = sampled_tree_accept(target_tree, probabilities(logits, state.params), state.generator)
+        a = len(path)
+        path_t = torch.tensor(path, dtype=torch.long, device=dev)
+        if a:  # the accepted nodes' K/V to positions n + 1 .. n + a
+            kv = runner.kv
+            src = n + 1 + path_t
+            kv.k_all[:, n + 1:n + 1 + a] = kv.k_all.index_select(1, src)
+            kv.v_all[:, n + 1:n + 1 + a] = kv.v_all.index_select(1, src)
+        accepted = target_tree.tokens.index_select(0, path_t)
+        # The draft-extend: row i pairs the target state of the path's row i (0: the root) with the
+        # token after it.
+        window = torch.cat([accepted, torch.tensor([next_token], device=dev)])
+        rows = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), 1 + path_t])
+        states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, rows)
+        ext_pos = n + torch.arange(a + 1, device=dev)
+        d_logits, d_hidden = draft(window, ext_pos, states, True, parts.embed, parts.kv, start_pos=n, last=a)
+        return [a, next_token, *accepted.tolist()], d_logits, d_hidden, N + 1
+
+    def _grow(self, n: int, root_logits: torch.Tensor, root_hidden: torch.Tensor):
+        """The draft tree after the root (draft-vocabulary tokens), and each expanded node's draft
+        state."""
+        parts, draft = self.parts, self.parts.draft
+        dev = root_logits.device
+        slot_of: dict[int, int] = {}  # expanded node -> its scratch row in the draft's cache
+        hidden_of: dict[int, torch.Tensor] = {}  # expanded node -> the draft state after it
+        used = [0]
+
+        def expand(frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:
+            nodes = frontier.tolist()
+            parents = grown.parents.tolist()
+            slots = [n + used[0] + i for i in range(len(nodes))]
+            used[0] += len(nodes)
+            for node, slot in zip(nodes, slots):
+                slot_of[node] = slot
+            visible = torch.zeros(len(nodes), n + used[0], dtype=torch.bool, device=dev)
+            visible[:, :n] = True
+            for r, node in enumerate(nodes):
+                cur = node
+                while cur >= 0:  # itself and its ancestors, all expanded before it
+                    visible[r, slot_of[cur]] = True
+                    cur = parents[cur]
+            hidden = torch.cat([root_hidden if parents[node] < 0 else hidden_of[parents[node]] for node in nodes])
+            tokens = draft.to_target_ids(grown.tokens.index_select(0, frontier))
+            positions = n + grown.depths.index_select(0, frontier) - 1
+            logits, out = draft(tokens, positions, hidden, False, parts.embed, parts.kv,
+                                slots=torch.tensor(slots, device=dev), visible=visible)
+            for r, node in enumerate(nodes):
+                hidden_of[node] = out[r:r + 1]
+            return F.log_softmax(logits.float(), dim=-1)
+
+        tree = grow_tree(F.log_softmax(root_logits.float(), dim=-1), expand, self.shape)
+        return tree, hidden_of

@@ -1,0 +1,121 @@
+"""Tree drafting in the engine (speculative/eagle3/tree_loop.py) is lossless: greedy answers equal
+plain decoding, with paths accepted through later siblings (the accepted nodes' K/V moved to their
+positions) and whole; sampled answers follow the target; the stats count the tree's rows."""
+
+import pytest
+import torch
+
+from engine.engine import Engine
+from engine.errors import UserError
+from engine.types import SamplingParams
+from speculative.tree.shape import TreeShape, parse_tree
+from tests.speculative.heads import head_tensors, markov_target, write_head
+from tests.tiny import make_tiny_model, read_config
+
+PROMPT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tree_target") / "llama", "llama", num_layers=4, seed=3)
+
+
+def _run(engine, speculative, n=96, **kw):
+    engine.reset()
+    ids = engine.tokenizer.apply_chat_template(PROMPT)
+    events = list(engine.stream_ids(ids, SamplingParams(max_tokens=n, **kw), speculative=speculative))
+    return [t for ev in events for t in ev.token_ids], events[-1].stats
+
+
+def _engine(target, head, k=3):
+    e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=k)
+    e.tokenizer.eos_token_ids = frozenset()
+    return e
+
+
+def _ranked_draft(tmp_path, cfg, tokens: list[int], name="ranked"):
+    """A head whose logits are all equal: it ranks draft ids 0, 1, 2.. (ties: the lowest first),
+    draft id i standing for tokens[i], whatever the context."""
+    t = head_tensors(64, 64, 3, cfg["vocab_size"], 16, seed=2)
+    t["lm_head.weight"] = torch.zeros_like(t["lm_head.weight"])
+    t["d2t"] = torch.zeros(16, dtype=torch.long)
+    for i, tok in enumerate(tokens):
+        t["d2t"][i] = tok - i
+    return write_head(tmp_path / name, cfg, "sglang", t, 64, (1, 2, 3))
+
+
+SHAPES = [TreeShape(3, 3, 12), TreeShape(2, 4, 7), TreeShape(4, 2, 9), TreeShape(1, 4, 4)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_greedy_tree_speculation_with_a_random_head_equals_plain(tmp_path, target, shape):
+    cfg = read_config(target)
+    e = _engine(target, write_head(tmp_path / "h0", cfg, "sglang",
+                                   head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=1), 64, (1, 2, 3)))
+    plain, _ = _run(e, False)
+    e.speculator.set_tree(shape)
+    spec, stats = _run(e, True)
+    assert spec == plain
+    assert stats.speculative and stats.verify_steps > 0 and stats.verify_tokens == shape.tokens + 1
+
+
+@pytest.fixture(scope="module")
+def chained(target, tmp_path_factory):
+    """A target that says a, b, a, b, ... after the prompt, its attention still feeding the stream
+    (o_proj scaled down, not zeroed: each row's K/V in later layers depend on what it attended to)."""
+    from safetensors.torch import load_file, save_file
+
+    probe = Engine.load(str(target), device="cpu")
+    last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
+    folder = markov_target(target, tmp_path_factory.mktemp("chained") / "t", {last: A, A: B, B: A})
+    original, sd = load_file(target / "model.safetensors"), load_file(folder / "model.safetensors")
+    for name in sd:
+        if name.endswith("o_proj.weight"):
+            sd[name] = 0.05 * original[name]
+    save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+A, B, C = 40, 41, 42
+
+
+# the accepted length each shape reaches here: (3, 3, 12) keeps a -> b under the root (all of depth 2
+# is kept); (2, 4, 7) never holds b (top-2: c, a); (4, 2, 9) keeps only c's children and a's first at depth 2
+@pytest.mark.parametrize("shape,least", [(SHAPES[0], 2.5), (SHAPES[1], 1.9), (SHAPES[2], 1.9)])
+def test_paths_through_later_siblings_leave_plain_decodings_cache(tmp_path, target, chained, shape, least):
+    """The draft ranks c, a, b at every node, the target takes a then b: each verify step accepts a
+    path of later siblings, whose K/V move from their rows to their positions. The answer equals
+    plain greedy decoding and so does the target's cache, row for row (to fp32 rounding: a wrong
+    row, or a row computed with the wrong ancestors, differs by far more)."""
+    cfg = read_config(target)
+    e = _engine(chained, _ranked_draft(tmp_path, cfg, [C, A, B]))
+    plain, _ = _run(e, False, n=40)
+    k_plain, v_plain = e.runner.kv.k_all.clone(), e.runner.kv.v_all.clone()
+    e.speculator.set_tree(shape)
+    spec, stats = _run(e, True, n=40)
+    assert spec == plain and plain[:4] == [A, B, A, B]
+    assert stats.accept_len_mean >= least, stats.accept_hist
+    rows = len(e.tokenizer.apply_chat_template(PROMPT)) + len(plain) - 1  # every token cached but the last
+    torch.testing.assert_close(e.runner.kv.k_all[:, :rows], k_plain[:, :rows], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(e.runner.kv.v_all[:, :rows], v_plain[:, :rows], atol=1e-5, rtol=1e-4)
+
+
+def test_sampled_tree_speculation_follows_the_target(tmp_path, target, chained):
+    """A target sure of its next token (a, b, a, b, ...) and a draft ranking c, a, b: sampled tree
+    decoding gives the target's sequence, accepting a path of a later sibling at every depth."""
+    cfg = read_config(target)
+    e = _engine(chained, _ranked_draft(tmp_path, cfg, [C, A, B]))
+    plain, _ = _run(e, False, n=48)
+    e.speculator.set_tree(TreeShape(3, 3, 12))
+    for seed in (1, 2):
+        spec, stats = _run(e, True, n=48, temperature=0.7, seed=seed)
+        assert spec == plain and plain[:4] == [A, B, A, B]
+        assert stats.accept_len_mean >= 2.5  # depth 1 and 2 are whole (a then b); depth 3 under c only
+
+
+def test_chains_stay_the_default_and_trees_are_checked():
+    assert parse_tree("off") is None and parse_tree("8,6,48") == TreeShape(8, 6, 48)
+    with pytest.raises(UserError, match="TOPK 1-16"):
+        parse_tree("0,4,4")
+    with pytest.raises(UserError, match="lower TOKENS"):
+        parse_tree("2,2,9")
