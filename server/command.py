@@ -29,7 +29,7 @@ def cmd_serve(args) -> int:
     engine = Engine.load(args.model, draft=args.draft, device=args.device, max_seq_len=args.max_seq_len,
                          draft_steps=args.draft_steps, use_graphs=not args.no_graphs,
                          on_progress=lambda text, _: print(f"[localchat] {text}", file=sys.stderr, flush=True),
-                         threads=args.threads)
+                         threads=args.threads, tree=getattr(args, "tree", None))
     import uvicorn
 
     from server.api import ServeOptions, build_app

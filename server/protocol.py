@@ -189,7 +189,8 @@ def figures(stats: GenerationStats | None, queue_s: float) -> dict:
         out.update(draft_steps=s.draft_steps, verify_steps=s.verify_steps,
                    accept_len_mean=round(s.accept_len_mean, 3),
                    tokens_per_verify_step=round(s.accept_len_mean, 3),
-                   accepted_drafts_mean=round(max(0.0, s.accept_len_mean - 1), 3), accept_hist=s.accept_hist)
+                   accepted_drafts_mean=round(max(0.0, s.accept_len_mean - 1), 3), accept_hist=s.accept_hist,
+                   verify_tokens=round(s.verify_tokens, 3))
     return out
 
 

@@ -24,6 +24,9 @@ def summary(runs: list[dict], hist_length: int = 0) -> dict:
         steps = sum(hist)
         out["accept_len_mean"] = sum(n * c for n, c in enumerate(hist)) / steps if steps else 0.0
         out["accept_hist"] = hist
+        verified = [(r.get("verify_steps") or 0, r.get("verify_tokens") or 0.0) for r in runs]
+        total = sum(n for n, _ in verified)
+        out["verify_tokens"] = sum(n * v for n, v in verified) / total if total else 0.0  # a step's target rows
     out["per_prompt"] = [{k: r[k] for k in PER_PROMPT if k in r} for r in runs]
     return out
 
@@ -72,6 +75,9 @@ def _table(r: dict) -> str:
                                            f"({s['speedup_vs_draft_off']:.2f}x draft loaded, speculation off)"))
         if _hist_line(s.get("accept_hist", [])):
             rows.append(("tokens per verify step", _hist_line(s["accept_hist"])))
+        if s.get("verify_tokens"):
+            tree = f" (draft tree {r['tree']})" if r.get("tree") else ""
+            rows.append(("tokens verified per step", f"{s['verify_tokens']:.1f}{tree}"))
         if any(r.get("draft_alternatives") or ()) and not r.get("temperature"):
             rows.append(("runners-up verified", ", ".join(map(str, r["draft_alternatives"])) + " (drafts 1.."
                          f"{len(r['draft_alternatives'])})"))

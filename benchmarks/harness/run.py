@@ -40,6 +40,7 @@ def run_bench(args) -> int:
                           else platform.processor() or "cpu", "cuda": torch.version.cuda,
                           "cpu_threads": torch.get_num_threads()},
               "model": engine.model_name, "draft": engine.draft_name, "draft_steps": args.draft_steps,
+              "tree": str(args.tree) if getattr(args, "tree", None) else None,
               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "quick": bool(getattr(args, "quick", False)),
               "ignore_eos": args.ignore_eos, "system_prompt": system,
               "tok_s": "decode tokens after each answer's first, summed over the prompts, over their summed decode "
