@@ -34,7 +34,7 @@ def compile_one(kern, sig: dict, consts: dict, divisible: list[str], num_warps: 
 def gemv_variants():
     from engine.routing import invariant_tile
 
-    row_kernel, dot_kernel, _group_kernel = gemv._kernels()
+    row_kernel, dot_kernel = gemv._kernels()
     ptrs = ["x_ptr", "res_ptr", "nw_ptr", "new_res_ptr", "w_ptr", "bias_ptr", "out_ptr"]
     ints = ["num_rows", "N", "K", "stride_x", "stride_res", "stride_new_res", "stride_w", "stride_out"]
     sig = {**{p: "*bf16" for p in ptrs}, "part_ptr": "*fp32", "count_ptr": "*i32", **{i: "i32" for i in ints},

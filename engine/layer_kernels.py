@@ -91,9 +91,6 @@ class FusedLayerKernels(LayerKernels):
         # The ROW set on several rows runs the one-row kernels row by row (a batch-invariant
         # target's small layers: routing.each_row_layer); without it, the dot kernel (a draft's).
         self.each_row = each_row and not invariant
-        # each_row's launches (those of one row too, so that a row's bits never depend on the row
-        # count): group_kernel, options.row_group rows a program (0: row_kernel, row by row).
-        self.group = options.row_group if self.each_row else 0
 
     def norm_linear(self, x, residual, norm, linear, role):
         tile = routing.norm_tile(self.options, self.mode, rows_of(x).shape[0], tuple(linear.weight.shape),
@@ -101,7 +98,7 @@ class FusedLayerKernels(LayerKernels):
         if tile == UNFUSED or isinstance(x, Normed):
             return super().norm_linear(x, residual, norm, linear, role)
         return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant,
-                             pdl=self.options.pdl, each_row=self.each_row, group=self.group)
+                             pdl=self.options.pdl, each_row=self.each_row)
 
     def mlp(self, x, residual, norm, mlp, then=None):
         gate_up, rows = mlp.gate_up_proj, rows_of(x)
@@ -111,10 +108,10 @@ class FusedLayerKernels(LayerKernels):
         tile, pdl = routing.gated_tile(self.options, shape), self.options.pdl
         if routing.norm_tile(self.options, ROW, 1, shape) == UNFUSED or isinstance(x, Normed):
             h, stream = self.add_norm(x, residual, norm)
-            act = gated_gemv(h, gate_up.weight, gate_up.bias, tile, pdl=pdl, group=self.group)
+            act = gated_gemv(h, gate_up.weight, gate_up.bias, tile, pdl=pdl)
         else:
             act, stream = rms_norm_gated_gemv(x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, tile,
-                                              pdl=pdl, group=self.group)
+                                              pdl=pdl)
         down = self.ending(stream, then)
         return (down(act, mlp.down_proj) if down else self.project(act, mlp.down_proj, "down")), stream
 
@@ -133,7 +130,7 @@ class FusedLayerKernels(LayerKernels):
             if tile is None:
                 return self.project(x, linear, "o_proj")  # o_proj and down route alike
             return Normed(*gemv_add_norm(x, linear.weight, linear.bias, residual, norm.weight, norm.eps, tile,
-                                         pdl=self.options.pdl, group=self.group), norm)
+                                         pdl=self.options.pdl), norm)
 
         return project
 
@@ -143,4 +140,4 @@ class FusedLayerKernels(LayerKernels):
         if tile == UNFUSED:
             return super().mlp_down(gate_up, mlp)
         return silu_mul_gemv(gate_up, down.weight, down.bias, tile, self.invariant, pdl=self.options.pdl,
-                             each_row=self.each_row, group=self.group)
+                             each_row=self.each_row)

@@ -113,7 +113,7 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
     if route.kernel == CUBLAS:
         return linear(x)
     return gemv(x, linear.weight, linear.bias, config=route.tile, invariant=route.invariant, pdl=options.pdl,
-                each_row=route.each_row, group=options.row_group if route.each_row else 0)
+                each_row=route.each_row)
 
 
 def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own_slots=None) -> torch.Tensor:

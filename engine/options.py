@@ -45,11 +45,6 @@ class KernelOptions:
     # much (demo model: plain decoding with the head loaded 0.90x of no draft instead of 0.73x, but
     # greedy speculation 0.75x instead of 1.63x; docs/performance.md). LOCALCHAT_EACH_ROW=1: on.
     each_row: bool = False
-    # each_row's launches run group_kernel with this many rows a program (each weight tile loaded
-    # once for them all); 0: row_kernel, one row a program, the faster (on the demo's shape a
-    # one-row step 0.546 ms against 0.638 with 4 rows a program; docs/performance.md).
-    # LOCALCHAT_ROW_GROUP=N.
-    row_group: int = 0
     # With batch_invariant, attention runs each query row in programs of its own (the one-row tile),
     # instead of one tile over 16 padded rows: plain decoding with a draft loaded 1.05x faster on
     # the demo's shape, 0.95x of no draft instead of 0.93x on the 8B's, verify steps no slower
@@ -109,7 +104,6 @@ class KernelOptions:
         return cls(
             pdl=_flag(env, "LOCALCHAT_PDL"), fuse=_flag(env, "LOCALCHAT_FUSE"),
             fuse_invariant=_flag(env, "LOCALCHAT_FUSE_INVARIANT"), each_row=_flag(env, "LOCALCHAT_EACH_ROW", default=False),
-            row_group=_choice(env, "LOCALCHAT_ROW_GROUP", (0, 1, 2, 4, 8, 16), 0),
             token_attention=_flag(env, "LOCALCHAT_TOKEN_ATTENTION"),
             qkv_gemv=_row_gemv(env.get("LOCALCHAT_ROW_GEMV", "")),
             gated_mlp=_flag(env, "LOCALCHAT_GATED_MLP"), norm_tail=_flag(env, "LOCALCHAT_NORM_TAIL"),
@@ -126,16 +120,6 @@ def _flag(env: Mapping[str, str], name: str, default: bool = True) -> bool:
         raise UserError(f"{name}={value!r}: use 1 (on{', the default' if default else ''}) or 0 "
                         f"(off{'' if default else ', the default'})")
     return default if value == "" else value == "1"
-
-
-def _choice(env: Mapping[str, str], name: str, allowed: tuple[int, ...], default: int) -> int:
-    """A number from `allowed`; unset: the default."""
-    value = env.get(name, "").strip()
-    if value == "":
-        return default
-    if not value.isdigit() or int(value) not in allowed:
-        raise UserError(f"{name}={value!r}: use one of {', '.join(map(str, allowed))} (default {default})")
-    return int(value)
 
 
 def _row_gemv(value: str) -> bool:

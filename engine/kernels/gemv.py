@@ -271,150 +271,6 @@ def _kernels():
                 tl.atomic_xchg(count_ptr + m, 0)  # ready for the next launch
 
     @triton.jit
-    def group_kernel(
-        x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
-        num_rows, N, K, stride_x, stride_res, stride_new_res, stride_w, stride_out, eps,
-        PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-        SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, NORM_MODE: tl.constexpr, K_POW2: tl.constexpr,
-        GATED: tl.constexpr, NORM_TAIL: tl.constexpr, N_POW2: tl.constexpr, ROWS: tl.constexpr,
-    ):
-        """row_kernel's FMA tiles for ROWS rows a program (rows g * ROWS ..., g along the grid's
-        third axis), each weight tile loaded once for all of them. One compiled kernel serves every
-        row count: the padded rows compute zeros, and a row's products and sums are the same
-        instructions on the same layout wherever it sits in the group, so its bits do not depend on
-        the rows beside it or their number (a one-row call runs this kernel too)."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        g = tl.program_id(2)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        w_rows = tl.where(n_ok, offs_n, 0)
-        k_start = pid_k * K_PER_SPLIT
-        dtype = out_ptr.dtype.element_ty
-        if USE_PDL:
-            prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, GATED, LINE, PREFETCH_LINES)
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        rows = g * ROWS + tl.arange(0, ROWS)
-        row_ok = rows < num_rows
-        r3 = rows[:, None, None]
-        ok3 = row_ok[:, None, None]
-        if NORM_TAIL:
-            res_tail = tl.load(res_ptr + rows[:, None] * stride_res + offs_n[None, :],
-                               mask=row_ok[:, None] & n_ok[None, :], other=0.0)
-        inv_rms = tl.zeros([ROWS, 1, 1], tl.float32)
-        if PROLOGUE == 1 and NORM_MODE == 1:
-            offs_all = tl.arange(0, K_POW2)
-            all_mask = ok3 & (offs_all < K)[None, None, :]
-            row_all = tl.load(x_ptr + r3 * stride_x + offs_all[None, None, :], mask=all_mask, other=0.0)
-            if HAS_RESIDUAL:
-                res_all = tl.load(res_ptr + r3 * stride_res + offs_all[None, None, :], mask=all_mask, other=0.0)
-                row_all = (row_all.to(tl.float32) + res_all.to(tl.float32)).to(row_all.dtype)
-            row_f32 = row_all.to(tl.float32)
-            inv_rms += tl.rsqrt(tl.sum(row_f32 * row_f32, axis=2, keep_dims=True) / K + eps)
-        elif PROLOGUE == 1 and NORM_MODE == 0:
-            sq = tl.zeros([ROWS, 1, 1], tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                mask = ok3 & (offs_k < K)[None, None, :]
-                h = tl.load(x_ptr + r3 * stride_x + offs_k[None, None, :], mask=mask, other=0.0)
-                if HAS_RESIDUAL:
-                    res = tl.load(res_ptr + r3 * stride_res + offs_k[None, None, :], mask=mask, other=0.0)
-                    h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
-                sq += tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=2, keep_dims=True)
-            inv_rms = tl.rsqrt(sq / K + eps)
-        acc3 = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)  # reduced once, after the loop
-        acc3_up = tl.zeros([ROWS, BLOCK_N if GATED else 1, BLOCK_K], tl.float32)
-        for kk in range(0, K_PER_SPLIT, BLOCK_K):
-            offs_k = k_start + kk + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                k_ok = offs_k < K_PER_SPLIT * SPLIT_K
-                w = tl.load(w_ptr + w_rows[None, :, None] * stride_w + offs_k[None, None, :])
-                if GATED:
-                    w_up = tl.load(w_ptr + (w_rows + N)[None, :, None] * stride_w + offs_k[None, None, :])
-            else:
-                k_ok = offs_k < K
-                w = tl.load(w_ptr + w_rows[None, :, None] * stride_w + offs_k[None, None, :],
-                            mask=k_ok[None, None, :], other=0.0)
-                if GATED:
-                    w_up = tl.load(w_ptr + (w_rows + N)[None, :, None] * stride_w + offs_k[None, None, :],
-                                   mask=k_ok[None, None, :], other=0.0)
-            mask = ok3 & k_ok[None, None, :]
-            x = tl.load(x_ptr + r3 * stride_x + offs_k[None, None, :], mask=mask, other=0.0)  # (ROWS, 1, BLOCK_K)
-            if PROLOGUE == 1:
-                h = x
-                if HAS_RESIDUAL:
-                    res = tl.load(res_ptr + r3 * stride_res + offs_k[None, None, :], mask=mask, other=0.0)
-                    h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
-                    if pid_n == 0:
-                        tl.store(new_res_ptr + r3 * stride_new_res + offs_k[None, None, :], h, mask=mask)
-                nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                normed = (h.to(tl.float32) * inv_rms).to(x.dtype).to(tl.float32)
-                a = (normed * nw[None, None, :]).to(x.dtype).to(tl.float32)
-            elif PROLOGUE == 2:
-                up = tl.load(x_ptr + r3 * stride_x + K + offs_k[None, None, :], mask=mask, other=0.0)
-                gate = x.to(tl.float32)
-                act = (gate * tl.sigmoid(gate)).to(x.dtype).to(tl.float32)
-                a = (act * up.to(tl.float32)).to(x.dtype).to(tl.float32)
-            else:
-                a = x.to(tl.float32)
-            acc3 += w.to(tl.float32) * a
-            if GATED:
-                acc3_up += w_up.to(tl.float32) * a
-        acc = tl.sum(acc3, axis=2)  # (ROWS, BLOCK_N)
-        if GATED:
-            gate = acc
-            up = tl.sum(acc3_up, axis=2)
-            if HAS_BIAS:
-                gate += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            gate = gate.to(dtype).to(tl.float32)
-            up = up.to(dtype).to(tl.float32)
-            acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
-        out_mask = row_ok[:, None] & n_ok[None, :]
-        if SPLIT_K > 1:  # part: (SPLIT_K, num_rows, N) fp32
-            tl.store(part_ptr + (pid_k * num_rows + rows[:, None]) * N + offs_n[None, :], acc, mask=out_mask)
-        else:
-            if HAS_BIAS and not GATED:
-                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            if NORM_TAIL:
-                h = (acc.to(dtype).to(tl.float32) + res_tail.to(tl.float32)).to(dtype)
-                tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_n[None, :], h, mask=out_mask)
-            else:
-                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(dtype), mask=out_mask)
-        if SPLIT_K > 1:
-            counter = count_ptr + g * tl.num_programs(0) + pid_n  # one per (row group, column tile)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                tl.debug_barrier()
-                acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-                for s in range(SPLIT_K):
-                    acc += tl.load(part_ptr + (s * num_rows + rows[:, None]) * N + offs_n[None, :], mask=out_mask,
-                                   other=0.0, cache_modifier=".cg")
-                if HAS_BIAS:
-                    acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(dtype), mask=out_mask)
-                tl.atomic_xchg(counter, 0)
-        if NORM_TAIL:
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + g, 1, sem="acq_rel", scope="gpu")
-            if arrived == tl.num_programs(0) - 1:
-                tl.debug_barrier()
-                offs_h = tl.arange(0, N_POW2)
-                h_mask = row_ok[:, None] & (offs_h < N)[None, :]
-                nw_h = tl.load(nw_ptr + offs_h, mask=offs_h < N, other=0.0).to(tl.float32)
-                hf = tl.load(new_res_ptr + rows[:, None] * stride_new_res + offs_h[None, :], mask=h_mask, other=0.0,
-                             cache_modifier=".cg").to(tl.float32)
-                inv_rms_h = tl.rsqrt(tl.sum(hf * hf, axis=1, keep_dims=True) / N + eps)
-                normed_h = (hf * inv_rms_h).to(dtype).to(tl.float32)
-                tl.store(out_ptr + rows[:, None] * stride_out + offs_h[None, :], (normed_h * nw_h[None, :]).to(dtype),
-                         mask=h_mask)
-                tl.atomic_xchg(count_ptr + g, 0)
-
-    @triton.jit
     def dot_kernel(
         x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
         num_rows, N, K, stride_x, stride_res, stride_new_res, stride_w, stride_out, eps,
@@ -517,20 +373,18 @@ def _kernels():
             tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
                      acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
-    return row_kernel, dot_kernel, group_kernel
+    return row_kernel, dot_kernel
 
 
 def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, invariant: bool = False,
             gated: bool = False, tail: bool = False, pdl: bool = True,
-            each_row: bool = False, group: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+            each_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Picks the kernel: row_kernel for one row, or for several with each_row (each row's bits as
     if it came alone, with the one-row tile); otherwise dot_kernel, with invariant one compiled
     kernel and tile for every row count (the tensor-core path over MAX_ROWS rows, the config of a
     MAX_ROWS-row call), so row i's result does not depend on how many rows came with it either.
     gated and tail (gemv_add_norm: residual and norm_weight go to the epilogue; returns (normed, h))
-    run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl). group (with
-    each_row, gated or tail): rows a program on group_kernel, the same compiled kernel for every row
-    count (0: row_kernel, one row a program)."""
+    run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl)."""
     num_rows = x.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
@@ -538,8 +392,6 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     assert not (invariant and (each_row or gated or tail)), "the tensor-core tile runs no each_row, gated or tail"
     rows_kernel = not invariant and (num_rows == 1 or each_row or gated or tail)
     n = weight.shape[0] // 2 if gated else weight.shape[0]  # gated: [gate; up] rows, n outputs
-    if group:
-        assert rows_kernel and group in GROUPS, f"group: one of {GROUPS}"
     if gated:
         assert prologue != SILU_MUL and weight.shape[0] % 2 == 0
         cfg = config or gated_config(n, k)
@@ -577,7 +429,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     else:
         part = counters = out  # unused
     interpreting = triton_interpreting()
-    row_kernel, dot_kernel, group_kernel = _kernels()
+    row_kernel, dot_kernel = _kernels()
     common = dict(PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
                   SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
                   BLOCK_N=block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
@@ -586,17 +438,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     args = (x, res, nw, new_res_arg, weight, bias if bias is not None else weight, out, part, counters,
             num_rows, n, k, x.stride(0), res.stride(0), new_res_arg.stride(0), weight.stride(0), out.stride(0),
             float(eps))
-    if rows_kernel and group:
-        norm = norm_mode(1, k) if prologue == RMS_NORM else LOOP
-        groups = -(-num_rows // group)
-        assert cfg.split_k == 1 or tiles * groups <= _MAX_TILES
-        common["BLOCK_K"] = group_block_k(cfg, group, gated)
-        common["K_PER_SPLIT"] = k_per_split = -(-(-(-k // cfg.split_k)) // common["BLOCK_K"]) * common["BLOCK_K"]
-        common["EVEN_K"] = k_per_split * cfg.split_k == k
-        group_kernel[(tiles, cfg.split_k, groups)](
-            *args, NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1, GATED=gated, NORM_TAIL=tail,
-            N_POW2=next_pow2(n) if tail else 1, ROWS=group, **common)
-    elif rows_kernel:
+    if rows_kernel:
         norm = norm_mode(1, k) if prologue == RMS_NORM else LOOP
         assert cfg.split_k == 1 or tiles * num_rows <= _MAX_TILES
         row_kernel[(tiles, cfg.split_k, num_rows)](*args, NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1,
@@ -608,22 +450,6 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     return out, new_res
 
 
-GROUPS = (1, 2, 4, 8, 16)  # group_kernel's rows a program
-# group_kernel keeps ROWS x BLOCK_N x BLOCK_K fp32 partial products (twice, gated) in registers: at
-# most this many elements a warp (64 registers a thread), BLOCK_K halved until they fit.
-GROUP_ELEMENTS_PER_WARP = 2048
-
-
-def group_block_k(cfg: GemvConfig, group: int, gated: bool) -> int:
-    """The K step of group_kernel for tile cfg: cfg's, halved while its partial products would not
-    fit the register budget (at least 64). A function of the tile and group alone, so that every
-    row count runs the same one."""
-    block_k = cfg.block_k
-    while block_k > 64 and group * cfg.block_n * block_k * (2 if gated else 1) > GROUP_ELEMENTS_PER_WARP * cfg.num_warps:
-        block_k //= 2
-    return block_k
-
-
 def norm_mode(block_m: int, k: int) -> int:
     """How an RMS_NORM launch of block_m rows gets the mean square: ONE_PASS or LOOP."""
     return ONE_PASS if block_m == 1 and k <= ONE_PASS_MAX else LOOP
@@ -631,7 +457,7 @@ def norm_mode(block_m: int, k: int) -> int:
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig | None = None, invariant: bool = False, pdl: bool = True,
-         each_row: bool = False, group: int = 0) -> torch.Tensor:
+         each_row: bool = False) -> torch.Tensor:
     """x (M, K), weight (N, K) as nn.Linear holds it -> (M, N) in x's dtype, fp32 accumulation.
 
     CUDA (or the Triton interpreter); no host sync; graph-capturable. `config` overrides
@@ -639,7 +465,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     tensor-core tile; each_row: the same, on the one-row kernel (every row as a one-row call).
     """
     return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, invariant, pdl=pdl,
-                   each_row=each_row, group=group)[0]
+                   each_row=each_row)[0]
 
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -651,7 +477,7 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
 def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                   weight: torch.Tensor, bias: torch.Tensor | None = None,
                   config: GemvConfig | None = None, invariant: bool = False,
-                  pdl: bool = True, each_row: bool = False, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                  pdl: bool = True, each_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm followed by a projection, in one launch: returns (out, x + residual).
 
     x, residual (M, K) (residual None: the first layer; the stream returned is x itself);
@@ -661,7 +487,7 @@ def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
     the same tile for any M).
     """
     return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant, pdl=pdl,
-                   each_row=each_row, group=group)
+                   each_row=each_row)
 
 
 def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
@@ -673,12 +499,12 @@ def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=N
 
 def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   config: GemvConfig | None = None, invariant: bool = False, pdl: bool = True,
-                  each_row: bool = False, group: int = 0) -> torch.Tensor:
+                  each_row: bool = False) -> torch.Tensor:
     """gate_up (M, 2I) = [gate | up], weight (N, I) -> (silu(gate) * up) @ weight.T, (M, N).
     invariant, each_row: as for gemv."""
     assert gate_up.shape[1] % 2 == 0
     return _launch(SILU_MUL, gate_up, None, None, 0.0, weight, bias, gate_up.shape[1] // 2, config, invariant,
-                   pdl=pdl, each_row=each_row, group=group)[0]
+                   pdl=pdl, each_row=each_row)[0]
 
 
 def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
@@ -687,12 +513,12 @@ def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
 
 
 def gated_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               config: GemvConfig | None = None, pdl: bool = True, group: int = 0) -> torch.Tensor:
+               config: GemvConfig | None = None, pdl: bool = True) -> torch.Tensor:
     """silu(x @ gate.T) * (x @ up.T), (M, I), where weight (2I, K) = [gate; up] as the MLP's
     gate_up projection holds them. One launch; the down projection then reads I values instead of
     2I and computes no activation (silu_mul_gemv's prologue recomputes it in every program). The
     one-row kernel, row by row (each row's bits as if it came alone)."""
-    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, gated=True, pdl=pdl, group=group)[0]
+    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, gated=True, pdl=pdl)[0]
 
 
 def gated_gemv_ref(x, weight, bias=None, config=None):
@@ -702,11 +528,9 @@ def gated_gemv_ref(x, weight, bias=None, config=None):
 
 def rms_norm_gated_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor, bias: torch.Tensor | None = None,
-                        config: GemvConfig | None = None, pdl: bool = True,
-                        group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                        config: GemvConfig | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm then gated_gemv, in one launch: (silu(h @ gate.T) * (h @ up.T), x + residual)."""
-    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, gated=True, pdl=pdl,
-                   group=group)
+    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, gated=True, pdl=pdl)
 
 
 def rms_norm_gated_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
@@ -717,8 +541,7 @@ def rms_norm_gated_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, co
 
 def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                   norm_weight: torch.Tensor, eps: float,
-                  config: GemvConfig | None = None, pdl: bool = True,
-                  group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                  config: GemvConfig | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """gemv, then add_rms_norm of its output and residual, in one launch: returns
     (rms_norm(h) * norm_weight, h) with h = x @ weight.T (+ bias) + residual, each rounded as the
     two ops round. x (M, K); weight (N, K); residual (M, N); norm_weight (N,). The one-row kernel,
@@ -727,8 +550,7 @@ def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     program adds the residual to its columns and stores h; the last program to finish reads h back
     (N values, from L2) and writes the normed row, in place of a separate norm launch that would
     read it after a kernel boundary (one row after the other)."""
-    return _launch(NONE, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, tail=True, pdl=pdl,
-                   group=group)
+    return _launch(NONE, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, tail=True, pdl=pdl)
 
 
 def gemv_add_norm_ref(x, weight, bias, residual, norm_weight, eps, config=None):

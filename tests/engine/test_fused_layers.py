@@ -321,8 +321,8 @@ def test_routed_projections_launch_what_routing_picks(monkeypatch):
     import engine.ops as ops_module
 
     calls = []
-    monkeypatch.setattr(ops_module, "gemv", lambda x, w, b, config=None, invariant=False, pdl=True, each_row=False,
-                        group=0: calls.append((config, invariant, pdl) + ((group,) if each_row else ())) or "gemv")
+    monkeypatch.setattr(ops_module, "gemv", lambda x, w, b, config=None, invariant=False, pdl=True, each_row=False:
+                        calls.append((config, invariant, pdl) + ((True,) if each_row else ())) or "gemv")
     tile = GemvConfig(2, 1024, 1, 4, 3)
     options = dict(row_tiles=(((8, 4096), CUBLAS), ((16, 4096), tile)), pdl=False)
     ops = make_ops("cpu", **options)
@@ -340,10 +340,9 @@ def test_routed_projections_launch_what_routing_picks(monkeypatch):
     assert calls[-1] == (routing.invariant_tile((4, 4096)), True, False)  # each_row off: the tensor-core tile
     invariant = make_ops("cpu", batch_invariant=True, each_row=True, **options)
     # a small weight: the one-row route, row by row (lm_head's is cuBLAS: our GEMV's built-in tile)
-    # (options.row_group 0: row_kernel, row by row)
-    assert invariant.linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (None, False, False, 0)
+    assert invariant.linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (None, False, False, True)
     assert invariant.row_linear(x.expand(6, -1), plain) == "gemv" and calls[-1] == (routing.row_tile(4096), False,
-                                                                                     False, 0)
+                                                                                     False, True)
     assert invariant.linear(x.expand(17, -1), plain).shape == (17, 4) and len(calls) == 7
     large = torch.nn.Linear(4096, 2048, bias=False).to(torch.bfloat16)  # 16 MiB: the tensor-core tile
     assert invariant.linear(x.expand(6, -1), large) == "gemv"

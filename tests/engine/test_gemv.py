@@ -250,13 +250,11 @@ def test_invariant_rows_equal_single_row_bits(n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("group", [0, 2, 4, 8])
 @pytest.mark.parametrize("n,k", [(960, 576), (3072, 576), (576, 1536), (4096, 4096), (200, 1000)])
-def test_each_row_rows_equal_single_row_bits(n, k, group):
-    """each_row (the one-row kernel over several rows; group: group_kernel, that many rows a
-    program), every op and epilogue: each row of an M-row call has exactly the bits of a 1-row
-    call, wherever it sits in its group, split-K and norm tail included, and the counters come
-    back to zero."""
+def test_each_row_rows_equal_single_row_bits(n, k):
+    """each_row (the one-row kernel over several rows), every op and epilogue: each row of an
+    M-row call has exactly the bits of a 1-row call, split-K and norm tail included, and the
+    counters come back to zero."""
     from engine.routing import row_tile
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
@@ -269,16 +267,13 @@ def test_each_row_rows_equal_single_row_bits(n, k, group):
     out_nw = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(torch.bfloat16)
     gu = torch.randn(16, 2 * k, device="cuda", generator=g).to(torch.bfloat16)
     ops = {  # each of rows a .. b - 1
-        "gemv": lambda a, b: gemv(x[a:b], w, each_row=True, group=group),
-        "gemv row_tile": lambda a, b: gemv(x[a:b], w, config=row_tile(k), each_row=True, group=group),
-        "rms_norm_gemv": lambda a, b: torch.cat(rms_norm_gemv(x[a:b], res[a:b], nw, 1e-5, w, each_row=True,
-                                                              group=group), 1),
-        "silu_mul_gemv": lambda a, b: silu_mul_gemv(gu[a:b], w, each_row=True, group=group),
-        "gated_gemv": lambda a, b: gated_gemv(x[a:b], w2, group=group),
-        "rms_norm_gated_gemv": lambda a, b: torch.cat(rms_norm_gated_gemv(x[a:b], res[a:b], nw, 1e-5, w2,
-                                                                          group=group), 1),
-        "gemv_add_norm": lambda a, b: torch.cat(gemv_add_norm(x[a:b], w, None, out_res[a:b], out_nw, 1e-5,
-                                                              group=group), 1),
+        "gemv": lambda a, b: gemv(x[a:b], w, each_row=True),
+        "gemv row_tile": lambda a, b: gemv(x[a:b], w, config=row_tile(k), each_row=True),
+        "rms_norm_gemv": lambda a, b: torch.cat(rms_norm_gemv(x[a:b], res[a:b], nw, 1e-5, w, each_row=True), 1),
+        "silu_mul_gemv": lambda a, b: silu_mul_gemv(gu[a:b], w, each_row=True),
+        "gated_gemv": lambda a, b: gated_gemv(x[a:b], w2),
+        "rms_norm_gated_gemv": lambda a, b: torch.cat(rms_norm_gated_gemv(x[a:b], res[a:b], nw, 1e-5, w2), 1),
+        "gemv_add_norm": lambda a, b: torch.cat(gemv_add_norm(x[a:b], w, None, out_res[a:b], out_nw, 1e-5), 1),
     }
     for name, op in ops.items():
         singles = torch.cat([op(i, i + 1) for i in range(16)])
@@ -286,50 +281,4 @@ def test_each_row_rows_equal_single_row_bits(n, k, group):
             assert torch.equal(op(0, m), singles[:m]), (name, m)
     assert int(gemv_module._tail_counter(x.device).sum().item()) == 0
     assert int(gemv_module._tile_counters(x.device).sum().item()) == 0
-    torch.testing.assert_close(gemv(x, w, each_row=True, group=group), gemv_ref(x, w), **BF16_TOL)
-
-
-@pytest.mark.parametrize("device", [CUDA, CPU])
-@pytest.mark.parametrize("group", [1, 4])
-def test_group_kernel_matches_refs(device, group):
-    """group_kernel (each_row's rows, `group` a program), every prologue and epilogue, against the
-    plain-torch references: 1, 3 and 6 rows (a padded last group), split-K and a masked tail."""
-    from engine.routing import row_tile
-
-    for m, n, k in [(1, 96, 200), (3, 100, 576), (6, 64, 1000)]:
-        gen, x, w, bias = make(m, n, k, device, m + n + k)
-        res = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
-        nw = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
-        w2 = (torch.randn(2 * n, k, generator=gen) / k**0.5).to(device, torch.bfloat16)
-        gu = torch.randn(m, 2 * k, generator=gen).to(device, torch.bfloat16)
-        out_res = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
-        out_nw = (1 + 0.1 * torch.randn(n, generator=gen)).to(device, torch.bfloat16)
-        t = tol(device)
-        for config in (None, row_tile(k), FORCED[1]):
-            torch.testing.assert_close(gemv(x, w, bias, config, each_row=True, group=group), gemv_ref(x, w, bias), **t)
-            got = rms_norm_gemv(x, res, nw, 1e-5, w, None, config, each_row=True, group=group)
-            for a, b in zip(got, rms_norm_gemv_ref(x, res, nw, 1e-5, w)):
-                torch.testing.assert_close(a, b, **t)
-            torch.testing.assert_close(silu_mul_gemv(gu, w, None, config, each_row=True, group=group),
-                                       silu_mul_gemv_ref(gu, w), **t)
-        torch.testing.assert_close(gated_gemv(x, w2, group=group), gated_gemv_ref(x, w2), **t)
-        for a, b in zip(rms_norm_gated_gemv(x, res, nw, 1e-5, w2, group=group),
-                        rms_norm_gated_gemv_ref(x, res, nw, 1e-5, w2)):
-            torch.testing.assert_close(a, b, **t)
-        for a, b in zip(gemv_add_norm(x, w, bias, out_res, out_nw, 1e-5, group=group),
-                        gemv_add_norm_ref(x, w, bias, out_res, out_nw, 1e-5)):
-            torch.testing.assert_close(a, b, **t)
-    assert int(gemv_module._tail_counter(x.device).sum().item()) == 0
-    assert int(gemv_module._tile_counters(x.device).sum().item()) == 0
-
-
-def test_group_block_k_fits_the_register_budget():
-    """group_kernel's K step: the tile's own while its partial products fit, halved otherwise."""
-    from engine.kernels.gemv import group_block_k
-
-    tile = GemvConfig(4, 512, 1, 4, 3)
-    assert group_block_k(tile, 1, False) == 512
-    assert group_block_k(tile, 4, False) == 512  # 4 x 4 x 512 = 8192 = 2048 a warp x 4 warps
-    assert group_block_k(tile, 4, True) == 256
-    assert group_block_k(tile, 16, True) == 64
-    assert group_block_k(GemvConfig(8, 64, 1, 4, 3), 16, True) == 64  # never below 64
+    torch.testing.assert_close(gemv(x, w, each_row=True), gemv_ref(x, w), **BF16_TOL)

@@ -26,8 +26,6 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # each_row is off unless asked for (its verify rows cost more than its plain steps save)
     assert default.each_row is False and KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "1"}) == dataclasses.replace(default, each_row=True)
-    # each_row's rows one a program unless a group size is asked for
-    assert default.row_group == 0 and KernelOptions.from_env({"LOCALCHAT_ROW_GROUP": "8"}).row_group == 8
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     alts = {"": None, "auto": "auto", "0": 0, "3": 3, "2,1": (2, 1), " 2, 1, 0 ": (2, 1, 0)}
@@ -40,8 +38,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_EACH_ROW": "yes"}, r"use 1 \(on\) or 0 \(off, the default\)"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
                                       ({"LOCALCHAT_ROW_GEMV": "x"}, "use qkv .* or cublas"),
-                                      ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'"),
-                                      ({"LOCALCHAT_ROW_GROUP": "3"}, r"LOCALCHAT_ROW_GROUP='3': use one of 0, 1, 2")])
+                                      ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'")])
 def test_a_bad_switch_is_one_line(env, says):
     with pytest.raises(UserError, match=says) as e:
         KernelOptions.from_env(env)
