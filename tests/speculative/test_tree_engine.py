@@ -119,3 +119,25 @@ def test_chains_stay_the_default_and_trees_are_checked():
         parse_tree("0,4,4")
     with pytest.raises(UserError, match="lower TOKENS"):
         parse_tree("2,2,9")
+
+
+def test_a_tree_answer_runs_to_the_end_of_the_context(tmp_path, target):
+    """Near the end of the context, where a tree's rows no longer fit past the cache, plain steps
+    finish the answer: the same tokens as plain decoding, up to the last position."""
+    cfg = read_config(target)
+    head = write_head(tmp_path / "h", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=1), 64,
+                      (1, 2, 3))
+    e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=3, max_seq_len=80,
+                    tree=TreeShape(3, 3, 12))
+    e.tokenizer.eos_token_ids = frozenset()
+    plain, _ = _run(e, False, n=200)
+    spec, stats = _run(e, True, n=200)
+    assert spec == plain
+    assert len(plain) == 80 - len(e.tokenizer.apply_chat_template(PROMPT)) + 1  # the last one needs no cache row
+    assert stats.verify_steps > 0 and stats.verify_tokens == 13
+
+
+def test_trees_need_an_eagle3_head(target):
+    e = Engine.load(str(target), device="cpu")
+    with pytest.raises(UserError, match="needs an EAGLE-3 draft head: no draft is loaded"):
+        e.set_tree(TreeShape(2, 2, 4))
