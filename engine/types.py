@@ -72,6 +72,7 @@ class GenerationStats:
     # tokens a verify step runs through the target on average: k + 1 for a chain (with its
     # runners-up, more), the root and the kept nodes for a draft tree
     verify_tokens: float = 0.0
+    tree: str | None = None  # the draft tree's shape, TOPK,DEPTH,TOKENS (None: chains of draft_steps)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -42,7 +42,7 @@ def format_stats(stats: Any, finish_reason: str | None = None, model: str | None
         parts.append(f"{s.get('generated_tokens', 0)} tokens")
         if s.get("speculative"):
             # k unknown (0): a server other than ours, which says how many tokens it accepted, not how many it drafted
-            k = f"k={s['draft_steps']}, " if s.get("draft_steps") else ""
+            k = f"tree {s['tree']}, " if s.get("tree") else f"k={s['draft_steps']}, " if s.get("draft_steps") else ""
             parts.append(f"spec {k}accept len {s.get('accept_len_mean', 0.0):.2f}")
         else:
             parts.append(_spec_off(s))

@@ -20,3 +20,5 @@ def test_speculation_on_off_and_decided_by_a_server():
     # vLLM's or SGLang's own figures: an accepted length without a draft count
     published = GenerationStats(decode_tok_s=42.0, speculative=True, accept_len_mean=2.33)
     assert format_stats(published).endswith("spec accept len 2.33") and "k=" not in format_stats(published)
+    tree = GenerationStats(decode_tok_s=42.0, speculative=True, draft_steps=5, accept_len_mean=3.1, tree="4,5,24")
+    assert "spec tree 4,5,24, accept len 3.10" in format_stats(tree)
