@@ -137,7 +137,7 @@ class Eagle3Speculator:
         self._seq = state.tokens[:state.kv_len + 1]
         self._capture_if_pending(state.kv_len)
         if self.tree is not None and state.seen is None and self.whole_iterations:
-            yield from TreeDrafting(self, self.tree).iterations(runner, state, d_logits, d_hidden, self._commit)
+            yield from TreeDrafting(self.parts, self.tree).iterations(runner, state, d_logits, d_hidden, self._commit)
             return
         if self.whole_iterations and state.params.is_greedy and state.seen is None:
             yield from self._whole_iterations(runner, state, self.greedy, d_logits, d_hidden)

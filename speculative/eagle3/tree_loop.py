@@ -34,9 +34,8 @@ from speculative.tree.shape import TreeShape
 
 
 class TreeDrafting:
-    def __init__(self, speculator, shape: TreeShape):
-        self.spec, self.shape = speculator, shape
-        self.parts = speculator.parts
+    def __init__(self, parts, shape: TreeShape):
+        self.parts, self.shape = parts, shape  # DraftParts: the head, its embeddings and cache
 
     def rows_needed(self) -> int:
         """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""
@@ -59,8 +58,7 @@ class TreeDrafting:
         """One verify step. Returns ([a, next token, the a accepted tokens], the draft's logits and
         state at the last accepted row, the rows verified)."""
         parts, draft, dev = self.parts, self.parts.draft, runner.device
-        tree, node_hidden = self._grow(n, d_logits[-1], d_hidden[-1:])
-        del node_hidden
+        tree = self._grow(n, d_logits[-1], d_hidden[-1:])
         target_tree = DraftTree(draft.to_target_ids(tree.tokens), tree.parents, tree.depths, tree.scores)
         N = len(tree)
         ids = torch.cat([torch.tensor([state.tokens[n]], device=dev), target_tree.tokens])
@@ -94,8 +92,7 @@ class TreeDrafting:
         return [a, next_token, *accepted.tolist()], d_logits, d_hidden, N + 1
 
     def _grow(self, n: int, root_logits: torch.Tensor, root_hidden: torch.Tensor):
-        """The draft tree after the root (draft-vocabulary tokens), and each expanded node's draft
-        state."""
+        """The draft tree after the root, its tokens in the draft's vocabulary."""
         parts, draft = self.parts, self.parts.draft
         dev = root_logits.device
         slot_of: dict[int, int] = {}  # expanded node -> its scratch row in the draft's cache
@@ -125,5 +122,4 @@ class TreeDrafting:
                 hidden_of[node] = out[r:r + 1]
             return F.log_softmax(logits.float(), dim=-1)
 
-        tree = grow_tree(F.log_softmax(root_logits.float(), dim=-1), expand, self.shape)
-        return tree, hidden_of
+        return grow_tree(F.log_softmax(root_logits.float(), dim=-1), expand, self.shape)
