@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from engine.hub.catalog import DEMO_ID, MTP_BUILTIN, Catalog, load_catalog
 from engine.errors import UserError
-from engine.hub.fit import FitEstimate, GpuMemory, detect_gpu, estimate_fit
+from engine.hub.fit import FitEstimate, GpuMemory, detect_gpu, estimate_fit, gguf_gpu_bytes
+from engine.hub.gguf_files import parse_gguf_spec
 from engine.hub.download import DownloadPlan, cache_dir, free_disk_bytes, is_offline, plan_download
 from engine.hub.local_models import LocalModel, cached_snapshot, list_cached_models
 from engine.units import format_bytes
@@ -97,30 +98,12 @@ def is_missing_path(spec: str) -> bool:
     decides (engine.hub.resolve), and nothing is at that path."""
     from pathlib import Path
 
-    from engine.hub.gguf_files import parse_gguf_spec
-
     if spec in (DEMO_ID, MTP_BUILTIN, "none") or Path(spec).expanduser().exists() or parse_gguf_spec(spec):
         return False  # REPO:Q4_K_M or REPO:FILE.gguf: one file of a GGUF repo on the Hub
     return spec.startswith(("/", "~", ".")) or spec.count("/") != 1 or spec.lower().endswith(".gguf")
 
 
-# Bits a weight of each GGUF quantization takes, on average over a llama.cpp mix (its block scales
-# included): what a GGUF file's size says about the bf16 model it is dequantized to at load.
-GGUF_BITS = {"Q2_K": 3.0, "Q3_K_S": 3.5, "Q3_K_M": 3.9, "Q3_K_L": 4.3, "Q4_0": 4.55, "Q4_1": 5.0,
-             "Q4_K_S": 4.6, "Q4_K_M": 4.85, "Q5_0": 5.55, "Q5_1": 6.0, "Q5_K_S": 5.55, "Q5_K_M": 5.7,
-             "Q6_K": 6.6, "Q8_0": 8.5, "F16": 16.0, "BF16": 16.0, "F32": 32.0}
-
-
-def gguf_gpu_bytes(file_bytes: int, pick: str) -> int | None:
-    """About how many bytes the model of a GGUF file of `file_bytes` takes in GPU memory once
-    dequantized to bf16 at load; None for a quantization not in GGUF_BITS (or a file name)."""
-    bits = GGUF_BITS.get(pick.upper())
-    return None if bits is None else int(file_bytes * 16 / bits)
-
-
 def _is_cached(spec: str) -> bool:
-    from engine.hub.gguf_files import parse_gguf_spec
-
     gguf = parse_gguf_spec(spec)
     if gguf is None:
         return cached_snapshot(spec) is not None
@@ -155,8 +138,6 @@ def plan_choice(target: str, draft: str | None, gpu: GpuMemory | None, is_local:
         if missing:
             raise UserError(f"{', '.join(missing)} not in the cache and HF_HUB_OFFLINE is set: choose a downloaded model")
         return Choice(target, draft, None, "downloaded · offline mode uses the cache")
-    from engine.hub.gguf_files import parse_gguf_spec
-
     gguf = parse_gguf_spec(target)
     plan = plan_download(gguf[0], draft, gguf=gguf[1]) if gguf else plan_download(target, draft)
     names = " + ".join(f"{r.repo_id}/{r.gguf}" if r.gguf else r.repo_id for r in plan.repos)

@@ -150,14 +150,18 @@ MAX_KERNEL_ROWS = 16  # the decode/verify kernel serves up to this many query ro
 
 
 def attend(q, k_cache, v_cache, positions, start_pos: int | None, scale: float, kernel,
-           own_slots: torch.Tensor | None = None) -> torch.Tensor:
+           own_slots: torch.Tensor | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
     """One call site for every attention over the cache.
 
     Decode and verify rows go through `kernel` (the Triton op on CUDA) in eager and graph
     mode alike, so a captured graph computes exactly what the eager step computes. Longer
     prefills use SDPA over the filled part; without a kernel (CPU) eager steps use SDPA too.
     own_slots: where each row's own K/V is when not at its position (ForwardBatch.slots).
+    visible: (T, S) the cache rows each row sees, when positions do not say it (a draft tree's
+    rows, ForwardBatch.visible): SDPA with that mask, eager only.
     """
+    if visible is not None:
+        return attention_masked(q, k_cache, v_cache, visible, scale)
     if kernel is not None and q.shape[0] <= MAX_KERNEL_ROWS:
         return kernel(q, k_cache, v_cache, positions, scale, own_slots)
     if own_slots is not None:

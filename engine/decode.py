@@ -22,6 +22,7 @@ class DecodeState:
     seen: torch.Tensor | None = None  # (V,) bool, for the repetition penalty
     accept_lens: list[int] = field(default_factory=list)  # per verify step (speculation)
     verify_rows: list[int] = field(default_factory=list)  # tokens each verify step ran through the target
+    tree: str | None = None  # the draft tree's shape when the speculator drafts trees for this answer
 
 
 def choose_next(row: torch.Tensor, state: DecodeState) -> int:

@@ -163,9 +163,6 @@ class Engine:
         stats = GenerationStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt) - state.kv_len,
                                 speculative=use_spec, draft_steps=self.speculator.k if use_spec else 0,
                                 draft_loaded=self.speculator is not None)
-        tree = getattr(self.speculator, "tree", None) if use_spec and state.seen is None else None
-        if tree is not None:
-            stats.tree = str(tree)
         tokens = self.speculator.tokens(self.runner, state) if use_spec else self._plain_tokens(state)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_token_ids
@@ -298,3 +295,4 @@ def _update(stats: GenerationStats, out: list[int], t_first: float, now: float, 
         stats.accept_by_position = [sum(hist[i + 2:]) / len(n) for i in range(len(hist) - 2)]
     if state.verify_rows:
         stats.verify_tokens = sum(state.verify_rows) / len(state.verify_rows)
+    stats.tree = state.tree

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.attention import attend, attention_masked, attention_packed
+from engine.attention import attend, attention_packed
 from engine.forward_batch import ForwardBatch
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
@@ -63,9 +63,7 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
             o = attention_packed(q, k, v, batch.segment_lengths, self.scale).reshape(T, self.q_size)
             return self.o_proj(o)
-        if batch.visible is not None:  # a draft tree's verify step
-            return self._tree_attention(q, k, v, batch, cos_sin, k_cache, v_cache, cos_sin_table, project)
-        fused = self.ops.one_row_attention(T) if self.ops.rope_and_cache is not None else None
+        fused = self.ops.one_row_attention(T) if self.ops.rope_and_cache is not None and batch.visible is None else None
         if fused is not None:
             o = fused(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, self.scale, batch.slots)
             if project is not None:
@@ -79,24 +77,8 @@ class Attention(nn.Module):
             k_cache.index_copy_(0, rows, k)
             v_cache.index_copy_(0, rows, v)
         o = attend(q, k_cache, v_cache, batch.positions, batch.start_pos, self.scale, self.ops.attention,
-                   batch.slots)
+                   batch.slots, batch.visible)
         o = o.reshape(T, self.q_size)
-        if project is not None:
-            return project(o, self.o_proj)
-        return self.ops.row_linear(o, self.o_proj) if self.ops.row_linear else self.o_proj(o)
-
-
-    def _tree_attention(self, q, k, v, batch, cos_sin, k_cache, v_cache, cos_sin_table, project):
-        """Rows at their positions' RoPE, K/V written to batch.slots, each row attending to the cache
-        rows batch.visible names (SDPA)."""
-        T = q.shape[0]
-        if self.ops.rope_and_cache is not None:
-            q = self.ops.rope_and_cache(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, batch.slots)
-        else:
-            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-            k_cache.index_copy_(0, batch.slots, k)
-            v_cache.index_copy_(0, batch.slots, v)
-        o = attention_masked(q, k_cache, v_cache, batch.visible, self.scale).reshape(T, self.q_size)
         if project is not None:
             return project(o, self.o_proj)
         return self.ops.row_linear(o, self.o_proj) if self.ops.row_linear else self.o_proj(o)

@@ -162,3 +162,17 @@ def _gguf_bf16_bytes(path: Path) -> int:
         return sum(t.n_elements for t in read_tensor_infos(path)) * 2
     except (OSError, ValueError):
         return path.stat().st_size * 4  # ~4-5 bits a weight in the usual quantizations
+
+
+# Bits a weight of each GGUF quantization takes, on average over a llama.cpp mix (its block scales
+# included): what a GGUF file's size says about the bf16 model it is dequantized to at load.
+GGUF_BITS = {"Q2_K": 3.0, "Q3_K_S": 3.5, "Q3_K_M": 3.9, "Q3_K_L": 4.3, "Q4_0": 4.55, "Q4_1": 5.0,
+             "Q4_K_S": 4.6, "Q4_K_M": 4.85, "Q5_0": 5.55, "Q5_1": 6.0, "Q5_K_S": 5.55, "Q5_K_M": 5.7,
+             "Q6_K": 6.6, "Q8_0": 8.5, "F16": 16.0, "BF16": 16.0, "F32": 32.0}
+
+
+def gguf_gpu_bytes(file_bytes: int, pick: str) -> int | None:
+    """About how many bytes the model of a GGUF file of `file_bytes` takes in GPU memory once
+    dequantized to bf16 at load; None for a quantization not in GGUF_BITS (or a file name)."""
+    bits = GGUF_BITS.get(pick.upper())
+    return None if bits is None else int(file_bytes * 16 / bits)

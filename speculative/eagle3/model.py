@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import attend, attention_masked
+from engine.attention import attend
 from engine.layers import GatedMLP, RMSNorm
 from engine.kernels.gemv import MAX_ROWS
 from engine.ops import Ops
@@ -67,10 +67,8 @@ class Eagle3Layer(nn.Module):
         rows = positions if slots is None else slots
         k_cache.index_copy_(0, rows, k)
         v_cache.index_copy_(0, rows, v.view(T, self.num_kv_heads, self.head_dim))
-        if visible is not None:
-            o = attention_masked(q, k_cache, v_cache, visible, self.scale).reshape(T, self.q_size)
-        else:
-            o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, kernel).reshape(T, self.q_size)
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, kernel, visible=visible)
+        o = o.reshape(T, self.q_size)
         if last is not None:
             o, residual = pick_row(o, last), pick_row(residual, last)
         h = residual + self.self_attn.o_proj(o)

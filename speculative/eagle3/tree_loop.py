@@ -45,6 +45,7 @@ class TreeDrafting:
     def iterations(self, runner, state, d_logits, d_hidden, commit) -> Iterator[list[int]]:
         """Verify steps until the context is full (then plain steps); commit(result, n, state) as
         the speculator commits a step: returns (the new tokens, the cache length after them)."""
+        state.tree = str(self.shape)
         while state.kv_len + self.rows_needed() <= runner.max_len:
             n = state.kv_len
             result, d_logits, d_hidden, rows = self.step(runner, state, n, d_logits, d_hidden)

@@ -103,7 +103,8 @@ def test_the_wizard_plans_one_quantization_and_fits_it_as_bf16(hub_env, fake_hub
     cached file needs nothing and a quantization never fetched is one line."""
     from huggingface_hub import constants
 
-    from app.wizard_tasks import gguf_gpu_bytes, is_missing_path, plan_choice
+    from app.wizard_tasks import is_missing_path, plan_choice
+    from engine.hub.fit import gguf_gpu_bytes
     from engine.hub.download import run_download
 
     fake_hub.add(FakeRepo(REPO + "3", {"README.md": b"# tiny\n", "tiny-F32.gguf": gguf_files["F32"],
