@@ -248,6 +248,73 @@ def test_invariant_rows_equal_single_row_bits(n, k):
     assert (singles.float() - ref.float()).abs().max() < 0.05
 
 
+INVARIANT_TILES = [GemvConfig(16, 128, 1, 4, 2), GemvConfig(32, 64, 1, 4, 2, swap_ab=True)]
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("tile", INVARIANT_TILES, ids=["16x128", "32x64swap"])
+def test_invariant_epilogues(device, tile):
+    """The tensor-core tile with the gated MLP's epilogue (and the norm prologue) and with the norm
+    tail, on 1, 3 and 16 rows == their torch references; odd sizes mask the last column tile and
+    K step, and the tail's counter is back at zero after each launch."""
+    shapes = [(37, 300), (48, 100)] + ([(1536, 576), (4096, 4096)] if device == "cuda" else [])
+    for n, k in shapes:
+        for m in (1, 3, 16):
+            gen, x, weight, bias = make(m, 2 * n, k, device, n + k + m)
+            x = x * (3 if device == "cuda" else 1)
+            for b in (None, bias):
+                out = gated_gemv(x, weight, b, tile, invariant=True)
+                assert out.shape == (m, n) and out.dtype == torch.bfloat16
+                # a value near zero may round to the next bf16 step in one of the two
+                torch.testing.assert_close(out, gated_gemv_ref(x, weight, b), **INTERPRETER_TOL)
+            residual = (torch.randn(m, k, generator=gen) * 3).to(device, torch.bfloat16)
+            norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
+            out, stream = rms_norm_gated_gemv(x, residual, norm_weight, 1e-5, weight, bias, tile, invariant=True)
+            want, want_stream = rms_norm_gated_gemv_ref(x, residual, norm_weight, 1e-5, weight, bias)
+            torch.testing.assert_close(out, want, **tol(device))
+            torch.testing.assert_close(stream, want_stream, **tol(device))
+            w1, b1 = weight[:n].contiguous(), bias[:n].contiguous()
+            out_res = (torch.randn(m, n, generator=gen) * 3).to(device, torch.bfloat16)
+            out_nw = (1 + 0.1 * torch.randn(n, generator=gen)).to(device, torch.bfloat16)
+            for b in (None, b1):
+                normed, h = gemv_add_norm(x, w1, b, out_res, out_nw, 1e-5, tile, invariant=True)
+                want, want_h = gemv_add_norm_ref(x, w1, b, out_res, out_nw, 1e-5)
+                torch.testing.assert_close(h, want_h, **tol(device))
+                torch.testing.assert_close(normed, want, **tol(device))
+                assert int(gemv_module._tail_counter(x.device).sum().item()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k", [(1536, 576), (576, 1536), (576, 576), (4096, 4096), (14336, 4096)])
+def test_invariant_epilogue_rows_equal_single_row_bits(n, k):
+    """The invariant tile's gated MLP and norm tail, with the tiles routing gives them: each row of
+    an M-row call has exactly the bits of a 1-row call."""
+    from engine.routing import INVARIANT_GATED_TILE, invariant_tile
+
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    x = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    res = torch.randn(16, k, device="cuda", generator=g).to(torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    w2 = (torch.randn(2 * n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    out_res = torch.randn(16, n, device="cuda", generator=g).to(torch.bfloat16)
+    out_nw = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(torch.bfloat16)
+    tile, gated = invariant_tile((n, k)), INVARIANT_GATED_TILE
+    ops = {
+        "gated_gemv": lambda a, b: gated_gemv(x[a:b], w2, None, gated, invariant=True),
+        "rms_norm_gated_gemv": lambda a, b: torch.cat(
+            rms_norm_gated_gemv(x[a:b], res[a:b], nw, 1e-5, w2, None, gated, invariant=True), 1),
+        "gemv_add_norm": lambda a, b: torch.cat(
+            gemv_add_norm(x[a:b], w, None, out_res[a:b], out_nw, 1e-5, tile, invariant=True), 1),
+    }
+    for name, op in ops.items():
+        singles = torch.cat([op(i, i + 1) for i in range(16)])
+        for m in (2, 6, 9, 16):
+            assert torch.equal(op(0, m), singles[:m]), (name, m)
+    assert int(gemv_module._tail_counter(x.device).sum().item()) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("n,k", [(960, 576), (3072, 576), (576, 1536), (4096, 4096), (200, 1000)])
