@@ -10,11 +10,6 @@ graphs over weight copies larger than L2 (bench_gemv.time_graph), and checks tha
 rows are the same bits at every row count.
 
     python benchmarks/bench_invariant_tiles.py --out invariant_tiles.json
-    python benchmarks/bench_invariant_tiles.py --epilogues --out invariant_epilogues.json
-
---epilogues times the gated MLP launch (gate_up with silu(gate) * up) and the norm tail (o_proj
-or down with the residual add and the next RMSNorm) on invariant tiles against their one-row
-launches, per shape.
 """
 
 from __future__ import annotations
@@ -31,9 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gemv import SHAPES, make_inputs, time_graph  # noqa: E402
-from engine.kernels.gemv import (  # noqa: E402
-    MAX_ROWS, GemvConfig, default_config, gated_gemv, gemv, gemv_add_norm,
-)
+from engine.kernels.gemv import MAX_ROWS, GemvConfig, default_config, gemv  # noqa: E402
 from engine.routing import invariant_tile, row_tile  # noqa: E402
 
 # (block_n, block_k, split_k, num_warps, num_stages, swap_ab)
@@ -42,15 +35,7 @@ TILES = [GemvConfig(*c) for c in [
     (32, 512, 1, 8, 3, False), (64, 256, 1, 8, 3, False),
     (64, 128, 1, 4, 3, True), (64, 256, 1, 4, 3, True), (128, 128, 1, 4, 3, True), (64, 256, 1, 4, 4, True),
     (128, 256, 1, 8, 3, True), (64, 512, 1, 4, 2, True), (32, 256, 1, 4, 3, True), (16, 512, 1, 4, 3, True),
-    # one or two K steps for short K, fewer warps for small tiles
-    (16, 1024, 1, 4, 1, True), (32, 1024, 1, 4, 1, True), (16, 1024, 1, 4, 1, False), (32, 512, 1, 4, 2, True),
-    (16, 256, 1, 2, 3, True), (32, 128, 1, 2, 3, True), (16, 128, 1, 2, 4, False), (64, 128, 1, 8, 3, True),
 ]]
-EPILOGUE_TILES = [GemvConfig(*c) for c in [
-    (16, 128, 1, 4, 4, False), (32, 128, 1, 4, 3, True), (16, 256, 1, 4, 3, True), (32, 256, 1, 4, 3, True),
-    (64, 256, 1, 4, 4, True), (16, 1024, 1, 4, 1, True), (32, 512, 1, 4, 2, True),
-]]
-EPILOGUE_SHAPES = {"gated": ("smol gate_up", "8b gate_up"), "tail": ("smol o_proj", "smol down", "8b o_proj", "8b down")}
 
 
 def label(cfg: GemvConfig) -> str:
@@ -68,53 +53,6 @@ def with_split(cfg: GemvConfig, n: int, k: int) -> GemvConfig:
     return GemvConfig(cfg.block_n, cfg.block_k, split, cfg.num_warps, cfg.num_stages, cfg.swap_ab)
 
 
-def epilogues(args) -> list[dict]:
-    """The gated launch and the norm tail on invariant tiles against their one-row launches."""
-    t0, results = time.time(), []
-    for kind, names in EPILOGUE_SHAPES.items():
-        for name in names:
-            n, k = SHAPES[name]
-            if kind == "gated":
-                n //= 2  # gate_up's rows: [gate; up], n outputs
-            inp = make_inputs(16, 2 * n if kind == "gated" else n, k)
-            ws, x16 = inp["weights"], inp["x"]
-            res16 = torch.randn(16, n, device="cuda", dtype=x16.dtype)
-            nw = 1 + 0.1 * torch.randn(n, device="cuda", dtype=x16.dtype)
-
-            def run(m, cfg, invariant, i):
-                w = ws[i % len(ws)]
-                if kind == "gated":
-                    return gated_gemv(x16[:m], w, None, cfg, invariant=invariant)
-                return gemv_add_norm(x16[:m], w, None, res16[:m], nw, 1e-5, cfg, invariant=invariant)
-
-            entry = {"kind": kind, "shape": name, "n": n, "k": k,
-                     "one_row_us": time_graph(lambda i: run(1, None if kind == "gated" else row_tile(k), False, i),
-                                              args.iters, args.calls), "tiles": []}
-            for cfg in [invariant_tile((n, k))] + EPILOGUE_TILES:
-                if time.time() - t0 > args.max_seconds:
-                    break
-                try:
-                    single = torch.cat([run(1, cfg, True, 0) if kind == "gated" else run(1, cfg, True, 0)[0]])
-                    six = run(6, cfg, True, 0) if kind == "gated" else run(6, cfg, True, 0)[0]
-                    same = bool(torch.equal(six[:1], single))
-                    us = {m: time_graph(lambda i, m=m: run(m, cfg, True, i), args.iters, args.calls) for m in (1, 6, 16)}
-                except Exception as e:
-                    entry["tiles"].append({"tile": label(cfg), "error": repr(e)[:200]})
-                    continue
-                entry["tiles"].append({"tile": label(cfg), "us_1": us[1], "us_6": us[6], "us_16": us[16],
-                                       "vs_one_row": entry["one_row_us"] / us[1], "row0_invariant": same})
-            ok = [t for t in entry["tiles"] if "us_1" in t]
-            b = min(ok, key=lambda t: t["us_1"]) if ok else None
-            entry["best_m1"] = b
-            results.append(entry)
-            print(f"{kind:5s} {name:14s} one-row {entry['one_row_us']:7.2f} us; routing's tile "
-                  f"{ok[0]['us_1'] if ok else 0:7.2f}; best {b['tile'] if b else '-'} {b['us_1'] if b else 0:7.2f} "
-                  f"(6 rows {b['us_6'] if b else 0:.2f})", flush=True)
-            del inp, ws
-            torch.cuda.empty_cache()
-    return results
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -123,12 +61,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--max-seconds", type=float, default=400)
     ap.add_argument("--no-sweep", action="store_true", help="the engine's invariant tile only, no sweep")
-    ap.add_argument("--epilogues", action="store_true", help="the gated launch and the norm tail instead")
     args = ap.parse_args()
-    if args.epilogues:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                        "results": epilogues(args)}, indent=1))
-        return
     t0 = time.time()
     results = []
     names = [s for s in SHAPES if not args.only or any(o in s for o in args.only.split(","))]

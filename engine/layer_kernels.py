@@ -105,14 +105,13 @@ class FusedLayerKernels(LayerKernels):
         shape = tuple(gate_up.weight.shape)
         if not routing.is_gated(self.options, self.mode, rows.shape[0], shape, rows.dtype, self.each_row):
             return super().mlp(x, residual, norm, mlp)
-        tile, pdl = routing.gated_tile(self.options, shape, self.mode), self.options.pdl
-        if routing.norm_tile(self.options, self.mode, rows.shape[0], shape, self.each_row) == UNFUSED \
-                or isinstance(x, Normed):
+        tile, pdl = routing.gated_tile(self.options, shape), self.options.pdl
+        if routing.norm_tile(self.options, ROW, 1, shape) == UNFUSED or isinstance(x, Normed):
             h, stream = self.add_norm(x, residual, norm)
-            act = gated_gemv(h, gate_up.weight, gate_up.bias, tile, pdl=pdl, invariant=self.invariant)
+            act = gated_gemv(h, gate_up.weight, gate_up.bias, tile, pdl=pdl)
         else:
             act, stream = rms_norm_gated_gemv(x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, tile,
-                                              pdl=pdl, invariant=self.invariant)
+                                              pdl=pdl)
         down = self.ending(stream, then)
         return (down(act, mlp.down_proj) if down else self.project(act, mlp.down_proj, "down")), stream
 
@@ -127,11 +126,11 @@ class FusedLayerKernels(LayerKernels):
             return None
 
         def project(x: torch.Tensor, linear: torch.nn.Linear) -> "torch.Tensor | Normed":
-            tile = routing.tail_tile(self.options, tuple(linear.weight.shape), self.mode)
+            tile = routing.tail_tile(self.options, tuple(linear.weight.shape))
             if tile is None:
                 return self.project(x, linear, "o_proj")  # o_proj and down route alike
             return Normed(*gemv_add_norm(x, linear.weight, linear.bias, residual, norm.weight, norm.eps, tile,
-                                         pdl=self.options.pdl, invariant=self.invariant), norm)
+                                         pdl=self.options.pdl), norm)
 
         return project
 

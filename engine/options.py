@@ -60,10 +60,6 @@ class KernelOptions:
     # program where that norm would be a launch of its own (1.010x on the 8B shape).
     # LOCALCHAT_NORM_TAIL=0: the norms launch apart.
     norm_tail: bool = True
-    # With batch_invariant, the gated MLP and the norm tails above run on the tensor-core tiles too,
-    # so that a draft-loaded target launches what one without a draft launches.
-    # LOCALCHAT_INVARIANT_EPILOGUES=0: gate_up, the activation and the norms apart, as before.
-    invariant_epilogues: bool = True
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -111,7 +107,6 @@ class KernelOptions:
             token_attention=_flag(env, "LOCALCHAT_TOKEN_ATTENTION"),
             qkv_gemv=_row_gemv(env.get("LOCALCHAT_ROW_GEMV", "")),
             gated_mlp=_flag(env, "LOCALCHAT_GATED_MLP"), norm_tail=_flag(env, "LOCALCHAT_NORM_TAIL"),
-            invariant_epilogues=_flag(env, "LOCALCHAT_INVARIANT_EPILOGUES"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),

@@ -209,68 +209,35 @@ def down_tile(options: KernelOptions, mode: str, rows: int, shape: tuple[int, in
     return fused_tile(options, _table_mode(mode, rows, each_row), "silu_mul_gemv", *shape)
 
 
-# The INVARIANT set's epilogues, on tensor-core tiles: the gated MLP (two weight tiles a K step,
-# 32 gate and 32 up rows a program: 64 of each ran out of shared memory at K = 4096) and the norm
-# tail (the projection's invariant tile). They pay only where the projections are large: on an
-# H200 the 8B's gated gate_up took 61.6 us against 59.4 for gate_up alone plus the activation's
-# launch, while SmolLM2's took 3.4 against 2.3, and the demo-shaped invariant step with them was
-# slower (1 row 0.654 against 0.641 ms, 6 rows 0.837 against 0.772; benchmarks/bench_invariant_tiles.py
-# --epilogues, profile_decode.py; docs/performance.md).
-INVARIANT_GATED_TILE = GemvConfig(32, 256, 1, 4, 3, swap_ab=True)
-INVARIANT_EPILOGUE_MIN_BYTES = EACH_ROW_MAX_BYTES
-
-
-def _large(shape: tuple[int, int]) -> bool:
-    return shape[0] * shape[1] * 2 > INVARIANT_EPILOGUE_MIN_BYTES
-
-
-def _epilogues(options: KernelOptions, mode: str, rows: int, dtype: torch.dtype, each_row: bool) -> bool:
-    # The epilogues (gated MLP, norm tail) serve this step: bf16 rows of the ROW set on the one-row
-    # kernel, or of the INVARIANT set on its tensor-core tiles (invariant_epilogues; large weights
-    # only, which the callers check).
-    if dtype != torch.bfloat16:
-        return False
-    if mode == ROW:
-        return _one_row(rows, each_row)
-    return mode == INVARIANT and options.invariant_epilogues and rows <= MAX_ROWS
-
-
 def is_gated(options: KernelOptions, mode: str, rows: int, gate_up_shape: tuple[int, int],
              dtype: torch.dtype, each_row: bool = False) -> bool:
     """Whether an MLP runs as gated_gemv (gate_up with silu(gate) * up in its epilogue) and a plain
-    down GEMV over I values: bf16 rows of the ROW set on the one-row kernel, or of the INVARIANT
-    set, unless row_tiles sends gate_up to cuBLAS (silu_mul_gemv recomputed the activation of all
-    I columns in each of its programs)."""
-    return (options.gated_mlp and _epilogues(options, mode, rows, dtype, each_row)
-            and options.row_tile(gate_up_shape) != CUBLAS and (mode != INVARIANT or _large(gate_up_shape)))
+    down GEMV over I values: bf16 rows of the ROW set on the one-row kernel, unless row_tiles sends
+    gate_up to cuBLAS (silu_mul_gemv recomputed the activation of all I columns in each of its
+    programs)."""
+    return (options.gated_mlp and mode == ROW and _one_row(rows, each_row) and dtype == torch.bfloat16
+            and options.row_tile(gate_up_shape) != CUBLAS)
 
 
-def gated_tile(options: KernelOptions, gate_up_shape: tuple[int, int], mode: str = ROW) -> GemvConfig | None:
-    """The gated launch's tile (block_n: gate rows, and as many up rows); None: gemv.gated_config.
-    INVARIANT: INVARIANT_GATED_TILE."""
-    if mode == INVARIANT:
-        return INVARIANT_GATED_TILE
+def gated_tile(options: KernelOptions, gate_up_shape: tuple[int, int]) -> GemvConfig | None:
+    """The gated launch's tile (block_n: gate rows, and as many up rows); None: gemv.gated_config."""
     return options.row_tile(gate_up_shape)
 
 
 def carries_norm(options: KernelOptions, mode: str, rows: int, dtype: torch.dtype, next_role: str,
                  next_shape: tuple[int, int], each_row: bool = False) -> bool:
     """Whether a sublayer's last projection (o_proj, down) ends with the residual add and the next
-    RMSNorm in its last program (gemv_add_norm): a bf16 step of the ROW set on the one-row kernel
-    or of the INVARIANT set, where that norm would otherwise be a launch of its own: before
-    lm_head, or before a projection (next_role, of weight next_shape) whose norm FUSED_TILES keeps
-    apart."""
-    if not (options.norm_tail and _epilogues(options, mode, rows, dtype, each_row)):
+    RMSNorm in its last program (gemv_add_norm): a bf16 step of the ROW set on the one-row kernel,
+    where that norm would otherwise be a launch of its own: before lm_head, or before a projection
+    (next_role, of weight next_shape) whose norm FUSED_TILES keeps apart."""
+    if not (options.norm_tail and mode == ROW and _one_row(rows, each_row) and dtype == torch.bfloat16):
         return False
-    return next_role == "lm_head" or norm_tile(options, mode, 1 if mode == ROW else rows, next_shape) == UNFUSED
+    return next_role == "lm_head" or norm_tile(options, ROW, 1, next_shape) == UNFUSED
 
 
-def tail_tile(options: KernelOptions, shape: tuple[int, int], mode: str = ROW) -> GemvConfig | None:
-    """gemv_add_norm's tile for an o_proj or down of weight `shape` that carries the next norm
-    (INVARIANT: the invariant tile, for large weights); None: the plain projection instead
-    (cuBLAS by row_tiles, a split-K tile: the tail needs whole columns in one program, or a small
-    weight of the INVARIANT set)."""
-    if mode == INVARIANT:
-        return invariant_tile(shape) if _large(shape) else None
+def tail_tile(options: KernelOptions, shape: tuple[int, int]) -> GemvConfig | None:
+    """gemv_add_norm's tile for a one-row o_proj or down of weight `shape` that carries the next
+    norm; None: the plain projection instead (cuBLAS by row_tiles, or a split-K tile: the tail
+    needs whole columns in one program)."""
     tile = options.row_tile(shape) or row_tile(shape[1])
     return None if tile == CUBLAS or tile.split_k != 1 else tile

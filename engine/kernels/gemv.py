@@ -278,12 +278,9 @@ def _kernels():
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
         LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWAP_AB: tl.constexpr,
-        GATED: tl.constexpr, NORM_TAIL: tl.constexpr, N_POW2: tl.constexpr,
     ):
         """Tensor-core tiles over BLOCK_M (>= 16) padded rows: each row's result comes from the
-        same dot instructions whatever the other rows hold. GATED and NORM_TAIL as in row_kernel
-        (no split-K): the gate and up tiles take a dot each; the norm tail's last program norms
-        the rows one after the other, each with the code a lone row would run."""
+        same dot instructions whatever the other rows hold."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
@@ -293,18 +290,14 @@ def _kernels():
         w_rows = tl.where(n_ok, offs_n, 0)
         k_start = pid_k * K_PER_SPLIT
         if USE_PDL:
-            prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, GATED, LINE, PREFETCH_LINES)
+            prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, False, LINE, PREFETCH_LINES)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        dtype = out_ptr.dtype.element_ty
-        if NORM_TAIL:  # requested now, used after the K loop
-            res_tail = tl.load(res_ptr + rows[:, None] * stride_res + offs_n[None, :],
-                               mask=row_ok[:, None] & n_ok[None, :], other=0.0)
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
         if PROLOGUE == 1:
             # The norm needs the whole row's mean square first: a pass over K (L2-resident).
             sq = tl.zeros([BLOCK_M], tl.float32)
-            for k0 in range(0, K_PER_SPLIT * SPLIT_K, BLOCK_K):  # constexpr bounds; steps past K masked
+            for k0 in range(0, K, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 mask = row_ok[:, None] & (offs_k < K)[None, :]
                 h = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
@@ -315,23 +308,16 @@ def _kernels():
             inv_rms = tl.rsqrt(sq / K + eps)
         if SWAP_AB:
             acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-            acc_t_up = tl.zeros([BLOCK_N if GATED else 16, BLOCK_M], tl.float32)
         else:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            acc_up = tl.zeros([BLOCK_M, BLOCK_N if GATED else 16], tl.float32)
         for kk in range(0, K_PER_SPLIT, BLOCK_K):
             offs_k = k_start + kk + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 k_ok = offs_k < K_PER_SPLIT * SPLIT_K
                 w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
-                if GATED:
-                    w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :])
             else:
                 k_ok = offs_k < K
                 w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :], other=0.0)
-                if GATED:
-                    w_up = tl.load(w_ptr + (w_rows + N)[:, None] * stride_w + offs_k[None, :],
-                                   mask=k_ok[None, :], other=0.0)
             # a: the (BLOCK_M, BLOCK_K) fp32 left operand after the prologue
             mask = row_ok[:, None] & k_ok[None, :]
             x = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
@@ -355,35 +341,15 @@ def _kernels():
             if SWAP_AB:
                 if DOT_F32:
                     acc_t += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
-                    if GATED:
-                        acc_t_up += tl.dot(w_up.to(tl.float32), tl.trans(a), input_precision="ieee")
                 else:
                     acc_t += tl.dot(w, tl.trans(a.to(w.dtype)))
-                    if GATED:
-                        acc_t_up += tl.dot(w_up, tl.trans(a.to(w.dtype)))
             else:
                 if DOT_F32:
                     acc += tl.dot(a, tl.trans(w.to(tl.float32)), input_precision="ieee")
-                    if GATED:
-                        acc_up += tl.dot(a, tl.trans(w_up.to(tl.float32)), input_precision="ieee")
                 else:
                     acc += tl.dot(a.to(w.dtype), tl.trans(w))
-                    if GATED:
-                        acc_up += tl.dot(a.to(w.dtype), tl.trans(w_up))
         if SWAP_AB:
             acc = tl.trans(acc_t)
-            if GATED:
-                acc_up = tl.trans(acc_t_up)
-        if GATED:
-            # silu(gate) * up of this tile's columns, each rounded as the unfused ops round them
-            gate = acc
-            up = acc_up
-            if HAS_BIAS:
-                gate += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                up += tl.load(bias_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            gate = gate.to(dtype).to(tl.float32)
-            up = up.to(dtype).to(tl.float32)
-            acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
         out_mask = row_ok[:, None] & n_ok[None, :]
         if SPLIT_K > 1:
             # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
@@ -402,32 +368,10 @@ def _kernels():
                          acc.to(out_ptr.dtype.element_ty), mask=out_mask)
                 tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
         else:
-            if HAS_BIAS and not GATED:
+            if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            if NORM_TAIL:
-                h = (acc.to(dtype).to(tl.float32) + res_tail.to(tl.float32)).to(dtype)
-                tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_n[None, :], h, mask=out_mask)
-            else:
-                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(dtype), mask=out_mask)
-        if NORM_TAIL:
-            # The last program to finish reads every row's h back from L2 and norms it; the rows
-            # one by one, so that a row's bits do not depend on how many came with it.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-            if arrived == tl.num_programs(0) - 1:
-                tl.debug_barrier()
-                offs_h = tl.arange(0, N_POW2)
-                h_ok = offs_h < N
-                nw_h = tl.load(nw_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-                m = 0
-                while m < num_rows:  # a runtime bound: one row costs one pass
-                    hf = tl.load(new_res_ptr + m * stride_new_res + offs_h, mask=h_ok, other=0.0,
-                                 cache_modifier=".cg").to(tl.float32)
-                    inv_rms_h = tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)
-                    normed_h = (hf * inv_rms_h).to(dtype).to(tl.float32)
-                    tl.store(out_ptr + m * stride_out + offs_h, (normed_h * nw_h).to(dtype), mask=h_ok)
-                    m += 1
-                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+            tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
     return row_kernel, dot_kernel
 
@@ -440,17 +384,17 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     kernel and tile for every row count (the tensor-core path over MAX_ROWS rows, the config of a
     MAX_ROWS-row call), so row i's result does not depend on how many rows came with it either.
     gated and tail (gemv_add_norm: residual and norm_weight go to the epilogue; returns (normed, h))
-    run on either kernel, without split-K. pdl: programmatic dependent launch (KernelOptions.pdl)."""
+    run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl)."""
     num_rows = x.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
     assert bias is None or bias.shape == (weight.shape[0],)
-    assert not (invariant and each_row), "each_row is the one-row kernel, invariant the tensor-core tile"
+    assert not (invariant and (each_row or gated or tail)), "the tensor-core tile runs no each_row, gated or tail"
     rows_kernel = not invariant and (num_rows == 1 or each_row or gated or tail)
     n = weight.shape[0] // 2 if gated else weight.shape[0]  # gated: [gate; up] rows, n outputs
     if gated:
         assert prologue != SILU_MUL and weight.shape[0] % 2 == 0
-        cfg = config or (default_config(MAX_ROWS, n, k) if invariant else gated_config(n, k))
+        cfg = config or gated_config(n, k)
         assert cfg.split_k == 1, "gated launches do not split K"
     else:
         cfg = config or default_config(1 if rows_kernel else (MAX_ROWS if invariant else num_rows), n, k,
@@ -502,8 +446,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     else:
         block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
         dot_kernel[(tiles, cfg.split_k)](*args, DOT_F32=x.dtype == torch.float32 or interpreting, BLOCK_M=block_m,
-                                         SWAP_AB=cfg.swap_ab, GATED=gated, NORM_TAIL=tail,
-                                         N_POW2=next_pow2(n) if tail else 1, **common)
+                                         SWAP_AB=cfg.swap_ab, **common)
     return out, new_res
 
 
@@ -570,13 +513,12 @@ def silu_mul_gemv_ref(gate_up, weight, bias=None, config=None):
 
 
 def gated_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               config: GemvConfig | None = None, pdl: bool = True, invariant: bool = False) -> torch.Tensor:
+               config: GemvConfig | None = None, pdl: bool = True) -> torch.Tensor:
     """silu(x @ gate.T) * (x @ up.T), (M, I), where weight (2I, K) = [gate; up] as the MLP's
     gate_up projection holds them. One launch; the down projection then reads I values instead of
     2I and computes no activation (silu_mul_gemv's prologue recomputes it in every program). The
-    one-row kernel, row by row (each row's bits as if it came alone); invariant: the tensor-core
-    tile, the same for every row count."""
-    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, invariant, gated=True, pdl=pdl)[0]
+    one-row kernel, row by row (each row's bits as if it came alone)."""
+    return _launch(NONE, x, None, None, 0.0, weight, bias, x.shape[1], config, gated=True, pdl=pdl)[0]
 
 
 def gated_gemv_ref(x, weight, bias=None, config=None):
@@ -586,11 +528,9 @@ def gated_gemv_ref(x, weight, bias=None, config=None):
 
 def rms_norm_gated_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor, bias: torch.Tensor | None = None,
-                        config: GemvConfig | None = None, pdl: bool = True,
-                        invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        config: GemvConfig | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm then gated_gemv, in one launch: (silu(h @ gate.T) * (h @ up.T), x + residual)."""
-    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant, gated=True,
-                   pdl=pdl)
+    return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, gated=True, pdl=pdl)
 
 
 def rms_norm_gated_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
@@ -601,17 +541,16 @@ def rms_norm_gated_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, co
 
 def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                   norm_weight: torch.Tensor, eps: float,
-                  config: GemvConfig | None = None, pdl: bool = True,
-                  invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  config: GemvConfig | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """gemv, then add_rms_norm of its output and residual, in one launch: returns
     (rms_norm(h) * norm_weight, h) with h = x @ weight.T (+ bias) + residual, each rounded as the
     two ops round. x (M, K); weight (N, K); residual (M, N); norm_weight (N,). The one-row kernel,
-    row by row, or (invariant) the tensor-core tile. No split-K (config None: the built-in tile
-    without its split). Each program adds the residual to its columns and stores h; the last
-    program to finish reads h back (N values a row, from L2) and writes the normed rows, in place
-    of a separate norm launch that would read them after a kernel boundary."""
-    return _launch(NONE, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant, tail=True,
-                   pdl=pdl)
+    row by row. No split-K (config
+    None: the built-in one-row tile without its split). Each
+    program adds the residual to its columns and stores h; the last program to finish reads h back
+    (N values, from L2) and writes the normed row, in place of a separate norm launch that would
+    read it after a kernel boundary (one row after the other)."""
+    return _launch(NONE, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, tail=True, pdl=pdl)
 
 
 def gemv_add_norm_ref(x, weight, bias, residual, norm_weight, eps, config=None):
