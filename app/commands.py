@@ -133,7 +133,8 @@ def _report(args, engine, text: str, ids: list[int], stats, finish_reason: str) 
     on stderr."""
     if args.json:
         print(json.dumps({"text": text, "token_ids": ids, "finish_reason": finish_reason,
-                          "model": engine.model_name, "weights": engine.weights, "draft": engine.draft_name,
+                          "model": engine.model_name, "weights": engine.weights,
+                          "runs_as": getattr(engine, "runs_as", ""), "draft": engine.draft_name,
                           "stats": stats.to_json() if stats else None}))
         return
     sys.stdout.write("\n")

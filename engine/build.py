@@ -97,6 +97,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
             speculator.capture(defer=defer_capture)
     engine = cls(runner, loaded.tokenizer, src.name, speculator, draft_name)
     engine.weights = loaded.weights  # the checkpoint's weight format, for run --json
+    engine.runs_as = loaded.runs_as  # what its projections run in: that format decoded in place, or bf16
     t_end = time.perf_counter()
     engine.load_s = t_end - t0
     engine.load_phases = {k: round(v, 3) for k, v in (

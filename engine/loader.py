@@ -20,7 +20,7 @@ from engine.model import CausalLM
 from engine.ops import Ops
 from engine.options import KernelOptions
 from engine.weights.prepared import is_current, prepared_weights, write_prepared
-from engine.weights.quantized import dequantized, packed_linears
+from engine.weights.quantized import dequantized, keeps_packed, packed_linears
 from engine.tokenizer import Tokenizer
 from engine.weights.load import load_weights
 from engine.uninitialized import build_uninitialized
@@ -35,9 +35,11 @@ class LoadedModel:
     tokenizer: Tokenizer
     config: ModelConfig
     source: Path
-    # The checkpoint's weight format: "bf16", "Q4_K_M", "AWQ-int4-g128". For now every format is
-    # dequantized at load to the model's dtype; the kernels that decode packed weights come later.
+    # The checkpoint's weight format: "bf16", "Q4_K_M", "AWQ-int4-g128".
     weights: str
+    # What the decoder layers' projections run in: the checkpoint's format where a GPU decodes it in
+    # place (packed_weights), else the dtype it was dequantized to ("bf16", "fp32").
+    runs_as: str = ""
 
 
 def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dtype: torch.dtype,
@@ -45,6 +47,30 @@ def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dt
     model = build_uninitialized(lambda: CausalLM(cfg, max_len, Ops.for_device(device, options)), device, dtype)
     load_weights(model, tensors, source)
     return model.eval().requires_grad_(False)
+
+
+def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptions) -> bool:
+    """Whether this load keeps quantized projections packed: CUDA with Triton, a 16-bit model,
+    KernelOptions.packed_weights."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or not options.packed_weights:
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def _keep(device: torch.device):
+    """The packed tensors a packing load keeps: decoder-layer projections (FP8 where the GPU has it)."""
+    fp8 = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    return lambda name, p: keeps_packed(name) and (p.format != "FP8" or fp8)
+
+
+def _runs_as(model: torch.nn.Module, label: str, dtype: torch.dtype) -> str:
+    from engine.packed_linear import PackedLinear
+
+    if any(isinstance(m, PackedLinear) for m in model.modules()):
+        return label
+    return _DTYPE_LABELS.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len: int | None,
@@ -59,11 +85,13 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
     matrices: Counter = Counter()
     tensors = _counting_matrices(iter_tensors(files), matrices)
     if cfg.quantization is not None:
-        tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name))
+        keep = _keep(device) if packs_weights(device, dtype, options) else None
+        tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name), keep)
     model = build_model(cfg, tensors, folder.name, device, dtype, max_len, options)
     eos = _generation_eos(folder) or cfg.eos_token_ids
     weights = cfg.quantization.label if cfg.quantization else _dtype_label(matrices)
-    return LoadedModel(model, Tokenizer.from_folder(folder, eos), cfg, folder, weights)
+    return LoadedModel(model, Tokenizer.from_folder(folder, eos), cfg, folder, weights,
+                       _runs_as(model, weights, dtype))
 
 
 def _counting_matrices(tensors: Iterable[tuple[str, torch.Tensor]], counts: Counter
@@ -89,6 +117,9 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     (config, the dequantized tensors in `dtype`, the converted tokenizer) and later loads read that
     instead while the file is unchanged: parsing the GGUF vocabulary and dequantizing cost
     seconds at every start (engine/weights/prepared.py)."""
+    packed = packs_weights(device, dtype, options)
+    if packed:
+        prepared_dir = None  # the prepared copy holds dequantized weights; a packing load reads the blocks
     if prepared_dir is not None and is_current(prepared_dir, path, dtype):
         loaded = load_folder(prepared_dir, device, dtype, max_len, options)
         return dataclasses.replace(loaded, weights=prepared_weights(prepared_dir))
@@ -99,8 +130,9 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     check_gguf_types(reader, path)
     weights = gguf_weights_label(reader)
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
-    # Quantized tensors arrive as their blocks and are dequantized one at a time, on every device for now.
-    tensors = dequantized(iter_gguf_tensors(reader, raw))
+    # Quantized tensors arrive as their blocks; those a packing load keeps stay so, the rest are
+    # dequantized one at a time.
+    tensors = dequantized(iter_gguf_tensors(reader, raw), _keep(device) if packed else None)
     if prepared_dir is not None:
         tensors = dict(tensors)
     model = build_model(cfg, iter(tensors.items()) if isinstance(tensors, dict) else tensors, path.name,
@@ -108,7 +140,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     tok = Tokenizer.from_folder(path.parent, cfg.eos_token_ids, gguf_file=path.name)
     if prepared_dir is not None:
         write_prepared(prepared_dir, path, raw, tensors, tok, dtype, weights, log)
-    return LoadedModel(model, tok, cfg, path, weights)
+    return LoadedModel(model, tok, cfg, path, weights, _runs_as(model, weights, dtype))
 
 
 def _generation_eos(folder: Path) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from engine.layers import GatedMLP, RMSNorm
 from engine.kernels.attention import MAX_INVARIANT_ROWS
 from engine.layer_kernels import Normed, rows_of
 from engine import routing
+from engine.packed_linear import is_packed_layer, share_packed
 from engine.ops import Ops
 from engine.options import KernelOptions
 from engine.rope import apply_rope, rope_cos_sin
@@ -106,7 +107,9 @@ class DecoderLayer(nn.Module):
         may run in its last program (the output is then a Normed: LayerKernels.ending)."""
         rows = rows_of(x)
         each_row = routing.each_row_layer(self.ops.options, self.shapes, rows.dtype)
-        kernels = self.ops.layer_kernels(rows, batch, each_row)  # fused norm + projection launches, or not
+        packed = is_packed_layer(self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj,
+                                 self.mlp.down_proj)
+        kernels = self.ops.layer_kernels(rows, batch, each_row, packed)  # fused norm + projection launches, or not
         qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, role="qkv")
         if stream_in is not None:
             stream_in.append(residual)
@@ -171,6 +174,7 @@ class CausalLM(nn.Module):
         ops = Ops.for_device(self.lm_head.weight.device, options)
         twin = build_uninitialized(lambda: CausalLM(self.config, self.cos_sin.shape[0], ops), torch.device("meta"),
                                    self.lm_head.weight.dtype)
+        share_packed(self, twin)  # its quantized projections, as this model holds them
         twin.load_state_dict(self.state_dict(), assign=True)
         twin.cos_sin = self.cos_sin
         return twin.eval().requires_grad_(False)

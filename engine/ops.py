@@ -18,6 +18,7 @@ from engine.kernels.pick import greedy_next
 from engine.kernels.rope import rope_and_cache
 from engine.layer_kernels import FusedLayerKernels, LayerKernels
 from engine.options import KernelOptions
+from engine.packed_linear import PackedLinear
 from engine.routing import CUBLAS, DRAFT, UNFUSED
 
 
@@ -87,13 +88,14 @@ class Ops:
             return self.rope_attention
         return None
 
-    def layer_kernels(self, x: torch.Tensor, batch, each_row: bool = False) -> LayerKernels:
+    def layer_kernels(self, x: torch.Tensor, batch, each_row: bool = False, packed: bool = False) -> LayerKernels:
         """The kernels a decoder layer runs on x (T, H) for `batch`: the one place that picks
         fused norm/activation + projection launches (CUDA with Triton, bf16, a decode or verify
-        step: routing.layer_mode) or the unfused ops (CPU, prefill, packed forwards). each_row:
+        step: routing.layer_mode) or the unfused ops (CPU, prefill, packed forwards, a layer whose
+        projections are quantized: `packed`, since the fused kernels read bf16 weights). each_row:
         the layer's weights are small enough for the one-row set row by row
         (routing.each_row_layer)."""
-        if self.fused_row is None:
+        if self.fused_row is None or packed:
             return self._unfused
         mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row)
         if mode == routing.ROW:
@@ -108,7 +110,10 @@ class Ops:
 
 def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: torch.nn.Linear,
                   role: str) -> torch.Tensor:
-    """linear(x) on cuBLAS or our GEMV, as routing.linear_route picks for (mode, role)."""
+    """linear(x) on cuBLAS or our GEMV, as routing.linear_route picks for (mode, role); a
+    PackedLinear decodes its own weight (packed_gemv)."""
+    if isinstance(linear, PackedLinear):
+        return linear(x)
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)
     if route.kernel == CUBLAS:
         return linear(x)

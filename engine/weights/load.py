@@ -51,10 +51,15 @@ def _summary(names: list[str], limit: int = 4) -> str:
 @torch.no_grad()
 def load_weights(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
     """Copies every tensor into the parameter `model.checkpoint_target(name)` names and checks
-    that nothing is missing, left over or of the wrong shape."""
+    that nothing is missing, left over or of the wrong shape. A PackedWeight (kept quantized by
+    the loader) for an nn.Linear's weight waits for the other parts of its projection (q, k, v;
+    gate, up); then one PackedLinear over them all takes the nn.Linear's place."""
+    from engine.weights.packed import PackedWeight
+
     params = dict(model.named_parameters())
     filled: dict[str, int] = {name: 0 for name in params}  # rows filled, for fused projections
     unexpected: list[str] = []
+    parts: dict[str, list[tuple[int, PackedWeight]]] = {}  # weight name -> (row offset, part)
     for name, tensor in tensors:
         target = model.checkpoint_target(name)
         if target is None:
@@ -68,8 +73,19 @@ def load_weights(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tens
         if tuple(dest.shape) != tuple(tensor.shape):
             raise ModelLoadError(
                 f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}")
+        if isinstance(tensor, PackedWeight):
+            parts.setdefault(pname, []).append((max(offset, 0), tensor))
+            filled[pname] += dest.shape[0]
+            if sum(p.shape[0] for _, p in parts[pname]) == param.shape[0]:  # every part of it packed
+                _pack_linear(model, pname, [p for _, p in sorted(parts.pop(pname), key=lambda t: t[0])], param.device)
+            continue
         dest.copy_(tensor)
         filled[pname] += dest.shape[0] if dest.dim() else 1
+    for pname, waiting in parts.items():  # a projection with a float part too: all of it as floats
+        from engine.weights.packed import dequantize
+
+        for offset, p in waiting:
+            params[pname][offset:offset + p.shape[0]].copy_(dequantize(p))
     missing = [n for n, p in params.items() if filled[n] != (p.shape[0] if p.dim() else 1)]
     if unexpected or missing:
         parts = []
@@ -78,3 +94,17 @@ def load_weights(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tens
         if unexpected:
             parts.append(f"unexpected tensors: {_summary(unexpected)}")
         raise ModelLoadError(f"{source}: checkpoint does not match the model ({'; '.join(parts)})")
+
+
+def _pack_linear(model: torch.nn.Module, pname: str, parts: list, device: torch.device) -> None:
+    """Replaces the nn.Linear whose weight is `pname` by a PackedLinear over `parts` (its bias, if
+    any, stays the same parameter, loaded as usual)."""
+    from engine.packed_linear import PackedLinear
+    from engine.weights.grouped import from_packed
+
+    path, _, leaf = pname.rpartition(".")
+    assert leaf == "weight", pname
+    parent_path, _, attr = path.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    old = getattr(parent, attr)
+    setattr(parent, attr, PackedLinear(from_packed(parts).to(device), old.bias))

@@ -3,7 +3,8 @@ into one PackedWeight named `<layer>.weight`, and the step that dequantizes pack
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+import re
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -60,8 +61,22 @@ def _pack(quant: QuantConfig, parts: dict[str, torch.Tensor], where: str) -> Pac
     return fp8_weight(parts["weight"], parts["weight_scale"], where)
 
 
-def dequantized(tensors: Tensors) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every PackedWeight replaced by the float32 weight it stands for (the CPU path, and for now
-    every device's): one at a time, so only one layer is ever held twice."""
+# The weights a GPU keeps quantized: the projections of the decoder layers (embeddings, lm_head and
+# norms are read as floats).
+_LAYER_LINEAR = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+
+
+def keeps_packed(name: str) -> bool:
+    """Whether a packed tensor of this checkpoint name stays packed where the device runs packed
+    weights (a decoder layer's projection)."""
+    return bool(_LAYER_LINEAR.search(name))
+
+
+def dequantized(tensors: Tensors, keep: Callable[[str, PackedWeight], bool] | None = None
+                ) -> Iterator[tuple[str, "torch.Tensor | PackedWeight"]]:
+    """Every PackedWeight replaced by the float32 weight it stands for, one at a time (so only one
+    layer is ever held twice), except those `keep` keeps (a GPU that decodes them in place)."""
     for name, tensor in tensors:
-        yield name, dequantize(tensor) if isinstance(tensor, PackedWeight) else tensor
+        if isinstance(tensor, PackedWeight) and not (keep is not None and keep(name, tensor)):
+            tensor = dequantize(tensor)
+        yield name, tensor

@@ -153,3 +153,31 @@ def test_a_type_gguf_cannot_read_is_refused_in_one_line(work, tmp_path):
         Engine.load(str(path), device="cpu")
     msg = str(e.value)
     assert "\n" not in msg and "Q8_1" in msg and "blk.1.ffn_up.weight" in msg and "not supported" in msg
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K", "Q6_K", "Q8_0"])
+def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, monkeypatch):
+    """With packing on (a GPU's default; forced here on the CPU, where a PackedLinear dequantizes
+    for each call), every decoder-layer projection is a PackedLinear over the file's blocks, and
+    the logits and greedy tokens are those of the model dequantized at load, bit for bit; the
+    engine without its draft shares the packed weights."""
+    import engine.loader as loader
+    from engine.packed_linear import PackedLinear
+
+    path = _file(work, kind)
+    plain = Engine.load(str(path), device="cpu")
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options: True)
+    packed = Engine.load(str(path), device="cpu")
+    assert packed.weights == packed.runs_as == kind and plain.runs_as == "fp32"
+    layer = packed.runner.model.model.layers[0]
+    linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    assert all(isinstance(m, PackedLinear) and m.format == kind for m in linears)
+    assert not isinstance(packed.runner.model.lm_head, PackedLinear)
+    hidden = torch.randn(5, layer.self_attn.qkv_proj.in_features, generator=torch.Generator().manual_seed(0))
+    for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
+        ours, theirs = layer.get_submodule(name), plain.runner.model.model.layers[0].get_submodule(name)
+        assert torch.equal(ours(hidden), theirs(hidden)), name  # the same floats, bit for bit
+    assert _greedy(packed) == _greedy(plain)
+    twin = packed.runner.model.with_options(packed.runner.model.ops.options)
+    shared = twin.model.layers[0].self_attn.qkv_proj
+    assert isinstance(shared, PackedLinear) and shared.q.data_ptr() == layer.self_attn.qkv_proj.q.data_ptr()

@@ -1,0 +1,134 @@
+"""GroupedWeight (the GPU layout of every quantized format) decodes to the values of each format's
+own reference, and the packed GEMV kernel (Triton's interpreter on the CPU, the GPU when there is
+one) multiplies by them as the dequantize-at-load path does.
+
+The kernel tests run on the CPU only with LOCALCHAT_TRITON_INTERPRET=1 (run this file alone):
+    LOCALCHAT_TRITON_INTERPRET=1 python -m pytest tests/engine/test_grouped_weights.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import torch
+
+INTERPRET = os.environ.get("LOCALCHAT_TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from engine.weights.gguf_blocks import BLOCKS  # noqa: E402
+from engine.weights.grouped import (  # noqa: E402
+    FP8, INT8, NIBBLES, SIGNED_NIBBLES, dequantize_grouped, from_packed,
+)
+from engine.weights.packed import awq_weight, dequantize, fp8_weight, gguf_weight, gptq_weight  # noqa: E402
+from tests.tiny_gguf import random_blocks  # noqa: E402
+from tests.tiny_quant import awq_tensors, fp8_tensors, gptq_tensors  # noqa: E402
+
+# What each GGUF type's q values need: nibbles (unsigned or signed) or a byte.
+GGUF_STORAGE = {"Q4_0": SIGNED_NIBBLES, "Q4_1": NIBBLES, "Q5_0": INT8, "Q5_1": INT8, "Q8_0": INT8,
+                "Q2_K": NIBBLES, "Q3_K": SIGNED_NIBBLES, "Q4_K": NIBBLES, "Q5_K": INT8, "Q6_K": INT8}
+
+
+def _gguf(kind: str, rows: int, cols: int, seed: int):
+    rng = np.random.default_rng(seed)
+    return gguf_weight(kind, torch.from_numpy(random_blocks(kind, rows, cols, rng)), (rows, cols))
+
+
+def _int4(method: str, n: int, k: int, group: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    if method == "awq":
+        t, _ = awq_tensors(w, group)
+        return awq_weight(*(torch.from_numpy(t[x]) for x in ("qweight", "qzeros")),
+                          torch.from_numpy(t["scales"]).half(), group, "layer")
+    t, _ = gptq_tensors(w, group, sym=False, v2=method == "gptq_v2")
+    return gptq_weight(torch.from_numpy(t["qweight"]), torch.from_numpy(t["qzeros"]),
+                       torch.from_numpy(t["scales"]).half(), torch.from_numpy(t["g_idx"]), group,
+                       0 if method == "gptq_v2" else 1, "layer")
+
+
+def _fp8(n: int, k: int, per_channel: bool):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n)) * 0.1
+    t, _ = fp8_tensors(w, per_channel)
+    return fp8_weight(t["weight"], t["weight_scale"], "layer")
+
+
+def _packed_cases():
+    cases = [(f"gguf {k}", [_gguf(k, 8, 2 * BLOCKS[k][0], i)]) for i, k in enumerate(BLOCKS)]
+    cases += [(f"{m} g{g}", [_int4(m, 32, 256, g)]) for m in ("awq", "gptq", "gptq_v2") for g in (32, 64, 128)]
+    cases += [("fp8 per tensor", [_fp8(16, 64, False)]), ("fp8 per channel", [_fp8(16, 64, True)])]
+    # fused projections whose parts differ (a Q4_K_M file's q/k in Q4_K and v in Q6_K)
+    cases += [("Q4_K+Q6_K", [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2), _gguf("Q6_K", 4, 512, 3)]),
+              ("Q4_0+Q8_0", [_gguf("Q4_0", 8, 64, 4), _gguf("Q8_0", 8, 64, 5)])]
+    return cases
+
+
+CASES = _packed_cases()
+
+
+@pytest.mark.parametrize("name,parts", CASES, ids=[c[0] for c in CASES])
+def test_grouped_layout_decodes_to_the_formats_own_values(name, parts):
+    """Every value equal to the format's reference (itself equal to gguf's numpy dequantize bit for
+    bit: test_packed_gguf.py); only the sign of a zero may differ (q * s + o against (q - z) * s)."""
+    g = from_packed(parts)
+    want = torch.cat([dequantize(p) for p in parts])
+    got = dequantize_grouped(g)
+    assert got.dtype == torch.float32 and got.shape == want.shape == g.shape
+    assert torch.equal(got, want), float((got - want).abs().max())
+    if name.startswith("gguf "):
+        assert g.kind == GGUF_STORAGE[name[5:]]
+    if name.startswith("fp8"):
+        assert g.kind == FP8 and g.offset is None and g.group == g.shape[1]
+    # the bytes a step reads stay near the file's for the 4-bit formats (Q2_K and Q3_K take nibbles
+    # and a scale per 16: about 1.7x theirs)
+    if g.format in ("Q4_0", "Q4_1", "Q4_K", "AWQ", "GPTQ"):
+        assert g.nbytes <= 1.5 * sum(p.nbytes for p in parts), (g.nbytes, sum(p.nbytes for p in parts))
+
+
+def test_scales_stay_half_where_that_is_exact():
+    q40 = from_packed([_gguf("Q4_0", 8, 64, 0)])
+    assert q40.scale.dtype == torch.float16 and q40.offset is None  # d itself
+    q4k = from_packed([_gguf("Q4_K", 8, 256, 0)])
+    assert q4k.offset is not None  # d * sc and dmin * m: fp32 unless every product fits a half
+    assert from_packed([_int4("awq", 32, 256, 128)]).scale.dtype == torch.float16
+
+
+def test_an_fp8_part_beside_an_integer_one_is_refused():
+    with pytest.raises(ValueError):
+        from_packed([_fp8(16, 64, True), _gguf("Q8_0", 16, 64, 0)])
+
+
+# --- the kernel -------------------------------------------------------------------------------
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs CUDA")])
+CPU = pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1"))
+KERNEL_CASES = [c for c in CASES if c[0] in ("gguf Q4_0", "gguf Q4_1", "gguf Q4_K", "gguf Q6_K", "gguf Q8_0",
+                                               "awq g128", "gptq g32", "Q4_K+Q6_K", "fp8 per channel")]
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("name,parts", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
+def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
+    """1, 5 and 16 rows, with and without a bias, == the weight dequantized and rounded as a load
+    does, then F.linear; each row of the 16-row call has the bits of its 1-row call."""
+    from engine.kernels.packed_gemv import packed_gemv, packed_gemv_ref
+
+    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    g = from_packed(parts).to(device)
+    n, k = g.shape
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(n + k)
+    x = torch.randn(16, k, generator=gen).to(device, dtype)
+    bias = torch.randn(n, generator=gen).to(device, dtype)
+    tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+    for b in (None, bias):
+        singles = torch.cat([packed_gemv(x[i:i + 1], g, b) for i in range(16)])
+        for m in (1, 5, 16):
+            out = packed_gemv(x[:m], g, b)
+            assert out.shape == (m, n) and out.dtype == dtype
+            torch.testing.assert_close(out.float(), packed_gemv_ref(x[:m], g, b).float(), **tol)
+            assert torch.equal(out, singles[:m]), (name, m)
