@@ -1,11 +1,13 @@
-"""PackedLinear: a decoder layer's projection whose weight stays quantized on the GPU (a
-GroupedWeight), decoded inside the GEMV of each decode or verify step (kernels/packed_gemv.py).
+"""PackedLinear: a decoder layer's projection whose weight stays quantized on the GPU (one or more
+GroupedWeight row blocks), decoded inside the GEMV of each decode or verify step
+(kernels/packed_gemv.py).
 
 Steps of up to 16 rows run packed_gemv, batch-invariant like the bf16 tiles, so greedy
 speculation over a quantized target keeps the bits of its plain decoding. Longer steps (prefill)
 dequantize the weight for that one call and run a plain matmul. The layers that hold one run
 the unfused norm and activation launches (Ops.layer_kernels), since the fused kernels read a bf16
-weight.
+weight. A projection whose parts come in different formats (a Q4_K_M file's Q4_K q and k beside
+a Q6_K v) keeps a block per format, one launch each, each writing its columns of the output.
 """
 
 from __future__ import annotations
@@ -20,26 +22,34 @@ MAX_ROWS = 16
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, weight: GroupedWeight, bias: nn.Parameter | None = None):
+    def __init__(self, blocks: list[GroupedWeight], bias: nn.Parameter | None = None):
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.kind, self.group, self.format = weight.kind, weight.group, weight.format
-        self.register_buffer("q", weight.q)
-        self.register_buffer("scale", weight.scale)
-        self.register_buffer("offset", weight.offset)
+        assert blocks and all(b.shape[1] == blocks[0].shape[1] for b in blocks)
+        self.in_features = blocks[0].shape[1]
+        self.out_features = sum(b.shape[0] for b in blocks)
+        self._meta = [(b.kind, b.shape, b.group, b.format) for b in blocks]
+        for i, b in enumerate(blocks):
+            self.register_buffer(f"q{i}", b.q)
+            self.register_buffer(f"scale{i}", b.scale)
+            self.register_buffer(f"offset{i}", b.offset)
         self.bias = bias
+        self.format = "+".join(dict.fromkeys(b.format for b in blocks))
 
     @property
-    def grouped(self) -> GroupedWeight:
-        return GroupedWeight(self.kind, (self.out_features, self.in_features), self.group, self.q, self.scale,
-                             self.offset, self.format)
+    def blocks(self) -> list[GroupedWeight]:
+        return [GroupedWeight(kind, shape, group, getattr(self, f"q{i}"), getattr(self, f"scale{i}"),
+                              getattr(self, f"offset{i}"), fmt) for i, (kind, shape, group, fmt) in enumerate(self._meta)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
 
     def shared(self) -> "PackedLinear":
         """Another module over the same tensors (a model's twin under other kernel options)."""
-        return PackedLinear(self.grouped, self.bias)
+        return PackedLinear(self.blocks, self.bias)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize_grouped(self.grouped).to(dtype)
+        return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -47,7 +57,18 @@ class PackedLinear(nn.Module):
         if rows.is_cuda and 1 <= rows.shape[0] <= MAX_ROWS and rows.dtype in (torch.bfloat16, torch.float16):
             from engine.kernels.packed_gemv import packed_gemv
 
-            out = packed_gemv(rows if rows.stride(1) == 1 else rows.contiguous(), self.grouped, self.bias)
+            rows = rows if rows.stride(1) == 1 else rows.contiguous()
+            blocks = self.blocks
+            if len(blocks) == 1:
+                out = packed_gemv(rows, blocks[0], self.bias)
+            else:
+                out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
+                start = 0
+                for b in blocks:
+                    stop = start + b.shape[0]
+                    bias = None if self.bias is None else self.bias[start:stop]
+                    packed_gemv(rows, b, bias, out=out[:, start:stop])
+                    start = stop
         else:
             out = F.linear(rows, self.dequantized(rows.dtype), self.bias)
         return out.reshape(*lead, self.out_features)

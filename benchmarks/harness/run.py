@@ -51,7 +51,7 @@ def run_bench(args) -> int:
               # runners-up each draft gets in greedy verify steps (EAGLE-3; none when sampling)
               "draft_alternatives": list(alts) if any(alts) else None}
     bw = copy_bandwidth(dev)
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters()) + packed_bytes(engine)
     report.update(copy_bandwidth_GBps=bw / 1e9, weight_bytes=weight_bytes,
                   bandwidth_limit_tok_s=bw / weight_bytes if bw else None)
     prompts, report["prompt_set"] = bench_prompts(engine, args, system, file_prompts)
@@ -118,6 +118,13 @@ def time_settings(settings, prompts, args) -> dict[str, list[dict]]:
     return runs
 
 
+def packed_bytes(engine) -> int:
+    """The bytes of the model's packed (quantized) projections, which are buffers, not parameters."""
+    from engine.packed_linear import PackedLinear
+
+    return sum(m.nbytes for m in engine.runner.model.modules() if isinstance(m, PackedLinear))
+
+
 def same_tokens(runs: list[dict], base: list[dict]) -> int:
     """How many of the prompts' answers have exactly the tokens of `base`'s."""
     return sum(a["token_ids"] == b["token_ids"] for a, b in zip(runs, base))
@@ -131,7 +138,8 @@ def build_bench_engine(args, options=None):
 
         return load_engine(args, quiet=args.json)
     engine = random_engine(args.random_weights, args.device, args.max_seq_len, options, args.force_accept,
-                           args.draft_steps, not args.no_graphs, getattr(args, "threads", None))
+                           args.draft_steps, not args.no_graphs, getattr(args, "threads", None),
+                           getattr(args, "random_quant", None))
     if getattr(args, "tree", None) is not None:
         engine.set_tree(args.tree)
     return engine
@@ -142,6 +150,14 @@ def check_args(args) -> list[str] | None:
     benchmarking). Returns --prompts-file's prompts (None without one); --prompts then defaults to
     all of them."""
     file_prompts = None
+    quant = getattr(args, "random_quant", None)
+    if quant is not None:
+        from benchmarks.harness.random_packed import LAYOUTS
+
+        if not args.random_weights:
+            raise UserError("--random-quant packs a --random-weights model; a quantized checkpoint runs packed as it is")
+        if quant not in LAYOUTS:
+            raise UserError(f"--random-quant {quant!r}: choose one of {', '.join(LAYOUTS)}")
     if args.prompts_file is not None:
         if args.random_weights:
             raise UserError("--prompts-file needs a model with a tokenizer; --random-weights times random token ids")

@@ -41,13 +41,15 @@ class IdTokenizer:
 
 def random_engine(config: str, device: str | None = None, max_seq_len: int | None = None,
                   options: KernelOptions | None = None, force_accept: float | None = None, draft_steps: int = 5,
-                  use_graphs: bool = True, threads: int | None = None) -> Engine:
+                  use_graphs: bool = True, threads: int | None = None, quant: str | None = None) -> Engine:
     """An engine on random weights of `config` ('llama-8b' or a config.json): bf16 on a GPU, fp32
     on the CPU, a KV cache of max_seq_len rows (default 4096), graphs captured on CUDA unless
     use_graphs is False. options: the kernel switches (None: from the environment). force_accept:
     also a random EAGLE-3 head (speculative/testing.py) whose verify steps give force_accept
     tokens (each step, or on average when it is not a whole number); the target then gets the batch-invariant kernels a real draft's target gets (options
-    may ask for them without a head too: profiling the target's side)."""
+    may ask for them without a head too: profiling the target's side). quant: a layout of
+    harness/random_packed.py (Q4_K_M, AWQ, ...): the decoder layers' projections random packed
+    weights of it instead (CUDA)."""
     from speculative.testing import random_eagle3
 
     if force_accept is not None and not 1 <= force_accept <= draft_steps + 1:
@@ -61,13 +63,20 @@ def random_engine(config: str, device: str | None = None, max_seq_len: int | Non
     options = options or KernelOptions.from_env()
     options = dataclasses.replace(options, batch_invariant=options.batch_invariant or force_accept is not None)
     model = build_model(cfg, _random_tensors(cfg, dev, dtype), "random weights", dev, dtype, max_len, options)
+    if quant is not None:
+        from benchmarks.harness.random_packed import pack_model
+
+        if dev.type != "cuda":
+            raise UserError("--random-quant needs a GPU (the CPU dequantizes quantized weights at load)")
+        pack_model(model, quant)
+        torch.cuda.reset_peak_memory_stats(dev)  # the bf16 weights it replaced are gone
     runner = ModelRunner(model, max_len)
     speculator = None if force_accept is None else random_eagle3(runner, draft_steps, force_accept)
     if use_graphs and dev.type == "cuda":
         runner.capture([1] + ([draft_steps + 1] if speculator else []))
         if speculator:
             speculator.capture()
-    name = "random " + (config if config == "llama-8b" else cfg.architecture)
+    name = "random " + (config if config == "llama-8b" else cfg.architecture) + (f" {quant}" if quant else "")
     return Engine(runner, IdTokenizer(), name, speculator, "random EAGLE-3 head (forced acceptance)" if speculator else None)
 
 

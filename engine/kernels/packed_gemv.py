@@ -95,9 +95,10 @@ def _kernel():
 
 
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
-                tile: PackedTile | None = None) -> torch.Tensor:
+                tile: PackedTile | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M <= 16, K) bf16 (or fp16; fp32 under the interpreter), weight a GroupedWeight on x's
-    device -> (M, N) in x's dtype, fp32 accumulation."""
+    device -> (M, N) in x's dtype, fp32 accumulation. out: an (M, N) view to write into (a row
+    block of a wider projection's output), unit stride along N."""
     m, k = x.shape
     n = weight.shape[0]
     assert 1 <= m <= MAX_ROWS and k == weight.shape[1] and x.stride(1) == 1
@@ -105,7 +106,9 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
     assert weight.kind != FP8 or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
     tile = tile or default_tile(n, k, weight.group)
     assert k % tile.block_k == 0 and (tile.block_k % weight.group == 0 or weight.group % tile.block_k == 0)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    assert out.shape == (m, n) and out.stride(1) == 1 and out.dtype == x.dtype
     interpreting = triton_interpreting()
     _kernel()[(-(-n // tile.block_n),)](
         x, weight.q, weight.scale, weight.offset if weight.offset is not None else weight.scale,

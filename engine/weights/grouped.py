@@ -195,6 +195,19 @@ def from_packed(parts: list[PackedWeight]) -> GroupedWeight:
                          None if offset is None else _store_scale(offset.contiguous()), fmt)
 
 
+def grouped_blocks(parts: list[PackedWeight]) -> list[GroupedWeight]:
+    """The row blocks of a projection stored as these parts (q, k, v or gate, up, in order): one
+    GroupedWeight per run of parts of one format, so that a Q4_K_M file's Q4_K q and k and Q6_K v
+    keep their own storage (one kernel launch each) instead of sharing the widest."""
+    runs: list[list[PackedWeight]] = []
+    for p in parts:
+        if runs and runs[-1][-1].format == p.format:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return [from_packed(run) for run in runs]
+
+
 def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     q = q.to(torch.uint8)
     return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()

@@ -100,11 +100,11 @@ def _pack_linear(model: torch.nn.Module, pname: str, parts: list, device: torch.
     """Replaces the nn.Linear whose weight is `pname` by a PackedLinear over `parts` (its bias, if
     any, stays the same parameter, loaded as usual)."""
     from engine.packed_linear import PackedLinear
-    from engine.weights.grouped import from_packed
+    from engine.weights.grouped import grouped_blocks
 
     path, _, leaf = pname.rpartition(".")
     assert leaf == "weight", pname
     parent_path, _, attr = path.rpartition(".")
     parent = model.get_submodule(parent_path)
     old = getattr(parent, attr)
-    setattr(parent, attr, PackedLinear(from_packed(parts).to(device), old.bias))
+    setattr(parent, attr, PackedLinear(grouped_blocks([p.to(device) for p in parts]), old.bias))

@@ -132,3 +132,62 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
             assert out.shape == (m, n) and out.dtype == dtype
             torch.testing.assert_close(out.float(), packed_gemv_ref(x[:m], g, b).float(), **tol)
             assert torch.equal(out, singles[:m]), (name, m)
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+def test_a_projection_of_mixed_formats_keeps_a_block_per_format(device):
+    """q and k in Q4_K, v in Q6_K (a Q4_K_M file): two blocks, each in its own storage; the
+    PackedLinear over them (a launch per block into its columns) == the dequantized weight's matmul."""
+    from engine.packed_linear import PackedLinear
+    from engine.weights.grouped import grouped_blocks
+
+    parts = [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2), _gguf("Q6_K", 4, 512, 3)]
+    blocks = grouped_blocks(parts)
+    assert [b.format for b in blocks] == ["Q4_K", "Q6_K"] and [b.kind for b in blocks] == [NIBBLES, INT8]
+    assert [b.shape for b in blocks] == [(12, 512), (4, 512)]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    bias = torch.nn.Parameter(torch.randn(16).to(device, dtype), requires_grad=False)
+    linear = PackedLinear([b.to(device) for b in blocks], bias)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    want = torch.nn.functional.linear(x, torch.cat([dequantize(p) for p in parts]).to(device, dtype), bias)
+    tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+    if device == "cpu":  # the kernel, under the interpreter (the module itself dequantizes off CUDA)
+        from engine.kernels.packed_gemv import packed_gemv
+
+        out = torch.empty(3, 16)
+        packed_gemv(x, blocks[0], bias[:12], out=out[:, :12])
+        packed_gemv(x, blocks[1], bias[12:], out=out[:, 12:])
+        torch.testing.assert_close(out, want, **tol)
+    torch.testing.assert_close(linear(x).float(), want.float(), **tol)
+    assert torch.equal(linear.dequantized(torch.float32).cpu(), torch.cat([dequantize(p) for p in parts]))
+
+
+def test_random_packed_layouts_pack_a_model():
+    """The benchmarks' random packed models (--random-quant): every decoder-layer projection a
+    PackedLinear of the layout, Q4_K_M's Q6_K v and down on the layers llama.cpp gives more bits,
+    and the model still runs (the CPU dequantizes each call)."""
+    from benchmarks.harness.random_packed import pack_model, use_more_bits
+    from benchmarks.harness.shapes import _random_tensors
+    from engine.config import ModelConfig
+    from engine.loader import build_model
+    from engine.packed_linear import PackedLinear
+
+    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+           "max_position_embeddings": 64}
+    cfg = ModelConfig.from_hf(raw, "tiny")
+    dev = torch.device("cpu")
+    for layout in ("Q4_K_M", "AWQ", "Q8_0"):
+        model = build_model(cfg, _random_tensors(cfg, dev, torch.float32), "tiny", dev, torch.float32, 64)
+        assert pack_model(model, layout) > 0
+        for i, layer in enumerate(model.model.layers):
+            qkv, down = layer.self_attn.qkv_proj, layer.mlp.down_proj
+            assert isinstance(qkv, PackedLinear) and isinstance(down, PackedLinear)
+            if layout == "Q4_K_M":
+                more = use_more_bits(i, len(model.model.layers))
+                assert qkv.format == ("Q4_K+Q6_K" if more else "Q4_K") and down.format == ("Q6_K" if more else "Q4_K")
+            else:
+                assert qkv.format == layout
+        hidden = torch.randn(3, 256)
+        assert torch.isfinite(model.model.layers[0].mlp.gate_up_proj(hidden)).all()
+    assert [use_more_bits(i, 32) for i in range(8)] == [True] * 4 + [False, False, True, False]

@@ -180,4 +180,4 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
     assert _greedy(packed) == _greedy(plain)
     twin = packed.runner.model.with_options(packed.runner.model.ops.options)
     shared = twin.model.layers[0].self_attn.qkv_proj
-    assert isinstance(shared, PackedLinear) and shared.q.data_ptr() == layer.self_attn.qkv_proj.q.data_ptr()
+    assert isinstance(shared, PackedLinear) and shared.q0.data_ptr() == layer.self_attn.qkv_proj.q0.data_ptr()

@@ -1,0 +1,142 @@
+"""Packed (quantized) GEMV against bf16, per projection of the Llama-3.1-8B shape, on the GPU.
+
+For each layout (harness/random_packed.py: random blocks laid out as a file lays them, through
+the GroupedWeight conversion a load runs) and each of the 8B's four layer projections, times
+packed_gemv at 1 and 16 rows inside CUDA graphs over weight copies larger than L2, beside the
+fastest one-row bf16 kernel (cuBLAS or our GEMV), and reports the bandwidth each reaches from
+its own bytes (weights + scales + offsets) against the measured copy bandwidth. --sweep also
+tries other tiles at one row. Last, a layer's four projections summed: what a decode step's
+GEMVs cost per layer in each format.
+
+    python benchmarks/bench_packed.py --out packed.json [--sweep] [--layouts Q4_K_M,AWQ]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_gemv import time_graph  # noqa: E402
+from benchmarks.harness.random_packed import random_awq, random_gguf  # noqa: E402
+from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
+from engine.kernels.gemv import gemv  # noqa: E402
+from engine.kernels.packed_gemv import PackedTile, default_tile, packed_gemv, packed_gemv_ref  # noqa: E402
+from engine.weights.grouped import KIND_NAMES, grouped_blocks  # noqa: E402
+
+SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+# The 8B's qkv parts (q, k, v) and gate_up parts (gate, up): a Q4_K_M file stores v apart.
+PARTS = {"qkv": [4096, 1024, 1024], "o_proj": [4096], "gate_up": [14336, 14336], "down": [4096]}
+LAYOUT_KINDS = {"Q4_K_M": {"v": "Q6_K"}, "Q4_K": {}, "Q4_1": {}, "Q8_0": {}, "Q6_K": {}, "AWQ": {}}
+SWEEP = [PackedTile(*c) for c in [(16, 128, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (32, 256, 4, 3),
+                                   (64, 256, 8, 3), (32, 64, 4, 4), (16, 256, 4, 3), (32, 128, 8, 3),
+                                   (64, 128, 4, 4), (128, 128, 8, 3)]]
+
+
+def blocks_for(layout: str, role: str, device, gen):
+    n, k = SHAPES[role]
+    parts = []
+    for index, rows in enumerate(PARTS[role]):
+        if layout == "AWQ":
+            parts.append(random_awq(rows, k, device, gen))
+        else:
+            kind = LAYOUT_KINDS[layout].get("v" if role == "qkv" and index == 2 else role, layout if layout != "Q4_K_M" else "Q4_K")
+            parts.append(random_gguf(kind, rows, k, device, gen))
+    return grouped_blocks(parts)
+
+
+def run_blocks(x, blocks, out, tile=None):
+    start = 0
+    for b in blocks:
+        stop = start + b.shape[0]
+        packed_gemv(x, b, None, tile, out=out[:, start:stop])
+        start = stop
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layouts", default=",".join(LAYOUT_KINDS))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--max-seconds", type=float, default=240)
+    args = ap.parse_args()
+    t0 = time.time()
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    bw = copy_bandwidth(dev)
+    x16 = torch.randn(16, 14336, device=dev, dtype=torch.bfloat16)
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_GBps": bw / 1e9,
+              "bf16": {}, "layouts": {}}
+    for role, (n, k) in SHAPES.items():  # the bf16 baseline: the fastest one-row kernel
+        copies = max(1, (512 << 20) // (n * k * 2) + 1)
+        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        x1 = x16[:1, :k]
+        us = {"cublas": time_graph(lambda i: F.linear(x1, ws[i % copies]), args.iters, args.calls),
+              "gemv": time_graph(lambda i: gemv(x1, ws[i % copies]), args.iters, args.calls)}
+        best = min(us.values())
+        report["bf16"][role] = {"us": us, "best_us": best, "bytes": n * k * 2, "GBps": n * k * 2 / best / 1e3}
+        print(f"bf16   {role:8s} {best:8.2f} us  {n * k * 2 / best / 1e3:7.0f} GB/s", flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    for layout in args.layouts.split(","):
+        entry = report["layouts"][layout] = {}
+        for role, (n, k) in SHAPES.items():
+            if time.time() - t0 > args.max_seconds:
+                break
+            blocks = blocks_for(layout, role, dev, gen)
+            nbytes = sum(b.nbytes for b in blocks)
+            copies = max(1, (512 << 20) // nbytes + 1)
+            sets = [blocks] + [blocks_for(layout, role, dev, gen) for _ in range(copies - 1)]
+            x1, xk = x16[:1, :k], x16[:, :k]
+            out1 = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
+            out16 = torch.empty(16, n, device=dev, dtype=torch.bfloat16)
+            ref = torch.cat([packed_gemv_ref(xk, b) for b in blocks], dim=1)
+            got = run_blocks(xk, blocks, out16.clone())
+            err = float((got.float() - ref.float()).abs().max())
+            us1 = time_graph(lambda i: run_blocks(x1, sets[i % copies], out1), args.iters, args.calls)
+            us16 = time_graph(lambda i: run_blocks(xk, sets[i % copies], out16), args.iters, args.calls)
+            row = {"blocks": [f"{b.format} {KIND_NAMES[b.kind]} g{b.group} scale {str(b.scale.dtype)[6:]}"
+                              + ("" if b.offset is None else f" offset {str(b.offset.dtype)[6:]}") for b in blocks],
+                   "bytes": nbytes, "us_1": us1, "us_16": us16, "GBps_1": nbytes / us1 / 1e3,
+                   "of_copy_bandwidth": nbytes / us1 / 1e3 / (bw / 1e9), "vs_bf16": report["bf16"][role]["best_us"] / us1,
+                   "max_err_vs_ref": err, "tiles": []}
+            if args.sweep:
+                for tile in SWEEP:
+                    if time.time() - t0 > args.max_seconds:
+                        break
+                    if any(k % tile.block_k or (tile.block_k % b.group and b.group % tile.block_k) for b in blocks):
+                        continue
+                    try:
+                        us = time_graph(lambda i: run_blocks(x1, sets[i % copies], out1, tile), args.iters, args.calls)
+                    except Exception as e:  # a tile this Triton cannot build: reported, skipped
+                        row["tiles"].append({"tile": str(tile), "error": repr(e)[:160]})
+                        continue
+                    row["tiles"].append({"tile": [tile.block_n, tile.block_k, tile.num_warps, tile.num_stages],
+                                         "us_1": us})
+            entry[role] = row
+            print(f"{layout:6s} {role:8s} {us1:8.2f} us (16 rows {us16:7.2f})  {row['GBps_1']:7.0f} GB/s "
+                  f"= {100 * row['of_copy_bandwidth']:5.1f}% of copy, x{row['vs_bf16']:.2f} vs bf16, "
+                  f"default tile {default_tile(blocks[0].shape[0], k, blocks[0].group)}", flush=True)
+            del sets, blocks
+            torch.cuda.empty_cache()
+        if len(entry) == len(SHAPES):
+            layer = sum(entry[r]["us_1"] for r in SHAPES)
+            bf16 = sum(report["bf16"][r]["best_us"] for r in SHAPES)
+            entry["layer"] = {"us_1": layer, "bf16_us_1": bf16, "speedup": bf16 / layer,
+                              "bytes": sum(entry[r]["bytes"] for r in SHAPES)}
+            print(f"{layout:6s} layer    {layer:8.2f} us against bf16 {bf16:.2f}: x{bf16 / layer:.2f}", flush=True)
+    args.out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Random quantized weights of a model's shape, for timing the packed kernels without a checkpoint:
+GGUF blocks of random bytes with sane scale fields, AWQ words of random nibbles, laid out as the
+files lay them (so they go through the same GroupedWeight conversion a real load does).
+
+`pack_model(model, layout)` replaces every decoder-layer projection of a model with random
+packed weights of that layout:
+    Q4_K_M   llama.cpp's mix: Q4_K, with attn_v and ffn_down in Q6_K on the layers its
+             use_more_bits rule picks (the first and last eighth, and every third between)
+    Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0   every projection of that type
+    AWQ      4-bit, group 128, zero points (AutoAWQ's GEMM layout)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.errors import UserError
+from engine.weights.gguf_blocks import BLOCKS
+from engine.weights.packed import PackedWeight, awq_weight, gguf_weight
+
+LAYOUTS = ("Q4_K_M", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "AWQ")
+# Byte offsets of each block type's fp16 scale fields (d, and dmin or m where there is one).
+_SCALE_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
+                 "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
+
+
+def random_gguf(kind: str, n: int, k: int, device, gen: torch.Generator) -> PackedWeight:
+    block, nbytes = BLOCKS[kind]
+    blocks = torch.randint(0, 256, (n * k // block, nbytes), dtype=torch.uint8, device=device, generator=gen)
+    for offset in _SCALE_FIELDS[kind]:
+        scale = (torch.rand(blocks.shape[0], device=device, generator=gen) * 0.002 + 0.001).half()
+        blocks[:, offset:offset + 2] = scale.view(torch.uint8).reshape(-1, 2)
+    return gguf_weight(kind, blocks.reshape(n, -1), (n, k))
+
+
+def random_awq(n: int, k: int, device, gen: torch.Generator, group: int = 128) -> PackedWeight:
+    words = lambda rows: torch.randint(-2**31, 2**31 - 1, (rows, n // 8), dtype=torch.int32,  # noqa: E731
+                                       device=device, generator=gen)
+    scales = (torch.rand(k // group, n, device=device, generator=gen) * 0.002 + 0.001).half()
+    return awq_weight(words(k), words(k // group), scales, group, "random")
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's rule for the layers whose attn_v and ffn_down a Q4_K_M file keeps in Q6_K."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def layer_parts(layout: str, layer: int, layers: int, cfg, device, gen) -> dict[str, list[PackedWeight]]:
+    """The packed parts of one decoder layer's projections, by the model's fused names."""
+    if layout not in LAYOUTS:
+        raise UserError(f"--random-quant {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.q_size, cfg.kv_size
+
+    def part(role: str, n: int, k: int) -> PackedWeight:
+        if layout == "AWQ":
+            return random_awq(n, k, device, gen)
+        kind = layout
+        if layout == "Q4_K_M":
+            kind = "Q6_K" if role in ("v", "down") and use_more_bits(layer, layers) else "Q4_K"
+        return random_gguf(kind, n, k, device, gen)
+
+    return {"self_attn.qkv_proj": [part("q", q, h), part("k", kv, h), part("v", kv, h)],
+            "self_attn.o_proj": [part("o", h, q)],
+            "mlp.gate_up_proj": [part("gate", i, h), part("up", i, h)],
+            "mlp.down_proj": [part("down", h, i)]}
+
+
+@torch.no_grad()
+def pack_model(model, layout: str, seed: int = 0) -> int:
+    """Every decoder-layer projection of `model` replaced by a PackedLinear of random `layout`
+    weights (the bf16 weights they replace are freed). Returns the packed bytes."""
+    from engine.packed_linear import PackedLinear
+    from engine.weights.grouped import grouped_blocks
+
+    layers = model.model.layers
+    device = model.lm_head.weight.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    total = 0
+    for index, layer in enumerate(layers):
+        for path, parts in layer_parts(layout, index, len(layers), model.config, device, gen).items():
+            parent_path, _, attr = path.rpartition(".")
+            parent = layer.get_submodule(parent_path)
+            packed = PackedLinear(grouped_blocks(parts), getattr(parent, attr).bias)
+            setattr(parent, attr, packed)
+            total += packed.nbytes
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    return total
