@@ -35,10 +35,9 @@ SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
 # The 8B's qkv parts (q, k, v) and gate_up parts (gate, up): a Q4_K_M file stores v apart.
 PARTS = {"qkv": [4096, 1024, 1024], "o_proj": [4096], "gate_up": [14336, 14336], "down": [4096]}
 LAYOUT_KINDS = {"Q4_K_M": {"v": "Q6_K"}, "Q4_K": {}, "Q4_1": {}, "Q8_0": {}, "Q6_K": {}, "AWQ": {}}
-SWEEP = [PackedTile(*c) for c in [  # (block_n, block_k, split_k, num_warps, num_stages)
-    (32, 128, 1, 4, 3), (64, 128, 1, 4, 3), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (64, 256, 1, 8, 3),
-    (32, 128, 2, 4, 3), (32, 256, 2, 4, 3), (32, 256, 4, 4, 3), (64, 128, 2, 4, 3), (16, 256, 1, 4, 3),
-    (16, 256, 2, 4, 3), (32, 128, 4, 4, 4), (64, 64, 1, 4, 4), (128, 128, 1, 8, 3),
+SWEEP = [PackedTile(*c) for c in [  # (block_n, block_k, num_warps, num_stages)
+    (16, 128, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (32, 256, 4, 3), (64, 256, 8, 3), (32, 64, 4, 4),
+    (16, 256, 4, 3), (32, 128, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3),
 ]]
 
 
@@ -116,7 +115,7 @@ def main() -> None:
                 for tile in SWEEP:
                     if time.time() - t0 > args.max_seconds:
                         break
-                    if k % (tile.block_k * tile.split_k):
+                    if any(k % tile.block_k or (tile.block_k % b.group and b.group % tile.block_k) for b in blocks):
                         continue
                     try:
                         us = time_graph(lambda i: run_blocks(x1, sets[i % copies], out1, tile), args.iters, args.calls)

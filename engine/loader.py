@@ -49,14 +49,32 @@ def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dt
     return model.eval().requires_grad_(False)
 
 
-def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptions) -> bool:
-    """Whether this load keeps quantized projections packed: CUDA with Triton, a 16-bit model,
-    KernelOptions.packed_weights."""
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or not options.packed_weights:
+def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptions,
+                  cfg: ModelConfig | None = None) -> bool:
+    """Whether this load keeps quantized projections packed: CUDA with Triton, a 16-bit model, and
+    KernelOptions.packed_weights True, or None (auto) with dense weights of `cfg` that would not
+    fit in 90% of the GPU's free memory."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or options.packed_weights is False:
         return False
+    if not _has_triton():
+        return False
+    if options.packed_weights is None:
+        return cfg is not None and dense_bytes(cfg, dtype) > 0.9 * torch.cuda.mem_get_info(device)[0]
+    return True
+
+
+def _has_triton() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("triton") is not None
+
+
+def dense_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """The bytes of the model's weights in `dtype` (embeddings, lm_head, the layers' projections)."""
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    layer = h * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * h + 3 * h * i
+    embed = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    return (cfg.num_layers * layer + embed) * torch.empty((), dtype=dtype).element_size()
 
 
 def _keep(device: torch.device):
@@ -85,7 +103,7 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
     matrices: Counter = Counter()
     tensors = _counting_matrices(iter_tensors(files), matrices)
     if cfg.quantization is not None:
-        keep = _keep(device) if packs_weights(device, dtype, options) else None
+        keep = _keep(device) if packs_weights(device, dtype, options, cfg) else None
         tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name), keep)
     model = build_model(cfg, tensors, folder.name, device, dtype, max_len, options)
     eos = _generation_eos(folder) or cfg.eos_token_ids
@@ -117,15 +135,16 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     (config, the dequantized tensors in `dtype`, the converted tokenizer) and later loads read that
     instead while the file is unchanged: parsing the GGUF vocabulary and dequantizing cost
     seconds at every start (engine/weights/prepared.py)."""
-    packed = packs_weights(device, dtype, options)
-    if packed:
-        prepared_dir = None  # the prepared copy holds dequantized weights; a packing load reads the blocks
-    if prepared_dir is not None and is_current(prepared_dir, path, dtype):
+    if prepared_dir is not None and is_current(prepared_dir, path, dtype) and not packs_weights(
+            device, dtype, options, ModelConfig.from_file(prepared_dir / "config.json")):
         loaded = load_folder(prepared_dir, device, dtype, max_len, options)
         return dataclasses.replace(loaded, weights=prepared_weights(prepared_dir))
     reader = open_gguf(path)
     raw = hf_config(reader, path)
     cfg = ModelConfig.from_hf(raw, path.name)
+    packed = packs_weights(device, dtype, options, cfg)
+    if packed:
+        prepared_dir = None  # the prepared copy holds dequantized weights; a packing load reads the blocks
     cfg.check_tensors(gguf_shapes(reader), path.name, "block_count")
     check_gguf_types(reader, path)
     weights = gguf_weights_label(reader)

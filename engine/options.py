@@ -60,10 +60,12 @@ class KernelOptions:
     # program where that norm would be a launch of its own (1.010x on the 8B shape).
     # LOCALCHAT_NORM_TAIL=0: the norms launch apart.
     norm_tail: bool = True
-    # Quantized checkpoints (GGUF, AWQ, GPTQ, FP8) keep their decoder layers' weights packed on the
-    # GPU and decode them inside the GEMV (engine/packed_linear.py). LOCALCHAT_PACKED_WEIGHTS=0:
-    # dequantize them to bf16 at load, as the CPU does.
-    packed_weights: bool = True
+    # Quantized checkpoints (GGUF, AWQ, GPTQ, FP8) on a GPU: True keeps the decoder layers' weights
+    # packed and decodes them inside the GEMV (engine/packed_linear.py); False dequantizes them to
+    # bf16 at load, as the CPU does; None (the default) packs only a model whose bf16 weights would
+    # not fit in the GPU's free memory, since the packed kernels are still slower than bf16's
+    # (docs/performance.md). LOCALCHAT_PACKED_WEIGHTS=1|0.
+    packed_weights: bool | None = None
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -111,7 +113,8 @@ class KernelOptions:
             token_attention=_flag(env, "LOCALCHAT_TOKEN_ATTENTION"),
             qkv_gemv=_row_gemv(env.get("LOCALCHAT_ROW_GEMV", "")),
             gated_mlp=_flag(env, "LOCALCHAT_GATED_MLP"), norm_tail=_flag(env, "LOCALCHAT_NORM_TAIL"),
-            packed_weights=_flag(env, "LOCALCHAT_PACKED_WEIGHTS"),
+            packed_weights=None if env.get("LOCALCHAT_PACKED_WEIGHTS", "").strip() == ""
+            else _flag(env, "LOCALCHAT_PACKED_WEIGHTS"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),

@@ -127,8 +127,7 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
     tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
     from engine.kernels.packed_gemv import PackedTile
 
-    tiles = [None] + ([PackedTile(32, 32, 2)] if k % 64 == 0 else [])  # and K split in two
-    for tile in tiles:
+    for tile in (None, PackedTile(16, 32)):
         for b in (None, bias):
             singles = torch.cat([packed_gemv(x[i:i + 1], g, b, tile) for i in range(16)])
             for m in (1, 5, 16):
@@ -136,9 +135,6 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
                 assert out.shape == (m, n) and out.dtype == dtype
                 torch.testing.assert_close(out.float(), packed_gemv_ref(x[:m], g, b).float(), **tol)
                 assert torch.equal(out, singles[:m]), (name, m, tile)
-    from engine.kernels.gemv import _tile_counters
-
-    assert int(_tile_counters(x.device).sum()) == 0  # the split's counters are back at zero
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])

@@ -166,7 +166,7 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
 
     path = _file(work, kind)
     plain = Engine.load(str(path), device="cpu")
-    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options: True)
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None: True)
     packed = Engine.load(str(path), device="cpu")
     assert packed.weights == packed.runs_as == kind and plain.runs_as == "fp32"
     layer = packed.runner.model.model.layers[0]
@@ -181,3 +181,32 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
     twin = packed.runner.model.with_options(packed.runner.model.ops.options)
     shared = twin.model.layers[0].self_attn.qkv_proj
     assert isinstance(shared, PackedLinear) and shared.q0.data_ptr() == layer.self_attn.qkv_proj.q0.data_ptr()
+
+
+def test_packing_is_asked_for_or_needed(monkeypatch):
+    """A GPU packs quantized projections when told to (LOCALCHAT_PACKED_WEIGHTS=1), never when told
+    not to, and by default only when the dense weights would not fit in its free memory; the CPU
+    never does."""
+    import engine.loader as loader
+    from engine.config import ModelConfig
+    from engine.options import KernelOptions
+    from engine.errors import UserError
+
+    cfg = ModelConfig.from_hf({"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 256,
+                               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "max_position_embeddings": 64}, "tiny")
+    dense = loader.dense_bytes(cfg, torch.bfloat16)
+    assert dense == 2 * (2 * (256 * (256 + 2 * 128) + 256 * 256 + 3 * 256 * 512) + 2 * 1000 * 256)
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    monkeypatch.setattr(loader, "_has_triton", lambda: True)
+    for free, want in ((dense, True), (10 * dense, False)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, 100 * dense))
+        assert loader.packs_weights(cuda, bf16, KernelOptions(), cfg) is want
+        assert loader.packs_weights(cuda, bf16, KernelOptions(packed_weights=True), cfg) is True
+        assert loader.packs_weights(cuda, bf16, KernelOptions(packed_weights=False), cfg) is False
+        assert loader.packs_weights(torch.device("cpu"), torch.float32, KernelOptions(packed_weights=True), cfg) is False
+    assert KernelOptions.from_env({}).packed_weights is None
+    assert KernelOptions.from_env({"LOCALCHAT_PACKED_WEIGHTS": "1"}).packed_weights is True
+    assert KernelOptions.from_env({"LOCALCHAT_PACKED_WEIGHTS": "0"}).packed_weights is False
+    with pytest.raises(UserError):
+        KernelOptions.from_env({"LOCALCHAT_PACKED_WEIGHTS": "yes"})
