@@ -6,6 +6,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from engine.packed_linear import projection_device
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama convention: normalise in fp32, cast back, then scale."""
@@ -42,8 +44,8 @@ class GatedMLP(nn.Module):
         self.silu_and_mul = silu_and_mul
         self.row_linear = row_linear  # Ops.row_linear: the GEMV for single-token steps on CUDA
         self.linear = linear  # Ops.linear: batch-invariant projections in a target a draft verifies with
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias, device=projection_device())
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias, device=projection_device())
 
     # checkpoint module name -> (row offset, rows) inside gate_up_proj
     def packed_shards(self) -> dict[str, tuple[str, int, int]]:

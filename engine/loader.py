@@ -19,6 +19,7 @@ from engine.weights.gguf import (check_gguf_types, gguf_shapes, gguf_weights_lab
 from engine.model import CausalLM
 from engine.ops import Ops
 from engine.options import KernelOptions
+from engine.packed_linear import projections_on_meta
 from engine.weights.prepared import is_current, prepared_weights, write_prepared
 from engine.weights.quantized import dequantized, keeps_packed, packed_linears
 from engine.tokenizer import Tokenizer
@@ -43,8 +44,11 @@ class LoadedModel:
 
 
 def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dtype: torch.dtype,
-                max_len: int, options: KernelOptions = KernelOptions()) -> CausalLM:
-    model = build_uninitialized(lambda: CausalLM(cfg, max_len, Ops.for_device(device, options)), device, dtype)
+                max_len: int, options: KernelOptions = KernelOptions(), packed: bool = False) -> CausalLM:
+    """packed: the decoder layers' projections come as PackedWeights (allocated on the meta device
+    until then, so the dense weights never take memory)."""
+    with projections_on_meta(packed):
+        model = build_uninitialized(lambda: CausalLM(cfg, max_len, Ops.for_device(device, options)), device, dtype)
     load_weights(model, tensors, source)
     return model.eval().requires_grad_(False)
 
@@ -102,10 +106,10 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
     matrices: Counter = Counter()
     tensors = _counting_matrices(iter_tensors(files), matrices)
+    packed = cfg.quantization is not None and packs_weights(device, dtype, options, cfg)
     if cfg.quantization is not None:
-        keep = _keep(device) if packs_weights(device, dtype, options, cfg) else None
-        tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name), keep)
-    model = build_model(cfg, tensors, folder.name, device, dtype, max_len, options)
+        tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name), _keep(device) if packed else None)
+    model = build_model(cfg, tensors, folder.name, device, dtype, max_len, options, packed)
     eos = _generation_eos(folder) or cfg.eos_token_ids
     weights = cfg.quantization.label if cfg.quantization else _dtype_label(matrices)
     return LoadedModel(model, Tokenizer.from_folder(folder, eos), cfg, folder, weights,
@@ -155,7 +159,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     if prepared_dir is not None:
         tensors = dict(tensors)
     model = build_model(cfg, iter(tensors.items()) if isinstance(tensors, dict) else tensors, path.name,
-                        device, dtype, max_len, options)
+                        device, dtype, max_len, options, packed)
     tok = Tokenizer.from_folder(path.parent, cfg.eos_token_ids, gguf_file=path.name)
     if prepared_dir is not None:
         write_prepared(prepared_dir, path, raw, tensors, tok, dtype, weights, log)

@@ -14,7 +14,7 @@ from engine.layers import GatedMLP, RMSNorm
 from engine.kernels.attention import MAX_INVARIANT_ROWS
 from engine.layer_kernels import Normed, rows_of
 from engine import routing
-from engine.packed_linear import is_packed_layer, share_packed
+from engine.packed_linear import is_packed_layer, projection_device, share_packed
 from engine.ops import Ops
 from engine.options import KernelOptions
 from engine.rope import apply_rope, rope_cos_sin
@@ -34,10 +34,11 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.scale = cfg.head_dim ** -0.5
-        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias,
+                                  device=projection_device())
         # Qwen2 puts a bias on q/k/v only; Llama and Qwen3 apply attention_bias to o_proj too.
         o_bias = cfg.attention_bias and not cfg.is_qwen2
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=o_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=o_bias, device=projection_device())
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)  # 3-D input: plain torch

@@ -12,6 +12,9 @@ a Q6_K v) keeps a block per format, one launch each, each writing its columns of
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,6 +22,25 @@ from torch import nn
 from engine.weights.grouped import GroupedWeight, dequantize_grouped
 
 MAX_ROWS = 16
+_ON_META = contextvars.ContextVar("projections_on_meta", default=False)
+
+
+@contextlib.contextmanager
+def projections_on_meta(on: bool = True):
+    """Decoder layers built inside allocate their projections on the meta device (nothing), for a
+    load that replaces them with PackedLinears: the dense weights are never allocated, so a model
+    whose bf16 weights would not fit the GPU still loads. Any float part that arrives for one is
+    allocated then (load_weights)."""
+    token = _ON_META.set(on)
+    try:
+        yield
+    finally:
+        _ON_META.reset(token)
+
+
+def projection_device() -> str | None:
+    """The device argument of a decoder layer's projections: "meta" inside projections_on_meta."""
+    return "meta" if _ON_META.get() else None
 
 
 class PackedLinear(nn.Module):

@@ -57,6 +57,7 @@ def load_weights(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tens
     from engine.weights.packed import PackedWeight
 
     params = dict(model.named_parameters())
+    device = next((p.device for p in params.values() if not p.is_meta), torch.device("cpu"))
     filled: dict[str, int] = {name: 0 for name in params}  # rows filled, for fused projections
     unexpected: list[str] = []
     parts: dict[str, list[tuple[int, PackedWeight]]] = {}  # weight name -> (row offset, part)
@@ -77,13 +78,18 @@ def load_weights(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tens
             parts.setdefault(pname, []).append((max(offset, 0), tensor))
             filled[pname] += dest.shape[0]
             if sum(p.shape[0] for _, p in parts[pname]) == param.shape[0]:  # every part of it packed
-                _pack_linear(model, pname, [p for _, p in sorted(parts.pop(pname), key=lambda t: t[0])], param.device)
+                _pack_linear(model, pname, [p for _, p in sorted(parts.pop(pname), key=lambda t: t[0])], device)
             continue
+        if param.is_meta:  # a projection built for packing that gets floats: allocated now
+            param = params[pname] = _materialize(model, pname, param, device)
+            dest = param if rows < 0 else param[offset:offset + rows]
         dest.copy_(tensor)
         filled[pname] += dest.shape[0] if dest.dim() else 1
     for pname, waiting in parts.items():  # a projection with a float part too: all of it as floats
         from engine.weights.packed import dequantize
 
+        if params[pname].is_meta:
+            params[pname] = _materialize(model, pname, params[pname], device)
         for offset, p in waiting:
             params[pname][offset:offset + p.shape[0]].copy_(dequantize(p))
     missing = [n for n, p in params.items() if filled[n] != (p.shape[0] if p.dim() else 1)]
@@ -94,6 +100,15 @@ def load_weights(model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tens
         if unexpected:
             parts.append(f"unexpected tensors: {_summary(unexpected)}")
         raise ModelLoadError(f"{source}: checkpoint does not match the model ({'; '.join(parts)})")
+
+
+def _materialize(model: torch.nn.Module, pname: str, param: torch.nn.Parameter,
+                 device: torch.device) -> torch.nn.Parameter:
+    """A meta parameter replaced by an allocated (uninitialized) one on `device`, in its module."""
+    path, _, leaf = pname.rpartition(".")
+    new = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=device), requires_grad=False)
+    setattr(model.get_submodule(path), leaf, new)
+    return new
 
 
 def _pack_linear(model: torch.nn.Module, pname: str, parts: list, device: torch.device) -> None:

@@ -71,6 +71,27 @@ def test_a_quantized_checkpoint_is_the_float_model_of_its_weights(case, tiny, tm
     assert len(set(tokens)) > 3
 
 
+@pytest.mark.parametrize("case", ["awq-g128", "gptq-g32-sym", "gptq-v2-per-channel-asym", "fp8-per-channel"])
+def test_a_quantized_checkpoint_kept_packed_gives_the_same_tokens(case, tiny, tmp_path, monkeypatch):
+    """With packing on (forced here on the CPU, where each call dequantizes), the decoder layers'
+    projections are PackedLinears and the greedy tokens those of the dequantizing load."""
+    import engine.loader as loader
+    from engine.packed_linear import PackedLinear
+
+    method, qcfg, options, label = CASES[case]
+    quantized_folder(tiny, tmp_path / case, method, qcfg, **options)
+    plain = Engine.load(str(tmp_path / case), device="cpu")
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None: True)
+    packed = Engine.load(str(tmp_path / case), device="cpu")
+    mlp = packed.runner.model.model.layers[0].mlp
+    if method == "fp8":  # a device without FP8 (compute capability < 8.9; the CPU) dequantizes it
+        assert packed.runs_as == "fp32" and not isinstance(mlp.gate_up_proj, PackedLinear)
+    else:
+        assert packed.runs_as == label and plain.runs_as == "fp32"
+        assert isinstance(mlp.gate_up_proj, PackedLinear) and isinstance(mlp.down_proj, PackedLinear)
+    assert _greedy(packed) == _greedy(plain)
+
+
 def _write(folder, config: dict | None = None, drop: str | None = None, change: dict | None = None):
     from safetensors.torch import load_file, save_file
 

@@ -155,7 +155,7 @@ def test_a_type_gguf_cannot_read_is_refused_in_one_line(work, tmp_path):
     assert "\n" not in msg and "Q8_1" in msg and "blk.1.ffn_up.weight" in msg and "not supported" in msg
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K", "Q6_K", "Q8_0", "F32"])
 def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, monkeypatch):
     """With packing on (a GPU's default; forced here on the CPU, where a PackedLinear dequantizes
     for each call), every decoder-layer projection is a PackedLinear over the file's blocks, and
@@ -168,8 +168,13 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
     plain = Engine.load(str(path), device="cpu")
     monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None: True)
     packed = Engine.load(str(path), device="cpu")
-    assert packed.weights == packed.runs_as == kind and plain.runs_as == "fp32"
     layer = packed.runner.model.model.layers[0]
+    assert not any(p.is_meta for p in packed.runner.model.parameters())  # built on meta, all filled
+    if kind == "F32":  # nothing to pack: the projections built on meta got their floats
+        assert packed.runs_as == "fp32" and isinstance(layer.self_attn.qkv_proj, torch.nn.Linear)
+        assert _greedy(packed) == _greedy(plain)
+        return
+    assert packed.weights == packed.runs_as == kind and plain.runs_as == "fp32"
     linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
     assert all(isinstance(m, PackedLinear) and m.format == kind for m in linears)
     assert not isinstance(packed.runner.model.lm_head, PackedLinear)
