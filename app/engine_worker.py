@@ -110,6 +110,17 @@ def _release_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def weights_text(engine) -> str:
+    """What a loaded model's projections run in, for the status bar: its format where a GPU
+    decodes it in place, "Q4_1 as bf16" where it was dequantized, "" where unknown (a server)."""
+    weights, runs_as = getattr(engine, "weights", ""), getattr(engine, "runs_as", "")
+    if not weights or not runs_as or weights == runs_as:
+        return runs_as or weights or ""
+    if weights in ("bf16", "fp16", "fp32"):  # a float checkpoint in the dtype of this device
+        return runs_as
+    return f"{weights} as {runs_as}"
+
+
 class EngineWorker:
     """Owns the only thread that touches the engine. Never blocks on the UI while decoding: it posts messages
     and appends to an AnswerStream. Only before a held job starts does it wait for the UI (release)."""
@@ -131,6 +142,7 @@ class EngineWorker:
         spec_by_server: bool = False  # a server that takes no per-request speculation switch
         spec_pays: bool = True  # speculation is the faster default on this engine (Engine.speculation_pays)
         spec_reason: str = ""  # why not, in a few words
+        weights: str = ""  # what the model's projections run in: "Q4_1" (decoded in place), "Q4_1 as bf16", "bf16"
 
     @dataclass
     class LoadFailed(Message):
@@ -275,7 +287,7 @@ class EngineWorker:
         pays, reason = engine.speculation_pays()
         target.post_message(self.Loaded(engine.model_name, engine.draft_name, engine.device, engine.has_draft,
                                         engine.url if is_remote else None, is_remote and not engine.is_localchat,
-                                        pays, reason))
+                                        pays, reason, weights_text(engine)))
 
     def _generate(self, job: _Job) -> None:
         target, side = job.target, job.side

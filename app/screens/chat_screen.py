@@ -466,6 +466,7 @@ class ChatScreen(Screen):
         self.model_name = message.model_name
         self.has_draft = message.has_draft
         self.status.model = message.model_name
+        self.status.weights = message.weights
         self.status.model_ok = True
         self.status.remote = message.remote
         self.spec_by_server = self.status.spec_by_server = message.spec_by_server

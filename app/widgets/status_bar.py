@@ -23,6 +23,7 @@ SPEED_ROOM, PLAIN_SPEED_ROOM = 38, 24
 class StatusBar(Horizontal):
     model: reactive[str] = reactive("loading…")
     draft: reactive[str | None] = reactive(None)
+    weights: reactive[str] = reactive("")  # what the projections run in ("Q4_1", "Q4_1 as bf16"), where there is room
     speculative: reactive[bool] = reactive(True)
     has_draft: reactive[bool] = reactive(True)
     stats: reactive[dict] = reactive(dict, always_update=True)
@@ -78,6 +79,7 @@ class StatusBar(Horizontal):
         self._render_all()
 
     _watch_draft = _watch_speculative = _watch_has_draft = _watch_load_text = _watch_model_ok = _watch_model
+    _watch_weights = _watch_model
     _watch_spec_note = _watch_model
     _watch_remote = _watch_spec_by_server = _watch_model
 
@@ -112,6 +114,8 @@ class StatusBar(Horizontal):
                 text.truncate(room, overflow="ellipsis")
             return text
         text = Text.assemble(("● ", "bold green" if self.model_ok else "bold red"), (self.model, "bold"))
+        if self.weights and text.cell_len + cell_len(f" · {self.weights}") <= room:
+            text.append(f" · {self.weights}", style="dim")
         if self.draft and text.cell_len + cell_len(f"  draft {self.draft}") <= room:
             text.append(f"  draft {self.draft}", style="dim")
         elif text.cell_len > room > 12:

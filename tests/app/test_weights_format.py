@@ -24,7 +24,20 @@ def test_run_json_names_the_weight_format(tiny_models, q4_0_gguf, capsys):
     assert _run_json(capsys, tiny_models["llama"])["weights"] == "fp32"  # transformers saved it in float32
     result = _run_json(capsys, q4_0_gguf)
     assert result["weights"] == "Q4_0" and result["model"] == q4_0_gguf.name
+    assert result["runs_as"] == "fp32"  # the CPU dequantizes it
     assert _run_json(capsys, q4_0_gguf)["weights"] == "Q4_0"  # from the prepared copy this time
+
+
+def test_the_status_bar_says_what_the_weights_run_in():
+    from types import SimpleNamespace as E
+
+    from app.engine_worker import weights_text
+
+    assert weights_text(E(weights="Q4_1", runs_as="Q4_1")) == "Q4_1"  # decoded in place on a GPU
+    assert weights_text(E(weights="Q4_K_M", runs_as="bf16")) == "Q4_K_M as bf16"  # dequantized at load
+    assert weights_text(E(weights="bf16", runs_as="bf16")) == "bf16"
+    assert weights_text(E(weights="fp32", runs_as="bf16")) == "bf16"  # a float checkpoint in this device's dtype
+    assert weights_text(E()) == ""  # a server: unknown
 
 
 def test_doctor_names_the_demos_weight_format(q4_0_gguf, tmp_path, monkeypatch, capsys):
