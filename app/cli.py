@@ -39,9 +39,6 @@ def _tree(text: str):
         shape = parse_tree(text)
     except UserError as e:
         raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None  # argparse names --tree itself
-    if shape == "auto":
-        raise argparse.ArgumentTypeError("auto (a shape calibrated for the model and GPU) is not built yet: "
-                                         "give off or TOPK,DEPTH,TOKENS")
     return shape
 
 
@@ -51,10 +48,12 @@ def _model_options(p: argparse.ArgumentParser,
     p.add_argument("--draft", default=None, help="draft model (EAGLE-3 head or MTP); 'none' disables the default")
     p.add_argument("--no-spec", action="store_true", help=no_spec_help)
     p.add_argument("--draft-steps", type=int, default=None, help="draft tokens per step, k (default 5)")
-    p.add_argument("--tree", type=_tree, default=None, metavar="off|TOPK,DEPTH,TOKENS",
+    p.add_argument("--tree", type=_tree, default=None, metavar="off|auto|TOPK,DEPTH,TOKENS",
                    help="an EAGLE-3 head drafts a tree: the TOPK best tokens after each of the TOPK best nodes, "
                         "DEPTH levels, the best TOKENS nodes verified at once (e.g. 4,5,24); runs eagerly, "
-                        "without CUDA graphs, for now. off (default): chains of --draft-steps")
+                        "without CUDA graphs, for now. auto: the fastest of chains and a few trees, timed once "
+                        "for this model, draft and GPU and remembered (chains on a CPU). off (default): chains "
+                        "of --draft-steps")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="context length to allocate (default: the model's, at most 8192)")

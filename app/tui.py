@@ -167,7 +167,7 @@ def _load_engine(model: str, **load_kwargs) -> EngineFactory:
         tree = kwargs.pop("tree", None)
         engine = Engine.load(model, on_progress=on_progress, **kwargs)
         if tree is not None and hasattr(engine.speculator, "set_tree"):  # the app keeps MTP's chains
-            engine.set_tree(tree)
+            engine.set_tree(tree, log=lambda text: on_progress(text, None))
         # Torch, the model and the app are a large heap that lives as long as the model: a full collection
         # of it holds the GIL for 100 ms or more, as long as a whole answer on a GPU. Freezing it keeps it
         # out of later collections (EngineWorker unfreezes before a reload lets it go).

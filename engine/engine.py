@@ -67,18 +67,26 @@ class Engine:
         on_progress(text, fraction) is called between load phases and while a download runs, never
         inside a torch call: an exception it raises abandons the load at that point (the app stops a
         load this way when it quits). tree: a draft tree's shape (speculative/tree/shape.py:
-        TreeShape), None for chains (set_tree)."""
+        TreeShape), None for chains, "auto" for the calibrated one (set_tree)."""
         from engine.build import build_engine
 
         engine = build_engine(cls, model, draft, device, max_seq_len, draft_steps, use_graphs, on_progress,
                               defer_capture, threads, options)
         if tree is not None:
-            engine.set_tree(tree)
+            engine.set_tree(tree, log=(lambda text: on_progress(text, None)) if on_progress else None)
         return engine
 
-    def set_tree(self, shape) -> None:
+    def set_tree(self, shape, log=None) -> None:
         """Draft trees of `shape` (a TreeShape) from the next answer, or chains (None). Trees need an
-        EAGLE-3 draft: anything else is a UserError."""
+        EAGLE-3 draft: anything else is a UserError. "auto": the shape that decodes fastest here,
+        calibrated once per model, draft and GPU (speculative/tree/calibrate.py); chains where
+        there is no EAGLE-3 head or on a CPU."""
+        if shape == "auto":
+            if self.speculator is None or not hasattr(self.speculator, "set_tree"):
+                return self.set_tree(None)
+            from speculative.tree.calibrate import auto_tree
+
+            shape = auto_tree(self, log=log)
         if shape is None:
             if hasattr(self.speculator, "set_tree"):
                 self.speculator.set_tree(None)

@@ -175,13 +175,14 @@ def test_run_with_a_draft_tree(tmp_path, tiny_models, capsys):
     args = ["run", "--model", str(tiny_models["llama"]), "--draft", str(head), "--device", "cpu", "--spec", "--json",
             "--max-tokens", "24", "--temperature", "0", "Hi there"]
     results = []
-    for tree in ([], ["--tree", "off"], ["--tree", "3,3,10"]):
+    for tree in ([], ["--tree", "off"], ["--tree", "3,3,10"], ["--tree", "auto"]):
         assert main(args + tree) == 0
         results.append(json.loads(capsys.readouterr().out))
-    chain, off, tree = results
-    assert chain["token_ids"] == off["token_ids"] == tree["token_ids"]
+    chain, off, tree, auto = results
+    assert chain["token_ids"] == off["token_ids"] == tree["token_ids"] == auto["token_ids"]
     assert tree["stats"]["verify_tokens"] == 11 and chain["stats"]["verify_tokens"] == 6  # k = 5, no runners-up on a CPU
-    for bad, says in [("auto", "not built yet"), ("2,2,9", "lower TOKENS"), ("3,3", "TOPK,DEPTH,TOKENS")]:
+    assert auto["stats"]["verify_tokens"] == 6  # auto takes chains on a CPU
+    for bad, says in [("tall", "use off, auto"), ("2,2,9", "lower TOKENS"), ("3,3", "TOPK,DEPTH,TOKENS")]:
         with pytest.raises(SystemExit) as e:
             main(args + ["--tree", bad])
         assert e.value.code == 2

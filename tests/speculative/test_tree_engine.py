@@ -141,3 +141,48 @@ def test_trees_need_an_eagle3_head(target):
     e = Engine.load(str(target), device="cpu")
     with pytest.raises(UserError, match="needs an EAGLE-3 draft head: no draft is loaded"):
         e.set_tree(TreeShape(2, 2, 4))
+
+
+def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
+    """--tree auto: chains on a CPU without timing anything; elsewhere the fastest of chains and
+    the candidate trees by the calibration's tokens/s, cached under the model, draft and device
+    (a second engine reads it without calibrating), and a corrupt cache file costs a calibration."""
+    from speculative.tree import calibrate as cal
+    from speculative.tree.shape import TreeShape
+
+    timed = []
+
+    def timer(engine, shape, prompts, tokens):
+        timed.append(str(shape))
+        return {None: 100.0, "3,3,12": 140.0, "4,5,24": 120.0}.get(None if shape is None else str(shape), 50.0)
+
+    class Stub:
+        device, model_name, draft_name = "cuda", "m", "d"
+        shape = "unset"
+
+        def set_tree(self, shape):
+            self.shape = shape
+
+    stub = Stub()
+    best, speeds = cal.calibrate(stub, timer=timer)
+    assert best == TreeShape(3, 3, 12) and stub.shape == best and speeds["off"] == 100.0
+    assert timed[:len(cal.CANDIDATES) + 1] == ["None"] + [str(c) for c in cal.CANDIDATES]  # warm-ups first
+
+    cache = tmp_path / "calibration.json"
+    calls = []
+    real = cal.calibrate
+    try:
+        cal.calibrate = lambda engine: (calls.append(1), real(engine, timer=timer))[1]
+        assert cal.auto_tree(stub, cache) == TreeShape(3, 3, 12) and calls == [1]
+        assert cal.auto_tree(Stub(), cache) == TreeShape(3, 3, 12) and calls == [1]  # from the cache
+        other = Stub()
+        other.draft_name = "another head"
+        cal.auto_tree(other, cache)
+        assert calls == [1, 1]  # another draft: calibrated anew
+        cache.write_text("{not json")
+        assert cal.auto_tree(Stub(), cache) == TreeShape(3, 3, 12) and calls == [1, 1, 1]
+        cpu = Stub()
+        cpu.device = "cpu"
+        assert cal.auto_tree(cpu, cache) is None and calls == [1, 1, 1]  # chains, nothing timed
+    finally:
+        cal.calibrate = real

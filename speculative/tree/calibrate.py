@@ -1,0 +1,113 @@
+"""--tree auto: the draft shape that decodes fastest for this model, draft and device, found by a
+short calibration and remembered.
+
+The calibration times greedy speculation with chains and with each candidate tree on the same
+few prompts (chat-style requests under the app's default system prompt, answers cut at
+CALIBRATION_TOKENS), one after the other, and keeps the fastest by tokens per second. The
+result is cached in the cache folder under the model, the draft, the device's name and the
+versions of localchat's code and torch, so later loads read it at once. A CPU takes chains
+without calibrating: there each verified row costs its arithmetic, and trees (13-25 rows a step)
+lost to the chain on the demo model (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from speculative.tree.shape import TreeShape
+
+CANDIDATES = (TreeShape(2, 4, 8), TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(8, 6, 48))
+CALIBRATION_TOKENS = 48
+PROMPTS = ("Explain in two sentences why the sky is blue.",
+           "Write a short list of three tips for learning a new language.",
+           "What is the difference between a list and a tuple in Python?")
+SYSTEM = "You are a helpful assistant."
+
+
+def cache_key(engine) -> str:
+    import torch
+
+    import engine as engine_pkg
+
+    device = engine.device
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    return "|".join([engine.model_name, str(engine.draft_name), device, getattr(engine_pkg, "__version__", ""),
+                     torch.__version__, code])
+
+
+def _tok_s(engine, shape: TreeShape | None, prompts, tokens: int) -> float:
+    from engine.types import SamplingParams
+
+    engine.set_tree(shape)
+    generated, seconds = 0, 0.0
+    for prompt in prompts:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        t0, first, n = time.perf_counter(), None, 0
+        for ev in engine.stream(messages, SamplingParams(max_tokens=tokens)):
+            if first is None and ev.token_ids:
+                first = time.perf_counter()
+            n += len(ev.token_ids)
+        if first is not None and n > 1:
+            generated += n - 1
+            seconds += time.perf_counter() - first
+    return generated / seconds if seconds else 0.0
+
+
+def calibrate(engine, candidates=CANDIDATES, prompts=PROMPTS, tokens: int = CALIBRATION_TOKENS,
+              timer=_tok_s) -> tuple[TreeShape | None, dict[str, float]]:
+    """(the fastest shape, None for chains; tokens/s of each, chains under "off"). One warm-up
+    answer of each first (a tree's first answer compiles and captures what it needs)."""
+    shapes = [None, *candidates]
+    for shape in shapes:
+        timer(engine, shape, prompts[:1], 8)
+    speeds = {("off" if s is None else str(s)): timer(engine, s, prompts, tokens) for s in shapes}
+    best = max(shapes, key=lambda s: speeds["off" if s is None else str(s)])
+    engine.set_tree(best)
+    return best, speeds
+
+
+def auto_tree(engine, cache_file: Path | None = None, log=None) -> TreeShape | None:
+    """The shape --tree auto runs with on `engine` (an EAGLE-3 head loaded), from the cache or a
+    calibration now (written to the cache). Chains on a CPU."""
+    from engine.paths import cache_dir
+
+    if engine.device == "cpu":
+        return None
+    cache_file = cache_file or cache_dir() / "tree-calibration.json"
+    key = cache_key(engine)
+    try:
+        cached = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if not isinstance(cached, dict):
+        cached = {}
+    if key in cached and isinstance(cached[key], dict):
+        return _shape(cached[key].get("best"))
+    if log:
+        log("calibrating --tree auto for this model and GPU (once)")
+    best, speeds = calibrate(engine)
+    cached[key] = {"best": "off" if best is None else str(best), "tok_s": speeds}
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cached, indent=1))
+        tmp.replace(cache_file)
+    except OSError:
+        pass  # an unwritable cache costs a calibration next time, nothing else
+    return best
+
+
+def _shape(text) -> TreeShape | None:
+    from engine.errors import UserError
+    from speculative.tree.shape import parse_tree
+
+    try:
+        shape = parse_tree(str(text))
+    except UserError:
+        return None
+    return shape if isinstance(shape, TreeShape) else None
