@@ -136,7 +136,7 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="system prompt over each prompt (default: the chat app's built-in one; '' for none)")
     p.add_argument("--random-quant", default=None, metavar="LAYOUT",
                    help="with --random-weights on a GPU: the layers' projections random packed weights "
-                        "of LAYOUT (Q4_K_M, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, AWQ)")
+                        "of LAYOUT (Q4_K_M, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, AWQ; default: none, bf16)")
     p.add_argument("--force-accept", type=float, default=None,
                    help="benchmark only: a random-weight draft whose verify steps give this many tokens: each step "
                         "for a whole number, on average with a real head's spread otherwise, e.g. 3.5 (default: off)")
