@@ -172,6 +172,7 @@ def cmd_doctor(args) -> int:
     why = "from OMP_NUM_THREADS" if threads is None else "free now; --threads N sets it"
     lines.append(f"cpu threads  {threads or torch.get_num_threads()} for the CPU path ({why}; {load.usable} usable "
                  f"of {load.cores} cores, load {load.load_1min:.1f})")
+    lines.append(f"quantized    {_quantized_rule(torch.cuda.is_available())}")
     from engine.hub.demo import demo_gguf_path
 
     lines += [f"cache        {cache_dir()}", f"data         {data_dir()}", f"config       {config_dir()}",
@@ -181,6 +182,20 @@ def cmd_doctor(args) -> int:
     lines.append(f"hf cache     {hub_cache_dir()}")
     print("\n".join(lines))
     return 0
+
+
+def _quantized_rule(gpu: bool) -> str:
+    """What a quantized checkpoint's layers run in here (engine/loader.py: packs_weights)."""
+    from engine.options import KernelOptions
+
+    if not gpu:
+        return "GGUF, AWQ, GPTQ and FP8 weights run dequantized to fp32 (CPU)"
+    packed = KernelOptions.from_env().packed_weights
+    if packed is None:
+        return ("GGUF, AWQ, GPTQ and FP8 weights run as bf16 where that fits in the GPU's free memory, "
+                "else decoded in place (LOCALCHAT_PACKED_WEIGHTS=1 always, =0 never)")
+    return ("GGUF, AWQ, GPTQ and FP8 weights run decoded in place (LOCALCHAT_PACKED_WEIGHTS=1)" if packed
+            else "GGUF, AWQ, GPTQ and FP8 weights run dequantized to bf16 (LOCALCHAT_PACKED_WEIGHTS=0)")
 
 
 def _demo_state(path) -> str:

@@ -53,3 +53,16 @@ def test_doctor_names_the_demos_weight_format(q4_0_gguf, tmp_path, monkeypatch, 
     assert main(["doctor"]) == 0
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("demo model"))
     assert line.endswith("(present, Q4_0 weights)")
+
+
+def test_doctor_says_what_quantized_weights_run_in(monkeypatch, capsys):
+    from app.commands import _quantized_rule
+
+    assert main(["doctor"]) == 0
+    assert "quantized    GGUF, AWQ, GPTQ and FP8 weights run dequantized to fp32 (CPU)" in capsys.readouterr().out
+    monkeypatch.delenv("LOCALCHAT_PACKED_WEIGHTS", raising=False)
+    assert "where that fits in the GPU's free memory" in _quantized_rule(True)
+    monkeypatch.setenv("LOCALCHAT_PACKED_WEIGHTS", "0")
+    assert "dequantized to bf16" in _quantized_rule(True)
+    monkeypatch.setenv("LOCALCHAT_PACKED_WEIGHTS", "1")
+    assert "decoded in place" in _quantized_rule(True)
