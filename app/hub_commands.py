@@ -161,7 +161,8 @@ def _download_demo() -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from engine.hub.catalog import load_catalog
-    from engine.hub.fit import detect_gpu, estimate_fit, local_weights_bytes, shape_from_config
+    from engine.hub.fit import (detect_gpu, estimate_fit, local_weights_bytes, packed_catalog_bytes,
+                                packed_gguf_bytes, shape_from_config)
     from engine.hub.local_models import list_cached_models
 
     if args.context < 1:
@@ -175,21 +176,27 @@ def cmd_models(args: argparse.Namespace) -> int:
         shape = shape_from_config(m.config) if m.config else None
         if shape is None and m.name == "demo":
             shape = catalog.by_id("demo").target.shape
-        fit = estimate_fit(local_weights_bytes(m.path), shape, args.context, gpu=gpu) if shape and not m.is_draft else None
+        packed = packed_gguf_bytes(m.path) if m.path.suffix == ".gguf" else None
+        fit = (estimate_fit(local_weights_bytes(m.path), shape, args.context, gpu=gpu, packed_weights_bytes=packed)
+               if shape and not m.is_draft else None)
         rows_local.append({
             "name": m.name, "kind": "draft" if m.is_draft else "model", "size_bytes": m.size_bytes,
             "path": str(m.path), "fit": fit.verdict if fit else None, "need_bytes": fit.need_bytes if fit else None,
+            "packed": fit.packed if fit else False,
         })
     for e in catalog.entries:
         d = e.draft
+        t = e.target
         fit = estimate_fit(
-            e.target.weights_bytes, e.target.shape, min(args.context, e.target.max_context or args.context),
+            t.weights_bytes, t.shape, min(args.context, t.max_context or args.context),
             draft_bytes=d.weights_bytes if d else 0, draft_shape=d.shape if d else None, gpu=gpu,
+            packed_weights_bytes=packed_catalog_bytes(t.weights_bytes, t.weights, t.hidden_size, t.vocab_size),
         )
         rows_catalog.append({
             "id": e.id, "target": e.target.repo, "draft": d.repo if d else None,
             "download_bytes": e.download_bytes, "licence": e.target.licence, "gated": e.target.is_gated,
             "cached": e.target.repo.lower() in cached, "fit": fit.verdict, "need_bytes": fit.need_bytes,
+            "packed": fit.packed,
         })
     gpu_info = {"name": gpu.name, "free_bytes": gpu.free_bytes, "total_bytes": gpu.total_bytes} if gpu else None
     if args.json:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from engine.hub.catalog import DEMO_ID, MTP_BUILTIN, Catalog, load_catalog
 from engine.errors import UserError
-from engine.hub.fit import FitEstimate, GpuMemory, detect_gpu, estimate_fit, gguf_gpu_bytes
+from engine.hub.fit import FitEstimate, GpuMemory, detect_gpu, estimate_fit, gguf_gpu_bytes, packed_catalog_bytes
 from engine.hub.gguf_files import parse_gguf_spec
 from engine.hub.download import DownloadPlan, cache_dir, free_disk_bytes, is_offline, plan_download
 from engine.hub.local_models import LocalModel, cached_snapshot, list_cached_models
@@ -46,8 +46,11 @@ def probe_environment(catalog: Catalog | None = None) -> Environment:
     for e in catalog.entries:
         d = e.draft
         context = min(CONTEXT, e.target.max_context or CONTEXT)
-        fits[e.id] = estimate_fit(e.target.weights_bytes, e.target.shape, context,
-                                  draft_bytes=d.weights_bytes if d else 0, draft_shape=d.shape if d else None, gpu=gpu)
+        t = e.target
+        fits[e.id] = estimate_fit(t.weights_bytes, t.shape, context,
+                                  draft_bytes=d.weights_bytes if d else 0, draft_shape=d.shape if d else None, gpu=gpu,
+                                  packed_weights_bytes=packed_catalog_bytes(t.weights_bytes, t.weights, t.hidden_size,
+                                                                            t.vocab_size))
         if e.target.repo.lower() in local:
             cached.add(e.id)
     return Environment(gpu, fits, cached, free_disk_bytes(cache_dir()), is_offline(), local_models)
@@ -88,9 +91,11 @@ def _fit_text(target: str, weights_bytes: int, draft_bytes: int, gpu: GpuMemory 
     if entry is None:
         return f"weights take {format_bytes(weights_bytes + draft_bytes)} of GPU memory, plus the KV cache"
     d = entry.draft
-    fit = estimate_fit(weights_bytes, entry.target.shape, min(CONTEXT, entry.target.max_context or CONTEXT),
-                       draft_bytes=draft_bytes, draft_shape=d.shape if d else None, gpu=gpu)
-    return f"{fit.verdict}: needs {format_bytes(fit.need_bytes)} at {CONTEXT} tokens"
+    t = entry.target
+    fit = estimate_fit(weights_bytes, t.shape, min(CONTEXT, t.max_context or CONTEXT),
+                       draft_bytes=draft_bytes, draft_shape=d.shape if d else None, gpu=gpu,
+                       packed_weights_bytes=packed_catalog_bytes(weights_bytes, t.weights, t.hidden_size, t.vocab_size))
+    return f"{fit.as_text}: needs {format_bytes(fit.need_bytes)} at {CONTEXT} tokens"
 
 
 def is_missing_path(spec: str) -> bool:

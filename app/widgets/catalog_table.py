@@ -133,7 +133,7 @@ class CatalogTable(DataTable):
             elif fit.available_bytes is None:
                 text = f"needs {format_bytes(fit.need_bytes)}, no GPU"
             else:
-                text = f"{fit.verdict} ({format_bytes(fit.need_bytes)})"
+                text = f"{fit.as_text} ({format_bytes(fit.need_bytes)})"
             style = FIT_STYLE.get(fit.verdict, "") if fit else ""
             self.fits[e.id] = f"[{style}]{text}[/]" if style else text
         self.cached = set(cached)

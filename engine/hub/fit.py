@@ -87,15 +87,29 @@ def _ask_torch() -> GpuMemory | None:
 
 @dataclass(frozen=True)
 class FitEstimate:
-    weights_bytes: int
+    weights_bytes: int  # dense: as bf16
     kv_bytes: int
     draft_bytes: int  # draft weights and the draft's own KV cache
     overhead_bytes: int
     available_bytes: int | None  # free GPU memory; None: no GPU
+    packed_weights_bytes: int | None = None  # a quantized model's weights kept packed; None: not quantized
+
+    @property
+    def packed(self) -> bool:
+        """Whether the load keeps the weights packed: quantized, and dense weights that would not
+        fit in 90% of the free memory (engine/loader.py: packs_weights)."""
+        return (self.available_bytes is not None and self.packed_weights_bytes is not None
+                and self.weights_bytes > 0.9 * self.available_bytes)
 
     @property
     def need_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.draft_bytes + self.overhead_bytes
+        weights = self.packed_weights_bytes if self.packed else self.weights_bytes
+        return weights + self.kv_bytes + self.draft_bytes + self.overhead_bytes
+
+    @property
+    def as_text(self) -> str:
+        """"fits", "tight (packed)", ...: the verdict, and how the weights would run."""
+        return self.verdict + (" (packed)" if self.packed else "")
 
     @property
     def verdict(self) -> str:
@@ -116,8 +130,11 @@ def estimate_fit(
     draft_bytes: int = 0,
     draft_shape: ModelShape | None = None,
     gpu: GpuMemory | None = None,
+    packed_weights_bytes: int | None = None,
 ) -> FitEstimate:
-    """bf16 KV cache (2 bytes a value); the draft keeps its own cache of the same length."""
+    """bf16 KV cache (2 bytes a value); the draft keeps its own cache of the same length.
+    packed_weights_bytes: a quantized model's weights as the GPU keeps them packed (where the
+    dense ones do not fit)."""
     if context < 1:
         raise ValueError(f"context must be >= 1, got {context}")
     draft_kv = draft_shape.kv_bytes(context) if draft_shape is not None else 0
@@ -127,6 +144,7 @@ def estimate_fit(
         draft_bytes=draft_bytes + draft_kv,
         overhead_bytes=OVERHEAD_BYTES,
         available_bytes=gpu.free_bytes if gpu is not None else None,
+        packed_weights_bytes=packed_weights_bytes,
     )
 
 
@@ -176,3 +194,42 @@ def gguf_gpu_bytes(file_bytes: int, pick: str) -> int | None:
     dequantized to bf16 at load; None for a quantization not in GGUF_BITS (or a file name)."""
     bits = GGUF_BITS.get(pick.upper())
     return None if bits is None else int(file_bytes * 16 / bits)
+
+
+# Bits a layer weight takes kept packed on the GPU (engine/weights/grouped.py: 4-bit q where it
+# fits, else 8; scale and offset per group, fp16 where exact, else fp32), by GGUF block type...
+PACKED_BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 8.5, "Q5_1": 9.0, "Q8_0": 8.5, "Q2_K": 8.0, "Q3_K": 6.0,
+               "Q4_K": 6.0, "Q5_K": 10.0, "Q6_K": 10.0}
+# ...and over a file's mix (Q4_K_M: a sixth of the weights in Q6_K) or a checkpoint format.
+PACKED_MIX_BITS = {**PACKED_BITS, "Q4_K_S": 6.0, "Q4_K_M": 6.7, "Q5_K_S": 10.0, "Q5_K_M": 10.0, "AWQ": 4.4,
+                   "GPTQ": 4.4, "FP8": 8.0}
+_LAYER_TENSOR = (".attn_q.", ".attn_k.", ".attn_v.", ".attn_output.", ".ffn_gate.", ".ffn_up.", ".ffn_down.")
+
+
+def packed_gguf_bytes(path: Path) -> int | None:
+    """A GGUF file's weights as a GPU keeps them packed: its layers' projections in the packed
+    layout, everything else (embeddings, lm_head, norms) as bf16. None: unreadable, or nothing
+    to pack."""
+    from engine.weights.gguf_header import TYPE_NAMES, read_tensor_infos
+
+    try:
+        infos = read_tensor_infos(path)
+    except (OSError, ValueError):
+        return None
+    total, packed = 0, False
+    for t in infos:
+        layer = any(k in t.name + "." for k in _LAYER_TENSOR)
+        bits = PACKED_BITS.get(TYPE_NAMES.get(t.type_id, "")) if layer else None
+        packed = packed or bits is not None
+        total += int(t.n_elements * (bits if bits is not None else 16) / 8)
+    return total if packed else None
+
+
+def packed_catalog_bytes(dense_bytes: int, weights: str | None, hidden: int | None, vocab: int | None) -> int | None:
+    """About how many bytes a catalog variant's weights take packed: its layers at the format's
+    packed bits, embeddings and lm_head (vocab x hidden, twice) in bf16; None: not quantized."""
+    bits = PACKED_MIX_BITS.get((weights or "").upper())
+    if bits is None:
+        return None
+    embed = 2 * 2 * (vocab or 0) * (hidden or 0)
+    return int(max(0, dense_bytes - embed) * bits / 16) + embed

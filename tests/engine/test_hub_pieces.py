@@ -49,6 +49,40 @@ def test_fit_verdicts():
         estimate_fit(1, shape, context=0)
 
 
+def test_a_quantized_model_that_does_not_fit_dense_is_fitted_packed(tmp_path):
+    """Where a quantized model's bf16 weights would not fit (the loader then keeps them packed),
+    the estimate counts the packed bytes and says so; a model that fits dense stays dense, and a
+    float model has no packed figure at all."""
+    from engine.hub.fit import packed_catalog_bytes, packed_gguf_bytes
+    from engine.hub.catalog import load_catalog
+
+    shape = ModelShape(32, 8, 128)
+    small_gpu = GpuMemory("12 GB card", 11 * GiB, 12 * GiB)
+    fit = estimate_fit(16 * GiB, shape, gpu=small_gpu, packed_weights_bytes=5 * GiB)
+    assert fit.packed and fit.need_bytes == 5 * GiB + 2 * GiB and fit.verdict == "fits"
+    assert fit.as_text == "fits (packed)"
+    dense = estimate_fit(16 * GiB, shape, gpu=GpuMemory("x", 80 * GiB, 80 * GiB), packed_weights_bytes=5 * GiB)
+    assert not dense.packed and dense.need_bytes == 18 * GiB and dense.as_text == "fits"
+    assert estimate_fit(16 * GiB, shape, gpu=small_gpu).verdict == "does not fit"  # a float model
+    assert not estimate_fit(16 * GiB, shape, gpu=None, packed_weights_bytes=5 * GiB).packed  # no GPU: no rule
+    entry = load_catalog().by_id("llama-3.1-8b-q4km")
+    t = entry.target
+    packed = packed_catalog_bytes(t.weights_bytes, t.weights, t.hidden_size, t.vocab_size)
+    assert 0.3 * t.weights_bytes < packed < 0.6 * t.weights_bytes
+    assert packed_catalog_bytes(t.weights_bytes, None, t.hidden_size, t.vocab_size) is None
+
+    from tests.tiny_gguf import make_tiny_gguf
+    from engine.weights.gguf_header import read_tensor_infos
+
+    path = make_tiny_gguf(tmp_path / "tiny-Q4_K.gguf", tmp_path / "work", qtype="Q4_K", hidden=256)
+    infos = read_tensor_infos(path)
+    layer = [t for t in infos if t.name.startswith("blk.") and len(t.shape) == 2]
+    want = sum(t.n_elements * 6 // 8 for t in layer) + sum(t.n_elements * 2 for t in infos if t not in layer)
+    assert packed_gguf_bytes(path) == want
+    f32 = make_tiny_gguf(tmp_path / "tiny-F32.gguf", tmp_path / "work", qtype="F32", hidden=256)
+    assert packed_gguf_bytes(f32) is None  # nothing to pack
+
+
 def test_shape_from_config_defaults_head_dim():
     assert shape_from_config({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}) == ModelShape(2, 4, 16)
     assert shape_from_config({"num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
