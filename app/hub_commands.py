@@ -208,17 +208,22 @@ def cmd_models(args: argparse.Namespace) -> int:
     if not rows_local:
         print("  nothing yet: try `localchat download demo` or an id from the catalog below")
     for r in rows_local:
-        need = f"needs {format_bytes(r['need_bytes'])}: {r['fit']}" if r["fit"] else ""
+        need = f"needs {format_bytes(r['need_bytes'])}: {_fit_word(r)}" if r["fit"] else ""
         print(f"  {r['name']:<44} {r['kind']:<5} {format_bytes(r['size_bytes']):>8}  {need}")
     print(f"\nCatalog (needs: weights + draft + KV cache for {args.context} tokens + 1 GiB):")
     for r, e in zip(rows_catalog, catalog.entries):
         mark = " (downloaded)" if r["cached"] else ""
         gated = ", gated" if r["gated"] else ""
         print(f"  {r['id']:<20} {format_bytes(r['download_bytes']):>8}  needs {format_bytes(r['need_bytes']):>8}: "
-              f"{r['fit']:<12} {r['licence']}{gated}{mark}")
+              f"{_fit_word(r):<21} {r['licence']}{gated}{mark}")
         print(f"      {pair_text(e)}")
     print("\ndownload one with: localchat download ID")
     return 0
+
+
+def _fit_word(row: dict) -> str:
+    """"fits", or "fits (packed)" where the weights would be kept packed to fit."""
+    return row["fit"] + (" (packed)" if row.get("packed") else "")
 
 
 def pair_text(entry) -> str:

@@ -54,16 +54,21 @@ def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dt
 
 
 def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptions,
-                  cfg: ModelConfig | None = None) -> bool:
+                  cfg: ModelConfig | None = None, max_len: int | None = None) -> bool:
     """Whether this load keeps quantized projections packed: CUDA with Triton, a 16-bit model, and
-    KernelOptions.packed_weights True, or None (auto) with dense weights of `cfg` that would not
-    fit in 90% of the GPU's free memory."""
+    KernelOptions.packed_weights True, or None (auto) with a dense model of `cfg` (its weights, a
+    KV cache of max_len positions, 1 GiB for the rest) that would not fit in 90% of the GPU's free
+    memory, the rule the fit estimate follows too (engine/hub/fit.py)."""
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or options.packed_weights is False:
         return False
     if not _has_triton():
         return False
     if options.packed_weights is None:
-        return cfg is not None and dense_bytes(cfg, dtype) > 0.9 * torch.cuda.mem_get_info(device)[0]
+        if cfg is None:
+            return False
+        positions = max_len or min(cfg.max_position_embeddings, 8192)
+        kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * positions * torch.empty((), dtype=dtype).element_size()
+        return dense_bytes(cfg, dtype) + kv + 2**30 > 0.9 * torch.cuda.mem_get_info(device)[0]
     return True
 
 
@@ -106,7 +111,7 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
     matrices: Counter = Counter()
     tensors = _counting_matrices(iter_tensors(files), matrices)
-    packed = cfg.quantization is not None and packs_weights(device, dtype, options, cfg)
+    packed = cfg.quantization is not None and packs_weights(device, dtype, options, cfg, max_len)
     if cfg.quantization is not None:
         tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name), _keep(device) if packed else None)
     model = build_model(cfg, tensors, folder.name, device, dtype, max_len, options, packed)
@@ -140,13 +145,13 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     instead while the file is unchanged: parsing the GGUF vocabulary and dequantizing cost
     seconds at every start (engine/weights/prepared.py)."""
     if prepared_dir is not None and is_current(prepared_dir, path, dtype) and not packs_weights(
-            device, dtype, options, ModelConfig.from_file(prepared_dir / "config.json")):
+            device, dtype, options, ModelConfig.from_file(prepared_dir / "config.json"), max_len):
         loaded = load_folder(prepared_dir, device, dtype, max_len, options)
         return dataclasses.replace(loaded, weights=prepared_weights(prepared_dir))
     reader = open_gguf(path)
     raw = hf_config(reader, path)
     cfg = ModelConfig.from_hf(raw, path.name)
-    packed = packs_weights(device, dtype, options, cfg)
+    packed = packs_weights(device, dtype, options, cfg, max_len)
     if packed:
         prepared_dir = None  # the prepared copy holds dequantized weights; a packing load reads the blocks
     cfg.check_tensors(gguf_shapes(reader), path.name, "block_count")

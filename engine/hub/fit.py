@@ -96,10 +96,11 @@ class FitEstimate:
 
     @property
     def packed(self) -> bool:
-        """Whether the load keeps the weights packed: quantized, and dense weights that would not
+        """Whether the load keeps the weights packed: quantized, and a dense model that would not
         fit in 90% of the free memory (engine/loader.py: packs_weights)."""
+        dense = self.weights_bytes + self.kv_bytes + self.draft_bytes + self.overhead_bytes
         return (self.available_bytes is not None and self.packed_weights_bytes is not None
-                and self.weights_bytes > 0.9 * self.available_bytes)
+                and dense > 0.9 * self.available_bytes)
 
     @property
     def need_bytes(self) -> int:

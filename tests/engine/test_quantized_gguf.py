@@ -190,8 +190,8 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
 
 def test_packing_is_asked_for_or_needed(monkeypatch):
     """A GPU packs quantized projections when told to (LOCALCHAT_PACKED_WEIGHTS=1), never when told
-    not to, and by default only when the dense weights would not fit in its free memory; the CPU
-    never does."""
+    not to, and by default only when the dense model (weights, KV cache, 1 GiB) would not fit in
+    its free memory; the CPU never does."""
     import engine.loader as loader
     from engine.config import ModelConfig
     from engine.options import KernelOptions
@@ -204,7 +204,7 @@ def test_packing_is_asked_for_or_needed(monkeypatch):
     assert dense == 2 * (2 * (256 * (256 + 2 * 128) + 256 * 256 + 3 * 256 * 512) + 2 * 1000 * 256)
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
     monkeypatch.setattr(loader, "_has_triton", lambda: True)
-    for free, want in ((dense, True), (10 * dense, False)):
+    for free, want in ((dense + 2**30, True), (10 * dense + 2 * 2**30, False)):  # + a KV cache and 1 GiB
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, 100 * dense))
         assert loader.packs_weights(cuda, bf16, KernelOptions(), cfg) is want
         assert loader.packs_weights(cuda, bf16, KernelOptions(packed_weights=True), cfg) is True
