@@ -135,7 +135,9 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.ops = ops
         self.model = TransformerBody(cfg, ops)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # untied, it may come packed too (engine/packed_linear.py: projections_on_meta)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False,
+                                 device=None if cfg.tie_word_embeddings else projection_device())
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("cos_sin", rope_cos_sin(cfg, max_len).to(torch.get_default_device()), persistent=False)
@@ -172,9 +174,10 @@ class CausalLM(nn.Module):
     def with_options(self, options: KernelOptions) -> "CausalLM":
         """This model's weights (shared, not copied) under other kernel options: e.g. the batch
         invariance that a draft's verify steps need, for a model built without it."""
-        ops = Ops.for_device(self.lm_head.weight.device, options)
+        embed = self.model.embed_tokens.weight  # never packed: its device and dtype are the model's
+        ops = Ops.for_device(embed.device, options)
         twin = build_uninitialized(lambda: CausalLM(self.config, self.cos_sin.shape[0], ops), torch.device("meta"),
-                                   self.lm_head.weight.dtype)
+                                   embed.dtype)
         share_packed(self, twin)  # its quantized projections, as this model holds them
         twin.load_state_dict(self.state_dict(), assign=True)
         twin.cos_sin = self.cos_sin

@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.weights.grouped import GroupedWeight, dequantize_grouped
+from engine.weights.grouped import GroupedWeight, dequantize_grouped, rows_of
 
 MAX_ROWS = 16
+DEQUANT_CHUNK = 1 << 25  # values dequantized at once by a long step (128 MB as fp32)
 _ON_META = contextvars.ContextVar("projections_on_meta", default=False)
 
 
@@ -92,8 +93,24 @@ class PackedLinear(nn.Module):
                     packed_gemv(rows, b, bias, out=out[:, start:stop])
                     start = stop
         else:
-            out = F.linear(rows, self.dequantized(rows.dtype), self.bias)
+            out = self._dequantizing(rows)
         return out.reshape(*lead, self.out_features)
+
+    def _dequantizing(self, rows: torch.Tensor) -> torch.Tensor:
+        """A long step (prefill) or the CPU: the weight dequantized a slice of output rows at a time
+        (at most DEQUANT_CHUNK values, so an 8B's lm_head never stands in memory whole), each
+        slice's matmul written into its columns."""
+        out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
+        chunk = max(1, DEQUANT_CHUNK // self.in_features)
+        start = 0
+        for block in self.blocks:
+            for a in range(0, block.shape[0], chunk):
+                b = min(block.shape[0], a + chunk)
+                w = dequantize_grouped(rows_of(block, a, b)).to(rows.dtype)
+                bias = None if self.bias is None else self.bias[start + a:start + b]
+                out[:, start + a:start + b] = F.linear(rows, w, bias)
+            start += block.shape[0]
+        return out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"

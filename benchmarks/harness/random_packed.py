@@ -74,7 +74,7 @@ def pack_model(model, layout: str, seed: int = 0) -> int:
     from engine.weights.grouped import grouped_blocks
 
     layers = model.model.layers
-    device = model.lm_head.weight.device
+    device = model.model.embed_tokens.weight.device
     gen = torch.Generator(device=device).manual_seed(seed)
     total = 0
     for index, layer in enumerate(layers):

@@ -208,9 +208,9 @@ _LAYER_TENSOR = (".attn_q.", ".attn_k.", ".attn_v.", ".attn_output.", ".ffn_gate
 
 
 def packed_gguf_bytes(path: Path) -> int | None:
-    """A GGUF file's weights as a GPU keeps them packed: its layers' projections in the packed
-    layout, everything else (embeddings, lm_head, norms) as bf16. None: unreadable, or nothing
-    to pack."""
+    """A GGUF file's weights as a GPU keeps them packed: its layers' projections and lm_head in the
+    packed layout, everything else (embeddings, norms) as bf16. None: unreadable, or nothing to
+    pack."""
     from engine.weights.gguf_header import TYPE_NAMES, read_tensor_infos
 
     try:
@@ -219,7 +219,7 @@ def packed_gguf_bytes(path: Path) -> int | None:
         return None
     total, packed = 0, False
     for t in infos:
-        layer = any(k in t.name + "." for k in _LAYER_TENSOR)
+        layer = any(k in t.name + "." for k in _LAYER_TENSOR) or t.name == "output.weight"
         bits = PACKED_BITS.get(TYPE_NAMES.get(t.type_id, "")) if layer else None
         packed = packed or bits is not None
         total += int(t.n_elements * (bits if bits is not None else 16) / 8)
@@ -227,10 +227,10 @@ def packed_gguf_bytes(path: Path) -> int | None:
 
 
 def packed_catalog_bytes(dense_bytes: int, weights: str | None, hidden: int | None, vocab: int | None) -> int | None:
-    """About how many bytes a catalog variant's weights take packed: its layers at the format's
-    packed bits, embeddings and lm_head (vocab x hidden, twice) in bf16; None: not quantized."""
+    """About how many bytes a catalog variant's weights take packed: its layers and lm_head at the
+    format's packed bits, the embeddings (vocab x hidden) in bf16; None: not quantized."""
     bits = PACKED_MIX_BITS.get((weights or "").upper())
     if bits is None:
         return None
-    embed = 2 * 2 * (vocab or 0) * (hidden or 0)
+    embed = 2 * (vocab or 0) * (hidden or 0)
     return int(max(0, dense_bytes - embed) * bits / 16) + embed

@@ -213,6 +213,13 @@ def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
 
 
+def rows_of(g: GroupedWeight, start: int, stop: int) -> GroupedWeight:
+    """Output rows start..stop - 1 of `g` (views, no copy)."""
+    cut = lambda t: None if t is None else t[start:stop]  # noqa: E731
+    return GroupedWeight(g.kind, (stop - start, g.shape[1]), g.group, g.q[start:stop], g.scale[start:stop],
+                         cut(g.offset), g.format)
+
+
 def unpack_q(g: GroupedWeight) -> torch.Tensor:
     """(N, K) float32 q values."""
     if g.kind in (NIBBLES, SIGNED_NIBBLES):

@@ -61,14 +61,15 @@ def _pack(quant: QuantConfig, parts: dict[str, torch.Tensor], where: str) -> Pac
     return fp8_weight(parts["weight"], parts["weight_scale"], where)
 
 
-# The weights a GPU keeps quantized: the projections of the decoder layers (embeddings, lm_head and
-# norms are read as floats).
-_LAYER_LINEAR = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+# The weights a GPU keeps quantized: the projections of the decoder layers, and an untied lm_head
+# (embeddings, which are looked up by row, and norms are read as floats).
+_LAYER_LINEAR = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$"
+                           r"|^lm_head\.weight$")
 
 
 def keeps_packed(name: str) -> bool:
     """Whether a packed tensor of this checkpoint name stays packed where the device runs packed
-    weights (a decoder layer's projection)."""
+    weights (a decoder layer's projection, or lm_head)."""
     return bool(_LAYER_LINEAR.search(name))
 
 

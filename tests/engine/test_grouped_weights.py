@@ -194,3 +194,21 @@ def test_random_packed_layouts_pack_a_model():
         hidden = torch.randn(3, 256)
         assert torch.isfinite(model.model.layers[0].mlp.gate_up_proj(hidden)).all()
     assert [use_more_bits(i, 32) for i in range(8)] == [True] * 4 + [False, False, True, False]
+
+
+def test_long_steps_dequantize_a_slice_of_rows_at_a_time(monkeypatch):
+    """Prefill (and the CPU) dequantize a few output rows at a time, never the whole weight: the
+    result is the whole dequantized weight's matmul, bias included (to the last bits a matmul of
+    another width may round differently)."""
+    import engine.packed_linear as packed_linear
+    from engine.packed_linear import PackedLinear
+    from engine.weights.grouped import grouped_blocks
+
+    parts = [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2), _gguf("Q6_K", 4, 512, 3)]
+    bias = torch.nn.Parameter(torch.randn(16), requires_grad=False)
+    linear = PackedLinear(grouped_blocks(parts), bias)
+    x = torch.randn(20, 512, generator=torch.Generator().manual_seed(1))
+    whole = torch.nn.functional.linear(x, torch.cat([dequantize(p) for p in parts]), bias)
+    assert torch.equal(linear(x), whole)  # one slice
+    monkeypatch.setattr(packed_linear, "DEQUANT_CHUNK", 3 * 512)  # three rows a slice
+    torch.testing.assert_close(linear(x), whole, rtol=1e-6, atol=1e-5)

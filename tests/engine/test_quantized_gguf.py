@@ -166,7 +166,7 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
 
     path = _file(work, kind)
     plain = Engine.load(str(path), device="cpu")
-    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None: True)
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
     packed = Engine.load(str(path), device="cpu")
     layer = packed.runner.model.model.layers[0]
     assert not any(p.is_meta for p in packed.runner.model.parameters())  # built on meta, all filled
@@ -177,7 +177,8 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
     assert packed.weights == packed.runs_as == kind and plain.runs_as == "fp32"
     linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
     assert all(isinstance(m, PackedLinear) and m.format == kind for m in linears)
-    assert not isinstance(packed.runner.model.lm_head, PackedLinear)
+    assert isinstance(packed.runner.model.lm_head, PackedLinear)  # untied here: packed too
+    assert not isinstance(packed.runner.model.model.embed_tokens, PackedLinear)
     hidden = torch.randn(5, layer.self_attn.qkv_proj.in_features, generator=torch.Generator().manual_seed(0))
     for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
         ours, theirs = layer.get_submodule(name), plain.runner.model.model.layers[0].get_submodule(name)
