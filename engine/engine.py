@@ -82,11 +82,9 @@ class Engine:
         calibrated once per model, draft and GPU (speculative/tree/calibrate.py); chains where
         there is no EAGLE-3 head or on a CPU."""
         if shape == "auto":
-            if self.speculator is None or not hasattr(self.speculator, "set_tree"):
+            if self.speculator is None or not hasattr(self.speculator, "auto_tree"):
                 return self.set_tree(None)
-            from speculative.tree.calibrate import auto_tree
-
-            shape = auto_tree(self, log=log)
+            shape = self.speculator.auto_tree(self, log)
         if shape is None:
             if hasattr(self.speculator, "set_tree"):
                 self.speculator.set_tree(None)

@@ -93,6 +93,12 @@ class Eagle3Speculator:
         A repetition penalty keeps the chain."""
         self.tree = shape
 
+    def auto_tree(self, engine, log=None) -> TreeShape | None:
+        """--tree auto for `engine` (this speculator's): the calibrated shape (tree/calibrate.py)."""
+        from speculative.tree.calibrate import auto_tree
+
+        return auto_tree(engine, log=log)
+
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
         """Positions whose target K/V and draft entries both stay valid for this prompt."""

@@ -4,8 +4,8 @@ short calibration and remembered.
 The calibration times greedy speculation with chains and with each candidate tree on the same
 few prompts (chat-style requests under the app's default system prompt, answers cut at
 CALIBRATION_TOKENS), one after the other, and keeps the fastest by tokens per second. The
-result is cached in the cache folder under the model, the draft, the device's name and the
-versions of localchat's code and torch, so later loads read it at once. A CPU takes chains
+result is cached in the cache folder under the model, the draft, the device's name, torch's
+version and this file's contents, so later loads read it at once. A CPU takes chains
 without calibrating: there each verified row costs its arithmetic, and trees (13-25 rows a step)
 lost to the chain on the demo model (docs/performance.md).
 """
@@ -30,14 +30,11 @@ SYSTEM = "You are a helpful assistant."
 def cache_key(engine) -> str:
     import torch
 
-    import engine as engine_pkg
-
     device = engine.device
     if device.startswith("cuda") and torch.cuda.is_available():
         device = torch.cuda.get_device_name()
     code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
-    return "|".join([engine.model_name, str(engine.draft_name), device, getattr(engine_pkg, "__version__", ""),
-                     torch.__version__, code])
+    return "|".join([engine.model_name, str(engine.draft_name), device, torch.__version__, code])
 
 
 def _tok_s(engine, shape: TreeShape | None, prompts, tokens: int) -> float:
