@@ -1,11 +1,12 @@
 """GGUF block types: their sizes and the torch reference that decodes their raw bytes.
 
-Each `dequantize_*` takes the blocks of a weight as llama.cpp stores them, a uint8 tensor of
-(num_blocks, block_bytes), and returns (num_blocks, block_elements) float32 values. They follow
-ggml's layouts (ggml-common.h) and repeat the arithmetic of the `gguf` package's numpy
+Each `parts_*` takes the blocks of a weight as llama.cpp stores them, a uint8 tensor of
+(num_blocks, block_bytes), and returns their integer values, their scales and offsets (`PARTS`);
+`compose` makes the (num_blocks, block_elements) float32 values of them. They follow ggml's
+layouts (ggml-common.h) and repeat the arithmetic of the `gguf` package's numpy
 `dequantize_blocks`, operation for operation and in float32, so the results are equal bit for
-bit (tests/engine/test_packed_gguf.py). They are the formulas a kernel that decodes the blocks
-in place implements: plain byte slicing, shifts and masks, no loop over blocks.
+bit (tests/engine/test_packed_gguf.py). The GPU layout (grouped.py) is built from the same parts:
+plain byte slicing, shifts and masks, no loop over blocks.
 """
 
 from __future__ import annotations
@@ -49,52 +50,49 @@ def _high_bits(qh: torch.Tensor) -> torch.Tensor:
     return (word >> torch.arange(32, dtype=torch.int64, device=qh.device)) & 1
 
 
-def dequantize_q4_0(b: torch.Tensor) -> torch.Tensor:
+def _row(t: torch.Tensor, nb: int) -> torch.Tensor:
+    return t.reshape(nb, -1)
+
+
+def parts_q4_0(b: torch.Tensor) -> tuple:
     """x = d * (q - 8); block: d (f16), 16 bytes of 4-bit q."""
-    d = _f16(b[:, 0:2])
-    q = _nibbles(b[:, 2:18]).to(torch.int8) - 8
-    return d * q.float()
+    return _nibbles(b[:, 2:18]).to(torch.int16) - 8, _f16(b[:, 0:2]), None, 32
 
 
-def dequantize_q4_1(b: torch.Tensor) -> torch.Tensor:
+def parts_q4_1(b: torch.Tensor) -> tuple:
     """x = d * q + m; block: d, m (f16), 16 bytes of 4-bit q."""
-    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    return d * _nibbles(b[:, 4:20]).float() + m
+    return _nibbles(b[:, 4:20]).to(torch.int16), _f16(b[:, 0:2]), _f16(b[:, 2:4]), 32
 
 
-def dequantize_q5_0(b: torch.Tensor) -> torch.Tensor:
+def parts_q5_0(b: torch.Tensor) -> tuple:
     """x = d * (q - 16), q = low nibble | high bit << 4; block: d, 32 high bits (uint32), 16 bytes of nibbles."""
-    d = _f16(b[:, 0:2])
-    q = (_nibbles(b[:, 6:22]) | (_high_bits(b[:, 2:6]).to(torch.uint8) << 4)).to(torch.int8) - 16
-    return d * q.float()
+    q = (_nibbles(b[:, 6:22]) | (_high_bits(b[:, 2:6]).to(torch.uint8) << 4)).to(torch.int16) - 16
+    return q, _f16(b[:, 0:2]), None, 32
 
 
-def dequantize_q5_1(b: torch.Tensor) -> torch.Tensor:
+def parts_q5_1(b: torch.Tensor) -> tuple:
     """x = d * q + m, q = low nibble | high bit << 4; block: d, m, 32 high bits, 16 bytes of nibbles."""
-    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    q = _nibbles(b[:, 8:24]) | (_high_bits(b[:, 4:8]).to(torch.uint8) << 4)
-    return d * q.float() + m
+    q = (_nibbles(b[:, 8:24]) | (_high_bits(b[:, 4:8]).to(torch.uint8) << 4)).to(torch.int16)
+    return q, _f16(b[:, 0:2]), _f16(b[:, 2:4]), 32
 
 
-def dequantize_q8_0(b: torch.Tensor) -> torch.Tensor:
+def parts_q8_0(b: torch.Tensor) -> tuple:
     """x = q * d; block: d (f16), 32 int8 q."""
-    d = _f16(b[:, 0:2])
-    return b[:, 2:34].contiguous().view(torch.int8).float() * d
+    return b[:, 2:34].contiguous().view(torch.int8).to(torch.int16), _f16(b[:, 0:2]), None, 32
 
 
-def dequantize_q2_k(b: torch.Tensor) -> torch.Tensor:
+def parts_q2_k(b: torch.Tensor) -> tuple:
     """Super-block of 16 sub-blocks of 16: x = d * sc * q - dmin * m, 4-bit sc and m per sub-block,
     2-bit q. Bytes: scales (sc | m << 4) [16], q [64], d, dmin (f16)."""
     n = b.shape[0]
     scales, qs = b[:, 0:16], b[:, 16:80]
     d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
-    dl = (d * (scales & 0x0F).float()).reshape(n, 16, 1)
-    ml = (dmin * (scales >> 4).float()).reshape(n, 16, 1)
+    dl, ml = d * (scales & 0x0F).float(), dmin * (scales >> 4).float()
     q = _shifted(qs.reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
-    return (dl * q.reshape(n, 16, 16).float() - ml).reshape(n, QK_K)
+    return _row(q, n).to(torch.int16), dl, -ml, 16
 
 
-def dequantize_q3_k(b: torch.Tensor) -> torch.Tensor:
+def parts_q3_k(b: torch.Tensor) -> tuple:
     """Super-block of 16 sub-blocks of 16: x = d * (sc - 32) * q, 6-bit sc, 3-bit q whose high bit is
     stored inverted (an unset bit subtracts 4). Bytes: hmask [32], low 2 bits [64], scales [12], d."""
     n = b.shape[0]
@@ -104,10 +102,9 @@ def dequantize_q3_k(b: torch.Tensor) -> torch.Tensor:
     low = _shifted(scales[:, 0:8].reshape(n, 1, 8), [0, 4], (1, 2, 1)).reshape(n, 16)
     high = _shifted(scales[:, 8:12].reshape(n, 1, 4), [0, 2, 4, 6], (1, 4, 1)).reshape(n, 16)
     sc = ((low & 0x0F) | ((high & 3) << 4)).to(torch.int8) - 32
-    dl = (d * sc.float()).reshape(n, 16, 1)
-    ql = (_shifted(qs.reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)).reshape(n, 16, 16) & 3).to(torch.int8)
+    ql = (_shifted(qs.reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)).reshape(n, 16, 16) & 3).to(torch.int16)
     qh = (_shifted(hmask.reshape(n, 1, 1, 32), list(range(8)), (1, 1, 8, 1)).reshape(n, 16, 16) & 1) ^ 1
-    return (dl * (ql - (qh << 2).to(torch.int8)).float()).reshape(n, QK_K)
+    return _row(ql - (qh.to(torch.int16) << 2), n), d * sc.float(), None, 16
 
 
 def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,50 +118,56 @@ def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-def dequantize_q4_k(b: torch.Tensor) -> torch.Tensor:
+def parts_q4_k(b: torch.Tensor) -> tuple:
     """Super-block of 8 sub-blocks of 32: x = d * sc * q - dmin * m, 4-bit q. Bytes: d, dmin (f16),
     scales [12], q [128] (each 32 bytes: low nibbles one sub-block, high nibbles the next)."""
     n = b.shape[0]
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
     sc, mn = _scale_min_k4(b[:, 4:16])
-    ds = (d * sc.float()).reshape(n, 8, 1)
-    dm = (dmin * mn.float()).reshape(n, 8, 1)
     q = _shifted(b[:, 16:144].reshape(n, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 0x0F
-    return (ds * q.reshape(n, 8, 32).float() - dm).reshape(n, QK_K)
+    return _row(q, n).to(torch.int16), d * sc.float(), -(dmin * mn.float()), 32
 
 
-def dequantize_q5_k(b: torch.Tensor) -> torch.Tensor:
+def parts_q5_k(b: torch.Tensor) -> tuple:
     """Q4_K plus a fifth bit: q = nibble | bit << 4, bit i of qh byte j for element j of sub-block i.
     Bytes: d, dmin, scales [12], qh [32], q [128]."""
     n = b.shape[0]
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
     sc, mn = _scale_min_k4(b[:, 4:16])
-    ds = (d * sc.float()).reshape(n, 8, 1)
-    dm = (dmin * mn.float()).reshape(n, 8, 1)
     ql = (_shifted(b[:, 48:176].reshape(n, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(n, 8, 32)
     qh = (_shifted(b[:, 16:48].reshape(n, 1, 1, 32), list(range(8)), (1, 1, 8, 1)) & 1).reshape(n, 8, 32)
-    return (ds * (ql | (qh << 4)).float() - dm).reshape(n, QK_K)
+    return _row(ql | (qh << 4), n).to(torch.int16), d * sc.float(), -(dmin * mn.float()), 32
 
 
-def dequantize_q6_k(b: torch.Tensor) -> torch.Tensor:
+def parts_q6_k(b: torch.Tensor) -> tuple:
     """Super-block of 16 sub-blocks of 16: x = d * sc * (q - 32), int8 sc, 6-bit q (4 low bits in ql,
     2 high bits in qh). Bytes: ql [128], qh [64], scales [16], d (f16)."""
     n = b.shape[0]
     sc = b[:, 192:208].contiguous().view(torch.int8).float()
-    d = (_f16(b[:, 208:210]) * sc).reshape(n, 16, 1)
     ql = (_shifted(b[:, 0:128].reshape(n, 2, 1, 64), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(n, 8, 32)
     qh = (_shifted(b[:, 128:192].reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3).reshape(n, 8, 32)
-    q = (ql | (qh << 4)).to(torch.int8) - 32
-    return (d * q.reshape(n, 16, 16).float()).reshape(n, QK_K)
+    return _row(ql | (qh << 4), n).to(torch.int16) - 32, _f16(b[:, 208:210]) * sc, None, 16
 
 
-_DEQUANTIZE = {
-    "Q4_0": dequantize_q4_0, "Q4_1": dequantize_q4_1, "Q5_0": dequantize_q5_0, "Q5_1": dequantize_q5_1,
-    "Q8_0": dequantize_q8_0, "Q2_K": dequantize_q2_k, "Q3_K": dequantize_q3_k, "Q4_K": dequantize_q4_k,
-    "Q5_K": dequantize_q5_k, "Q6_K": dequantize_q6_k,
+# Each type's blocks -> (q (nb, block) int16, scale (nb, block / G) float32, offset likewise or None,
+# G): x = q * scale (+ offset) in float32, group by group, which is each type's formula above in
+# the operations and order of gguf's numpy dequantize (x - y being x + (-y) exactly).
+PARTS = {
+    "Q4_0": parts_q4_0, "Q4_1": parts_q4_1, "Q5_0": parts_q5_0, "Q5_1": parts_q5_1, "Q8_0": parts_q8_0,
+    "Q2_K": parts_q2_k, "Q3_K": parts_q3_k, "Q4_K": parts_q4_k, "Q5_K": parts_q5_k, "Q6_K": parts_q6_k,
 }
+
+
+def compose(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int) -> torch.Tensor:
+    """(n, elements) float32 values of q * scale (+ offset), each scale and offset over `group`
+    consecutive elements."""
+    n = q.shape[0]
+    x = q.float().reshape(n, -1, group) * scale.reshape(n, -1, 1)
+    if offset is not None:
+        x = x + offset.reshape(n, -1, 1)
+    return x.reshape(n, -1)
 
 
 def dequantize_rows(data: torch.Tensor, kind: str) -> torch.Tensor:
     """(N, K / block * block_bytes) uint8 rows of `kind` blocks -> (N, K) float32."""
-    return _DEQUANTIZE[kind](data.reshape(-1, BLOCKS[kind][1])).reshape(data.shape[0], -1)
+    return compose(*PARTS[kind](data.reshape(-1, BLOCKS[kind][1]))).reshape(data.shape[0], -1)

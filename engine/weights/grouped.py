@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.weights.fp8 import dequantize_fp8  # noqa: F401  (the FP8 formula: weight.float() * scale)
-from engine.weights.gguf_blocks import BLOCKS, QK_K
+from engine.weights.gguf_blocks import BLOCKS, PARTS
 from engine.weights.int4 import unpack_along_k, unpack_along_n
 from engine.weights.packed import PackedWeight
 
@@ -65,70 +64,12 @@ class _Parts:
     fp8: bool = False
 
 
-def _f16(b: torch.Tensor) -> torch.Tensor:
-    return b.contiguous().view(torch.float16).float()
-
-
 def _gguf_parts(p: PackedWeight) -> _Parts:
-    """A GGUF weight's q, scale and offset, from the blocks, with each format's own arithmetic for
-    the scales (as gguf_blocks.py: d * sc, dmin * m in float32)."""
-    from engine.weights import gguf_blocks as gb
-
+    """A GGUF weight's q, scale and offset: its type's parts (gguf_blocks.PARTS), by output row."""
     n, k = p.shape
-    kind = p.format
-    b = p.data.reshape(-1, BLOCKS[kind][1])  # (blocks, bytes), row-major over (n, k)
-    nb = b.shape[0]
-    if kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
-        d = _f16(b[:, 0:2])  # (nb, 1)
-        m = _f16(b[:, 2:4]) if kind in ("Q4_1", "Q5_1") else None
-        if kind == "Q4_0":
-            q = gb._nibbles(b[:, 2:18]).to(torch.int16) - 8
-        elif kind == "Q4_1":
-            q = gb._nibbles(b[:, 4:20]).to(torch.int16)
-        elif kind == "Q5_0":
-            q = (gb._nibbles(b[:, 6:22]) | (gb._high_bits(b[:, 2:6]).to(torch.uint8) << 4)).to(torch.int16) - 16
-        elif kind == "Q5_1":
-            q = (gb._nibbles(b[:, 8:24]) | (gb._high_bits(b[:, 4:8]).to(torch.uint8) << 4)).to(torch.int16)
-        else:
-            q = b[:, 2:34].contiguous().view(torch.int8).to(torch.int16)
-        return _Parts(q.reshape(n, k), d.reshape(n, k // 32), None if m is None else m.reshape(n, k // 32), 32)
-    if kind in ("Q4_K", "Q5_K"):
-        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-        sc, mn = gb._scale_min_k4(b[:, 4:16])
-        ds, dm = d * sc.float(), dmin * mn.float()  # (nb, 8)
-        if kind == "Q4_K":
-            q = gb._shifted(b[:, 16:144].reshape(nb, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 0x0F
-        else:
-            ql = (gb._shifted(b[:, 48:176].reshape(nb, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(nb, 8, 32)
-            qh = (gb._shifted(b[:, 16:48].reshape(nb, 1, 1, 32), list(range(8)), (1, 1, 8, 1)) & 1).reshape(nb, 8, 32)
-            q = ql | (qh << 4)
-        return _Parts(q.reshape(n, k).to(torch.int16), ds.reshape(n, k // 32), -dm.reshape(n, k // 32), 32)
-    if kind == "Q6_K":
-        sc = b[:, 192:208].contiguous().view(torch.int8).float()
-        d = _f16(b[:, 208:210]) * sc  # (nb, 16)
-        ql = (gb._shifted(b[:, 0:128].reshape(nb, 2, 1, 64), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(nb, 8, 32)
-        qh = (gb._shifted(b[:, 128:192].reshape(nb, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3).reshape(nb, 8, 32)
-        q = (ql | (qh << 4)).to(torch.int16) - 32
-        return _Parts(q.reshape(n, k), d.reshape(n, k // 16), None, 16)
-    if kind == "Q2_K":
-        scales, qs = b[:, 0:16], b[:, 16:80]
-        d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
-        dl, ml = d * (scales & 0x0F).float(), dmin * (scales >> 4).float()  # (nb, 16)
-        q = gb._shifted(qs.reshape(nb, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
-        return _Parts(q.reshape(n, k).to(torch.int16), dl.reshape(n, k // 16), -ml.reshape(n, k // 16), 16)
-    if kind == "Q3_K":
-        hmask, qs, scales = b[:, 0:32], b[:, 32:96], b[:, 96:108]
-        d = _f16(b[:, 108:110])
-        low = gb._shifted(scales[:, 0:8].reshape(nb, 1, 8), [0, 4], (1, 2, 1)).reshape(nb, 16)
-        high = gb._shifted(scales[:, 8:12].reshape(nb, 1, 4), [0, 2, 4, 6], (1, 4, 1)).reshape(nb, 16)
-        sc = ((low & 0x0F) | ((high & 3) << 4)).to(torch.int8) - 32
-        dl = d * sc.float()
-        ql = (gb._shifted(qs.reshape(nb, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)).reshape(nb, 16, 16) & 3).to(torch.int16)
-        qh = (gb._shifted(hmask.reshape(nb, 1, 1, 32), list(range(8)), (1, 1, 8, 1)).reshape(nb, 16, 16) & 1) ^ 1
-        q = ql - (qh.to(torch.int16) << 2)
-        return _Parts(q.reshape(n, k), dl.reshape(n, k // 16), None, 16)
-    raise ValueError(f"no grouped layout for GGUF {kind}")  # every BLOCKS type is handled above
-    assert QK_K  # noqa
+    q, scale, offset, group = PARTS[p.format](p.data.reshape(-1, BLOCKS[p.format][1]))
+    rows = lambda t: None if t is None else t.reshape(n, -1)  # noqa: E731
+    return _Parts(rows(q), rows(scale), rows(offset), group)
 
 
 def _int4_parts(p: PackedWeight) -> _Parts:

@@ -44,7 +44,7 @@ def _tok_s(engine, shape: TreeShape | None, prompts, tokens: int) -> float:
     generated, seconds = 0, 0.0
     for prompt in prompts:
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
-        t0, first, n = time.perf_counter(), None, 0
+        first, n = None, 0
         for ev in engine.stream(messages, SamplingParams(max_tokens=tokens)):
             if first is None and ev.token_ids:
                 first = time.perf_counter()
