@@ -186,3 +186,27 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
         assert cal.auto_tree(cpu, cache) is None and calls == [1, 1, 1]  # chains, nothing timed
     finally:
         cal.calibrate = real
+
+
+@pytest.mark.parametrize("shape", [None, TreeShape(3, 3, 12)], ids=["chain", "tree"])
+def test_speculation_over_a_packed_quantized_target_equals_plain(tmp_path, monkeypatch, shape):
+    """A quantized target whose projections stay packed (forced here on the CPU, as a GPU does
+    where the dense model does not fit): greedy speculation, chains and trees, gives plain
+    decoding's tokens, and the projections are PackedLinears."""
+    import engine.loader as loader
+    from engine.packed_linear import PackedLinear
+    from tests.tiny_quant import quantized_folder
+
+    src = make_tiny_model(tmp_path / "float", "llama", num_layers=3, hidden=128, seed=5)
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"}
+    quantized_folder(src, tmp_path / "awq", "awq", awq, group_size=64)
+    cfg = read_config(src)
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, 128, 3, cfg["vocab_size"], 200, seed=1),
+                      128, (1, 2, 3))
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    e = _engine(tmp_path / "awq", head)
+    assert isinstance(e.runner.model.model.layers[0].mlp.down_proj, PackedLinear)
+    plain, _ = _run(e, False, n=48)
+    e.speculator.set_tree(shape)
+    spec, stats = _run(e, True, n=48)
+    assert spec == plain and stats.verify_steps > 0
