@@ -149,3 +149,24 @@ def test_packed_tensors_without_a_quantization_config_are_unexpected(tiny, tmp_p
     (folder / "config.json").write_text(json.dumps(cfg))
     msg = _refusal(folder)
     assert "qweight" in msg and "unexpected" in msg
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_packed_projections_with_biases_and_qk_norms(arch, tmp_path, monkeypatch):
+    """Qwen2's q/k/v biases (which arrive as floats beside the packed weights, for a projection
+    built on the meta device) and Qwen3's q/k norms: packed, the greedy tokens of the dequantizing
+    load."""
+    import engine.loader as loader
+    from engine.packed_linear import PackedLinear
+
+    src = make_tiny_model(tmp_path / "float", arch, hidden=128)
+    quantized_folder(src, tmp_path / "awq", "awq", AWQ | {"group_size": 64}, group_size=64)
+    plain = Engine.load(str(tmp_path / "awq"), device="cpu")
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    packed = Engine.load(str(tmp_path / "awq"), device="cpu")
+    qkv = packed.runner.model.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, PackedLinear)
+    if arch == "qwen2":
+        assert qkv.bias is not None and not qkv.bias.is_meta
+        assert torch.equal(qkv.bias, plain.runner.model.model.layers[0].self_attn.qkv_proj.bias)
+    assert _greedy(packed) == _greedy(plain)
