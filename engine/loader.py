@@ -66,9 +66,12 @@ def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptio
     if options.packed_weights is None:
         if cfg is None:
             return False
+        from engine.hub.catalog import ModelShape
+        from engine.hub.fit import OVERHEAD_BYTES, dense_fits
+
         positions = max_len or min(cfg.max_position_embeddings, 8192)
-        kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * positions * torch.empty((), dtype=dtype).element_size()
-        return dense_bytes(cfg, dtype) + kv + 2**30 > 0.9 * torch.cuda.mem_get_info(device)[0]
+        kv = ModelShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim).kv_bytes(positions, _element_size(dtype))
+        return not dense_fits(dense_bytes(cfg, dtype) + kv + OVERHEAD_BYTES, torch.cuda.mem_get_info(device)[0])
     return True
 
 
@@ -83,7 +86,11 @@ def dense_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     h, i = cfg.hidden_size, cfg.intermediate_size
     layer = h * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * h + 3 * h * i
     embed = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
-    return (cfg.num_layers * layer + embed) * torch.empty((), dtype=dtype).element_size()
+    return (cfg.num_layers * layer + embed) * _element_size(dtype)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _keep(device: torch.device):

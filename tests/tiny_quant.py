@@ -134,3 +134,18 @@ def quantized_folder(src: Path, dst: Path, method: str, quantization_config: dic
     cfg["quantization_config"] = quantization_config
     (dst / "config.json").write_text(json.dumps(cfg))
     return meant
+
+
+def awq_target_with_head(base: Path) -> tuple[Path, Path]:
+    """A tiny 3-layer Llama (hidden 128) as an AWQ g64 checkpoint and a random EAGLE-3 head for it:
+    (the AWQ folder, the head folder), both under `base`."""
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import make_tiny_model, read_config
+
+    src = make_tiny_model(base / "float", "llama", num_layers=3, hidden=128, seed=5)
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"}
+    quantized_folder(src, base / "awq", "awq", awq, group_size=64)
+    cfg = read_config(src)
+    head = write_head(base / "head", cfg, "sglang", head_tensors(128, 128, 3, cfg["vocab_size"], 200, seed=1),
+                      128, (1, 2, 3))
+    return base / "awq", head

@@ -16,6 +16,13 @@ from engine.options import cuda_visible_devices
 
 OVERHEAD_BYTES = 2**30  # CUDA context, CUDA-graph pools, activations and logits at batch 1
 TIGHT_MARGIN = 0.10  # "tight" when the estimate is within 10% of the free memory
+DENSE_SHARE = 0.9  # a quantized model runs dense while that form needs at most this share of the free memory
+
+
+def dense_fits(need_bytes: int, free_bytes: int) -> bool:
+    """Whether a quantized model's dense form (bf16 weights, KV cache, overhead) fits: else its
+    weights are kept packed (engine/loader.py: packs_weights; FitEstimate.packed)."""
+    return need_bytes <= DENSE_SHARE * free_bytes
 DEFAULT_CONTEXT = 8192
 
 
@@ -100,7 +107,7 @@ class FitEstimate:
         fit in 90% of the free memory (engine/loader.py: packs_weights)."""
         dense = self.weights_bytes + self.kv_bytes + self.draft_bytes + self.overhead_bytes
         return (self.available_bytes is not None and self.packed_weights_bytes is not None
-                and dense > 0.9 * self.available_bytes)
+                and not dense_fits(dense, self.available_bytes))
 
     @property
     def need_bytes(self) -> int:

@@ -41,7 +41,7 @@ class GroupedWeight:
     q: torch.Tensor  # uint8 (N, K / 2) for nibbles; int8 or float8_e4m3fn (N, K)
     scale: torch.Tensor  # (N, K / G) fp16 or fp32
     offset: torch.Tensor | None  # (N, K / G) fp16 or fp32, or None (w = q * scale)
-    format: str  # what it came from: "Q4_K", "AWQ", ... ("Q4_K+Q6_K" for a fused projection of two)
+    format: str  # what it came from: "Q4_K", "AWQ", ...
 
     @property
     def nbytes(self) -> int:
@@ -93,10 +93,6 @@ def parts_of(p: PackedWeight) -> _Parts:
     return _Parts(p.data.float(), scale, None, k, fp8=True)
 
 
-def _regroup(t: torch.Tensor | None, factor: int) -> torch.Tensor | None:
-    return t if t is None or factor == 1 else t.repeat_interleave(factor, dim=1)
-
-
 def _store_scale(t: torch.Tensor) -> torch.Tensor:
     """fp16 where that holds every value exactly, else fp32."""
     half = t.half()
@@ -104,24 +100,17 @@ def _store_scale(t: torch.Tensor) -> torch.Tensor:
 
 
 def from_packed(parts: list[PackedWeight]) -> GroupedWeight:
-    """One GroupedWeight for a projection stored as these row blocks (q, k, v or gate, up, in order;
-    one part: a plain projection). Parts of different formats share the smallest group and the
-    widest storage; an FP8 part cannot share with an integer one."""
+    """One GroupedWeight for the row blocks of a projection stored in one format (q, k, v or gate,
+    up, in order; one part: a plain projection): the same group and the same offsets for all."""
+    if len({p.format for p in parts}) != 1:
+        raise ValueError("from_packed takes the parts of one format (grouped_blocks splits the others)")
     decoded = [parts_of(p) for p in parts]
     k = parts[0].shape[1]
-    assert all(p.shape[1] == k for p in parts)
-    fp8 = {d.fp8 for d in decoded}
-    if len(fp8) > 1:
-        raise ValueError("an FP8 projection part beside an integer one")
-    group = min(d.group for d in decoded)
-    offsets = any(d.offset is not None for d in decoded)
+    assert all(p.shape[1] == k and d.group == decoded[0].group for p, d in zip(parts, decoded))
     q = torch.cat([d.q for d in decoded])
-    scale = torch.cat([_regroup(d.scale, d.group // group) for d in decoded])
-    offset = None
-    if offsets:
-        offset = torch.cat([torch.zeros_like(_regroup(d.scale, d.group // group)) if d.offset is None
-                            else _regroup(d.offset, d.group // group) for d in decoded])
-    if fp8 == {True}:
+    scale = torch.cat([d.scale for d in decoded])
+    offset = None if decoded[0].offset is None else torch.cat([d.offset for d in decoded])
+    if decoded[0].fp8:
         kind, stored = FP8, q.to(torch.float8_e4m3fn)
     else:
         lo, hi = int(q.min()), int(q.max())
@@ -131,15 +120,14 @@ def from_packed(parts: list[PackedWeight]) -> GroupedWeight:
             kind, stored = SIGNED_NIBBLES, _pack_nibbles(q + 8)
         else:
             kind, stored = INT8, q.to(torch.int8)
-    fmt = "+".join(dict.fromkeys(p.format for p in parts))
-    return GroupedWeight(kind, (q.shape[0], k), group, stored.contiguous(), _store_scale(scale.contiguous()),
-                         None if offset is None else _store_scale(offset.contiguous()), fmt)
+    return GroupedWeight(kind, (q.shape[0], k), decoded[0].group, stored.contiguous(), _store_scale(scale.contiguous()),
+                         None if offset is None else _store_scale(offset.contiguous()), parts[0].format)
 
 
 def grouped_blocks(parts: list[PackedWeight]) -> list[GroupedWeight]:
     """The row blocks of a projection stored as these parts (q, k, v or gate, up, in order): one
     GroupedWeight per run of parts of one format, so that a Q4_K_M file's Q4_K q and k and Q6_K v
-    keep their own storage (one kernel launch each) instead of sharing the widest."""
+    keep their own storage (one kernel launch each)."""
     runs: list[list[PackedWeight]] = []
     for p in parts:
         if runs and runs[-1][-1].format == p.format:

@@ -2,6 +2,7 @@
 loading no draft, doctor's versions, and one exit status per Hub error whichever command hits it."""
 
 import json
+from pathlib import Path
 import socket
 from types import SimpleNamespace
 
@@ -93,6 +94,20 @@ def test_spec_with_no_spec_is_a_one_line_error(capsys):
     assert main(["run", "--spec", "--no-spec", "Hi"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--spec and --no-spec" in err and "Traceback" not in err
+
+
+def test_random_quant_errors_are_one_line(capsys):
+    """--random-quant without --random-weights, an unknown layout, and a CPU: one line each,
+    before any model loads."""
+    cases = [(["--random-quant", "Q4_K"], "--random-weights"),
+             (["--random-weights", "llama-8b", "--random-quant", "Q9"], "choose one of Q4_K_M"),
+             (["--random-weights", str(Path(__file__).parents[2] / "benchmarks/configs/smollm2-135m.json"),
+               "--random-quant", "Q4_K", "--device", "cpu",
+               "--quick", "--no-peer"], "needs a GPU")]
+    for args, says in cases:
+        assert main(["bench", *args]) != 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err and "Traceback" not in err, err
 
 
 def test_no_spec_with_a_draft_is_a_one_line_error(capsys):

@@ -21,7 +21,7 @@ if INTERPRET:
 
 from engine.weights.gguf_blocks import BLOCKS  # noqa: E402
 from engine.weights.grouped import (  # noqa: E402
-    FP8, INT8, NIBBLES, SIGNED_NIBBLES, dequantize_grouped, from_packed,
+    FP8, INT8, NIBBLES, SIGNED_NIBBLES, dequantize_grouped, from_packed, grouped_blocks,
 )
 from engine.weights.packed import awq_weight, dequantize, fp8_weight, gguf_weight, gptq_weight  # noqa: E402
 from tests.tiny_gguf import random_blocks  # noqa: E402
@@ -60,8 +60,9 @@ def _packed_cases():
     cases = [(f"gguf {k}", [_gguf(k, 8, 2 * BLOCKS[k][0], i)]) for i, k in enumerate(BLOCKS)]
     cases += [(f"{m} g{g}", [_int4(m, 32, 256, g)]) for m in ("awq", "gptq", "gptq_v2") for g in (32, 64, 128)]
     cases += [("fp8 per tensor", [_fp8(16, 64, False)]), ("fp8 per channel", [_fp8(16, 64, True)])]
-    # fused projections whose parts differ (a Q4_K_M file's q/k in Q4_K and v in Q6_K)
-    cases += [("Q4_K+Q6_K", [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2), _gguf("Q6_K", 4, 512, 3)]),
+    # fused projections of several parts (q and k in one format; a Q4_K_M file's v in another)
+    cases += [("Q4_K q+k", [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2)]),
+              ("Q4_K+Q6_K", [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2), _gguf("Q6_K", 4, 512, 3)]),
               ("Q4_0+Q8_0", [_gguf("Q4_0", 8, 64, 4), _gguf("Q8_0", 8, 64, 5)])]
     return cases
 
@@ -73,10 +74,12 @@ CASES = _packed_cases()
 def test_grouped_layout_decodes_to_the_formats_own_values(name, parts):
     """Every value equal to the format's reference (itself equal to gguf's numpy dequantize bit for
     bit: test_packed_gguf.py); only the sign of a zero may differ (q * s + o against (q - z) * s)."""
-    g = from_packed(parts)
+    blocks = grouped_blocks(parts)
+    assert [b.format for b in blocks] == list(dict.fromkeys(p.format for p in parts))  # a block per format
+    g = blocks[0]
     want = torch.cat([dequantize(p) for p in parts])
-    got = dequantize_grouped(g)
-    assert got.dtype == torch.float32 and got.shape == want.shape == g.shape
+    got = torch.cat([dequantize_grouped(b) for b in blocks])
+    assert got.dtype == torch.float32 and got.shape == want.shape
     assert torch.equal(got, want), float((got - want).abs().max())
     if name.startswith("gguf "):
         assert g.kind == GGUF_STORAGE[name[5:]]
@@ -84,7 +87,7 @@ def test_grouped_layout_decodes_to_the_formats_own_values(name, parts):
         assert g.kind == FP8 and g.offset is None and g.group == g.shape[1]
     # the bytes a step reads stay near the file's for the 4-bit formats (Q2_K and Q3_K take nibbles
     # and a scale per 16: about 1.7x theirs)
-    if g.format in ("Q4_0", "Q4_1", "Q4_K", "AWQ", "GPTQ"):
+    if len(blocks) == 1 and g.format in ("Q4_0", "Q4_1", "Q4_K", "AWQ", "GPTQ"):
         assert g.nbytes <= 1.5 * sum(p.nbytes for p in parts), (g.nbytes, sum(p.nbytes for p in parts))
 
 
@@ -96,9 +99,11 @@ def test_scales_stay_half_where_that_is_exact():
     assert from_packed([_int4("awq", 32, 256, 128)]).scale.dtype == torch.float16
 
 
-def test_an_fp8_part_beside_an_integer_one_is_refused():
+def test_one_grouped_weight_holds_one_format():
     with pytest.raises(ValueError):
         from_packed([_fp8(16, 64, True), _gguf("Q8_0", 16, 64, 0)])
+    with pytest.raises(ValueError):
+        from_packed([_gguf("Q4_K", 8, 512, 1), _gguf("Q6_K", 4, 512, 3)])
 
 
 # --- the kernel -------------------------------------------------------------------------------
@@ -106,7 +111,7 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch
                                                                         reason="needs CUDA")])
 CPU = pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1"))
 KERNEL_CASES = [c for c in CASES if c[0] in ("gguf Q4_0", "gguf Q4_1", "gguf Q4_K", "gguf Q6_K", "gguf Q8_0",
-                                               "awq g128", "gptq g32", "Q4_K+Q6_K", "fp8 per channel")]
+                                               "awq g128", "gptq g32", "Q4_K q+k", "fp8 per channel")]
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
@@ -142,8 +147,6 @@ def test_a_projection_of_mixed_formats_keeps_a_block_per_format(device):
     """q and k in Q4_K, v in Q6_K (a Q4_K_M file): two blocks, each in its own storage; the
     PackedLinear over them (a launch per block into its columns) == the dequantized weight's matmul."""
     from engine.packed_linear import PackedLinear
-    from engine.weights.grouped import grouped_blocks
-
     parts = [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2), _gguf("Q6_K", 4, 512, 3)]
     blocks = grouped_blocks(parts)
     assert [b.format for b in blocks] == ["Q4_K", "Q6_K"] and [b.kind for b in blocks] == [NIBBLES, INT8]
@@ -202,8 +205,6 @@ def test_long_steps_dequantize_a_slice_of_rows_at_a_time(monkeypatch):
     another width may round differently)."""
     import engine.packed_linear as packed_linear
     from engine.packed_linear import PackedLinear
-    from engine.weights.grouped import grouped_blocks
-
     parts = [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2), _gguf("Q6_K", 4, 512, 3)]
     bias = torch.nn.Parameter(torch.randn(16), requires_grad=False)
     linear = PackedLinear(grouped_blocks(parts), bias)

@@ -15,16 +15,9 @@ def test_a_packed_target_decodes_and_speculates_like_plain_decoding(tmp_path):
     from engine.options import KernelOptions
     from engine.packed_linear import PackedLinear
     from engine.types import SamplingParams
-    from tests.speculative.heads import head_tensors, write_head
-    from tests.tiny import make_tiny_model, read_config
-    from tests.tiny_quant import quantized_folder
+    from tests.tiny_quant import awq_target_with_head
 
-    src = make_tiny_model(tmp_path / "float", "llama", num_layers=3, hidden=128, seed=5)
-    awq = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"}
-    quantized_folder(src, tmp_path / "awq", "awq", awq, group_size=64)
-    cfg = read_config(src)
-    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, 128, 3, cfg["vocab_size"], 200, seed=1),
-                      128, (1, 2, 3))
+    target, head = awq_target_with_head(tmp_path)
     prompt = list(range(3, 40))
 
     def tokens(engine, speculative=None):
@@ -32,13 +25,13 @@ def test_a_packed_target_decodes_and_speculates_like_plain_decoding(tmp_path):
         return [t for ev in engine.stream_ids(prompt, SamplingParams(max_tokens=48), speculative=speculative)
                 for t in ev.token_ids]
 
-    packed = Engine.load(str(tmp_path / "awq"), draft=str(head), device="cuda", draft_steps=3,
+    packed = Engine.load(str(target), draft=str(head), device="cuda", draft_steps=3,
                          options=KernelOptions(packed_weights=True))
     assert packed.runs_as == "AWQ-int4-g64"
     assert isinstance(packed.runner.model.model.layers[0].self_attn.qkv_proj, PackedLinear)
     plain = tokens(packed, speculative=False)
     assert tokens(packed, speculative=True) == plain
-    dense = Engine.load(str(tmp_path / "awq"), device="cuda", options=KernelOptions(packed_weights=False))
+    dense = Engine.load(str(target), device="cuda", options=KernelOptions(packed_weights=False))
     assert dense.runs_as == "bf16"
     x = torch.randn(5, 128, device="cuda", dtype=torch.bfloat16)
     for name in ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj"):

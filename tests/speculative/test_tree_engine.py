@@ -195,16 +195,11 @@ def test_speculation_over_a_packed_quantized_target_equals_plain(tmp_path, monke
     decoding's tokens, and the projections are PackedLinears."""
     import engine.loader as loader
     from engine.packed_linear import PackedLinear
-    from tests.tiny_quant import quantized_folder
+    from tests.tiny_quant import awq_target_with_head
 
-    src = make_tiny_model(tmp_path / "float", "llama", num_layers=3, hidden=128, seed=5)
-    awq = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"}
-    quantized_folder(src, tmp_path / "awq", "awq", awq, group_size=64)
-    cfg = read_config(src)
-    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, 128, 3, cfg["vocab_size"], 200, seed=1),
-                      128, (1, 2, 3))
+    target, head = awq_target_with_head(tmp_path)
     monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
-    e = _engine(tmp_path / "awq", head)
+    e = _engine(target, head)
     assert isinstance(e.runner.model.model.layers[0].mlp.down_proj, PackedLinear)
     plain, _ = _run(e, False, n=48)
     e.speculator.set_tree(shape)
