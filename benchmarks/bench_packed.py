@@ -35,9 +35,14 @@ SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
 # The 8B's qkv parts (q, k, v) and gate_up parts (gate, up): a Q4_K_M file stores v apart.
 PARTS = {"qkv": [4096, 1024, 1024], "o_proj": [4096], "gate_up": [14336, 14336], "down": [4096]}
 LAYOUT_KINDS = {"Q4_K_M": {"v": "Q6_K"}, "Q4_K": {}, "Q4_1": {}, "Q8_0": {}, "Q6_K": {}, "AWQ": {}}
-SWEEP = [PackedTile(*c) for c in [  # (block_n, block_k, num_warps, num_stages)
-    (16, 128, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (32, 256, 4, 3), (64, 256, 8, 3), (32, 64, 4, 4),
-    (16, 256, 4, 3), (32, 128, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3),
+# (block_n, block_k, split_k, num_warps, num_stages, scale_after)
+SWEEP = [PackedTile(*c) for c in [
+    (32, 128, 1, 4, 3, True), (32, 128, 2, 4, 3, True), (32, 128, 4, 4, 3, True), (32, 128, 8, 4, 3, True),
+    (64, 128, 1, 4, 3, True), (64, 128, 2, 4, 3, True), (64, 128, 4, 4, 3, True), (64, 128, 4, 8, 3, True),
+    (32, 256, 1, 4, 3, True), (32, 256, 2, 4, 3, True), (32, 256, 4, 4, 3, True), (16, 256, 2, 4, 3, True),
+    (16, 256, 4, 4, 3, True), (16, 128, 4, 4, 4, True), (128, 128, 2, 8, 3, True),
+    (32, 128, 4, 4, 3, False), (64, 128, 2, 4, 3, False), (64, 128, 4, 4, 3, False), (32, 256, 2, 4, 3, False),
+    (64, 128, 1, 4, 3, False), (32, 256, 1, 4, 3, False),
 ]]
 
 
@@ -115,16 +120,21 @@ def main() -> None:
                 for tile in SWEEP:
                     if time.time() - t0 > args.max_seconds:
                         break
-                    if any(k % tile.block_k or (tile.block_k % b.group and b.group % tile.block_k) for b in blocks):
+                    if any(k % (tile.block_k * tile.split_k) or (tile.block_k % b.group and b.group % tile.block_k)
+                           for b in blocks):
                         continue
                     try:
                         us = time_graph(lambda i: run_blocks(x1, sets[i % copies], out1, tile), args.iters, args.calls)
                     except Exception as e:  # a tile this Triton cannot build: reported, skipped
                         row["tiles"].append({"tile": str(tile), "error": repr(e)[:160]})
                         continue
-                    row["tiles"].append({"tile": [tile.block_n, tile.block_k, tile.num_warps, tile.num_stages],
+                    row["tiles"].append({"tile": [tile.block_n, tile.block_k, tile.split_k, tile.num_warps,
+                                                  tile.num_stages, tile.scale_after],
                                          "us_1": us})
             entry[role] = row
+            timed = [t for t in row["tiles"] if "us_1" in t]
+            for t in sorted(timed, key=lambda t: t["us_1"])[:3]:
+                print(f"  tile {t['tile']}: {t['us_1']:.2f} us", flush=True)
             print(f"{layout:6s} {role:8s} {us1:8.2f} us (16 rows {us16:7.2f})  {row['GBps_1']:7.0f} GB/s "
                   f"= {100 * row['of_copy_bandwidth']:5.1f}% of copy, x{row['vs_bf16']:.2f} vs bf16, "
                   f"default tile {default_tile(blocks[0].shape[0], k, blocks[0].group)}", flush=True)

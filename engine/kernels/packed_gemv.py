@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import triton_interpreting
+from engine.kernels import num_sms, triton_interpreting
+from engine.kernels.gemv import _MAX_TILES, _tile_counters
 from engine.weights.grouped import FP8, INT8, SIGNED_NIBBLES, GroupedWeight, dequantize_grouped
 
 MAX_ROWS = 16
@@ -29,20 +30,33 @@ MAX_ROWS = 16
 class PackedTile:
     block_n: int  # output columns a program (the dot's long side)
     block_k: int  # inputs a K step
+    split_k: int = 1  # programs along K per column tile (a fixed-order sum by the last one)
     num_warps: int = 4
     num_stages: int = 3
+    # True: q itself (exact in bf16) goes into a dot per group and the group's scale multiplies
+    # that dot's fp32 result, its offset the group's sum of x; False: each weight decoded in fp32
+    # and rounded to bf16 before one dot over the whole step.
+    scale_after: bool = True
 
 
-def default_tile(n: int, k: int, group: int) -> PackedTile:
+def _splits(steps: int, tiles: int, slots: int) -> int:
+    """The fewest programs along K (a divisor of the K steps) that fill `slots` programs."""
+    for split in range(1, min(steps, 16) + 1):
+        if steps % split == 0 and tiles * split >= slots:
+            return split
+    return max(s for s in range(1, min(steps, 16) + 1) if steps % s == 0)
+
+
+def default_tile(n: int, k: int, group: int, num_sms: int = 132) -> PackedTile:
     """64 columns a program over 128-input steps for wide projections, 32 over 256-input steps
-    for the others (shorter steps where K or the groups need them). The fastest of a sweep on an
-    H200 (benchmarks/bench_packed.py --sweep; docs/performance.md): the 8B's Q4_K qkv 43.2 us
-    and gate_up 50.2 against 46.6 and 76.6 with 32 x 128, its o_proj 14.1 and down 43.0 against
-    18.3 and 58.3."""
+    for the others (shorter steps where K or the groups need them), and K split until the grid
+    holds four programs per SM."""
     wide = n >= 6144
+    block_n = 64 if wide else 32
     for block_k in ((128, 64, 32) if wide else (256, 128, 64, 32)):
         if k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
-            return PackedTile(64 if wide else 32, block_k)
+            split = _splits(k // block_k, -(-n // block_n), 4 * num_sms)
+            return PackedTile(block_n, block_k, split)
     raise ValueError(f"no K step fits K = {k} with groups of {group}")
 
 
@@ -52,49 +66,98 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def packed_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, num_rows, N,
+    def packed_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, part_ptr, count_ptr, num_rows, N,
                       stride_x, stride_q, stride_s, stride_out,
                       K: tl.constexpr, KIND: tl.constexpr, G: tl.constexpr, HAS_OFFSET: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SCALE_AFTER: tl.constexpr,
+                      SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         GROUPS: tl.constexpr = BLOCK_K // G if G < BLOCK_K else 1  # groups a K step spans
         SUB: tl.constexpr = BLOCK_K // GROUPS
         pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         w_rows = tl.where(n_ok, offs_n, 0)  # clamped, not masked: the loads stay vectorized
         rows = tl.arange(0, BLOCK_M)
         row_ok = rows < num_rows
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for kk in range(0, K_PER_SPLIT, BLOCK_K):
+            k0 = pid_k * K_PER_SPLIT + kk
             if KIND <= 1:  # two nibbles a byte: element 2j low, 2j + 1 high
                 offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
                 b = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_b[None, :]).to(tl.int32)
                 q = tl.reshape(tl.join(b & 0x0F, b >> 4), (BLOCK_N, BLOCK_K))
                 if KIND == 1:
                     q = q - 8
-                qf = q.to(tl.float32)
             else:  # int8 or fp8, one a byte
                 offs_q = k0 + tl.arange(0, BLOCK_K)
-                qf = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_q[None, :]).to(tl.float32)
+                q = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_q[None, :])
             offs_g = k0 // G + tl.arange(0, GROUPS)
             s = tl.load(s_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
-            w = tl.reshape(qf, (BLOCK_N, GROUPS, SUB)) * s[:, :, None]
             if HAS_OFFSET:
                 o = tl.load(o_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
-                w = w + o[:, :, None]
-            w = tl.reshape(w, (BLOCK_N, BLOCK_K))
             offs_k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None], other=0.0)
-            if DOT_F32:
-                acc_t += tl.dot(w.to(a.dtype).to(tl.float32), tl.trans(a.to(tl.float32)), input_precision="ieee")
+            if SCALE_AFTER:
+                # q is exact in bf16 (and fp16): the dot's products are exact, the scale comes after
+                if DOT_F32:
+                    qd = q.to(tl.float32)
+                    ad = a.to(tl.float32)
+                else:
+                    qd = q.to(a.dtype)
+                    ad = a
+                if GROUPS == 1:
+                    if DOT_F32:
+                        d = tl.dot(qd, tl.trans(ad), input_precision="ieee")
+                    else:
+                        d = tl.dot(qd, tl.trans(ad))
+                    acc_t += d * s
+                    if HAS_OFFSET:
+                        acc_t += o * tl.sum(a.to(tl.float32), axis=1)[None, :]
+                else:
+                    qg = tl.permute(tl.reshape(qd, (BLOCK_N, GROUPS, SUB)), (1, 0, 2))
+                    ag = tl.permute(tl.reshape(ad, (BLOCK_M, GROUPS, SUB)), (1, 2, 0))
+                    if DOT_F32:
+                        d = tl.dot(qg, ag, input_precision="ieee")  # (GROUPS, BLOCK_N, BLOCK_M)
+                    else:
+                        d = tl.dot(qg, ag)
+                    acc_t += tl.sum(d * tl.permute(s, (1, 0))[:, :, None], axis=0)
+                    if HAS_OFFSET:
+                        xs = tl.sum(tl.reshape(a.to(tl.float32), (BLOCK_M, GROUPS, SUB)), axis=2)
+                        acc_t += tl.sum(o[:, :, None] * tl.permute(xs, (1, 0))[None, :, :], axis=1)
             else:
-                acc_t += tl.dot(w.to(a.dtype), tl.trans(a))
+                w = tl.reshape(q.to(tl.float32), (BLOCK_N, GROUPS, SUB)) * s[:, :, None]
+                if HAS_OFFSET:
+                    w = w + o[:, :, None]
+                w = tl.reshape(w, (BLOCK_N, BLOCK_K))
+                if DOT_F32:
+                    acc_t += tl.dot(w.to(a.dtype).to(tl.float32), tl.trans(a.to(tl.float32)), input_precision="ieee")
+                else:
+                    acc_t += tl.dot(w.to(a.dtype), tl.trans(a))
         acc = tl.trans(acc_t)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & n_ok[None, :])
+        out_mask = row_ok[:, None] & n_ok[None, :]
+        if SPLIT_K > 1:
+            # part: (SPLIT_K, num_rows, N) fp32; the last program of a column tile sums it in order
+            part = part_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.store(part + pid_k * num_rows * N, acc, mask=out_mask)
+            tl.debug_barrier()  # every thread's partial is written before the counter moves
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tl.debug_barrier()
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for sp in range(SPLIT_K):
+                    acc += tl.load(part + sp * num_rows * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+                         mask=out_mask)
+                tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
+        else:
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+                     mask=out_mask)
 
     return packed_kernel
 
@@ -109,17 +172,27 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
     assert 1 <= m <= MAX_ROWS and k == weight.shape[1] and x.stride(1) == 1
     assert weight.q.is_contiguous() and weight.scale.is_contiguous()
     assert weight.kind != FP8 or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
-    tile = tile or default_tile(n, k, weight.group)
-    assert k % tile.block_k == 0 and (tile.block_k % weight.group == 0 or weight.group % tile.block_k == 0)
+    tile = tile or default_tile(n, k, weight.group, num_sms(x.device))
+    assert k % (tile.block_k * tile.split_k) == 0, (k, tile)
+    assert tile.block_k % weight.group == 0 or weight.group % tile.block_k == 0
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1 and out.dtype == x.dtype
+    tiles = -(-n // tile.block_n)
+    if tile.split_k > 1:
+        assert tiles <= _MAX_TILES
+        part = torch.empty((tile.split_k, m, n), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device)
+    else:
+        part = counters = out  # unused
     interpreting = triton_interpreting()
-    _kernel()[(-(-n // tile.block_n),)](
+    _kernel()[(tiles, tile.split_k)](
         x, weight.q, weight.scale, weight.offset if weight.offset is not None else weight.scale,
-        bias if bias is not None else out, out, m, n, x.stride(0), weight.q.stride(0), weight.scale.stride(0),
-        out.stride(0), K=k, KIND=weight.kind, G=weight.group, HAS_OFFSET=weight.offset is not None,
-        HAS_BIAS=bias is not None, DOT_F32=x.dtype == torch.float32 or interpreting,
+        bias if bias is not None else out, out, part, counters, m, n, x.stride(0), weight.q.stride(0),
+        weight.scale.stride(0), out.stride(0), K=k, KIND=weight.kind, G=weight.group,
+        HAS_OFFSET=weight.offset is not None, HAS_BIAS=bias is not None,
+        DOT_F32=x.dtype == torch.float32 or interpreting, SCALE_AFTER=tile.scale_after,
+        SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_M=MAX_ROWS, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
         num_stages=1 if interpreting else tile.num_stages)
     return out
