@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.weights.grouped import GroupedWeight, dequantize_grouped, rows_of
+from engine.weights.grouped import TENSORS, GroupedWeight, dequantize_grouped, rows_of
 
 MAX_ROWS = 16
 DEQUANT_CHUNK = 1 << 25  # values dequantized at once by a long step (128 MB as fp32)
@@ -50,18 +50,18 @@ class PackedLinear(nn.Module):
         assert blocks and all(b.shape[1] == blocks[0].shape[1] for b in blocks)
         self.in_features = blocks[0].shape[1]
         self.out_features = sum(b.shape[0] for b in blocks)
-        self._meta = [(b.kind, b.shape, b.group, b.format) for b in blocks]
+        self._meta = [(b.kind, b.shape, b.group, b.format, b.unit) for b in blocks]
         for i, b in enumerate(blocks):
-            self.register_buffer(f"q{i}", b.q)
-            self.register_buffer(f"scale{i}", b.scale)
-            self.register_buffer(f"offset{i}", b.offset)
+            for name, t in zip(TENSORS, b.tensors()):
+                self.register_buffer(f"{name}{i}", t)
         self.bias = bias
         self.format = "+".join(dict.fromkeys(b.format for b in blocks))
 
     @property
     def blocks(self) -> list[GroupedWeight]:
-        return [GroupedWeight(kind, shape, group, getattr(self, f"q{i}"), getattr(self, f"scale{i}"),
-                              getattr(self, f"offset{i}"), fmt) for i, (kind, shape, group, fmt) in enumerate(self._meta)]
+        return [GroupedWeight(kind, shape, group, *(getattr(self, f"{name}{i}") for name in TENSORS[:3]), fmt, unit,
+                              *(getattr(self, f"{name}{i}") for name in TENSORS[3:]))
+                for i, (kind, shape, group, fmt, unit) in enumerate(self._meta)]
 
     @property
     def nbytes(self) -> int:

@@ -204,12 +204,14 @@ def gguf_gpu_bytes(file_bytes: int, pick: str) -> int | None:
     return None if bits is None else int(file_bytes * 16 / bits)
 
 
-# Bits a layer weight takes kept packed on the GPU (engine/weights/grouped.py: 4-bit q where it
-# fits, else 8; scale and offset per group, fp16 where exact, else fp32), by GGUF block type...
-PACKED_BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 8.5, "Q5_1": 9.0, "Q8_0": 8.5, "Q2_K": 8.0, "Q3_K": 6.0,
-               "Q4_K": 6.0, "Q5_K": 10.0, "Q6_K": 10.0}
-# ...and over a file's mix (Q4_K_M: a sixth of the weights in Q6_K) or a checkpoint format.
-PACKED_MIX_BITS = {**PACKED_BITS, "Q4_K_S": 6.0, "Q4_K_M": 6.7, "Q5_K_S": 10.0, "Q5_K_M": 10.0, "AWQ": 4.4,
+# Bits a layer weight takes kept packed on the GPU (engine/weights/grouped.py: q in 4, 5, 6 or 8
+# bits, the k-quants' scales as the file's codes and fp16 units, others' fp16 where exact, else
+# fp32), by GGUF block type (tests/engine/test_grouped_weights.py checks them)...
+PACKED_BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q8_0": 8.5, "Q2_K": 5.125, "Q3_K": 4.5625,
+               "Q4_K": 4.625, "Q5_K": 5.625, "Q6_K": 6.5625}
+# ...and over a file's mix (Q4_K_M and Q5_K_M: about a sixth of the weights in Q6_K) or a
+# checkpoint format.
+PACKED_MIX_BITS = {**PACKED_BITS, "Q4_K_S": 4.7, "Q4_K_M": 4.95, "Q5_K_S": 5.7, "Q5_K_M": 5.8, "AWQ": 4.4,
                    "GPTQ": 4.4, "FP8": 8.0}
 _LAYER_TENSOR = (".attn_q.", ".attn_k.", ".attn_v.", ".attn_output.", ".ffn_gate.", ".ffn_up.", ".ffn_down.")
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from engine.kernels import num_sms, triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
-from engine.weights.grouped import FP8, INT8, SIGNED_NIBBLES, GroupedWeight, dequantize_grouped
+from engine.weights.grouped import FP8, HIGH_BITS, INT8, SIGNED_NIBBLES, ZERO, GroupedWeight, dequantize_grouped
 
 MAX_ROWS = 16
 
@@ -66,9 +66,11 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def packed_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, part_ptr, count_ptr, num_rows, N,
-                      stride_x, stride_q, stride_s, stride_out,
-                      K: tl.constexpr, KIND: tl.constexpr, G: tl.constexpr, HAS_OFFSET: tl.constexpr,
+    def packed_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+                      num_rows, N, stride_x, stride_q, stride_h, stride_s, stride_u, stride_out,
+                      K: tl.constexpr, ONE_BYTE: tl.constexpr, HIGH: tl.constexpr, ZERO: tl.constexpr,
+                      G: tl.constexpr, UNIT: tl.constexpr,
+                      HAS_OFFSET: tl.constexpr,
                       HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SCALE_AFTER: tl.constexpr,
                       SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -84,19 +86,33 @@ def _kernel():
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         for kk in range(0, K_PER_SPLIT, BLOCK_K):
             k0 = pid_k * K_PER_SPLIT + kk
-            if KIND <= 1:  # two nibbles a byte: element 2j low, 2j + 1 high
+            if ONE_BYTE:  # int8 or fp8
+                offs_q = k0 + tl.arange(0, BLOCK_K)
+                q = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_q[None, :])
+            else:  # two nibbles a byte: element 2j low, 2j + 1 high
                 offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
                 b = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_b[None, :]).to(tl.int32)
                 q = tl.reshape(tl.join(b & 0x0F, b >> 4), (BLOCK_N, BLOCK_K))
-                if KIND == 1:
-                    q = q - 8
-            else:  # int8 or fp8, one a byte
-                offs_q = k0 + tl.arange(0, BLOCK_K)
-                q = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_q[None, :])
+                if HIGH > 0:  # the bits above the nibble, 8 / HIGH a byte, the first lowest
+                    offs_h = k0 * HIGH // 8 + tl.arange(0, BLOCK_K * HIGH // 8)
+                    hb = tl.load(qh_ptr + w_rows[:, None] * stride_h + offs_h[None, :]).to(tl.int32)
+                    if HIGH == 1:
+                        h = tl.join(tl.join(tl.join(hb & 1, (hb >> 4) & 1), tl.join((hb >> 2) & 1, (hb >> 6) & 1)),
+                                    tl.join(tl.join((hb >> 1) & 1, (hb >> 5) & 1), tl.join((hb >> 3) & 1, hb >> 7)))
+                    else:
+                        h = tl.join(tl.join(hb & 3, (hb >> 4) & 3), tl.join((hb >> 2) & 3, hb >> 6))
+                    q = q | (tl.reshape(h, (BLOCK_N, BLOCK_K)) << 4)
+                if ZERO > 0:
+                    q = q - ZERO
             offs_g = k0 // G + tl.arange(0, GROUPS)
             s = tl.load(s_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
+            if UNIT > 0:  # codes times their super-block's unit, in float32 as the reference
+                offs_u = offs_g // UNIT
+                s = tl.load(su_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * s
             if HAS_OFFSET:
                 o = tl.load(o_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
+                if UNIT > 0:
+                    o = tl.load(ou_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * o
             offs_k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None], other=0.0)
             if SCALE_AFTER:
@@ -185,11 +201,18 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
         counters = _tile_counters(x.device)
     else:
         part = counters = out  # unused
+    units = weight.scale_unit if weight.unit else weight.scale
+    high = weight.qh if weight.qh is not None else weight.q
+    assert high.is_contiguous()
+    assert units.is_contiguous() and (weight.offset is None or weight.offset.is_contiguous())
     interpreting = triton_interpreting()
     _kernel()[(tiles, tile.split_k)](
-        x, weight.q, weight.scale, weight.offset if weight.offset is not None else weight.scale,
+        x, weight.q, high, weight.scale, weight.offset if weight.offset is not None else weight.scale,
+        units, weight.offset_unit if weight.offset_unit is not None else units,
         bias if bias is not None else out, out, part, counters, m, n, x.stride(0), weight.q.stride(0),
-        weight.scale.stride(0), out.stride(0), K=k, KIND=weight.kind, G=weight.group,
+        high.stride(0), weight.scale.stride(0), units.stride(0), out.stride(0), K=k,
+        ONE_BYTE=weight.kind in (INT8, FP8), HIGH=HIGH_BITS.get(weight.kind, 0), ZERO=ZERO.get(weight.kind, 0),
+        G=weight.group, UNIT=weight.unit,
         HAS_OFFSET=weight.offset is not None, HAS_BIAS=bias is not None,
         DOT_F32=x.dtype == torch.float32 or interpreting, SCALE_AFTER=tile.scale_after,
         SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,

@@ -11,6 +11,8 @@ plain byte slicing, shifts and masks, no loop over blocks.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 QK_K = 256  # elements in a k-quant super-block
@@ -50,6 +52,20 @@ def _high_bits(qh: torch.Tensor) -> torch.Tensor:
     return (word >> torch.arange(32, dtype=torch.int64, device=qh.device)) & 1
 
 
+class Factored(NamedTuple):
+    """A k-quant's scales (or offsets) as its file keeps them: a super-block's fp16 `unit` (nb, 1)
+    times each sub-block's small integer `code` (nb, groups), multiplied in float32."""
+    unit: torch.Tensor
+    code: torch.Tensor
+
+    def value(self) -> torch.Tensor:
+        return self.unit * self.code.float()
+
+
+def value_of(t: "torch.Tensor | Factored | None") -> torch.Tensor | None:
+    return t.value() if isinstance(t, Factored) else t
+
+
 def _row(t: torch.Tensor, nb: int) -> torch.Tensor:
     return t.reshape(nb, -1)
 
@@ -87,9 +103,9 @@ def parts_q2_k(b: torch.Tensor) -> tuple:
     n = b.shape[0]
     scales, qs = b[:, 0:16], b[:, 16:80]
     d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
-    dl, ml = d * (scales & 0x0F).float(), dmin * (scales >> 4).float()
     q = _shifted(qs.reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3
-    return _row(q, n).to(torch.int16), dl, -ml, 16
+    # -(dmin * m) is (-dmin) * m exactly
+    return _row(q, n).to(torch.int16), Factored(d, scales & 0x0F), Factored(-dmin, scales >> 4), 16
 
 
 def parts_q3_k(b: torch.Tensor) -> tuple:
@@ -104,7 +120,7 @@ def parts_q3_k(b: torch.Tensor) -> tuple:
     sc = ((low & 0x0F) | ((high & 3) << 4)).to(torch.int8) - 32
     ql = (_shifted(qs.reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)).reshape(n, 16, 16) & 3).to(torch.int16)
     qh = (_shifted(hmask.reshape(n, 1, 1, 32), list(range(8)), (1, 1, 8, 1)).reshape(n, 16, 16) & 1) ^ 1
-    return _row(ql - (qh.to(torch.int16) << 2), n), d * sc.float(), None, 16
+    return _row(ql - (qh.to(torch.int16) << 2), n), Factored(d, sc), None, 16
 
 
 def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +141,7 @@ def parts_q4_k(b: torch.Tensor) -> tuple:
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
     sc, mn = _scale_min_k4(b[:, 4:16])
     q = _shifted(b[:, 16:144].reshape(n, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 0x0F
-    return _row(q, n).to(torch.int16), d * sc.float(), -(dmin * mn.float()), 32
+    return _row(q, n).to(torch.int16), Factored(d, sc), Factored(-dmin, mn), 32
 
 
 def parts_q5_k(b: torch.Tensor) -> tuple:
@@ -136,32 +152,35 @@ def parts_q5_k(b: torch.Tensor) -> tuple:
     sc, mn = _scale_min_k4(b[:, 4:16])
     ql = (_shifted(b[:, 48:176].reshape(n, 4, 1, 32), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(n, 8, 32)
     qh = (_shifted(b[:, 16:48].reshape(n, 1, 1, 32), list(range(8)), (1, 1, 8, 1)) & 1).reshape(n, 8, 32)
-    return _row(ql | (qh << 4), n).to(torch.int16), d * sc.float(), -(dmin * mn.float()), 32
+    return _row(ql | (qh << 4), n).to(torch.int16), Factored(d, sc), Factored(-dmin, mn), 32
 
 
 def parts_q6_k(b: torch.Tensor) -> tuple:
     """Super-block of 16 sub-blocks of 16: x = d * sc * (q - 32), int8 sc, 6-bit q (4 low bits in ql,
     2 high bits in qh). Bytes: ql [128], qh [64], scales [16], d (f16)."""
     n = b.shape[0]
-    sc = b[:, 192:208].contiguous().view(torch.int8).float()
+    sc = b[:, 192:208].contiguous().view(torch.int8)
     ql = (_shifted(b[:, 0:128].reshape(n, 2, 1, 64), [0, 4], (1, 1, 2, 1)) & 0x0F).reshape(n, 8, 32)
     qh = (_shifted(b[:, 128:192].reshape(n, 2, 1, 32), [0, 2, 4, 6], (1, 1, 4, 1)) & 3).reshape(n, 8, 32)
-    return _row(ql | (qh << 4), n).to(torch.int16) - 32, _f16(b[:, 208:210]) * sc, None, 16
+    return _row(ql | (qh << 4), n).to(torch.int16) - 32, Factored(_f16(b[:, 208:210]), sc), None, 16
 
 
-# Each type's blocks -> (q (nb, block) int16, scale (nb, block / G) float32, offset likewise or None,
-# G): x = q * scale (+ offset) in float32, group by group, which is each type's formula above in
-# the operations and order of gguf's numpy dequantize (x - y being x + (-y) exactly).
+# Each type's blocks -> (q (nb, block) int16, scale (nb, block / G) float32 or Factored, offset
+# likewise or None, G): x = q * scale (+ offset) in float32, group by group, which is each type's
+# formula above in the operations and order of gguf's numpy dequantize (x - y being x + (-y)
+# exactly). The k-quants keep their scales Factored, as the file does: the GPU layout stores them so.
 PARTS = {
     "Q4_0": parts_q4_0, "Q4_1": parts_q4_1, "Q5_0": parts_q5_0, "Q5_1": parts_q5_1, "Q8_0": parts_q8_0,
     "Q2_K": parts_q2_k, "Q3_K": parts_q3_k, "Q4_K": parts_q4_k, "Q5_K": parts_q5_k, "Q6_K": parts_q6_k,
 }
 
 
-def compose(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int) -> torch.Tensor:
+def compose(q: torch.Tensor, scale: "torch.Tensor | Factored", offset: "torch.Tensor | Factored | None",
+            group: int) -> torch.Tensor:
     """(n, elements) float32 values of q * scale (+ offset), each scale and offset over `group`
     consecutive elements."""
     n = q.shape[0]
+    scale, offset = value_of(scale), value_of(offset)
     x = q.float().reshape(n, -1, group) * scale.reshape(n, -1, 1)
     if offset is not None:
         x = x + offset.reshape(n, -1, 1)

@@ -14,23 +14,33 @@ fp16 scale times a small integer), and so is every sum the formats' own formulas
 order and this one in another.
 
 Storage (`kind`): NIBBLES, q in 0..15 two to a byte (element 2j in the low nibble of byte j);
-SIGNED_NIBBLES, the same for q in -8..7 stored as q + 8; INT8, one signed byte each; FP8,
-float8_e4m3fn values. The scale and offset are fp16 where every value is exact in fp16, else
-fp32: the bytes a decode step reads (`nbytes`) stay close to the file's.
+SIGNED_NIBBLES, the same for q in -8..7 stored as q + 8; BITS5/BITS6 (and signed twins, stored
+as q + 16, q + 32), the low nibbles so and the bits above them in a plane of their own (`qh`);
+INT8, one signed byte each; FP8, float8_e4m3fn values. The scale and offset are fp16 where every
+value is exact in fp16, else fp32, or for the k-quants the file's own factors (a super-block's
+fp16 unit times a sub-block's 6- or 8-bit code): the bytes a decode step reads (`nbytes`) stay
+close to the file's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from engine.weights.gguf_blocks import BLOCKS, PARTS
+from engine.weights.gguf_blocks import BLOCKS, PARTS, Factored
 from engine.weights.int4 import unpack_along_k, unpack_along_n
 from engine.weights.packed import PackedWeight
 
-NIBBLES, SIGNED_NIBBLES, INT8, FP8 = 0, 1, 2, 3
-KIND_NAMES = {NIBBLES: "uint4", SIGNED_NIBBLES: "int4", INT8: "int8", FP8: "fp8"}
+NIBBLES, SIGNED_NIBBLES, INT8, FP8, BITS5, SIGNED_BITS5, BITS6, SIGNED_BITS6 = range(8)
+KIND_NAMES = {NIBBLES: "uint4", SIGNED_NIBBLES: "int4", INT8: "int8", FP8: "fp8", BITS5: "uint5",
+              SIGNED_BITS5: "int5", BITS6: "uint6", SIGNED_BITS6: "int6"}
+# A kind's bits above the low nibble (kept in a plane of their own, `qh`) and what its stored
+# value is above q (signed kinds store q + ZERO, so every stored value is unsigned).
+HIGH_BITS = {BITS5: 1, SIGNED_BITS5: 1, BITS6: 2, SIGNED_BITS6: 2}
+ZERO = {SIGNED_NIBBLES: 8, SIGNED_BITS5: 16, SIGNED_BITS6: 32}
+# Unsigned kinds by width, then their signed twins: the narrowest that holds a weight's q.
+_BY_WIDTH = [(4, NIBBLES, SIGNED_NIBBLES), (5, BITS5, SIGNED_BITS5), (6, BITS6, SIGNED_BITS6)]
 
 
 @dataclass(frozen=True)
@@ -38,28 +48,41 @@ class GroupedWeight:
     kind: int  # NIBBLES, SIGNED_NIBBLES, INT8 or FP8
     shape: tuple[int, int]  # (N, K), nn.Linear's
     group: int  # G: inputs that share a scale (K: one per row)
-    q: torch.Tensor  # uint8 (N, K / 2) for nibbles; int8 or float8_e4m3fn (N, K)
-    scale: torch.Tensor  # (N, K / G) fp16 or fp32
-    offset: torch.Tensor | None  # (N, K / G) fp16 or fp32, or None (w = q * scale)
+    q: torch.Tensor  # uint8 (N, K / 2): low nibbles (all but INT8, FP8); int8 or float8_e4m3fn (N, K)
+    scale: torch.Tensor  # (N, K / G) fp16 or fp32; with units, uint8 or int8 codes
+    offset: torch.Tensor | None  # (N, K / G) like scale, or None (w = q * scale)
     format: str  # what it came from: "Q4_K", "AWQ", ...
+    # k-quants: scale = scale_unit[n, g // unit] * scale[n, g] (and offset likewise), a
+    # super-block's fp16 unit times a sub-block's small integer, as the file keeps them
+    unit: int = 0  # groups a unit covers; 0: scale and offset hold the values themselves
+    scale_unit: torch.Tensor | None = None  # (N, K / (G * unit)) fp16
+    offset_unit: torch.Tensor | None = None
+    # 5- and 6-bit kinds: the bits above the nibble, uint8 (N, K * HIGH_BITS / 8); element
+    # 8 / HIGH_BITS * j + i in bits HIGH_BITS * i and up of byte j
+    qh: torch.Tensor | None = None
+
+    def tensors(self) -> tuple:
+        return (self.q, self.scale, self.offset, self.scale_unit, self.offset_unit, self.qh)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.offset) if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors() if t is not None)
 
     def to(self, device) -> "GroupedWeight":
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return GroupedWeight(self.kind, self.shape, self.group, move(self.q), move(self.scale), move(self.offset),
-                             self.format)
+        return replace(self, **{name: None if t is None else t.to(device)
+                                for name, t in zip(TENSORS, self.tensors())})
+
+
+TENSORS = ("q", "scale", "offset", "scale_unit", "offset_unit", "qh")
 
 
 @dataclass(frozen=True)
 class _Parts:
     """A format's decoding before storage: q (N, K) int16 or float32 (FP8), scale and offset
-    (N, K / G) float32 (offset None: none)."""
+    (N, K / G) float32 or Factored (units (N, K / (G * unit)), codes (N, K / G)); offset None: none."""
     q: torch.Tensor
-    scale: torch.Tensor
-    offset: torch.Tensor | None
+    scale: "torch.Tensor | Factored"
+    offset: "torch.Tensor | Factored | None"
     group: int
     fp8: bool = False
 
@@ -68,7 +91,11 @@ def _gguf_parts(p: PackedWeight) -> _Parts:
     """A GGUF weight's q, scale and offset: its type's parts (gguf_blocks.PARTS), by output row."""
     n, k = p.shape
     q, scale, offset, group = PARTS[p.format](p.data.reshape(-1, BLOCKS[p.format][1]))
-    rows = lambda t: None if t is None else t.reshape(n, -1)  # noqa: E731
+
+    def rows(t):
+        if isinstance(t, Factored):
+            return Factored(t.unit.reshape(n, -1), t.code.reshape(n, -1))
+        return None if t is None else t.reshape(n, -1)
     return _Parts(rows(q), rows(scale), rows(offset), group)
 
 
@@ -99,6 +126,22 @@ def _store_scale(t: torch.Tensor) -> torch.Tensor:
     return half if torch.equal(half.float(), t) else t
 
 
+def _store_codes(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.uint8 if int(t.min()) >= 0 else torch.int8)
+
+
+def _cat_factored(items: list) -> tuple:
+    """(values, units, units' groups): the parts' scales (or offsets), stored as their values
+    (fp16 where exact, else fp32) or, factored, as codes (uint8 or int8) beside fp16 units."""
+    if items[0] is None:
+        return None, None, 0
+    if isinstance(items[0], Factored):
+        units = torch.cat([f.unit for f in items])
+        codes = torch.cat([f.code for f in items])
+        return _store_codes(codes).contiguous(), _store_scale(units.contiguous()), codes.shape[1] // units.shape[1]
+    return _store_scale(torch.cat(items).contiguous()), None, 0
+
+
 def from_packed(parts: list[PackedWeight]) -> GroupedWeight:
     """One GroupedWeight for the row blocks of a projection stored in one format (q, k, v or gate,
     up, in order; one part: a plain projection): the same group and the same offsets for all."""
@@ -108,20 +151,32 @@ def from_packed(parts: list[PackedWeight]) -> GroupedWeight:
     k = parts[0].shape[1]
     assert all(p.shape[1] == k and d.group == decoded[0].group for p, d in zip(parts, decoded))
     q = torch.cat([d.q for d in decoded])
-    scale = torch.cat([d.scale for d in decoded])
-    offset = None if decoded[0].offset is None else torch.cat([d.offset for d in decoded])
+    scale, scale_unit, unit = _cat_factored([d.scale for d in decoded])
+    offset, offset_unit, offset_per = _cat_factored([d.offset for d in decoded])
+    assert offset is None or offset_per == unit, "a factored scale comes with a factored offset"
+    qh = None
     if decoded[0].fp8:
         kind, stored = FP8, q.to(torch.float8_e4m3fn)
     else:
+        kind, stored = INT8, None
         lo, hi = int(q.min()), int(q.max())
-        if 0 <= lo and hi <= 15:
-            kind, stored = NIBBLES, _pack_nibbles(q)
-        elif -8 <= lo and hi <= 7:
-            kind, stored = SIGNED_NIBBLES, _pack_nibbles(q + 8)
-        else:
-            kind, stored = INT8, q.to(torch.int8)
-    return GroupedWeight(kind, (q.shape[0], k), decoded[0].group, stored.contiguous(), _store_scale(scale.contiguous()),
-                         None if offset is None else _store_scale(offset.contiguous()), parts[0].format)
+        for bits, unsigned, signed in _BY_WIDTH:
+            half = 1 << (bits - 1)
+            if 0 <= lo and hi < 2 * half:
+                kind = unsigned
+            elif -half <= lo and hi < half:
+                kind = signed
+            else:
+                continue
+            u = (q + ZERO.get(kind, 0)).to(torch.uint8)
+            stored = _pack_nibbles(u & 0x0F)
+            if bits > 4:
+                qh = _pack_bits(u >> 4, HIGH_BITS[kind])
+            break
+        if stored is None:
+            stored = q.to(torch.int8)
+    return GroupedWeight(kind, (q.shape[0], k), decoded[0].group, stored.contiguous(), scale, offset,
+                         parts[0].format, unit, scale_unit, offset_unit, qh)
 
 
 def grouped_blocks(parts: list[PackedWeight]) -> list[GroupedWeight]:
@@ -142,27 +197,51 @@ def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
 
 
+def _pack_bits(h: torch.Tensor, bits: int) -> torch.Tensor:
+    """(N, K) values of `bits` bits -> (N, K * bits / 8) uint8, 8 / bits a byte, the first lowest."""
+    per = 8 // bits
+    h = h.to(torch.uint8).reshape(h.shape[0], -1, per)
+    out = torch.zeros(h.shape[:2], dtype=torch.uint8, device=h.device)
+    for i in range(per):
+        out |= h[:, :, i] << (bits * i)
+    return out
+
+
+def _unpack_bits(b: torch.Tensor, bits: int) -> torch.Tensor:
+    per = 8 // bits
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=b.device)
+    return ((b.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(b.shape[0], b.shape[1] * per)
+
+
 def rows_of(g: GroupedWeight, start: int, stop: int) -> GroupedWeight:
     """Output rows start..stop - 1 of `g` (views, no copy)."""
-    cut = lambda t: None if t is None else t[start:stop]  # noqa: E731
-    return GroupedWeight(g.kind, (stop - start, g.shape[1]), g.group, g.q[start:stop], g.scale[start:stop],
-                         cut(g.offset), g.format)
+    return replace(g, shape=(stop - start, g.shape[1]),
+                   **{name: None if t is None else t[start:stop] for name, t in zip(TENSORS, g.tensors())})
 
 
 def unpack_q(g: GroupedWeight) -> torch.Tensor:
     """(N, K) float32 q values."""
-    if g.kind in (NIBBLES, SIGNED_NIBBLES):
-        b = g.q
-        q = torch.stack([b & 0x0F, b >> 4], dim=-1).reshape(b.shape[0], -1).float()
-        return q - 8 if g.kind == SIGNED_NIBBLES else q
-    return g.q.float()
+    if g.kind in (INT8, FP8):
+        return g.q.float()
+    b = g.q
+    q = torch.stack([b & 0x0F, b >> 4], dim=-1).reshape(b.shape[0], -1).to(torch.int16)
+    if g.kind in HIGH_BITS:
+        q = q | (_unpack_bits(g.qh, HIGH_BITS[g.kind]).to(torch.int16) << 4)
+    return (q - ZERO.get(g.kind, 0)).float()
 
 
 def dequantize_grouped(g: GroupedWeight) -> torch.Tensor:
     """(N, K) float32: q * scale (+ offset), per group, in float32."""
     n, k = g.shape
     q = unpack_q(g).reshape(n, k // g.group, g.group)
-    w = q * g.scale.float().unsqueeze(-1)
+    w = q * scale_values(g.scale, g.scale_unit, g.unit).unsqueeze(-1)
     if g.offset is not None:
-        w = w + g.offset.float().unsqueeze(-1)
+        w = w + scale_values(g.offset, g.offset_unit, g.unit).unsqueeze(-1)
     return w.reshape(n, k)
+
+
+def scale_values(stored: torch.Tensor, units: torch.Tensor | None, unit: int) -> torch.Tensor:
+    """(N, K / G) float32 scales (or offsets): the stored values, or each unit times its codes."""
+    if units is None:
+        return stored.float()
+    return units.float().repeat_interleave(unit, dim=1) * stored.float()
