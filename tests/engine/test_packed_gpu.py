@@ -39,3 +39,41 @@ def test_a_packed_target_decodes_and_speculates_like_plain_decoding(tmp_path):
         b = dense.runner.model.model.layers[1].get_submodule(name)
         xin = x if name != "mlp.down_proj" else torch.randn(5, b.in_features, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(a(xin).float(), b(xin).float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q5_0"])
+def test_a_packed_gguf_target_speculates_like_plain_decoding(tmp_path, qtype):
+    """The k-quants' factored scales and the 5- and 6-bit planes through the whole engine: greedy
+    speculation over the packed target gives its plain decoding's tokens, and its projections
+    match the dequantized model's."""
+    import json
+
+    from engine.engine import Engine
+    from engine.options import KernelOptions
+    from engine.packed_linear import PackedLinear
+    from engine.types import SamplingParams
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny_gguf import make_tiny_gguf
+
+    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=256)
+    cfg = json.loads((tmp_path / "work" / "hf" / "config.json").read_text())
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, 256, 3, cfg["vocab_size"], 200, seed=2),
+                      128, (0, 1, 2))
+    prompt = list(range(3, 40))
+
+    def tokens(engine, speculative=None):
+        engine.tokenizer.eos_token_ids = frozenset()
+        return [t for ev in engine.stream_ids(prompt, SamplingParams(max_tokens=48), speculative=speculative)
+                for t in ev.token_ids]
+
+    packed = Engine.load(str(path), draft=str(head), device="cuda", draft_steps=3,
+                         options=KernelOptions(packed_weights=True))
+    assert packed.runs_as != "bf16", packed.runs_as
+    assert isinstance(packed.runner.model.model.layers[0].mlp.down_proj, PackedLinear)
+    assert tokens(packed, speculative=True) == tokens(packed, speculative=False)
+    dense = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=False))
+    for name in ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+        a = packed.runner.model.model.layers[1].get_submodule(name)
+        b = dense.runner.model.model.layers[1].get_submodule(name)
+        x = torch.randn(5, b.in_features, device="cuda", dtype=torch.bfloat16)
+        torch.testing.assert_close(a(x).float(), b(x).float(), atol=3e-2, rtol=3e-2)
