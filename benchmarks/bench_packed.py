@@ -35,14 +35,11 @@ SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
 # The 8B's qkv parts (q, k, v) and gate_up parts (gate, up): a Q4_K_M file stores v apart.
 PARTS = {"qkv": [4096, 1024, 1024], "o_proj": [4096], "gate_up": [14336, 14336], "down": [4096]}
 LAYOUT_KINDS = {"Q4_K_M": {"v": "Q6_K"}, "Q4_K": {}, "Q4_1": {}, "Q8_0": {}, "Q6_K": {}, "AWQ": {}}
-# (block_n, block_k, split_k, num_warps, num_stages, scale_after)
+# (block_n, block_k, split_k, num_warps, num_stages, magic)
 SWEEP = [PackedTile(*c) for c in [
-    (32, 128, 1, 4, 3, True), (32, 128, 2, 4, 3, True), (32, 128, 4, 4, 3, True), (32, 128, 8, 4, 3, True),
-    (64, 128, 1, 4, 3, True), (64, 128, 2, 4, 3, True), (64, 128, 4, 4, 3, True), (64, 128, 4, 8, 3, True),
-    (32, 256, 1, 4, 3, True), (32, 256, 2, 4, 3, True), (32, 256, 4, 4, 3, True), (16, 256, 2, 4, 3, True),
-    (16, 256, 4, 4, 3, True), (16, 128, 4, 4, 4, True), (128, 128, 2, 8, 3, True),
-    (32, 128, 4, 4, 3, False), (64, 128, 2, 4, 3, False), (64, 128, 4, 4, 3, False), (32, 256, 2, 4, 3, False),
-    (64, 128, 1, 4, 3, False), (32, 256, 1, 4, 3, False),
+    (64, 128, 4, 4, 3, True), (64, 128, 4, 4, 3, False), (64, 128, 2, 4, 3, True), (64, 128, 8, 4, 3, True),
+    (64, 128, 4, 8, 3, True), (64, 128, 4, 4, 4, True), (128, 128, 4, 8, 3, True), (128, 64, 4, 4, 3, True),
+    (64, 64, 8, 4, 3, True), (64, 256, 4, 8, 3, True), (32, 128, 4, 4, 3, True),
 ]]
 
 
@@ -129,7 +126,7 @@ def main() -> None:
                         row["tiles"].append({"tile": str(tile), "error": repr(e)[:160]})
                         continue
                     row["tiles"].append({"tile": [tile.block_n, tile.block_k, tile.split_k, tile.num_warps,
-                                                  tile.num_stages, tile.scale_after],
+                                                  tile.num_stages, tile.magic],
                                          "us_1": us})
             entry[role] = row
             timed = [t for t in row["tiles"] if "us_1" in t]

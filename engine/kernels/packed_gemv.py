@@ -2,13 +2,16 @@
 tile by tile inside the kernel; packed_gemv_ref beside it (the weight dequantized by the torch
 reference and rounded to x's dtype, then a plain matmul: what the dequantize-at-load path runs).
 
-One program owns BLOCK_N output columns of every row. Each K step loads the step's quantized
-bytes, its groups' scales and offsets, decodes w = q * scale (+ offset) in float32, rounds it to
-bf16 (the very weight the dequantize-at-load path multiplies) and takes a tensor-core dot with
-the rows, padded to 16: a row's result does not depend on how many rows came with it, so a
-verify row has the bits of the decode step it stands for (batch invariance, as the bf16 tiles).
-No split-K, no host sync: safe inside CUDA graphs. Steps of more than 16 rows (prefill)
-dequantize the weight and run a plain matmul instead (packed_linear in engine/packed_linear.py).
+One program owns BLOCK_N output columns of every row over a 1 / SPLIT_K share of K. Each K step
+loads the step's quantized bytes (low nibbles, and for 5- and 6-bit kinds the plane of high
+bits), its groups' scales and offsets (the k-quants' codes times their super-block's unit),
+decodes w = q * scale (+ offset) in float32, rounds it to bf16 (the very weight the
+dequantize-at-load path multiplies) and takes a tensor-core dot with the rows, padded to 16: a
+row's result does not depend on how many rows came with it, so a verify row has the bits of the
+decode step it stands for (batch invariance, as the bf16 tiles). Split K: each program stores its partial sums and the last of a column tile to
+finish adds them in a fixed order (a counter per tile, left at zero): no host sync, safe inside
+CUDA graphs. Steps of more than 16 rows (prefill) dequantize the weight and run a plain matmul
+instead (packed_linear in engine/packed_linear.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import num_sms, triton_interpreting
+from engine.kernels import triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
 from engine.weights.grouped import FP8, HIGH_BITS, INT8, SIGNED_NIBBLES, ZERO, GroupedWeight, dequantize_grouped
 
@@ -33,30 +36,18 @@ class PackedTile:
     split_k: int = 1  # programs along K per column tile (a fixed-order sum by the last one)
     num_warps: int = 4
     num_stages: int = 3
-    # True: q itself (exact in bf16) goes into a dot per group and the group's scale multiplies
-    # that dot's fp32 result, its offset the group's sum of x; False: each weight decoded in fp32
-    # and rounded to bf16 before one dot over the whole step.
-    scale_after: bool = True
+    # True: q made a float by its bits (2^23 + q, less 2^23), False: by a conversion instruction
+    magic: bool = True
 
 
-def _splits(steps: int, tiles: int, slots: int) -> int:
-    """The fewest programs along K (a divisor of the K steps) that fill `slots` programs."""
-    for split in range(1, min(steps, 16) + 1):
-        if steps % split == 0 and tiles * split >= slots:
-            return split
-    return max(s for s in range(1, min(steps, 16) + 1) if steps % s == 0)
-
-
-def default_tile(n: int, k: int, group: int, num_sms: int = 132) -> PackedTile:
-    """64 columns a program over 128-input steps for wide projections, 32 over 256-input steps
-    for the others (shorter steps where K or the groups need them), and K split until the grid
-    holds four programs per SM."""
-    wide = n >= 6144
-    block_n = 64 if wide else 32
-    for block_k in ((128, 64, 32) if wide else (256, 128, 64, 32)):
+def default_tile(n: int, k: int, group: int) -> PackedTile:
+    """64 columns a program over 128-input steps (shorter where K or the groups need them), K split
+    in four where the steps divide so: on an H200 the fastest of a sweep for every projection of
+    the 8B shape in Q4_K_M and AWQ (benchmarks/bench_packed.py --sweep; docs/performance.md)."""
+    for block_k in (128, 64, 32):
         if k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
-            split = _splits(k // block_k, -(-n // block_n), 4 * num_sms)
-            return PackedTile(block_n, block_k, split)
+            steps = k // block_k
+            return PackedTile(64, block_k, next(s for s in (4, 3, 2, 1) if steps % s == 0))
     raise ValueError(f"no K step fits K = {k} with groups of {group}")
 
 
@@ -68,10 +59,10 @@ def _kernel():
     @triton.jit
     def packed_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
                       num_rows, N, stride_x, stride_q, stride_h, stride_s, stride_u, stride_out,
-                      K: tl.constexpr, ONE_BYTE: tl.constexpr, HIGH: tl.constexpr, ZERO: tl.constexpr,
+                      K: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr, ZERO: tl.constexpr,
                       G: tl.constexpr, UNIT: tl.constexpr,
                       HAS_OFFSET: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SCALE_AFTER: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, MAGIC: tl.constexpr,
                       SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         GROUPS: tl.constexpr = BLOCK_K // G if G < BLOCK_K else 1  # groups a K step spans
@@ -86,13 +77,17 @@ def _kernel():
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         for kk in range(0, K_PER_SPLIT, BLOCK_K):
             k0 = pid_k * K_PER_SPLIT + kk
-            if ONE_BYTE:  # int8 or fp8
+            if ONE_BYTE:  # int8 or fp8, one a byte
                 offs_q = k0 + tl.arange(0, BLOCK_K)
                 q = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_q[None, :])
+                if FP8:
+                    qf = q.to(tl.float32)
+                else:
+                    u = q.to(tl.int32) + 128  # stored unsigned from here: int8 + 128
             else:  # two nibbles a byte: element 2j low, 2j + 1 high
                 offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
                 b = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_b[None, :]).to(tl.int32)
-                q = tl.reshape(tl.join(b & 0x0F, b >> 4), (BLOCK_N, BLOCK_K))
+                u = tl.reshape(tl.join(b & 0x0F, b >> 4), (BLOCK_N, BLOCK_K))
                 if HIGH > 0:  # the bits above the nibble, 8 / HIGH a byte, the first lowest
                     offs_h = k0 * HIGH // 8 + tl.arange(0, BLOCK_K * HIGH // 8)
                     hb = tl.load(qh_ptr + w_rows[:, None] * stride_h + offs_h[None, :]).to(tl.int32)
@@ -101,56 +96,32 @@ def _kernel():
                                     tl.join(tl.join((hb >> 1) & 1, (hb >> 5) & 1), tl.join((hb >> 3) & 1, hb >> 7)))
                     else:
                         h = tl.join(tl.join(hb & 3, (hb >> 4) & 3), tl.join((hb >> 2) & 3, hb >> 6))
-                    q = q | (tl.reshape(h, (BLOCK_N, BLOCK_K)) << 4)
-                if ZERO > 0:
-                    q = q - ZERO
+                    u = u | (tl.reshape(h, (BLOCK_N, BLOCK_K)) << 4)
+            if not FP8:
+                if MAGIC:
+                    # 2^23 + u as a float32's bits, less 2^23 + ZERO: q exactly, without the
+                    # integer-to-float conversion (a slow instruction) per weight
+                    qf = ((u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + ZERO))
+                else:
+                    qf = (u - ZERO).to(tl.float32)
             offs_g = k0 // G + tl.arange(0, GROUPS)
             s = tl.load(s_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
             if UNIT > 0:  # codes times their super-block's unit, in float32 as the reference
                 offs_u = offs_g // UNIT
                 s = tl.load(su_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * s
+            w = tl.reshape(qf, (BLOCK_N, GROUPS, SUB)) * s[:, :, None]
             if HAS_OFFSET:
                 o = tl.load(o_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
                 if UNIT > 0:
                     o = tl.load(ou_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * o
+                w = w + o[:, :, None]
+            w = tl.reshape(w, (BLOCK_N, BLOCK_K))
             offs_k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None], other=0.0)
-            if SCALE_AFTER:
-                # q is exact in bf16 (and fp16): the dot's products are exact, the scale comes after
-                if DOT_F32:
-                    qd = q.to(tl.float32)
-                    ad = a.to(tl.float32)
-                else:
-                    qd = q.to(a.dtype)
-                    ad = a
-                if GROUPS == 1:
-                    if DOT_F32:
-                        d = tl.dot(qd, tl.trans(ad), input_precision="ieee")
-                    else:
-                        d = tl.dot(qd, tl.trans(ad))
-                    acc_t += d * s
-                    if HAS_OFFSET:
-                        acc_t += o * tl.sum(a.to(tl.float32), axis=1)[None, :]
-                else:
-                    qg = tl.permute(tl.reshape(qd, (BLOCK_N, GROUPS, SUB)), (1, 0, 2))
-                    ag = tl.permute(tl.reshape(ad, (BLOCK_M, GROUPS, SUB)), (1, 2, 0))
-                    if DOT_F32:
-                        d = tl.dot(qg, ag, input_precision="ieee")  # (GROUPS, BLOCK_N, BLOCK_M)
-                    else:
-                        d = tl.dot(qg, ag)
-                    acc_t += tl.sum(d * tl.permute(s, (1, 0))[:, :, None], axis=0)
-                    if HAS_OFFSET:
-                        xs = tl.sum(tl.reshape(a.to(tl.float32), (BLOCK_M, GROUPS, SUB)), axis=2)
-                        acc_t += tl.sum(o[:, :, None] * tl.permute(xs, (1, 0))[None, :, :], axis=1)
+            if DOT_F32:
+                acc_t += tl.dot(w.to(a.dtype).to(tl.float32), tl.trans(a.to(tl.float32)), input_precision="ieee")
             else:
-                w = tl.reshape(q.to(tl.float32), (BLOCK_N, GROUPS, SUB)) * s[:, :, None]
-                if HAS_OFFSET:
-                    w = w + o[:, :, None]
-                w = tl.reshape(w, (BLOCK_N, BLOCK_K))
-                if DOT_F32:
-                    acc_t += tl.dot(w.to(a.dtype).to(tl.float32), tl.trans(a.to(tl.float32)), input_precision="ieee")
-                else:
-                    acc_t += tl.dot(w.to(a.dtype), tl.trans(a))
+                acc_t += tl.dot(w.to(a.dtype), tl.trans(a))
         acc = tl.trans(acc_t)
         out_mask = row_ok[:, None] & n_ok[None, :]
         if SPLIT_K > 1:
@@ -188,7 +159,7 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
     assert 1 <= m <= MAX_ROWS and k == weight.shape[1] and x.stride(1) == 1
     assert weight.q.is_contiguous() and weight.scale.is_contiguous()
     assert weight.kind != FP8 or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
-    tile = tile or default_tile(n, k, weight.group, num_sms(x.device))
+    tile = tile or default_tile(n, k, weight.group)
     assert k % (tile.block_k * tile.split_k) == 0, (k, tile)
     assert tile.block_k % weight.group == 0 or weight.group % tile.block_k == 0
     if out is None:
@@ -211,10 +182,11 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
         units, weight.offset_unit if weight.offset_unit is not None else units,
         bias if bias is not None else out, out, part, counters, m, n, x.stride(0), weight.q.stride(0),
         high.stride(0), weight.scale.stride(0), units.stride(0), out.stride(0), K=k,
-        ONE_BYTE=weight.kind in (INT8, FP8), HIGH=HIGH_BITS.get(weight.kind, 0), ZERO=ZERO.get(weight.kind, 0),
+        ONE_BYTE=weight.kind in (INT8, FP8), FP8=weight.kind == FP8, HIGH=HIGH_BITS.get(weight.kind, 0),
+        ZERO=128 if weight.kind == INT8 else ZERO.get(weight.kind, 0),
         G=weight.group, UNIT=weight.unit,
         HAS_OFFSET=weight.offset is not None, HAS_BIAS=bias is not None,
-        DOT_F32=x.dtype == torch.float32 or interpreting, SCALE_AFTER=tile.scale_after,
+        DOT_F32=x.dtype == torch.float32 or interpreting, MAGIC=tile.magic,
         SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_M=MAX_ROWS, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
         num_stages=1 if interpreting else tile.num_stages)

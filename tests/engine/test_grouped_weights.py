@@ -130,9 +130,9 @@ KERNEL_CASES = [c for c in CASES if c[0] in ("gguf Q4_0", "gguf Q4_1", "gguf Q5_
 @pytest.mark.parametrize("device", [CUDA, CPU])
 @pytest.mark.parametrize("name,parts", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
 def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
-    """1, 5 and 16 rows, with and without a bias, on tiles that scale each group's dot or the
-    decoded weights, with K split or not, == the weight dequantized and rounded as a load does,
-    then F.linear; each row of the 16-row call has the bits of its 1-row call."""
+    """1, 5 and 16 rows, with and without a bias, q made a float by its bits or by a conversion,
+    K split or not, == the weight dequantized and rounded as a load does, then F.linear; each row
+    of the 16-row call has the bits of its 1-row call."""
     from engine.kernels.packed_gemv import packed_gemv, packed_gemv_ref
 
     if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
@@ -146,8 +146,8 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
     tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
     from engine.kernels.packed_gemv import PackedTile
 
-    tiles = [None, PackedTile(16, 32), PackedTile(16, 32, scale_after=False), PackedTile(32, 64, split_k=2),
-             PackedTile(16, 32, split_k=4, scale_after=False)]
+    tiles = [None, PackedTile(16, 32), PackedTile(16, 32, magic=False), PackedTile(32, 64, split_k=2),
+             PackedTile(16, 32, split_k=4, magic=False)]
     for tile in tiles:
         if tile is not None and (k % (tile.block_k * tile.split_k)
                                  or (tile.block_k % g.group and g.group % tile.block_k)):
