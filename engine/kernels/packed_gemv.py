@@ -42,12 +42,16 @@ class PackedTile:
 
 def default_tile(n: int, k: int, group: int) -> PackedTile:
     """64 columns a program over 128-input steps (shorter where K or the groups need them), K split
-    in four where the steps divide so: on an H200 the fastest of a sweep for every projection of
-    the 8B shape in Q4_K_M and AWQ (benchmarks/bench_packed.py --sweep; docs/performance.md)."""
+    in the fewest of 1, 2, 3, 4, 8 or 16 shares (dividing the steps) that give 512 programs or more
+    (the most where none does).
+    On an H200 (benchmarks/bench_packed.py --sweep; docs/performance.md) the 8B shape's qkv,
+    o_proj and down ran fastest split in eight (Q4_K_M down 34.3 us against 46.9 in four), its
+    gate_up (448 column tiles) in two to four."""
     for block_k in (128, 64, 32):
         if k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
-            steps = k // block_k
-            return PackedTile(64, block_k, next(s for s in (4, 3, 2, 1) if steps % s == 0))
+            steps, tiles = k // block_k, -(-n // 64)
+            splits = [s for s in (1, 2, 3, 4, 8, 16) if steps % s == 0]
+            return PackedTile(64, block_k, next((s for s in splits if tiles * s >= 512), splits[-1]))
     raise ValueError(f"no K step fits K = {k} with groups of {group}")
 
 
