@@ -55,13 +55,21 @@ def _kernels():
 
     @triton.jit
     def kv_block(k_ptr, v_ptr, n0, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
-        """Cache rows n0 .. n0 + BLOCK_N (those below end) of kv_head: (K, V), each (BLOCK_N, BLOCK_D)."""
+                 map_row, map_base, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 MAP_W: tl.constexpr):
+        """Positions n0 .. n0 + BLOCK_N (those below end) of kv_head: (K, V), each (BLOCK_N, BLOCK_D).
+        A position is its cache row, except (MAP_W) positions map_base .. map_base + MAP_W - 1,
+        whose rows map_row lists (a tree node's ancestors)."""
         offs_n = n0 + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         kv_mask = (offs_n < end)[:, None] & (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(k_ptr + offs_n[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        if MAP_W > 0:
+            mapped = (offs_n >= map_base) & (offs_n < map_base + MAP_W) & (offs_n < end)
+            rows = tl.where(mapped, tl.load(map_row + (offs_n - map_base), mask=mapped, other=0), offs_n)
+        else:
+            rows = offs_n
+        k = tl.load(k_ptr + rows[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + rows[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
         return k, v
 
     @triton.jit
@@ -89,6 +97,7 @@ def _kernels():
         q_ptr, k_ptr, v_ptr, pos_ptr, own_ptr, part_o_ptr, part_lse_ptr,
         k_new_ptr, v_new_ptr, cos_sin_ptr,  # FUSE_ROPE: the step's unrotated k and v, the RoPE table
         q_rot_ptr, stride_qrt, stride_qrh,  # the rotated q: q itself, or (FUSE_ROPE) where it is written
+        map_ptr, map_base_ptr,  # MAP_W: (T, MAP_W) cache rows of positions map_base[t] .., (T,) map_base
         num_rows, num_splits,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_knh, stride_vnh, stride_cs,
@@ -96,7 +105,7 @@ def _kernels():
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, EARLY_KV: tl.constexpr, FUSE_ROPE: tl.constexpr,
-        PER_TOKEN: tl.constexpr,
+        PER_TOKEN: tl.constexpr, MAP_W: tl.constexpr,
     ):
         kv_head = tl.program_id(0)
         first = tl.program_id(1)  # this program's splits: first, first + stride, ... (num_splits in all)
@@ -115,6 +124,15 @@ def _kernels():
         if USE_PDL and not EARLY_KV:  # wait for the previous kernel's writes, then let the next one launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+        # MAP_W (PER_TOKEN: one query row a program): this row's map of positions to cache rows (a
+        # kernel of this step writes it: read after the wait; a map never comes with EARLY_KV)
+        map_t = 0
+        if PER_TOKEN:
+            map_t = tl.program_id(2)
+        map_row = map_ptr + map_t * MAP_W
+        map_base = 0
+        if MAP_W > 0:
+            map_base = tl.load(map_base_ptr + map_t).to(tl.int32)
         # EARLY_KV, one query row (a decode step): the cache rows its tile reads, below its position,
         # were written by earlier steps, and the positions before this step's first kernel; only the
         # kernel just before (RoPE + cache write: q and the row's own K/V) may still run. So the
@@ -125,7 +143,7 @@ def _kernels():
         end = tl.minimum(start + SPLIT_SIZE, pos_max + 1)
         # Rows below every position only: no row's dot reads pos_max (own keys come separately, below).
         k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
-                          stride_vt, stride_vh, BLOCK_N, BLOCK_D, HEAD_DIM)
+                          stride_vt, stride_vh, map_row, map_base, BLOCK_N, BLOCK_D, HEAD_DIM, MAP_W)
         if FUSE_ROPE:  # this position's cos | sin, arranged for `rotate` along the whole head
             offs_r = tl.arange(0, BLOCK_D)
             lo_half = offs_r < HEAD_DIM // 2
@@ -173,7 +191,7 @@ def _kernels():
             end = tl.minimum(start + SPLIT_SIZE, pos_max + 1)
             if split != first:
                 k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
-                                  stride_vt, stride_vh, BLOCK_N, BLOCK_D, HEAD_DIM)
+                                  stride_vt, stride_vh, map_row, map_base, BLOCK_N, BLOCK_D, HEAD_DIM, MAP_W)
             q_rows = q_rot_ptr + t[:, None] * stride_qrt + head[:, None] * stride_qrh
             q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
             # The row's own key, read from its own slot (requested with q) and added outside the
@@ -194,7 +212,7 @@ def _kernels():
             m_i, l_i, acc = attend_block(q, k0, v0, start, pos, m_i, l_i, acc, qk_scale, BLOCK_N, DOT_F32)
             for n0 in range(start + BLOCK_N, end, BLOCK_N):
                 k, v = kv_block(k_ptr, v_ptr, n0, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
-                                BLOCK_N, BLOCK_D, HEAD_DIM)
+                                map_row, map_base, BLOCK_N, BLOCK_D, HEAD_DIM, MAP_W)
                 m_i, l_i, acc = attend_block(q, k, v, n0, pos, m_i, l_i, acc, qk_scale, BLOCK_N, DOT_F32)
             s_own = tl.where(own, tl.sum(q.to(tl.float32) * k_own, axis=1) * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, s_own)
@@ -277,6 +295,8 @@ def decode_attention(
     own_slots: torch.Tensor | None = None,
     pdl: bool = True,  # programmatic dependent launch (KernelOptions.pdl)
     per_token: bool = False,
+    slot_map: torch.Tensor | None = None,
+    map_base: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
 
@@ -295,9 +315,20 @@ def decode_attention(
     (its K/V re-read from L2 by every row), the same for every row count too, and as fast as the
     one-row step for one row.
 
+    slot_map (T, W) int32 with map_base (T,) (per_token only): row t's keys and values for
+    positions map_base[t] .. map_base[t] + W - 1 (those below positions[t]) sit in cache rows
+    slot_map[t] instead, e.g. a tree node's ancestors, wherever the tree put them. The row then
+    reads them in the order and blocks of the rows a plain decode step would read at those
+    positions, so it computes exactly what that step computes.
     """
     _check(q, k_cache, v_cache, positions)
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl, per_token)
+    mapping = None
+    if slot_map is not None:
+        assert invariant and per_token, "a slot map needs the per-token invariant tiles"
+        assert slot_map.dim() == 2 and slot_map.shape[0] == q.shape[0] and slot_map.is_contiguous()
+        assert map_base is not None and map_base.shape == (q.shape[0],)
+        mapping = (slot_map, map_base)
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl, per_token, mapping)
 
 
 def rope_decode_attention(
@@ -326,7 +357,7 @@ def rope_decode_attention(
 
 
 def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on,
-            per_token: bool = False) -> torch.Tensor:
+            per_token: bool = False, mapping: tuple | None = None) -> torch.Tensor:
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     split_kernel, reduce_kernel = _kernels()
     num_rows, num_heads, head_dim = q.shape
@@ -349,13 +380,15 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
     split_kernel[(num_kv_heads, programs, num_rows if per_token else 1)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
         k_new, v_new, cos_sin, q_rot, q_rot.stride(0), q_rot.stride(1),
+        *(mapping if mapping is not None else (positions, positions)),
         num_rows, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         k_new.stride(-2), v_new.stride(-2), cos_sin.stride(0),
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_M=block_m, BLOCK_N=min(64, split_size), BLOCK_D=block_d,
-        DOT_F32=dot_f32, EARLY_KV=rope is not None or num_rows == 1, FUSE_ROPE=rope is not None, PER_TOKEN=per_token,
+        DOT_F32=dot_f32, EARLY_KV=rope is not None or (num_rows == 1 and mapping is None), FUSE_ROPE=rope is not None,
+        PER_TOKEN=per_token, MAP_W=0 if mapping is None else mapping[0].shape[1],
         num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
         **pdl,
@@ -370,26 +403,38 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
     return out
 
 
-def _visible(positions: torch.Tensor, own_slots: torch.Tensor | None, num_slots: int) -> torch.Tensor:
+def _visible(positions: torch.Tensor, own_slots: torch.Tensor | None, num_slots: int,
+             mapping: tuple | None = None) -> torch.Tensor:
     """(T, S) bool: row t sees cache rows before positions[t] and its own row (own_slots[t], or
-    positions[t])."""
+    positions[t]); with a slot map (slot_map, map_base), the rows of positions map_base[t] and up
+    are slot_map[t]'s instead."""
     slots = torch.arange(num_slots, device=positions.device)
     own = positions if own_slots is None else own_slots
-    return (slots < positions[:, None]) | (slots == own[:, None])
+    if mapping is None:
+        return (slots < positions[:, None]) | (slots == own[:, None])
+    slot_map, base = mapping
+    seen = (slots < torch.minimum(positions, base)[:, None]) | (slots == own[:, None])
+    width = slot_map.shape[1]
+    used = (base[:, None] + torch.arange(width, device=positions.device)) < positions[:, None]  # (T, W)
+    hits = (slot_map.long()[:, :, None] == slots[None, None, :]) & used[:, :, None]
+    return seen | hits.any(dim=1)
 
 
 def decode_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, scale: float,
-    own_slots: torch.Tensor | None = None,
+    own_slots: torch.Tensor | None = None, slot_map: torch.Tensor | None = None,
+    map_base: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reference: fp32 einsum over all S_max rows with a position mask. Any device, no
-    host sync, correct for any positions; memory and time grow with S_max."""
+    """Reference: fp32 einsum over all S_max rows with a position mask (and decode_attention's
+    slot map). Any device, no host sync, correct for any positions; memory and time grow with
+    S_max."""
     _check(q, k_cache, v_cache, positions)
     num_rows, num_heads, head_dim = q.shape
     max_seq_len, num_kv_heads, _ = k_cache.shape
     qf = q.float().view(num_rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = torch.einsum("tkgd,skd->tkgs", qf, k_cache.float()) * scale  # (T, Hkv, g, S)
-    visible = _visible(positions, own_slots, max_seq_len)  # (T, S)
+    mapping = None if slot_map is None else (slot_map, map_base)
+    visible = _visible(positions, own_slots, max_seq_len, mapping)  # (T, S)
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     out = torch.einsum("tkgs,skd->tkgd", scores.softmax(dim=-1), v_cache.float())
     return out.reshape(num_rows, num_heads, head_dim).to(q.dtype)

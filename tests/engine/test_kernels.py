@@ -830,3 +830,47 @@ def test_pdl_launch_arguments(monkeypatch):
     assert kernels.pdl_args(cpu) == {"USE_PDL": False}
     monkeypatch.setattr(kernels, "_pdl_supported", lambda index: False)  # older GPU or Triton
     assert kernels.pdl_args(cuda) == {"USE_PDL": False}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (8, 8)])
+def test_tree_rows_read_through_a_slot_map_have_the_bits_of_their_decode_step(device, num_heads, num_kv_heads):
+    """A draft tree's verify rows, its nodes' K/V wherever the tree put them: each row, reading
+    its ancestors through a slot map (per_token, invariant), has the bits of the 1-row decode
+    step of its token after its ancestors laid out at their positions, as plain decoding lays
+    them out; and agrees with the reference over the same map."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(num_heads)
+    head_dim, max_seq_len, base = 32, 256, 70  # committed prefix: positions 0..69 (a split boundary inside)
+    # a tree of 7 nodes: parent of each (-1: the root, at position base); depth = position - base
+    parents = [-1, 0, 0, 1, 1, 2, 4]
+    depth = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    width = max(depth) + 1
+    node_slot = [base + 40 + 3 * i for i in range(len(parents))]  # scattered past the prefix
+    rows = len(parents)
+    q = torch.randn(rows, num_heads, head_dim, generator=gen).to(device, dtype)
+    k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    slot_map = torch.zeros(rows, width, dtype=torch.int32)
+    for i in range(rows):
+        a = parents[i]
+        while a >= 0:
+            slot_map[i, depth[a]] = node_slot[a]
+            a = parents[a]
+    positions = torch.tensor([base + d for d in depth], device=device)
+    own = torch.tensor(node_slot, device=device)
+    bases = torch.full((rows,), base, dtype=torch.int32, device=device)
+    slot_map = slot_map.to(device)
+    out = decode_attention(q, k_cache, v_cache, positions, 0.125, invariant=True, own_slots=own, per_token=True,
+                           slot_map=slot_map, map_base=bases)
+    ref = decode_attention_ref(q, k_cache, v_cache, positions, 0.125, own_slots=own, slot_map=slot_map, map_base=bases)
+    torch.testing.assert_close(out.float(), ref.float(), **tol(device, dtype))
+    for r in range(rows):
+        kc, vc = k_cache.clone(), v_cache.clone()  # plain decoding's layout: each ancestor at its position
+        for d in range(depth[r]):
+            kc[base + d], vc[base + d] = k_cache[int(slot_map[r, d])], v_cache[int(slot_map[r, d])]
+        kc[base + depth[r]], vc[base + depth[r]] = k_cache[node_slot[r]], v_cache[node_slot[r]]
+        single = decode_attention(q[r:r + 1], kc, vc, positions[r:r + 1], 0.125, invariant=True, per_token=True)
+        assert torch.equal(out[r:r + 1], single), r

@@ -16,7 +16,8 @@ POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_pt
             "accepted_ptr": "*i64", "draft_pos_ptr": "*i64", "choice_ptr": "*i64", "part_o_ptr": "*fp32",
             "part_lse_ptr": "*fp32", "cos_sin_ptr": "*fp32", "own_ptr": "*i64", "slot_ptr": "*i64", "alts_ptr": "*i64",
             "state_rows_ptr": "*i64", "kv_move_ptr": "*i64", "alt_draft_ptr": "*i64", "move_ptr": "*i64",
-            "rows_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "next_ptr": "*i64"}
+            "rows_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "next_ptr": "*i64",
+            "map_ptr": "*i32", "map_base_ptr": "*i32"}
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 # Kernels that read what no kernel of the step writes just before them (positions, tables)
 # before their PDL wait.
@@ -55,17 +56,20 @@ def _kernels():
         ("rope_and_cache", rope._kernels(), dict(HEAD_DIM=64, HALF=32, BLOCK_HQ=16, BLOCK_HKV=4, BLOCK_HALF=32,
                                                  BLOCK_D=64), 4),
         ("attention split", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_M=16, BLOCK_N=64, BLOCK_D=64,
-                                        DOT_F32=False, EARLY_KV=False, FUSE_ROPE=False, PER_TOKEN=False), 4),
+                                        DOT_F32=False, EARLY_KV=False, FUSE_ROPE=False, PER_TOKEN=False, MAP_W=0), 4),
         ("attention split early", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_M=16, BLOCK_N=64,
-                                              BLOCK_D=64, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=False, PER_TOKEN=False), 4),
+                                              BLOCK_D=64, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=False, PER_TOKEN=False, MAP_W=0), 4),
         ("attention split rope early", split, dict(GROUP=4, HEAD_DIM=128, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
-                                                   BLOCK_D=128, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=True, PER_TOKEN=False), 4),
+                                                   BLOCK_D=128, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=True, PER_TOKEN=False, MAP_W=0), 4),
         ("attention split per token", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
                                                   BLOCK_D=64, DOT_F32=False, EARLY_KV=False, FUSE_ROPE=False,
-                                                  PER_TOKEN=True), 4),
+                                                  PER_TOKEN=True, MAP_W=0), 4),
         ("attention split rope per token early", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
                                                        BLOCK_D=64, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=True,
-                                                       PER_TOKEN=True), 4),
+                                                       PER_TOKEN=True, MAP_W=0), 4),
+        ("attention split per token slot map", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
+                                                           BLOCK_D=64, DOT_F32=False, EARLY_KV=False, FUSE_ROPE=False,
+                                                           PER_TOKEN=True, MAP_W=8), 4),
         ("attention reduce trigger first", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64), 4),
         ("gemv rms_norm M=1", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8), 4),
         ("gemv rms_norm M=1 one pass", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8, NORM_MODE=1, K_POW2=4096), 4),
@@ -100,7 +104,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 24  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 25  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
