@@ -4,7 +4,9 @@ Kernel tests run on CUDA (marked gpu), and on CPU through Triton's interpreter o
 triton is importable and LOCALCHAT_TRITON_INTERPRET=1 (slow; not for CI). That switch sets
 TRITON_INTERPRET=1 for the whole pytest process, so run it on this file alone. The
 interpreter rounds fp32 -> bf16 by truncation (the GPU rounds to nearest even), so bf16
-tolerances allow a few bf16 ulps there and exact-rounding checks run on CUDA only.
+tolerances allow a few bf16 ulps there and exact-rounding checks run on CUDA only. Triton
+3.6's interpreter needs numpy below 2.4 for the attention kernels (it converts one-element
+arrays with int(), which newer numpy refuses).
 
     LOCALCHAT_TRITON_INTERPRET=1 python -m pytest tests/engine/test_kernels.py  # ~80 s, 2 cores
 """
