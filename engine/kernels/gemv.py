@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 
-triton = tl = prefetch_rows = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = prefetch_rows = sum_splits = None  # bound by _kernels(): Triton is imported on first use only
 
 NONE, RMS_NORM, SILU_MUL = 0, 1, 2  # prologue kinds
 MAX_ROWS = 16
@@ -106,7 +106,7 @@ def _tail_counter(device: torch.device) -> torch.Tensor:
 
 @functools.cache
 def _kernels():
-    global triton, tl, prefetch_rows
+    global triton, tl, prefetch_rows, sum_splits
     import triton
     import triton.language as tl
 
@@ -123,6 +123,24 @@ def _kernels():
         if GATED:
             tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [line_ptrs + N * stride_w],
                                       dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def sum_splits(acc, part, pid_k, counter, num_rows, N, out_mask, SPLIT_K: tl.constexpr):
+        """Split K: stores this program's partial sums at part (rows of N, SPLIT_K blocks of
+        num_rows * N fp32) and returns (last, total): last for the last program of the column tile
+        to arrive, which adds every split's partials in split order (so the sum does not depend on
+        which finished first) and sets the tile's counter back to zero for the next launch."""
+        tl.store(part + pid_k * num_rows * N, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is written before the counter moves
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        last = arrived == SPLIT_K - 1
+        total = tl.zeros_like(acc)
+        if last:
+            tl.debug_barrier()
+            for s in range(SPLIT_K):
+                total += tl.load(part + s * num_rows * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(counter, 0)  # ready for the next launch
+        return last, total
 
     @triton.jit
     def row_kernel(
@@ -354,19 +372,12 @@ def _kernels():
         if SPLIT_K > 1:
             # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
             part = part_ptr + rows[:, None] * N + offs_n[None, :]
-            tl.store(part + pid_k * num_rows * N, acc, mask=out_mask)
-            tl.debug_barrier()  # every thread's partial is written before the counter moves
-            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:  # last program of this column tile: sum the splits
-                tl.debug_barrier()
-                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for s in range(SPLIT_K):
-                    acc += tl.load(part + s * num_rows * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            last, acc = sum_splits(acc, part, pid_k, count_ptr + pid_n, num_rows, N, out_mask, SPLIT_K)
+            if last:
                 if HAS_BIAS:
                     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
                 tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
                          acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-                tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
         else:
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]

@@ -27,6 +27,7 @@ from engine.kernels.gemv import _MAX_TILES, _tile_counters
 from engine.weights.grouped import FP8, HIGH_BITS, INT8, SIGNED_NIBBLES, ZERO, GroupedWeight, dequantize_grouped
 
 MAX_ROWS = 16
+sum_splits = None  # bound by _kernel()
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,14 @@ def default_tile(n: int, k: int, group: int) -> PackedTile:
 
 @functools.cache
 def _kernel():
+    global sum_splits  # packed_kernel calls gemv's split-K sum by this module's name
     import triton
     import triton.language as tl
+
+    from engine.kernels import gemv
+
+    gemv._kernels()
+    sum_splits = gemv.sum_splits
 
     @triton.jit
     def packed_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
@@ -132,19 +139,12 @@ def _kernel():
         if SPLIT_K > 1:
             # part: (SPLIT_K, num_rows, N) fp32; the last program of a column tile sums it in order
             part = part_ptr + rows[:, None] * N + offs_n[None, :]
-            tl.store(part + pid_k * num_rows * N, acc, mask=out_mask)
-            tl.debug_barrier()  # every thread's partial is written before the counter moves
-            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                tl.debug_barrier()
-                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for sp in range(SPLIT_K):
-                    acc += tl.load(part + sp * num_rows * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            last, acc = sum_splits(acc, part, pid_k, count_ptr + pid_n, num_rows, N, out_mask, SPLIT_K)
+            if last:
                 if HAS_BIAS:
                     acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
                 tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
                          mask=out_mask)
-                tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
         else:
             if HAS_BIAS:
                 acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]

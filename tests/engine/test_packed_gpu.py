@@ -10,21 +10,22 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+def tokens(engine, speculative=None) -> list[int]:
+    """48 greedy tokens after a fixed prompt, running on past EOS."""
+    from engine.types import SamplingParams
+
+    engine.tokenizer.eos_token_ids = frozenset()
+    return [t for ev in engine.stream_ids(list(range(3, 40)), SamplingParams(max_tokens=48), speculative=speculative)
+            for t in ev.token_ids]
+
+
 def test_a_packed_target_decodes_and_speculates_like_plain_decoding(tmp_path):
     from engine.engine import Engine
     from engine.options import KernelOptions
     from engine.packed_linear import PackedLinear
-    from engine.types import SamplingParams
     from tests.tiny_quant import awq_target_with_head
 
     target, head = awq_target_with_head(tmp_path)
-    prompt = list(range(3, 40))
-
-    def tokens(engine, speculative=None):
-        engine.tokenizer.eos_token_ids = frozenset()
-        return [t for ev in engine.stream_ids(prompt, SamplingParams(max_tokens=48), speculative=speculative)
-                for t in ev.token_ids]
-
     packed = Engine.load(str(target), draft=str(head), device="cuda", draft_steps=3,
                          options=KernelOptions(packed_weights=True))
     assert packed.runs_as == "AWQ-int4-g64"
@@ -51,7 +52,6 @@ def test_a_packed_gguf_target_speculates_like_plain_decoding(tmp_path, qtype):
     from engine.engine import Engine
     from engine.options import KernelOptions
     from engine.packed_linear import PackedLinear
-    from engine.types import SamplingParams
     from tests.speculative.heads import head_tensors, write_head
     from tests.tiny_gguf import make_tiny_gguf
 
@@ -59,12 +59,6 @@ def test_a_packed_gguf_target_speculates_like_plain_decoding(tmp_path, qtype):
     cfg = json.loads((tmp_path / "work" / "hf" / "config.json").read_text())
     head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, 256, 3, cfg["vocab_size"], 200, seed=2),
                       128, (0, 1, 2))
-    prompt = list(range(3, 40))
-
-    def tokens(engine, speculative=None):
-        engine.tokenizer.eos_token_ids = frozenset()
-        return [t for ev in engine.stream_ids(prompt, SamplingParams(max_tokens=48), speculative=speculative)
-                for t in ev.token_ids]
 
     packed = Engine.load(str(path), draft=str(head), device="cuda", draft_steps=3,
                          options=KernelOptions(packed_weights=True))
