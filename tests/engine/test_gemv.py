@@ -282,3 +282,44 @@ def test_each_row_rows_equal_single_row_bits(n, k):
     assert int(gemv_module._tail_counter(x.device).sum().item()) == 0
     assert int(gemv_module._tile_counters(x.device).sum().item()) == 0
     torch.testing.assert_close(gemv(x, w, each_row=True), gemv_ref(x, w), **BF16_TOL)
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+def test_invariant_rms_norm_gemv_scales_after_the_dot(device):
+    """Batch-invariant rms_norm_gemv on its invariant tiles (swap_ab and not, masked K) ==
+    rms_norm_gemv_after_ref, near the unfused pair, and each row of a several-row call has the
+    bits of its one-row call (also under the interpreter: the same program per row count)."""
+    from engine.routing import invariant_tile
+
+    for n, k in [(960, 576), (576, 1536), (100, 300)] + ([(6144, 4096), (28672, 4096)] if device == "cuda" else []):
+        gen, x, weight, bias = make(16, n, k, device, n + k + 7)
+        residual = (torch.randn(16, k, generator=gen) * 3).to(device, torch.bfloat16)
+        norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
+        tile = invariant_tile((n, k))
+        for b in (None, bias):
+            out, stream = rms_norm_gemv(x, residual, norm_weight, 1e-5, weight, b, tile, invariant=True)
+            want, want_stream = gemv_module.rms_norm_gemv_after_ref(x, residual, norm_weight, 1e-5, weight, b)
+            torch.testing.assert_close(out, want, **tol(device))
+            torch.testing.assert_close(out, rms_norm_gemv_ref(x, residual, norm_weight, 1e-5, weight, b)[0],
+                                       **INTERPRETER_TOL)
+            torch.testing.assert_close(stream, want_stream, **tol(device))
+        singles = torch.cat([rms_norm_gemv(x[i:i + 1], residual[i:i + 1], norm_weight, 1e-5, weight, None, tile,
+                                           invariant=True)[0] for i in range(16)])
+        for m in (3, 16):
+            assert torch.equal(rms_norm_gemv(x[:m], residual[:m], norm_weight, 1e-5, weight, None, tile,
+                                             invariant=True)[0], singles[:m]), (n, k, m)
+        first, same = rms_norm_gemv(x, None, norm_weight, 1e-5, weight, None, tile, invariant=True)
+        assert same is x
+        torch.testing.assert_close(first, gemv_module.rms_norm_gemv_after_ref(x, None, norm_weight, 1e-5, weight)[0],
+                                   **tol(device))
+
+
+def test_rms_norm_gemv_after_ref_is_the_norm_moved_past_the_dot():
+    """In float64 the after-reference and the unfused pair are one function; in bf16 they part by
+    rounding only."""
+    gen = torch.Generator().manual_seed(3)
+    x, res = torch.randn(4, 64, generator=gen, dtype=torch.float64), torch.randn(4, 64, generator=gen, dtype=torch.float64)
+    nw, w = 1 + 0.1 * torch.randn(64, generator=gen, dtype=torch.float64), torch.randn(32, 64, generator=gen, dtype=torch.float64)
+    after, _ = gemv_module.rms_norm_gemv_after_ref(x, res, nw, 1e-6, w)
+    h = x + res
+    assert torch.allclose(after, (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * nw) @ w.T)
