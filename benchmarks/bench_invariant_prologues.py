@@ -2,6 +2,9 @@
 against the unfused pairs they replace (add_rms_norm or silu_and_mul, then the invariant GEMV),
 for the 8B's and SmolLM2's shapes, over a few tensor-core tiles. Microseconds per call inside a
 CUDA graph of back-to-back calls on weights larger than L2 (bench_gemv.time_graph); JSON to --out.
+The engine keeps these pairs apart on the invariant tiles (docs/performance.md: the prologue's work
+on 16 padded rows at every K step costs more than the launch it saves); commit e3f3034 timed the
+same cases with the norm moved after the dot (h200_invariant_prologues_norm_after.json).
 
     python benchmarks/bench_invariant_prologues.py --rows 1,6 --out inv_prologues.json
 """

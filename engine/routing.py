@@ -36,10 +36,6 @@ UNFUSED = "unfused"  # add_rms_norm and silu_and_mul apart, projections routed o
 ROW = "row"  # one bf16 row without a draft: the fused one-row kernels
 INVARIANT = "invariant"  # up to 16 bf16 rows with batch_invariant: the fused invariant kernels
 DRAFT = "draft"  # a draft's step: our GEMV for up to 16 rows, bits of no concern to the output
-# FUSED_TILES' entries for the fused kernels of the ROW set on several rows without each_row (a
-# draft's extend step): the dot kernel, not batch-invariant, with its built-in 16 x 256 tile and
-# the norm's pass over K before the projection.
-ROWS = "rows"
 
 GEMV = "gemv"  # Route.kernel: our GEMV (CUBLAS: nn.Linear)
 ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
@@ -118,11 +114,11 @@ def row_tile(k: int) -> GemvConfig:
 FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
     (ROW, "rms_norm_gemv", 6144, 4096): UNFUSED,  # Llama-3.1-8B qkv: 25.5 vs 17.9
     (ROW, "rms_norm_gemv", 28672, 4096): UNFUSED,  # 8B gate_up: 77.9 vs 58.8
-    (ROWS, "rms_norm_gemv", 6144, 4096): UNFUSED,  # 36.5 vs 24.8
-    (ROWS, "rms_norm_gemv", 28672, 4096): UNFUSED,  # 159.7 vs 74.7
-    (ROWS, "rms_norm_gemv", 3072, 576): UNFUSED,  # 8.3 vs 6.9
-    (ROWS, "silu_mul_gemv", 4096, 14336): UNFUSED,  # 201.0 vs 44.3
-    (ROWS, "silu_mul_gemv", 576, 1536): UNFUSED,  # 7.9 vs 5.3
+    (INVARIANT, "rms_norm_gemv", 6144, 4096): UNFUSED,  # 36.5 vs 24.8
+    (INVARIANT, "rms_norm_gemv", 28672, 4096): UNFUSED,  # 159.7 vs 74.7
+    (INVARIANT, "rms_norm_gemv", 3072, 576): UNFUSED,  # 8.3 vs 6.9
+    (INVARIANT, "silu_mul_gemv", 4096, 14336): UNFUSED,  # 201.0 vs 44.3
+    (INVARIANT, "silu_mul_gemv", 576, 1536): UNFUSED,  # 7.9 vs 5.3
 }
 
 
@@ -181,10 +177,6 @@ def fused_tile(options: KernelOptions, mode: str, kernel: str, n: int, k: int) -
     if mode == ROW and kernel == "silu_mul_gemv" and options.row_tile((n, k)) is not None:
         tile = options.row_tile((n, k))
         return UNFUSED if tile == CUBLAS else tile
-    if mode == INVARIANT:
-        # The projection's own invariant tile; its norm prologue needs no pass over K
-        # (gemv.rms_norm_gemv, invariant), so no K is too long for it.
-        return invariant_tile((n, k)) if tile is None else tile
     if tile is None and kernel == "rms_norm_gemv" and k >= 4096:
         tile = UNFUSED  # as every such shape measured: each program's rms pre-pass over K costs more than it saves
     if tile is None and mode == ROW and kernel == "silu_mul_gemv":
@@ -193,10 +185,10 @@ def fused_tile(options: KernelOptions, mode: str, kernel: str, n: int, k: int) -
 
 
 def _table_mode(mode: str, rows: int, each_row: bool) -> str:
-    # A ROW-mode set on several rows without each_row (a draft-extend): the ROWS entries, measured
-    # on 6 and 16 rows, with the built-in tile for that row count; the row tiles are M = 1 tiles,
-    # which each_row runs row by row.
-    return ROWS if mode == ROW and rows > 1 and not each_row else mode
+    # A ROW-mode set on several rows without each_row (a draft-extend): the invariant entries,
+    # measured on 6 and 16 rows, with the built-in tile for that row count; the row tiles are
+    # M = 1 tiles, which each_row runs row by row.
+    return INVARIANT if mode == ROW and rows > 1 and not each_row else mode
 
 
 def _one_row(rows: int, each_row: bool) -> bool:

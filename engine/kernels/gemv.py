@@ -295,12 +295,10 @@ def _kernels():
         PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWAP_AB: tl.constexpr, NORM_AFTER: tl.constexpr,
+        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWAP_AB: tl.constexpr,
     ):
         """Tensor-core tiles over BLOCK_M (>= 16) padded rows: each row's result comes from the
-        same dot instructions whatever the other rows hold. NORM_AFTER (RMS_NORM, one K split): the
-        dot takes h * norm_weight and the sum of h's squares builds up beside it, so the row's
-        1 / rms scales the dot's result instead of h; no pass over K before the first weight load."""
+        same dot instructions whatever the other rows hold."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
@@ -314,8 +312,7 @@ def _kernels():
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         inv_rms = tl.zeros([BLOCK_M], tl.float32)
-        sq2 = tl.zeros([BLOCK_M, BLOCK_K if NORM_AFTER else 1], tl.float32)  # NORM_AFTER: summed after the loop
-        if PROLOGUE == 1 and not NORM_AFTER:
+        if PROLOGUE == 1:
             # The norm needs the whole row's mean square first: a pass over K (L2-resident).
             sq = tl.zeros([BLOCK_M], tl.float32)
             for k0 in range(0, K, BLOCK_K):
@@ -350,13 +347,8 @@ def _kernels():
                     if pid_n == 0:  # column tile 0 writes the new residual stream
                         tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_k[None, :], h, mask=mask)
                 nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                if NORM_AFTER:  # h * norm_weight now, the row's 1 / rms once the loop has seen all of h
-                    hf = h.to(tl.float32)
-                    sq2 += hf * hf
-                    a = (hf * nw[None, :]).to(x.dtype).to(tl.float32)
-                else:
-                    normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
-                    a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
+                normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
+                a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
             elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
                 up = tl.load(x_ptr + rows[:, None] * stride_x + K + offs_k[None, :], mask=mask, other=0.0)
                 gate = x.to(tl.float32)
@@ -376,8 +368,6 @@ def _kernels():
                     acc += tl.dot(a.to(w.dtype), tl.trans(w))
         if SWAP_AB:
             acc = tl.trans(acc_t)
-        if NORM_AFTER:
-            acc = acc * tl.rsqrt(tl.sum(sq2, axis=1) / K + eps)[:, None]
         out_mask = row_ok[:, None] & n_ok[None, :]
         if SPLIT_K > 1:
             # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
@@ -420,8 +410,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     else:
         cfg = config or default_config(1 if rows_kernel else (MAX_ROWS if invariant else num_rows), n, k,
                                        num_sms(x.device))
-        if (tail or (invariant and prologue == RMS_NORM)) and config is None:
-            cfg = replace(cfg, split_k=1)  # the built-in tile without its split: both need all of K in one program
+        if tail and config is None:  # the built-in tile without its split: the tail needs whole columns
+            cfg = replace(cfg, split_k=1)
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     new_res = None
     res = nw = new_res_arg = x  # unused by the kernel unless the prologue or the tail reads them
@@ -466,10 +456,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
                                          GATED=gated, NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1, **common)
     else:
         block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
-        after = prologue == RMS_NORM and invariant
-        assert not after or cfg.split_k == 1, "an invariant norm prologue needs all of K in one program"
         dot_kernel[(tiles, cfg.split_k)](*args, DOT_F32=x.dtype == torch.float32 or interpreting, BLOCK_M=block_m,
-                                         SWAP_AB=cfg.swap_ab, NORM_AFTER=after, **common)
+                                         SWAP_AB=cfg.swap_ab, **common)
     return out, new_res
 
 
@@ -506,9 +494,8 @@ def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
     x, residual (M, K) (residual None: the first layer; the stream returned is x itself);
     norm_weight (K,); weight (N, K). Every program recomputes the row's rms (one extra pass
     over 2 * M * K elements from L2; for one row, one load or none: norm_mode); column tile 0
-    writes the new residual. invariant: as for gemv, on a tile without split-K, and with the norm
-    after the dot instead of the pass over K before it: out = (h * norm_weight) @ W.T / rms(h)
-    (rms_norm_gemv_after_ref), so a row's bits differ from the unfused pair's but not with M.
+    writes the new residual. invariant: as for gemv (the rms too is computed by
+    the same tile for any M).
     """
     return _launch(RMS_NORM, x, residual, norm_weight, eps, weight, bias, x.shape[1], config, invariant, pdl=pdl,
                    each_row=each_row)
@@ -519,18 +506,6 @@ def rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, bias=None, config=N
     hf = h.float()
     normed = (hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
     return F.linear((normed * norm_weight).to(x.dtype), weight, bias), h
-
-
-def rms_norm_gemv_after_ref(x, residual, norm_weight, eps, weight, bias=None, config=None):
-    """What invariant rms_norm_gemv computes: h * norm_weight rounded to x's dtype as the dot's
-    input, then the row's 1 / rms in fp32 on the dot's fp32 result, then the bias."""
-    h = x if residual is None else x + residual
-    hf = h.float()
-    scaled = (hf * norm_weight.float()).to(x.dtype).float()
-    out = (scaled @ weight.float().T) * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(x.dtype), h
 
 
 def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
