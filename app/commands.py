@@ -64,11 +64,13 @@ def cmd_run(args) -> int:
     messages = ([{"role": "system", "content": system}] if system else [])
     messages.append({"role": "user", "content": args.prompt})
     speculative = not args.no_spec
-    pays, reason = engine.speculation_pays()
-    if engine.has_draft and not pays and not (args.spec or args.draft):
-        speculative = False  # the default draft where speculation is slower: plain decoding, said once
-        if not args.json:
-            print(f"[localchat] speculation off: {reason} (--spec turns it on)", file=sys.stderr)
+    if engine.has_draft and speculative and not (args.spec or args.draft):
+        log = None if args.json else (lambda text: print(f"[localchat] {text}", file=sys.stderr))
+        pays, reason = engine.speculation_pays(log)
+        if not pays:
+            speculative = False  # the default draft where speculation is slower: plain decoding, said once
+            if not args.json:
+                print(f"[localchat] speculation off: {reason} (--spec turns it on)", file=sys.stderr)
     text, ids, last = [], [], None
     try:
         for ev in engine.stream(messages, params, speculative=speculative):

@@ -284,7 +284,10 @@ class EngineWorker:
         self.engine = engine
         self._loaded_at = time.perf_counter()
         is_remote = isinstance(engine, RemoteEngine)
-        pays, reason = engine.speculation_pays()
+        try:  # on a GPU, the first load of a model and draft measures whether speculation pays
+            pays, reason = engine.speculation_pays(lambda text: on_progress(text, None))
+        except _LoadStopped:
+            return
         target.post_message(self.Loaded(engine.model_name, engine.draft_name, engine.device, engine.has_draft,
                                         engine.url if is_remote else None, is_remote and not engine.is_localchat,
                                         pays, reason, weights_text(engine)))

@@ -65,7 +65,7 @@ class RemoteEngine:
         self.has_draft = bool(self.is_localchat and ours.get("has_draft"))
         self.draft_steps = ours.get("draft_steps", 0) if self.has_draft else 0
 
-    def speculation_pays(self) -> tuple[bool, str]:
+    def speculation_pays(self, log=None) -> tuple[bool, str]:
         """The server knows its hardware: the switch stays as the user set it."""
         return True, ""
 

@@ -32,6 +32,7 @@ class Engine:
         self.device = str(runner.device)
         self._kv_tokens: list[int] = []  # tokens whose K/V the target cache holds, in order
         self._no_draft: Engine | None = None  # without_draft(), once built
+        self._pays: tuple[bool, str] | None = None  # speculation_pays() on a GPU, once measured or read
 
     @property
     def has_draft(self) -> bool:
@@ -43,14 +44,30 @@ class Engine:
     # draft in `localchat bench`; docs/performance.md).
     CPU_SPEC_REASON = "slower on a CPU"
 
-    def speculation_pays(self) -> tuple[bool, str]:
+    def speculation_pays(self, log: Callable[[str], None] | None = None) -> tuple[bool, str]:
         """(whether speculation is the faster default here, and if not, why in a few words). The
-        caller may still ask for it: stream(speculative=True) always speculates with a draft."""
+        caller may still ask for it: stream(speculative=True) always speculates with a draft. On a
+        GPU, measured against plain decoding without the draft the first time a model and draft
+        meet that GPU, then read from the cache (engine/spec_pays.py; log tells of the
+        measurement, a few seconds)."""
         if self.speculator is None:
             return False, "no draft"
         if self.runner.device.type == "cpu":
             return False, self.CPU_SPEC_REASON
-        return True, ""
+        if self._pays is None:
+            from engine import spec_pays
+
+            tree = getattr(self.speculator, "tree", None)
+            settings = f"k={getattr(self.speculator, 'k', '?')} tree={tree if tree is not None else 'off'}"
+            self._pays = spec_pays.verdict(self, settings, log=log)
+        return self._pays
+
+    def drop_twin(self) -> None:
+        """Lets go of without_draft()'s twin (its KV cache and graphs), built again if asked for."""
+        if self._no_draft is not None:
+            self._no_draft = None
+            if self.runner.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     @classmethod
     def load(cls, model: str, draft: str | None = None, device: str | None = None,
@@ -81,6 +98,7 @@ class Engine:
         EAGLE-3 draft: anything else is a UserError. "auto": the shape that decodes fastest here,
         calibrated once per model, draft and GPU (speculative/tree/calibrate.py); chains where
         there is no EAGLE-3 head or on a CPU."""
+        self._pays = None  # measured again for the new shape when next asked
         if shape == "auto":
             if self.speculator is None or not hasattr(self.speculator, "auto_tree"):
                 return self.set_tree(None)

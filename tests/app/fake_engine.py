@@ -58,7 +58,7 @@ class FakeEngine:
         self._lock = threading.Lock()  # the real engine is not thread-safe either: catch misuse
         self._twin: FakeEngine | None = None
 
-    def speculation_pays(self) -> tuple[bool, str]:
+    def speculation_pays(self, log=None) -> tuple[bool, str]:
         return self.spec_pays if self.has_draft else (False, "no draft")
 
     def without_draft(self, if_fits: bool = False) -> "FakeEngine | None":

@@ -1,0 +1,127 @@
+"""Whether speculation is the faster default for a model and its draft on this GPU: measured once,
+then remembered.
+
+A draft pays only where it beats plain decoding with no draft loaded, which a user gets by
+unloading it. Whether it does depends on the model, the draft, the GPU and the kernels (the demo
+model's EAGLE-3 head gains about 1.5x on an H200, its two MTP layers lose: 0.6x;
+docs/performance.md), so the first load of a pair on a GPU times both on a few short chat
+requests under the app's default system prompt, greedy, alternating, each after an uncounted
+warm-up: speculation on the engine as loaded, plain decoding on its twin with no draft
+(Engine.without_draft; where that twin's KV cache does not fit, plain decoding with the draft
+loaded). The verdict is cached in the cache folder under the model, the draft, the GPU's name,
+torch's version, the draft settings and this file's contents; later loads read it at once.
+
+A CPU needs no measurement: there a verify step costs the arithmetic of every row it checks, and
+speculation lost wherever it was measured (Engine.CPU_SPEC_REASON).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+PROMPTS = ("Give me three ideas for a rainy afternoon at home.",
+           "How do I reverse a string in JavaScript?",
+           "Summarize what a hash table is in a short paragraph.",
+           "Write a haiku about autumn leaves.")
+SYSTEM = "You are a helpful assistant."
+TOKENS = 192  # long enough that the first steps of an answer do not decide it (64: EAGLE-3 1.05x where 384 gives 1.5x)
+# Below this ratio of tokens per second (speculation over plain decoding without the draft),
+# speculation is off by default; ties go to the draft the user chose to load.
+PAYS_FROM = 1.0
+
+
+def cache_key(engine, settings: str) -> str:
+    import torch
+
+    device = engine.device
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    return "|".join([engine.model_name, str(engine.draft_name), device, torch.__version__, settings, code])
+
+
+def _answer_tok_s(engine, prompt: str, speculative: bool, tokens: int) -> tuple[int, float]:
+    """(tokens after the first, seconds they took) of one greedy answer."""
+    from engine.types import SamplingParams
+
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+    first, n = None, 0
+    for ev in engine.stream(messages, SamplingParams(max_tokens=tokens), speculative=speculative):
+        if first is None and ev.token_ids:
+            first = time.perf_counter()
+        n += len(ev.token_ids)
+    if first is None or n < 2:
+        return 0, 0.0
+    return n - 1, time.perf_counter() - first
+
+
+def measure(engine, prompts=PROMPTS, tokens: int = TOKENS, timer=_answer_tok_s) -> dict:
+    """Tokens per second of greedy speculation on `engine` and of plain decoding without its draft
+    (the twin), alternating prompt by prompt, the order turning each time. {"spec", "plain",
+    "baseline": "no draft" | "draft loaded", "ratio"}."""
+    twin = engine.without_draft(if_fits=True)
+    built_here = twin is not None and engine._no_draft is twin
+    baseline = "no draft" if twin is not None else "draft loaded"
+    plain = (twin, False) if twin is not None else (engine, False)
+    settings = {"spec": (engine, True), "plain": plain}
+    for eng, spec in settings.values():  # warm-up: graphs captured, kernels compiled
+        timer(eng, prompts[0], spec, 8)
+    done = {name: [0, 0.0] for name in settings}
+    names = list(settings)
+    for i, prompt in enumerate(prompts):
+        for name in names[i % 2:] + names[:i % 2]:
+            eng, spec = settings[name]
+            n, s = timer(eng, prompt, spec, tokens)
+            done[name][0] += n
+            done[name][1] += s
+    speeds = {name: (n / s if s else 0.0) for name, (n, s) in done.items()}
+    return {"spec": speeds["spec"], "plain": speeds["plain"], "baseline": baseline,
+            "ratio": speeds["spec"] / speeds["plain"] if speeds["plain"] else 0.0, "built_twin": built_here}
+
+
+def reason_for(result: dict) -> str:
+    """The few words the status bar and `localchat run` give for speculation off."""
+    return f"slower on this GPU ({result['ratio']:.2f}x of {result['baseline']})"
+
+
+def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable[[str], None] | None = None,
+            measurer=measure) -> tuple[bool, str]:
+    """(whether speculation pays on `engine`'s GPU, and if not, why), from the cache or a
+    measurement now (written to the cache; a twin built only for it is let go again)."""
+    from engine.errors import UserError
+    from engine.paths import cache_dir
+
+    cache_file = cache_file or cache_dir() / "speculation-calibration.json"
+    key = cache_key(engine, settings)
+    try:
+        cached = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if not isinstance(cached, dict):
+        cached = {}
+    entry = cached.get(key)
+    if not (isinstance(entry, dict) and isinstance(entry.get("ratio"), (int, float))
+            and isinstance(entry.get("baseline"), str)):
+        if log:
+            log("measuring whether speculation pays on this GPU (once for this model and draft)")
+        try:
+            entry = measurer(engine)
+        except (UserError, RuntimeError):  # out of memory, a context too short: speculation stays on, unmeasured
+            return True, ""
+        if entry.pop("built_twin", False):
+            engine.drop_twin()
+        cached[key] = entry
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(cached, indent=1))
+            tmp.replace(cache_file)
+        except OSError:
+            pass  # an unwritable cache costs a measurement next time, nothing else
+    if entry["ratio"] >= PAYS_FROM:
+        return True, ""
+    return False, reason_for(entry)

@@ -1,0 +1,130 @@
+"""Whether speculation is the default (Engine.speculation_pays, engine/spec_pays.py): a CPU says
+no without measuring; a GPU measures speculation against plain decoding without the draft once per
+model, draft, GPU and settings, and reads the verdict from the cache after that."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import spec_pays
+from engine.engine import Engine
+from engine.options import KernelOptions
+
+
+class FakeEngine:
+    model_name, draft_name, device = "m", "d", "cuda:0"
+
+    def __init__(self):
+        self._no_draft = None
+        self.dropped = 0
+
+    def drop_twin(self):
+        self.dropped += 1
+
+
+def measured(ratio, baseline="no draft", built_twin=False):
+    calls = []
+
+    def measurer(engine):
+        calls.append(engine)
+        return {"spec": 100.0 * ratio, "plain": 100.0, "baseline": baseline, "ratio": ratio, "built_twin": built_twin}
+
+    return measurer, calls
+
+
+def test_a_draft_that_loses_is_off_with_its_figure_and_measured_once(tmp_path):
+    cache, engine, logs = tmp_path / "c.json", FakeEngine(), []
+    measurer, calls = measured(0.6, built_twin=True)
+    got = spec_pays.verdict(engine, "k=2", cache, logs.append, measurer)
+    assert got == (False, "slower on this GPU (0.60x of no draft)")
+    assert len(calls) == 1 and len(logs) == 1 and engine.dropped == 1  # a twin built only for this goes again
+    again = spec_pays.verdict(FakeEngine(), "k=2", cache, logs.append, measurer)
+    assert again == got and len(calls) == 1 and len(logs) == 1  # read from the cache
+    spec_pays.verdict(FakeEngine(), "k=5", cache, None, measurer)  # other settings: measured apart
+    assert len(calls) == 2
+    entries = json.loads(cache.read_text())
+    assert len(entries) == 2 and all("built_twin" not in e for e in entries.values())
+
+
+def test_a_draft_that_gains_stays_on(tmp_path):
+    measurer, _ = measured(1.5)
+    assert spec_pays.verdict(FakeEngine(), "k=5", tmp_path / "c.json", None, measurer) == (True, "")
+    measurer, _ = measured(0.9, baseline="draft loaded")
+    assert spec_pays.verdict(FakeEngine(), "k=7", tmp_path / "c.json", None, measurer) == \
+        (False, "slower on this GPU (0.90x of draft loaded)")
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"KEY": {"ratio": "fast"}}'])
+def test_a_damaged_cache_is_measured_again(tmp_path, text):
+    cache = tmp_path / "c.json"
+    cache.write_text(text.replace("KEY", spec_pays.cache_key(FakeEngine(), "k=5")))
+    measurer, calls = measured(0.5)
+    assert spec_pays.verdict(FakeEngine(), "k=5", cache, None, measurer)[0] is False and len(calls) == 1
+
+
+def test_an_unwritable_cache_or_a_failed_measurement_costs_nothing_else(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    measurer, calls = measured(0.5)
+    assert spec_pays.verdict(FakeEngine(), "k=5", blocked / "c.json", None, measurer)[0] is False
+
+    def failing(engine):
+        raise RuntimeError("CUDA out of memory")
+
+    assert spec_pays.verdict(FakeEngine(), "k=5", tmp_path / "c.json", None, failing) == (True, "")
+    assert not (tmp_path / "c.json").exists()  # nothing cached: measured again next time
+
+
+def test_measure_alternates_and_divides_by_the_twin():
+    engine, twin = FakeEngine(), object()
+
+    def without_draft(if_fits=False):
+        assert if_fits
+        engine._no_draft = twin
+        return twin
+
+    engine.without_draft = without_draft
+    order = []
+
+    def timer(eng, prompt, speculative, tokens):
+        order.append(("spec" if speculative else "plain", eng is twin, tokens))
+        return (tokens - 1, 0.01 if speculative else 0.02)  # speculation twice as fast
+
+    got = spec_pays.measure(engine, prompts=("a", "b", "c"), tokens=33, timer=timer)
+    assert got["ratio"] == pytest.approx(2.0) and got["baseline"] == "no draft" and got["built_twin"]
+    assert order[:2] == [("spec", False, 8), ("plain", True, 8)]  # warm-ups
+    assert [o[0] for o in order[2:]] == ["spec", "plain", "plain", "spec", "spec", "plain"]
+    assert all(o[1] for o in order if o[0] == "plain")  # plain decoding on the twin, never with the draft
+
+
+def test_without_room_for_a_twin_plain_decoding_keeps_the_draft_loaded():
+    engine = FakeEngine()
+    engine.without_draft = lambda if_fits=False: None
+    seen = []
+
+    def timer(eng, prompt, speculative, tokens):
+        seen.append((eng is engine, speculative))
+        return (10, 0.1)
+
+    got = spec_pays.measure(engine, prompts=("a",), tokens=11, timer=timer)
+    assert got["baseline"] == "draft loaded" and not got["built_twin"] and set(seen) == {(True, True), (True, False)}
+
+
+def test_a_cpu_engine_says_no_without_measuring_and_a_real_measurement_runs(tiny_models, tmp_path, monkeypatch):
+    """On the CPU the answer is the rule, not a measurement; measure() itself runs a tiny engine's
+    real answers (the GPU path, minus the GPU) and lets a twin it built go."""
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import read_config
+
+    cfg = read_config(tiny_models["llama"])
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200), 64, (0, 1, 2))
+    engine = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cpu", options=KernelOptions(spec_alts=1))
+    monkeypatch.setattr(spec_pays, "measure", lambda e: pytest.fail("measured on a CPU"))
+    assert engine.speculation_pays() == (False, Engine.CPU_SPEC_REASON)
+    monkeypatch.undo()
+    got = spec_pays.measure(engine, prompts=("Paris is", "Numbers: 1 2 3"), tokens=12)
+    assert got["spec"] > 0 and got["plain"] > 0 and got["baseline"] == "no draft" and got["built_twin"]
+    engine.drop_twin()
+    assert engine._no_draft is None
