@@ -26,6 +26,13 @@ class ForwardBatch:
     # say it (a draft tree's verify step: the context, the row's ancestors and itself). Eager
     # only, on SDPA. None: by position (and own slot).
     visible: torch.Tensor | None = None
+    # The same tree rows for the decode kernel (CUDA, up to 16 rows, batch-invariant): row t reads
+    # the keys of positions map_base[t] .. map_base[t] + W - 1 below its own from cache rows
+    # slot_map[t] (its ancestors, wherever the tree put them), in the blocks and order of the
+    # decode step of its token, so its bits are that step's. (T, W) int32 and (T,); where the
+    # kernel does not serve, `visible` does.
+    slot_map: torch.Tensor | None = None
+    map_base: torch.Tensor | None = None
 
     @classmethod
     def packed(cls, input_ids: torch.Tensor, lengths: list[int]) -> "ForwardBatch":

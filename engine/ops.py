@@ -121,11 +121,14 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
                 each_row=route.each_row)
 
 
-def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own_slots=None) -> torch.Tensor:
-    """decode_attention, with one tile for every row count under batch invariance."""
+def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own_slots=None,
+              slot_map=None, map_base=None) -> torch.Tensor:
+    """decode_attention, with one tile for every row count under batch invariance. slot_map and
+    map_base: a draft tree's rows (ForwardBatch.slot_map), on the per-row invariant tiles."""
     invariant = options.batch_invariant and q.shape[0] <= MAX_INVARIANT_ROWS
+    per_token = invariant and (options.token_attention or slot_map is not None)
     return decode_attention(q, k_cache, v_cache, positions, scale, invariant=invariant, own_slots=own_slots,
-                            pdl=options.pdl, per_token=invariant and options.token_attention)
+                            pdl=options.pdl, per_token=per_token, slot_map=slot_map, map_base=map_base)
 
 
 def rope_attention(options: KernelOptions, q, k, v, cos_sin, positions, k_cache, v_cache, scale,

@@ -28,7 +28,7 @@ PROMPTS = ("Give me three ideas for a rainy afternoon at home.",
            "Summarize what a hash table is in a short paragraph.",
            "Write a haiku about autumn leaves.")
 SYSTEM = "You are a helpful assistant."
-TOKENS = 192  # long enough that the first steps of an answer do not decide it (64: EAGLE-3 1.05x where 384 gives 1.5x)
+TOKENS = 192  # long enough that the first steps of an answer do not decide the verdict (docs/performance.md)
 # Below this ratio of tokens per second (speculation over plain decoding without the draft),
 # speculation is off by default; ties go to the draft the user chose to load.
 PAYS_FROM = 1.0

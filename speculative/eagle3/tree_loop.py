@@ -14,7 +14,10 @@ Each step, from the bonus token at position n (the root; the target has cached n
    accepted path (the draft's cache rows n.. now hold the path, overwriting the scratch rows), and
    commit the path and the target's next token.
 
-Eager (no CUDA graph yet; attention over the tree runs on SDPA with an explicit mask). A step
+Eager (no CUDA graph yet). On a GPU the verify rows attend through the decode kernel, reading
+their ancestors through a slot map, in forwards of at most 16 rows on the batch-invariant tiles,
+so that each has the bits of its token's decode step and greedy answers are plain decoding's; the
+draft's growth attends on SDPA with an explicit mask, as the CPU's verify does. A step
 needs the tree's rows past n in both caches: where they would not fit, plain steps finish."""
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ import torch.nn.functional as F
 
 from engine.decode import plain_steps
 from engine.forward_batch import ForwardBatch
+from engine.kernels.gemv import MAX_ROWS
+from engine.model import ForwardOutput
 from engine.sampling import probabilities
 
 from speculative.tree.accept import greedy_tree_accept, sampled_tree_accept
-from speculative.tree.grow import DraftTree, grow_tree, tree_mask
+from speculative.tree.grow import DraftTree, grow_tree, tree_mask, tree_slot_map
 from speculative.tree.shape import TreeShape
 
 
@@ -68,9 +73,20 @@ class TreeDrafting:
         visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool, device=dev)
         visible[:, :n] = True
         visible[:, n:] = tree_mask(tree.parents)
-        out = runner.model(ForwardBatch(ids, positions, start_pos=n, slots=slots, visible=visible), runner.kv,
-                           runner.aux_layer_ids)
-        logits = runner.model.logits(out.hidden)
+        slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n)
+        # A batch-invariant target (a GPU's) verifies at most MAX_ROWS rows a forward, so that every
+        # row runs the kernels, and has the bits, of its token's decode step: a longer tree goes in
+        # chunks, in order (a node's ancestors come before it, their K/V written by then).
+        chunk = MAX_ROWS if runner.model.ops.options.batch_invariant else N + 1
+        outs = [runner.model(ForwardBatch(ids[c:c + chunk], positions[c:c + chunk], start_pos=n,
+                                          slots=slots[c:c + chunk], visible=visible[c:c + chunk],
+                                          slot_map=slot_map[c:c + chunk], map_base=map_base[c:c + chunk]),
+                             runner.kv, runner.aux_layer_ids)
+                for c in range(0, N + 1, chunk)]
+        logits = torch.cat([runner.model.logits(o.hidden) for o in outs])  # lm_head by chunk too
+        out = outs[0] if len(outs) == 1 else ForwardOutput(
+            hidden=torch.cat([o.hidden for o in outs]),
+            aux_hidden=None if outs[0].aux_hidden is None else torch.cat([o.aux_hidden for o in outs]))
         if state.params.is_greedy:
             path, next_token = greedy_tree_accept(target_tree, logits.argmax(-1))
         else:

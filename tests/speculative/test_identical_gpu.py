@@ -19,15 +19,21 @@ PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "iden
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.mark.parametrize("draft", ["demo-eagle3", "demo-mtp"])
-def test_greedy_speculation_is_plain_decoding_token_for_token(draft, demo_gguf):
+@pytest.mark.parametrize("draft,tree", [("demo-eagle3", None), ("demo-mtp", None), ("demo-eagle3", "3,3,12"),
+                                        ("demo-eagle3", "4,5,24")])
+def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, demo_gguf):
+    """Chains of the EAGLE-3 head and the MTP layers, and the head's draft trees (13 verify rows a
+    step, and 25 in two forwards)."""
     from app.settings import Settings
     from engine.engine import Engine
     from engine.types import SamplingParams
+    from speculative.tree.shape import parse_tree
 
     requests = [line for line in PROMPTS.read_text().splitlines() if line.strip()]
     assert len(requests) >= 32
     engine = Engine.load("demo", draft=draft, device="cuda")
+    if tree is not None:
+        engine.set_tree(parse_tree(tree))
     params = SamplingParams(max_tokens=512)
     system = [{"role": "system", "content": Settings().system_prompt}]
     differing, spec_steps = [], 0

@@ -196,3 +196,31 @@ def _greedy(n):
     from engine.types import SamplingParams
 
     return SamplingParams(max_tokens=n, ignore_eos=True)
+
+
+def test_the_slot_map_shows_each_row_what_the_tree_mask_shows():
+    """tree_slot_map: through the decode kernel's reference, each verify row attends to exactly the
+    cache rows the explicit mask lets it see (the context, the root, its ancestors, itself), for
+    a tree of mixed depths whose nodes sit past the root."""
+    from engine.attention import attention_masked
+    from engine.kernels.attention import decode_attention_ref
+    from speculative.tree.grow import tree_mask, tree_slot_map
+
+    parents = torch.tensor([-1, -1, 0, 0, 1, 2, 5, -1])
+    depths = torch.zeros_like(parents)
+    for i, p in enumerate(parents.tolist()):
+        depths[i] = 1 if p < 0 else depths[p] + 1
+    n, N = 11, parents.shape[0]
+    slot_map, base = tree_slot_map(parents, depths, n)
+    assert slot_map.shape == (N + 1, int(depths.max()) + 1) and base.tolist() == [n] * (N + 1)
+    assert slot_map[7, :4].tolist() == [n, n + 1 + 0, n + 1 + 2, n + 1 + 5]  # node 6: root, 0, 2, 5
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(N + 1, 4, 16, generator=gen)
+    k, v = torch.randn(40, 2, 16, generator=gen), torch.randn(40, 2, 16, generator=gen)
+    positions = torch.cat([torch.tensor([n]), n + depths])
+    slots = n + torch.arange(N + 1)
+    visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool)
+    visible[:, :n] = True
+    visible[:, n:] = tree_mask(parents)
+    via_map = decode_attention_ref(q, k, v, positions, 0.25, own_slots=slots, slot_map=slot_map, map_base=base)
+    torch.testing.assert_close(via_map, attention_masked(q, k, v, visible, 0.25))

@@ -44,7 +44,8 @@ def _ranked_draft(tmp_path, cfg, tokens: list[int], name="ranked"):
     return write_head(tmp_path / name, cfg, "sglang", t, 64, (1, 2, 3))
 
 
-SHAPES = [TreeShape(3, 3, 12), TreeShape(2, 4, 7), TreeShape(4, 2, 9), TreeShape(1, 4, 4)]
+# 4,4,20: 21 verify rows, in two forwards (a batch-invariant target verifies 16 rows at most at once)
+SHAPES = [TreeShape(3, 3, 12), TreeShape(2, 4, 7), TreeShape(4, 2, 9), TreeShape(1, 4, 4), TreeShape(4, 4, 20)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
