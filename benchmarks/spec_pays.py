@@ -1,0 +1,49 @@
+"""Runs the first-load measurement behind Engine.speculation_pays (engine/spec_pays.py) for a
+model and each of its drafts, from a clean cache entry, and writes the cache's entries (speculation
+and plain decoding without the draft, tokens/s, and their ratio) as JSON:
+
+    python benchmarks/spec_pays.py --model demo --drafts demo-eagle3,demo-mtp --out spec_pays.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import spec_pays  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="demo")
+    ap.add_argument("--drafts", default="demo-eagle3,demo-mtp")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    cache = Path(tempfile.mkdtemp()) / "speculation-calibration.json"  # never the user's cache
+    report = {}
+    for draft in args.drafts.split(","):
+        engine = Engine.load(args.model, draft=draft)
+        if engine.device == "cpu":
+            sys.exit("spec_pays measures on a GPU (a CPU engine says no without measuring)")
+        began = time.perf_counter()
+        tree = getattr(engine.speculator, "tree", None)
+        settings = f"k={getattr(engine.speculator, 'k', '?')} tree={tree if tree is not None else 'off'}"
+        pays, reason = spec_pays.verdict(engine, settings, cache)
+        seconds = time.perf_counter() - began
+        entry = json.loads(cache.read_text())[spec_pays.cache_key(engine, settings)]
+        report[draft] = dict(entry, pays=pays, reason=reason, seconds=seconds)
+        print(f"{draft}: {'on' if pays else 'off: ' + reason} (spec {entry['spec']:.1f} tok/s, plain "
+              f"{entry['plain']:.1f} tok/s without the draft; {seconds:.1f} s)", flush=True)
+        del engine
+    args.out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
