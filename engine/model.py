@@ -124,7 +124,8 @@ class TransformerBody(nn.Module):
 
     def __init__(self, cfg: ModelConfig, ops: Ops):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # it may come packed too (PackedEmbedding; allocated on meta for such a load)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device=projection_device())
         self.layers = nn.ModuleList(DecoderLayer(cfg, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops.add_rms_norm)
 
@@ -147,8 +148,10 @@ class CausalLM(nn.Module):
         fused_rope = self.ops.rope_and_cache is not None and not batch.is_packed
         cos_sin = None if fused_rope else self.cos_sin.index_select(0, batch.positions)
         ids = batch.input_ids
-        if self.ops.embed is not None and ids.shape[0] <= MAX_INVARIANT_ROWS and not batch.is_packed:
-            x = self.ops.embed(ids, self.model.embed_tokens.weight)
+        embed = self.model.embed_tokens
+        if (self.ops.embed is not None and ids.shape[0] <= MAX_INVARIANT_ROWS and not batch.is_packed
+                and isinstance(embed, nn.Embedding)):
+            x = self.ops.embed(ids, embed.weight)
         else:
             x = self.model.embed_tokens(ids)
         residual = None
@@ -174,10 +177,10 @@ class CausalLM(nn.Module):
     def with_options(self, options: KernelOptions) -> "CausalLM":
         """This model's weights (shared, not copied) under other kernel options: e.g. the batch
         invariance that a draft's verify steps need, for a model built without it."""
-        embed = self.model.embed_tokens.weight  # never packed: its device and dtype are the model's
-        ops = Ops.for_device(embed.device, options)
+        norm = self.model.norm.weight  # never packed: its device and dtype are the model's
+        ops = Ops.for_device(norm.device, options)
         twin = build_uninitialized(lambda: CausalLM(self.config, self.cos_sin.shape[0], ops), torch.device("meta"),
-                                   embed.dtype)
+                                   norm.dtype)
         share_packed(self, twin)  # its quantized projections, as this model holds them
         twin.load_state_dict(self.state_dict(), assign=True)
         twin.cos_sin = self.cos_sin

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.weights.grouped import TENSORS, GroupedWeight, dequantize_grouped, rows_of
+from engine.weights.grouped import TENSORS, GroupedWeight, dequantize_grouped, rows_of, select_rows
 
 MAX_ROWS = 16
 DEQUANT_CHUNK = 1 << 25  # values dequantized at once by a long step (128 MB as fp32)
@@ -116,11 +116,53 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
 
 
+class PackedEmbedding(nn.Module):
+    """The token embeddings kept quantized (a GGUF's token_embd): a lookup dequantizes the rows
+    of its tokens, in float32 as the format's reference does, then casts them to `dtype` (the
+    model's). Values equal those of the table dequantized at load and cast the same way. A tied
+    lm_head is a PackedLinear over the same tensors (PackedEmbedding.as_linear)."""
+
+    def __init__(self, block: GroupedWeight, dtype: torch.dtype):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = block.shape
+        self._meta = (block.kind, block.shape, block.group, block.format, block.unit)
+        for name, t in zip(TENSORS, block.tensors()):
+            self.register_buffer(name, t)
+        self.dtype = dtype
+        self.format = block.format
+
+    @property
+    def block(self) -> GroupedWeight:
+        kind, shape, group, fmt, unit = self._meta
+        return GroupedWeight(kind, shape, group, *(getattr(self, name) for name in TENSORS[:3]), fmt, unit,
+                             *(getattr(self, name) for name in TENSORS[3:]))
+
+    @property
+    def nbytes(self) -> int:
+        return self.block.nbytes
+
+    def shared(self) -> "PackedEmbedding":
+        return PackedEmbedding(self.block, self.dtype)
+
+    def as_linear(self) -> PackedLinear:
+        """lm_head tied to these embeddings: a projection over the same tensors."""
+        return PackedLinear([self.block])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).long()
+        rows = dequantize_grouped(select_rows(self.block, flat)).to(self.dtype)
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, format={self.format}"
+
+
 def share_packed(source: nn.Module, twin: nn.Module) -> None:
-    """Puts into `twin` (the same architecture, built with plain nn.Linear) a PackedLinear over the
-    same tensors wherever `source` holds one, so that its state dict loads into it."""
+    """Puts into `twin` (the same architecture, built with plain nn.Linear and nn.Embedding) a
+    PackedLinear or PackedEmbedding over the same tensors wherever `source` holds one, so that its
+    state dict loads into it."""
     for name, module in source.named_modules():
-        if isinstance(module, PackedLinear):
+        if isinstance(module, (PackedLinear, PackedEmbedding)):
             parent, _, attr = name.rpartition(".")
             setattr(twin.get_submodule(parent) if parent else twin, attr, module.shared())
 

@@ -15,8 +15,8 @@ class ModelRunner:
         cfg = model.config
         self.model = model
         self.config = cfg
-        self.device = model.model.embed_tokens.weight.device  # (lm_head may be packed)
-        self.dtype = model.model.embed_tokens.weight.dtype
+        self.device = model.model.norm.weight.device  # (embeddings and lm_head may be packed)
+        self.dtype = model.model.norm.weight.dtype
         self.max_len = max_len
         self.kv = KVCache(cfg.num_layers, max_len, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
         self.aux_layer_ids: tuple[int, ...] = ()  # set by a speculative decoder that needs them

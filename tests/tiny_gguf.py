@@ -56,18 +56,21 @@ def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator, san
     return blocks.reshape(rows, -1)
 
 
-def make_tiny_gguf(path: Path, work: Path, qtype: str = "F32", hidden: int = 64, seed: int = 0) -> Path:
+def make_tiny_gguf(path: Path, work: Path, qtype: str = "F32", hidden: int = 64, seed: int = 0,
+                   tied: bool = False) -> Path:
     """Writes `path`, a GGUF of a random 2-layer Llama with its byte-level BPE tokenizer and chat
     template; `work` is a folder for the HF checkpoint (kept there: a second call with the same
     `work` writes the same model in another type). `qtype`: the type of every matrix:
     F32, one gguf can quantize (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: the model's weights quantized), or a
-    k-quant (random blocks: gguf cannot quantize those; `hidden` must then be a multiple of 256)."""
+    k-quant (random blocks: gguf cannot quantize those; `hidden` must then be a multiple of 256).
+    tied: lm_head tied to the embeddings (no output.weight in the file; use another `work`)."""
     import gguf
     from safetensors.numpy import load_file
 
     folder = Path(work) / "hf"
     if not (folder / "model.safetensors").exists():
-        make_tiny_model(folder, "llama", hidden=hidden, seed=seed, rope_scaling=None)
+        make_tiny_model(folder, "llama", hidden=hidden, seed=seed, rope_scaling=None,
+                        **({"tie_word_embeddings": True} if tied else {}))
     cfg = json.loads((folder / "config.json").read_text())
     tok = json.loads((folder / "tokenizer.json").read_text())
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])

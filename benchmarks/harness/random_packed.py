@@ -3,11 +3,14 @@ GGUF blocks of random bytes with sane scale fields, AWQ words of random nibbles,
 files lay them (so they go through the same GroupedWeight conversion a real load does).
 
 `pack_model(model, layout)` replaces every decoder-layer projection of a model with random
-packed weights of that layout:
+packed weights of that layout, and for the GGUF layouts the embeddings and lm_head too, as the
+files keep them (token_embd in the layout's type, Q4_K for Q4_K_M; output in Q6_K for the
+k-quants, else the layout's type; a tied lm_head reads the embeddings' blocks):
     Q4_K_M   llama.cpp's mix: Q4_K, with attn_v and ffn_down in Q6_K on the layers its
              use_more_bits rule picks (the first and last eighth, and every third between)
     Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0   every projection of that type
-    AWQ      4-bit, group 128, zero points (AutoAWQ's GEMM layout)
+    AWQ      4-bit, group 128, zero points (AutoAWQ's GEMM layout); embeddings and lm_head bf16,
+             as AWQ checkpoints keep them
 """
 
 from __future__ import annotations
@@ -66,11 +69,20 @@ def layer_parts(layout: str, layer: int, layers: int, cfg, device, gen) -> dict[
             "mlp.down_proj": [part("down", h, i)]}
 
 
+def table_kinds(layout: str) -> tuple[str, str] | None:
+    """(the embeddings' type, lm_head's) of a GGUF layout's file; None: AWQ (both stay bf16)."""
+    if layout == "AWQ":
+        return None
+    embed = "Q4_K" if layout == "Q4_K_M" else layout
+    return embed, ("Q6_K" if layout in ("Q4_K_M", "Q4_K", "Q5_K", "Q6_K") else layout)
+
+
 @torch.no_grad()
 def pack_model(model, layout: str, seed: int = 0) -> int:
     """Every decoder-layer projection of `model` replaced by a PackedLinear of random `layout`
-    weights (the bf16 weights they replace are freed). Returns the packed bytes."""
-    from engine.packed_linear import PackedLinear
+    weights, and the embeddings and lm_head by packed ones where the layout's files pack them
+    (table_kinds); the bf16 weights they replace are freed. Returns the packed bytes."""
+    from engine.packed_linear import PackedEmbedding, PackedLinear
     from engine.weights.grouped import grouped_blocks
 
     layers = model.model.layers
@@ -84,5 +96,19 @@ def pack_model(model, layout: str, seed: int = 0) -> int:
             packed = PackedLinear(grouped_blocks(parts), getattr(parent, attr).bias)
             setattr(parent, attr, packed)
             total += packed.nbytes
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    kinds = table_kinds(layout)
+    if kinds is not None:
+        cfg, dtype = model.config, model.model.norm.weight.dtype
+        embed = PackedEmbedding(grouped_blocks([random_gguf(kinds[0], cfg.vocab_size, cfg.hidden_size, device,
+                                                            gen)])[0], dtype)
+        model.model.embed_tokens = embed
+        total += embed.nbytes
+        if cfg.tie_word_embeddings:
+            model.lm_head = embed.as_linear()
+        else:
+            model.lm_head = PackedLinear(grouped_blocks([random_gguf(kinds[1], cfg.vocab_size, cfg.hidden_size,
+                                                                     device, gen)]))
+            total += model.lm_head.nbytes
         torch.cuda.empty_cache() if device.type == "cuda" else None
     return total

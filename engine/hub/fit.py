@@ -217,9 +217,9 @@ _LAYER_TENSOR = (".attn_q.", ".attn_k.", ".attn_v.", ".attn_output.", ".ffn_gate
 
 
 def packed_gguf_bytes(path: Path) -> int | None:
-    """A GGUF file's weights as a GPU keeps them packed: its layers' projections and lm_head in the
-    packed layout, everything else (embeddings, norms) as bf16. None: unreadable, or nothing to
-    pack."""
+    """A GGUF file's weights as a GPU keeps them packed: its layers' projections, lm_head and
+    embeddings in the packed layout, everything else (norms) as bf16. None: unreadable, or nothing
+    to pack."""
     from engine.weights.gguf_header import TYPE_NAMES, read_tensor_infos
 
     try:
@@ -228,7 +228,7 @@ def packed_gguf_bytes(path: Path) -> int | None:
         return None
     total, packed = 0, False
     for t in infos:
-        layer = any(k in t.name + "." for k in _LAYER_TENSOR) or t.name == "output.weight"
+        layer = any(k in t.name + "." for k in _LAYER_TENSOR) or t.name in ("output.weight", "token_embd.weight")
         bits = PACKED_BITS.get(TYPE_NAMES.get(t.type_id, "")) if layer else None
         packed = packed or bits is not None
         total += int(t.n_elements * (bits if bits is not None else 16) / 8)
@@ -237,9 +237,12 @@ def packed_gguf_bytes(path: Path) -> int | None:
 
 def packed_catalog_bytes(dense_bytes: int, weights: str | None, hidden: int | None, vocab: int | None) -> int | None:
     """About how many bytes a catalog variant's weights take packed: its layers and lm_head at the
-    format's packed bits, the embeddings (vocab x hidden) in bf16; None: not quantized."""
-    bits = PACKED_MIX_BITS.get((weights or "").upper())
+    format's packed bits, the embeddings (vocab x hidden) too for a GGUF (a GPU keeps its
+    token_embd packed), in bf16 for AWQ, GPTQ and FP8 (their checkpoints keep them so); None: not
+    quantized."""
+    fmt = (weights or "").upper()
+    bits = PACKED_MIX_BITS.get(fmt)
     if bits is None:
         return None
-    embed = 2 * (vocab or 0) * (hidden or 0)
+    embed = 0 if fmt.startswith("Q") else 2 * (vocab or 0) * (hidden or 0)
     return int(max(0, dense_bytes - embed) * bits / 16) + embed

@@ -219,6 +219,12 @@ def rows_of(g: GroupedWeight, start: int, stop: int) -> GroupedWeight:
                    **{name: None if t is None else t[start:stop] for name, t in zip(TENSORS, g.tensors())})
 
 
+def select_rows(g: GroupedWeight, rows: torch.Tensor) -> GroupedWeight:
+    """Output rows `rows` (int64, any order, repeats allowed) of `g`: an embedding's lookup."""
+    return replace(g, shape=(rows.shape[0], g.shape[1]),
+                   **{name: None if t is None else t.index_select(0, rows) for name, t in zip(TENSORS, g.tensors())})
+
+
 def unpack_q(g: GroupedWeight) -> torch.Tensor:
     """(N, K) float32 q values."""
     if g.kind in (INT8, FP8):

@@ -108,13 +108,16 @@ def _materialize(model: torch.nn.Module, pname: str, param: torch.nn.Parameter,
     path, _, leaf = pname.rpartition(".")
     new = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=device), requires_grad=False)
     setattr(model.get_submodule(path), leaf, new)
+    if pname == "model.embed_tokens.weight" and model.config.tie_word_embeddings:
+        model.lm_head.weight = new  # still tied
     return new
 
 
 def _pack_linear(model: torch.nn.Module, pname: str, parts: list, device: torch.device) -> None:
     """Replaces the nn.Linear whose weight is `pname` by a PackedLinear over `parts` (its bias, if
-    any, stays the same parameter, loaded as usual)."""
-    from engine.packed_linear import PackedLinear
+    any, stays the same parameter, loaded as usual), or the embeddings by a PackedEmbedding (and a
+    tied lm_head by a PackedLinear over the same blocks)."""
+    from engine.packed_linear import PackedEmbedding, PackedLinear
     from engine.weights.grouped import grouped_blocks
 
     path, _, leaf = pname.rpartition(".")
@@ -122,4 +125,12 @@ def _pack_linear(model: torch.nn.Module, pname: str, parts: list, device: torch.
     parent_path, _, attr = path.rpartition(".")
     parent = model.get_submodule(parent_path)
     old = getattr(parent, attr)
-    setattr(parent, attr, PackedLinear(grouped_blocks([p.to(device) for p in parts]), old.bias))
+    blocks = grouped_blocks([p.to(device) for p in parts])
+    if isinstance(old, torch.nn.Embedding):
+        assert len(blocks) == 1, "embeddings come as one tensor"
+        embed = PackedEmbedding(blocks[0], old.weight.dtype)
+        setattr(parent, attr, embed)
+        if model.config.tie_word_embeddings:
+            model.lm_head = embed.as_linear()
+        return
+    setattr(parent, attr, PackedLinear(blocks, old.bias))

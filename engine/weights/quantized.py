@@ -61,15 +61,16 @@ def _pack(quant: QuantConfig, parts: dict[str, torch.Tensor], where: str) -> Pac
     return fp8_weight(parts["weight"], parts["weight_scale"], where)
 
 
-# The weights a GPU keeps quantized: the projections of the decoder layers, and an untied lm_head
-# (embeddings, which are looked up by row, and norms are read as floats).
+# The weights a GPU keeps quantized: the projections of the decoder layers, an untied lm_head, and
+# the embeddings (looked up by row: PackedEmbedding; a tied lm_head reads the same blocks). Norms
+# are read as floats.
 _LAYER_LINEAR = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$"
-                           r"|^lm_head\.weight$")
+                           r"|^lm_head\.weight$|^model\.embed_tokens\.weight$")
 
 
 def keeps_packed(name: str) -> bool:
     """Whether a packed tensor of this checkpoint name stays packed where the device runs packed
-    weights (a decoder layer's projection, or lm_head)."""
+    weights (a decoder layer's projection, lm_head, or the embeddings)."""
     return bool(_LAYER_LINEAR.search(name))
 
 

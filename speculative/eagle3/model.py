@@ -176,7 +176,9 @@ class Eagle3Draft(nn.Module):
             out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], None, last,
                                 slots, visible)
             return self.lm_head(self.norm(out)).float(), out
-        if self.lean and hidden.shape[0] <= MAX_ROWS:  # the GEMV's limit; a prompt's extend runs fused_forward
+        # the GEMV's limit (a prompt's extend runs fused_forward); the lean step reads the
+        # embeddings' table itself, so a target's packed table (PackedEmbedding) goes the fused way
+        if self.lean and hidden.shape[0] <= MAX_ROWS and isinstance(embed, nn.Embedding):
             logits, out = self.midlayer.lean_forward(input_ids, embed.weight, hidden, positions, start_pos,
                                                      self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, self.lm_head,
                                                      last)

@@ -191,11 +191,13 @@ def test_random_packed_layouts_pack_a_model():
     """The benchmarks' random packed models (--random-quant): every decoder-layer projection a
     PackedLinear of the layout, Q4_K_M's Q6_K v and down on the layers llama.cpp gives more bits,
     and the model still runs (the CPU dequantizes each call)."""
-    from benchmarks.harness.random_packed import pack_model, use_more_bits
+    from benchmarks.harness.random_packed import pack_model, table_kinds, use_more_bits
     from benchmarks.harness.shapes import _random_tensors
     from engine.config import ModelConfig
     from engine.loader import build_model
-    from engine.packed_linear import PackedLinear
+    from engine.forward_batch import ForwardBatch
+    from engine.kv_cache import KVCache
+    from engine.packed_linear import PackedEmbedding, PackedLinear
 
     raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 256, "intermediate_size": 512,
            "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
@@ -213,6 +215,17 @@ def test_random_packed_layouts_pack_a_model():
                 assert qkv.format == ("Q4_K+Q6_K" if more else "Q4_K") and down.format == ("Q6_K" if more else "Q4_K")
             else:
                 assert qkv.format == layout
+        embed, head = model.model.embed_tokens, model.lm_head
+        if layout == "AWQ":  # as AWQ checkpoints keep them
+            assert isinstance(embed, torch.nn.Embedding) and isinstance(head, torch.nn.Linear)
+        else:
+            assert (embed.format, head.format) == table_kinds(layout) == (("Q4_K", "Q6_K") if layout == "Q4_K_M"
+                                                                          else (layout, layout))
+            assert isinstance(embed, PackedEmbedding) and isinstance(head, PackedLinear)
+        ids = torch.tensor([3, 63, 0])
+        out = model(ForwardBatch.eager(ids, 0), KVCache(cfg.num_layers, 64, cfg.num_kv_heads, cfg.head_dim,
+                                                        torch.float32, dev))
+        assert torch.isfinite(model.logits(out.hidden)).all()
         hidden = torch.randn(3, 256)
         assert torch.isfinite(model.model.layers[0].mlp.gate_up_proj(hidden)).all()
     assert [use_more_bits(i, 32) for i in range(8)] == [True] * 4 + [False, False, True, False]

@@ -69,6 +69,10 @@ def test_a_quantized_model_that_does_not_fit_dense_is_fitted_packed(tmp_path):
     t = entry.target
     packed = packed_catalog_bytes(t.weights_bytes, t.weights, t.hidden_size, t.vocab_size)
     assert 0.3 * t.weights_bytes < packed < 0.6 * t.weights_bytes
+    assert packed == int(t.weights_bytes * 4.95 / 16)  # the embeddings packed like the rest (a GGUF)
+    awq = packed_catalog_bytes(t.weights_bytes, "AWQ", t.hidden_size, t.vocab_size)
+    embed = 2 * t.hidden_size * t.vocab_size  # an AWQ checkpoint's, in bf16
+    assert awq == int((t.weights_bytes - embed) * 4.4 / 16) + embed
     assert packed_catalog_bytes(t.weights_bytes, None, t.hidden_size, t.vocab_size) is None
 
     from tests.tiny_gguf import make_tiny_gguf
@@ -76,8 +80,9 @@ def test_a_quantized_model_that_does_not_fit_dense_is_fitted_packed(tmp_path):
 
     path = make_tiny_gguf(tmp_path / "tiny-Q4_K.gguf", tmp_path / "work", qtype="Q4_K", hidden=256)
     infos = read_tensor_infos(path)
-    layer = [t for t in infos if (t.name.startswith("blk.") and len(t.shape) == 2) or t.name == "output.weight"]
-    assert any(t.name == "output.weight" for t in layer)  # an untied lm_head is packed too
+    layer = [t for t in infos if (t.name.startswith("blk.") and len(t.shape) == 2)
+             or t.name in ("output.weight", "token_embd.weight")]
+    assert {"output.weight", "token_embd.weight"} <= {t.name for t in layer}  # lm_head and embeddings packed too
     want = sum(int(t.n_elements * 4.625 / 8) for t in layer) + sum(t.n_elements * 2 for t in infos if t not in layer)
     assert packed_gguf_bytes(path) == want
     f32 = make_tiny_gguf(tmp_path / "tiny-F32.gguf", tmp_path / "work", qtype="F32", hidden=256)

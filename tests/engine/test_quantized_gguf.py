@@ -162,7 +162,7 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
     the logits and greedy tokens are those of the model dequantized at load, bit for bit; the
     engine without its draft shares the packed weights."""
     import engine.loader as loader
-    from engine.packed_linear import PackedLinear
+    from engine.packed_linear import PackedEmbedding, PackedLinear
 
     path = _file(work, kind)
     plain = Engine.load(str(path), device="cpu")
@@ -178,7 +178,10 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
     linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
     assert all(isinstance(m, PackedLinear) and m.format == kind for m in linears)
     assert isinstance(packed.runner.model.lm_head, PackedLinear)  # untied here: packed too
-    assert not isinstance(packed.runner.model.model.embed_tokens, PackedLinear)
+    embed = packed.runner.model.model.embed_tokens
+    assert isinstance(embed, PackedEmbedding) and embed.format == kind
+    ids = torch.tensor([[5, 0, 5], [383, 17, 2]])
+    assert torch.equal(embed(ids), plain.runner.model.model.embed_tokens(ids))
     hidden = torch.randn(5, layer.self_attn.qkv_proj.in_features, generator=torch.Generator().manual_seed(0))
     for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
         ours, theirs = layer.get_submodule(name), plain.runner.model.model.layers[0].get_submodule(name)
@@ -216,3 +219,31 @@ def test_packing_is_asked_for_or_needed(monkeypatch):
     assert KernelOptions.from_env({"LOCALCHAT_PACKED_WEIGHTS": "0"}).packed_weights is False
     with pytest.raises(UserError):
         KernelOptions.from_env({"LOCALCHAT_PACKED_WEIGHTS": "yes"})
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q8_0", "F32"])
+def test_tied_embeddings_kept_packed_serve_as_lm_head_too(kind, tmp_path, monkeypatch):
+    """A file without output.weight (lm_head tied to token_embd): packed, the embeddings are one
+    PackedEmbedding and lm_head a PackedLinear over the very same blocks; the greedy tokens are
+    those of the model dequantized at load; a float token_embd in such a file is allocated and
+    still tied."""
+    import engine.loader as loader
+    from engine.packed_linear import PackedEmbedding, PackedLinear
+
+    path = tmp_path / f"tied-{kind}.gguf"
+    make_tiny_gguf(path, tmp_path / "model", qtype=kind, hidden=256, tied=True)
+    plain = Engine.load(str(path), device="cpu")
+    assert plain.runner.model.config.tie_word_embeddings
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    packed = Engine.load(str(path), device="cpu")
+    model = packed.runner.model
+    if kind == "F32":  # built on meta for packing, filled with floats: allocated, and lm_head still reads it
+        assert model.lm_head.weight is model.model.embed_tokens.weight and not model.lm_head.weight.is_meta
+        assert _greedy(packed) == _greedy(plain)
+        return
+    assert isinstance(model.model.embed_tokens, PackedEmbedding) and isinstance(model.lm_head, PackedLinear)
+    assert model.lm_head.q0.data_ptr() == model.model.embed_tokens.q.data_ptr()  # one table, not two
+    assert _greedy(packed) == _greedy(plain)
+    twin = model.with_options(model.ops.options)
+    assert twin.model.embed_tokens.q.data_ptr() == model.model.embed_tokens.q.data_ptr()
+    assert twin.lm_head.q0.data_ptr() == model.model.embed_tokens.q.data_ptr()
