@@ -22,7 +22,9 @@ from torch import nn
 from engine.weights.grouped import TENSORS, GroupedWeight, dequantize_grouped, rows_of, select_rows
 
 MAX_ROWS = 16
-DEQUANT_CHUNK = 1 << 25  # values dequantized at once by a long step (128 MB as fp32)
+# Values dequantized at once by a long step: 32 MB as fp32, about 130 MB at dequantize_grouped's
+# peak (some 16 bytes a value), the most a prefill adds to the memory a model holds.
+DEQUANT_CHUNK = 1 << 23
 _ON_META = contextvars.ContextVar("projections_on_meta", default=False)
 
 

@@ -73,7 +73,7 @@ class TreeDrafting:
         visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool, device=dev)
         visible[:, :n] = True
         visible[:, n:] = tree_mask(tree.parents)
-        slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n)
+        slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n, self.shape.depth + 1)
         # A batch-invariant target (a GPU's) verifies at most MAX_ROWS rows a forward, so that every
         # row runs the kernels, and has the bits, of its token's decode step: a longer tree goes in
         # chunks, in order (a node's ancestors come before it, their K/V written by then).

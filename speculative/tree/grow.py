@@ -111,15 +111,17 @@ def tree_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def tree_slot_map(parents: torch.Tensor, depths: torch.Tensor, root_slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The verify rows' ancestors for the decode kernel (ForwardBatch.slot_map): (N + 1, D + 1)
-    int32 and (N + 1,) int32, D the deepest node's depth. Row 0 is the root (position and cache
+def tree_slot_map(parents: torch.Tensor, depths: torch.Tensor, root_slot: int,
+                  width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verify rows' ancestors for the decode kernel (ForwardBatch.slot_map): (N + 1, width)
+    int32 and (N + 1,) int32; width at least D + 1, D the deepest node's depth (None: D + 1; a
+    tree shape's depth + 1 keeps one compiled kernel for every step of that shape). Row 0 is the root (position and cache
     row root_slot), row i + 1 node i (cache row root_slot + 1 + i, position root_slot + its
     depth); entry d of a row is the cache row of its ancestor at depth d (0: the root), and
     map_base is the root's position for every row. Entries at and below a row's own depth are
     never read (its own K/V comes from its own slot)."""
     p, d = parents.tolist(), depths.tolist()
-    width = 1 + max(d, default=0)
+    width = max(width or 0, 1 + max(d, default=0))
     slot_map = torch.zeros(len(p) + 1, width, dtype=torch.int32)
     slot_map[:, 0] = root_slot
     for i in range(len(p)):

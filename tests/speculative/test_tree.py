@@ -224,3 +224,6 @@ def test_the_slot_map_shows_each_row_what_the_tree_mask_shows():
     visible[:, n:] = tree_mask(parents)
     via_map = decode_attention_ref(q, k, v, positions, 0.25, own_slots=slots, slot_map=slot_map, map_base=base)
     torch.testing.assert_close(via_map, attention_masked(q, k, v, visible, 0.25))
+    wide, _ = tree_slot_map(parents, depths, n, 8)  # a shape's fixed width: the same map, padded
+    assert wide.shape == (N + 1, 8) and torch.equal(wide[:, :slot_map.shape[1]], slot_map)
+    assert not wide[:, slot_map.shape[1]:].any()
