@@ -43,7 +43,7 @@ class FakeEngine:
     def __init__(self, model_name: str = "fake-model", draft_name: str | None = "fake-draft",
                  step_delay_s: float = 0.004, fixed_stats: bool = False,
                  fail_stream: Exception | None = None, twin_fits: bool = True,
-                 spec_pays: tuple[bool, str] = (True, "")) -> None:
+                 spec_pays: tuple[bool, str] = (True, ""), measures: bool = False) -> None:
         self.model_name = model_name
         self.draft_name = draft_name
         self.weights = "bf16"
@@ -54,11 +54,19 @@ class FakeEngine:
         self.fail_stream = fail_stream
         self.twin_fits = twin_fits  # whether without_draft(if_fits=True) builds the twin
         self.spec_pays = spec_pays  # what speculation_pays() answers (a CPU engine's: (False, reason))
+        self.measures = measures  # speculation_pays() first measures, as a GPU engine's first load does
+        self.logged: list[str] = []
         self.calls: list[dict] = []
         self._lock = threading.Lock()  # the real engine is not thread-safe either: catch misuse
         self._twin: FakeEngine | None = None
 
     def speculation_pays(self, log=None) -> tuple[bool, str]:
+        if self.measures and self.has_draft:
+            text = "measuring whether speculation pays on this GPU (once for this model and draft)"
+            self.logged.append(text)
+            if log:
+                log(text)
+            time.sleep(0.05)
         return self.spec_pays if self.has_draft else (False, "no draft")
 
     def without_draft(self, if_fits: bool = False) -> "FakeEngine | None":

@@ -128,3 +128,19 @@ async def test_the_speculation_default_is_decided_again_for_each_model(make_app,
         assert engine_of(app).calls[-1]["speculative"] is True
         await pilot.press("ctrl+t")  # the user's choice from now on
         assert status_text(app, "spec").strip() == "SPEC OFF"
+
+
+async def test_a_gpu_where_the_draft_loses_starts_with_speculation_off_and_says_by_how_much(make_app):
+    """The first load of a model and draft on a GPU measures (the load's progress says so); where
+    speculation lost, the app starts with it off and the status bar gives the figure."""
+    reason = "slower on this GPU (0.39x of no draft)"
+    app = make_app(spec_pays=(False, reason), measures=True)
+    async with app.run_test(size=(120, 24)) as pilot:
+        await ready(pilot)
+        assert engine_of(app).logged and "measuring whether speculation pays" in engine_of(app).logged[0]
+        assert f"SPEC OFF: {reason}" in status_text(app, "spec")
+        await send(pilot, "hello")
+        assert engine_of(app).calls[-1]["speculative"] is False
+        await pilot.press("ctrl+t")  # still the user's to turn on
+        await send(pilot, "again")
+        assert engine_of(app).calls[-1]["speculative"] is True
