@@ -72,7 +72,7 @@ def main() -> None:
     by_owner: dict[str, int] = {}
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.device.type == "cuda":
-            owner = "layers" if ".layers." in f".{name}" else name
+            owner = "layers" if ".layers." in f".{name}" else name.rpartition(".")[0]  # the module
             by_owner[owner] = by_owner.get(owner, 0) + t.numel() * t.element_size()
     by_owner["kv cache"] = runner.kv.nbytes
     held = {k: gb(v) for k, v in sorted(by_owner.items(), key=lambda kv: -kv[1])}

@@ -51,6 +51,8 @@ def run_bench(args) -> int:
               # runners-up each draft gets in greedy verify steps (EAGLE-3; none when sampling)
               "draft_alternatives": list(alts) if any(alts) else None}
     bw = copy_bandwidth(dev)
+    if dev.type == "cuda":  # peak_gpu_mem_GB: the engine's from here on, not the probe's 2 GiB of buffers
+        torch.cuda.reset_peak_memory_stats(dev)
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters()) + packed_bytes(engine)
     report.update(copy_bandwidth_GBps=bw / 1e9, weight_bytes=weight_bytes,
                   bandwidth_limit_tok_s=bw / weight_bytes if bw else None)
