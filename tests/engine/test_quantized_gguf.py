@@ -247,3 +247,30 @@ def test_tied_embeddings_kept_packed_serve_as_lm_head_too(kind, tmp_path, monkey
     twin = model.with_options(model.ops.options)
     assert twin.model.embed_tokens.q.data_ptr() == model.model.embed_tokens.q.data_ptr()
     assert twin.lm_head.q0.data_ptr() == model.model.embed_tokens.q.data_ptr()
+
+
+def test_a_draft_speculates_over_packed_tied_embeddings(tmp_path, monkeypatch):
+    """An EAGLE-3 head that reads its target's embeddings, over a target whose embeddings (and tied
+    lm_head) are kept packed: greedy speculation gives plain decoding's tokens, and the head's
+    embeddings are the target's PackedEmbedding."""
+    import engine.loader as loader
+    from engine.options import KernelOptions
+    from engine.packed_linear import PackedEmbedding
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import read_config
+
+    path = tmp_path / "tied-Q8_0.gguf"
+    make_tiny_gguf(path, tmp_path / "model", qtype="Q8_0", hidden=256, tied=True)
+    cfg = read_config(tmp_path / "model" / "hf")
+    # the target's width: the head owns no embeddings and reads the target's
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(256, 256, 3, cfg["vocab_size"], 200, seed=3),
+                      256, (0, 1, 2))
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    engine = Engine.load(str(path), draft=str(head), device="cpu", options=KernelOptions(spec_alts=1))
+    assert isinstance(engine.runner.model.model.embed_tokens, PackedEmbedding)
+    assert engine.speculator.embed is engine.runner.model.model.embed_tokens
+    engine.tokenizer.eos_token_ids = frozenset()
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    plain = [t for ev in engine.stream_ids(PROMPT_IDS, params, speculative=False) for t in ev.token_ids]
+    events = list(engine.stream_ids(PROMPT_IDS, params, speculative=True))
+    assert [t for ev in events for t in ev.token_ids] == plain and events[-1].stats.verify_steps > 0
