@@ -18,6 +18,7 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 BEFORE = " --ignore-eos --system ''"
 BENCH_8B = "localchat bench --random-weights llama-8b --prompts 2"
 
+PACKED = "localchat bench --random-weights llama-8b --random-quant Q4_K_M --no-spec --prompts 2 --new-tokens 128 --no-peer"
 UNSEEN = "localchat bench --model demo --prompts-file benchmarks/prompts/unseen_requests.txt --new-tokens 384 --no-peer"
 
 # (kind, label, command, file): what each row reads is in row() below.
@@ -32,14 +33,24 @@ ROWS = (
      "h200_demo_eagle3_token_attention.json"),
     ("identical_bench", "greedy speculation equals plain decoding with the draft loaded, token for token",
      UNSEEN + " --prompts 12", "h200_demo_eagle3_token_attention.json"),
-    ("spec", "the same head at temperature 0.7, 12 of the requests (an earlier build)",
-     UNSEEN + " --temperature 0.7 --prompts 12", "h200_demo_eagle3_unseen_t07.json"),
-    ("spec", "greedy speculation, demo model + its 2 MTP layers, k = 2, 24 requests (an earlier build)",
-     UNSEEN + " --draft demo-mtp --draft-steps 2", "h200_demo_mtp_unseen.json"),
+    ("spec", "the same head at temperature 0.7, the same 12 requests",
+     UNSEEN + " --temperature 0.7 --prompts 12", "h200_demo_eagle3_unseen_t07_now.json"),
+    ("spec", "greedy speculation, demo model + its 2 MTP layers, k = 2, the same 12 requests (so a GPU starts "
+     "with speculation off for them)",
+     UNSEEN + " --draft demo-mtp --prompts 12", "h200_demo_mtp_unseen_now.json"),
     ("spec", "8B shape, random head forced to a published EAGLE-3 head's spread (3.5 tokens per verify step on "
      "average), k = 5",
      "localchat bench --random-weights llama-8b --force-accept 3.5 --prompts 3 --new-tokens 256 --no-peer",
-     "h200_8b_forced35_token_attention.json"),
+     "h200_8b_forced35_session24.json"),
+    ("packed", "8B shape, random weights packed as a Q4_K_M file (decoded inside the GEMV), plain decode",
+     f"`{PACKED}` (and without `--random-quant`)", "h200_8b_packed_Q4_K_M_split.json, h200_8b_bf16_baseline.json"),
+    ("packed_short", "the same packed as AWQ 4-bit (group 128)", "the same with `--random-quant AWQ`",
+     "h200_8b_packed_AWQ_split.json, h200_8b_bf16_baseline.json"),
+    ("packed_memory", "8B shape as a Q4_K_M file, embeddings and lm_head packed too: GPU memory, 4,096-token cache",
+     "python benchmarks/memory_breakdown.py --quant Q4_K_M", "h200_memory_8b_Q4_K_M_packed_tables.json"),
+    ("spec", "Q4_K_M packed, random head forced to 3.5 tokens per verify step, k = 5",
+     "localchat bench --random-weights llama-8b --random-quant Q4_K_M --force-accept 3.5 --prompts 2 "
+     "--new-tokens 256 --no-peer", "h200_8b_packed_Q4_K_M_forced35.json"),
     ("startup", "a fresh `localchat run --model demo` to the first byte of its answer, warm machine",
      "python benchmarks/startup.py --model demo --runs 4", "h200_startup_first_token_pyc_final_session10.json"),
     ("plain_cpu", "CPU, 2 cores, fp32: plain decode, demo model",
@@ -62,8 +73,27 @@ def _tok_s(x: float) -> str:
 
 def row(kind: str, label: str, command: str, name: str) -> str:
     """One table row: | what | result | compared with, same run | command | JSON |."""
-    b = _load(name)
-    if kind == "plain_8b":
+    files = [n.strip() for n in name.split(",")]
+    b = _load(files[0])
+    if kind in ("packed", "packed_short"):  # a packed run beside the bf16 run of the same session
+        base = _load(files[1])
+        tok, peak = b["no_draft"]["decode_tok_s"], b["peak_gpu_mem_GB"]
+        btok, bpeak = base["no_draft"]["decode_tok_s"], base["peak_gpu_mem_GB"]
+        if kind == "packed":
+            result = f"{tok:.0f} tok/s, peak GPU memory {peak:.1f} GB"
+            versus = (f"bf16, no draft loaded: {btok:.0f} tok/s, {bpeak:.1f} GB ({tok / btok:.2f}x the speed, "
+                      f"{peak / bpeak:.2f}x the memory)")
+        else:
+            result = f"{tok:.0f} tok/s, peak {peak:.1f} GB"
+            versus = f"bf16: {btok:.0f} tok/s ({tok / btok:.2f}x, {peak / bpeak:.2f}x the memory)"
+    elif kind == "packed_memory":
+        phases = b["phases"]
+        prefill = next(v for k, v in phases.items() if k.startswith("prefill"))
+        result = (f"{prefill['peak_since_last_GB']:.2f} GB at a 512-token prefill's peak, "
+                  f"{phases['8 decode steps']['allocated_GB']:.2f} GB decoding")
+        names = {"model.embed_tokens": "embeddings", "kv cache": "KV cache"}
+        versus = ", ".join(f"{names.get(k, k)} {v:.2f} GB" for k, v in b["held_GB"].items() if v >= 0.01)
+    elif kind == "plain_8b":
         p, t = b["plain"], b["transformers"]
         result = (f"{p['decode_tok_s']:.1f} tok/s, {p['fraction_of_bandwidth_limit'] * 100:.1f}% of the "
                   f"bandwidth limit ({b['bandwidth_limit_tok_s']:.1f} tok/s)")
@@ -99,7 +129,8 @@ def row(kind: str, label: str, command: str, name: str) -> str:
         result, versus = f"{b['best_later_run_s']:.2f} s (runs: {runs} s)", ""
     else:
         raise ValueError(f"unknown row kind {kind!r}")
-    return f"| {label} | {result} | {versus} | `{command}` | `{name}` |"
+    shown = command if "`" in command else f"`{command}`"  # a command with its own markup stays as written
+    return f"| {label} | {result} | {versus} | {shown} | {', '.join(f'`{n}`' for n in files)} |"
 
 
 def rows() -> list[str]:
