@@ -64,9 +64,15 @@ class RemoteEngine:
         self.draft_name = ours.get("draft") if self.is_localchat else None
         self.has_draft = bool(self.is_localchat and ours.get("has_draft"))
         self.draft_steps = ours.get("draft_steps", 0) if self.has_draft else 0
+        # our server's default for requests that do not say (off where speculation is slower there)
+        self.spec_default = bool(ours.get("speculation_default", True)) if self.is_localchat else True
+        self.spec_note = str(ours.get("speculation_note") or "") if self.is_localchat else ""
 
     def speculation_pays(self, log=None) -> tuple[bool, str]:
-        """The server knows its hardware: the switch stays as the user set it."""
+        """The server knows its hardware: what a localchat server says it defaults to there (and
+        why), else the switch stays as the user set it."""
+        if self.has_draft and not self.spec_default:
+            return False, self.spec_note or "slower on the server"
         return True, ""
 
     @classmethod

@@ -44,6 +44,8 @@ def build_app(engine, scheduler: Scheduler, options: ServeOptions = ServeOptions
         return {"id": engine.model_name, "object": "model", "created": created, "owned_by": "localchat",
                 protocol.EXTENSION: {"draft": engine.draft_name, "has_draft": engine.has_draft,
                                      "draft_steps": engine.speculator.k if engine.has_draft else 0,
+                                     "speculation_default": scheduler.spec_default,
+                                     "speculation_note": scheduler.spec_note,
                                      "max_model_len": max_len, "device": engine.device}}
 
     async def health(request: Request) -> Response:

@@ -98,9 +98,13 @@ class Scheduler:
     """Owns the engine thread. `submit` places a job or raises QueueFull; `cancel` stops a job at the
     engine's next step (or drops it from the queue), so the next request starts without delay."""
 
-    def __init__(self, engine, max_waiting: int, log: logging.Logger | None = None):
+    def __init__(self, engine, max_waiting: int, log: logging.Logger | None = None,
+                 spec_default: bool = True, spec_note: str = ""):
         self.engine = engine
         self.max_waiting = max_waiting
+        # Whether a request that does not say `speculative` speculates (with a draft loaded): off
+        # where speculation is slower on this machine (Engine.speculation_pays), and why.
+        self.spec_default, self.spec_note = spec_default, spec_note
         self.log = log or logging.getLogger("uvicorn.error")
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -166,7 +170,8 @@ class Scheduler:
             self.log.info("request %d starts after %.1f s in the queue", job.job_id, job.queue_s)
         last = None
         try:
-            for event in self.engine.stream_ids(job.prompt_ids, job.params, job.speculative, job.stop_event, t0):
+            speculative = self.spec_default if job.speculative is None else job.speculative
+            for event in self.engine.stream_ids(job.prompt_ids, job.params, speculative, job.stop_event, t0):
                 job.push(event)
                 last = event
         except Exception as e:  # the request fails, the server lives on

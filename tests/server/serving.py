@@ -32,10 +32,10 @@ class Served:
 
 
 @contextmanager
-def serving(engine, max_queue: int = 8, options: ServeOptions = ServeOptions()) -> Iterator[Served]:
+def serving(engine, max_queue: int = 8, options: ServeOptions = ServeOptions(), **scheduler_kwargs) -> Iterator[Served]:
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    scheduler = Scheduler(engine, max_queue)
+    scheduler = Scheduler(engine, max_queue, **scheduler_kwargs)
     server = uvicorn.Server(uvicorn.Config(build_app(engine, scheduler, options), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -250,3 +250,27 @@ def test_an_engine_failure_ends_that_request_only(engine):
                                                 stream=True))
         reply = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, temperature=0)
         assert reply.choices[0].finish_reason == "length"  # two steps: no failure, and the server lives on
+
+
+def test_a_server_where_speculation_loses_defaults_to_off_and_says_so(engine):
+    """`localchat serve` with a model's default draft where speculation is slower
+    (Engine.speculation_pays): requests that do not say decode plainly, a request may still ask;
+    the model card says so, and the app connected to it starts with speculation off, giving why."""
+    from app.remote import RemoteChoice, RemoteEngine
+
+    note = "slower on this GPU (0.39x of no draft)"
+    with serving(engine, spec_default=False, spec_note=note) as s:
+        client = s.client()
+        card = client.models.list().data[0].model_extra["localchat"]
+        assert card["speculation_default"] is False and card["speculation_note"] == note and card["has_draft"]
+        by_default = client.chat.completions.create(model=engine.model_name, messages=MESSAGES, temperature=0,
+                                                    max_tokens=12)
+        assert by_default.usage.model_extra["localchat"]["speculative"] is False
+        asked = client.chat.completions.create(model=engine.model_name, messages=MESSAGES, temperature=0,
+                                               max_tokens=12, extra_body={"speculative": True})
+        assert asked.usage.model_extra["localchat"]["speculative"] is True
+        assert asked.choices[0].message.content == by_default.choices[0].message.content
+        assert RemoteEngine.connect(RemoteChoice(s.url)).speculation_pays() == (False, note)
+    with serving(engine) as s:  # where it pays (the default): on, and the app keeps its switch
+        assert s.client().models.list().data[0].model_extra["localchat"]["speculation_default"] is True
+        assert RemoteEngine.connect(RemoteChoice(s.url)).speculation_pays() == (True, "")
