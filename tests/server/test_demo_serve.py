@@ -52,8 +52,10 @@ def test_openai_client_gets_the_tokens_of_localchat_run(demo_server):
                           "--max-tokens", "32", PROMPT], capture_output=True, text=True, timeout=300)
     expected = json.loads(run.stdout)["token_ids"]
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    card = client.models.list().data[0].model_extra["localchat"]  # on a CPU: plain decoding unless asked
+    assert card["speculation_default"] is False and card["speculation_note"] == "slower on a CPU"
     reply = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=32, temperature=0,
-                                           extra_body={"return_token_ids": True})
+                                           extra_body={"return_token_ids": True, "speculative": True})
     assert reply.choices[0].model_extra["token_ids"] == expected
     ours = reply.usage.model_extra["localchat"]
     assert ours["speculative"] and ours["accept_len_mean"] > 1 and ours["decode_tok_s"] > 0
@@ -62,6 +64,7 @@ def test_openai_client_gets_the_tokens_of_localchat_run(demo_server):
                                                  extra_body={"return_token_ids": True}))
     assert [t for c in chunks if c.choices for t in c.choices[0].model_extra.get("token_ids") or []] == expected
     assert chunks[-1].usage.completion_tokens == len(expected)
+    assert chunks[-1].usage.model_extra["localchat"]["speculative"] is False  # the CPU's default
 
 
 def test_memory_stays_flat_and_ctrl_c_stops_it(demo_server):
