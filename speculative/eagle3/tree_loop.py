@@ -88,7 +88,7 @@ class TreeDrafting:
             hidden=torch.cat([o.hidden for o in outs]),
             aux_hidden=None if outs[0].aux_hidden is None else torch.cat([o.aux_hidden for o in outs]))
         if state.params.is_greedy:
-            path, next_token = greedy_tree_accept(target_tree, logits.argmax(-1))
+            path, next_token = greedy_tree_accept(target_tree, logits.argmax(-1), self.shape.depth)
         else:
             path, next_token = sampled_tree_accept(target_tree, probabilities(logits, state.params), state.generator)
         a = len(path)

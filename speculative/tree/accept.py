@@ -23,19 +23,42 @@ import torch
 from speculative.tree.grow import DraftTree
 
 
-def greedy_tree_accept(tree: DraftTree, target_choice: torch.Tensor) -> tuple[list[int], int]:
+def greedy_tree_accept(tree: DraftTree, target_choice: torch.Tensor,
+                       max_depth: int | None = None) -> tuple[list[int], int]:
     """target_choice: (N + 1,) the target's argmax at the root and at each node. Returns (the
-    accepted nodes, root to leaf; the next token)."""
-    choice = target_choice.tolist()
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    path, node = [], -1
-    while True:
-        want = choice[node + 1]
-        nxt = next((i for i in range(len(tokens)) if parents[i] == node and tokens[i] == want), None)
-        if nxt is None:
-            return path, want
-        path.append(nxt)
-        node = nxt
+    accepted nodes, root to leaf; the next token): greedy_tree_path on the device, read once.
+    max_depth: the tree shape's depth (None: read from the tree)."""
+    path, count, next_token = greedy_tree_path(tree, target_choice, max_depth)
+    values = torch.cat([count.view(1), next_token.view(1), path]).tolist()
+    return values[2:2 + values[0]], values[1]
+
+
+def greedy_tree_path(tree: DraftTree, target_choice: torch.Tensor, max_depth: int | None = None):
+    """The greedy walk as tensor operations of fixed shapes (no host read): a node is on the path
+    when its token is the target's choice at its parent's row and so is every ancestor's; siblings
+    are distinct tokens (a distribution's top-k), so at most one node of each depth is. Returns
+    (path (D,) the nodes from depth 1 down, the first `count` of them valid; count () the accepted
+    drafts; next_token () the target's choice at the last accepted row), D = max_depth (default:
+    the tree's deepest node's depth)."""
+    parents, depths, tokens = tree.parents, tree.depths, tree.tokens
+    dev = tokens.device
+    D = max_depth if max_depth is not None else int(depths.max()) if len(tree) else 0
+    up = parents.clamp_min(0)
+    matched = tokens == target_choice.index_select(0, parents + 1)
+    on_path = matched
+    for _ in range(max(D - 1, 0)):  # a node stays on it while its parent is (D levels at most)
+        on_path = matched & ((parents < 0) | on_path.index_select(0, up))
+    score = torch.where(on_path, depths, torch.zeros_like(depths))
+    count = score.max() if len(tree) else torch.zeros((), dtype=torch.long, device=dev)
+    last = torch.where(count > 0, score.argmax(), torch.full_like(count, -1))
+    path = torch.empty(D, dtype=torch.long, device=dev)
+    node = last
+    for d in range(D - 1, -1, -1):  # the nodes at depths D .. 1 going up from the last (padding above it)
+        at_depth = (node >= 0) & (depths.index_select(0, node.clamp_min(0).view(1))[0] == d + 1)
+        path[d] = torch.where(at_depth, node, torch.full_like(node, -1))
+        node = torch.where(at_depth, parents.index_select(0, node.clamp_min(0).view(1))[0], node)
+    next_token = target_choice.index_select(0, (last + 1).view(1))[0]
+    return path, count, next_token
 
 
 def sampled_tree_accept(tree: DraftTree, target_probs: torch.Tensor,

@@ -114,20 +114,28 @@ def tree_mask(parents: torch.Tensor) -> torch.Tensor:
 def tree_slot_map(parents: torch.Tensor, depths: torch.Tensor, root_slot: int,
                   width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The verify rows' ancestors for the decode kernel (ForwardBatch.slot_map): (N + 1, width)
-    int32 and (N + 1,) int32; width at least D + 1, D the deepest node's depth (None: D + 1; a
-    tree shape's depth + 1 keeps one compiled kernel for every step of that shape). Row 0 is the root (position and cache
+    int32 and (N + 1,) int32; width at least D + 1, D the deepest node's depth (None: D + 1, read
+    from the device; a tree shape's depth + 1 keeps one compiled kernel for every step of that
+    shape). Tensor operations of fixed shapes: no host read with a width given. Row 0 is the root (position and cache
     row root_slot), row i + 1 node i (cache row root_slot + 1 + i, position root_slot + its
     depth); entry d of a row is the cache row of its ancestor at depth d (0: the root), and
     map_base is the root's position for every row. Entries at and below a row's own depth are
     never read (its own K/V comes from its own slot)."""
-    p, d = parents.tolist(), depths.tolist()
-    width = max(width or 0, 1 + max(d, default=0))
-    slot_map = torch.zeros(len(p) + 1, width, dtype=torch.int32)
-    slot_map[:, 0] = root_slot
-    for i in range(len(p)):
-        a = p[i]
-        while a >= 0:
-            slot_map[i + 1, d[a]] = root_slot + 1 + a
-            a = p[a]
-    device = parents.device
-    return slot_map.to(device), torch.full((len(p) + 1,), root_slot, dtype=torch.int32, device=device)
+    n, device = parents.shape[0], parents.device
+    if width is None:
+        width = 1 + (int(depths.max()) if n else 0)
+    # ancestors[i, d]: node i's ancestor at depth d (its own row's entries up to its depth), filled
+    # by walking up `width` levels with fixed shapes; column `width` takes the writes past the root
+    ancestors = torch.full((n, width + 1), -1, dtype=torch.long, device=device)
+    rows = torch.arange(n, device=device)
+    cur = parents
+    for _ in range(width):
+        col = torch.where(cur >= 0, depths.index_select(0, cur.clamp_min(0)), torch.full_like(cur, width))
+        ancestors[rows, col.clamp_max(width)] = cur
+        cur = torch.where(cur >= 0, parents.index_select(0, cur.clamp_min(0)), cur)
+    found = ancestors[:, :width]
+    slots = torch.where(found >= 0, root_slot + 1 + found, torch.zeros_like(found))
+    slots[:, 0] = root_slot
+    slot_map = torch.cat([torch.zeros(1, width, dtype=torch.long, device=device), slots]).to(torch.int32)
+    slot_map[0, 0] = root_slot
+    return slot_map, torch.full((n + 1,), root_slot, dtype=torch.int32, device=device)

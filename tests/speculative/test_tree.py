@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.errors import UserError
-from speculative.tree.accept import greedy_tree_accept, sampled_tree_accept
+from speculative.tree.accept import greedy_tree_accept, greedy_tree_path, sampled_tree_accept
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask
 from speculative.tree.shape import TreeShape, parse_tree
 
@@ -82,6 +82,10 @@ def test_greedy_acceptance_walks_the_targets_choices():
     assert greedy_tree_accept(tree, torch.tensor([7, 0, 0, 0, 0, 0])) == ([1], 0)  # node 1 is a leaf
     assert greedy_tree_accept(tree, torch.tensor([5, 0, 0, 0, 0, 0])) == ([], 5)  # no child: the root's choice
     assert greedy_tree_accept(tree, torch.tensor([4, 6, 0, 0, 0, 0])) == ([0], 6)
+    # with a shape's depth past the tree's, the same walk (its fixed-shape form pads the path)
+    assert greedy_tree_accept(tree, torch.tensor([4, 2, 0, 3, 0, 8]), max_depth=6) == ([0, 2, 4], 8)
+    path, count, nxt = greedy_tree_path(tree, torch.tensor([4, 2, 0, 3, 0, 8]), max_depth=5)
+    assert path.tolist() == [0, 2, 4, -1, -1] and int(count) == 3 and int(nxt) == 8
 
 
 def emitted(tree: DraftTree, path: list[int], nxt: int) -> list[int]:
