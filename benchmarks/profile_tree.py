@@ -66,7 +66,7 @@ def main() -> None:
         return wrapper
 
     grow, step = tree_loop.TreeDrafting._grow, tree_loop.TreeDrafting.step
-    accept = tree_loop.greedy_tree_accept
+    accept = tree_loop.greedy_tree_path
 
     def counted_step(self, runner, *a, **kw):
         model = runner.model
@@ -81,7 +81,7 @@ def main() -> None:
 
     tree_loop.TreeDrafting._grow = timed(grow, "growth")
     tree_loop.TreeDrafting.step = counted_step
-    tree_loop.greedy_tree_accept = timed(accept, "acceptance")
+    tree_loop.greedy_tree_path = timed(accept, "acceptance")
     params = SamplingParams(max_tokens=args.new_tokens)
     system = {"role": "system", "content": "You are a helpful assistant."}
     engine.generate([system, {"role": "user", "content": "Hello!"}], SamplingParams(max_tokens=16))  # warm-up

@@ -33,7 +33,7 @@ from engine.kernels.gemv import MAX_ROWS
 from engine.model import ForwardOutput
 from engine.sampling import probabilities
 
-from speculative.tree.accept import greedy_tree_accept, sampled_tree_accept
+from speculative.tree.accept import greedy_tree_path, sampled_tree_accept
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask, tree_slot_map
 from speculative.tree.shape import TreeShape
 
@@ -87,56 +87,72 @@ class TreeDrafting:
         out = outs[0] if len(outs) == 1 else ForwardOutput(
             hidden=torch.cat([o.hidden for o in outs]),
             aux_hidden=None if outs[0].aux_hidden is None else torch.cat([o.aux_hidden for o in outs]))
-        if state.params.is_greedy:
-            path, next_token = greedy_tree_accept(target_tree, logits.argmax(-1), self.shape.depth)
+        if state.params.is_greedy:  # fixed shapes, no host read until the result
+            depth = min(self.shape.depth, self.shape.tokens)  # the deepest a kept node can be
+            path, count, next_token = greedy_tree_path(target_tree, logits.argmax(-1), depth)
         else:
-            path, next_token = sampled_tree_accept(target_tree, probabilities(logits, state.params), state.generator)
-        a = len(path)
-        path_t = torch.tensor(path, dtype=torch.long, device=dev)
-        if a:  # the accepted nodes' K/V to positions n + 1 .. n + a
+            walked, token = sampled_tree_accept(target_tree, probabilities(logits, state.params), state.generator)
+            depth = len(walked)
+            path = torch.tensor(walked, dtype=torch.long, device=dev)
+            count, next_token = torch.tensor(depth, device=dev), torch.tensor(token, device=dev)
+        # path (depth,): the accepted nodes from depth 1, the first `count` of them real; rows past
+        # them below copy onto themselves and pad the draft-extend (their K/V, past the accepted
+        # length, is rewritten before anything reads it)
+        index = torch.arange(depth, device=dev)
+        taken = index < count
+        if depth:  # the accepted nodes' K/V to positions n + 1 .. n + a
             kv = runner.kv
-            src = n + 1 + path_t
-            kv.k_all[:, n + 1:n + 1 + a] = kv.k_all.index_select(1, src)
-            kv.v_all[:, n + 1:n + 1 + a] = kv.v_all.index_select(1, src)
-        accepted = target_tree.tokens.index_select(0, path_t)
+            src = n + 1 + torch.where(taken, path, index)
+            kv.k_all[:, n + 1:n + 1 + depth] = kv.k_all.index_select(1, src)
+            kv.v_all[:, n + 1:n + 1 + depth] = kv.v_all.index_select(1, src)
+        accepted = target_tree.tokens.index_select(0, path.clamp_min(0))
         # The draft-extend: row i pairs the target state of the path's row i (0: the root) with the
-        # token after it.
-        window = torch.cat([accepted, torch.tensor([next_token], device=dev)])
-        rows = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), 1 + path_t])
+        # token after it; its outputs are those of row `count`.
+        window = torch.cat([torch.where(taken, accepted, next_token), next_token.view(1)])
+        rows = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.where(taken, 1 + path, 0)])
         states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, rows)
-        ext_pos = n + torch.arange(a + 1, device=dev)
-        d_logits, d_hidden = draft(window, ext_pos, states, True, parts.embed, parts.kv, start_pos=n, last=a)
-        return [a, next_token, *accepted.tolist()], d_logits, d_hidden, N + 1
+        ext_pos = n + torch.arange(depth + 1, device=dev)
+        d_logits, d_hidden = draft(window, ext_pos, states, True, parts.embed, parts.kv, start_pos=n, last=count)
+        result = torch.cat([count.view(1), next_token.view(1), accepted]).tolist()  # the step's one read
+        a = result[0]
+        return [a, result[1], *result[2:2 + a]], d_logits, d_hidden, N + 1
 
     def _grow(self, n: int, root_logits: torch.Tensor, root_hidden: torch.Tensor):
-        """The draft tree after the root, its tokens in the draft's vocabulary."""
-        parts, draft = self.parts, self.parts.draft
+        """The draft tree after the root, its tokens in the draft's vocabulary. Each expansion's
+        inputs (scratch rows, what each frontier node sees, the states it continues from) are
+        tensor operations of fixed shapes over every candidate of the tree: no host read."""
+        parts, draft, shape = self.parts, self.parts.draft, self.shape
         dev = root_logits.device
-        slot_of: dict[int, int] = {}  # expanded node -> its scratch row in the draft's cache
-        hidden_of: dict[int, torch.Tensor] = {}  # expanded node -> the draft state after it
+        k = min(shape.topk, root_logits.shape[-1])
+        candidates = k + max(shape.depth - 1, 0) * k * k  # every node grow_tree can make
+        slot_of = torch.full((candidates,), -1, dtype=torch.long, device=dev)  # expanded node -> scratch row
+        hidden_of = root_hidden.new_zeros(candidates, root_hidden.shape[-1])  # -> the draft state after it
         used = [0]
 
         def expand(frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:
-            nodes = frontier.tolist()
-            parents = grown.parents.tolist()
-            slots = [n + used[0] + i for i in range(len(nodes))]
-            used[0] += len(nodes)
-            for node, slot in zip(nodes, slots):
-                slot_of[node] = slot
-            visible = torch.zeros(len(nodes), n + used[0], dtype=torch.bool, device=dev)
+            width = frontier.shape[0]
+            rows = torch.arange(width, device=dev)
+            slots = n + used[0] + rows
+            used[0] += width
+            slot_of.index_copy_(0, frontier, slots)
+            seen = n + used[0]
+            # itself and its ancestors, all expanded before it; an unexpanded slot (-1) lands in the
+            # extra last column, dropped after
+            visible = torch.zeros(width, seen + 1, dtype=torch.bool, device=dev)
             visible[:, :n] = True
-            for r, node in enumerate(nodes):
-                cur = node
-                while cur >= 0:  # itself and its ancestors, all expanded before it
-                    visible[r, slot_of[cur]] = True
-                    cur = parents[cur]
-            hidden = torch.cat([root_hidden if parents[node] < 0 else hidden_of[parents[node]] for node in nodes])
+            parents, cur = grown.parents, frontier
+            for _ in range(shape.depth):
+                valid = cur >= 0
+                visible[rows, torch.where(valid, slot_of.index_select(0, cur.clamp_min(0)), seen)] = True
+                cur = torch.where(valid, parents.index_select(0, cur.clamp_min(0)), cur)
+            above = parents.index_select(0, frontier)
+            hidden = torch.where((above < 0)[:, None], root_hidden.expand(width, -1),
+                                 hidden_of.index_select(0, above.clamp_min(0)))
             tokens = draft.to_target_ids(grown.tokens.index_select(0, frontier))
             positions = n + grown.depths.index_select(0, frontier) - 1
-            logits, out = draft(tokens, positions, hidden, False, parts.embed, parts.kv,
-                                slots=torch.tensor(slots, device=dev), visible=visible)
-            for r, node in enumerate(nodes):
-                hidden_of[node] = out[r:r + 1]
+            logits, out = draft(tokens, positions, hidden, False, parts.embed, parts.kv, slots=slots,
+                                visible=visible[:, :seen])
+            hidden_of.index_copy_(0, frontier, out.to(hidden_of.dtype))
             return F.log_softmax(logits.float(), dim=-1)
 
         return grow_tree(F.log_softmax(root_logits.float(), dim=-1), expand, self.shape)

@@ -78,7 +78,8 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> 
     new_index[keep] = torch.arange(keep.shape[0], device=dev)
     old_parents = all_parents[keep]
     parents_out = torch.where(old_parents >= 0, new_index[old_parents.clamp_min(0)], old_parents)
-    assert bool((parents_out[old_parents >= 0] >= 0).all()), "a kept node lost its parent"
+    if not parents_out.is_cuda:  # checked where it costs no wait on a GPU (every CPU test checks it)
+        assert bool((parents_out[old_parents >= 0] >= 0).all()), "a kept node lost its parent"
     return DraftTree(all_tokens[keep], parents_out, all_depths[keep], all_scores[keep])
 
 
