@@ -65,7 +65,8 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
             o = attention_packed(q, k, v, batch.segment_lengths, self.scale).reshape(T, self.q_size)
             return self.o_proj(o)
-        fused = self.ops.one_row_attention(T) if self.ops.rope_and_cache is not None and batch.visible is None else None
+        by_position = batch.visible is None and batch.slot_map is None  # not a draft tree's rows
+        fused = self.ops.one_row_attention(T) if self.ops.rope_and_cache is not None and by_position else None
         if fused is not None:
             o = fused(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, self.scale, batch.slots)
             if project is not None:

@@ -70,18 +70,21 @@ class TreeDrafting:
         ids = torch.cat([torch.tensor([state.tokens[n]], device=dev), target_tree.tokens])
         positions = torch.cat([torch.tensor([n], device=dev), n + tree.depths])
         slots = n + torch.arange(N + 1, device=dev)
-        visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool, device=dev)
-        visible[:, :n] = True
-        visible[:, n:] = tree_mask(tree.parents)
         slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n, self.shape.depth + 1)
         # A batch-invariant target (a GPU's) verifies at most MAX_ROWS rows a forward, so that every
         # row runs the kernels, and has the bits, of its token's decode step: a longer tree goes in
         # chunks, in order (a node's ancestors come before it, their K/V written by then).
-        chunk = MAX_ROWS if runner.model.ops.options.batch_invariant else N + 1
-        outs = [runner.model(ForwardBatch(ids[c:c + chunk], positions[c:c + chunk], start_pos=n,
-                                          slots=slots[c:c + chunk], visible=visible[c:c + chunk],
-                                          slot_map=slot_map[c:c + chunk], map_base=map_base[c:c + chunk]),
-                             runner.kv, runner.aux_layer_ids)
+        model = runner.model
+        chunk = MAX_ROWS if model.ops.options.batch_invariant else N + 1
+        visible = None  # where the decode kernel reads the slot map, no mask is needed
+        if not (model.ops.attention is not None and model.ops.options.batch_invariant):
+            visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool, device=dev)
+            visible[:, :n] = True
+            visible[:, n:] = tree_mask(tree.parents)
+        outs = [model(ForwardBatch(ids[c:c + chunk], positions[c:c + chunk], start_pos=n, slots=slots[c:c + chunk],
+                                   visible=None if visible is None else visible[c:c + chunk],
+                                   slot_map=slot_map[c:c + chunk], map_base=map_base[c:c + chunk]),
+                      runner.kv, runner.aux_layer_ids)
                 for c in range(0, N + 1, chunk)]
         logits = torch.cat([runner.model.logits(o.hidden) for o in outs])  # lm_head by chunk too
         out = outs[0] if len(outs) == 1 else ForwardOutput(
