@@ -40,3 +40,30 @@ def data_dir() -> Path:
 
 def config_dir() -> Path:
     return _base("config")
+
+
+def read_json_cache(file: Path) -> dict:
+    """The JSON object a measurement cached in `file`, or {} where it is missing, unreadable or
+    not an object (a damaged cache costs a measurement, nothing else)."""
+    import json
+
+    try:
+        cached = json.loads(Path(file).read_text())
+    except (OSError, ValueError):
+        return {}
+    return cached if isinstance(cached, dict) else {}
+
+
+def write_json_cache(file: Path, cached: dict) -> None:
+    """Writes `cached` to `file` whole (a temporary file, then renamed over it), or not at all
+    where the folder is not writable: that costs a measurement next time, nothing else."""
+    import json
+
+    file = Path(file)
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cached, indent=1))
+        tmp.replace(file)
+    except OSError:
+        pass

@@ -18,7 +18,6 @@ speculation lost wherever it was measured (Engine.CPU_SPEC_REASON).
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -93,16 +92,11 @@ def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable
     """(whether speculation pays on `engine`'s GPU, and if not, why), from the cache or a
     measurement now (written to the cache; a twin built only for it is let go again)."""
     from engine.errors import UserError
-    from engine.paths import cache_dir
+    from engine.paths import cache_dir, read_json_cache, write_json_cache
 
     cache_file = cache_file or cache_dir() / "speculation-calibration.json"
     key = cache_key(engine, settings)
-    try:
-        cached = json.loads(cache_file.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if not isinstance(cached, dict):
-        cached = {}
+    cached = read_json_cache(cache_file)
     entry = cached.get(key)
     if not (isinstance(entry, dict) and isinstance(entry.get("ratio"), (int, float))
             and isinstance(entry.get("baseline"), str)):
@@ -115,13 +109,7 @@ def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable
         if entry.pop("built_twin", False):
             engine.drop_twin()
         cached[key] = entry
-        try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cached, indent=1))
-            tmp.replace(cache_file)
-        except OSError:
-            pass  # an unwritable cache costs a measurement next time, nothing else
+        write_json_cache(cache_file, cached)
     if entry["ratio"] >= PAYS_FROM:
         return True, ""
     return False, reason_for(entry)

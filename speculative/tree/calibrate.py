@@ -13,7 +13,6 @@ lost to the chain on the demo model (docs/performance.md).
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -71,31 +70,20 @@ def calibrate(engine, candidates=CANDIDATES, prompts=PROMPTS, tokens: int = CALI
 def auto_tree(engine, cache_file: Path | None = None, log=None) -> TreeShape | None:
     """The shape --tree auto runs with on `engine` (an EAGLE-3 head loaded), from the cache or a
     calibration now (written to the cache). Chains on a CPU."""
-    from engine.paths import cache_dir
+    from engine.paths import cache_dir, read_json_cache, write_json_cache
 
     if engine.device == "cpu":
         return None
     cache_file = cache_file or cache_dir() / "tree-calibration.json"
     key = cache_key(engine)
-    try:
-        cached = json.loads(cache_file.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if not isinstance(cached, dict):
-        cached = {}
+    cached = read_json_cache(cache_file)
     if key in cached and isinstance(cached[key], dict):
         return _shape(cached[key].get("best"))
     if log:
         log("calibrating --tree auto for this model and GPU (once)")
     best, speeds = calibrate(engine)
     cached[key] = {"best": "off" if best is None else str(best), "tok_s": speeds}
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cached, indent=1))
-        tmp.replace(cache_file)
-    except OSError:
-        pass  # an unwritable cache costs a calibration next time, nothing else
+    write_json_cache(cache_file, cached)
     return best
 
 
