@@ -33,8 +33,7 @@ def main() -> None:
         if engine.device == "cpu":
             sys.exit("spec_pays measures on a GPU (a CPU engine says no without measuring)")
         began = time.perf_counter()
-        tree = getattr(engine.speculator, "tree", None)
-        settings = f"k={getattr(engine.speculator, 'k', '?')} tree={tree if tree is not None else 'off'}"
+        settings = spec_pays.draft_settings(engine)
         pays, reason = spec_pays.verdict(engine, settings, cache)
         seconds = time.perf_counter() - began
         entry = json.loads(cache.read_text())[spec_pays.cache_key(engine, settings)]

@@ -151,8 +151,7 @@ MAX_KERNEL_ROWS = 16  # the decode/verify kernel serves up to this many query ro
 
 def attend(q, k_cache, v_cache, positions, start_pos: int | None, scale: float, kernel,
            own_slots: torch.Tensor | None = None, visible: torch.Tensor | None = None,
-           slot_map: torch.Tensor | None = None, map_base: torch.Tensor | None = None,
-           invariant_rows: bool = False) -> torch.Tensor:
+           slot_map: torch.Tensor | None = None, map_base: torch.Tensor | None = None) -> torch.Tensor:
     """One call site for every attention over the cache.
 
     Decode and verify rows go through `kernel` (the Triton op on CUDA) in eager and graph
@@ -160,11 +159,11 @@ def attend(q, k_cache, v_cache, positions, start_pos: int | None, scale: float, 
     prefills use SDPA over the filled part; without a kernel (CPU) eager steps use SDPA too.
     own_slots: where each row's own K/V is when not at its position (ForwardBatch.slots).
     visible: (T, S) the cache rows each row sees, when positions do not say it (a draft tree's
-    rows, ForwardBatch.visible): SDPA with that mask, eager only; unless the same rows come as a
-    slot map (ForwardBatch.slot_map) and the kernel serves them batch-invariantly (invariant_rows):
-    then the kernel, each row with the bits of its token's decode step.
+    rows, ForwardBatch.visible): SDPA with that mask, eager only. slot_map, map_base: the same
+    rows for the kernel (ForwardBatch.slot_map), each with the bits of its token's decode step.
     """
-    if slot_map is not None and kernel is not None and invariant_rows and q.shape[0] <= MAX_KERNEL_ROWS:
+    if slot_map is not None:
+        assert kernel is not None and q.shape[0] <= MAX_KERNEL_ROWS, "a slot map is the decode kernel's"
         return kernel(q, k_cache, v_cache, positions, scale, own_slots, slot_map=slot_map, map_base=map_base)
     if visible is not None:
         return attention_masked(q, k_cache, v_cache, visible, scale)

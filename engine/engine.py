@@ -57,10 +57,13 @@ class Engine:
         if self._pays is None:
             from engine import spec_pays
 
-            tree = getattr(self.speculator, "tree", None)
-            settings = f"k={getattr(self.speculator, 'k', '?')} tree={tree if tree is not None else 'off'}"
-            self._pays = spec_pays.verdict(self, settings, log=log)
+            self._pays = spec_pays.verdict(self, spec_pays.draft_settings(self), log=log)
         return self._pays
+
+    @property
+    def has_twin(self) -> bool:
+        """Whether without_draft() has built its twin (and holds it)."""
+        return self._no_draft is not None
 
     def drop_twin(self) -> None:
         """Lets go of without_draft()'s twin (its KV cache and graphs), built again if asked for."""

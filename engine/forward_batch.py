@@ -29,8 +29,8 @@ class ForwardBatch:
     # The same tree rows for the decode kernel (CUDA, up to 16 rows, batch-invariant): row t reads
     # the keys of positions map_base[t] .. map_base[t] + W - 1 below its own from cache rows
     # slot_map[t] (its ancestors, wherever the tree put them), in the blocks and order of the
-    # decode step of its token, so its bits are that step's. (T, W) int32 and (T,); where the
-    # kernel does not serve, `visible` does.
+    # decode step of its token, so its bits are that step's. (T, W) int32 and (T,); given instead
+    # of `visible` where that kernel serves (a batch-invariant target's rows on CUDA).
     slot_map: torch.Tensor | None = None
     map_base: torch.Tensor | None = None
 

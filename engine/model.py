@@ -80,7 +80,7 @@ class Attention(nn.Module):
             k_cache.index_copy_(0, rows, k)
             v_cache.index_copy_(0, rows, v)
         o = attend(q, k_cache, v_cache, batch.positions, batch.start_pos, self.scale, self.ops.attention,
-                   batch.slots, batch.visible, batch.slot_map, batch.map_base, self.ops.options.batch_invariant)
+                   batch.slots, batch.visible, batch.slot_map, batch.map_base)
         o = o.reshape(T, self.q_size)
         if project is not None:
             return project(o, self.o_proj)

@@ -33,18 +33,27 @@ TOKENS = 192  # long enough that the first steps of an answer do not decide the 
 PAYS_FROM = 1.0
 
 
-def cache_key(engine, settings: str) -> str:
+def draft_settings(engine) -> str:
+    """The loaded draft's settings a verdict holds for: its steps and tree shape."""
+    tree = getattr(engine.speculator, "tree", None)
+    return f"k={getattr(engine.speculator, 'k', '?')} tree={tree if tree is not None else 'off'}"
+
+
+def cache_key(engine, settings: str, code: Path = Path(__file__)) -> str:
+    """What a measurement on `engine` is remembered under: the model, the draft, the GPU's name (or
+    the device), torch's version, `settings` and the measuring code's own file (`code`)."""
     import torch
 
     device = engine.device
     if device.startswith("cuda") and torch.cuda.is_available():
         device = torch.cuda.get_device_name()
-    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
-    return "|".join([engine.model_name, str(engine.draft_name), device, torch.__version__, settings, code])
+    digest = hashlib.sha256(Path(code).read_bytes()).hexdigest()[:12]
+    return "|".join([engine.model_name, str(engine.draft_name), device, torch.__version__, settings, digest])
 
 
-def _answer_tok_s(engine, prompt: str, speculative: bool, tokens: int) -> tuple[int, float]:
-    """(tokens after the first, seconds they took) of one greedy answer."""
+def answer_tok_s(engine, prompt: str, speculative: bool, tokens: int) -> tuple[int, float]:
+    """(tokens after the first, seconds they took) of one greedy answer to `prompt` under SYSTEM,
+    cut at `tokens`."""
     from engine.types import SamplingParams
 
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
@@ -58,12 +67,14 @@ def _answer_tok_s(engine, prompt: str, speculative: bool, tokens: int) -> tuple[
     return n - 1, time.perf_counter() - first
 
 
-def measure(engine, prompts=PROMPTS, tokens: int = TOKENS, timer=_answer_tok_s) -> dict:
+def measure(engine, prompts=PROMPTS, tokens: int = TOKENS, timer=answer_tok_s) -> dict:
     """Tokens per second of greedy speculation on `engine` and of plain decoding without its draft
     (the twin), alternating prompt by prompt, the order turning each time. {"spec", "plain",
-    "baseline": "no draft" | "draft loaded", "ratio"}."""
+    "baseline": "no draft" | "draft loaded", "ratio", "built_twin": whether the twin was built for
+    this (and may go again)}."""
+    had_twin = engine.has_twin
     twin = engine.without_draft(if_fits=True)
-    built_here = twin is not None and engine._no_draft is twin
+    built_here = twin is not None and not had_twin
     baseline = "no draft" if twin is not None else "draft loaded"
     plain = (twin, False) if twin is not None else (engine, False)
     settings = {"spec": (engine, True), "plain": plain}

@@ -70,20 +70,23 @@ class TreeDrafting:
         ids = torch.cat([torch.tensor([state.tokens[n]], device=dev), target_tree.tokens])
         positions = torch.cat([torch.tensor([n], device=dev), n + tree.depths])
         slots = n + torch.arange(N + 1, device=dev)
-        slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n, self.shape.depth + 1)
         # A batch-invariant target (a GPU's) verifies at most MAX_ROWS rows a forward, so that every
         # row runs the kernels, and has the bits, of its token's decode step: a longer tree goes in
-        # chunks, in order (a node's ancestors come before it, their K/V written by then).
+        # chunks, in order (a node's ancestors come before it, their K/V written by then). Its
+        # rows attend through the decode kernel, reading their ancestors through a slot map;
+        # elsewhere (the CPU's torch attention) through an explicit mask.
         model = runner.model
         chunk = MAX_ROWS if model.ops.options.batch_invariant else N + 1
-        visible = None  # where the decode kernel reads the slot map, no mask is needed
-        if not (model.ops.attention is not None and model.ops.options.batch_invariant):
+        if model.ops.attention is not None and model.ops.options.batch_invariant:
+            slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n, self.shape.depth + 1)
+            tree_rows = {"slot_map": slot_map, "map_base": map_base}
+        else:
             visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool, device=dev)
             visible[:, :n] = True
             visible[:, n:] = tree_mask(tree.parents)
+            tree_rows = {"visible": visible}
         outs = [model(ForwardBatch(ids[c:c + chunk], positions[c:c + chunk], start_pos=n, slots=slots[c:c + chunk],
-                                   visible=None if visible is None else visible[c:c + chunk],
-                                   slot_map=slot_map[c:c + chunk], map_base=map_base[c:c + chunk]),
+                                   **{name: t[c:c + chunk] for name, t in tree_rows.items()}),
                       runner.kv, runner.aux_layer_ids)
                 for c in range(0, N + 1, chunk)]
         logits = torch.cat([runner.model.logits(o.hidden) for o in outs])  # lm_head by chunk too

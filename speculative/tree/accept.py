@@ -23,16 +23,6 @@ import torch
 from speculative.tree.grow import DraftTree
 
 
-def greedy_tree_accept(tree: DraftTree, target_choice: torch.Tensor,
-                       max_depth: int | None = None) -> tuple[list[int], int]:
-    """target_choice: (N + 1,) the target's argmax at the root and at each node. Returns (the
-    accepted nodes, root to leaf; the next token): greedy_tree_path on the device, read once.
-    max_depth: the tree shape's depth (None: read from the tree)."""
-    path, count, next_token = greedy_tree_path(tree, target_choice, max_depth)
-    values = torch.cat([count.view(1), next_token.view(1), path]).tolist()
-    return values[2:2 + values[0]], values[1]
-
-
 def greedy_tree_path(tree: DraftTree, target_choice: torch.Tensor, max_depth: int | None = None):
     """The greedy walk as tensor operations of fixed shapes (no host read): a node is on the path
     when its token is the target's choice at its parent's row and so is every ancestor's; siblings

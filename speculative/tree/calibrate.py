@@ -12,10 +12,9 @@ lost to the chain on the demo model (docs/performance.md).
 
 from __future__ import annotations
 
-import hashlib
-import time
 from pathlib import Path
 
+from engine.spec_pays import answer_tok_s, cache_key as measurement_key
 from speculative.tree.shape import TreeShape
 
 CANDIDATES = (TreeShape(2, 4, 8), TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(8, 6, 48))
@@ -23,35 +22,17 @@ CALIBRATION_TOKENS = 48
 PROMPTS = ("Explain in two sentences why the sky is blue.",
            "Write a short list of three tips for learning a new language.",
            "What is the difference between a list and a tuple in Python?")
-SYSTEM = "You are a helpful assistant."
 
 
 def cache_key(engine) -> str:
-    import torch
-
-    device = engine.device
-    if device.startswith("cuda") and torch.cuda.is_available():
-        device = torch.cuda.get_device_name()
-    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
-    return "|".join([engine.model_name, str(engine.draft_name), device, torch.__version__, code])
+    return measurement_key(engine, "tree auto", Path(__file__))
 
 
 def _tok_s(engine, shape: TreeShape | None, prompts, tokens: int) -> float:
-    from engine.types import SamplingParams
-
     engine.set_tree(shape)
-    generated, seconds = 0, 0.0
-    for prompt in prompts:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
-        first, n = None, 0
-        for ev in engine.stream(messages, SamplingParams(max_tokens=tokens)):
-            if first is None and ev.token_ids:
-                first = time.perf_counter()
-            n += len(ev.token_ids)
-        if first is not None and n > 1:
-            generated += n - 1
-            seconds += time.perf_counter() - first
-    return generated / seconds if seconds else 0.0
+    answers = [answer_tok_s(engine, prompt, True, tokens) for prompt in prompts]
+    seconds = sum(s for _, s in answers)
+    return sum(n for n, _ in answers) / seconds if seconds else 0.0
 
 
 def calibrate(engine, candidates=CANDIDATES, prompts=PROMPTS, tokens: int = CALIBRATION_TOKENS,

@@ -20,6 +20,10 @@ class FakeEngine:
         self._no_draft = None
         self.dropped = 0
 
+    @property
+    def has_twin(self):
+        return self._no_draft is not None
+
     def drop_twin(self):
         self.dropped += 1
 
@@ -97,6 +101,8 @@ def test_measure_alternates_and_divides_by_the_twin():
     assert order[:2] == [("spec", False, 8), ("plain", True, 8)]  # warm-ups
     assert [o[0] for o in order[2:]] == ["spec", "plain", "plain", "spec", "spec", "plain"]
     assert all(o[1] for o in order if o[0] == "plain")  # plain decoding on the twin, never with the draft
+    again = spec_pays.measure(engine, prompts=("a",), tokens=9, timer=timer)  # a twin already there stays
+    assert again["baseline"] == "no draft" and not again["built_twin"]
 
 
 def test_without_room_for_a_twin_plain_decoding_keeps_the_draft_loaded():
@@ -127,4 +133,4 @@ def test_a_cpu_engine_says_no_without_measuring_and_a_real_measurement_runs(tiny
     got = spec_pays.measure(engine, prompts=("Paris is", "Numbers: 1 2 3"), tokens=12)
     assert got["spec"] > 0 and got["plain"] > 0 and got["baseline"] == "no draft" and got["built_twin"]
     engine.drop_twin()
-    assert engine._no_draft is None
+    assert not engine.has_twin

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.errors import UserError
-from speculative.tree.accept import greedy_tree_accept, greedy_tree_path, sampled_tree_accept
+from speculative.tree.accept import greedy_tree_path, sampled_tree_accept
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask
 from speculative.tree.shape import TreeShape, parse_tree
 
@@ -71,6 +71,29 @@ def test_tree_mask_is_each_node_and_its_ancestors():
     for i in range(-1, 7):
         seen = {0} | ({j + 1 for j in tree.path(i)} if i >= 0 else set())
         assert {j for j in range(8) if mask[i + 1, j]} == seen, i
+
+
+def walk(tree: DraftTree, choice: torch.Tensor) -> tuple[list[int], int]:
+    """The greedy rule by the book, on the host: from the root, step to the child whose token is
+    the target's choice at the current row while there is one."""
+    choice, tokens, parents = choice.tolist(), tree.tokens.tolist(), tree.parents.tolist()
+    path, node = [], -1
+    while True:
+        want = choice[node + 1]
+        nxt = next((i for i in range(len(tokens)) if parents[i] == node and tokens[i] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+        node = nxt
+
+
+def greedy_tree_accept(tree: DraftTree, choice: torch.Tensor, max_depth: int | None = None) -> tuple[list[int], int]:
+    """greedy_tree_path read as the host sees it: (the accepted nodes, root to leaf; the next
+    token), checked against the walk by the book."""
+    path, count, nxt = greedy_tree_path(tree, choice, max_depth)
+    got = path[:int(count)].tolist(), int(nxt)
+    assert got == walk(tree, choice)
+    return got
 
 
 def test_greedy_acceptance_walks_the_targets_choices():
