@@ -1,6 +1,7 @@
-"""Where an eager draft-tree step's time goes (speculative/eagle3/tree_loop.py): the growth (the
-draft's steps over the tree), the target's verify forwards, the acceptance, and the rest (the K/V
-moves and the draft-extend), per verify step, on one loaded engine; with the kernels launched a
+"""Where a draft-tree step's time goes (speculative/eagle3/tree_loop.py): the whole step as the
+app runs it (its CUDA graph where one is captured), then the same step eagerly by phase: the
+growth (the draft's steps over the tree), the target's verify forwards, the acceptance, and the
+rest (the K/V moves and the draft-extend), per verify step, on one loaded engine; with the kernels launched a
 step and their summed GPU time from one profiled step on CUDA, so that launch- and host-bound
 time shows beside the GPU's own. JSON to --out.
 
@@ -65,38 +66,59 @@ def main() -> None:
                 return fn(*a, **kw)
         return wrapper
 
-    grow, step = tree_loop.TreeDrafting._grow, tree_loop.TreeDrafting.step
+    grow, body = tree_loop.TreeDrafting._grow, tree_loop.TreeDrafting._body
     accept = tree_loop.greedy_tree_path
+    capture = tree_loop.TreeDrafting.capture
 
-    def counted_step(self, runner, *a, **kw):
-        model = runner.model
+    def counted_body(self, *a, **kw):
+        model = self.runner.model
         forward = model.forward
         model.forward = timed(forward, "verify forwards")  # the only target forwards of a step
         try:
             steps[0] += 1
             with phase("step"):
-                return step(self, runner, *a, **kw)
+                return body(self, *a, **kw)
         finally:
             del model.forward
 
-    tree_loop.TreeDrafting._grow = timed(grow, "growth")
-    tree_loop.TreeDrafting.step = counted_step
-    tree_loop.greedy_tree_path = timed(accept, "acceptance")
     params = SamplingParams(max_tokens=args.new_tokens)
     system = {"role": "system", "content": "You are a helpful assistant."}
+
+    def answers() -> tuple[int, int, float]:
+        """The prompts' answers: (tokens, verify steps, seconds)."""
+        tokens = verify = 0
+        sync()
+        t = time.perf_counter()
+        for prompt in PROMPTS[:args.prompts]:
+            engine.reset()
+            stats = engine.generate([system, {"role": "user", "content": prompt}], params).stats
+            tokens, verify = tokens + stats.generated_tokens, verify + stats.verify_steps
+        sync()
+        return tokens, verify, time.perf_counter() - t
+
+    # the step's graph where the device has one (captured in the warm-up), timed whole
     engine.generate([system, {"role": "user", "content": "Hello!"}], SamplingParams(max_tokens=16))  # warm-up
+    tokens, verify, seconds = answers()
+    graphed = {"tokens": tokens, "verify_steps": verify, "seconds": seconds, "tok_s": tokens / seconds,
+               "ms_per_step": 1e3 * seconds / max(1, verify),
+               "captured": any(t.graph is not None for t in engine.speculator._tree_steps.values())}
+    # the same step eagerly, by phase
+    tree_loop.TreeDrafting._grow = timed(grow, "growth")
+    tree_loop.TreeDrafting._body = counted_body
+    tree_loop.TreeDrafting.capture = lambda self, kv_len: False
+    tree_loop.greedy_tree_path = timed(accept, "acceptance")
     spent.clear()
     steps[0] = 0
-    tokens = 0
-    for prompt in PROMPTS[:args.prompts]:
-        engine.reset()
-        tokens += engine.generate([system, {"role": "user", "content": prompt}], params).stats.generated_tokens
+    tokens, _, seconds = answers()
+    tree_loop.TreeDrafting._grow, tree_loop.TreeDrafting._body = grow, body
+    tree_loop.TreeDrafting.capture, tree_loop.greedy_tree_path = capture, accept
     per_step = {name: 1e3 * s / max(1, steps[0]) for name, s in spent.items()}
     per_step["rest (K/V moves, draft-extend)"] = (per_step.get("step", 0.0) - per_step.get("growth", 0.0)
                                                   - per_step.get("verify forwards", 0.0)
                                                   - per_step.get("acceptance", 0.0))
     report = {"model": engine.model_name, "draft": engine.draft_name, "tree": args.tree, "device": engine.device,
-              "verify_steps": steps[0], "tokens": tokens, "ms_per_step": per_step}
+              "graph": graphed, "eager": {"verify_steps": steps[0], "tokens": tokens, "tok_s": tokens / seconds,
+                                          "ms_per_step": per_step}}
     if cuda:  # one more step under the profiler: kernels launched and their GPU time
         from torch.profiler import ProfilerActivity, profile
 
@@ -107,9 +129,11 @@ def main() -> None:
         report["profiled_8_tokens"] = {"kernels": len(kernels),
                                        "kernel_ms": sum(e.device_time_total for e in kernels) / 1e3}
     args.out.write_text(json.dumps(report, indent=1))
+    print(f"{'whole step' + (' (graph)' if graphed['captured'] else '  (eager)'):34s} "
+          f"{graphed['ms_per_step']:8.2f} ms a verify step, {graphed['tok_s']:.1f} tok/s")
     for name, ms in per_step.items():
-        print(f"{name:34s} {ms:8.2f} ms a verify step")
-    print(f"{steps[0]} verify steps, {tokens} tokens")
+        print(f"{'eager: ' + name:34s} {ms:8.2f} ms a verify step")
+    print(f"{steps[0]} eager verify steps, {tokens} tokens")
 
 
 if __name__ == "__main__":

@@ -160,10 +160,13 @@ def attend(q, k_cache, v_cache, positions, start_pos: int | None, scale: float, 
     own_slots: where each row's own K/V is when not at its position (ForwardBatch.slots).
     visible: (T, S) the cache rows each row sees, when positions do not say it (a draft tree's
     rows, ForwardBatch.visible): SDPA with that mask, eager only. slot_map, map_base: the same
-    rows for the kernel (ForwardBatch.slot_map), each with the bits of its token's decode step.
+    rows for the kernel (ForwardBatch.slot_map), each with the bits of its token's decode step
+    (without a kernel, the reference over the whole cache: no host read, any number of rows).
     """
     if slot_map is not None:
-        assert kernel is not None and q.shape[0] <= MAX_KERNEL_ROWS, "a slot map is the decode kernel's"
+        if kernel is None:  # the CPU's eager run of a captured tree step's body (the reference's mask)
+            return decode_attention_ref(q, k_cache, v_cache, positions, scale, own_slots, slot_map, map_base)
+        assert q.shape[0] <= MAX_KERNEL_ROWS, "the decode kernel serves 16 rows at most"
         return kernel(q, k_cache, v_cache, positions, scale, own_slots, slot_map=slot_map, map_base=map_base)
     if visible is not None:
         return attention_masked(q, k_cache, v_cache, visible, scale)

@@ -124,8 +124,9 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
 def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own_slots=None,
               slot_map=None, map_base=None) -> torch.Tensor:
     """decode_attention, with one tile for every row count under batch invariance. slot_map and
-    map_base: a draft tree's rows (ForwardBatch.slot_map), on the per-row invariant tiles."""
-    invariant = options.batch_invariant and q.shape[0] <= MAX_INVARIANT_ROWS
+    map_base: a draft tree's rows (ForwardBatch.slot_map), on the per-row invariant tiles (the only
+    ones that read a map, so a draft's tree rows take them too)."""
+    invariant = (options.batch_invariant or slot_map is not None) and q.shape[0] <= MAX_INVARIANT_ROWS
     per_token = invariant and (options.token_attention or slot_map is not None)
     return decode_attention(q, k_cache, v_cache, positions, scale, invariant=invariant, own_slots=own_slots,
                             pdl=options.pdl, per_token=per_token, slot_map=slot_map, map_base=map_base)

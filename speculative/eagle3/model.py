@@ -53,10 +53,11 @@ class Eagle3Layer(nn.Module):
         return {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv)}
 
     def forward(self, embeds, hidden, positions, start_pos, cos_sin, k_cache, v_cache, kernel, last=None,
-                slots=None, visible=None):
+                slots=None, visible=None, slot_map=None, map_base=None):
         """The layer in plain torch (CPU, and the reference for fused_forward). last: see
         Eagle3Draft.forward. slots, visible (a draft tree's nodes): the K/V go to cache rows
-        `slots`, and each row attends to the rows `visible` (T, S) names."""
+        `slots`, and each row attends to the rows `visible` (T, S) names, or (slot_map, map_base:
+        ForwardBatch.slot_map) to its ancestors' rows wherever they are."""
         T = embeds.shape[0]
         normed_h = self.hidden_norm(hidden)
         residual = normed_h if self.norm_before_residual else hidden
@@ -67,7 +68,7 @@ class Eagle3Layer(nn.Module):
         rows = positions if slots is None else slots
         k_cache.index_copy_(0, rows, k)
         v_cache.index_copy_(0, rows, v.view(T, self.num_kv_heads, self.head_dim))
-        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, kernel, visible=visible)
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, kernel, slots, visible, slot_map, map_base)
         o = o.reshape(T, self.q_size)
         if last is not None:
             o, residual = pick_row(o, last), pick_row(residual, last)
@@ -75,11 +76,12 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def fused_forward(self, embeds, hidden, positions, start_pos, cos_sin_table, k_cache, v_cache, ops,
-                      final_norm: RMSNorm, last=None) -> tuple[torch.Tensor, torch.Tensor]:
+                      final_norm: RMSNorm, last=None, tree=None) -> tuple[torch.Tensor, torch.Tensor]:
         """forward() then final_norm, with the GPU kernels (norms, RoPE with the cache write,
         SiLU-and-mul; the residual adds ride on the norms): about a third of the launches of
         the torch version, which matters because the draft runs k times per verify step.
-        Returns (final_norm(out), out)."""
+        tree: (slots, slot_map, map_base), a draft tree's rows (Eagle3Draft.forward). Returns
+        (final_norm(out), out)."""
         eps = self.hidden_norm.eps
         normed_h, _ = ops.add_rms_norm(hidden, None, self.hidden_norm.weight, eps)
         residual = normed_h if self.norm_before_residual else hidden
@@ -88,7 +90,7 @@ class Eagle3Layer(nn.Module):
         qkv = lin(torch.cat([normed_e, normed_h], dim=-1), self.self_attn.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         o, residual = self._cached_attention(q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache,
-                                             ops, last)
+                                             ops, last, tree)
         attn_out = lin(o, self.self_attn.o_proj)
         normed, h = ops.add_rms_norm(attn_out, residual, self.post_attention_layernorm.weight,
                                      self.post_attention_layernorm.eps)
@@ -97,7 +99,8 @@ class Eagle3Layer(nn.Module):
         return normed_out, out
 
     def lean_forward(self, input_ids, embed_weight, hidden, positions, start_pos, cos_sin_table, k_cache, v_cache,
-                     ops, final_norm: RMSNorm, lm_head: nn.Linear, last=None) -> tuple[torch.Tensor, torch.Tensor]:
+                     ops, final_norm: RMSNorm, lm_head: nn.Linear, last=None,
+                     tree=None) -> tuple[torch.Tensor, torch.Tensor]:
         """fused_forward plus the lm_head, in fewer launches: the embedding lookup, both input norms
         and their concatenation in one (embed_pair_norm); each later norm rides on the projection
         after it (rms_norm_gemv), SiLU-and-mul on the down projection (silu_mul_gemv). The GEMVs
@@ -115,7 +118,7 @@ class Eagle3Layer(nn.Module):
         qkv = fast.project(x, self.self_attn.qkv_proj, "qkv")
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         o, residual = self._cached_attention(q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache,
-                                             ops, last)
+                                             ops, last, tree)
         o_proj = self.self_attn.o_proj
         attn_out = (gemv(o, o_proj.weight, config=ROW_TILE, pdl=pdl) if o.shape[0] == 1
                     else fast.project(o, o_proj, "o_proj"))
@@ -125,14 +128,19 @@ class Eagle3Layer(nn.Module):
         logits, out = fast.norm_linear(mlp_out, h, final_norm, lm_head, "lm_head")
         return logits, out
 
-    def _cached_attention(self, q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache, ops, last):
+    def _cached_attention(self, q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache, ops, last,
+                          tree=None):
         """The attention of both GPU paths: RoPE with the cache write in one launch, attention over
-        the cache, then (with `last`) only that row of its output and of the residual. Returns
-        (o (T, q_size), residual), one row each with `last`."""
+        the cache, then (with `last`) only that row of its output and of the residual. tree:
+        (slots, slot_map, map_base) of a draft tree's rows. Returns (o (T, q_size), residual), one
+        row each with `last`."""
         T = q.shape[0]
+        slots, slot_map, map_base = tree if tree is not None else (None, None, None)
         q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
-                               v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache)
-        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention).reshape(T, self.q_size)
+                               v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache,
+                               slots)
+        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention, slots, None, slot_map,
+                   map_base).reshape(T, self.q_size)
         if last is not None:
             o, residual = pick_row(o, last), pick_row(residual, last)
         return o, residual
@@ -160,7 +168,8 @@ class Eagle3Draft(nn.Module):
 
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
                 start_pos: int | None = None, fp32_logits: bool = True, last: int | torch.Tensor | None = None,
-                slots: torch.Tensor | None = None, visible: torch.Tensor | None = None):
+                slots: torch.Tensor | None = None, visible: torch.Tensor | None = None,
+                slot_map: torch.Tensor | None = None, map_base: torch.Tensor | None = None):
         """input_ids: (T,) target ids; hidden: (T, extend_width) target states when is_extend,
         else (T, decode_width) the draft's previous outputs. Returns (logits (T, Vd), fp32 unless
         fp32_logits is False (then maybe the weights' dtype: enough for an argmax), out_hidden
@@ -168,7 +177,8 @@ class Eagle3Draft(nn.Module):
         ((1, Vd), (1, H)): a Python index or a 0-dim index tensor on the device. Every row still
         writes its K/V; past the attention only that row is computed (a prompt's extend and a
         verify step's draft-extend continue from one row, the last accepted). slots, visible: a
-        draft tree's nodes (Eagle3Layer.forward), on the plain torch layer."""
+        draft tree's nodes (Eagle3Layer.forward), on the plain torch layer; slots, slot_map,
+        map_base: the same nodes read through a map (ForwardBatch.slot_map), on any path."""
         if is_extend and self.config.needs_fc:
             hidden = self.fc(hidden)
         if visible is not None:
@@ -176,20 +186,22 @@ class Eagle3Draft(nn.Module):
             out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], None, last,
                                 slots, visible)
             return self.lm_head(self.norm(out)).float(), out
+        tree = None if slot_map is None else (slots, slot_map, map_base)
         # the GEMV's limit (a prompt's extend runs fused_forward); the lean step reads the
         # embeddings' table itself, so a target's packed table (PackedEmbedding) goes the fused way
         if self.lean and hidden.shape[0] <= MAX_ROWS and isinstance(embed, nn.Embedding):
             logits, out = self.midlayer.lean_forward(input_ids, embed.weight, hidden, positions, start_pos,
                                                      self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, self.lm_head,
-                                                     last)
+                                                     last, tree)
             return (logits.float() if fp32_logits else logits), out
         if self.fused:
             normed, out = self.midlayer.fused_forward(embed(input_ids), hidden, positions, start_pos, self.cos_sin,
-                                                      kv.k[0], kv.v[0], self.ops, self.norm, last)
+                                                      kv.k[0], kv.v[0], self.ops, self.norm, last, tree)
             return self.ops.row_linear(normed, self.lm_head).float(), out
         cos_sin = self.cos_sin.index_select(0, positions)
         kernel = self.ops.attention if self.ops is not None else None  # Triton on CUDA
-        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel, last)
+        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel, last,
+                            slots, None, slot_map, map_base)
         return self.lm_head(self.norm(out)).float(), out
 
     @property

@@ -87,9 +87,10 @@ class Eagle3Speculator:
         self.alts = self.greedy.alts  # runners-up each draft gets in its greedy verify steps
         self.sampled = sampled_loop.SampledIteration(self.parts, runner)  # sampling without a penalty: the same
         self.tree: TreeShape | None = None  # a draft tree's shape (set_tree); None: chains of k
+        self._tree_steps: dict[TreeShape, TreeDrafting] = {}  # each shape's step, its graph kept
 
     def set_tree(self, shape: TreeShape | None) -> None:
-        """Draft trees of `shape` from the next answer (tree_loop.py, eager), or (None) chains of k.
+        """Draft trees of `shape` from the next answer (tree_loop.py), or (None) chains of k.
         A repetition penalty keeps the chain."""
         self.tree = shape
 
@@ -143,7 +144,8 @@ class Eagle3Speculator:
         self._seq = state.tokens[:state.kv_len + 1]
         self._capture_if_pending(state.kv_len)
         if self.tree is not None and state.seen is None and self.whole_iterations:
-            yield from TreeDrafting(self.parts, self.tree).iterations(runner, state, d_logits, d_hidden, self._commit)
+            yield from self.tree_step(self.tree).iterations(runner, state, d_logits, d_hidden, self._commit,
+                                                            graphs=self.graphs is not None)
             return
         if self.whole_iterations and state.params.is_greedy and state.seen is None:
             yield from self._whole_iterations(runner, state, self.greedy, d_logits, d_hidden)
@@ -169,6 +171,12 @@ class Eagle3Speculator:
             state.verify_rows.append(k + 1)
             out, _ = self._commit(torch.cat([accepted.view(1), next_token.view(1), drafts]).tolist(), n, state)
             yield out
+
+    def tree_step(self, shape: TreeShape) -> TreeDrafting:
+        """The tree loop of `shape`, made once (its CUDA graph is captured on its first answer)."""
+        if shape not in self._tree_steps:
+            self._tree_steps[shape] = TreeDrafting(self.parts, shape, self.greedy.runner)
+        return self._tree_steps[shape]
 
     def _whole_iterations(self, runner, state, it, d_logits, d_hidden) -> Iterator[list[int]]:
         """The first k drafts, then one `it` (GreedyIteration or SampledIteration) per verify

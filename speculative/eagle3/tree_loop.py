@@ -7,18 +7,22 @@ Each step, from the bonus token at position n (the root; the target has cached n
    and give their top-k children; the best TOKENS nodes are kept (speculative/tree/grow.py);
 2. verify: one target forward over the root and every kept node, node i at position n + its
    depth with its K/V in row n + 1 + i, each row attending to the context, its ancestors and
-   itself (ForwardBatch.visible);
+   itself;
 3. accept: greedy, the walk along the target's choices; sampled, the multi-candidate rule that
    keeps the target's distribution exactly (speculative/tree/accept.py);
 4. move the accepted nodes' K/V to their positions n + 1.., run the draft-extend over the
    accepted path (the draft's cache rows n.. now hold the path, overwriting the scratch rows), and
    commit the path and the target's next token.
 
-Eager (no CUDA graph yet). On a GPU the verify rows attend through the decode kernel, reading
-their ancestors through a slot map, in forwards of at most 16 rows on the batch-invariant tiles,
-so that each has the bits of its token's decode step and greedy answers are plain decoding's; the
-draft's growth attends on SDPA with an explicit mask, as the CPU's verify does. A step
-needs the tree's rows past n in both caches: where they would not fit, plain steps finish."""
+The step is one function over static device buffers (n, the root token, the draft's logits and
+state at the root), all of fixed shapes: a greedy step reads the device once (its result), and on
+a GPU with graphs it is captured as one CUDA graph, replayed each step. There every row reads
+its ancestors through a slot map (the decode kernel's, ForwardBatch.slot_map): the verify rows in
+forwards of at most 16 rows on a batch-invariant target, so that each has the bits of its token's
+decode step and greedy answers are plain decoding's, and the draft's rows the same way. Where
+the host knows n and there is no attention kernel (the CPU), the rows attend on SDPA with an
+explicit mask instead. A step needs the tree's rows past n in both caches: where they would not
+fit, plain steps finish."""
 
 from __future__ import annotations
 
@@ -39,125 +43,193 @@ from speculative.tree.shape import TreeShape
 
 
 class TreeDrafting:
-    def __init__(self, parts, shape: TreeShape):
-        self.parts, self.shape = parts, shape  # DraftParts: the head, its embeddings and cache
+    def __init__(self, parts, shape: TreeShape, runner):
+        self.parts, self.shape, self.runner = parts, shape, runner  # DraftParts: the head, its embeddings and cache
+        draft, dev = parts.draft, runner.device
+        # Rows read their ancestors through slot maps, the lengths on the device (what a graph
+        # needs), wherever an attention kernel serves; tests set it on the CPU to run that body.
+        self.on_device = runner.model.ops.attention is not None
+        # the state a step starts from, left by the step before (or begin())
+        self.n = torch.zeros((), dtype=torch.long, device=dev)  # the root's position: the target's cache length
+        self.root = torch.zeros(1, dtype=torch.long, device=dev)  # the token at n
+        self.d_logits = torch.zeros(1, draft.config.draft_vocab_size, dtype=torch.float32, device=dev)
+        self.d_hidden = torch.zeros(1, draft.config.hidden_size, dtype=runner.dtype, device=dev)
+        self.depth = min(shape.depth, shape.tokens)  # the deepest a kept node can be
+        self.result = torch.zeros(2 + self.depth, dtype=torch.long, device=dev)  # [a, next token, path...]
+        self.graph = None
 
     def rows_needed(self) -> int:
         """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""
         s = self.shape
         return max(1 + s.tokens, s.topk * max(1, s.depth - 1) + 1)
 
-    def iterations(self, runner, state, d_logits, d_hidden, commit) -> Iterator[list[int]]:
+    def scratch(self) -> int:
+        """Where a capture's warm-ups start: two real runs, each writing rows_needed() rows from
+        its n and moving n on by depth + 1 at most, stay in the caches' last positions."""
+        return self.runner.max_len - 2 * (self.depth + 1) - self.rows_needed() - 1
+
+    def capture(self, kv_len: int) -> bool:
+        """Captures the greedy step as a CUDA graph (once), if its warm-ups leave a conversation
+        of kv_len cached tokens alone; False: steps run eagerly."""
+        if self.graph is not None:
+            return True
+        if not self.on_device or self.runner.device.type != "cuda" or kv_len + self.rows_needed() >= self.scratch():
+            return False
+        from engine.graphs import capture
+
+        with torch.inference_mode():
+            self.n.fill_(self.scratch())
+            self.graph, _ = capture(lambda: self._body(None), torch.cuda.graph_pool_handle())
+        return True
+
+    def iterations(self, runner, state, d_logits, d_hidden, commit, graphs: bool = True) -> Iterator[list[int]]:
         """Verify steps until the context is full (then plain steps); commit(result, n, state) as
-        the speculator commits a step: returns (the new tokens, the cache length after them)."""
+        the speculator commits a step: returns (the new tokens, the cache length after them).
+        graphs: greedy steps replay a CUDA graph where one can be captured."""
         state.tree = str(self.shape)
+        greedy = state.params.is_greedy
+        graph = graphs and greedy and self.capture(state.kv_len)
+        with torch.inference_mode():
+            self.n.fill_(state.kv_len)
+            self.root.fill_(state.tokens[state.kv_len])
+            self.d_logits.copy_(d_logits[-1:])
+            self.d_hidden.copy_(d_hidden[-1:])
         while state.kv_len + self.rows_needed() <= runner.max_len:
             n = state.kv_len
-            result, d_logits, d_hidden, rows = self.step(runner, state, n, d_logits, d_hidden)
-            state.verify_rows.append(rows)
-            out, _ = commit(result, n, state)
+            if graph:
+                self.graph.replay()
+            else:
+                with torch.inference_mode():
+                    self._body(None if self.on_device and greedy else n, state)
+            result = self.result.tolist()  # the step's one read
+            a = result[0]
+            state.verify_rows.append(self.shape.tokens + 1)
+            out, _ = commit([a, result[1], *result[2:2 + a]], n, state)
             yield out
         yield from plain_steps(runner, state)
 
-    @torch.inference_mode()
-    def step(self, runner, state, n: int, d_logits: torch.Tensor, d_hidden: torch.Tensor):
-        """One verify step. Returns ([a, next token, the a accepted tokens], the draft's logits and
-        state at the last accepted row, the rows verified)."""
-        parts, draft, dev = self.parts, self.parts.draft, runner.device
-        tree = self._grow(n, d_logits[-1], d_hidden[-1:])
+    def _body(self, n: int | None, state=None) -> None:
+        """One verify step from the state buffers, leaving the result and the next step's state.
+        n: the cache length when the host knows it (eager; with no attention kernel the rows then
+        attend through masks), None: read from self.n (a graph). state: the request (sampling)."""
+        parts, draft, runner = self.parts, self.parts.draft, self.runner
+        dev, n_t = runner.device, self.n
+        masks = n is not None and not self.on_device
+        tree = self._grow(n if masks else None)
         target_tree = DraftTree(draft.to_target_ids(tree.tokens), tree.parents, tree.depths, tree.scores)
         N = len(tree)
-        ids = torch.cat([torch.tensor([state.tokens[n]], device=dev), target_tree.tokens])
-        positions = torch.cat([torch.tensor([n], device=dev), n + tree.depths])
-        slots = n + torch.arange(N + 1, device=dev)
-        # A batch-invariant target (a GPU's) verifies at most MAX_ROWS rows a forward, so that every
-        # row runs the kernels, and has the bits, of its token's decode step: a longer tree goes in
-        # chunks, in order (a node's ancestors come before it, their K/V written by then). Its
-        # rows attend through the decode kernel, reading their ancestors through a slot map;
-        # elsewhere (the CPU's torch attention) through an explicit mask.
+        ids = torch.cat([self.root, target_tree.tokens])
+        positions = n_t + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.depths])
+        slots = n_t + torch.arange(N + 1, device=dev)
+        # The decode kernel verifies at most MAX_ROWS rows a forward, so that on a batch-invariant
+        # target every row runs the kernels, and has the bits, of its token's decode step: a longer
+        # tree goes in chunks, in order (a node's ancestors come before it, their K/V written by
+        # then). Its rows read their ancestors through a slot map; with masks, SDPA sees them all.
         model = runner.model
-        chunk = MAX_ROWS if model.ops.options.batch_invariant else N + 1
-        if model.ops.attention is not None and model.ops.options.batch_invariant:
-            slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n, self.shape.depth + 1)
-            tree_rows = {"slot_map": slot_map, "map_base": map_base}
-        else:
+        chunk = N + 1 if masks or model.ops.attention is None else MAX_ROWS
+        if masks:
             visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool, device=dev)
             visible[:, :n] = True
             visible[:, n:] = tree_mask(tree.parents)
             tree_rows = {"visible": visible}
+        else:
+            slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n_t, self.shape.depth + 1)
+            tree_rows = {"slot_map": slot_map, "map_base": map_base}
         outs = [model(ForwardBatch(ids[c:c + chunk], positions[c:c + chunk], start_pos=n, slots=slots[c:c + chunk],
                                    **{name: t[c:c + chunk] for name, t in tree_rows.items()}),
                       runner.kv, runner.aux_layer_ids)
                 for c in range(0, N + 1, chunk)]
-        logits = torch.cat([runner.model.logits(o.hidden) for o in outs])  # lm_head by chunk too
+        logits = torch.cat([model.logits(o.hidden) for o in outs])  # lm_head by chunk too
         out = outs[0] if len(outs) == 1 else ForwardOutput(
             hidden=torch.cat([o.hidden for o in outs]),
             aux_hidden=None if outs[0].aux_hidden is None else torch.cat([o.aux_hidden for o in outs]))
-        if state.params.is_greedy:  # fixed shapes, no host read until the result
-            depth = min(self.shape.depth, self.shape.tokens)  # the deepest a kept node can be
+        depth = self.depth
+        if state is None or state.params.is_greedy:  # fixed shapes, no host read
             path, count, next_token = greedy_tree_path(target_tree, logits.argmax(-1), depth)
         else:
             walked, token = sampled_tree_accept(target_tree, probabilities(logits, state.params), state.generator)
-            depth = len(walked)
-            path = torch.tensor(walked, dtype=torch.long, device=dev)
-            count, next_token = torch.tensor(depth, device=dev), torch.tensor(token, device=dev)
+            path = torch.tensor(walked + [-1] * (depth - len(walked)), dtype=torch.long, device=dev)
+            count, next_token = torch.tensor(len(walked), device=dev), torch.tensor(token, device=dev)
         # path (depth,): the accepted nodes from depth 1, the first `count` of them real; rows past
         # them below copy onto themselves and pad the draft-extend (their K/V, past the accepted
         # length, is rewritten before anything reads it)
         index = torch.arange(depth, device=dev)
         taken = index < count
-        if depth:  # the accepted nodes' K/V to positions n + 1 .. n + a
-            kv = runner.kv
-            src = n + 1 + torch.where(taken, path, index)
-            kv.k_all[:, n + 1:n + 1 + depth] = kv.k_all.index_select(1, src)
-            kv.v_all[:, n + 1:n + 1 + depth] = kv.v_all.index_select(1, src)
+        kv = runner.kv  # the accepted nodes' K/V to positions n + 1 .. n + a
+        src, dst = n_t + 1 + torch.where(taken, path, index), n_t + 1 + index
+        kv.k_all.index_copy_(1, dst, kv.k_all.index_select(1, src))
+        kv.v_all.index_copy_(1, dst, kv.v_all.index_select(1, src))
         accepted = target_tree.tokens.index_select(0, path.clamp_min(0))
         # The draft-extend: row i pairs the target state of the path's row i (0: the root) with the
         # token after it; its outputs are those of row `count`.
         window = torch.cat([torch.where(taken, accepted, next_token), next_token.view(1)])
         rows = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.where(taken, 1 + path, 0)])
         states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, rows)
-        ext_pos = n + torch.arange(depth + 1, device=dev)
+        ext_pos = n_t + torch.arange(depth + 1, device=dev)
         d_logits, d_hidden = draft(window, ext_pos, states, True, parts.embed, parts.kv, start_pos=n, last=count)
-        result = torch.cat([count.view(1), next_token.view(1), accepted]).tolist()  # the step's one read
-        a = result[0]
-        return [a, result[1], *result[2:2 + a]], d_logits, d_hidden, N + 1
+        self.result.copy_(torch.cat([count.view(1), next_token.view(1), accepted]))
+        self.d_logits.copy_(d_logits)
+        self.d_hidden.copy_(d_hidden)
+        self.root.copy_(next_token.view(1))
+        self.n.add_(count + 1)
 
-    def _grow(self, n: int, root_logits: torch.Tensor, root_hidden: torch.Tensor):
-        """The draft tree after the root, its tokens in the draft's vocabulary. Each expansion's
-        inputs (scratch rows, what each frontier node sees, the states it continues from) are
-        tensor operations of fixed shapes over every candidate of the tree: no host read."""
+    def _grow(self, n: int | None):
+        """The draft tree after the root, its tokens in the draft's vocabulary, from the draft's
+        logits and state at the root (self.d_logits, self.d_hidden). Each expansion's inputs
+        (scratch rows, which rows each frontier node reads, the states it continues from) are
+        tensor operations of fixed shapes over every candidate of the tree: no host read. n: the
+        host's cache length, for explicit masks; None: slot maps (lengths on the device)."""
         parts, draft, shape = self.parts, self.parts.draft, self.shape
+        root_logits, root_hidden, n_t = self.d_logits[0], self.d_hidden, self.n
         dev = root_logits.device
         k = min(shape.topk, root_logits.shape[-1])
         candidates = k + max(shape.depth - 1, 0) * k * k  # every node grow_tree can make
         slot_of = torch.full((candidates,), -1, dtype=torch.long, device=dev)  # expanded node -> scratch row
         hidden_of = root_hidden.new_zeros(candidates, root_hidden.shape[-1])  # -> the draft state after it
+        # an expanded node of depth d sits at position n + d - 1 and reads its ancestors' entries
+        # (depths 1 .. d - 1) at positions n .. n + d - 2: a map this wide holds the deepest's
+        width = max(1, shape.depth - 2)
         used = [0]
 
         def expand(frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:
-            width = frontier.shape[0]
-            rows = torch.arange(width, device=dev)
-            slots = n + used[0] + rows
-            used[0] += width
+            count = frontier.shape[0]
+            rows = torch.arange(count, device=dev)
+            slots = n_t + used[0] + rows
+            used[0] += count
             slot_of.index_copy_(0, frontier, slots)
-            seen = n + used[0]
-            # itself and its ancestors, all expanded before it; an unexpanded slot (-1) lands in the
-            # extra last column, dropped after
-            visible = torch.zeros(width, seen + 1, dtype=torch.bool, device=dev)
-            visible[:, :n] = True
-            parents, cur = grown.parents, frontier
-            for _ in range(shape.depth):
-                valid = cur >= 0
-                visible[rows, torch.where(valid, slot_of.index_select(0, cur.clamp_min(0)), seen)] = True
-                cur = torch.where(valid, parents.index_select(0, cur.clamp_min(0)), cur)
+            parents = grown.parents
             above = parents.index_select(0, frontier)
-            hidden = torch.where((above < 0)[:, None], root_hidden.expand(width, -1),
+            if n is not None:
+                seen = n + used[0]
+                # itself and its ancestors, all expanded before it; an unexpanded slot (-1) lands
+                # in the extra last column, dropped after
+                visible = torch.zeros(count, seen + 1, dtype=torch.bool, device=dev)
+                visible[:, :n] = True
+                cur = frontier
+                for _ in range(shape.depth):
+                    valid = cur >= 0
+                    visible[rows, torch.where(valid, slot_of.index_select(0, cur.clamp_min(0)), seen)] = True
+                    cur = torch.where(valid, parents.index_select(0, cur.clamp_min(0)), cur)
+                tree_rows = {"visible": visible[:, :seen]}
+            else:
+                # entry d - 1 of a row: its ancestor at depth d; the column past the map takes the
+                # writes above the root, dropped after
+                slot_map = torch.zeros(count, width + 1, dtype=torch.long, device=dev)
+                cur = above
+                for _ in range(width):
+                    valid = cur >= 0
+                    col = torch.where(valid, grown.depths.index_select(0, cur.clamp_min(0)) - 1,
+                                      torch.full_like(cur, width)).clamp_max(width)
+                    slot_map[rows, col] = torch.where(valid, slot_of.index_select(0, cur.clamp_min(0)), 0)
+                    cur = torch.where(valid, parents.index_select(0, cur.clamp_min(0)), cur)
+                tree_rows = {"slot_map": slot_map[:, :width].to(torch.int32).contiguous(),
+                             "map_base": n_t.to(torch.int32).expand(count).contiguous()}
+            hidden = torch.where((above < 0)[:, None], root_hidden.expand(count, -1),
                                  hidden_of.index_select(0, above.clamp_min(0)))
             tokens = draft.to_target_ids(grown.tokens.index_select(0, frontier))
-            positions = n + grown.depths.index_select(0, frontier) - 1
-            logits, out = draft(tokens, positions, hidden, False, parts.embed, parts.kv, slots=slots,
-                                visible=visible[:, :seen])
+            positions = n_t + grown.depths.index_select(0, frontier) - 1
+            logits, out = draft(tokens, positions, hidden, False, parts.embed, parts.kv, start_pos=n, slots=slots,
+                                **tree_rows)
             hidden_of.index_copy_(0, frontier, out.to(hidden_of.dtype))
             return F.log_softmax(logits.float(), dim=-1)
 

@@ -48,16 +48,49 @@ def _ranked_draft(tmp_path, cfg, tokens: list[int], name="ranked"):
 SHAPES = [TreeShape(3, 3, 12), TreeShape(2, 4, 7), TreeShape(4, 2, 9), TreeShape(1, 4, 4), TreeShape(4, 4, 20)]
 
 
+def _set_tree(e, shape, on_device: bool) -> None:
+    """Trees of `shape`; on_device: the step a GPU captures as a graph (lengths on the device, every
+    row reading its ancestors through a slot map; on the CPU, the reference attention reads the
+    map), run eagerly; else the CPU's (explicit masks over the host's lengths)."""
+    e.speculator.set_tree(shape)
+    e.speculator.tree_step(shape).on_device = on_device
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["masks", "slot_maps"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_greedy_tree_speculation_with_a_random_head_equals_plain(tmp_path, target, shape):
+def test_greedy_tree_speculation_with_a_random_head_equals_plain(tmp_path, target, shape, on_device):
     cfg = read_config(target)
     e = _engine(target, write_head(tmp_path / "h0", cfg, "sglang",
                                    head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=1), 64, (1, 2, 3)))
     plain, _ = _run(e, False)
-    e.speculator.set_tree(shape)
+    _set_tree(e, shape, on_device)
     spec, stats = _run(e, True)
     assert spec == plain
     assert stats.speculative and stats.verify_steps > 0 and stats.verify_tokens == shape.tokens + 1
+
+
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[4]])
+def test_the_device_step_grows_the_trees_the_masked_step_grows(tmp_path, target, shape, monkeypatch):
+    """The draft's rows read their ancestors through a slot map in the step a GPU captures: each
+    tree grown that way is the one explicit masks grow (the same tokens, parents and scores)."""
+    from speculative.eagle3.tree_loop import TreeDrafting
+
+    cfg = read_config(target)
+    e = _engine(target, write_head(tmp_path / "h0", cfg, "sglang",
+                                   head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=4), 64, (1, 2, 3)))
+    grown: list = []
+    grow = TreeDrafting._grow
+    monkeypatch.setattr(TreeDrafting, "_grow", lambda self, n: grown.append(grow(self, n)) or grown[-1])
+    trees = {}
+    for on_device in (False, True):
+        grown.clear()
+        _set_tree(e, shape, on_device)
+        trees[on_device] = (_run(e, True, n=48)[0], list(grown))
+    (masked, by_mask), (mapped, by_map) = trees[False], trees[True]
+    assert masked == mapped and len(by_mask) == len(by_map) > 5
+    for a, b in zip(by_mask, by_map):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+        torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +115,9 @@ A, B, C = 40, 41, 42
 
 # the accepted length each shape reaches here: (3, 3, 12) keeps a -> b under the root (all of depth 2
 # is kept); (2, 4, 7) never holds b (top-2: c, a); (4, 2, 9) keeps only c's children and a's first at depth 2
+@pytest.mark.parametrize("on_device", [False, True], ids=["masks", "slot_maps"])
 @pytest.mark.parametrize("shape,least", [(SHAPES[0], 2.5), (SHAPES[1], 1.9), (SHAPES[2], 1.9)])
-def test_paths_through_later_siblings_leave_plain_decodings_cache(tmp_path, target, chained, shape, least):
+def test_paths_through_later_siblings_leave_plain_decodings_cache(tmp_path, target, chained, shape, least, on_device):
     """The draft ranks c, a, b at every node, the target takes a then b: each verify step accepts a
     path of later siblings, whose K/V move from their rows to their positions. The answer equals
     plain greedy decoding and so does the target's cache, row for row (to fp32 rounding: a wrong
@@ -92,7 +126,7 @@ def test_paths_through_later_siblings_leave_plain_decodings_cache(tmp_path, targ
     e = _engine(chained, _ranked_draft(tmp_path, cfg, [C, A, B]))
     plain, _ = _run(e, False, n=40)
     k_plain, v_plain = e.runner.kv.k_all.clone(), e.runner.kv.v_all.clone()
-    e.speculator.set_tree(shape)
+    _set_tree(e, shape, on_device)
     spec, stats = _run(e, True, n=40)
     assert spec == plain and plain[:4] == [A, B, A, B]
     assert stats.accept_len_mean >= least, stats.accept_hist
@@ -101,13 +135,14 @@ def test_paths_through_later_siblings_leave_plain_decodings_cache(tmp_path, targ
     torch.testing.assert_close(e.runner.kv.v_all[:, :rows], v_plain[:, :rows], atol=1e-5, rtol=1e-4)
 
 
-def test_sampled_tree_speculation_follows_the_target(tmp_path, target, chained):
+@pytest.mark.parametrize("on_device", [False, True], ids=["masks", "slot_maps"])
+def test_sampled_tree_speculation_follows_the_target(tmp_path, target, chained, on_device):
     """A target sure of its next token (a, b, a, b, ...) and a draft ranking c, a, b: sampled tree
     decoding gives the target's sequence, accepting a path of a later sibling at every depth."""
     cfg = read_config(target)
     e = _engine(chained, _ranked_draft(tmp_path, cfg, [C, A, B]))
     plain, _ = _run(e, False, n=48)
-    e.speculator.set_tree(TreeShape(3, 3, 12))
+    _set_tree(e, TreeShape(3, 3, 12), on_device)
     for seed in (1, 2):
         spec, stats = _run(e, True, n=48, temperature=0.7, seed=seed)
         assert spec == plain and plain[:4] == [A, B, A, B]
