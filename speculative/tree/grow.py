@@ -112,7 +112,7 @@ def tree_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def tree_slot_map(parents: torch.Tensor, depths: torch.Tensor, root_slot: int,
+def tree_slot_map(parents: torch.Tensor, depths: torch.Tensor, root_slot: "int | torch.Tensor",
                   width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The verify rows' ancestors for the decode kernel (ForwardBatch.slot_map): (N + 1, width)
     int32 and (N + 1,) int32; width at least D + 1, D the deepest node's depth (None: D + 1, read
@@ -139,4 +139,5 @@ def tree_slot_map(parents: torch.Tensor, depths: torch.Tensor, root_slot: int,
     slots[:, 0] = root_slot
     slot_map = torch.cat([torch.zeros(1, width, dtype=torch.long, device=device), slots]).to(torch.int32)
     slot_map[0, 0] = root_slot
-    return slot_map, torch.full((n + 1,), root_slot, dtype=torch.int32, device=device)
+    base = root_slot if isinstance(root_slot, torch.Tensor) else torch.tensor(root_slot, device=device)
+    return slot_map, base.to(torch.int32).expand(n + 1).contiguous()
