@@ -94,19 +94,47 @@ class TreeDrafting:
             self.root.fill_(state.tokens[state.kv_len])
             self.d_logits.copy_(d_logits[-1:])
             self.d_hidden.copy_(d_hidden[-1:])
-        while state.kv_len + self.rows_needed() <= runner.max_len:
-            n = state.kv_len
-            if graph:
-                self.graph.replay()
-            else:
+        if graph:
+            yield from self._replays(runner, state, commit)
+        else:
+            while state.kv_len + self.rows_needed() <= runner.max_len:
+                n = state.kv_len
                 with torch.inference_mode():
                     self._body(None if self.on_device and greedy else n, state)
-            result = self.result.tolist()  # the step's one read
-            a = result[0]
-            state.verify_rows.append(self.shape.tokens + 1)
-            out, _ = commit([a, result[1], *result[2:2 + a]], n, state)
-            yield out
+                yield self._commit(self.result.tolist(), n, state, commit)  # the step's one read
         yield from plain_steps(runner, state)
+
+    def _commit(self, result: list[int], n: int, state, commit) -> list[int]:
+        a = result[0]
+        state.verify_rows.append(self.shape.tokens + 1)
+        return commit([a, result[1], *result[2:2 + a]], n, state)[0]
+
+    def _replays(self, runner, state, commit) -> Iterator[list[int]]:
+        """Graph replays while a step fits in the context, the next one queued before the host
+        reads a result (it needs nothing from the host) where it surely fits too: a step moves n
+        on by depth + 1 at most and writes rows_needed() rows from where it starts."""
+        from engine.read_ahead import DEPTH, ReadAhead
+
+        rows, advance, n = self.rows_needed(), self.depth + 1, state.kv_len
+        if n + rows > runner.max_len:
+            return
+        reader = ReadAhead(self.result, DEPTH)
+        try:
+            reader.queue(self.graph.replay)
+            queued = 1
+            while queued:
+                if queued < DEPTH and n + advance * queued + rows <= runner.max_len:
+                    reader.queue(self.graph.replay)
+                    queued += 1
+                out = self._commit(reader.take(), n, state, commit)
+                n = state.kv_len
+                queued -= 1
+                if not queued and n + rows <= runner.max_len:
+                    reader.queue(self.graph.replay)
+                    queued = 1
+                yield out
+        finally:
+            reader.drain()  # a step queued past the answer's end wrote only at or past kv_len
 
     def _body(self, n: int | None, state=None) -> None:
         """One verify step from the state buffers, leaving the result and the next step's state.

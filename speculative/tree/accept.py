@@ -33,20 +33,21 @@ def greedy_tree_path(tree: DraftTree, target_choice: torch.Tensor, max_depth: in
     parents, depths, tokens = tree.parents, tree.depths, tree.tokens
     dev = tokens.device
     D = max_depth if max_depth is not None else int(depths.max()) if len(tree) else 0
-    up = parents.clamp_min(0)
+    N = tokens.shape[0]
+    if not N:
+        empty = torch.full((D,), -1, dtype=torch.long, device=dev)
+        return empty, torch.zeros((), dtype=torch.long, device=dev), target_choice[0]
+    # few launches: in a captured tree step every op here is a kernel of its own
+    up, under_root = parents.clamp_min(0), parents < 0
     matched = tokens == target_choice.index_select(0, parents + 1)
     on_path = matched
     for _ in range(max(D - 1, 0)):  # a node stays on it while its parent is (D levels at most)
-        on_path = matched & ((parents < 0) | on_path.index_select(0, up))
-    score = torch.where(on_path, depths, torch.zeros_like(depths))
-    count = score.max() if len(tree) else torch.zeros((), dtype=torch.long, device=dev)
-    last = torch.where(count > 0, score.argmax(), torch.full_like(count, -1))
-    path = torch.empty(D, dtype=torch.long, device=dev)
-    node = last
-    for d in range(D - 1, -1, -1):  # the nodes at depths D .. 1 going up from the last (padding above it)
-        at_depth = (node >= 0) & (depths.index_select(0, node.clamp_min(0).view(1))[0] == d + 1)
-        path[d] = torch.where(at_depth, node, torch.full_like(node, -1))
-        node = torch.where(at_depth, parents.index_select(0, node.clamp_min(0).view(1))[0], node)
+        on_path = matched & (under_root | on_path.index_select(0, up))
+    # the path holds one node of each depth from 1 to count: row d of `at` marks depth d + 1's
+    at = on_path[None, :] & (depths[None, :] == torch.arange(1, D + 1, device=dev)[:, None])  # (D, N)
+    count = on_path.sum()
+    path = torch.where(at.any(1), (at * torch.arange(N, device=dev)).sum(1), -1)
+    last = torch.where(count > 0, path.index_select(0, (count - 1).clamp_min(0).view(1))[0], -1)
     next_token = target_choice.index_select(0, (last + 1).view(1))[0]
     return path, count, next_token
 

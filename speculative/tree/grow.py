@@ -125,19 +125,18 @@ def tree_slot_map(parents: torch.Tensor, depths: torch.Tensor, root_slot: "int |
     n, device = parents.shape[0], parents.device
     if width is None:
         width = 1 + (int(depths.max()) if n else 0)
-    # ancestors[i, d]: node i's ancestor at depth d (its own row's entries up to its depth), filled
-    # by walking up `width` levels with fixed shapes; column `width` takes the writes past the root
-    ancestors = torch.full((n, width + 1), -1, dtype=torch.long, device=device)
-    rows = torch.arange(n, device=device)
-    cur = parents
-    for _ in range(width):
-        col = torch.where(cur >= 0, depths.index_select(0, cur.clamp_min(0)), torch.full_like(cur, width))
-        ancestors[rows, col.clamp_max(width)] = cur
-        cur = torch.where(cur >= 0, parents.index_select(0, cur.clamp_min(0)), cur)
-    found = ancestors[:, :width]
-    slots = torch.where(found >= 0, root_slot + 1 + found, torch.zeros_like(found))
-    slots[:, 0] = root_slot
-    slot_map = torch.cat([torch.zeros(1, width, dtype=torch.long, device=device), slots]).to(torch.int32)
+    # few launches (in a captured tree step each op is a kernel): row r's ancestor l levels up
+    # is chain[l][r] (rows: 0 the root, i + 1 node i; the root is its own parent), and its
+    # ancestor at depth j is depth(r) - j levels up
+    zero = torch.zeros(1, dtype=torch.long, device=device)
+    up, row_depth = torch.cat([zero, parents + 1]), torch.cat([zero, depths])
+    chain = [torch.arange(n + 1, device=device)]
+    for _ in range(width - 1):
+        chain.append(up.index_select(0, chain[-1]))
+    levels = row_depth[:, None] - torch.arange(width, device=device)[None, :]  # (N + 1, width)
+    rows = torch.stack(chain, dim=1).gather(1, levels.clamp(0, width - 1))
+    slot_map = torch.where(levels > 0, root_slot + rows, 0)
     slot_map[0, 0] = root_slot
+    slot_map = slot_map.to(torch.int32)
     base = root_slot if isinstance(root_slot, torch.Tensor) else torch.tensor(root_slot, device=device)
     return slot_map, base.to(torch.int32).expand(n + 1).contiguous()

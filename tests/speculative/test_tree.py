@@ -111,6 +111,49 @@ def test_greedy_acceptance_walks_the_targets_choices():
     assert path.tolist() == [0, 2, 4, -1, -1] and int(count) == 3 and int(nxt) == 8
 
 
+def _random_tree(gen: torch.Generator, size: int, vocab: int) -> DraftTree:
+    """Nodes in verify order (by depth), siblings with distinct tokens, as grow_tree makes them."""
+    parents, depths, tokens = [], [], []
+    for i in range(size):
+        p = int(torch.randint(-1, i, (), generator=gen)) if i else -1
+        while p >= 0 and depths[p] >= 4:  # at most 5 deep
+            p = parents[p]
+        parents.append(p)
+        depths.append(1 if p < 0 else depths[p] + 1)
+        taken = {tokens[j] for j in range(i) if parents[j] == p}
+        free = sorted(set(range(vocab)) - taken)
+        tokens.append(free[int(torch.randint(0, len(free), (), generator=gen))])
+    order = sorted(range(size), key=lambda i: depths[i])  # a parent before its children
+    new = {old: j for j, old in enumerate(order)}
+    return DraftTree(torch.tensor([tokens[i] for i in order]),
+                     torch.tensor([new[parents[i]] if parents[i] >= 0 else -1 for i in order]),
+                     torch.tensor([depths[i] for i in order]), torch.zeros(size))
+
+
+def test_the_device_walk_and_slot_map_agree_with_the_book_on_random_trees():
+    """greedy_tree_path and tree_slot_map, written in few tensor operations for a captured step,
+    on 200 random trees: the walk by the book, and each row's ancestors by depth."""
+    from speculative.tree.grow import tree_slot_map
+
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(200):
+        size = int(torch.randint(1, 30, (), generator=gen))
+        tree = _random_tree(gen, size, 40)
+        # choices that follow the tree for a while: each row picks a child's token most of the time
+        choice = torch.randint(0, 40, (size + 1,), generator=gen)
+        for row in range(size + 1):
+            kids = [i for i in range(size) if int(tree.parents[i]) == row - 1]
+            if kids and float(torch.rand((), generator=gen)) < 0.8:
+                choice[row] = tree.tokens[kids[int(torch.randint(0, len(kids), (), generator=gen))]]
+        greedy_tree_accept(tree, choice, max_depth=5)
+        slot_map, base = tree_slot_map(tree.parents, tree.depths, 7 + trial, 6)
+        assert base.tolist() == [7 + trial] * (size + 1)
+        for i in range(size):
+            ancestors = [7 + trial] + [7 + trial + 1 + j for j in tree.path(i)[:-1]]
+            d = int(tree.depths[i])
+            assert slot_map[i + 1, :d].tolist() == ancestors and not slot_map[i + 1, d:].any(), (trial, i)
+
+
 def emitted(tree: DraftTree, path: list[int], nxt: int) -> list[int]:
     return [int(tree.tokens[i]) for i in path] + [nxt]
 
