@@ -57,6 +57,10 @@ class TreeDrafting:
         self.depth = min(shape.depth, shape.tokens)  # the deepest a kept node can be
         self.result = torch.zeros(2 + self.depth, dtype=torch.long, device=dev)  # [a, next token, path...]
         self.graph = None
+        k = min(shape.topk, draft.config.draft_vocab_size)
+        # row d: d, k times (an expansion's positions past n: every node of a level has one depth)
+        self._level_offsets = torch.arange(shape.depth, device=dev)[:, None].expand(-1, k).contiguous()
+        self._rows = torch.arange(k, device=dev)
 
     def rows_needed(self) -> int:
         """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""
@@ -217,18 +221,20 @@ class TreeDrafting:
         # an expanded node of depth d sits at position n + d - 1 and reads its ancestors' entries
         # (depths 1 .. d - 1) at positions n .. n + d - 2: a map this wide holds the deepest's
         width = max(1, shape.depth - 2)
-        used = [0]
+        rows = self._rows
+        base = n_t.to(torch.int32).expand(k).contiguous()
+        level = [0]  # expansions so far: the frontier's depth less one (grow_tree goes level by level)
 
         def expand(frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:
-            count = frontier.shape[0]
-            rows = torch.arange(count, device=dev)
-            slots = n_t + used[0] + rows
-            used[0] += count
+            count, depth = frontier.shape[0], level[0] + 1
+            assert count == k, "grow_tree expands k nodes a level"
+            slots = n_t + (k * level[0]) + rows
+            level[0] += 1
             slot_of.index_copy_(0, frontier, slots)
             parents = grown.parents
             above = parents.index_select(0, frontier)
             if n is not None:
-                seen = n + used[0]
+                seen = n + k * level[0]
                 # itself and its ancestors, all expanded before it; an unexpanded slot (-1) lands
                 # in the extra last column, dropped after
                 visible = torch.zeros(count, seen + 1, dtype=torch.bool, device=dev)
@@ -240,22 +246,18 @@ class TreeDrafting:
                     cur = torch.where(valid, parents.index_select(0, cur.clamp_min(0)), cur)
                 tree_rows = {"visible": visible[:, :seen]}
             else:
-                # entry d - 1 of a row: its ancestor at depth d; the column past the map takes the
-                # writes above the root, dropped after
-                slot_map = torch.zeros(count, width + 1, dtype=torch.long, device=dev)
-                cur = above
-                for _ in range(width):
-                    valid = cur >= 0
-                    col = torch.where(valid, grown.depths.index_select(0, cur.clamp_min(0)) - 1,
-                                      torch.full_like(cur, width)).clamp_max(width)
-                    slot_map[rows, col] = torch.where(valid, slot_of.index_select(0, cur.clamp_min(0)), 0)
-                    cur = torch.where(valid, parents.index_select(0, cur.clamp_min(0)), cur)
-                tree_rows = {"slot_map": slot_map[:, :width].to(torch.int32).contiguous(),
-                             "map_base": n_t.to(torch.int32).expand(count).contiguous()}
-            hidden = torch.where((above < 0)[:, None], root_hidden.expand(count, -1),
-                                 hidden_of.index_select(0, above.clamp_min(0)))
+                # entry j: the ancestor at depth j + 1, depth - 1 - j levels up (every frontier
+                # node has this depth); entries from depth - 1 on are never read
+                columns, cur = [], above
+                for _ in range(depth - 1):
+                    columns.append(slot_of.index_select(0, cur))
+                    cur = parents.index_select(0, cur)
+                columns = columns[::-1] + [slots.new_zeros(count)] * (width - len(columns))
+                tree_rows = {"slot_map": torch.stack(columns[:width], dim=1).to(torch.int32), "map_base": base}
+            # (kernels read rows at their strides: no expanded views)
+            hidden = root_hidden.expand(count, -1).contiguous() if depth == 1 else hidden_of.index_select(0, above)
             tokens = draft.to_target_ids(grown.tokens.index_select(0, frontier))
-            positions = n_t + grown.depths.index_select(0, frontier) - 1
+            positions = n_t + self._level_offsets[depth - 1]
             logits, out = draft(tokens, positions, hidden, False, parts.embed, parts.kv, start_pos=n, slots=slots,
                                 **tree_rows)
             hidden_of.index_copy_(0, frontier, out.to(hidden_of.dtype))

@@ -9,6 +9,7 @@ parent's, so the best candidates always include their ancestors (ties go to the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -48,39 +49,52 @@ Expand = Callable[[torch.Tensor, "DraftTree"], torch.Tensor]
 def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> DraftTree:
     """root_logprobs: (V,) the draft's log-probabilities for the token after the root.
     expand(frontier, grown): (F, V) the draft's log-probabilities for the token after each of the
-    frontier nodes (indices into `grown`, the candidates so far, whose paths they extend)."""
+    frontier nodes (indices into `grown`, the candidates so far, whose paths they extend; all of
+    one depth, the deepest so far).
+
+    Few tensor operations (in a captured tree step each is a kernel): the candidates go into
+    buffers of every node the shape can make, level after level, so that their index order is
+    their depth order."""
     k = min(shape.topk, root_logprobs.shape[-1])
     dev = root_logprobs.device
+    count = k + max(shape.depth - 1, 0) * k * k
+    tokens = torch.empty(count, dtype=torch.int64, device=dev)
+    scores = torch.empty(count, dtype=torch.float32, device=dev)
+    parents = torch.full((count,), -1, dtype=torch.int64, device=dev)
+    depths = _depths(k, shape.depth, dev)
     top = _top(root_logprobs.float(), k)
-    tokens, scores = [top.indices], [top.values]
-    parents = [torch.full((k,), -1, dtype=torch.int64, device=dev)]
-    depths = [torch.ones(k, dtype=torch.int64, device=dev)]
+    tokens[:k], scores[:k] = top.indices, top.values
     frontier = torch.arange(k, device=dev)
-    count = k
-    for depth in range(2, shape.depth + 1):
-        grown = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores))
-        lp = expand(frontier, grown).float()  # (F, V)
-        child = _top(lp, min(k, lp.shape[-1]))
-        cand = (grown.scores[frontier][:, None] + child.values).flatten()  # (F * k,)
-        n = cand.shape[0]
-        tokens.append(child.indices.flatten())
-        scores.append(cand)
-        parents.append(frontier.repeat_interleave(child.values.shape[1]))
-        depths.append(torch.full((n,), depth, dtype=torch.int64, device=dev))
-        frontier = count + _top(cand, min(k, n)).indices
-        count += n
-    all_tokens, all_parents = torch.cat(tokens), torch.cat(parents)
-    all_depths, all_scores = torch.cat(depths), torch.cat(scores)
-    keep = _best(all_scores, all_depths, min(shape.tokens, count))
-    # verify order: by depth, then score (keep is sorted by score, ties by depth: a stable sort by depth)
-    keep = keep[torch.sort(all_depths[keep], stable=True).indices]
+    grown = k
+    for _ in range(2, shape.depth + 1):
+        lp = expand(frontier, DraftTree(tokens[:grown], parents[:grown], depths[:grown], scores[:grown])).float()
+        child = _top(lp, k)  # (F, k)
+        width = frontier.shape[0] * k
+        cand = scores[grown:grown + width]
+        torch.add(scores.index_select(0, frontier)[:, None], child.values, out=cand.view(-1, k))
+        tokens[grown:grown + width] = child.indices.flatten()
+        parents[grown:grown + width] = frontier[:, None].expand(-1, k).flatten()
+        frontier = grown + _top(cand, min(k, width)).indices
+        grown += width
+    # the best `tokens` by score, ties to the shallower, then earlier node: the index order is
+    # the depth order, so a stable sort by score alone gives that
+    keep = torch.sort(-scores, stable=True).indices[:min(shape.tokens, count)]
+    # verify order: by depth, then score (a stable sort of the kept ones by depth)
+    keep = keep.index_select(0, torch.sort(depths.index_select(0, keep), stable=True).indices)
     new_index = torch.full((count,), -1, dtype=torch.int64, device=dev)
     new_index[keep] = torch.arange(keep.shape[0], device=dev)
-    old_parents = all_parents[keep]
-    parents_out = torch.where(old_parents >= 0, new_index[old_parents.clamp_min(0)], old_parents)
+    old_parents = parents.index_select(0, keep)
+    parents_out = torch.where(old_parents >= 0, new_index.index_select(0, old_parents.clamp_min(0)), -1)
     if not parents_out.is_cuda:  # checked where it costs no wait on a GPU (every CPU test checks it)
         assert bool((parents_out[old_parents >= 0] >= 0).all()), "a kept node lost its parent"
-    return DraftTree(all_tokens[keep], parents_out, all_depths[keep], all_scores[keep])
+    return DraftTree(tokens.index_select(0, keep), parents_out, depths.index_select(0, keep),
+                     scores.index_select(0, keep))
+
+
+@functools.lru_cache(maxsize=32)
+def _depths(k: int, depth: int, device: torch.device) -> torch.Tensor:
+    """Each candidate's depth, as grow_tree lays them out (k of depth 1, then k * k a level)."""
+    return torch.tensor([1] * k + [d for d in range(2, depth + 1) for _ in range(k * k)], device=device)
 
 
 def _top(x: torch.Tensor, k: int):
@@ -88,13 +102,6 @@ def _top(x: torch.Tensor, k: int):
     depth-1 tree of one node is the chain's first draft); torch.topk leaves ties unordered."""
     values, indices = torch.sort(x, dim=-1, descending=True, stable=True)
     return torch.return_types.topk((values[..., :k], indices[..., :k]))
-
-
-def _best(scores: torch.Tensor, depths: torch.Tensor, n: int) -> torch.Tensor:
-    """Indices of the n best scores, ties to the shallower node, then the earlier one."""
-    order = torch.argsort(depths, stable=True)
-    order = order[torch.argsort(-scores[order], stable=True)]
-    return order[:n]
 
 
 def tree_mask(parents: torch.Tensor) -> torch.Tensor:
