@@ -105,7 +105,7 @@ def main() -> None:
     # the same step eagerly, by phase
     tree_loop.TreeDrafting._grow = timed(grow, "growth")
     tree_loop.TreeDrafting._body = counted_body
-    tree_loop.TreeDrafting.capture = lambda self, kv_len: False
+    tree_loop.TreeDrafting.capture = lambda self, kv_len, kind: False
     tree_loop.greedy_tree_path = timed(accept, "acceptance")
     spent.clear()
     steps[0] = 0

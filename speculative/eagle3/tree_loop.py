@@ -9,14 +9,16 @@ Each step, from the bonus token at position n (the root; the target has cached n
    depth with its K/V in row n + 1 + i, each row attending to the context, its ancestors and
    itself;
 3. accept: greedy, the walk along the target's choices; sampled, the multi-candidate rule that
-   keeps the target's distribution exactly (speculative/tree/accept.py);
+   keeps the target's distribution exactly (speculative/tree/accept.py), its random numbers
+   drawn from the request's generator before the step;
 4. move the accepted nodes' K/V to their positions n + 1.., run the draft-extend over the
    accepted path (the draft's cache rows n.. now hold the path, overwriting the scratch rows), and
    commit the path and the target's next token.
 
 The step is one function over static device buffers (n, the root token, the draft's logits and
-state at the root), all of fixed shapes: a greedy step reads the device once (its result), and on
-a GPU with graphs it is captured as one CUDA graph, replayed each step. There every row reads
+state at the root, the sampling parameters and draws), all of fixed shapes: a step reads the
+device once (its result), and on a GPU with graphs it is captured as one CUDA graph for each kind
+(greedy, sampling, sampling with cuts), replayed each step. There every row reads
 its ancestors through a slot map (the decode kernel's, ForwardBatch.slot_map): the verify rows in
 forwards of at most 16 rows on a batch-invariant target, so that each has the bits of its token's
 decode step and greedy answers are plain decoding's, and the draft's rows the same way. Where
@@ -35,9 +37,9 @@ from engine.decode import plain_steps
 from engine.forward_batch import ForwardBatch
 from engine.kernels.gemv import MAX_ROWS
 from engine.model import ForwardOutput
-from engine.sampling import probabilities
+from engine.sampling import SamplingTensors, filtered, probabilities_t
 
-from speculative.tree.accept import greedy_tree_path, sampled_tree_accept
+from speculative.tree.accept import greedy_tree_path, sampled_tree_path
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask, tree_slot_map
 from speculative.tree.shape import TreeShape
 
@@ -56,8 +58,17 @@ class TreeDrafting:
         self.d_hidden = torch.zeros(1, draft.config.hidden_size, dtype=runner.dtype, device=dev)
         self.depth = min(shape.depth, shape.tokens)  # the deepest a kept node can be
         self.result = torch.zeros(2 + self.depth, dtype=torch.long, device=dev)  # [a, next token, path...]
-        self.graph = None
         k = min(shape.topk, draft.config.draft_vocab_size)
+        # Sampling: the request's parameters as device tensors and, drawn from its generator
+        # before each step, a uniform for each try of a child and Exp(1) variates for the last draw
+        # (sampled_tree_path), so one graph serves every request of a kind and a seed repeats.
+        self.params = SamplingTensors(dev)
+        self.u = torch.full((self.depth, k), 0.5, dtype=torch.float32, device=dev)
+        self.e = torch.ones(runner.config.vocab_size, dtype=torch.float32, device=dev)
+        self.generator: torch.Generator | None = None
+        # the captured steps by kind: None greedy; False sampling with temperature alone, True
+        # with top-k / top-p / min-p cuts (probabilities_t's sorting pass)
+        self.graphs: dict[bool | None, torch.cuda.CUDAGraph] = {}
         # row d: d, k times (an expansion's positions past n: every node of a level has one depth)
         self._level_offsets = torch.arange(shape.depth, device=dev)[:, None].expand(-1, k).contiguous()
         self._rows = torch.arange(k, device=dev)
@@ -72,10 +83,11 @@ class TreeDrafting:
         its n and moving n on by depth + 1 at most, stay in the caches' last positions."""
         return self.runner.max_len - 2 * (self.depth + 1) - self.rows_needed() - 1
 
-    def capture(self, kv_len: int) -> bool:
-        """Captures the greedy step as a CUDA graph (once), if its warm-ups leave a conversation
-        of kv_len cached tokens alone; False: steps run eagerly."""
-        if self.graph is not None:
+    def capture(self, kv_len: int, kind: bool | None) -> bool:
+        """Captures the step of `kind` (None greedy, else whether the sampling cuts) as a CUDA
+        graph (once), if its warm-ups leave a conversation of kv_len cached tokens alone;
+        False: steps run eagerly."""
+        if kind in self.graphs:
             return True
         if not self.on_device or self.runner.device.type != "cuda" or kv_len + self.rows_needed() >= self.scratch():
             return False
@@ -83,37 +95,54 @@ class TreeDrafting:
 
         with torch.inference_mode():
             self.n.fill_(self.scratch())
-            self.graph, _ = capture(lambda: self._body(None), torch.cuda.graph_pool_handle())
+            self.graphs[kind], _ = capture(lambda: self._body(None, kind), torch.cuda.graph_pool_handle())
         return True
+
+    @property
+    def graph(self):
+        """The greedy step's graph, None until captured."""
+        return self.graphs.get(None)
 
     def iterations(self, runner, state, d_logits, d_hidden, commit, graphs: bool = True) -> Iterator[list[int]]:
         """Verify steps until the context is full (then plain steps); commit(result, n, state) as
         the speculator commits a step: returns (the new tokens, the cache length after them).
-        graphs: greedy steps replay a CUDA graph where one can be captured."""
+        graphs: steps replay a CUDA graph where one can be captured. A request with a repetition
+        penalty is not served here (speculator.py keeps it on its step-by-step loop)."""
         state.tree = str(self.shape)
-        greedy = state.params.is_greedy
-        graph = graphs and greedy and self.capture(state.kv_len)
+        kind = None if state.params.is_greedy else filtered(state.params)
+        if kind is not None:
+            self.params.set(state.params, runner.config.vocab_size)
+            self.generator = state.generator
+        graph = graphs and self.capture(state.kv_len, kind)
         with torch.inference_mode():
             self.n.fill_(state.kv_len)
             self.root.fill_(state.tokens[state.kv_len])
             self.d_logits.copy_(d_logits[-1:])
             self.d_hidden.copy_(d_hidden[-1:])
         if graph:
-            yield from self._replays(runner, state, commit)
+            yield from self._replays(runner, state, commit, kind)
         else:
             while state.kv_len + self.rows_needed() <= runner.max_len:
                 n = state.kv_len
                 with torch.inference_mode():
-                    self._body(None if self.on_device and greedy else n, state)
+                    self._prepare(kind)
+                    self._body(None if self.on_device else n, kind)
                 yield self._commit(self.result.tolist(), n, state, commit)  # the step's one read
         yield from plain_steps(runner, state)
+
+    def _prepare(self, kind: bool | None) -> None:
+        """A sampled step's random numbers, from the request's generator, on the stream (they land
+        after the step before has read the last ones)."""
+        if kind is not None:
+            self.u.uniform_(generator=self.generator)
+            self.e.exponential_(generator=self.generator)
 
     def _commit(self, result: list[int], n: int, state, commit) -> list[int]:
         a = result[0]
         state.verify_rows.append(self.shape.tokens + 1)
         return commit([a, result[1], *result[2:2 + a]], n, state)[0]
 
-    def _replays(self, runner, state, commit) -> Iterator[list[int]]:
+    def _replays(self, runner, state, commit, kind: bool | None) -> Iterator[list[int]]:
         """Graph replays while a step fits in the context, the next one queued before the host
         reads a result (it needs nothing from the host) where it surely fits too: a step moves n
         on by depth + 1 at most and writes rows_needed() rows from where it starts."""
@@ -122,28 +151,35 @@ class TreeDrafting:
         rows, advance, n = self.rows_needed(), self.depth + 1, state.kv_len
         if n + rows > runner.max_len:
             return
+        graph = self.graphs[kind]
+
+        def replay() -> None:
+            self._prepare(kind)
+            graph.replay()
+
         reader = ReadAhead(self.result, DEPTH)
         try:
-            reader.queue(self.graph.replay)
+            reader.queue(replay)
             queued = 1
             while queued:
                 if queued < DEPTH and n + advance * queued + rows <= runner.max_len:
-                    reader.queue(self.graph.replay)
+                    reader.queue(replay)
                     queued += 1
                 out = self._commit(reader.take(), n, state, commit)
                 n = state.kv_len
                 queued -= 1
                 if not queued and n + rows <= runner.max_len:
-                    reader.queue(self.graph.replay)
+                    reader.queue(replay)
                     queued = 1
                 yield out
         finally:
             reader.drain()  # a step queued past the answer's end wrote only at or past kv_len
 
-    def _body(self, n: int | None, state=None) -> None:
+    def _body(self, n: int | None, kind: bool | None = None) -> None:
         """One verify step from the state buffers, leaving the result and the next step's state.
         n: the cache length when the host knows it (eager; with no attention kernel the rows then
-        attend through masks), None: read from self.n (a graph). state: the request (sampling)."""
+        attend through masks), None: read from self.n (a graph). kind: None greedy, else sampling
+        (with the cuts: True) by self.params and the step's draws."""
         parts, draft, runner = self.parts, self.parts.draft, self.runner
         dev, n_t = runner.device, self.n
         masks = n is not None and not self.on_device
@@ -176,12 +212,11 @@ class TreeDrafting:
             hidden=torch.cat([o.hidden for o in outs]),
             aux_hidden=None if outs[0].aux_hidden is None else torch.cat([o.aux_hidden for o in outs]))
         depth = self.depth
-        if state is None or state.params.is_greedy:  # fixed shapes, no host read
+        if kind is None:  # fixed shapes, no host read
             path, count, next_token = greedy_tree_path(target_tree, logits.argmax(-1), depth)
         else:
-            walked, token = sampled_tree_accept(target_tree, probabilities(logits, state.params), state.generator)
-            path = torch.tensor(walked + [-1] * (depth - len(walked)), dtype=torch.long, device=dev)
-            count, next_token = torch.tensor(len(walked), device=dev), torch.tensor(token, device=dev)
+            probs = probabilities_t(logits, self.params, kind)
+            path, count, next_token = sampled_tree_path(target_tree, probs, self.u, self.e, depth)
         # path (depth,): the accepted nodes from depth 1, the first `count` of them real; rows past
         # them below copy onto themselves and pad the draft-extend (their K/V, past the accepted
         # length, is rewritten before anything reads it)

@@ -52,31 +52,44 @@ def greedy_tree_path(tree: DraftTree, target_choice: torch.Tensor, max_depth: in
     return path, count, next_token
 
 
-def sampled_tree_accept(tree: DraftTree, target_probs: torch.Tensor,
-                        generator: torch.Generator | None = None) -> tuple[list[int], int]:
-    """target_probs: (N + 1, V) the target's distribution (after temperature and the cuts) at the
-    root and at each node. Returns (the accepted nodes, root to leaf; the next token), the emitted
-    tokens having the target's distribution (see the module's docstring)."""
-    dev = target_probs.device
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    path, node = [], -1
-    while True:
-        residual = target_probs[node + 1].double().clone()
-        kids = [i for i in range(len(tokens)) if parents[i] == node]  # best score first (verify order)
-        stepped = None
-        for c in kids:
-            total = residual.sum()
-            if total <= 0:
-                break
-            u = torch.rand((), dtype=torch.float64, device=dev, generator=generator)
-            if u * total < residual[tokens[c]]:
-                stepped = c
-                break
-            residual[tokens[c]] = 0.0
-        if stepped is None:
-            if residual.sum() <= 0:  # every token the target allows was a refused child: cannot happen
-                residual = target_probs[node + 1].double()
-            nxt = torch.multinomial(residual / residual.sum(), 1, generator=generator)
-            return path, int(nxt)
-        path.append(stepped)
-        node = stepped
+def sampled_tree_path(tree: DraftTree, target_probs: torch.Tensor, u: torch.Tensor, e: torch.Tensor,
+                      max_depth: int):
+    """The sampled rule (the module's docstring) as tensor operations of fixed shapes, its random
+    numbers given: u (D, K) a uniform for each try (level, child slot; K at least the most
+    children a node has), e (V,) Exp(1) variates for the last draw (an exponential race:
+    argmax of r / e is a draw from r normalized). target_probs (N + 1, V): row 0 the root's, row
+    i + 1 node i's. Returns (path (D,) the accepted nodes from depth 1, the first `count` of them
+    valid; count (); next_token ()), D = max_depth; no host read."""
+    parents, tokens = tree.parents, tree.tokens
+    dev, N = tokens.device, tokens.shape[0]
+    D, K = max_depth, u.shape[1]
+    # children[r * K + s]: row r's child s in verify order (best score first), -1: none; a node's
+    # rank among its siblings is how many of them come before it
+    index = torch.arange(N, device=dev)
+    rank = ((parents[None, :] == parents[:, None]) & (index[None, :] < index[:, None])).sum(1)
+    children = torch.full(((N + 1) * K + 1,), -1, dtype=torch.long, device=dev)
+    children.index_copy_(0, torch.where(rank < K, (parents + 1) * K + rank, (N + 1) * K), index)
+    row = torch.zeros((), dtype=torch.long, device=dev)  # where the walk is: 0 the root, i + 1 node i
+    residual = target_probs[0].clone()
+    walking = torch.ones((), dtype=torch.bool, device=dev)
+    path = torch.full((D,), -1, dtype=torch.long, device=dev)
+    for d in range(D):
+        stepped = torch.full((), -1, dtype=torch.long, device=dev)
+        for s in range(K):
+            child = children.index_select(0, (row * K + s).view(1))[0]
+            token = tokens.index_select(0, child.clamp_min(0).view(1))
+            mass = residual.index_select(0, token)
+            tried = walking & (child >= 0) & (stepped < 0)
+            take = tried & (u[d, s] * residual.sum() < mass[0])
+            stepped = torch.where(take, child, stepped)
+            residual.index_copy_(0, token, torch.where(tried & ~take, 0.0, mass))  # refused: its mass out
+        moved = stepped >= 0
+        path[d] = stepped
+        row = torch.where(moved, stepped + 1, row)
+        residual = torch.where(moved, target_probs.index_select(0, row.view(1))[0], residual)
+        walking = moved
+    count = (path >= 0).sum()
+    # refused children with all the mass (cannot happen with exact arithmetic): the row's p
+    start = target_probs.index_select(0, row.view(1))[0]
+    residual = torch.where(residual.sum() > 0, residual, start)
+    return path, count, (residual / e).argmax()

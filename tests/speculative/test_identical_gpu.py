@@ -50,3 +50,34 @@ def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, demo_
             differing.append((text[:40], first, len(plain), len(spec)))
     assert spec_steps > 0, "speculation never ran a verify step"
     assert not differing, f"{len(differing)} of {len(requests)} answers differ (request, first token, lengths): {differing}"
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9], ids=["temperature", "top_p"])
+def test_a_sampled_tree_steps_graph_draws_what_its_eager_step_draws(top_p, demo_gguf):
+    """Sampling through a draft tree: the captured step (one for temperature alone, one with the
+    cuts) gives, from the same seed, the tokens the same step run eagerly gives, and stops
+    where plain sampling would (both read the draws from the request's generator)."""
+    from app.settings import Settings
+    from engine.engine import Engine
+    from engine.types import SamplingParams
+    from speculative.tree.shape import parse_tree
+
+    requests = [line for line in PROMPTS.read_text().splitlines() if line.strip()][:6]
+    system = [{"role": "system", "content": Settings().system_prompt}]
+    answers = {}
+    for graphs in (True, False):
+        engine = Engine.load("demo", draft="demo-eagle3", device="cuda", use_graphs=graphs)
+        engine.set_tree(parse_tree("3,3,12"))
+        got = []
+        for seed, text in enumerate(requests):
+            ids = engine.tokenizer.apply_chat_template(system + [{"role": "user", "content": text}])
+            engine.reset()
+            params = SamplingParams(max_tokens=256, temperature=0.7, top_p=top_p, seed=seed)
+            events = list(engine.stream_ids(ids, params, speculative=True))
+            assert events[-1].stats.verify_steps > 0
+            got.append([t for e in events for t in e.token_ids])
+        tree = engine.speculator.tree_step(parse_tree("3,3,12"))
+        assert (tree.graphs.get(top_p < 1.0) is not None) == graphs
+        answers[graphs] = got
+        del engine
+    assert answers[True] == answers[False]
