@@ -119,15 +119,29 @@ def main() -> None:
     report = {"model": engine.model_name, "draft": engine.draft_name, "tree": args.tree, "device": engine.device,
               "graph": graphed, "eager": {"verify_steps": steps[0], "tokens": tokens, "tok_s": tokens / seconds,
                                           "ms_per_step": per_step}}
-    if cuda:  # one more step under the profiler: kernels launched and their GPU time
+    if cuda:  # eager steps under the profiler: the kernels a step launches (its graph replays them)
         from torch.profiler import ProfilerActivity, profile
 
+        tree_loop.TreeDrafting.capture = lambda self, kv_len, kind: False
         engine.reset()
+        before = steps[0]
+        tree_loop.TreeDrafting._body = counted_body
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            engine.generate([system, {"role": "user", "content": PROMPTS[0]}], SamplingParams(max_tokens=8))
+            engine.generate([system, {"role": "user", "content": PROMPTS[0]}], SamplingParams(max_tokens=32))
+        tree_loop.TreeDrafting.capture, tree_loop.TreeDrafting._body = capture, body
+        profiled = max(1, steps[0] - before)
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        report["profiled_8_tokens"] = {"kernels": len(kernels),
-                                       "kernel_ms": sum(e.device_time_total for e in kernels) / 1e3}
+        names: dict[str, int] = defaultdict(int)
+        for e in kernels:
+            names[e.name[:60]] += 1
+        report["profiled"] = {"verify_steps": profiled, "kernels": len(kernels),
+                              "kernel_ms": sum(e.device_time_total for e in kernels) / 1e3,
+                              "by_name_per_step": {k: v / profiled for k, v in
+                                                   sorted(names.items(), key=lambda kv: -kv[1])[:40]},
+                              "note": "an answer's prefill and plain steps are counted too"}
+        print(f"profiled: {len(kernels) / profiled:.0f} kernels a verify step (prefill included)")
+        for k, v in list(report["profiled"]["by_name_per_step"].items())[:25]:
+            print(f"  {v:7.1f}  {k}")
     args.out.write_text(json.dumps(report, indent=1))
     print(f"{'whole step' + (' (graph)' if graphed['captured'] else '  (eager)'):34s} "
           f"{graphed['ms_per_step']:8.2f} ms a verify step, {graphed['tok_s']:.1f} tok/s")
