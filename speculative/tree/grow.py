@@ -97,11 +97,23 @@ def _depths(k: int, depth: int, device: torch.device) -> torch.Tensor:
     return torch.tensor([1] * k + [d for d in range(2, depth + 1) for _ in range(k * k)], device=device)
 
 
+# Past this many entries a CUDA sort is a radix sort of some eight launches, where topk is one or two
+SORT_LIMIT = 4096
+
+
 def _top(x: torch.Tensor, k: int):
     """topk along the last dim with ties to the lower index (as argmax breaks them, so that a
-    depth-1 tree of one node is the chain's first draft); torch.topk leaves ties unordered."""
-    values, indices = torch.sort(x, dim=-1, descending=True, stable=True)
-    return torch.return_types.topk((values[..., :k], indices[..., :k]))
+    depth-1 tree of one node is the chain's first draft); torch.topk leaves ties unordered. A long
+    last dim (a draft's vocabulary) takes torch.topk, its k results then ordered by value and
+    index: the same, except where the k-th and the next value tie (which of them is kept)."""
+    if x.shape[-1] <= SORT_LIMIT or k > 64:
+        values, indices = torch.sort(x, dim=-1, descending=True, stable=True)
+        return torch.return_types.topk((values[..., :k], indices[..., :k]))
+    top = torch.topk(x, k, dim=-1)
+    by_index = torch.sort(top.indices, dim=-1, stable=True)
+    values = top.values.gather(-1, by_index.indices)
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices
+    return torch.return_types.topk((values.gather(-1, order), by_index.values.gather(-1, order)))
 
 
 def tree_mask(parents: torch.Tensor) -> torch.Tensor:

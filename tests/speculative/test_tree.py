@@ -342,3 +342,19 @@ def test_the_slot_map_shows_each_row_what_the_tree_mask_shows():
     wide, _ = tree_slot_map(parents, depths, n, 8)  # a shape's fixed width: the same map, padded
     assert wide.shape == (N + 1, 8) and torch.equal(wide[:, :slot_map.shape[1]], slot_map)
     assert not wide[:, slot_map.shape[1]:].any()
+
+
+def test_the_top_of_a_long_row_is_the_stable_sorts():
+    """_top over a vocabulary-sized row (torch.topk, then its k ordered): the stable sort's first
+    k, ties among them to the lower index."""
+    from speculative.tree.grow import SORT_LIMIT, _top
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(6, SORT_LIMIT + 1000, generator=gen)
+    for r in range(6):  # ties at the top: three 3.0s, two 2.0s, placed at random
+        spots = torch.randperm(x.shape[1], generator=gen)[:5]
+        x[r, spots[:3]], x[r, spots[3:]] = 3.0, 2.0
+    for k in (1, 3, 5, 8):
+        top = _top(x, k)
+        ref = torch.sort(x, dim=-1, descending=True, stable=True)
+        assert torch.equal(top.values, ref.values[:, :k]) and torch.equal(top.indices, ref.indices[:, :k]), k
