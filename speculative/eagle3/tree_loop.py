@@ -51,11 +51,11 @@ class TreeDrafting:
         # Rows read their ancestors through slot maps, the lengths on the device (what a graph
         # needs), wherever an attention kernel serves; tests set it on the CPU to run that body.
         self.on_device = runner.model.ops.attention is not None
-        # the state a step starts from, left by the step before (or begin())
+        # the state a step starts from, left by the step before (or set by iterations())
         self.n = torch.zeros((), dtype=torch.long, device=dev)  # the root's position: the target's cache length
         self.root = torch.zeros(1, dtype=torch.long, device=dev)  # the token at n
         self.d_logits = torch.zeros(1, draft.config.draft_vocab_size, dtype=torch.float32, device=dev)
-        self.d_hidden = torch.zeros(1, draft.config.hidden_size, dtype=runner.dtype, device=dev)
+        self.d_hidden = torch.zeros(1, draft.config.decode_width, dtype=runner.dtype, device=dev)
         self.depth = min(shape.depth, shape.tokens)  # the deepest a kept node can be
         self.result = torch.zeros(2 + self.depth, dtype=torch.long, device=dev)  # [a, next token, path...]
         k = min(shape.topk, draft.config.draft_vocab_size)
