@@ -69,6 +69,21 @@ def test_greedy_tree_speculation_with_a_random_head_equals_plain(tmp_path, targe
     assert stats.speculative and stats.verify_steps > 0 and stats.verify_tokens == shape.tokens + 1
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["masks", "slot_maps"])
+@pytest.mark.parametrize("fmt,use_aux,hidden,aux_ids", [("speculators", True, 48, (0, 2, 3)),
+                                                        ("speculators", False, 32, None)])
+def test_trees_of_heads_of_other_widths_equal_plain(tmp_path, target, fmt, use_aux, hidden, aux_ids, on_device):
+    """Heads narrower than the target (their own embeddings) and heads without the aux states:
+    their trees' greedy answers are plain decoding's, through masks and through slot maps."""
+    cfg = read_config(target)
+    t = head_tensors(hidden, cfg["hidden_size"], 3, cfg["vocab_size"], 160, use_aux=use_aux, seed=1)
+    e = _engine(target, write_head(tmp_path / "head", cfg, fmt, t, hidden, aux_ids, use_aux=use_aux))
+    plain, _ = _run(e, False, n=64)
+    _set_tree(e, TreeShape(3, 3, 12), on_device)
+    spec, stats = _run(e, True, n=64)
+    assert spec == plain and stats.verify_steps > 0
+
+
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[4]])
 def test_the_device_step_grows_the_trees_the_masked_step_grows(tmp_path, target, shape, monkeypatch):
     """The draft's rows read their ancestors through a slot map in the step a GPU captures: each
