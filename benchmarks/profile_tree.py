@@ -101,7 +101,7 @@ def main() -> None:
     tokens, verify, seconds = answers()
     graphed = {"tokens": tokens, "verify_steps": verify, "seconds": seconds, "tok_s": tokens / seconds,
                "ms_per_step": 1e3 * seconds / max(1, verify),
-               "captured": any(t.graph is not None for t in engine.speculator._tree_steps.values())}
+               "captured": any(t.graphs for t in engine.speculator._tree_steps.values())}
     # the same step eagerly, by phase
     tree_loop.TreeDrafting._grow = timed(grow, "growth")
     tree_loop.TreeDrafting._body = counted_body

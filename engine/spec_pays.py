@@ -39,15 +39,15 @@ def draft_settings(engine) -> str:
     return f"k={getattr(engine.speculator, 'k', '?')} tree={tree if tree is not None else 'off'}"
 
 
-def cache_key(engine, settings: str, code: Path = Path(__file__)) -> str:
+def cache_key(engine, settings: str, code: tuple[Path, ...] = (Path(__file__),)) -> str:
     """What a measurement on `engine` is remembered under: the model, the draft, the GPU's name (or
-    the device), torch's version, `settings` and the measuring code's own file (`code`)."""
+    the device), torch's version, `settings` and the files of the code measured (`code`)."""
     import torch
 
     device = engine.device
     if device.startswith("cuda") and torch.cuda.is_available():
         device = torch.cuda.get_device_name()
-    digest = hashlib.sha256(Path(code).read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in code)).hexdigest()[:12]
     return "|".join([engine.model_name, str(engine.draft_name), device, torch.__version__, settings, digest])
 
 

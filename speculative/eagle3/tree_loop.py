@@ -98,11 +98,6 @@ class TreeDrafting:
             self.graphs[kind], _ = capture(lambda: self._body(None, kind), torch.cuda.graph_pool_handle())
         return True
 
-    @property
-    def graph(self):
-        """The greedy step's graph, None until captured."""
-        return self.graphs.get(None)
-
     def iterations(self, runner, state, d_logits, d_hidden, commit, graphs: bool = True) -> Iterator[list[int]]:
         """Verify steps until the context is full (then plain steps); commit(result, n, state) as
         the speculator commits a step: returns (the new tokens, the cache length after them).
@@ -177,12 +172,13 @@ class TreeDrafting:
 
     def _body(self, n: int | None, kind: bool | None = None) -> None:
         """One verify step from the state buffers, leaving the result and the next step's state.
-        n: the cache length when the host knows it (eager; with no attention kernel the rows then
-        attend through masks), None: read from self.n (a graph). kind: None greedy, else sampling
+        n: the cache length, given where the rows attend through explicit masks (the CPU's eager
+        steps: no attention kernel); None: every length from self.n, the rows read through slot
+        maps (a graph, and any step where the kernel serves). kind: None greedy, else sampling
         (with the cuts: True) by self.params and the step's draws."""
         parts, draft, runner = self.parts, self.parts.draft, self.runner
         dev, n_t = runner.device, self.n
-        masks = n is not None and not self.on_device
+        masks = n is not None  # the host's n is given only to attend through masks
         tree = self._grow(n if masks else None)
         target_tree = DraftTree(draft.to_target_ids(tree.tokens), tree.parents, tree.depths, tree.scores)
         N = len(tree)

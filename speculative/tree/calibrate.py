@@ -5,7 +5,8 @@ The calibration times greedy speculation with chains and with each candidate tre
 few prompts (chat-style requests under the app's default system prompt, answers cut at
 CALIBRATION_TOKENS), one after the other, and keeps the fastest by tokens per second. The
 result is cached in the cache folder under the model, the draft, the device's name, torch's
-version and this file's contents, so later loads read it at once. A CPU takes chains
+version and the contents of this file and of the tree step it times (eagle3/tree_loop.py), so
+later loads read it at once and a changed tree step is timed again. A CPU takes chains
 without calibrating: there each verified row costs its arithmetic, and trees (13-25 rows a step)
 lost to the chain on the demo model (docs/performance.md).
 """
@@ -25,7 +26,8 @@ PROMPTS = ("Explain in two sentences why the sky is blue.",
 
 
 def cache_key(engine) -> str:
-    return measurement_key(engine, "tree auto", Path(__file__))
+    here = Path(__file__)
+    return measurement_key(engine, "tree auto", (here, here.parents[1] / "eagle3" / "tree_loop.py"))
 
 
 def _tok_s(engine, shape: TreeShape | None, prompts, tokens: int) -> float:
