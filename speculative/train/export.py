@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ModelConfig
-from speculative.train.instruct_prompts import instruct_note
+from speculative.train.prompt_sets import requests_note
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -120,7 +120,7 @@ def head_readme(p: dict) -> str:
         f"- Self-distillation: labels are the target's own next-token distributions over the draft "
         f"vocabulary; {p['data']['generated_responses']} greedy replies of the target to training prompts "
         "were added to the conversations.",
-        *instruct_note(p["data"]),
+        *requests_note(p["data"]),
         "",
         "## Training",
         "",

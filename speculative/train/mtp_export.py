@@ -10,7 +10,7 @@ import torch
 
 from speculative.mtp.config import MTPConfig
 from speculative.train.export import validation_lines
-from speculative.train.instruct_prompts import instruct_note
+from speculative.train.prompt_sets import requests_note
 
 
 def layer_tensors(draft) -> dict[str, torch.Tensor]:
@@ -62,7 +62,7 @@ def layers_readme(p: dict) -> str:
         f"- Held-out split: {p['data']['split']}",
         f"- Self-distillation: labels are the target's own next-token distributions (top {t['top_k']} "
         f"tokens, renormalised); {p['data']['generated_responses']} greedy replies of the target were added.",
-        *instruct_note(p["data"]),
+        *requests_note(p["data"]),
         "",
         "## Training",
         "",

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import UserError
+from speculative.train.prompt_sets import DEFAULT_SETS, parse_sets
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,14 @@ class TrainOptions:
     cache_bytes: int = 2 << 30  # target features kept on the device (feature_cache_bytes sets it)
     mtp_layers: int = 3  # --kind mtp: chained MTP layers S, also k of the final check
     draft_intermediate: int = 0  # the head's MLP width (0: the target's intermediate size)
-    # Share of the generation prompts taken from speculative/train/instruct_prompts.py (requests for
+    # Share of the generation prompts taken from the request sets of prompt_sets (requests for
     # lists, how-tos, explanations, code and short writing) instead of the conversations; at
-    # most the ~4,200 training prompts there. 0.1 (default): the shipped EAGLE-3 head's recipe.
+    # most every training request the sets hold. 0.1 (default): the first shipped head's recipe.
     # Against 0, on an H200, demo target, same budget, one bench run: accepted length 3.26 vs
     # 3.22 on held-out chitchat and 2.57 vs 1.77 on held-out instruction requests
     # (docs/performance.md).
     instruct_frac: float = 0.1
+    prompt_sets: tuple[str, ...] = DEFAULT_SETS  # --prompt-sets, parsed (prompt_sets.parse_sets)
 
     def __post_init__(self) -> None:
         for name in ("draft_vocab", "steps", "seq_len", "batch_tokens", "ttt_steps", "mtp_layers"):
@@ -102,7 +104,8 @@ class TrainOptions:
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
                    mtp_layers=int(opt("mtp_layers", 3, 3)), draft_intermediate=int(width or 0),
                    gen_frac=float(opt("gen_frac", 0.85, 0.85)), greedy_weight=float(opt("greedy_weight", 0.5, 0.5)),
-                   instruct_frac=float(opt("instruct_frac", 0.1, 0.1)))
+                   instruct_frac=float(opt("instruct_frac", 0.1, 0.1)),
+                   prompt_sets=parse_sets(getattr(args, "prompt_sets", None)))
 
 
 def feature_cache_bytes(opts: TrainOptions, device: torch.device) -> TrainOptions:
@@ -124,7 +127,7 @@ def command_line(args, resume: bool | None = None) -> str:
     parts = ["localchat", "train-draft"]
     for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "draft_intermediate", "steps", "device",
                  "time_budget", "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_frac", "greedy_weight",
-                 "gen_tokens", "instruct_frac", "eval_every", "eval_prompts", "seed"):
+                 "gen_tokens", "instruct_frac", "prompt_sets", "eval_every", "eval_prompts", "seed"):
         value = getattr(args, name, None)
         if name in (("draft_vocab", "draft_intermediate", "ttt_steps") if getattr(args, "kind", None) == "mtp"
                     else ("mtp_layers",)):

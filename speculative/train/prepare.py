@@ -15,7 +15,7 @@ import torch
 from engine.errors import UserError
 
 from speculative.train.progress import log as _log
-from speculative.train.instruct_prompts import SPLIT_RULE as INSTRUCT_SPLIT
+from speculative.train.prompt_sets import SPLIT_RULE as REQUESTS_SPLIT
 from speculative.train.data import (
     SPLIT_RULE,
     Conversation,
@@ -45,14 +45,14 @@ class TrainData:
     gen: list[Sequence]  # the target's greedy replies to training prompts
     val_gen: list[Sequence]  # ... and to held-out first turns
     cached_replies: int = 0  # of gen + val_gen, taken from the reply cache
-    instruct_prompts: int = 0  # of the prompts behind gen, from instruct_prompts.py
+    requests: dict[str, int] | None = None  # of the prompts behind gen, from each of --prompt-sets
 
     def provenance(self) -> dict:
         return {**self.source, "split": SPLIT_RULE, "conversations": len(self.convs),
                 "train_conversations": len(self.train_convs), "heldout_conversations": len(self.held),
                 "train_tokens": sum(len(s.ids) for s in self.text), "generated_responses": len(self.gen),
-                "responses_from_cache": self.cached_replies, "instruct_prompts": self.instruct_prompts,
-                **({"instruct_split": INSTRUCT_SPLIT} if self.instruct_prompts else {}),
+                "responses_from_cache": self.cached_replies, "requests": dict(self.requests or {}),
+                **({"requests_split": REQUESTS_SPLIT} if self.requests else {}),
                 "generated_tokens": sum(len(s.ids) - s.response_start for s in self.gen),
                 "validation": f"the first {len(self.val_text)} held-out conversations and the target's replies to "
                               f"the first user turns of {len(self.val_gen)} held-out conversations"}
@@ -114,7 +114,7 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
             val_gen, n_val, new = replies_for(val_prompts, known, answer)
             added.update(new)
             gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
-            prompts, n_instruct = _train_prompts(train_convs, tok, opts)
+            prompts, n_requests = _train_prompts(train_convs, tok, opts)
             gen, n_gen, new = replies_for(prompts, known, lambda ps: answer(ps, gen_deadline, _log))
             added.update(new)
         except GenerationStopped as stop:  # Ctrl+C: the replies made so far serve the next run
@@ -129,30 +129,35 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
              f"{phases['generate_s']:.1f} s" + (f", {cached} of the replies from earlier runs" if cached else
                                                 f" ({made / max(phases['generate_s'], 1e-9):,.0f} tokens/s)"))
     return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen, cached,
-                     n_instruct if opts.gen_prompts else 0)
+                     n_requests if opts.gen_prompts else None)
 
 
-def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> tuple[list[list[int]], int]:
-    """The prompts the target answers: --instruct-frac of them from instruct_prompts.py (its
-    training split, in a fixed shuffle; at most all of it), the rest from the conversations
+def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> tuple[list[list[int]], dict[str, int]]:
+    """The prompts the target answers: --instruct-frac of them requests from --prompt-sets (their
+    training splits, shared by size: prompt_sets.draw), every other one under the app's default
+    system prompt and the rest under the template's own, the others from the conversations
     (_conversation_prompts), interleaved evenly so that a generation cut short by the time budget
-    keeps the mix. Returns (prompts, how many are instruction prompts)."""
-    room = opts.seq_len - opts.gen_tokens - 1
-    instruct: list[list[int]] = []
-    if opts.instruct_frac > 0:
-        from speculative.train.instruct_prompts import instruct_prompts, interleaved
+    keeps the mix. Returns (prompts, requests taken from each set)."""
+    from engine.spec_pays import SYSTEM
+    from speculative.train import prompt_sets
 
+    room = opts.seq_len - opts.gen_tokens - 1
+    per_set: list[list[list[int]]] = []
+    counts: dict[str, int] = {}
+    if opts.instruct_frac > 0:
         want = round(opts.instruct_frac * opts.gen_prompts)
-        for text in interleaved(instruct_prompts(heldout=False), opts.seed + 2):
-            if len(instruct) == want:
-                break
-            ids = tok.apply_chat_template([{"role": "user", "content": text}])
-            if 0 < len(ids) <= room:
-                instruct.append(ids)
-    chats = _conversation_prompts(convs, tok, opts, opts.gen_prompts - len(instruct))
-    # each list's i-th item at (i + 0.5) / len: an even interleave, stable within each list
-    keyed = [((i + 0.5) / len(lst), j, ids) for j, lst in enumerate((chats, instruct)) for i, ids in enumerate(lst)]
-    return [ids for _, _, ids in sorted(keyed, key=lambda e: e[:2])], len(instruct)
+        for name, texts in prompt_sets.draw(opts.prompt_sets, want, opts.seed + 2, _log).items():
+            kept = []
+            for i, text in enumerate(texts):
+                system = [{"role": "system", "content": SYSTEM}] if i % 2 == 0 else []
+                ids = tok.apply_chat_template(system + [{"role": "user", "content": text}])
+                if 0 < len(ids) <= room:
+                    kept.append(ids)
+            per_set.append(kept)
+            counts[name] = len(kept)
+    requests = prompt_sets.interleave([lst for lst in per_set if lst])
+    chats = _conversation_prompts(convs, tok, opts, opts.gen_prompts - len(requests))
+    return prompt_sets.interleave([lst for lst in (chats, requests) if lst]), counts
 
 
 def _conversation_prompts(convs: list[Conversation], tok, opts: TrainOptions, count: int) -> list[list[int]]:

@@ -40,7 +40,8 @@ def trained(tmp_path_factory):
     out = base / "head"
     args = Namespace(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=40,
                      device="cpu", seq_len=128, batch_tokens=512, gen=3, gen_tokens=16, eval_every=20,
-                     eval_prompts=2, lr=2e-3, time_budget=None, instruct_frac=0.34)
+                     eval_prompts=2, lr=2e-3, time_budget=None, instruct_frac=0.34,
+                     prompt_sets="instruct")
     assert cmd_train(args) == 0
     return target, data, out
 
@@ -55,8 +56,9 @@ def test_loss_falls_and_provenance(trained):
     assert prov["final_eval"]["speculator"]["identical"] == 2
     assert "sha256(id)" in prov["data"]["split"]
     # --instruct-frac 0.34 of 3 prompts: one built-in instruction prompt, recorded with its split
-    assert prov["data"]["instruct_prompts"] == 1 and prov["data"]["generated_responses"] == 3
-    assert "sha256(text)" in prov["data"]["instruct_split"] and "--instruct-frac 0.34" in prov["command"]
+    assert prov["data"]["requests"] == {"instruct": 1} and prov["data"]["generated_responses"] == 3
+    assert "sha256(text)" in prov["data"]["requests_split"] and "--instruct-frac 0.34" in prov["command"]
+    assert "1 from instruct:" in (out / "README.md").read_text()
     assert (out / "README.md").read_text().startswith("# EAGLE-3 draft head")
 
 
@@ -133,9 +135,10 @@ def test_train_prompts_use_every_conversation_before_any_twice():
             return [ord(c) for m in msgs for c in m["content"]] + [0]
 
     convs = [conv(i, 1 + i % 4) for i in range(10)]  # 25 user turns in all
-    opts = SimpleNamespace(seed=0, seq_len=330, gen_tokens=100, gen_prompts=12, instruct_frac=0.0)
-    out, n_instruct = _train_prompts(convs, Tok(), opts)
-    assert len(out) == 12 and n_instruct == 0
+    opts = SimpleNamespace(seed=0, seq_len=330, gen_tokens=100, gen_prompts=12, instruct_frac=0.0,
+                           prompt_sets=("instruct",))
+    out, counts = _train_prompts(convs, Tok(), opts)
+    assert len(out) == 12 and counts == {}
     first_ten = {bytes(p[:3]).decode() for p in out[:10]}
     assert len(first_ten) == 10  # every conversation once before any twice
     opts.gen_prompts = 100
@@ -163,23 +166,27 @@ def test_instruct_prompts_split_and_mix():
     assert all(is_heldout(p) for p in held) and 0.03 < len(held) / len(every) < 0.07
     assert any(p.startswith("Write a Python function") for p in train) and any("poem" in p for p in train)
 
-    class Tok:
+    class Tok:  # the user's text after a "|" when a system prompt comes first
         def apply_chat_template(self, msgs):
-            return [ord(c) for m in msgs for c in m["content"]]
+            return [ord(c) for c in "|".join(m["content"] for m in msgs)]
 
     convs = [Conversation(id=str(i), messages=({"role": "user", "content": f"chat {i}"},
                                                {"role": "assistant", "content": "ok"})) for i in range(40)]
-    opts = SimpleNamespace(seed=0, seq_len=600, gen_tokens=100, gen_prompts=40, instruct_frac=0.25)
-    out, n_instruct = _train_prompts(convs, Tok(), opts)
+    opts = SimpleNamespace(seed=0, seq_len=600, gen_tokens=100, gen_prompts=40, instruct_frac=0.25,
+                           prompt_sets=("instruct",))
+    out, counts = _train_prompts(convs, Tok(), opts)
     texts = ["".join(map(chr, p)) for p in out]
-    assert len(out) == 40 and n_instruct == 10 and sum(t in train for t in texts) == 10
-    assert not any(t in held for t in texts)
-    positions = [i for i, t in enumerate(texts) if t in train]
+    asked = [t.split("|")[-1] for t in texts]
+    assert len(out) == 40 and counts == {"instruct": 10} and sum(t in train for t in asked) == 10
+    assert not any(t in held for t in asked)
+    # every other request under the app's default system prompt, the rest under the template's
+    assert sum(t.startswith("You are a helpful assistant.|") for t in texts) == 5
+    positions = [i for i, t in enumerate(asked) if t in train]
     assert positions[0] < 8 and positions[-1] > 31  # spread over the whole list, not bunched
     opts.instruct_frac = 1.0  # more than the set holds: all of its training split, then conversations
     opts.gen_prompts = len(train) + 5
-    out, n_instruct = _train_prompts(convs, Tok(), opts)
-    assert n_instruct == len(train) and len(out) == len(train) + 5
+    out, counts = _train_prompts(convs, Tok(), opts)
+    assert counts == {"instruct": len(train)} and len(out) == len(train) + 5
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])
