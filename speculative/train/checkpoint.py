@@ -36,13 +36,16 @@ def settings(opts, target: list, device: str) -> dict:
     return {"target": target, "device": device, **{k: getattr(opts, k) for k in MATCHED}}
 
 
-def save(out: Path, draft, res, draft_ids: torch.Tensor, coverage: dict, run_settings: dict) -> Path:
+def save(out: Path, draft, res, draft_ids: torch.Tensor, coverage: dict, run_settings: dict,
+         parts: list[dict] = ()) -> Path:
+    """parts: the run's parts so far, this one last ({"wall_s", "steps"} each), for the provenance
+    of the run that finishes it."""
     folder = folder_for(out)
     folder.mkdir(parents=True, exist_ok=True)
     state = {"settings": run_settings, "draft": {k: v.detach().cpu() for k, v in draft.state_dict().items()},
              "opt": _to_cpu(res.opt_state), "draft_ids": draft_ids.cpu(), "coverage": coverage,
              "step": res.steps_done, "schedule_s": res.schedule_s, "schedule_used_s": res.schedule_used_s,
-             "history": res.history, "first_loss": res.first_loss}
+             "history": res.history, "first_loss": res.first_loss, "parts": list(parts)}
     tmp = folder / "state.pt.tmp"
     torch.save(state, tmp)
     tmp.replace(folder / "state.pt")

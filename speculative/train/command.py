@@ -151,8 +151,11 @@ def _train_eagle3(args) -> int:
     from speculative.train.export import head_readme, save_head, write_provenance
 
     save_head(opts.out, config, draft, cfg.vocab_size)  # first: a failing check below loses nothing
+    earlier = list(resume.get("parts") or []) if resume else []  # the parts before this one
+    this_part = {"wall_s": 0.0, "steps": ran}
     if res.interrupted:
-        train_checkpoint.save(opts.out, draft, res, draft_ids, coverage, run_settings)
+        this_part["wall_s"] = round(time.perf_counter() - t_start, 1)
+        train_checkpoint.save(opts.out, draft, res, draft_ids, coverage, run_settings, [*earlier, this_part])
         _log(f"to train on along the same schedule: {command_line(args, resume=True)}")
     else:
         train_checkpoint.discard(opts.out)
@@ -162,10 +165,14 @@ def _train_eagle3(args) -> int:
                                           opts.gen_tokens)) if opts.eval_prompts else None, _log)
     phases["final_eval_s"] = time.perf_counter() - t
     wall = time.perf_counter() - t_start
+    # A resumed run's provenance covers the whole run: its parts' seconds add up, and the command
+    # is the one that started it (each later part ran it again with --resume).
+    parts = [*earlier, {**this_part, "wall_s": round(wall, 1)}]
     prov = {
-        "target": target_name, "command": command_line(args),
+        "target": target_name, "command": command_line(args, resume=False),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "torch": torch.__version__, "wall_s": round(wall, 1),
+        "torch": torch.__version__, "wall_s": round(sum(p["wall_s"] for p in parts), 1),
+        **({"parts": parts} if len(parts) > 1 else {}),
         "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1) if dev.type == "cuda" else None, "phases_s": {k: round(v, 1) for k, v in phases.items()},
         "draft_vocab_size": opts.draft_vocab, "aux_layer_ids_input": list(aux_ids),
         "draft_vocab_coverage": coverage,

@@ -99,11 +99,20 @@ def write_provenance(folder: Path, prov: dict, readme: str, log) -> None:
                                                 f"identical {spec['identical']}/{spec['prompts']}" if spec else ""))
 
 
+def _parts(p: dict) -> str:
+    """How a run stopped and continued with --resume was split, if it was."""
+    parts = p.get("parts") or []
+    if len(parts) < 2:
+        return ""
+    each = ", ".join(f"{q['steps']} steps in {q['wall_s']:.0f} s" for q in parts)
+    return f", in {len(parts)} parts ({each}; each part after the first ran the command again with --resume)"
+
+
 def head_readme(p: dict) -> str:
     lines = [
         f"# EAGLE-3 draft head for {p['target']}",
         "",
-        f"Trained by `localchat train-draft` in {p['wall_s']:.0f} s on {p['device']}:",
+        f"Trained by `localchat train-draft` in {p['wall_s']:.0f} s on {p['device']}{_parts(p)}:",
         "",
         f"    {p['command']}",
         "",

@@ -37,7 +37,7 @@ def trained(tmp_path_factory, one_thread):
     data = _write_data(base / "data.jsonl")
     out = base / "mtp"
     args = Namespace(model=str(target), out=str(out), kind="mtp", data=str(data), mtp_layers=S, steps=120,
-                     device="cpu", seq_len=128, batch_tokens=512, gen=24, gen_tokens=48, eval_every=40,
+                     device="cpu", seq_len=128, batch_tokens=512, gen=24, prompt_sets="instruct", gen_tokens=48, eval_every=40,
                      eval_prompts=2, lr=3e-3, time_budget=None)
     assert cmd_train(args) == 0
     return target, data, out

@@ -241,7 +241,7 @@ def test_a_second_run_reuses_the_replies(tmp_path, monkeypatch):
 
     def args(out, model=target):
         return Namespace(model=str(model), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=3,
-                         device="cpu", seq_len=128, batch_tokens=512, gen=5, gen_tokens=12, eval_every=0,
+                         device="cpu", seq_len=128, batch_tokens=512, gen=5, prompt_sets="instruct", gen_tokens=12, eval_every=0,
                          eval_prompts=0, lr=2e-3, time_budget=None)
 
     assert cmd_train(args(tmp_path / "a")) == 0
@@ -298,7 +298,7 @@ def test_resume_continues_a_stopped_run(tmp_path, monkeypatch):
 
     def args(**kw):
         base = dict(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=12,
-                    device="cpu", seq_len=128, batch_tokens=512, gen=4, gen_tokens=12, eval_every=4,
+                    device="cpu", seq_len=128, batch_tokens=512, gen=4, prompt_sets="instruct", gen_tokens=12, eval_every=4,
                     eval_prompts=1, lr=2e-3, time_budget=None, resume=False)
         return Namespace(**{**base, **kw})
 
@@ -314,7 +314,7 @@ def test_resume_continues_a_stopped_run(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     assert cmd_train(args()) == 130
     stopped = json.loads((out / "provenance.json").read_text())
-    assert stopped["interrupted"] and stopped["train"]["steps_done"] == 7
+    assert stopped["interrupted"] and stopped["train"]["steps_done"] == 7 and "parts" not in stopped
     assert (train_checkpoint.folder_for(out) / "state.pt").is_file()
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
 
@@ -334,7 +334,12 @@ def test_resume_continues_a_stopped_run(tmp_path, monkeypatch):
     assert cmd_train(args(resume=True)) == 0
     done = json.loads((out / "provenance.json").read_text())
     assert done["resumed_at_step"] == 7 and done["train"]["steps_done"] == 12 and not done["interrupted"]
-    assert done["data"]["generated_responses"] == 4 and done["command"].endswith("--resume")
+    # the provenance covers the whole run: the command that started it, both parts' steps and seconds
+    assert done["data"]["generated_responses"] == 4 and "--resume" not in done["command"]
+    parts = done["parts"]
+    assert [p["steps"] for p in parts] == [7, 5] and all(p["wall_s"] > 0 for p in parts)
+    assert done["wall_s"] == pytest.approx(sum(p["wall_s"] for p in parts), abs=0.11)
+    assert "in 2 parts (7 steps in" in (out / "README.md").read_text()
     assert [v["step"] for v in done["validation_history"]] == [4, 8]
     assert done["final_eval"]["speculator"]["identical"] == 1
     assert not (train_checkpoint.folder_for(out) / "state.pt").exists()
@@ -457,7 +462,7 @@ def test_ctrl_c_while_generating_keeps_the_replies(tmp_path, monkeypatch):
 
     def args(out):
         return Namespace(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=2,
-                         device="cpu", seq_len=128, batch_tokens=512, gen=10, gen_tokens=8, eval_every=0,
+                         device="cpu", seq_len=128, batch_tokens=512, gen=10, prompt_sets="instruct", gen_tokens=8, eval_every=0,
                          eval_prompts=0, lr=2e-3, time_budget=None)
 
     with pytest.raises(KeyboardInterrupt):
@@ -477,7 +482,7 @@ def test_greedy_weight_and_gen_frac_reach_the_run(tmp_path):
     data = _write_data(tmp_path / "data.jsonl", n=60)
     out = tmp_path / "head"
     args = Namespace(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=6,
-                     device="cpu", seq_len=128, batch_tokens=512, gen=3, gen_tokens=16, eval_every=0,
+                     device="cpu", seq_len=128, batch_tokens=512, gen=3, prompt_sets="instruct", gen_tokens=16, eval_every=0,
                      eval_prompts=0, lr=2e-3, time_budget=None, greedy_weight=0.5, gen_frac=1.0)
     assert cmd_train(args) == 0
     prov = json.loads((out / "provenance.json").read_text())
@@ -521,7 +526,7 @@ def test_draft_intermediate_sets_the_heads_mlp_and_reaches_the_command(tmp_path)
     data = _write_data(tmp_path / "data.jsonl", n=60)
     out = tmp_path / "head"
     args = Namespace(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=4,
-                     device="cpu", seq_len=128, batch_tokens=512, gen=2, gen_tokens=12, eval_every=0,
+                     device="cpu", seq_len=128, batch_tokens=512, gen=2, prompt_sets="instruct", gen_tokens=12, eval_every=0,
                      eval_prompts=1, lr=2e-3, time_budget=None, draft_intermediate=40, gen_frac=0.6,
                      greedy_weight=0.25)
     assert cmd_train(args) == 0
