@@ -56,9 +56,9 @@ ROWS = (
     ("plain_cpu", "CPU, 2 cores, fp32: plain decode, demo model",
      "localchat bench --model demo --device cpu --draft none --new-tokens 128" + BEFORE, "cpu_demo_plain.json"),
     ("spec", "CPU, 2 cores: greedy speculation, demo model + head, 6 unseen requests, at most 128 tokens "
-     "(why the app starts with speculation off on a CPU)",
+     "(a CPU measures at first load whether it pays by 1.1x or more)",
      "localchat bench --model demo --device cpu --prompts-file benchmarks/prompts/unseen_requests.txt --prompts 6 "
-     "--new-tokens 128 --no-peer", "cpu_demo_eagle3_unseen.json"),
+     "--new-tokens 128 --no-peer", "cpu_demo_eagle3_sets_unseen.json"),
 )
 
 

@@ -21,6 +21,15 @@ from engine.types import GenerationResult, GenerationStats, SamplingParams, Stre
 Progress = Callable[[str, "float | None"], None]
 
 
+def cpu_spec_setting() -> str:
+    """LOCALCHAT_CPU_SPEC: "measure" (the default: whether speculation pays on a CPU is measured
+    at a model and draft's first load) or "off" (not measured: off by default on a CPU)."""
+    value = os.environ.get("LOCALCHAT_CPU_SPEC", "").strip().lower() or "measure"
+    if value not in ("measure", "off"):
+        raise UserError(f"LOCALCHAT_CPU_SPEC={value!r}: use measure or off")
+    return value
+
+
 class Engine:
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, model_name: str, speculator=None,
                  draft_name: str | None = None):
@@ -32,32 +41,32 @@ class Engine:
         self.device = str(runner.device)
         self._kv_tokens: list[int] = []  # tokens whose K/V the target cache holds, in order
         self._no_draft: Engine | None = None  # without_draft(), once built
-        self._pays: tuple[bool, str] | None = None  # speculation_pays() on a GPU, once measured or read
+        self._pays: tuple[bool, str] | None = None  # speculation_pays(), once measured or read
 
     @property
     def has_draft(self) -> bool:
         return self.speculator is not None
 
-    # Why speculation is not the default on a CPU: a verify step there costs the arithmetic of each
-    # of its rows, where a GPU reads the weights once for all of them (the demo model and its head on
-    # 2 cores: 0.66x-0.76x of plain decoding in the app's compare screen, 0.96x of an engine with no
-    # draft in `localchat bench`; docs/performance.md).
-    CPU_SPEC_REASON = "slower on a CPU"
+    # Why speculation is not the default on a CPU where LOCALCHAT_CPU_SPEC=off asks not to measure
+    # (engine/spec_pays.py): a verify step there costs the arithmetic of each of its rows, where a
+    # GPU reads the weights once for all of them, so a draft pays on a CPU only if it accepts a lot.
+    CPU_SPEC_REASON = "LOCALCHAT_CPU_SPEC=off"
 
     def speculation_pays(self, log: Callable[[str], None] | None = None) -> tuple[bool, str]:
         """(whether speculation is the faster default here, and if not, why in a few words). The
-        caller may still ask for it: stream(speculative=True) always speculates with a draft. On a
-        GPU, measured against plain decoding without the draft the first time a model and draft
-        meet that GPU, then read from the cache (engine/spec_pays.py; log tells of the
-        measurement, a few seconds)."""
+        caller may still ask for it: stream(speculative=True) always speculates with a draft.
+        Measured against plain decoding without the draft the first time a model and draft meet
+        this GPU or CPU, then read from the cache (engine/spec_pays.py; log tells of the
+        measurement, a few seconds on a GPU, some more on a CPU); on a CPU with
+        LOCALCHAT_CPU_SPEC=off, off without measuring."""
         if self.speculator is None:
             return False, "no draft"
-        if self.runner.device.type == "cpu":
+        if self.runner.device.type == "cpu" and cpu_spec_setting() == "off":
             return False, self.CPU_SPEC_REASON
         if self._pays is None:
             from engine import spec_pays
 
-            self._pays = spec_pays.verdict(self, spec_pays.draft_settings(self), log=log)
+            self._pays = spec_pays.verdict(self, spec_pays.draft_settings(self), log=log, measurer=spec_pays.measure)
         return self._pays
 
     @property

@@ -1,18 +1,23 @@
-"""Whether speculation is the faster default for a model and its draft on this GPU: measured once,
-then remembered.
+"""Whether speculation is the faster default for a model and its draft on this GPU or CPU:
+measured once, then remembered.
 
 A draft pays only where it beats plain decoding with no draft loaded, which a user gets by
 unloading it. Whether it does depends on the model, the draft, the GPU and the kernels (the demo
-model's EAGLE-3 head gains about 1.5x on an H200, its two MTP layers lose: 0.6x;
-docs/performance.md), so the first load of a pair on a GPU times both on a few short chat
+model's EAGLE-3 head gains about 1.7x on an H200, its two MTP layers lose: 0.6x;
+docs/performance.md), so the first load of a pair on a device times both on a few short chat
 requests under the app's default system prompt, greedy, alternating, each after an uncounted
 warm-up: speculation on the engine as loaded, plain decoding on its twin with no draft
 (Engine.without_draft; where that twin's KV cache does not fit, plain decoding with the draft
-loaded). The verdict is cached in the cache folder under the model, the draft, the GPU's name,
-torch's version, the draft settings and this file's contents; later loads read it at once.
+loaded). The verdict is cached in the cache folder under the model, the draft, the GPU's name
+(on a CPU: its model name and torch's thread count), torch's version, the draft settings and this
+file's contents; later loads read it at once.
 
-A CPU needs no measurement: there a verify step costs the arithmetic of every row it checks, and
-speculation lost wherever it was measured (Engine.CPU_SPEC_REASON).
+A CPU measures less (CPU_PROMPTS, CPU_TOKENS: some 20 s for the demo model on 2 cores) and asks
+for a margin (CPU_PAYS_FROM): there a verify step costs the arithmetic of every row it checks, so
+speculation is close to plain decoding either way (the demo's first head: 0.96x on 2 cores, the
+head trained on the request sets: 1.18x-1.22x; docs/performance.md), a short measurement is
+noisier, and a verdict too kind would make every later answer slower. LOCALCHAT_CPU_SPEC=off
+skips the measurement: speculation off by default on a CPU (Engine.speculation_pays).
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ TOKENS = 192  # long enough that the first steps of an answer do not decide the 
 # Below this ratio of tokens per second (speculation over plain decoding without the draft),
 # speculation is off by default; ties go to the draft the user chose to load.
 PAYS_FROM = 1.0
+CPU_PROMPTS = PROMPTS[:3]
+CPU_TOKENS = 48
+CPU_PAYS_FROM = 1.1
 
 
 def draft_settings(engine) -> str:
@@ -47,8 +55,24 @@ def cache_key(engine, settings: str, code: tuple[Path, ...] = (Path(__file__),))
     device = engine.device
     if device.startswith("cuda") and torch.cuda.is_available():
         device = torch.cuda.get_device_name()
+    elif device == "cpu":
+        device = f"cpu {cpu_name()} x{torch.get_num_threads()}"
     digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in code)).hexdigest()[:12]
     return "|".join([engine.model_name, str(engine.draft_name), device, torch.__version__, settings, digest])
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo, else the platform module's)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def answer_tok_s(engine, prompt: str, speculative: bool, tokens: int) -> tuple[int, float]:
@@ -93,9 +117,10 @@ def measure(engine, prompts=PROMPTS, tokens: int = TOKENS, timer=answer_tok_s) -
             "ratio": speeds["spec"] / speeds["plain"] if speeds["plain"] else 0.0, "built_twin": built_here}
 
 
-def reason_for(result: dict) -> str:
+def reason_for(result: dict, device: str = "GPU") -> str:
     """The few words the status bar and `localchat run` give for speculation off."""
-    return f"slower on this GPU ({result['ratio']:.2f}x of {result['baseline']})"
+    slower = "slower" if result["ratio"] < 1.0 else "not clearly faster"
+    return f"{slower} on this {device} ({result['ratio']:.2f}x of {result['baseline']})"
 
 
 def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable[[str], None] | None = None,
@@ -105,6 +130,8 @@ def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable
     from engine.errors import UserError
     from engine.paths import cache_dir, read_json_cache, write_json_cache
 
+    cpu = engine.device == "cpu"
+    device = "CPU" if cpu else "GPU"
     cache_file = cache_file or cache_dir() / "speculation-calibration.json"
     key = cache_key(engine, settings)
     cached = read_json_cache(cache_file)
@@ -112,15 +139,16 @@ def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable
     if not (isinstance(entry, dict) and isinstance(entry.get("ratio"), (int, float))
             and isinstance(entry.get("baseline"), str)):
         if log:
-            log("measuring whether speculation pays on this GPU (once for this model and draft)")
+            log(f"measuring whether speculation pays on this {device} (once for this model and draft"
+                + (", some seconds)" if cpu else ")"))
         try:
-            entry = measurer(engine)
+            entry = measurer(engine, CPU_PROMPTS, CPU_TOKENS) if cpu else measurer(engine)
         except (UserError, RuntimeError):  # out of memory, a context too short: speculation stays on, unmeasured
             return True, ""
         if entry.pop("built_twin", False):
             engine.drop_twin()
         cached[key] = entry
         write_json_cache(cache_file, cached)
-    if entry["ratio"] >= PAYS_FROM:
+    if entry["ratio"] >= (CPU_PAYS_FROM if cpu else PAYS_FROM):
         return True, ""
-    return False, reason_for(entry)
+    return False, reason_for(entry, device)

@@ -39,6 +39,10 @@ def _session_home(shared: Path) -> Path:
 _HOME = _session_home(_shared_home())
 os.environ["LOCALCHAT_HOME"] = str(_HOME)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A CPU engine with a draft would otherwise time speculation at its first load (engine/spec_pays.py):
+# seconds per model, and a verdict that depends on the machine. Tests that need the measurement
+# set LOCALCHAT_CPU_SPEC themselves.
+os.environ["LOCALCHAT_CPU_SPEC"] = "off"
 
 
 def pytest_sessionfinish(session, exitstatus):

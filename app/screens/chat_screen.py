@@ -477,8 +477,7 @@ class ChatScreen(Screen):
             self.speculative = self.status.speculative = self.spec_default and not off_here
             self.status.spec_note = message.spec_reason if off_here else ""
             if off_here:
-                self.notify(f"Speculation is off: {message.spec_reason} (plain decoding gives more tokens per "
-                            "second here). Ctrl+T turns it on.", timeout=8)
+                self.notify(f"Speculation is off: {message.spec_reason}. Ctrl+T turns it on.", timeout=8)
         self.status.show_stats(None)  # whatever it shows was measured on the model before
         if self.answer:
             self.answer.view.set_waiting("thinking…")

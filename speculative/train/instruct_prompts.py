@@ -4,7 +4,8 @@ The chitchat data set is casual small talk; people also ask a chat model for lis
 explanations, code and short writing, where the target answers in markdown lists, headings and
 code blocks. A head trained on small talk alone drafts those answers badly (the demo head,
 greedy, on the CPU: accepted length about 1.3 on "Give me two tips for sleeping well."). These
-prompts let train-draft have the target answer such requests too (--instruct-frac), and let
+prompts let train-draft have the target answer such requests too (the `instruct` request set of
+prompt_sets.py, --instruct-frac), and let
 `bench --prompt-set instruct` measure acceptance on them.
 
 Every prompt is one template filled with one item of its list, and maybe a modifier asking for
@@ -128,10 +129,3 @@ def interleaved(prompts: list[str], seed: int) -> list[str]:
     out = list(prompts)
     random.Random(seed).shuffle(out)
     return out
-
-
-def instruct_note(data: dict) -> list[str]:
-    """The head README's line on built-in instruction prompts, when the run used any."""
-    n = data.get("instruct_prompts", 0)
-    return [f"- {n} of the prompts the target answered were built-in instruction-style requests "
-            f"(speculative/train/instruct_prompts.py); {data['instruct_split']}."] if n else []

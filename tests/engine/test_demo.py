@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -78,20 +79,32 @@ def test_cli_answers_paris(demo_gguf):
         assert key in stats
     assert stats["generated_tokens"] == len(result["token_ids"]) > 0
     # The shipped head is the demo's default draft, speculating where --spec asks; --no-spec loads
-    # none; with neither, on a CPU, the head is loaded but plain decoding (the faster there) answers,
-    # and stderr says so. The same answer all three ways.
-    assert result["draft"] == "demo-eagle3" and stats["speculative"] and stats["draft_steps"] == 5
+    # none; with neither, the first load on this CPU measures whether speculation pays (as a user's
+    # does; the verdict depends on the machine, so either is accepted, but the JSON, stderr and the
+    # cache must agree), and later runs read the verdict. The same answer every way.
+    env = {**os.environ, "LOCALCHAT_CPU_SPEC": "measure"}
+    pays = None
     for flags in (["--no-spec", "--json"], ["--json"], []):
-        out = subprocess.run([sys.executable, "-m", "app.cli", "run", "--model", "demo", "--device", "cpu", *flags,
-                              "What is the capital of France?"], capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ))
+        out = subprocess.run([sys.executable, "-m", "app.cli", "run", "--model", "demo", "--device", "cpu",
+                              "--threads", "2", *flags, "What is the capital of France?"],  # the verdict is per thread count
+                             capture_output=True, text=True, timeout=300, env=env)
         assert out.returncode == 0, out.stderr
         if not flags:
-            assert "speculation off: slower on a CPU (--spec turns it on)" in out.stderr
+            off = re.search(r"speculation off: (slower|not clearly faster) on this CPU \(\d+\.\d\dx of no draft\) "
+                            r"\(--spec turns it on\)", out.stderr)
+            assert (off is None) == pays and "measuring whether" not in out.stderr  # read from the cache
             assert out.stdout.strip() == result["text"].strip()
             continue
         plain = json.loads(out.stdout)
-        assert not plain["stats"]["speculative"] and plain["token_ids"] == result["token_ids"]
+        if "--no-spec" in flags:
+            assert not plain["stats"]["speculative"]
+        else:  # measured now (--json keeps stderr quiet) and remembered
+            pays = plain["stats"]["speculative"]
+            from engine.paths import cache_dir
+
+            verdicts = json.loads((cache_dir() / "speculation-calibration.json").read_text())
+            assert [k for k in verdicts if "|demo-eagle3|cpu " in k and " x2|" in k]
+        assert plain["token_ids"] == result["token_ids"]
         assert plain["draft"] == (None if "--no-spec" in flags else "demo-eagle3")
 
 

@@ -1,6 +1,7 @@
-"""Whether speculation is the default (Engine.speculation_pays, engine/spec_pays.py): a CPU says
-no without measuring; a GPU measures speculation against plain decoding without the draft once per
-model, draft, GPU and settings, and reads the verdict from the cache after that."""
+"""Whether speculation is the default (Engine.speculation_pays, engine/spec_pays.py): a GPU or CPU
+measures speculation against plain decoding without the draft once per model, draft, device and
+settings (a CPU more briefly, and asking for a margin), and reads the verdict from the cache after
+that; LOCALCHAT_CPU_SPEC=off keeps a CPU from measuring."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ class FakeEngine:
 def measured(ratio, baseline="no draft", built_twin=False):
     calls = []
 
-    def measurer(engine):
-        calls.append(engine)
+    def measurer(engine, prompts=None, tokens=None):
+        calls.append((engine, prompts, tokens))
         return {"spec": 100.0 * ratio, "plain": 100.0, "baseline": baseline, "ratio": ratio, "built_twin": built_twin}
 
     return measurer, calls
@@ -118,17 +119,60 @@ def test_without_room_for_a_twin_plain_decoding_keeps_the_draft_loaded():
     assert got["baseline"] == "draft loaded" and not got["built_twin"] and set(seen) == {(True, True), (True, False)}
 
 
-def test_a_cpu_engine_says_no_without_measuring_and_a_real_measurement_runs(tiny_models, tmp_path, monkeypatch):
-    """On the CPU the answer is the rule, not a measurement; measure() itself runs a tiny engine's
-    real answers (the GPU path, minus the GPU) and lets a twin it built go."""
+def test_a_cpu_measures_briefly_and_asks_for_a_margin(tmp_path, monkeypatch):
+    engine = FakeEngine()
+    engine.device = "cpu"
+    logs = []
+    measurer, calls = measured(1.05)
+    got = spec_pays.verdict(engine, "k=5", tmp_path / "c.json", logs.append, measurer)
+    assert got == (False, "not clearly faster on this CPU (1.05x of no draft)")
+    assert calls[0][1:] == (spec_pays.CPU_PROMPTS, spec_pays.CPU_TOKENS) and "on this CPU" in logs[0]
+    measurer, _ = measured(0.8)
+    assert spec_pays.verdict(engine, "k=6", tmp_path / "c.json", None, measurer) == \
+        (False, "slower on this CPU (0.80x of no draft)")
+    measurer, _ = measured(spec_pays.CPU_PAYS_FROM)
+    assert spec_pays.verdict(engine, "k=7", tmp_path / "c.json", None, measurer) == (True, "")
+    # the verdict is this processor's at this thread count: another count measures again
+    key = spec_pays.cache_key(engine, "k=7")
+    assert spec_pays.cpu_name() in key and "x" in key.split("|")[2]
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
+    assert spec_pays.cache_key(engine, "k=7") != key and "x97" in spec_pays.cache_key(engine, "k=7")
+
+
+def test_the_cpu_setting_is_checked(monkeypatch):
+    from engine.engine import cpu_spec_setting
+    from engine.errors import UserError
+
+    for value, want in (("", "measure"), ("Measure", "measure"), (" off ", "off")):
+        monkeypatch.setenv("LOCALCHAT_CPU_SPEC", value)
+        assert cpu_spec_setting() == want
+    monkeypatch.setenv("LOCALCHAT_CPU_SPEC", "sometimes")
+    with pytest.raises(UserError, match="LOCALCHAT_CPU_SPEC='sometimes': use measure or off"):
+        cpu_spec_setting()
+
+
+def test_a_cpu_engine_measures_unless_told_not_to_and_a_real_measurement_runs(tiny_models, tmp_path, monkeypatch):
+    """LOCALCHAT_CPU_SPEC=off: the rule, not a measurement; otherwise a CPU engine measures at
+    its first question (here a stand-in measurer); measure() itself runs a tiny engine's real
+    answers and lets a twin it built go."""
     from tests.speculative.heads import head_tensors, write_head
     from tests.tiny import read_config
 
     cfg = read_config(tiny_models["llama"])
     head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200), 64, (0, 1, 2))
     engine = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cpu", options=KernelOptions(spec_alts=1))
-    monkeypatch.setattr(spec_pays, "measure", lambda e: pytest.fail("measured on a CPU"))
+    monkeypatch.setattr(spec_pays, "measure", lambda *a: pytest.fail("measured on a CPU"))
+    monkeypatch.setenv("LOCALCHAT_CPU_SPEC", "off")
     assert engine.speculation_pays() == (False, Engine.CPU_SPEC_REASON)
+    monkeypatch.setenv("LOCALCHAT_CPU_SPEC", "measure")
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))  # an empty cache
+    seen = []
+    monkeypatch.setattr(spec_pays, "measure", lambda e, prompts, tokens: seen.append(tokens) or
+                        {"spec": 50.0, "plain": 40.0, "baseline": "no draft", "ratio": 1.25})
+    assert engine.speculation_pays() == (True, "") and seen == [spec_pays.CPU_TOKENS]
+    assert engine.speculation_pays() == (True, "") and len(seen) == 1  # kept on the engine
     monkeypatch.undo()
     got = spec_pays.measure(engine, prompts=("Paris is", "Numbers: 1 2 3"), tokens=12)
     assert got["spec"] > 0 and got["plain"] > 0 and got["baseline"] == "no draft" and got["built_twin"]

@@ -15,6 +15,8 @@ import time
 import openai
 import pytest
 
+from engine.engine import Engine
+
 pytestmark = pytest.mark.slow
 
 PROMPT = "Give me three tips for learning to cook."
@@ -52,8 +54,8 @@ def test_openai_client_gets_the_tokens_of_localchat_run(demo_server):
                           "--max-tokens", "32", PROMPT], capture_output=True, text=True, timeout=300)
     expected = json.loads(run.stdout)["token_ids"]
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-    card = client.models.list().data[0].model_extra["localchat"]  # on a CPU: plain decoding unless asked
-    assert card["speculation_default"] is False and card["speculation_note"] == "slower on a CPU"
+    card = client.models.list().data[0].model_extra["localchat"]  # LOCALCHAT_CPU_SPEC=off (conftest): plain decoding unless asked
+    assert card["speculation_default"] is False and card["speculation_note"] == Engine.CPU_SPEC_REASON
     reply = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=32, temperature=0,
                                            extra_body={"return_token_ids": True, "speculative": True})
     assert reply.choices[0].model_extra["token_ids"] == expected
