@@ -12,22 +12,13 @@ import torch
 
 from engine import read_ahead
 from engine.errors import UserError
-from engine.options import KernelOptions
+from engine.options import KernelOptions, cpu_spec_setting
 from engine.runner import ModelRunner
 from engine.decode import DecodeState, choose_next, plain_steps
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
 
 Progress = Callable[[str, "float | None"], None]
-
-
-def cpu_spec_setting() -> str:
-    """LOCALCHAT_CPU_SPEC: "measure" (the default: whether speculation pays on a CPU is measured
-    at a model and draft's first load) or "off" (not measured: off by default on a CPU)."""
-    value = os.environ.get("LOCALCHAT_CPU_SPEC", "").strip().lower() or "measure"
-    if value not in ("measure", "off"):
-        raise UserError(f"LOCALCHAT_CPU_SPEC={value!r}: use measure or off")
-    return value
 
 
 class Engine:

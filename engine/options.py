@@ -163,6 +163,15 @@ def triton_interpreting() -> bool:
 
 # Other settings the engine takes from the process environment, read here and nowhere else.
 
+def cpu_spec_setting() -> str:
+    """LOCALCHAT_CPU_SPEC: "measure" (the default: whether speculation pays on a CPU is measured
+    at a model and draft's first load) or "off" (not measured: off by default on a CPU)."""
+    value = os.environ.get("LOCALCHAT_CPU_SPEC", "").strip().lower() or "measure"
+    if value not in ("measure", "off"):
+        raise UserError(f"LOCALCHAT_CPU_SPEC={value!r}: use measure or off")
+    return value
+
+
 def cuda_visible_devices() -> str | None:
     """$CUDA_VISIBLE_DEVICES as set (None: unset, every GPU visible)."""
     return os.environ.get("CUDA_VISIBLE_DEVICES")

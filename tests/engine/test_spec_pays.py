@@ -142,7 +142,7 @@ def test_a_cpu_measures_briefly_and_asks_for_a_margin(tmp_path, monkeypatch):
 
 
 def test_the_cpu_setting_is_checked(monkeypatch):
-    from engine.engine import cpu_spec_setting
+    from engine.options import cpu_spec_setting
     from engine.errors import UserError
 
     for value, want in (("", "measure"), ("Measure", "measure"), (" off ", "off")):
