@@ -143,8 +143,9 @@ def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable
                 + (", some seconds)" if cpu else ")"))
         try:
             entry = measurer(engine, CPU_PROMPTS, CPU_TOKENS) if cpu else measurer(engine)
-        except (UserError, RuntimeError):  # out of memory, a context too short: speculation stays on, unmeasured
-            return True, ""
+        except (UserError, RuntimeError):  # out of memory, a context too short: unmeasured, a GPU keeps
+            # speculation on (where drafts mostly pay), a CPU off (where they are close at best)
+            return (False, "not measured on this CPU") if cpu else (True, "")
         if entry.pop("built_twin", False):
             engine.drop_twin()
         cached[key] = entry

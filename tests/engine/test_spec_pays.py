@@ -132,6 +132,11 @@ def test_a_cpu_measures_briefly_and_asks_for_a_margin(tmp_path, monkeypatch):
         (False, "slower on this CPU (0.80x of no draft)")
     measurer, _ = measured(spec_pays.CPU_PAYS_FROM)
     assert spec_pays.verdict(engine, "k=7", tmp_path / "c.json", None, measurer) == (True, "")
+
+    def fails(*a):
+        raise RuntimeError("out of memory")
+
+    assert spec_pays.verdict(engine, "k=8", tmp_path / "c.json", None, fails) == (False, "not measured on this CPU")
     # the verdict is this processor's at this thread count: another count measures again
     key = spec_pays.cache_key(engine, "k=7")
     assert spec_pays.cpu_name() in key and "x" in key.split("|")[2]
