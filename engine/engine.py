@@ -33,6 +33,7 @@ class Engine:
         self._kv_tokens: list[int] = []  # tokens whose K/V the target cache holds, in order
         self._no_draft: Engine | None = None  # without_draft(), once built
         self._pays: tuple[bool, str] | None = None  # speculation_pays(), once measured or read
+        self._cpu_spec = cpu_spec_setting()  # read at load: a bad LOCALCHAT_CPU_SPEC stops the load in one line
 
     @property
     def has_draft(self) -> bool:
@@ -52,12 +53,12 @@ class Engine:
         LOCALCHAT_CPU_SPEC=off, off without measuring."""
         if self.speculator is None:
             return False, "no draft"
-        if self.runner.device.type == "cpu" and cpu_spec_setting() == "off":
+        if self.runner.device.type == "cpu" and self._cpu_spec == "off":
             return False, self.CPU_SPEC_REASON
         if self._pays is None:
             from engine import spec_pays
 
-            self._pays = spec_pays.verdict(self, spec_pays.draft_settings(self), log=log, measurer=spec_pays.measure)
+            self._pays = spec_pays.verdict(self, spec_pays.draft_settings(self), log=log)
         return self._pays
 
     @property

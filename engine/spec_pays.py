@@ -124,12 +124,13 @@ def reason_for(result: dict, device: str = "GPU") -> str:
 
 
 def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable[[str], None] | None = None,
-            measurer=measure) -> tuple[bool, str]:
+            measurer: Callable | None = None) -> tuple[bool, str]:
     """(whether speculation pays on `engine`'s GPU, and if not, why), from the cache or a
     measurement now (written to the cache; a twin built only for it is let go again)."""
     from engine.errors import UserError
     from engine.paths import cache_dir, read_json_cache, write_json_cache
 
+    measurer = measurer or measure
     cpu = engine.device == "cpu"
     device = "CPU" if cpu else "GPU"
     cache_file = cache_file or cache_dir() / "speculation-calibration.json"

@@ -152,9 +152,8 @@ def _train_eagle3(args) -> int:
 
     save_head(opts.out, config, draft, cfg.vocab_size)  # first: a failing check below loses nothing
     earlier = list(resume.get("parts") or []) if resume else []  # the parts before this one
-    this_part = {"wall_s": 0.0, "steps": ran}
     if res.interrupted:
-        this_part["wall_s"] = round(time.perf_counter() - t_start, 1)
+        this_part = {"wall_s": round(time.perf_counter() - t_start, 1), "steps": ran}
         train_checkpoint.save(opts.out, draft, res, draft_ids, coverage, run_settings, [*earlier, this_part])
         _log(f"to train on along the same schedule: {command_line(args, resume=True)}")
     else:
@@ -167,7 +166,7 @@ def _train_eagle3(args) -> int:
     wall = time.perf_counter() - t_start
     # A resumed run's provenance covers the whole run: its parts' seconds add up, and the command
     # is the one that started it (each later part ran it again with --resume).
-    parts = [*earlier, {**this_part, "wall_s": round(wall, 1)}]
+    parts = [*earlier, {"wall_s": round(wall, 1), "steps": ran}]
     prov = {
         "target": target_name, "command": command_line(args, resume=False),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",

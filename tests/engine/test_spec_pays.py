@@ -158,6 +158,19 @@ def test_the_cpu_setting_is_checked(monkeypatch):
         cpu_spec_setting()
 
 
+def test_a_bad_cpu_setting_stops_the_load_in_one_line(tiny_models):
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "app.cli", "run", "--model", str(tiny_models["llama"]), "--device",
+                          "cpu", "--max-tokens", "4", "hello"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "LOCALCHAT_CPU_SPEC": "sometimes"})
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines()[-1].endswith("LOCALCHAT_CPU_SPEC='sometimes': use measure or off")
+    assert "Traceback" not in out.stderr
+
+
 def test_a_cpu_engine_measures_unless_told_not_to_and_a_real_measurement_runs(tiny_models, tmp_path, monkeypatch):
     """LOCALCHAT_CPU_SPEC=off: the rule, not a measurement; otherwise a CPU engine measures at
     its first question (here a stand-in measurer); measure() itself runs a tiny engine's real
@@ -167,12 +180,15 @@ def test_a_cpu_engine_measures_unless_told_not_to_and_a_real_measurement_runs(ti
 
     cfg = read_config(tiny_models["llama"])
     head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200), 64, (0, 1, 2))
-    engine = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cpu", options=KernelOptions(spec_alts=1))
+    def load():
+        return Engine.load(str(tiny_models["llama"]), draft=str(head), device="cpu", options=KernelOptions(spec_alts=1))
+
     monkeypatch.setattr(spec_pays, "measure", lambda *a: pytest.fail("measured on a CPU"))
     monkeypatch.setenv("LOCALCHAT_CPU_SPEC", "off")
-    assert engine.speculation_pays() == (False, Engine.CPU_SPEC_REASON)
+    assert load().speculation_pays() == (False, Engine.CPU_SPEC_REASON)
     monkeypatch.setenv("LOCALCHAT_CPU_SPEC", "measure")
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))  # an empty cache
+    engine = load()
     seen = []
     monkeypatch.setattr(spec_pays, "measure", lambda e, prompts, tokens: seen.append(tokens) or
                         {"spec": 50.0, "plain": 40.0, "baseline": "no draft", "ratio": 1.25})

@@ -70,3 +70,13 @@ def test_a_tampered_download_is_refused(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="expected " + spec.sha256):
         prompt_sets.archive(spec)
     assert not (tmp_path / "datasets" / spec.filename).exists()
+
+
+def test_bench_measures_on_a_sets_held_out_requests():
+    from benchmarks.harness.prompts import chat_prompts_from
+
+    prompts, source = chat_prompts_from(5, "truthfulqa")
+    held = set(prompt_sets.split_requests("truthfulqa", True))
+    assert len(prompts) == 5 and all(p[0]["content"] in held for p in prompts)
+    assert source == "held-out requests of the truthfulqa set (speculative/train/prompt_sets.py)"
+    assert chat_prompts_from(5, "truthfulqa") == (prompts, source)  # a fixed order

@@ -495,6 +495,8 @@ def test_greedy_weight_and_gen_frac_reach_the_run(tmp_path):
         cmd_train(Namespace(**{**vars(args), "gen_frac": 1.5, "out": str(tmp_path / "bad")}))
     with pytest.raises(UserError, match=r"--instruct-frac must be in \[0, 1\]"):
         cmd_train(Namespace(**{**vars(args), "instruct_frac": -0.1, "out": str(tmp_path / "bad")}))
+    with pytest.raises(UserError, match="--prompt-sets: unknown set wiki; known: instruct, humaneval"):
+        cmd_train(Namespace(**{**vars(args), "prompt_sets": "instruct,wiki", "out": str(tmp_path / "bad")}))
     for name, value, says in (("gen", -1, "--gen must be at least 0"), ("eval_every", -1, "--eval-every must be"),
                               ("eval_prompts", -2, "--eval-prompts must be"), ("gen_tokens", 0, "--gen-tokens must")):
         with pytest.raises(UserError, match=says):
