@@ -28,18 +28,24 @@ from benchmarks.bench_gemv import time_graph  # noqa: E402
 from benchmarks.harness.random_packed import random_awq, random_gguf  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.gemv import gemv  # noqa: E402
-from engine.kernels.packed_gemv import PackedTile, default_tile, packed_gemv, packed_gemv_ref  # noqa: E402
+from engine.kernels.packed_gemv import (PackedTile, default_tile, packed_gemv, packed_gemv_ref,  # noqa: E402
+                                        scale_after_fits)
 from engine.weights.grouped import KIND_NAMES, grouped_blocks  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # The 8B's qkv parts (q, k, v) and gate_up parts (gate, up): a Q4_K_M file stores v apart.
 PARTS = {"qkv": [4096, 1024, 1024], "o_proj": [4096], "gate_up": [14336, 14336], "down": [4096]}
-LAYOUT_KINDS = {"Q4_K_M": {"v": "Q6_K"}, "Q4_K": {}, "Q4_1": {}, "Q8_0": {}, "Q6_K": {}, "AWQ": {}}
+LAYOUT_KINDS = {"Q4_K_M": {"v": "Q6_K"}, "Q4_K": {}, "Q4_0": {}, "Q4_1": {}, "Q8_0": {}, "Q6_K": {}, "AWQ": {}}
 # (block_n, block_k, split_k, num_warps, num_stages, magic)
 SWEEP = [PackedTile(*c) for c in [
     (64, 128, 4, 4, 3, True), (64, 128, 4, 4, 3, False), (64, 128, 2, 4, 3, True), (64, 128, 8, 4, 3, True),
     (64, 128, 4, 8, 3, True), (64, 128, 4, 4, 4, True), (128, 128, 4, 8, 3, True), (128, 64, 4, 4, 3, True),
     (64, 64, 8, 4, 3, True), (64, 256, 4, 8, 3, True), (32, 128, 4, 4, 3, True),
+    # the 4-bit kinds' group-scaled dot (group_kernel)
+    (64, 128, 1, 4, 3, True, True), (64, 128, 2, 4, 3, True, True), (64, 128, 4, 4, 3, True, True),
+    (64, 128, 8, 4, 3, True, True), (64, 128, 4, 4, 4, True, True), (64, 256, 2, 4, 3, True, True),
+    (64, 256, 4, 4, 3, True, True), (128, 128, 4, 8, 3, True, True), (64, 64, 8, 4, 3, True, True),
+    (128, 256, 2, 8, 3, True, True),
 ]]
 
 
@@ -69,6 +75,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layouts", default=",".join(LAYOUT_KINDS))
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-tiles", choices=["all", "scale_after", "plain"], default="all",
+                    help="which of the sweep's tiles to try: all, only the group-scaled ones, or only the others")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--max-seconds", type=float, default=240)
@@ -115,23 +123,30 @@ def main() -> None:
                    "max_err_vs_ref": err, "tiles": []}
             if args.sweep:
                 for tile in SWEEP:
+                    if args.sweep_tiles != "all" and tile.scale_after != (args.sweep_tiles == "scale_after"):
+                        continue
                     if time.time() - t0 > args.max_seconds:
                         break
                     if any(k % (tile.block_k * tile.split_k) or (tile.block_k % b.group and b.group % tile.block_k)
-                           for b in blocks):
+                           or (tile.scale_after and not scale_after_fits(b, tile)) for b in blocks):
                         continue
                     try:
                         us = time_graph(lambda i: run_blocks(x1, sets[i % copies], out1, tile), args.iters, args.calls)
+                        got16 = run_blocks(xk, blocks, out16.clone(), tile)
+                        ones = torch.cat([run_blocks(xk[i:i + 1], blocks, out1.clone(), tile) for i in range(16)])
                     except Exception as e:  # a tile this Triton cannot build: reported, skipped
                         row["tiles"].append({"tile": str(tile), "error": repr(e)[:160]})
                         continue
+                    # each tile's values too: a fast tile that computes something else is no answer
                     row["tiles"].append({"tile": [tile.block_n, tile.block_k, tile.split_k, tile.num_warps,
-                                                  tile.num_stages, tile.magic],
-                                         "us_1": us})
+                                                  tile.num_stages, tile.magic, tile.scale_after],
+                                         "us_1": us, "max_err_vs_ref": float((got16.float() - ref.float()).abs().max()),
+                                         "rows_equal_1_row_calls": bool(torch.equal(got16, ones))})
             entry[role] = row
             timed = [t for t in row["tiles"] if "us_1" in t]
             for t in sorted(timed, key=lambda t: t["us_1"])[:3]:
-                print(f"  tile {t['tile']}: {t['us_1']:.2f} us", flush=True)
+                print(f"  tile {t['tile']}: {t['us_1']:.2f} us, max error {t['max_err_vs_ref']:.3g}, 16 rows equal "
+                      f"their 1-row calls: {t['rows_equal_1_row_calls']}", flush=True)
             print(f"{layout:6s} {role:8s} {us1:8.2f} us (16 rows {us16:7.2f})  {row['GBps_1']:7.0f} GB/s "
                   f"= {100 * row['of_copy_bandwidth']:5.1f}% of copy, x{row['vs_bf16']:.2f} vs bf16, "
                   f"default tile {default_tile(blocks[0].shape[0], k, blocks[0].group)}", flush=True)
