@@ -28,8 +28,7 @@ from benchmarks.bench_gemv import time_graph  # noqa: E402
 from benchmarks.harness.random_packed import random_awq, random_gguf  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.gemv import gemv  # noqa: E402
-from engine.kernels.packed_gemv import (PackedTile, default_tile, packed_gemv, packed_gemv_ref,  # noqa: E402
-                                        scale_after_fits)
+from engine.kernels.packed_gemv import PackedTile, default_tile, packed_gemv, packed_gemv_ref  # noqa: E402
 from engine.weights.grouped import KIND_NAMES, grouped_blocks  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -41,11 +40,6 @@ SWEEP = [PackedTile(*c) for c in [
     (64, 128, 4, 4, 3, True), (64, 128, 4, 4, 3, False), (64, 128, 2, 4, 3, True), (64, 128, 8, 4, 3, True),
     (64, 128, 4, 8, 3, True), (64, 128, 4, 4, 4, True), (128, 128, 4, 8, 3, True), (128, 64, 4, 4, 3, True),
     (64, 64, 8, 4, 3, True), (64, 256, 4, 8, 3, True), (32, 128, 4, 4, 3, True),
-    # the 4-bit kinds' group-scaled dot (group_kernel)
-    (64, 128, 1, 4, 3, True, True), (64, 128, 2, 4, 3, True, True), (64, 128, 4, 4, 3, True, True),
-    (64, 128, 8, 4, 3, True, True), (64, 128, 4, 4, 4, True, True), (64, 256, 2, 4, 3, True, True),
-    (64, 256, 4, 4, 3, True, True), (128, 128, 4, 8, 3, True, True), (64, 64, 8, 4, 3, True, True),
-    (128, 256, 2, 8, 3, True, True),
 ]]
 
 
@@ -75,8 +69,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layouts", default=",".join(LAYOUT_KINDS))
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--sweep-tiles", choices=["all", "scale_after", "plain"], default="all",
-                    help="which of the sweep's tiles to try: all, only the group-scaled ones, or only the others")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--max-seconds", type=float, default=240)
@@ -123,12 +115,10 @@ def main() -> None:
                    "max_err_vs_ref": err, "tiles": []}
             if args.sweep:
                 for tile in SWEEP:
-                    if args.sweep_tiles != "all" and tile.scale_after != (args.sweep_tiles == "scale_after"):
-                        continue
                     if time.time() - t0 > args.max_seconds:
                         break
                     if any(k % (tile.block_k * tile.split_k) or (tile.block_k % b.group and b.group % tile.block_k)
-                           or (tile.scale_after and not scale_after_fits(b, tile)) for b in blocks):
+                           for b in blocks):
                         continue
                     try:
                         us = time_graph(lambda i: run_blocks(x1, sets[i % copies], out1, tile), args.iters, args.calls)
@@ -139,7 +129,7 @@ def main() -> None:
                         continue
                     # each tile's values too: a fast tile that computes something else is no answer
                     row["tiles"].append({"tile": [tile.block_n, tile.block_k, tile.split_k, tile.num_warps,
-                                                  tile.num_stages, tile.magic, tile.scale_after],
+                                                  tile.num_stages, tile.magic],
                                          "us_1": us, "max_err_vs_ref": float((got16.float() - ref.float()).abs().max()),
                                          "rows_equal_1_row_calls": bool(torch.equal(got16, ones))})
             entry[role] = row

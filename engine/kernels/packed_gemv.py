@@ -24,11 +24,10 @@ import torch.nn.functional as F
 
 from engine.kernels import triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
-from engine.weights.grouped import (FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_NIBBLES, ZERO, GroupedWeight,
-                                    dequantize_grouped)
+from engine.weights.grouped import FP8, HIGH_BITS, INT8, SIGNED_NIBBLES, ZERO, GroupedWeight, dequantize_grouped
 
 MAX_ROWS = 16
-sum_splits = nibbles = None  # bound by _kernel() and _group_kernel()
+sum_splits = None  # bound by _kernel()
 
 
 @dataclass(frozen=True)
@@ -40,10 +39,6 @@ class PackedTile:
     num_stages: int = 3
     # True: q made a float by its bits (2^23 + q, less 2^23), False: by a conversion instruction
     magic: bool = True
-    # 4-bit kinds only: each group's dot taken over q itself (exact small integers in bf16) and
-    # scaled after it, w = q * scale + offset summed as scale * (x . q) + offset * sum(x) per group
-    # (group_kernel). block_k: the K step, a multiple of the group.
-    scale_after: bool = False
 
 
 def default_tile(n: int, k: int, group: int) -> PackedTile:
@@ -159,127 +154,6 @@ def _kernel():
     return packed_kernel
 
 
-def _nibble_asm(zero: int) -> str:
-    """PTX decoding one int32 of 8 nibbles (element i in bits 4i..4i+3) into 8 bf16 values q - zero,
-    two a register: each pair's two nibbles moved into the low bits of the register's halves
-    (prmt from the word and the word shifted by 4), ORed with 0x4300 (bf16 128.0, whose last
-    mantissa bit is 1: 128 + q exactly), less 128 + zero in one bf16x2 FMA (exact: small integers)."""
-    neg = (0xC300 | zero) * 0x10001  # bf16x2 -(128 + zero), exact for zero < 128
-    lines = ["{", ".reg .b32 hi, p, m, one, neg;", "shr.u32 hi, $8, 4;", "mov.b32 m, 0x000F000F;",
-             "mov.b32 one, 0x3F803F80;", f"mov.b32 neg, {neg:#010x};"]
-    for i in range(4):  # pair i: elements 2i (low nibble of byte i) and 2i + 1 (its high nibble)
-        lines += [f"prmt.b32 p, $8, hi, {0x0400 | (0x0101 * i):#06x};",
-                  "lop3.b32 p, p, m, 0x43004300, 0xEA;",  # (p & m) | 0x43004300
-                  "fma.rn.bf16x2 p, p, one, neg;",
-                  f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, p;"]
-    return "\n".join(lines + ["}"])
-
-
-@functools.cache
-def _group_kernel():
-    """group_kernel: 4-bit kinds with the scale applied after each group's dot (PackedTile.scale_after)."""
-    global nibbles  # group_kernel calls it by this module's name
-    import triton
-    import triton.language as tl
-
-    _kernel()  # binds sum_splits
-
-    @triton.jit
-    def nibbles(wd, ZERO: tl.constexpr, ASM: tl.constexpr, NEG_ASM: tl.constexpr, DTYPE: tl.constexpr):
-        """(R, C) int32 words of 8 nibbles -> (R, 8 C) q - ZERO in DTYPE, element 8c + i from nibble i."""
-        if ASM:
-            n0, n1, n2, n3, n4, n5, n6, n7 = tl.inline_asm_elementwise(
-                NEG_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r", [wd], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-        else:
-            n0 = ((wd & 0xF) - ZERO).to(DTYPE)
-            n1 = (((wd >> 4) & 0xF) - ZERO).to(DTYPE)
-            n2 = (((wd >> 8) & 0xF) - ZERO).to(DTYPE)
-            n3 = (((wd >> 12) & 0xF) - ZERO).to(DTYPE)
-            n4 = (((wd >> 16) & 0xF) - ZERO).to(DTYPE)
-            n5 = (((wd >> 20) & 0xF) - ZERO).to(DTYPE)
-            n6 = (((wd >> 24) & 0xF) - ZERO).to(DTYPE)
-            n7 = (((wd >> 28) & 0xF) - ZERO).to(DTYPE)
-        # join adds a minor dimension: [..., a, b, c] holds element 4a + 2b + c
-        v = tl.join(tl.join(tl.join(n0, n4), tl.join(n2, n6)), tl.join(tl.join(n1, n5), tl.join(n3, n7)))
-        return tl.reshape(v, (wd.shape[0], wd.shape[1] * 8))
-
-    @triton.jit
-    def group_kernel(x_ptr, q_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-                     num_rows, N, stride_x, stride_q, stride_s, stride_u, stride_out,
-                     K: tl.constexpr, ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr,
-                     HAS_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
-                     ASM: tl.constexpr, NEG_ASM: tl.constexpr,
-                     SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        GPS: tl.constexpr = BLOCK_K // G  # groups a K step
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        w_rows = tl.where(n_ok, offs_n, 0)  # clamped, not masked: the loads stay vectorized
-        rows = tl.arange(0, BLOCK_M)
-        row_ok = rows < num_rows
-        words = q_ptr.to(tl.pointer_type(tl.int32))  # 8 nibbles a word
-        stride_words = stride_q // 4
-        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        offs_gps = tl.arange(0, GPS)
-        for kk in range(0, K_PER_SPLIT, BLOCK_K):
-            # the step's scales and offsets as one (BLOCK_N, GPS) tile each, so that they are
-            # requested ahead with the step's weights (a load per group stalled every group)
-            g0 = (pid_k * K_PER_SPLIT + kk) // G
-            offs_g = g0 + offs_gps
-            s_all = tl.load(s_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
-            if UNIT > 0:  # codes times their super-block's unit, in float32 as the reference
-                s_all = tl.load(su_ptr + w_rows[:, None] * stride_u + (offs_g // UNIT)[None, :]).to(tl.float32) * s_all
-            if HAS_OFFSET:
-                o_all = tl.load(o_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
-                if UNIT > 0:
-                    o_all = tl.load(ou_ptr + w_rows[:, None] * stride_u + (offs_g // UNIT)[None, :]).to(tl.float32) * o_all
-            for gi in tl.static_range(GPS):
-                k0 = pid_k * K_PER_SPLIT + kk + gi * G
-                offs_w = k0 // 8 + tl.arange(0, G // 8)
-                wd = tl.load(words + w_rows[:, None] * stride_words + offs_w[None, :])
-                offs_k = k0 + tl.arange(0, G)
-                a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None], other=0.0)
-                if DOT_F32:
-                    w = nibbles(wd, ZERO, False, NEG_ASM, tl.float32)
-                    d = tl.dot(w, tl.trans(a.to(tl.float32)), input_precision="ieee")
-                else:
-                    w = nibbles(wd, ZERO, ASM, NEG_ASM, a.dtype)
-                    d = tl.dot(w, tl.trans(a))
-                pick = (offs_gps == gi)[None, :]  # column gi of the step's tiles (a sum of it and zeros)
-                s = tl.sum(tl.where(pick, s_all, 0.0), axis=1)
-                acc_t += d * s[:, None]
-                if HAS_OFFSET:
-                    o = tl.sum(tl.where(pick, o_all, 0.0), axis=1)
-                    xs = tl.sum(a.to(tl.float32), axis=1)  # the group's sum of each row's inputs
-                    acc_t += o[:, None] * xs[None, :]
-        acc = tl.trans(acc_t)
-        out_mask = row_ok[:, None] & n_ok[None, :]
-        if SPLIT_K > 1:
-            part = part_ptr + rows[:, None] * N + offs_n[None, :]
-            last, acc = sum_splits(acc, part, pid_k, count_ptr + pid_n, num_rows, N, out_mask, SPLIT_K)
-            if last:
-                if HAS_BIAS:
-                    acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-                         mask=out_mask)
-        else:
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-                     mask=out_mask)
-
-    return group_kernel
-
-
-def scale_after_fits(weight: GroupedWeight, tile: PackedTile) -> bool:
-    """Whether group_kernel takes this weight with this tile: 4-bit q, groups of 16 inputs or more
-    (a multiple of 8: whole int32 words), a K step of whole groups."""
-    return (weight.kind in (NIBBLES, SIGNED_NIBBLES) and weight.group % 8 == 0 and weight.group >= 16
-            and tile.block_k % weight.group == 0)
-
-
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
                 tile: PackedTile | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M <= 16, K) bf16 (or fp16; fp32 under the interpreter), weight a GroupedWeight on x's
@@ -308,20 +182,6 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
     assert high.is_contiguous()
     assert units.is_contiguous() and (weight.offset is None or weight.offset.is_contiguous())
     interpreting = triton_interpreting()
-    if tile.scale_after:
-        assert scale_after_fits(weight, tile), (weight.kind, weight.group, tile)
-        asm = x.device.type == "cuda" and not interpreting and x.dtype == torch.bfloat16
-        _group_kernel()[(tiles, tile.split_k)](
-            x, weight.q, weight.scale, weight.offset if weight.offset is not None else weight.scale,
-            units, weight.offset_unit if weight.offset_unit is not None else units,
-            bias if bias is not None else out, out, part, counters, m, n, x.stride(0), weight.q.stride(0),
-            weight.scale.stride(0), units.stride(0), out.stride(0), K=k, ZERO=ZERO.get(weight.kind, 0),
-            G=weight.group, UNIT=weight.unit, HAS_OFFSET=weight.offset is not None, HAS_BIAS=bias is not None,
-            DOT_F32=x.dtype == torch.float32 or interpreting, ASM=asm,
-            NEG_ASM=_nibble_asm(ZERO.get(weight.kind, 0)) if asm else "",
-            SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k, BLOCK_M=MAX_ROWS, BLOCK_N=tile.block_n,
-            BLOCK_K=tile.block_k, num_warps=tile.num_warps, num_stages=1 if interpreting else tile.num_stages)
-        return out
     _kernel()[(tiles, tile.split_k)](
         x, weight.q, high, weight.scale, weight.offset if weight.offset is not None else weight.scale,
         units, weight.offset_unit if weight.offset_unit is not None else units,

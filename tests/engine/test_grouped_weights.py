@@ -146,15 +146,11 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
     tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
     from engine.kernels.packed_gemv import PackedTile
 
-    from engine.kernels.packed_gemv import scale_after_fits
-
     tiles = [None, PackedTile(16, 32), PackedTile(16, 32, magic=False), PackedTile(32, 64, split_k=2),
-             PackedTile(16, 32, split_k=4, magic=False), PackedTile(16, 128, scale_after=True),
-             PackedTile(32, 256, split_k=2, scale_after=True)]
+             PackedTile(16, 32, split_k=4, magic=False)]
     for tile in tiles:
         if tile is not None and (k % (tile.block_k * tile.split_k)
-                                 or (tile.block_k % g.group and g.group % tile.block_k)
-                                 or (tile.scale_after and not scale_after_fits(g, tile))):
+                                 or (tile.block_k % g.group and g.group % tile.block_k)):
             continue
         for b in (None, bias):
             singles = torch.cat([packed_gemv(x[i:i + 1], g, b, tile) for i in range(16)])
