@@ -35,13 +35,15 @@ ROWS = (
      UNSEEN + " --prompts 12", "h200_demo_eagle3_sets_chain.json"),
     ("spec", "the same head at temperature 0.7, the same 12 requests",
      UNSEEN + " --temperature 0.7 --prompts 12", "h200_demo_eagle3_sets_t07.json"),
-    ("spec", "greedy speculation, demo model + its 2 MTP layers, k = 2, the same 12 requests (so a GPU starts "
-     "with speculation off for them)",
-     UNSEEN + " --draft demo-mtp --prompts 12", "h200_demo_mtp_unseen_now.json"),
+    ("spec", "greedy speculation, demo model + its 2 MTP layers (retrained on the request sets), k = 2, the "
+     "first 8 of the requests (so a GPU starts with speculation off for them)",
+     UNSEEN + " --draft demo-mtp --draft-steps 2 --prompts 8", "h200_demo_mtp_sets_new.json"),
     ("spec", "8B shape, random head forced to a published EAGLE-3 head's spread (3.5 tokens per verify step on "
-     "average), k = 5",
-     "localchat bench --random-weights llama-8b --force-accept 3.5 --prompts 3 --new-tokens 256 --no-peer",
-     "h200_8b_forced35_session24.json"),
+     "average), k = 5, the chain and 10 runners-up verified (a GPU's default)",
+     "localchat bench --random-weights llama-8b --force-accept 3.5 --prompts 8 --new-tokens 256 --no-peer",
+     "h200_8b_forced35_runners_up.json"),
+    ("spec", "the same with the chain alone verified (the forced spread counts the chain's drafts only)",
+     "`LOCALCHAT_SPEC_ALTS=0` before the same command", "h200_8b_forced35_chain_alone.json"),
     ("packed", "8B shape, random weights packed as a Q4_K_M file (decoded inside the GEMV), plain decode",
      f"`{PACKED}` (and without `--random-quant`)", "h200_8b_packed_Q4_K_M_split.json, h200_8b_bf16_baseline.json"),
     ("packed_short", "the same packed as AWQ 4-bit (group 128)", "the same with `--random-quant AWQ`",
