@@ -31,17 +31,16 @@ from engine.graphs import capture
 
 from speculative.chain_state import ChainState
 from speculative.eagle3.draft_parts import DraftParts
+from speculative.iterations import IterationHost
 from speculative.kernels.alternative import take_alternative, take_alternative_ref
 from speculative.kernels.draft_pick import argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref
 from speculative.kernels.greedy_verify import greedy_verify, greedy_verify_ref
 
 
-class WholeIteration:
+class WholeIteration(IterationHost):
     """What the whole-iteration graphs share: the state carried between replays, the host side
     (queue / take / drain with a ReadAhead, or eager run()), and the verify and draft-extend
     halves of the body. Subclasses write _body() and may draw inputs in _prepare()."""
-
-    graph = None  # the captured graph (subclasses), None: eager
 
     def __init__(self, parts: DraftParts, runner, alts: tuple[int, ...] | int = 0):
         self.parts, self.runner = parts, runner
@@ -74,43 +73,7 @@ class WholeIteration:
         the verify after it."""
         return kv_len + self.width < self.scratch()
 
-    # --- the host side ------------------------------------------------------------------------
-    def _prepare(self) -> None:
-        """Before each iteration, on the stream (the sampled one draws its random numbers)."""
-
-    def _replay(self) -> None:
-        self._prepare()
-        self.graph.replay()
-
-    def queue(self) -> None:
-        """Queues one iteration on the graph (CUDA); its result comes from take()."""
-        if self.reader is None:
-            from engine.read_ahead import ReadAhead
-
-            self.reader = ReadAhead(self.result)
-        self.reader.queue(self._replay)
-
-    def take(self) -> list[int]:
-        return self.reader.take()
-
-    def drain(self) -> None:
-        if self.reader is not None:
-            self.reader.drain()
-
-    @torch.inference_mode()
-    def run(self) -> list[int]:
-        """One iteration; returns [a, next_token, d_1..d_k] (syncs once)."""
-        if self.graph is not None:
-            self._replay()
-        else:  # eager: the host knows the lengths, so attention reads only the filled cache
-            self._prepare()
-            self._body(int(self.n))
-        return self.result.tolist()
-
     # --- the device side ----------------------------------------------------------------------
-    def _body(self, n: int | None = None) -> None:
-        raise NotImplementedError
-
     def _verify(self, n: int | None):
         """The target forward over [bonus, d_1..d_k] at n..n+k (and the alternatives); returns its
         ForwardOutput."""

@@ -6,7 +6,6 @@ from typing import Iterator
 
 import torch
 
-from engine import read_ahead
 from engine.decode import choose_next, plain_steps
 from engine.kernels.attention import MAX_INVARIANT_ROWS as MAX_VERIFY_ROWS
 from engine.kv_cache import KVCache
@@ -14,6 +13,7 @@ from engine.options import AUTO
 from engine.sampling import probabilities, sample_from
 
 from speculative.commit import commit
+from speculative.iterations import run_iterations
 from speculative.eagle3.draft_graphs import DraftGraphs
 from speculative.eagle3.draft_parts import DraftParts
 from speculative.eagle3.model import Eagle3Draft
@@ -191,7 +191,7 @@ class Eagle3Speculator:
         else:
             drafts, q = self._draft_chain(d_logits, d_hidden, n, state)
             it.start(n, state.tokens[n], drafts, q, state.generator)
-        yield from self._iterations(runner, state, it)
+        yield from run_iterations(runner, state, it, self.k, self._commit)
 
     def _sampled_ready(self, state) -> bool:
         """Selects the request's sampling in SampledIteration. With graphs (CUDA) it runs only
@@ -202,40 +202,6 @@ class Eagle3Speculator:
         # No graphs (CPU, --no-graphs, or not captured yet): the body runs eagerly, drawing the
         # same numbers as the graph would.
         return self.graphs is None or self.sampled.capture(state.kv_len)
-
-    def _iterations(self, runner, state, it) -> Iterator[list[int]]:
-        """Runs a started whole-iteration loop (GreedyIteration or SampledIteration) to the end
-        of the context, then plain steps. With a graph, the iteration after the next is queued
-        before the host reads a result (it needs nothing from the host), whenever it surely fits
-        in the context."""
-        k, n, width = self.k, state.kv_len, it.width
-        if it.graph is None:  # eager: one iteration at a time
-            while n + width <= runner.max_len:
-                state.verify_rows.append(width)
-                out, n = self._commit(it.run(), n, state)
-                yield out
-            yield from plain_steps(runner, state)
-            return
-        it.drain()
-        try:
-            it.queue()
-            queued = 1
-            while queued:
-                # The queued iteration starts at n; the one after it at n + k + 1 at most, and
-                # each writes `width` cache rows from where it starts.
-                if queued < read_ahead.DEPTH and n + k + 1 + width <= runner.max_len:
-                    it.queue()
-                    queued += 1
-                state.verify_rows.append(width)
-                out, n = self._commit(it.take(), n, state)
-                queued -= 1
-                if not queued and n + width <= runner.max_len:
-                    it.queue()
-                    queued = 1
-                yield out
-        finally:
-            it.drain()  # an iteration queued past the answer's end wrote only at or past kv_len
-        yield from plain_steps(runner, state)
 
     def _commit(self, result: list[int], n: int, state) -> tuple[list[int], int]:
         """commit() for the verify step at n, and the record of the tokens the draft's cache
