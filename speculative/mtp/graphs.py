@@ -61,6 +61,11 @@ class MTPWindow:
         self.ids.copy_(torch.roll(self.ids, -1))
         self.ids.index_copy_(0, self.last_row.view(1), token)
 
+    def step(self, s: int, start_pos: int | None = None) -> torch.Tensor:
+        """Step s over the window as written: (1, V) fp32 logits of its draft. start_pos: the
+        window's first position when the host knows it (eager), None inside a graph."""
+        return self._step(s, start_pos)
+
     def _step(self, s: int, start_pos: int | None = None) -> torch.Tensor:
         batch = ForwardBatch(self.ids, self.positions, start_pos)
         passed, normed = self.draft.step(s, self.ids, self.hidden, batch, self.embed, self.kvs[s], self.cos_sin_table)

@@ -30,7 +30,9 @@ from engine.sampling import probabilities, sample_from
 
 from speculative.commit import commit
 from speculative.mtp.model import MTPDraft
+from speculative.iterations import run_iterations
 from speculative.mtp.graphs import MTPWindow
+from speculative.mtp.greedy_loop import MTPGreedyIteration
 from speculative.verify import accept_drafts
 
 
@@ -58,6 +60,10 @@ class MTPSpeculator:
         self._seq: list[int] = []  # tokens the draft caches were built from (bonus included)
         self.vocab_size = runner.config.vocab_size
         self.accept = accept or accept_drafts
+        # Greedy answers with the lossless rule run whole iterations (greedy_loop.py): on a GPU
+        # one graph an iteration where it captures, else this loop; on a CPU the same body eagerly.
+        self.whole_iterations = accept is None
+        self.greedy = MTPGreedyIteration(self.window, runner)
 
     # --- the facade's hooks -------------------------------------------------------------
     def reusable_prefix(self, target_cached: list[int], prompt: list[int]) -> int:
@@ -70,10 +76,13 @@ class MTPSpeculator:
         return max(0, m - self.k)
 
     def capture(self, defer: bool = False) -> None:
-        """Captures the verify and window graphs now; `defer` is for the EAGLE-3 speculator's
-        graphs alone (these are captured at load either way)."""
+        """Captures the verify and window graphs and the greedy whole-iteration graph now;
+        `defer` is for the EAGLE-3 speculator's graphs alone (these are captured at load either
+        way, before any conversation, so the iteration's warm-ups write over nothing live)."""
         self.runner.capture([self.k + 1])
         self.window.capture()
+        if self.whole_iterations:
+            self.greedy.capture()
 
     def tokens(self, runner, state) -> Iterator[list[int]]:
         S, dev = self.k, runner.device
@@ -94,6 +103,10 @@ class MTPSpeculator:
             yield from plain_steps(runner, state)
             return
         drafts, q = self._prefill(state, start, torch.cat(states))
+        if self._whole(runner, state):
+            self.greedy.begin(P, state.tokens[P], drafts)
+            yield from run_iterations(runner, state, self.greedy, S, self._commit)
+            return
         while True:
             n = state.kv_len
             if n + S + 1 > runner.max_len:
@@ -111,6 +124,21 @@ class MTPSpeculator:
             self._seq = state.tokens[:state.kv_len + 1]
             drafts, q = new_drafts, new_q
             yield out
+
+    def _whole(self, runner, state) -> bool:
+        """Whether this answer runs whole iterations: greedy, no repetition penalty, the lossless
+        rule, and on a GPU with graphs only through the captured graph (where none was captured,
+        the step-by-step loop replays its graphs, faster than the iteration's eager body)."""
+        if not (self.whole_iterations and state.params.is_greedy and state.seen is None):
+            return False
+        return self.greedy.graph is not None or self.window.graphs is None
+
+    def _commit(self, result: list[int], n: int, state) -> tuple[list[int], int]:
+        """commit() for the verify step at n, and the record of the tokens the layers' caches
+        hold. Returns (the new tokens, the cache length after them)."""
+        out = commit(state, n, result)
+        self._seq = state.tokens[:state.kv_len + 1]
+        return out, state.kv_len
 
     # --- pieces ---------------------------------------------------------------------------
     def _prefill(self, state, start: int, states: torch.Tensor):

@@ -104,25 +104,38 @@ def _reference_drafts(spec, tokens, states, chain: bool):
     return drafts
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["whole iterations", "step by step"])
 @pytest.mark.parametrize("chain", [True, False])
-def test_every_draft_equals_a_full_recompute(tmp_path, target, chain):
+def test_every_draft_equals_a_full_recompute(tmp_path, target, chain, whole):
+    """Every verified draft, through the whole-iteration body (greedy_loop.py) and through the
+    step-by-step loop (which a GPU keeps where the iteration's graph does not capture)."""
     cfg = read_config(target)
     draft = write_localchat_mtp(tmp_path / "d", cfg, random_layers(3, cfg, seed=7, std=0.5), chain)
     e = _engine(target, draft)
-    spec, calls = e.speculator, []
-    forward = e.runner.forward
+    spec, verifies = e.speculator, []
+    if whole:
+        body = spec.greedy._body
 
-    def recording(input_ids, start_pos, *a, **kw):
-        calls.append((input_ids.clone(), start_pos))
-        return forward(input_ids, start_pos, *a, **kw)
+        def recording(n=None):  # each whole iteration's verify: [bonus, d_1..d_S] at n
+            verifies.append((spec.greedy.ids.clone(), int(spec.greedy.n)))
+            return body(n)
 
-    e.runner.forward = recording
+        spec.greedy._body = recording
+    else:
+        spec.whole_iterations = False
+        forward = e.runner.forward
+
+        def recording(input_ids, start_pos, *a, **kw):
+            if input_ids.shape[0] == spec.k + 1:
+                verifies.append((input_ids.clone(), start_pos))
+            return forward(input_ids, start_pos, *a, **kw)
+
+        e.runner.forward = recording
     out, lens = _spec(e, 60)
     tokens = _prompt(e) + out
     with torch.inference_mode():
         kv = KVCache(cfg["num_hidden_layers"], 512, 2, 16, torch.float32, "cpu")
         full = e.runner.model(ForwardBatch.eager(torch.tensor(tokens), 0), kv).hidden
-    verifies = [(ids, n) for ids, n in calls[1:] if ids.shape[0] == 4]
     assert len(verifies) == len(lens) >= 10
     differs = 0
     with torch.inference_mode():
