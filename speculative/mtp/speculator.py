@@ -61,7 +61,8 @@ class MTPSpeculator:
         self.vocab_size = runner.config.vocab_size
         self.accept = accept or accept_drafts
         # Greedy answers with the lossless rule run whole iterations (greedy_loop.py): on a GPU
-        # one graph an iteration where it captures, else this loop; on a CPU the same body eagerly.
+        # one graph an iteration where it captures (KernelOptions.mtp_graph), else this loop; on
+        # a CPU the same body eagerly.
         self.whole_iterations = accept is None
         self.greedy = MTPGreedyIteration(self.window, runner)
 
@@ -81,7 +82,7 @@ class MTPSpeculator:
         way, before any conversation, so the iteration's warm-ups write over nothing live)."""
         self.runner.capture([self.k + 1])
         self.window.capture()
-        if self.whole_iterations:
+        if self.whole_iterations and self.runner.model.ops.options.mtp_graph:
             self.greedy.capture()
 
     def tokens(self, runner, state) -> Iterator[list[int]]:

@@ -26,6 +26,9 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # each_row is off unless asked for (its verify rows cost more than its plain steps save)
     assert default.each_row is False and KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "1"}) == dataclasses.replace(default, each_row=True)
+    # MTP's whole-iteration graph is off on a GPU until measured there
+    assert default.mtp_graph is False and KernelOptions.from_env({"LOCALCHAT_MTP_GRAPH": "0"}) == default
+    assert KernelOptions.from_env({"LOCALCHAT_MTP_GRAPH": "1"}) == dataclasses.replace(default, mtp_graph=True)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     alts = {"": None, "auto": "auto", "0": 0, "3": 3, "2,1": (2, 1), " 2, 1, 0 ": (2, 1, 0)}
