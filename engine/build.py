@@ -34,10 +34,7 @@ def build_engine(cls, model: str, draft: str | None, device: str | None, max_seq
         raise UserError(f"--draft-steps must be between 1 and 15, got {draft_steps}")
     dev = pick_device(device)
     apply_threads(dev.type, threads)
-    # Experiment: LOCALCHAT_CPU_DTYPE=bf16 runs a CPU engine in bfloat16 (docs/performance.md)
-    import os
-    cpu_bf16 = os.environ.get("LOCALCHAT_CPU_DTYPE", "") == "bf16"
-    dtype = torch.bfloat16 if dev.type == "cuda" or cpu_bf16 else torch.float32
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     t0 = time.perf_counter()
     src = resolve(model, log=say)
     draft_spec = draft
