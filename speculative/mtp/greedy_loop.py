@@ -44,12 +44,7 @@ class MTPGreedyIteration(IterationHost):
         """Where a capture's warm-ups start: engine.graphs.capture runs the body twice for real,
         each moving n on by at most S + 1 and writing target rows n..n+S and window rows
         n-S+1..n+S, so started here they stay in the caches' last 3 (S + 1) positions."""
-        return self.runner.max_len - 3 * (self.k + 1)
-
-    def fits_capture(self, kv_len: int) -> bool:
-        """Whether a capture's warm-ups leave alone a conversation of kv_len cached tokens (and
-        the window rows before it) and the verify after it."""
-        return kv_len + self.width < self.scratch() - self.k
+        return self.runner.max_len - 3 * (self.k + 1)  # captured at load, before any conversation
 
     def begin(self, n: int, bonus: int, drafts: torch.Tensor) -> None:
         """The first iteration's inputs: the bonus token at n and the S drafts after it (the

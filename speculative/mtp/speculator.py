@@ -29,10 +29,10 @@ from engine.decode import choose_next, plain_steps
 from engine.sampling import probabilities, sample_from
 
 from speculative.commit import commit
-from speculative.mtp.model import MTPDraft
 from speculative.iterations import run_iterations
 from speculative.mtp.graphs import MTPWindow
 from speculative.mtp.greedy_loop import MTPGreedyIteration
+from speculative.mtp.model import MTPDraft
 from speculative.verify import accept_drafts
 
 
