@@ -64,3 +64,35 @@ def test_mtp_graphs_equal_eager_500_tokens(tmp_path, markov, S, chain):
     plain = [t for ev in g_eng.stream_ids(ids, SamplingParams(max_tokens=500), speculative=False)
              for t in ev.token_ids]
     assert plain == _run(g_eng, 500, 0.0)[0]
+
+
+@pytest.mark.parametrize("chain", [True, False])
+@pytest.mark.parametrize("S", [1, 2, 3])
+def test_mtp_whole_iteration_graph_equals_eager_and_plain_decoding(tmp_path, markov, S, chain):
+    """LOCALCHAT_MTP_GRAPH=1: greedy answers replay one graph an iteration (greedy_loop.py); the
+    same tokens and accepted lengths as the iteration's eager body, and as plain decoding."""
+    from engine.options import KernelOptions
+
+    cfg = read_config(markov)
+    g = torch.Generator().manual_seed(S)
+    layers = [map_layer(t, "id", cfg["hidden_size"], g, state_std=0.6, block=True)
+              for t in random_layers(S, cfg, seed=3)]
+    draft = write_localchat_mtp(tmp_path / "d", cfg, layers, chain)
+    engines = []
+    for graphs in (True, False):
+        e = Engine.load(str(markov), draft=str(draft), device="cuda", use_graphs=graphs, max_seq_len=1024,
+                        options=KernelOptions(mtp_graph=True))
+        e.tokenizer.eos_token_ids = frozenset()
+        engines.append(e)
+    g_eng, e_eng = engines
+    assert g_eng.speculator.greedy.graph is not None  # captured, and its replay equalled the eager body
+    assert e_eng.speculator.greedy.graph is None
+    a, lens_a = _run(g_eng, 500, 0.0)
+    b, lens_b = _run(e_eng, 500, 0.0)
+    assert len(a) == 500 and a == b and lens_a == lens_b
+    assert len(set(lens_a)) >= 2, lens_a  # acceptance varies
+    g_eng.reset()
+    ids = g_eng.tokenizer.apply_chat_template(PROMPT)
+    plain = [t for ev in g_eng.stream_ids(ids, SamplingParams(max_tokens=500), speculative=False)
+             for t in ev.token_ids]
+    assert plain == a
