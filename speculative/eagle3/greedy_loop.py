@@ -58,7 +58,6 @@ class WholeIteration(IterationHost):
         self._rows = self._row_offsets.clone()
         self.positions = self._rows[:self.width]
         self.slots = self._rows[self.width:] if self.num_alts else None
-        self.reader = None
 
     def scratch(self) -> int:
         """Where a capture's warm-ups start. engine.graphs.capture runs the body twice for real,

@@ -61,9 +61,9 @@ class MTPGreedyIteration(IterationHost):
         out = runner.model(ForwardBatch(chain.ids, self._positions, start_pos=n), runner.kv)
         logits = runner.model.logits(out.hidden)
         start = None if n is None else n - S + 1  # the window's first position, when the host knows it
-        window_start = chain.n - (S - 1)  # read before greedy_verify moves n on
+        window_start = chain.n - (S - 1) if start is None else start  # before greedy_verify moves n on
         greedy_verify_ref(logits, chain)  # accepted, window = the accepted drafts then the next token
-        window.begin(window_start if start is None else start, chain.window, out.hidden, chain.accepted)
+        window.begin(window_start, chain.window, out.hidden, chain.accepted)
         for s in range(S):
             tok = window.step(s, start).argmax(-1)  # (1,): the draft of step s
             chain.ids[1 + s:2 + s].copy_(tok)

@@ -104,7 +104,7 @@ class MTPSpeculator:
             yield from plain_steps(runner, state)
             return
         drafts, q = self._prefill(state, start, torch.cat(states))
-        if self._whole(runner, state):
+        if self._whole(state):
             self.greedy.begin(P, state.tokens[P], drafts)
             yield from run_iterations(runner, state, self.greedy, S, self._commit)
             return
@@ -126,7 +126,7 @@ class MTPSpeculator:
             drafts, q = new_drafts, new_q
             yield out
 
-    def _whole(self, runner, state) -> bool:
+    def _whole(self, state) -> bool:
         """Whether this answer runs whole iterations: greedy, no repetition penalty, the lossless
         rule, and on a GPU with graphs only through the captured graph (where none was captured,
         the step-by-step loop replays its graphs, faster than the iteration's eager body)."""
