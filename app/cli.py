@@ -146,6 +146,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force-accept", type=float, default=None,
                    help="benchmark only: a random-weight draft whose verify steps give this many tokens: each step "
                         "for a whole number, on average with a real head's spread otherwise, e.g. 3.5 (default: off)")
+    p.add_argument("--runners-up", choices=("auto", "on", "off"), default="auto",
+                   help="greedy EAGLE-3 chains on a GPU: verify the head's runners-up beside the chain (on), the "
+                        "chain alone (off), or whichever is faster, as the app chooses (auto, the default)")
     p.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
     p.add_argument("--out", default=None, help="write the JSON report here (default: not written)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")

@@ -80,10 +80,11 @@ class KernelOptions:
     # the shaped ones on any device; N: N for every draft; (A, B, ...): A for draft 1, B for draft 2,
     # none after. LOCALCHAT_SPEC_ALTS=auto|N|A,B,...
     spec_alts: int | tuple[int, ...] | str | None = None
-    # Greedy MTP answers on a GPU as one CUDA graph an iteration (speculative/mtp/greedy_loop.py).
-    # Off by default on a GPU until measured there: the step-by-step loop, its graphs per step.
-    # The CPU runs the same iteration eagerly either way. LOCALCHAT_MTP_GRAPH=1: on.
-    mtp_graph: bool = False
+    # Greedy MTP answers on a GPU as one CUDA graph an iteration (speculative/mtp/greedy_loop.py):
+    # on an H200 the demo's MTP layers 0.99x of no draft, against 0.78x through the step-by-step
+    # loop and its graphs per step (docs/performance.md). The CPU runs the same iteration eagerly
+    # either way. LOCALCHAT_MTP_GRAPH=0: the step-by-step loop.
+    mtp_graph: bool = True
     # Benchmarks only (benchmarks/variants.py tiles:SPEC): ((N, K), tile or CUBLAS) pairs that send a
     # one-row projection of that weight shape to that tile of our GEMV, or to cuBLAS.
     row_tiles: tuple[tuple[tuple[int, int], Tile], ...] = ()
@@ -122,7 +123,7 @@ class KernelOptions:
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
-            mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH", default=False),
+            mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"),
         )
 
 

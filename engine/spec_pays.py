@@ -12,6 +12,13 @@ loaded). The verdict is cached in the cache folder under the model, the draft, t
 (on a CPU: its model name and torch's thread count), torch's version, the draft settings and this
 file's contents; later loads read it at once.
 
+Where an EAGLE-3 head's greedy chains may verify the head's runners-up beside the chain (a GPU's
+default), speculation is timed both with them and with the chain alone, and the faster is kept
+(Eagle3Speculator.use_runners_up) and remembered with the verdict: they win back tokens where a
+draft is wrong, for rows every verify step pays, so which pays depends on the head and the model
+(on an H200 the demo's head gains from them; the 8B shape with a forced head, whose runners-up
+are never taken, lost 9% to them; docs/performance.md).
+
 A CPU measures less (CPU_PROMPTS, CPU_TOKENS: some 20 s for the demo model on 2 cores) and asks
 for a margin (CPU_PAYS_FROM): there a verify step costs the arithmetic of every row it checks, so
 speculation is close to plain decoding either way (the demo's first head: 0.96x on 2 cores, the
@@ -91,30 +98,68 @@ def answer_tok_s(engine, prompt: str, speculative: bool, tokens: int) -> tuple[i
     return n - 1, time.perf_counter() - first
 
 
+def chooses_runners_up(engine) -> bool:
+    """Whether `engine`'s greedy chains may verify with or without runners-up (an EAGLE-3 head on
+    a GPU, chains rather than a tree, LOCALCHAT_SPEC_ALTS unset): the measurement times both."""
+    spec = getattr(engine, "speculator", None)
+    return bool(getattr(spec, "runners_up_choice", False)) and getattr(spec, "tree", None) is None
+
+
+def alternate(settings: dict, prompts, tokens: int, timer=answer_tok_s) -> dict[str, float]:
+    """Tokens per second of each setting (name: (engine, speculative, runners-up or None)), prompt by
+    prompt, the order turning each time, each after an uncounted warm-up."""
+    def run(name, prompt, n):
+        eng, spec, runners_up = settings[name]
+        if runners_up is not None:
+            eng.speculator.use_runners_up(runners_up)
+        return timer(eng, prompt, spec, n)
+
+    for name in settings:  # warm-up: graphs captured, kernels compiled
+        run(name, prompts[0], 8)
+    done = {name: [0, 0.0] for name in settings}
+    names = list(settings)
+    for i, prompt in enumerate(prompts):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            n, s = run(name, prompt, tokens)
+            done[name][0] += n
+            done[name][1] += s
+    return {name: (n / s if s else 0.0) for name, (n, s) in done.items()}
+
+
+def choose_runners_up(engine, speeds: dict[str, float]) -> bool | None:
+    """Leaves `engine` verifying with runners-up or not, whichever `speeds` ("spec": with them,
+    "spec_chain": the chain alone) found faster; None where there was no choice."""
+    if "spec_chain" not in speeds:
+        return None
+    on = speeds["spec"] >= speeds["spec_chain"]
+    engine.speculator.use_runners_up(on)
+    return on
+
+
 def measure(engine, prompts=PROMPTS, tokens: int = TOKENS, timer=answer_tok_s) -> dict:
     """Tokens per second of greedy speculation on `engine` and of plain decoding without its draft
-    (the twin), alternating prompt by prompt, the order turning each time. {"spec", "plain",
-    "baseline": "no draft" | "draft loaded", "ratio", "built_twin": whether the twin was built for
-    this (and may go again)}."""
+    (the twin), alternating prompt by prompt, the order turning each time; where the head may
+    verify the chain alone (chooses_runners_up), speculation both ways, the faster kept. {"spec",
+    "plain", "baseline": "no draft" | "draft loaded", "ratio", "built_twin": whether the twin was
+    built for this (and may go again), and with the choice "runners_up" (kept or not),
+    "spec_runners_up", "spec_chain"}."""
     had_twin = engine.has_twin
     twin = engine.without_draft(if_fits=True)
     built_here = twin is not None and not had_twin
     baseline = "no draft" if twin is not None else "draft loaded"
-    plain = (twin, False) if twin is not None else (engine, False)
-    settings = {"spec": (engine, True), "plain": plain}
-    for eng, spec in settings.values():  # warm-up: graphs captured, kernels compiled
-        timer(eng, prompts[0], spec, 8)
-    done = {name: [0, 0.0] for name in settings}
-    names = list(settings)
-    for i, prompt in enumerate(prompts):
-        for name in names[i % 2:] + names[:i % 2]:
-            eng, spec = settings[name]
-            n, s = timer(eng, prompt, spec, tokens)
-            done[name][0] += n
-            done[name][1] += s
-    speeds = {name: (n / s if s else 0.0) for name, (n, s) in done.items()}
-    return {"spec": speeds["spec"], "plain": speeds["plain"], "baseline": baseline,
-            "ratio": speeds["spec"] / speeds["plain"] if speeds["plain"] else 0.0, "built_twin": built_here}
+    plain = (twin, False, None) if twin is not None else (engine, False, None)
+    choice = chooses_runners_up(engine)
+    settings = {"spec": (engine, True, True if choice else None), "plain": plain}
+    if choice:
+        settings["spec_chain"] = (engine, True, False)
+    speeds = alternate(settings, prompts, tokens, timer)
+    result = {"plain": speeds["plain"], "baseline": baseline, "built_twin": built_here}
+    kept = choose_runners_up(engine, speeds)
+    if kept is not None:
+        result.update(runners_up=kept, spec_runners_up=speeds["spec"], spec_chain=speeds["spec_chain"])
+    result["spec"] = max(speeds["spec"], speeds.get("spec_chain", 0.0))
+    result["ratio"] = result["spec"] / speeds["plain"] if speeds["plain"] else 0.0
+    return result
 
 
 def reason_for(result: dict, device: str = "GPU") -> str:
@@ -151,6 +196,8 @@ def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable
             engine.drop_twin()
         cached[key] = entry
         write_json_cache(cache_file, cached)
+    if chooses_runners_up(engine) and isinstance(entry.get("runners_up"), bool):
+        engine.speculator.use_runners_up(entry["runners_up"])
     if entry["ratio"] >= (CPU_PAYS_FROM if cpu else PAYS_FROM):
         return True, ""
     return False, reason_for(entry, device)

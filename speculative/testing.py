@@ -94,10 +94,14 @@ class ForcedEagle3Speculator(Eagle3Speculator):
             raise ValueError(f"accept_len must be between 1 and k + 1 = {draft_steps + 1}, got {accept_len}")
         rule = (forced_acceptance(int(accept_len)) if float(accept_len).is_integer()
                 else forced_profile(accept_len, draft_steps, runner.device))
-        super().__init__(draft, runner, draft_steps, accept=rule)
         self.accept_len = accept_len
+        super().__init__(draft, runner, draft_steps, accept=rule)
         self.whole_iterations = True  # greedy: the graph, forced by ForcedDrafts; sampling stays in the loop
-        self.greedy.force = ForcedDrafts(self.greedy.ids, draft_steps, accept_len, runner.config.vocab_size)
+
+    def _new_greedy(self, alts):
+        it = super()._new_greedy(alts)
+        it.force = ForcedDrafts(it.ids, self.k, self.accept_len, self._runner.config.vocab_size)
+        return it
 
     def measure_components(self, runner, iters: int = 50) -> dict:
         """CUDA: mean ms of one verify, one draft decode step and one draft-extend (graph replays

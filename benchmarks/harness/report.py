@@ -78,9 +78,13 @@ def _table(r: dict) -> str:
         if s.get("verify_tokens"):
             tree = f" (draft tree {r['tree']})" if r.get("tree") else ""
             rows.append(("tokens verified per step", f"{s['verify_tokens']:.1f}{tree}"))
+        chose = r.get("runners_up")
+        by = f" ({chose['by']})" if chose else ""
         if any(r.get("draft_alternatives") or ()) and not r.get("temperature"):
             rows.append(("runners-up verified", ", ".join(map(str, r["draft_alternatives"])) + " (drafts 1.."
-                         f"{len(r['draft_alternatives'])})"))
+                         f"{len(r['draft_alternatives'])})" + by))
+        elif chose and not r.get("temperature"):
+            rows.append(("runners-up verified", "none, the chain alone" + by))
     same = [(what, r[key]["same_tokens_as_no_draft"]) for what, key in (("draft loaded", "plain"), ("speculation", "spec"))
             if key in r and "same_tokens_as_no_draft" in r[key]]
     if same:

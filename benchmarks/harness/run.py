@@ -33,7 +33,6 @@ def run_bench(args) -> int:
     engine = build_bench_engine(args)
     startup_s = time.perf_counter() - t0
     dev = engine.runner.device
-    alts = getattr(engine.speculator, "alts", ())
     system = None if args.random_weights else system_prompt(args)
     report = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                           "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if dev.type == "cuda"
@@ -47,9 +46,7 @@ def run_bench(args) -> int:
                        "time; the same for every setting",
               "startup_s": startup_s,
               "startup_phases_s": getattr(engine, "load_phases", None),
-              "graphs": engine.runner.uses_graphs, "temperature": args.temperature,
-              # runners-up each draft gets in greedy verify steps (EAGLE-3; none when sampling)
-              "draft_alternatives": list(alts) if any(alts) else None}
+              "graphs": engine.runner.uses_graphs, "temperature": args.temperature}
     bw = copy_bandwidth(dev)
     if dev.type == "cuda":  # peak_gpu_mem_GB: the engine's from here on, not the probe's 2 GiB of buffers
         torch.cuda.reset_peak_memory_stats(dev)
@@ -58,6 +55,11 @@ def run_bench(args) -> int:
                   bandwidth_limit_tok_s=bw / weight_bytes if bw else None)
     prompts, report["prompt_set"] = bench_prompts(engine, args, system, file_prompts)
     report["prompts"] = len(prompts)
+    if not args.no_spec:
+        report["runners_up"] = choose_runners_up(engine, args, prompts)
+    alts = getattr(engine.speculator, "alts", ())
+    # runners-up each draft gets in greedy verify steps (EAGLE-3; none when sampling)
+    report["draft_alternatives"] = list(alts) if any(alts) else None
     settings = bench_settings(engine, args.no_spec)
     report["order"] = [name for name, _, _ in settings]
     runs = time_settings(settings, prompts, args)
@@ -93,6 +95,33 @@ def run_bench(args) -> int:
             f.write(text)
     print(text if args.json else _table(report))
     return 0
+
+
+def choose_runners_up(engine, args, prompts) -> dict | None:
+    """Greedy chains with the head's runners-up or without, as --runners-up says; auto: as the app
+    chooses, from its first-load measurement (engine/spec_pays.py) for a real model, and for
+    random weights from the same measurement over two of the bench's prompts. None where the
+    draft has no such choice (MTP layers, trees, a CPU, LOCALCHAT_SPEC_ALTS set)."""
+    from engine import spec_pays
+
+    if not spec_pays.chooses_runners_up(engine):
+        return None
+    choice = getattr(args, "runners_up", "auto")
+    if choice != "auto":
+        engine.speculator.use_runners_up(choice == "on")
+        return {"kept": choice == "on", "by": f"--runners-up {choice}"}
+    if not args.random_weights:
+        engine.speculation_pays()
+        return {"kept": engine.speculator.runners_up, "by": "the app's first-load measurement"}
+
+    def timer(eng, ids, speculative, n):
+        run = time_decode(eng, ids, n, speculative, ignore_eos=args.ignore_eos)
+        return max(run["generated_tokens"] - 1, 0), run["decode_s"]
+
+    speeds = spec_pays.alternate({"spec": (engine, True, True), "spec_chain": (engine, True, False)},
+                                 prompts[:2], min(args.new_tokens, 128), timer)
+    return {"kept": spec_pays.choose_runners_up(engine, speeds), "by": "measured on 2 of the prompts",
+            "spec_runners_up_tok_s": speeds["spec"], "spec_chain_tok_s": speeds["spec_chain"]}
 
 
 def bench_settings(engine, no_spec: bool) -> list[tuple[str, object, bool]]:

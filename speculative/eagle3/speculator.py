@@ -82,12 +82,44 @@ class Eagle3Speculator:
         self.whole_iterations = accept is None
         self.sampled_whole_iterations = accept is None  # sampling's whole iterations (the lossless rule only)
         self.parts = DraftParts(draft, self.embed, self.kv, draft_steps)  # what the loops and graphs use
-        alts = default_alternatives(draft_steps, runner.device, runner.model.ops.options.spec_alts)
-        self.greedy = GreedyIteration(self.parts, runner, alts)  # greedy, no penalty
+        self._runner = runner
+        spec_alts = runner.model.ops.options.spec_alts
+        self._shaped = default_alternatives(draft_steps, runner.device, spec_alts)
+        # Whether a measurement may verify the chain alone instead (use_runners_up): where the
+        # runners-up are the shaped default (a GPU's, or any device's with LOCALCHAT_SPEC_ALTS=auto)
+        # rather than counts LOCALCHAT_SPEC_ALTS sets.
+        self.runners_up_choice = spec_alts in (None, AUTO) and any(self._shaped)
+        self._greedy_by_alts: dict[tuple[int, ...], GreedyIteration] = {}
+        self.greedy = self._greedy_for(self._shaped)  # greedy, no penalty
         self.alts = self.greedy.alts  # runners-up each draft gets in its greedy verify steps
         self.sampled = sampled_loop.SampledIteration(self.parts, runner)  # sampling without a penalty: the same
         self.tree: TreeShape | None = None  # a draft tree's shape (set_tree); None: chains of k
         self._tree_steps: dict[TreeShape, TreeDrafting] = {}  # each shape's step, its graph kept
+
+    def _greedy_for(self, alts: tuple[int, ...]) -> GreedyIteration:
+        """The greedy iteration verifying `alts` runners-up a draft, made once (its graph
+        captured with the draft's, or on the first answer after it was chosen)."""
+        if alts not in self._greedy_by_alts:
+            self._greedy_by_alts[alts] = self._new_greedy(alts)
+        return self._greedy_by_alts[alts]
+
+    def _new_greedy(self, alts: tuple[int, ...]) -> GreedyIteration:
+        return GreedyIteration(self.parts, self._runner, alts)
+
+    @property
+    def runners_up(self) -> bool:
+        """Whether greedy verify steps check runners-up beside the chain."""
+        return any(self.greedy.alts)
+
+    def use_runners_up(self, on: bool) -> None:
+        """Greedy verify steps with the device's runners-up (on) or the chain alone, from the next
+        answer. The runners-up add rows to every verify step for the tokens they win back where a
+        draft is wrong: they pay where rows are cheap and the head's second choices are good,
+        which a measurement decides (engine/spec_pays.py); a forced head's are never taken."""
+        alts = self._shaped if on else (0,) * self.k
+        if alts != self.greedy.alts:
+            self.greedy = self._greedy_for(alts)
+            self.alts = self.greedy.alts
 
     def set_tree(self, shape: TreeShape | None) -> None:
         """Draft trees of `shape` from the next answer (tree_loop.py), or (None) chains of k.
@@ -122,11 +154,17 @@ class Eagle3Speculator:
             self._capture_if_pending(0)
 
     def _capture_if_pending(self, kv_len: int) -> None:
-        if not self._capture_pending or not self.greedy.fits_capture(kv_len):
-            return  # eager for now (in a context shorter than 4 (k + 1) tokens: always)
-        self._capture_pending = False
-        self.graphs = DraftGraphs(self.parts, self.greedy.scratch())
-        self.greedy.capture()
+        if self._capture_pending:
+            # The draft's graphs warm up below the widest iteration's scratch, clear of either
+            # greedy iteration's.
+            widest = self._greedy_for(self._shaped)
+            if not widest.fits_capture(kv_len):
+                return  # eager for now (in a context shorter than 4 (k + 1) tokens: always)
+            self._capture_pending = False
+            self.graphs = DraftGraphs(self.parts, widest.scratch())
+        # the greedy iteration in use, captured once (one chosen by use_runners_up on its first answer)
+        if self.graphs is not None and self.greedy.graph is None and self.greedy.fits_capture(kv_len):
+            self.greedy.capture()
 
     def tokens(self, runner, state) -> Iterator[list[int]]:
         k = self.k

@@ -100,3 +100,29 @@ def test_force_accept_mean_gives_a_spread_with_that_mean(tmp_path, tiny_models):
     assert steps > 40 and sum(1 for n in hist if n) >= 4  # a spread over the lengths, not one of them
     mean = sum(n * c for n, c in enumerate(hist)) / steps
     assert 2.9 < mean < 4.1, (mean, hist)
+
+
+def test_bench_chooses_runners_up_as_told_or_by_measuring(tmp_path, tiny_models, monkeypatch, capsys):
+    """--runners-up on|off sets the greedy verify rows; auto (the default) times both and keeps the
+    faster; on a device without the choice (the CPU's chain alone) there is nothing to report."""
+    args = ["bench", "--random-weights", str(tiny_models["llama"] / "config.json"), "--device", "cpu",
+            "--force-accept", "3", "--draft-steps", "3", "--prompts", "2", "--prompt-tokens", "12",
+            "--new-tokens", "10", "--no-peer", "--out"]
+    out = tmp_path / "r.json"
+    assert main(args + [str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["runners_up"] is None and r["draft_alternatives"] is None
+    monkeypatch.setenv("LOCALCHAT_SPEC_ALTS", "auto")  # the GPU's shaped runners-up, and the choice, on the CPU
+    for choice in ("off", "on", "auto"):
+        assert main(args + [str(out), "--runners-up", choice]) == 0
+        r = json.loads(out.read_text())
+        kept = r["runners_up"]["kept"]
+        assert kept == {"on": True, "off": False}.get(choice, kept)
+        assert (r["draft_alternatives"] is not None) == kept
+        assert r["spec"]["accept_len_mean"] == 3  # forced either way
+        if choice == "auto":
+            assert r["runners_up"]["by"] == "measured on 2 of the prompts"
+            faster = r["runners_up"]["spec_runners_up_tok_s"] >= r["runners_up"]["spec_chain_tok_s"]
+            assert kept == faster
+        table = capsys.readouterr().out
+        assert ("runners-up verified         none, the chain alone" in table) != kept

@@ -18,7 +18,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     switches = {"LOCALCHAT_PDL": "pdl", "LOCALCHAT_FUSE": "fuse", "LOCALCHAT_FUSE_INVARIANT": "fuse_invariant",
                 "LOCALCHAT_GATED_MLP": "gated_mlp", "LOCALCHAT_NORM_TAIL": "norm_tail",
                 "LOCALCHAT_ROPE_IN_ATTENTION": "rope_in_attention", "LOCALCHAT_FUSED_DRAFT": "fused_draft",
-                "LOCALCHAT_LEAN_DRAFT": "lean_draft", "LOCALCHAT_TOKEN_ATTENTION": "token_attention"}
+                "LOCALCHAT_LEAN_DRAFT": "lean_draft", "LOCALCHAT_TOKEN_ATTENTION": "token_attention",
+                "LOCALCHAT_MTP_GRAPH": "mtp_graph"}
     for name, field in switches.items():
         assert getattr(default, field) is True
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
@@ -26,9 +27,6 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # each_row is off unless asked for (its verify rows cost more than its plain steps save)
     assert default.each_row is False and KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "1"}) == dataclasses.replace(default, each_row=True)
-    # MTP's whole-iteration graph is off on a GPU until measured there
-    assert default.mtp_graph is False and KernelOptions.from_env({"LOCALCHAT_MTP_GRAPH": "0"}) == default
-    assert KernelOptions.from_env({"LOCALCHAT_MTP_GRAPH": "1"}) == dataclasses.replace(default, mtp_graph=True)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     alts = {"": None, "auto": "auto", "0": 0, "3": 3, "2,1": (2, 1), " 2, 1, 0 ": (2, 1, 0)}
@@ -39,7 +37,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
 @pytest.mark.parametrize("env,says", [({"LOCALCHAT_PDL": "off"}, "LOCALCHAT_PDL='off': use 1"),
                                       ({"LOCALCHAT_FUSE": "all"}, "LOCALCHAT_FUSE='all': use 1"),
                                       ({"LOCALCHAT_EACH_ROW": "yes"}, r"use 1 \(on\) or 0 \(off, the default\)"),
-                                      ({"LOCALCHAT_MTP_GRAPH": "on"}, r"LOCALCHAT_MTP_GRAPH='on': use 1 \(on\) or 0"),
+                                      ({"LOCALCHAT_MTP_GRAPH": "on"}, r"LOCALCHAT_MTP_GRAPH=.on.: use 1 \(on, the default\) or 0"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
                                       ({"LOCALCHAT_ROW_GEMV": "x"}, "use qkv .* or cublas"),
                                       ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'")])

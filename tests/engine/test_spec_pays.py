@@ -199,3 +199,83 @@ def test_a_cpu_engine_measures_unless_told_not_to_and_a_real_measurement_runs(ti
     assert got["spec"] > 0 and got["plain"] > 0 and got["baseline"] == "no draft" and got["built_twin"]
     engine.drop_twin()
     assert not engine.has_twin
+
+
+class Choosing:
+    """A speculator whose greedy chains may verify runners-up or not (an EAGLE-3 head on a GPU)."""
+    runners_up_choice, tree = True, None
+
+    def __init__(self):
+        self.runners_up = True
+
+    def use_runners_up(self, on):
+        self.runners_up = on
+
+
+@pytest.mark.parametrize("chain_faster", [True, False])
+def test_measure_times_the_chain_alone_too_and_keeps_the_faster(tmp_path, chain_faster):
+    engine, twin = FakeEngine(), object()
+    engine.speculator = Choosing()
+    engine.without_draft = lambda if_fits=False: twin
+    order = []
+
+    def timer(eng, prompt, speculative, tokens):
+        name = "plain" if not speculative else "runners-up" if engine.speculator.runners_up else "chain"
+        order.append(name)
+        fast = "chain" if chain_faster else "runners-up"
+        return tokens - 1, {"plain": 0.04, fast: 0.01}.get(name, 0.02)
+
+    got = spec_pays.measure(engine, prompts=("a", "b", "c"), tokens=33, timer=timer)
+    assert order[:3] == ["runners-up", "plain", "chain"]  # warm-ups
+    assert order[3:] == ["runners-up", "plain", "chain", "plain", "chain", "runners-up",
+                         "chain", "runners-up", "plain"]
+    assert got["runners_up"] is not chain_faster and engine.speculator.runners_up is not chain_faster
+    assert got["spec"] == pytest.approx(3200.0) and got["ratio"] == pytest.approx(4.0)
+    assert sorted([got["spec_chain"], got["spec_runners_up"]]) == pytest.approx([1600.0, 3200.0])
+    # the verdict keeps the choice, and a later load reads it from the cache
+    measurer = lambda e, prompts=None, tokens=None: dict(got)  # noqa: E731
+    cache = tmp_path / "c.json"
+    first = FakeEngine()
+    first.speculator = Choosing()
+    assert spec_pays.verdict(first, "k=5", cache, None, measurer) == (True, "")
+    later = FakeEngine()
+    later.speculator = Choosing()
+    assert spec_pays.verdict(later, "k=5", cache, None, lambda *a: pytest.fail("measured again")) == (True, "")
+    assert later.speculator.runners_up is not chain_faster
+
+
+def test_a_tree_or_counts_set_by_hand_leave_no_choice():
+    engine = FakeEngine()
+    assert not spec_pays.chooses_runners_up(engine)  # no draft
+    engine.speculator = Choosing()
+    assert spec_pays.chooses_runners_up(engine)
+    engine.speculator.tree = "3,3,12"
+    assert not spec_pays.chooses_runners_up(engine)
+    engine.speculator.tree, engine.speculator.runners_up_choice = None, False
+    assert not spec_pays.chooses_runners_up(engine)
+
+
+def test_a_real_measurement_chooses_and_either_choice_answers_as_plain_decoding(tiny_models, tmp_path):
+    """An EAGLE-3 head with the shaped runners-up (a GPU's default; LOCALCHAT_SPEC_ALTS=auto here):
+    measure() times it with and without them and leaves the faster in use; greedy answers are
+    plain decoding's tokens either way."""
+    from engine.types import SamplingParams
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import read_config
+
+    cfg = read_config(tiny_models["llama"])
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200), 64, (0, 1, 2))
+    engine = Engine.load(str(tiny_models["llama"]), draft=str(head), device="cpu", options=KernelOptions(spec_alts="auto"))
+    assert spec_pays.chooses_runners_up(engine)
+    got = spec_pays.measure(engine, prompts=("Paris is", "Numbers: 1 2 3"), tokens=12)
+    assert got["runners_up"] is engine.speculator.runners_up
+    assert got["spec"] == max(got["spec_chain"], got["spec_runners_up"]) > 0
+    ids = list(range(3, 30))
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    answers = []
+    for on in (True, False, None):
+        if on is not None:
+            engine.speculator.use_runners_up(on)
+        engine.reset()
+        answers.append([t for ev in engine.stream_ids(ids, params, speculative=on is not None) for t in ev.token_ids])
+    assert answers[0] == answers[1] == answers[2] and len(answers[0]) == 40

@@ -20,8 +20,9 @@ from tests.tiny import read_config
 PROMPT = list(range(3, 20))
 
 
-def _target(folder, dtype=torch.float32, batch_invariant=True):
-    loaded = load_folder(folder, torch.device("cpu"), dtype, 256, KernelOptions(batch_invariant=batch_invariant))
+def _target(folder, dtype=torch.float32, batch_invariant=True, spec_alts=None):
+    loaded = load_folder(folder, torch.device("cpu"), dtype, 256,
+                         KernelOptions(batch_invariant=batch_invariant, spec_alts=spec_alts))
     return ModelRunner(loaded.model, 256), loaded
 
 
@@ -112,3 +113,24 @@ def test_mtp_takes_the_forced_rule(tmp_path, tiny_models):
 def test_forced_length_is_within_the_verify_step():
     with pytest.raises(ValueError, match="k \\+ 1 = 4"):
         ForcedEagle3Speculator(None, None, 3, 5)
+
+
+def test_the_chain_alone_is_forced_as_well(tiny_models):
+    """use_runners_up(False) swaps in a greedy iteration without runners-up rows; a forced head
+    forces that one too (its own draws), and back with them the first iteration is reused."""
+    runner, loaded = _target(tiny_models["llama"], spec_alts="auto")  # the GPU's shaped runners-up, on the CPU
+    spec = random_eagle3(runner, 3, 3)
+    assert spec.runners_up_choice and spec.runners_up and spec.greedy.num_alts > 0
+    shaped = spec.greedy
+    engine = Engine(runner, loaded.tokenizer, "tiny", spec, "random head")
+    params = SamplingParams(max_tokens=13, ignore_eos=True)
+    with_alts = list(engine.stream_ids(PROMPT, params))[-1].stats
+    spec.use_runners_up(False)
+    assert not spec.runners_up and spec.greedy is not shaped and spec.greedy.width == 4
+    assert spec.greedy.force is not shaped.force and spec.greedy.force.ids is spec.greedy.ids
+    engine.reset()
+    alone = list(engine.stream_ids(PROMPT, params))[-1].stats
+    assert alone.accept_hist == with_alts.accept_hist == [0, 0, 0, 4]
+    assert int(spec.greedy.force.counter) == 4 and int(shaped.force.counter) == 4
+    spec.use_runners_up(True)
+    assert spec.greedy is shaped

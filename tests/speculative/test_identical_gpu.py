@@ -19,19 +19,28 @@ PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "iden
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.mark.parametrize("draft,tree", [("demo-eagle3", None), ("demo-mtp", None), ("demo-eagle3", "3,3,12"),
-                                        ("demo-eagle3", "4,5,24")])
-def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, demo_gguf):
-    """Chains of the EAGLE-3 head and the MTP layers, and the head's draft trees (13 verify rows a
+@pytest.mark.parametrize("draft,tree,variant", [("demo-eagle3", None, ""), ("demo-eagle3", None, "chain alone"),
+                                               ("demo-mtp", None, ""), ("demo-mtp", None, "mtp graph"),
+                                               ("demo-eagle3", "3,3,12", ""), ("demo-eagle3", "4,5,24", "")])
+def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, variant, demo_gguf):
+    """Chains of the EAGLE-3 head (with its runners-up, and the chain alone) and of the MTP layers
+    (step by step, and one graph an iteration), and the head's draft trees (13 verify rows a
     step, and 25 in two forwards)."""
     from app.settings import Settings
     from engine.engine import Engine
+    from engine.options import KernelOptions
     from engine.types import SamplingParams
     from speculative.tree.shape import parse_tree
 
     requests = [line for line in PROMPTS.read_text().splitlines() if line.strip()]
     assert len(requests) >= 32
-    engine = Engine.load("demo", draft=draft, device="cuda")
+    engine = Engine.load("demo", draft=draft, device="cuda", options=KernelOptions(mtp_graph=variant == "mtp graph"))
+    if variant == "mtp graph":
+        assert engine.speculator.greedy.graph is not None
+    if variant == "chain alone":
+        assert engine.speculator.runners_up
+        engine.speculator.use_runners_up(False)
+        assert not engine.speculator.runners_up
     if tree is not None:
         engine.set_tree(parse_tree(tree))
     params = SamplingParams(max_tokens=512)
@@ -49,6 +58,8 @@ def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, demo_
             first = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
             differing.append((text[:40], first, len(plain), len(spec)))
     assert spec_steps > 0, "speculation never ran a verify step"
+    if variant == "chain alone":  # captured on its first answer
+        assert engine.speculator.greedy.graph is not None and not any(engine.speculator.greedy.alts)
     assert not differing, f"{len(differing)} of {len(requests)} answers differ (request, first token, lengths): {differing}"
 
 

@@ -64,7 +64,10 @@ def _plain(engine, n: int) -> list[int]:
 @pytest.mark.parametrize("chain", [True, False])
 @pytest.mark.parametrize("S", [1, 2, 3])
 def test_mtp_graphs_equal_eager_500_tokens(tmp_path, markov, S, chain):
-    g_eng, e_eng = _engines(tmp_path, markov, S, chain)
+    """LOCALCHAT_MTP_GRAPH=0: the step-by-step loop, its verify and window steps as graphs."""
+    from engine.options import KernelOptions
+
+    g_eng, e_eng = _engines(tmp_path, markov, S, chain, KernelOptions(mtp_graph=False))
     for temperature in (0.0, 0.9):
         a, lens_a = _run(g_eng, 500, temperature)
         b, lens_b = _run(e_eng, 500, temperature)
@@ -77,7 +80,7 @@ def test_mtp_graphs_equal_eager_500_tokens(tmp_path, markov, S, chain):
 @pytest.mark.parametrize("chain", [True, False])
 @pytest.mark.parametrize("S", [1, 2, 3])
 def test_mtp_whole_iteration_graph_equals_eager_and_plain_decoding(tmp_path, markov, S, chain):
-    """LOCALCHAT_MTP_GRAPH=1: greedy answers replay one graph an iteration (greedy_loop.py); the
+    """The default (LOCALCHAT_MTP_GRAPH=1): greedy answers replay one graph an iteration (greedy_loop.py); the
     same tokens and accepted lengths as the iteration's eager body, and as plain decoding."""
     from engine.options import KernelOptions
 
