@@ -64,6 +64,7 @@ def cmd_run(args) -> int:
     messages = ([{"role": "system", "content": system}] if system else [])
     messages.append({"role": "user", "content": args.prompt})
     speculative = not args.no_spec
+    decoder = engine  # the engine that answers (the loaded one, or its twin without the draft)
     if engine.has_draft and speculative and not (args.spec or args.draft):
         log = None if args.json else (lambda text: print(f"[localchat] {text}", file=sys.stderr))
         pays, reason = engine.speculation_pays(log)
@@ -71,9 +72,11 @@ def cmd_run(args) -> int:
             speculative = False  # the default draft where speculation is slower: plain decoding, said once
             if not args.json:
                 print(f"[localchat] speculation off: {reason} (--spec turns it on)", file=sys.stderr)
+            # on the engine without the draft where it fits: the faster plain kernels
+            decoder = engine.without_draft(if_fits=True) or engine
     text, ids, last = [], [], None
     try:
-        for ev in engine.stream(messages, params, speculative=speculative):
+        for ev in decoder.stream(messages, params, speculative=speculative):
             text.append(ev.text)
             ids.extend(ev.token_ids)
             last = ev

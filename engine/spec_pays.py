@@ -192,7 +192,8 @@ def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable
         except (UserError, RuntimeError):  # out of memory, a context too short: unmeasured, a GPU keeps
             # speculation on (where drafts mostly pay), a CPU off (where they are close at best)
             return (False, "not measured on this CPU") if cpu else (True, "")
-        if entry.pop("built_twin", False):
+        # a twin built only for this goes again, unless plain decoding (on it) is to be the default
+        if entry.pop("built_twin", False) and entry["ratio"] >= (CPU_PAYS_FROM if cpu else PAYS_FROM):
             engine.drop_twin()
         cached[key] = entry
         write_json_cache(cache_file, cached)

@@ -335,7 +335,11 @@ class ChatScreen(Screen):
         view = await self.conversation.add(MessageView("assistant"))
         await view.start_stream("thinking…" if self.app.runner.engine else "waiting for the model to load…")
         # Decoding starts once the new messages are laid out and drawn, not alongside that work.
-        job_id = self.app.runner.generate(self, messages, self.app.settings, self.speculative, hold=True)
+        # Speculation off: plain decoding on the engine without its draft where that fits, the
+        # faster kernels (the loaded target's plain steps run the batch-invariant ones its
+        # verify steps need), as the compare screen's off side does.
+        job_id = self.app.runner.generate(self, messages, self.app.settings, self.speculative, hold=True,
+                                          no_draft=not self.speculative)
         self.answer = _Answer(job_id, chat_id, view)
         release_when_drawn(self, self.app.runner, job_id)
 

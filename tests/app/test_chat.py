@@ -88,7 +88,8 @@ async def test_toggle_speculation_key_and_palette(make_app):
         await pilot.press("ctrl+t")
         assert not status.speculative and "SPEC OFF" in str(status.query_one("#status-spec").render())
         await send(pilot, "plain please")
-        assert engine_of(app).calls[-1]["speculative"] is False
+        # plain decoding on the engine without its draft (the faster kernels), as compare's off side
+        assert engine_of(app).calls[-1]["speculative"] is False and engine_of(app).calls[-1]["draft_loaded"] is False
         assert "spec off" in str(app.screen.conversation.views[-1].query_one(StatsLine).render())
         await pilot.press("ctrl+p")
         await pilot.pause()
@@ -98,9 +99,18 @@ async def test_toggle_speculation_key_and_palette(make_app):
         await pilot.pause()
         assert status.speculative
         await send(pilot, "fast please")
-        assert engine_of(app).calls[-1]["speculative"] is True
+        assert engine_of(app).calls[-1]["speculative"] is True and engine_of(app).calls[-1]["draft_loaded"] is True
         # the model was loaded once: toggling never reloads
         assert len(app.runner.factory.made) == 1
+
+
+async def test_speculation_off_keeps_the_draft_loaded_where_a_twin_does_not_fit(make_app):
+    app = make_app(twin_fits=False)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+t")
+        await send(pilot, "plain please")
+        assert engine_of(app).calls[-1]["speculative"] is False and engine_of(app).calls[-1]["draft_loaded"] is True
 
 
 async def test_where_speculation_is_slower_it_starts_off_and_says_why(make_app):

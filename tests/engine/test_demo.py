@@ -100,6 +100,8 @@ def test_cli_answers_paris(demo_gguf):
             assert not plain["stats"]["speculative"]
         else:  # measured now (--json keeps stderr quiet) and remembered
             pays = plain["stats"]["speculative"]
+            # speculation off by the verdict: plain decoding on the engine without the draft
+            assert plain["stats"]["draft_loaded"] is pays
             from engine.paths import cache_dir
 
             verdicts = json.loads((cache_dir() / "speculation-calibration.json").read_text())
