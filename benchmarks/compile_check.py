@@ -40,10 +40,13 @@ def gemv_variants():
     sig = {**{p: "*bf16" for p in ptrs}, "part_ptr": "*fp32", "count_ptr": "*i32", **{i: "i32" for i in ints},
            "eps": "fp32"}
     divisible = ptrs + ["part_ptr", "count_ptr"] + ints[1:]
+    dot_sig = {**sig, "sq_ptr": "*fp32", "num_sq": "i32", "stride_sq": "i32"}
     for m in (1, 16):  # the one-row kernel; the tensor-core kernel on its invariant tile (any M up to 16)
         for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (128256, 4096),
                      (960, 576), (576, 576), (3072, 576), (576, 1536)]:
-            for prologue in (gemv.NONE, gemv.RMS_NORM, gemv.SILU_MUL):
+            # the invariant tile's epilogues (gemv_add_stats, gemv_rstd) after a plain prologue
+            epilogues = [(gemv.NONE, gemv.ADD_STATS), (gemv.NONE, gemv.RSTD)] if m == 16 else []
+            for prologue, epilogue in [(p, gemv.NONE) for p in (gemv.NONE, gemv.RMS_NORM, gemv.SILU_MUL)] + epilogues:
                 cfg = gemv.default_config(1, n, k) if m == 1 else invariant_tile((n, k))
                 k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
                 consts = dict(PROLOGUE=prologue, HAS_RESIDUAL=prologue == gemv.RMS_NORM, HAS_BIAS=False,
@@ -55,9 +58,11 @@ def gemv_variants():
                                    K_POW2=next_pow2(k), GATED=False, NORM_TAIL=False, N_POW2=1)
                 else:
                     kern = dot_kernel
-                    consts |= dict(BLOCK_M=16, BLOCK_N=max(16, cfg.block_n), DOT_F32=False, SWAP_AB=cfg.swap_ab)
-                yield f"gemv M={m} N={n} K={k} prologue={prologue} {cfg}", kern, sig, consts, divisible, \
-                    cfg.num_warps, cfg.num_stages
+                    consts |= dict(BLOCK_M=16, BLOCK_N=max(16, cfg.block_n), DOT_F32=False, SWAP_AB=cfg.swap_ab,
+                                   EPILOGUE=epilogue, SQ_POW2=64 if epilogue == gemv.RSTD else 1,
+                                   HAS_RESIDUAL=prologue == gemv.RMS_NORM or epilogue == gemv.ADD_STATS)
+                yield f"gemv M={m} N={n} K={k} prologue={prologue} epilogue={epilogue} {cfg}", kern, \
+                    sig if m == 1 else dot_sig, consts, divisible, cfg.num_warps, cfg.num_stages
 
 
 def main() -> None:

@@ -9,7 +9,8 @@ from typing import Callable
 import torch
 
 from engine import routing
-from engine.kernels.gemv import gated_gemv, gemv_add_norm, rms_norm_gated_gemv, rms_norm_gemv, silu_mul_gemv
+from engine.kernels.gemv import (gated_gemv, gemv_add_norm, gemv_add_stats, gemv_rstd, rms_norm_gated_gemv,
+                                 rms_norm_gemv, silu_mul_gemv)
 from engine.options import KernelOptions
 from engine.routing import INVARIANT, ROW, UNFUSED
 
@@ -23,8 +24,21 @@ class Normed:
     norm: object  # the RMSNorm module it was normed with
 
 
-def rows_of(x: "torch.Tensor | Normed") -> torch.Tensor:
+@dataclass(frozen=True)
+class Scaled:
+    """A sublayer's output added to the stream, times the weight of the norm that follows, with the
+    squares that norm's 1 / rms comes from (gemv_add_stats: the invariant set's o_proj and down):
+    the projection after the norm takes it as is and scales its dot by 1 / rms (gemv_rstd)."""
+    hg: torch.Tensor  # stream * norm.weight
+    stream: torch.Tensor  # the sublayer's output + the stream before it
+    sq: torch.Tensor  # (T, programs) partial sums of stream^2
+    norm: object  # the RMSNorm module whose weight hg carries
+
+
+def rows_of(x: "torch.Tensor | Normed | Scaled") -> torch.Tensor:
     """The (T, H) tensor that stands for x's rows (shape, dtype, device)."""
+    if isinstance(x, Scaled):
+        return x.hg
     return x.normed if isinstance(x, Normed) else x
 
 
@@ -53,6 +67,9 @@ class LayerKernels:
         if isinstance(x, Normed):
             assert x.norm is norm, "normed for another norm"
             return x.normed, x.stream
+        if isinstance(x, Scaled):  # a kernel set without gemv_rstd: the norm after all
+            assert x.norm is norm, "scaled for another norm"
+            return self.add_norm(x.stream, None, norm)
         if self.add_rms_norm is not None:
             return self.add_rms_norm(x, residual, norm.weight, norm.eps)
         return norm.add_forward(x, residual)
@@ -61,7 +78,18 @@ class LayerKernels:
         """The MLP sublayer: (down(silu(gate) * up) of norm(x + residual), x + residual).
         then: the norm that follows and its projection, (norm, linear, role) (see ending)."""
         gate_up, stream = self.norm_linear(x, residual, norm, mlp.gate_up_proj, "gate_up")
+        down = self.ending(stream, then)
+        if down is not None:
+            return down(self.activation(gate_up, mlp), mlp.down_proj), stream
         return self.mlp_down(gate_up, mlp), stream
+
+    def activation(self, gate_up: torch.Tensor, mlp) -> torch.Tensor:
+        """(T, 2I) [gate | up] -> silu(gate) * up, on these kernels' activation or the MLP's."""
+        act = self.silu_and_mul or mlp.silu_and_mul
+        if act is not None:
+            return act(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
 
     def ending(self, residual: torch.Tensor | None, then) -> Callable | None:
         """A sublayer's last projection (o_proj, down) as (x, linear) -> Normed, taking the
@@ -93,9 +121,14 @@ class FusedLayerKernels(LayerKernels):
         self.each_row = each_row and not invariant
 
     def norm_linear(self, x, residual, norm, linear, role):
+        if isinstance(x, Scaled) and self.invariant and routing.plain_weight(linear, x.hg.dtype):
+            assert x.norm is norm, "scaled for another norm"
+            out = gemv_rstd(x.hg, x.sq, norm.eps, linear.weight, linear.bias,
+                            config=routing.invariant_tile(tuple(linear.weight.shape)), pdl=self.options.pdl)
+            return out, x.stream
         tile = routing.norm_tile(self.options, self.mode, rows_of(x).shape[0], tuple(linear.weight.shape),
                                  self.each_row)
-        if tile == UNFUSED or isinstance(x, Normed):
+        if tile == UNFUSED or isinstance(x, (Normed, Scaled)):
             return super().norm_linear(x, residual, norm, linear, role)
         return rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, tile, self.invariant,
                              pdl=self.options.pdl, each_row=self.each_row)
@@ -104,9 +137,9 @@ class FusedLayerKernels(LayerKernels):
         gate_up, rows = mlp.gate_up_proj, rows_of(x)
         shape = tuple(gate_up.weight.shape)
         if not routing.is_gated(self.options, self.mode, rows.shape[0], shape, rows.dtype, self.each_row):
-            return super().mlp(x, residual, norm, mlp)
+            return super().mlp(x, residual, norm, mlp, then if self.invariant else None)
         tile, pdl = routing.gated_tile(self.options, shape), self.options.pdl
-        if routing.norm_tile(self.options, ROW, 1, shape) == UNFUSED or isinstance(x, Normed):
+        if routing.norm_tile(self.options, ROW, 1, shape) == UNFUSED or isinstance(x, (Normed, Scaled)):
             h, stream = self.add_norm(x, residual, norm)
             act = gated_gemv(h, gate_up.weight, gate_up.bias, tile, pdl=pdl)
         else:
@@ -117,10 +150,24 @@ class FusedLayerKernels(LayerKernels):
 
     def ending(self, residual, then):
         """A one-row step's o_proj or down with gemv_add_norm, where `then` = (norm, linear, role)
-        would otherwise run the norm as its own launch (routing.carries_norm). None elsewhere."""
+        would otherwise run the norm as its own launch (routing.carries_norm); the invariant set's
+        with gemv_add_stats, where the projection after the norm takes a Scaled
+        (routing.carries_stats). None elsewhere."""
         if then is None or residual is None:
             return None
         norm, next_linear, role = then
+        if self.invariant:
+            if not routing.carries_stats(self.options, residual.shape[0], residual.dtype, role, next_linear):
+                return None
+
+            def project_stats(x: torch.Tensor, linear: torch.nn.Linear) -> "torch.Tensor | Scaled":
+                if not routing.plain_weight(linear, x.dtype):
+                    return self.project(x, linear, "o_proj")
+                return Scaled(*gemv_add_stats(x, linear.weight, linear.bias, residual, norm.weight,
+                                              config=routing.invariant_tile(tuple(linear.weight.shape)),
+                                              pdl=self.options.pdl), norm)
+
+            return project_stats
         if not routing.carries_norm(self.options, self.mode, residual.shape[0], residual.dtype, role,
                                     tuple(next_linear.weight.shape), self.each_row):
             return None

@@ -80,6 +80,11 @@ class KernelOptions:
     # the shaped ones on any device; N: N for every draft; (A, B, ...): A for draft 1, B for draft 2,
     # none after. LOCALCHAT_SPEC_ALTS=auto|N|A,B,...
     spec_alts: int | tuple[int, ...] | str | None = None
+    # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
+    # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
+    # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
+    # LOCALCHAT_NORM_STATS=0: the norm launches apart.
+    norm_stats: bool = True
     # Greedy MTP answers on a GPU as one CUDA graph an iteration (speculative/mtp/greedy_loop.py):
     # on an H200 the demo's MTP layers 0.99x of no draft, against 0.78x through the step-by-step
     # loop and its graphs per step (docs/performance.md). The CPU runs the same iteration eagerly
@@ -123,7 +128,7 @@ class KernelOptions:
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
-            mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"),
+            mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
         )
 
 

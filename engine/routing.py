@@ -235,6 +235,23 @@ def carries_norm(options: KernelOptions, mode: str, rows: int, dtype: torch.dtyp
     return next_role == "lm_head" or norm_tile(options, ROW, 1, next_shape) == UNFUSED
 
 
+def plain_weight(linear, dtype: torch.dtype) -> bool:
+    """Whether `linear` holds a plain (N, K) weight of `dtype` that the GEMV kernels read (not a
+    packed one)."""
+    w = getattr(linear, "weight", None)
+    return isinstance(w, torch.Tensor) and w.dim() == 2 and w.dtype == dtype and w.stride(1) == 1
+
+
+def carries_stats(options: KernelOptions, rows: int, dtype: torch.dtype, next_role: str, next_linear) -> bool:
+    """Whether a sublayer's last projection (o_proj, down) of the invariant set ends with the residual
+    add, the next norm's weight and the squares of its 1 / rms (gemv_add_stats), so that the
+    projection after the norm (qkv or gate_up, on plain weights) runs it after its dot (gemv_rstd)
+    instead of a norm launch apart. Not before lm_head: the final norm's output is the model's
+    hidden state, read by drafts too."""
+    return (options.norm_stats and is_invariant(options, rows, dtype) and next_role in ("qkv", "gate_up")
+            and plain_weight(next_linear, dtype))
+
+
 def tail_tile(options: KernelOptions, shape: tuple[int, int]) -> GemvConfig | None:
     """gemv_add_norm's tile for a one-row o_proj or down of weight `shape` that carries the next
     norm; None: the plain projection instead (cuBLAS by row_tiles, or a split-K tile: the tail

@@ -35,6 +35,7 @@ from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 triton = tl = prefetch_rows = sum_splits = None  # bound by _kernels(): Triton is imported on first use only
 
 NONE, RMS_NORM, SILU_MUL = 0, 1, 2  # prologue kinds
+ADD_STATS, RSTD = 1, 2  # the invariant tile's epilogues (gemv_add_stats, gemv_rstd)
 MAX_ROWS = 16
 PREFETCH_LINES = 16  # with PDL: 128-byte lines of each weight row requested before the wait (2 KB)
 _MAX_TILES = 1 << 16  # split-K counters per device
@@ -292,13 +293,16 @@ def _kernels():
     def dot_kernel(
         x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
         num_rows, N, K, stride_x, stride_res, stride_new_res, stride_w, stride_out, eps,
+        sq_ptr, num_sq, stride_sq,
         PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
         LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWAP_AB: tl.constexpr,
+        EPILOGUE: tl.constexpr, SQ_POW2: tl.constexpr,
     ):
         """Tensor-core tiles over BLOCK_M (>= 16) padded rows: each row's result comes from the
-        same dot instructions whatever the other rows hold."""
+        same dot instructions whatever the other rows hold. EPILOGUE (no split-K): ADD_STATS or
+        RSTD (gemv_add_stats, gemv_rstd)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
@@ -379,23 +383,41 @@ def _kernels():
                 tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
                          acc.to(out_ptr.dtype.element_ty), mask=out_mask)
         else:
+            dtype = out_ptr.dtype.element_ty
+            if EPILOGUE == 2:  # RSTD: the norm's 1 / rms from the partial sums of squares
+                offs_p = tl.arange(0, SQ_POW2)
+                parts = tl.load(sq_ptr + rows[:, None] * stride_sq + offs_p[None, :],
+                                mask=row_ok[:, None] & (offs_p < num_sq)[None, :], other=0.0)
+                acc = acc * tl.rsqrt(tl.sum(parts, axis=1) / K + eps)[:, None]
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :],
-                     acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+            if EPILOGUE == 1:  # ADD_STATS: the new stream, its columns times the norm's weight, and their squares
+                res = tl.load(res_ptr + rows[:, None] * stride_res + offs_n[None, :], mask=out_mask, other=0.0)
+                h = (acc.to(dtype).to(tl.float32) + res.to(tl.float32)).to(dtype)  # rounded as gemv, then the add
+                tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_n[None, :], h, mask=out_mask)
+                hf = tl.where(out_mask, h.to(tl.float32), 0.0)
+                g = tl.load(nw_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], (hf * g[None, :]).to(dtype),
+                         mask=out_mask)
+                tl.store(sq_ptr + rows * stride_sq + pid_n, tl.sum(hf * hf, axis=1), mask=row_ok)
+            else:
+                tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(dtype), mask=out_mask)
 
     return row_kernel, dot_kernel
 
 
 def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, invariant: bool = False,
             gated: bool = False, tail: bool = False, pdl: bool = True,
-            each_row: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+            each_row: bool = False, epilogue: int = NONE, sq: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Picks the kernel: row_kernel for one row, or for several with each_row (each row's bits as
     if it came alone, with the one-row tile); otherwise dot_kernel, with invariant one compiled
     kernel and tile for every row count (the tensor-core path over MAX_ROWS rows, the config of a
     MAX_ROWS-row call), so row i's result does not depend on how many rows came with it either.
     gated and tail (gemv_add_norm: residual and norm_weight go to the epilogue; returns (normed, h))
-    run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl)."""
+    run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl). epilogue
+    (invariant, no split-K): ADD_STATS (residual, norm_weight: see gemv_add_stats; sq gets the
+    squares) or RSTD (sq: the partial sums of squares to take the norm's scale from)."""
     num_rows = x.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
@@ -419,6 +441,13 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
         assert prologue == NONE and not gated
         assert residual.shape == (num_rows, n) and residual.stride(1) == 1 and norm_weight.shape == (n,)
         assert cfg.split_k == 1, "a norm tail needs the whole column tile in one program"
+        new_res = torch.empty_like(out)
+        res, nw, new_res_arg = residual, norm_weight, new_res
+    if epilogue != NONE:
+        assert invariant and prologue == NONE and cfg.split_k == 1 and sq is not None and sq.dtype == torch.float32
+    if epilogue == ADD_STATS:
+        assert residual.shape == (num_rows, n) and residual.stride(1) == 1 and norm_weight.shape == (n,)
+        assert sq.shape[0] >= num_rows and sq.shape[1] >= -(-n // max(16, cfg.block_n))
         new_res = torch.empty_like(out)
         res, nw, new_res_arg = residual, norm_weight, new_res
     if prologue == RMS_NORM:
@@ -456,8 +485,11 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
                                          GATED=gated, NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1, **common)
     else:
         block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
-        dot_kernel[(tiles, cfg.split_k)](*args, DOT_F32=x.dtype == torch.float32 or interpreting, BLOCK_M=block_m,
-                                         SWAP_AB=cfg.swap_ab, **common)
+        sq_arg = sq if sq is not None else out
+        dot_kernel[(tiles, cfg.split_k)](*args, sq_arg, sq.shape[1] if sq is not None else 1, sq_arg.stride(0),
+                                         DOT_F32=x.dtype == torch.float32 or interpreting, BLOCK_M=block_m,
+                                         SWAP_AB=cfg.swap_ab, EPILOGUE=epilogue,
+                                         SQ_POW2=next_pow2(sq.shape[1]) if epilogue == RSTD else 1, **common)
     return out, new_res
 
 
@@ -568,3 +600,45 @@ def gemv_add_norm_ref(x, weight, bias, residual, norm_weight, eps, config=None):
     from engine.kernels.norm import add_rms_norm_ref
 
     return add_rms_norm_ref(F.linear(x, weight, bias), residual, norm_weight, eps)
+
+
+def gemv_add_stats(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+                   norm_weight: torch.Tensor, config: GemvConfig | None = None,
+                   pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sublayer's last projection with what the next RMSNorm needs, on the invariant tile, in one
+    launch: h = x @ W.T (+ bias) + residual (the new stream, rounded as gemv and the add round),
+    hg = h * norm_weight, and sq (M, programs), each program's sum of its columns' h^2 (fp32).
+    gemv_rstd then runs the projection after the norm on hg, scaling by the 1 / rms that sq gives:
+    the norm needs no launch of its own and no program waits for another (the one-row kernel's
+    norm tail leaves the norm to the last program). Each row's values come from per-row arithmetic
+    in a fixed order, so they do not depend on the rows beside it. Returns (hg, h, sq)."""
+    n, k = weight.shape
+    cfg = config or default_config(MAX_ROWS, n, k, num_sms(x.device))
+    sq = torch.empty((x.shape[0], -(-n // max(16, cfg.block_n))), dtype=torch.float32, device=x.device)
+    hg, h = _launch(NONE, x, residual, norm_weight, 0.0, weight, bias, k, cfg, invariant=True, pdl=pdl,
+                    epilogue=ADD_STATS, sq=sq)
+    return hg, h, sq
+
+
+def gemv_add_stats_ref(x, weight, bias, residual, norm_weight, config=None):
+    """(hg, h, the row sums of h^2 (M, 1)): gemv_add_stats's sq summed over its programs."""
+    h = (F.linear(x, weight, bias).float() + residual.float()).to(x.dtype)
+    hf = h.float()
+    return (hf * norm_weight.float()).to(x.dtype), h, hf.pow(2).sum(dim=-1, keepdim=True)
+
+
+def gemv_rstd(hg: torch.Tensor, sq: torch.Tensor, eps: float, weight: torch.Tensor,
+              bias: torch.Tensor | None = None, config: GemvConfig | None = None, pdl: bool = True) -> torch.Tensor:
+    """The projection after an RMSNorm whose weight hg already carries (gemv_add_stats): (hg @ W.T)
+    times each row's 1 / rms, rsqrt(sum(sq[m]) / K + eps), (+ bias), on the invariant tile."""
+    n, k = weight.shape
+    assert sq.shape[0] >= hg.shape[0]
+    cfg = config or default_config(MAX_ROWS, n, k, num_sms(hg.device))
+    return _launch(NONE, hg, None, None, eps, weight, bias, k, cfg, invariant=True, pdl=pdl, epilogue=RSTD,
+                   sq=sq)[0]
+
+
+def gemv_rstd_ref(hg, sq, eps, weight, bias=None, config=None):
+    rstd = torch.rsqrt(sq.float().sum(dim=-1, keepdim=True) / weight.shape[1] + eps)
+    out = F.linear(hg.float(), weight.float()) * rstd
+    return (out + bias.float() if bias is not None else out).to(hg.dtype)

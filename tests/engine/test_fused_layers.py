@@ -197,16 +197,23 @@ def expected_launches(cfg: ModelConfig, options: KernelOptions, rows: int = 1) -
         down_tails = (L - 1) * (not normed(qkv, H)) + 1 if tail else 0
         return {"rms_norm_gemv": L * normed(qkv, H), "silu_mul_gemv": 0,
                 "rms_norm_gated_gemv": L * normed(2 * I, H),
-                "gated_gemv": L * (not normed(2 * I, H)), "gemv_add_norm": o_tails + down_tails}
-    return {"rms_norm_gemv": L * (normed(qkv, H) + normed(2 * I, H)),
-            "silu_mul_gemv": L * (routing.down_tile(options, mode, rows, (H, I), each_row) != routing.UNFUSED),
-            "rms_norm_gated_gemv": 0, "gated_gemv": 0, "gemv_add_norm": o_tails}
+                "gated_gemv": L * (not normed(2 * I, H)), "gemv_add_norm": o_tails + down_tails,
+                "gemv_add_stats": 0, "gemv_rstd": 0}
+    fused_down = routing.down_tile(options, mode, rows, (H, I), each_row) != routing.UNFUSED
+    if mode == routing.INVARIANT and options.norm_stats:
+        # o_proj and every down but the last (before the final norm) end with the next norm's
+        # squares (gemv_add_stats); the projections after them scale by its 1 / rms (gemv_rstd)
+        return {"rms_norm_gemv": normed(qkv, H), "silu_mul_gemv": int(fused_down), "rms_norm_gated_gemv": 0,
+                "gated_gemv": 0, "gemv_add_norm": 0, "gemv_add_stats": 2 * L - 1, "gemv_rstd": 2 * L - 1}
+    return {"rms_norm_gemv": L * (normed(qkv, H) + normed(2 * I, H)), "silu_mul_gemv": L * fused_down,
+            "rms_norm_gated_gemv": 0, "gated_gemv": 0, "gemv_add_norm": o_tails, "gemv_add_stats": 0, "gemv_rstd": 0}
 
 
 @pytest.fixture
 def fused_calls(monkeypatch):
     """Counts the fused launches the model makes: {"rms_norm_gemv": n, "silu_mul_gemv": n, ...}."""
-    calls = {"rms_norm_gemv": 0, "silu_mul_gemv": 0, "rms_norm_gated_gemv": 0, "gated_gemv": 0, "gemv_add_norm": 0}
+    calls = {"rms_norm_gemv": 0, "silu_mul_gemv": 0, "rms_norm_gated_gemv": 0, "gated_gemv": 0, "gemv_add_norm": 0,
+             "gemv_add_stats": 0, "gemv_rstd": 0}
     for name in calls:
         real = getattr(layer_kernels_module, name)
 

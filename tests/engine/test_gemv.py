@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 INTERPRET = os.environ.get("LOCALCHAT_TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 if INTERPRET:
@@ -282,3 +283,57 @@ def test_each_row_rows_equal_single_row_bits(n, k):
     assert int(gemv_module._tail_counter(x.device).sum().item()) == 0
     assert int(gemv_module._tile_counters(x.device).sum().item()) == 0
     torch.testing.assert_close(gemv(x, w, each_row=True), gemv_ref(x, w), **BF16_TOL)
+
+
+# (rows, hidden H, the producer's K, the consumer's N): SmolLM2's o_proj -> gate_up and down -> qkv,
+# odd sizes (masked column tiles), and (CUDA only) the 8B's down -> gate_up.
+STATS_SHAPES = [(1, 576, 576, 3072), (6, 576, 1536, 960), (16, 576, 576, 960), (3, 200, 300, 100)]
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+def test_add_stats_then_rstd_is_the_norm_and_the_projection(device):
+    """gemv_add_stats (the stream, hg = h * g and the squares, in the producer's epilogue) then
+    gemv_rstd (1 / rms from the squares, applied after the consumer's dot) == gemv, add_rms_norm,
+    then the projection; with the invariant tiles the engine routes to."""
+    from engine.kernels.gemv import gemv_add_stats, gemv_add_stats_ref, gemv_rstd, gemv_rstd_ref
+    from engine.routing import invariant_tile
+
+    shapes = STATS_SHAPES + ([(6, 4096, 14336, 28672)] if device == "cuda" else [])
+    for m, hid, k, n in shapes:
+        gen, x, w1, b1 = make(m, hid, k, device, hid + k)
+        residual = torch.randn(m, hid, generator=gen).to(device, torch.bfloat16)
+        g = (1 + 0.2 * torch.randn(hid, generator=gen)).to(device, torch.bfloat16)
+        w2 = (torch.randn(n, hid, generator=gen) / hid**0.5).to(device, torch.bfloat16)
+        b2 = torch.randn(n, generator=gen).to(device, torch.bfloat16)
+        hg, h, sq = gemv_add_stats(x, w1, b1, residual, g, config=invariant_tile((hid, k)))
+        ref_hg, ref_h, ref_sq = gemv_add_stats_ref(x, w1, b1, residual, g)
+        torch.testing.assert_close(h, ref_h, **tol(device))
+        torch.testing.assert_close(hg, ref_hg, **tol(device))
+        torch.testing.assert_close(sq.sum(-1, keepdim=True), ref_sq, rtol=2e-2, atol=1e-2)
+        out = gemv_rstd(hg, sq, 1e-5, w2, b2, config=invariant_tile((n, hid)))
+        torch.testing.assert_close(out, gemv_rstd_ref(hg, sq, 1e-5, w2, b2), **tol(device))
+        unfused, _ = rms_norm_gemv_ref(F.linear(x, w1, b1), residual, g, 1e-5, w2, b2)
+        torch.testing.assert_close(out, unfused, **tol(device))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("hid,k,n", [(576, 576, 3072), (576, 1536, 960), (4096, 4096, 6144), (4096, 14336, 28672)])
+def test_add_stats_and_rstd_rows_equal_single_row_bits(hid, k, n):
+    from engine.kernels.gemv import gemv_add_stats, gemv_rstd
+    from engine.routing import invariant_tile
+
+    gen, x, w1, _ = make(16, hid, k, "cuda", hid + n)
+    residual = torch.randn(16, hid, generator=gen).to("cuda", torch.bfloat16)
+    g = (1 + 0.2 * torch.randn(hid, generator=gen)).to("cuda", torch.bfloat16)
+    w2 = (torch.randn(n, hid, generator=gen) / hid**0.5).to("cuda", torch.bfloat16)
+
+    def both(a, b):
+        hg, h, sq = gemv_add_stats(x[a:b], w1, None, residual[a:b], g, config=invariant_tile((hid, k)))
+        return torch.cat([hg, h, gemv_rstd(hg, sq, 1e-5, w2, config=invariant_tile((n, hid)))], 1), sq
+
+    singles = [both(i, i + 1) for i in range(16)]
+    for m in (2, 6, 9, 16):
+        out, sq = both(0, m)
+        assert torch.equal(out, torch.cat([s[0] for s in singles[:m]])), m
+        assert torch.equal(sq, torch.cat([s[1] for s in singles[:m]])), m

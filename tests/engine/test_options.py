@@ -19,7 +19,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                 "LOCALCHAT_GATED_MLP": "gated_mlp", "LOCALCHAT_NORM_TAIL": "norm_tail",
                 "LOCALCHAT_ROPE_IN_ATTENTION": "rope_in_attention", "LOCALCHAT_FUSED_DRAFT": "fused_draft",
                 "LOCALCHAT_LEAN_DRAFT": "lean_draft", "LOCALCHAT_TOKEN_ATTENTION": "token_attention",
-                "LOCALCHAT_MTP_GRAPH": "mtp_graph"}
+                "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats"}
     for name, field in switches.items():
         assert getattr(default, field) is True
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
