@@ -105,9 +105,12 @@ def chooses_runners_up(engine) -> bool:
     return bool(getattr(spec, "runners_up_choice", False)) and getattr(spec, "tree", None) is None
 
 
-def alternate(settings: dict, prompts, tokens: int, timer=answer_tok_s) -> dict[str, float]:
+def alternate(settings: dict, prompts, tokens: int, timer=answer_tok_s, warmup: int = 8) -> dict[str, float]:
     """Tokens per second of each setting (name: (engine, speculative, runners-up or None)), prompt by
-    prompt, the order turning each time, each after an uncounted warm-up."""
+    prompt, the order turning each time, each after an uncounted warm-up answer of `warmup` tokens.
+    On a GPU the warm-up should be as long as the answers measured: kernels are compiled for the
+    context lengths they meet, and a compile inside a timed answer (on a fresh machine, the first
+    setting's) would decide the verdict."""
     def run(name, prompt, n):
         eng, spec, runners_up = settings[name]
         if runners_up is not None:
@@ -115,7 +118,7 @@ def alternate(settings: dict, prompts, tokens: int, timer=answer_tok_s) -> dict[
         return timer(eng, prompt, spec, n)
 
     for name in settings:  # warm-up: graphs captured, kernels compiled
-        run(name, prompts[0], 8)
+        run(name, prompts[0], warmup)
     done = {name: [0, 0.0] for name in settings}
     names = list(settings)
     for i, prompt in enumerate(prompts):
@@ -152,7 +155,7 @@ def measure(engine, prompts=PROMPTS, tokens: int = TOKENS, timer=answer_tok_s) -
     settings = {"spec": (engine, True, True if choice else None), "plain": plain}
     if choice:
         settings["spec_chain"] = (engine, True, False)
-    speeds = alternate(settings, prompts, tokens, timer)
+    speeds = alternate(settings, prompts, tokens, timer, warmup=tokens if str(engine.device).startswith("cuda") else 8)
     result = {"plain": speeds["plain"], "baseline": baseline, "built_twin": built_here}
     kept = choose_runners_up(engine, speeds)
     if kept is not None:
