@@ -92,3 +92,29 @@ def test_a_sampled_tree_steps_graph_draws_what_its_eager_step_draws(top_p, demo_
         answers[graphs] = got
         del engine
     assert answers[True] == answers[False]
+
+
+def test_runners_up_switched_back_and_forth_answer_as_plain_decoding(demo_gguf):
+    """The first-load measurement switches an EAGLE-3 head between its runners-up and the chain
+    alone (Eagle3Speculator.use_runners_up): each greedy iteration's graph is captured once, on its
+    first answer, and either, in any order, gives plain decoding's tokens."""
+    from app.settings import Settings
+    from engine.engine import Engine
+    from engine.types import SamplingParams
+
+    requests = [line for line in PROMPTS.read_text().splitlines() if line.strip()][:4]
+    engine = Engine.load("demo", draft="demo-eagle3", device="cuda")
+    spec = engine.speculator
+    assert spec.runners_up_choice and spec.runners_up
+    params = SamplingParams(max_tokens=256)
+    system = [{"role": "system", "content": Settings().system_prompt}]
+    for text in requests:
+        ids = engine.tokenizer.apply_chat_template(system + [{"role": "user", "content": text}])
+        engine.reset()
+        plain = [t for e in engine.stream_ids(ids, params, speculative=False) for t in e.token_ids]
+        for on in (True, False, True, False):
+            spec.use_runners_up(on)
+            engine.reset()
+            events = list(engine.stream_ids(ids, params, speculative=True))
+            assert [t for e in events for t in e.token_ids] == plain, (text[:40], on)
+            assert events[-1].stats.verify_steps > 0 and spec.greedy.graph is not None
