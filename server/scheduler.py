@@ -171,7 +171,11 @@ class Scheduler:
         last = None
         try:
             speculative = self.spec_default if job.speculative is None else job.speculative
-            for event in self.engine.stream_ids(job.prompt_ids, job.params, speculative, job.stop_event, t0):
+            engine = self.engine
+            if not speculative and getattr(engine, "has_draft", False) and hasattr(engine, "without_draft"):
+                # plain decoding on the model without its draft where it fits: the faster kernels
+                engine = engine.without_draft(if_fits=True) or engine
+            for event in engine.stream_ids(job.prompt_ids, job.params, speculative, job.stop_event, t0):
                 job.push(event)
                 last = event
         except Exception as e:  # the request fails, the server lives on

@@ -76,6 +76,7 @@ def test_stream_with_usage_equals_the_answer_and_speculation_is_per_request(serv
     assert text == whole  # greedy: speculation on (above) and off (here) write the same tokens
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finish) == 1 and finish[0].model_extra["localchat"]["speculative"] is False
+    assert engine.has_twin  # plain decoding ran on the model without its draft (Engine.without_draft)
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens <= 20
     assert chunks[-1].usage.model_extra["localchat"]["decode_tok_s"] > 0
     without_usage = list(ask(served, engine, max_tokens=4, stream=True))
