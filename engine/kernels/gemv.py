@@ -4,8 +4,11 @@ Three ops, each beside its plain-torch reference:
   gemv(x, weight, bias)                              out = x @ W.T (+ bias)
   rms_norm_gemv(x, residual, norm_weight, eps, W)    h = x + residual; out = rms_norm(h) @ W.T
   silu_mul_gemv(gate_up, W)                          out = (silu(gate) * up) @ W.T
-and two epilogues of the one-row kernel: gated_gemv (silu(gate) * up of [gate; up] rows) and
-gemv_add_norm (x @ W.T + residual, then RMSNorm in the last program: see there).
+two epilogues of the one-row kernel: gated_gemv (silu(gate) * up of [gate; up] rows) and
+gemv_add_norm (x @ W.T + residual, then RMSNorm in the last program: see there); and two of the
+invariant tensor-core tile that split an RMSNorm between the projections around it:
+gemv_add_stats (x @ W.T + residual, times the norm's weight, with partial sums of squares) and
+gemv_rstd (the next projection, scaled by 1 / rms from those sums after its dot).
 
 Two kernels: row_kernel (CUDA-core FMAs on one-row tiles; several rows run as that many one-row
 programs along the grid's third axis, so every row has the bits of a one-row call: `each_row`)
