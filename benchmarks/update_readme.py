@@ -36,7 +36,9 @@ ROWS = (
     ("identical_bench", "greedy speculation equals plain decoding with the draft loaded, token for token",
      UNSEEN + " --prompts 12 --runners-up on", "h200_demo_eagle3_stats_runners_up_on.json"),
     ("spec", "the same head at temperature 0.7, the same 12 requests",
-     UNSEEN + " --temperature 0.7 --prompts 12", "h200_demo_eagle3_sets_t07.json"),
+     UNSEEN + " --temperature 0.7 --prompts 12", "h200_demo_eagle3_stats_t07.json"),
+    ("spec", "the same head drafting 3,3,12 trees (greedy), the same 12 requests",
+     UNSEEN + " --tree 3,3,12 --prompts 12", "h200_demo_eagle3_stats_3-3-12.json"),
     ("spec", "greedy speculation, demo model + its 2 MTP layers (retrained on the request sets), k = 2, the "
      "first 8 of the requests",
      UNSEEN + " --draft demo-mtp --draft-steps 2 --prompts 8", "h200_demo_mtp_stats.json"),
