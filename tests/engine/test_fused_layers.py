@@ -233,8 +233,9 @@ def assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None:
 
 
 def _fused_vs_unfused(device: str, arch: str, rows: int, invariant: bool, small: bool, fused_calls, rel: float,
-                      gated: bool = False):
-    options = dict(batch_invariant=invariant, gated_mlp=gated)  # fused invariant kernels: their math too
+                      gated: bool = False, norm_stats: bool = True):
+    # fused invariant kernels: their math too
+    options = dict(batch_invariant=invariant, gated_mlp=gated, norm_stats=norm_stats)
     cfg = model_config(arch, small)
     fused, unfused = make_models(cfg, device, **options)
     gen = torch.Generator().manual_seed(rows)
@@ -265,29 +266,37 @@ def norms_apart(cfg: ModelConfig) -> dict:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("rows,invariant,gated", ROW_CASES)
-@pytest.mark.parametrize("norms", ["fused", "apart"])
+@pytest.mark.parametrize("norms", ["fused", "apart", "launches"])
 def test_fused_step_equals_unfused_interpreter(arch, rows, invariant, gated, norms, fused_calls, monkeypatch):
     """A tiny model's decode/verify step with fused kernels == the unfused step (CPU interpreter);
     gated: a one-row step's MLP as gated_gemv + a plain down GEMV (KernelOptions.gated_mlp); norms
-    apart: the one-row norms unfused, so that o_proj and down carry them (gemv_add_norm)."""
+    apart: the one-row norms unfused, so that o_proj and down carry them (gemv_add_norm); norms as
+    launches: the invariant set without its epilogue norms (LOCALCHAT_NORM_STATS=0)."""
     if not INTERPRET:
         pytest.skip("set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
     if norms == "apart" and (rows, invariant) != (1, False):
         pytest.skip("the norm tails are one-row kernels")
+    if norms == "launches" and not invariant:
+        pytest.skip("the epilogue norms are the invariant set's")
     # tiny shapes: all fused, or the norms apart
     monkeypatch.setattr(routing, "FUSED_TILES", norms_apart(model_config(arch, True)) if norms == "apart" else {})
-    _fused_vs_unfused("cpu", arch, rows, invariant, True, fused_calls, rel=2.5e-2, gated=gated)
+    _fused_vs_unfused("cpu", arch, rows, invariant, True, fused_calls, rel=2.5e-2, gated=gated,
+                      norm_stats=norms != "launches")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("rows,invariant,gated", ROW_CASES + [(16, True, False)])
-def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, gated, tiles, fused_calls):
+@pytest.mark.parametrize("norm_stats", [True, False], ids=["epilogue_norms", "norm_launches"])
+def test_fused_step_equals_unfused_smollm2_shape(arch, rows, invariant, gated, norm_stats, tiles, fused_calls):
     """A SmolLM2-135M-shaped random model (30 layers as Llama): the fused decode (1 row) and
     verify (6, 16 rows) steps give the unfused step's logits within bf16 tolerance, with the
-    one-row MLP gated or not (gated changes one-row steps only)."""
-    _fused_vs_unfused("cuda", arch, rows, invariant, False, fused_calls, rel=5e-2, gated=gated)
+    one-row MLP gated or not (gated changes one-row steps only), and the invariant set's norms in
+    the projections' epilogues or launched apart."""
+    if not (norm_stats or invariant):
+        pytest.skip("the epilogue norms are the invariant set's")
+    _fused_vs_unfused("cuda", arch, rows, invariant, False, fused_calls, rel=5e-2, gated=gated, norm_stats=norm_stats)
 
 
 @pytest.mark.gpu
