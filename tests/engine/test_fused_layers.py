@@ -106,6 +106,31 @@ def test_norm_tail_choice(monkeypatch):
     assert tail_off.ending(_bf16(1), (norm, qkv, "qkv")) is None
 
 
+def test_epilogue_norm_choice():
+    """The invariant set's o_proj and down end with the next norm's squares (a Scaled for the
+    projection after it) for 1 to 16 bf16 rows of a batch-invariant target, before qkv or gate_up
+    on plain bf16 weights; not before lm_head (its input is the hidden state drafts read), not
+    before a packed projection, not with LOCALCHAT_NORM_STATS=0, not on the one-row set."""
+    from engine.layers import RMSNorm
+
+    norm = RMSNorm(64, 1e-5)
+    qkv = torch.nn.Linear(64, 192, bias=False).to(torch.bfloat16)
+    options = KernelOptions(batch_invariant=True)
+    inv = FusedLayerKernels(options, invariant=True, project=None)
+    for rows in (1, 6, 16):
+        assert callable(inv.ending(_bf16(rows), (norm, qkv, "qkv")))
+        assert callable(inv.ending(_bf16(rows), (norm, qkv, "gate_up")))
+    assert inv.ending(_bf16(17), (norm, qkv, "qkv")) is None
+    assert inv.ending(_bf16(1), (norm, qkv, "lm_head")) is None
+    assert inv.ending(_bf16(1, torch.float32), (norm, qkv, "qkv")) is None
+    assert inv.ending(_bf16(1), (norm, torch.nn.Linear(64, 192), "qkv")) is None  # fp32 weight
+    packed = torch.nn.Module()
+    packed.weight = None  # a PackedLinear holds no plain weight
+    assert inv.ending(_bf16(1), (norm, packed, "qkv")) is None
+    off = FusedLayerKernels(dataclasses.replace(options, norm_stats=False), invariant=True, project=None)
+    assert off.ending(_bf16(1), (norm, qkv, "qkv")) is None
+
+
 def test_unfused_entries_fall_back_to_the_unfused_pair(monkeypatch):
     """An UNFUSED shape runs add_rms_norm + the set's projection, as without fusion."""
     calls = []
