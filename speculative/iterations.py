@@ -32,9 +32,7 @@ class IterationHost:
     def queue(self) -> None:
         """Queues one iteration on the graph (CUDA); its result comes from take()."""
         if self.reader is None:
-            from engine.read_ahead import ReadAhead
-
-            self.reader = ReadAhead(self.result)
+            self.reader = read_ahead.ReadAhead(self.result)
         self.reader.queue(self._replay)
 
     def take(self) -> list[int]:

@@ -91,7 +91,6 @@ class Eagle3Speculator:
         self.runners_up_choice = spec_alts in (None, AUTO) and any(self._shaped)
         self._greedy_by_alts: dict[tuple[int, ...], GreedyIteration] = {}
         self.greedy = self._greedy_for(self._shaped)  # greedy, no penalty
-        self.alts = self.greedy.alts  # runners-up each draft gets in its greedy verify steps
         self.sampled = sampled_loop.SampledIteration(self.parts, runner)  # sampling without a penalty: the same
         self.tree: TreeShape | None = None  # a draft tree's shape (set_tree); None: chains of k
         self._tree_steps: dict[TreeShape, TreeDrafting] = {}  # each shape's step, its graph kept
@@ -107,9 +106,14 @@ class Eagle3Speculator:
         return GreedyIteration(self.parts, self._runner, alts)
 
     @property
+    def alts(self) -> tuple[int, ...]:
+        """Runners-up each draft gets in its greedy verify steps."""
+        return self.greedy.alts
+
+    @property
     def runners_up(self) -> bool:
         """Whether greedy verify steps check runners-up beside the chain."""
-        return any(self.greedy.alts)
+        return any(self.alts)
 
     def use_runners_up(self, on: bool) -> None:
         """Greedy verify steps with the device's runners-up (on) or the chain alone, from the next
@@ -117,9 +121,7 @@ class Eagle3Speculator:
         draft is wrong: they pay where rows are cheap and the head's second choices are good,
         which a measurement decides (engine/spec_pays.py); a forced head's are never taken."""
         alts = self._shaped if on else (0,) * self.k
-        if alts != self.greedy.alts:
-            self.greedy = self._greedy_for(alts)
-            self.alts = self.greedy.alts
+        self.greedy = self._greedy_for(alts)
 
     def set_tree(self, shape: TreeShape | None) -> None:
         """Draft trees of `shape` from the next answer (tree_loop.py), or (None) chains of k.
