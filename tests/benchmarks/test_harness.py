@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from app.cli import main
 from benchmarks.harness.shapes import random_engine
 from benchmarks.harness.timing import time_decode
@@ -126,3 +128,11 @@ def test_bench_chooses_runners_up_as_told_or_by_measuring(tmp_path, tiny_models,
             assert kept == faster
         table = capsys.readouterr().out
         assert ("runners-up verified         none, the chain alone" in table) != kept
+
+
+def test_bench_runners_up_takes_auto_on_or_off_in_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--runners-up", "maybe"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--runners-up" in err and "'auto', 'on', 'off'" in err and "Traceback" not in err
