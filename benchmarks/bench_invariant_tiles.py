@@ -37,6 +37,11 @@ TILES = [GemvConfig(*c) for c in [
     (128, 256, 1, 8, 3, True), (64, 512, 1, 4, 2, True), (32, 256, 1, 4, 3, True), (16, 512, 1, 4, 3, True),
 ]]
 
+# --wide: swapped tiles over block_n, block_k, warps and stages (a stage's weight tile within
+# 160 KB of shared memory), for shapes where the tiles above trail the one-row kernels.
+WIDE_TILES = [GemvConfig(bn, bk, 1, w, st, True) for bn in (32, 64, 128) for bk in (128, 256, 512)
+              for w in (4, 8) for st in (3, 4, 5, 6) if bn * bk * 2 * st <= 160 * 1024 and bn * bk >= 8192]
+
 
 def label(cfg: GemvConfig) -> str:
     return (f"bn{cfg.block_n} bk{cfg.block_k} sk{cfg.split_k} w{cfg.num_warps} s{cfg.num_stages}"
@@ -61,6 +66,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--max-seconds", type=float, default=400)
     ap.add_argument("--no-sweep", action="store_true", help="the engine's invariant tile only, no sweep")
+    ap.add_argument("--wide", action="store_true", help="sweep WIDE_TILES (and their K splits) instead")
+    ap.add_argument("--no-each-row", action="store_true", help="skip timing the one-row kernel row by row")
     args = ap.parse_args()
     t0 = time.time()
     results = []
@@ -79,12 +86,13 @@ def main() -> None:
         entry = {"shape": name, "n": n, "k": k, "one_row": best_row, "one_row_best_us": row_us, "tiles": []}
         # the one-row kernel row by row (each_row), on the M = 1 tiles
         entry["each_row"] = {}
-        for impl, cfg in [("default", None), ("row_tile", row_tile(k))]:
+        for impl, cfg in [] if args.no_each_row else [("default", None), ("row_tile", row_tile(k))]:
             entry["each_row"][impl] = {
                 m: time_graph(lambda i, m=m, c=cfg: gemv(x16[:m], ws[i % len(ws)], config=c, each_row=True),
                               args.iters, args.calls) for m in (1, 6, 16)}
+        tiles = WIDE_TILES if args.wide else TILES
         cfgs = [invariant_tile((n, k))] + ([] if args.no_sweep else
-                                           [default_config(MAX_ROWS, n, k)] + TILES + [with_split(c, n, k) for c in TILES])
+                                           [default_config(MAX_ROWS, n, k)] + tiles + [with_split(c, n, k) for c in tiles])
         seen = set()
         for cfg in cfgs:
             if cfg in seen or time.time() - t0 > args.max_seconds:
@@ -107,8 +115,10 @@ def main() -> None:
         entry["best_m1"] = min(ok, key=lambda t: t["us_1"]) if ok else None
         results.append(entry)
         b = entry["best_m1"]
-        er = entry["each_row"]["row_tile"]
-        print(f"{name:14s} each_row row_tile: 1 row {er[1]:.2f} us, 6 rows {er[6]:.2f}, 16 rows {er[16]:.2f}", flush=True)
+        if entry["each_row"]:
+            er = entry["each_row"]["row_tile"]
+            print(f"{name:14s} each_row row_tile: 1 row {er[1]:.2f} us, 6 rows {er[6]:.2f}, 16 rows {er[16]:.2f}",
+                  flush=True)
         print(f"{name:14s} one-row {row_us:7.2f} us ({min(best_row, key=best_row.get)}); invariant best at 1 row: "
               f"{b['tile'] if b else '-'} {b['us_1'] if b else 0:7.2f} us (x{b['vs_one_row'] if b else 0:.3f}), "
               f"6 rows {b['us_6'] if b else 0:.2f}, 16 rows {b['us_16'] if b else 0:.2f}", flush=True)

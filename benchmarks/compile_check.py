@@ -45,8 +45,11 @@ def gemv_variants():
         for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (128256, 4096),
                      (960, 576), (576, 576), (3072, 576), (576, 1536)]:
             # the invariant tile's epilogues (gemv_add_stats, gemv_rstd) after a plain prologue
+            # and gemv_rstd's gated form (gate_up with the activation after its dot)
             epilogues = [(gemv.NONE, gemv.ADD_STATS), (gemv.NONE, gemv.RSTD)] if m == 16 else []
-            for prologue, epilogue in [(p, gemv.NONE) for p in (gemv.NONE, gemv.RMS_NORM, gemv.SILU_MUL)] + epilogues:
+            gates = [(gemv.NONE, gemv.RSTD, True)] if m == 16 and n in (28672, 3072) else []
+            for prologue, epilogue, gate in ([(p, gemv.NONE, False) for p in (gemv.NONE, gemv.RMS_NORM, gemv.SILU_MUL)]
+                                             + [(p, e, False) for p, e in epilogues] + gates):
                 cfg = gemv.default_config(1, n, k) if m == 1 else invariant_tile((n, k))
                 k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
                 consts = dict(PROLOGUE=prologue, HAS_RESIDUAL=prologue == gemv.RMS_NORM, HAS_BIAS=False,
@@ -59,9 +62,9 @@ def gemv_variants():
                 else:
                     kern = dot_kernel
                     consts |= dict(BLOCK_M=16, BLOCK_N=max(16, cfg.block_n), DOT_F32=False, SWAP_AB=cfg.swap_ab,
-                                   EPILOGUE=epilogue, SQ_POW2=64 if epilogue == gemv.RSTD else 1,
+                                   EPILOGUE=epilogue, SQ_POW2=64 if epilogue == gemv.RSTD else 1, GATE=gate,
                                    HAS_RESIDUAL=prologue == gemv.RMS_NORM or epilogue == gemv.ADD_STATS)
-                yield f"gemv M={m} N={n} K={k} prologue={prologue} epilogue={epilogue} {cfg}", kern, \
+                yield f"gemv M={m} N={n} K={k} prologue={prologue} epilogue={epilogue} gate={gate} {cfg}", kern, \
                     sig if m == 1 else dot_sig, consts, divisible, cfg.num_warps, cfg.num_stages
 
 

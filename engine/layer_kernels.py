@@ -135,6 +135,14 @@ class FusedLayerKernels(LayerKernels):
 
     def mlp(self, x, residual, norm, mlp, then=None):
         gate_up, rows = mlp.gate_up_proj, rows_of(x)
+        if isinstance(x, Scaled) and self.invariant and routing.gates_invariant(self.options, gate_up, rows.dtype):
+            # gate_up scaled by the norm's 1 / rms and the activation after the same dots: one launch
+            assert x.norm is norm, "scaled for another norm"
+            act = gemv_rstd(x.hg, x.sq, norm.eps, gate_up.weight, gate_up.bias,
+                            config=routing.invariant_tile(tuple(gate_up.weight.shape)), pdl=self.options.pdl,
+                            gate=True)
+            down = self.ending(x.stream, then)
+            return (down(act, mlp.down_proj) if down else self.project(act, mlp.down_proj, "down")), x.stream
         shape = tuple(gate_up.weight.shape)
         if not routing.is_gated(self.options, self.mode, rows.shape[0], shape, rows.dtype, self.each_row):
             return super().mlp(x, residual, norm, mlp, then if self.invariant else None)

@@ -54,7 +54,9 @@ class KernelOptions:
     # (1.024x on the 8B shape). LOCALCHAT_ROW_GEMV=cublas: cuBLAS (=qkv: the default).
     qkv_gemv: bool = True
     # A one-row step's MLP as gated_gemv (silu(gate) * up in gate_up's epilogue) and a plain down
-    # GEMV (1.12x on the demo's shape). LOCALCHAT_GATED_MLP=0: gate_up, then silu_mul_gemv.
+    # GEMV (1.12x on the demo's shape); the invariant set's gate_up after a norm as squares
+    # (norm_stats) with the activation after its dot (gemv_rstd gate=True), no silu_and_mul launch.
+    # LOCALCHAT_GATED_MLP=0: gate_up, then silu_mul_gemv (or the activation apart).
     gated_mlp: bool = True
     # A one-row step's o_proj and down add the residual and run the next RMSNorm in their last
     # program where that norm would be a launch of its own (1.010x on the 8B shape).

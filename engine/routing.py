@@ -14,6 +14,7 @@ to 16 rows of a small layer, row by row; layer_mode) and the INVARIANT set (up t
 with batch_invariant):
     norm + qkv, norm + gate_up             rms_norm_gemv with FUSED_TILES' tile, or apart (UNFUSED)
     ROW: gate_up + activation              gated_gemv (gated_mlp), then down on its own
+    INVARIANT: norm + gate_up + activation gemv_rstd(gate=True) after a Scaled stream (gated_mlp)
     activation + down otherwise            silu_mul_gemv with FUSED_TILES' tile, or apart
     ROW: o_proj or down + the next norm    gemv_add_norm where that norm stays apart (norm_tail)
 KernelOptions.row_tiles (a benchmark instrument) override the one-row tiles by weight shape.
@@ -250,6 +251,14 @@ def carries_stats(options: KernelOptions, rows: int, dtype: torch.dtype, next_ro
     hidden state, read by drafts too."""
     return (options.norm_stats and is_invariant(options, rows, dtype) and next_role in ("qkv", "gate_up")
             and plain_weight(next_linear, dtype))
+
+
+def gates_invariant(options: KernelOptions, gate_up, dtype: torch.dtype) -> bool:
+    """Whether the invariant set's gate_up projection, taking a Scaled stream (gemv_rstd), also runs
+    the activation after its dot (gate=True) instead of a silu_and_mul launch apart (gated_mlp):
+    the same tile's dots, so the same bits."""
+    return (options.gated_mlp and plain_weight(gate_up, dtype)
+            and invariant_tile(tuple(gate_up.weight.shape)).split_k == 1)
 
 
 def tail_tile(options: KernelOptions, shape: tuple[int, int]) -> GemvConfig | None:

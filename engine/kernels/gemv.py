@@ -301,18 +301,28 @@ def _kernels():
         SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
         LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWAP_AB: tl.constexpr,
-        EPILOGUE: tl.constexpr, SQ_POW2: tl.constexpr,
+        EPILOGUE: tl.constexpr, SQ_POW2: tl.constexpr, GATE: tl.constexpr,
     ):
         """Tensor-core tiles over BLOCK_M (>= 16) padded rows: each row's result comes from the
         same dot instructions whatever the other rows hold. EPILOGUE (no split-K): ADD_STATS or
-        RSTD (gemv_add_stats, gemv_rstd)."""
+        RSTD (gemv_add_stats, gemv_rstd). GATE (no split-K, no ADD_STATS): the weight is [gate; up]
+        (2N rows) and the program's BLOCK_N tile columns alternate gate row j and up row j, for
+        BLOCK_N / 2 outputs j, silu(gate) * up stored after the dot; each column is the dot the
+        plain tile takes for that weight row, so the outputs are those of gate_up then
+        silu_and_mul, bit for bit."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
         row_ok = rows < num_rows
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        w_rows = tl.where(n_ok, offs_n, 0)
+        if GATE:
+            cols = tl.arange(0, BLOCK_N)
+            offs_n = pid_n * (BLOCK_N // 2) + cols // 2  # the output each column feeds
+            n_ok = offs_n < N
+            w_rows = tl.where(n_ok, offs_n + (cols % 2) * N, 0)  # even: gate row j, odd: up row j
+        else:
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < N
+            w_rows = tl.where(n_ok, offs_n, 0)
         k_start = pid_k * K_PER_SPLIT
         if USE_PDL:
             prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, False, LINE, PREFETCH_LINES)
@@ -393,8 +403,14 @@ def _kernels():
                                 mask=row_ok[:, None] & (offs_p < num_sq)[None, :], other=0.0)
                 acc = acc * tl.rsqrt(tl.sum(parts, axis=1) / K + eps)[:, None]
             if HAS_BIAS:
-                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            if EPILOGUE == 1:  # ADD_STATS: the new stream, its columns times the norm's weight, and their squares
+                acc += tl.load(bias_ptr + w_rows, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if GATE:  # rounded as gate_up's output, then as silu_and_mul rounds
+                gate, up = tl.split(tl.reshape(acc.to(dtype).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+                act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+                offs_o = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+                tl.store(out_ptr + rows[:, None] * stride_out + offs_o[None, :], (act * up).to(dtype),
+                         mask=row_ok[:, None] & (offs_o < N)[None, :])
+            elif EPILOGUE == 1:  # ADD_STATS: the new stream, its columns times the norm's weight, and their squares
                 res = tl.load(res_ptr + rows[:, None] * stride_res + offs_n[None, :], mask=out_mask, other=0.0)
                 h = (acc.to(dtype).to(tl.float32) + res.to(tl.float32)).to(dtype)  # rounded as gemv, then the add
                 tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_n[None, :], h, mask=out_mask)
@@ -411,8 +427,8 @@ def _kernels():
 
 def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, invariant: bool = False,
             gated: bool = False, tail: bool = False, pdl: bool = True,
-            each_row: bool = False, epilogue: int = NONE, sq: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+            each_row: bool = False, epilogue: int = NONE, sq: torch.Tensor | None = None,
+            gate: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Picks the kernel: row_kernel for one row, or for several with each_row (each row's bits as
     if it came alone, with the one-row tile); otherwise dot_kernel, with invariant one compiled
     kernel and tile for every row count (the tensor-core path over MAX_ROWS rows, the config of a
@@ -420,14 +436,17 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     gated and tail (gemv_add_norm: residual and norm_weight go to the epilogue; returns (normed, h))
     run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl). epilogue
     (invariant, no split-K): ADD_STATS (residual, norm_weight: see gemv_add_stats; sq gets the
-    squares) or RSTD (sq: the partial sums of squares to take the norm's scale from)."""
+    squares) or RSTD (sq: the partial sums of squares to take the norm's scale from). gate
+    (invariant, no split-K, not ADD_STATS): weight is [gate; up] and the launch returns
+    silu(gate) * up of the projection, from the same tile's dots (dot_kernel's GATE)."""
     num_rows = x.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
     assert bias is None or bias.shape == (weight.shape[0],)
     assert not (invariant and (each_row or gated or tail)), "the tensor-core tile runs no each_row, gated or tail"
+    assert not gate or (invariant and epilogue != ADD_STATS and weight.shape[0] % 2 == 0)
     rows_kernel = not invariant and (num_rows == 1 or each_row or gated or tail)
-    n = weight.shape[0] // 2 if gated else weight.shape[0]  # gated: [gate; up] rows, n outputs
+    n = weight.shape[0] // 2 if gated or gate else weight.shape[0]  # [gate; up] rows, n outputs
     if gated:
         assert prologue != SILU_MUL and weight.shape[0] % 2 == 0
         cfg = config or gated_config(n, k)
@@ -461,7 +480,9 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
             new_res = torch.empty_like(x, memory_format=torch.contiguous_format)
             res, new_res_arg = residual, new_res
     block_n = cfg.block_n if rows_kernel else max(16, cfg.block_n)  # tl.dot needs 16 columns or more
-    tiles = -(-n // block_n)
+    if gate:
+        assert cfg.split_k == 1, "a gated tile needs whole columns in one program"
+    tiles = -(-n // (block_n // 2 if gate else block_n))
     k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
     if cfg.split_k > 1:
         assert tiles <= _MAX_TILES
@@ -492,7 +513,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
         dot_kernel[(tiles, cfg.split_k)](*args, sq_arg, sq.shape[1] if sq is not None else 1, sq_arg.stride(0),
                                          DOT_F32=x.dtype == torch.float32 or interpreting, BLOCK_M=block_m,
                                          SWAP_AB=cfg.swap_ab, EPILOGUE=epilogue,
-                                         SQ_POW2=next_pow2(sq.shape[1]) if epilogue == RSTD else 1, **common)
+                                         SQ_POW2=next_pow2(sq.shape[1]) if epilogue == RSTD else 1, GATE=gate,
+                                         **common)
     return out, new_res
 
 
@@ -631,17 +653,24 @@ def gemv_add_stats_ref(x, weight, bias, residual, norm_weight, config=None):
 
 
 def gemv_rstd(hg: torch.Tensor, sq: torch.Tensor, eps: float, weight: torch.Tensor,
-              bias: torch.Tensor | None = None, config: GemvConfig | None = None, pdl: bool = True) -> torch.Tensor:
+              bias: torch.Tensor | None = None, config: GemvConfig | None = None, pdl: bool = True,
+              gate: bool = False) -> torch.Tensor:
     """The projection after an RMSNorm whose weight hg already carries (gemv_add_stats): (hg @ W.T)
-    times each row's 1 / rms, rsqrt(sum(sq[m]) / K + eps), (+ bias), on the invariant tile."""
+    times each row's 1 / rms, rsqrt(sum(sq[m]) / K + eps), (+ bias), on the invariant tile.
+    gate: weight is an MLP's [gate; up] and the result silu(gate) * up (M, N / 2), the activation
+    in the same launch (bit for bit this projection, then silu_and_mul)."""
     n, k = weight.shape
     assert sq.shape[0] >= hg.shape[0]
     cfg = config or default_config(MAX_ROWS, n, k, num_sms(hg.device))
     return _launch(NONE, hg, None, None, eps, weight, bias, k, cfg, invariant=True, pdl=pdl, epilogue=RSTD,
-                   sq=sq)[0]
+                   sq=sq, gate=gate)[0]
 
 
-def gemv_rstd_ref(hg, sq, eps, weight, bias=None, config=None):
+def gemv_rstd_ref(hg, sq, eps, weight, bias=None, config=None, gate: bool = False):
     rstd = torch.rsqrt(sq.float().sum(dim=-1, keepdim=True) / weight.shape[1] + eps)
     out = F.linear(hg.float(), weight.float()) * rstd
-    return (out + bias.float() if bias is not None else out).to(hg.dtype)
+    out = (out + bias.float() if bias is not None else out).to(hg.dtype)
+    if gate:
+        g, u = out.float().chunk(2, dim=-1)
+        return ((g * torch.sigmoid(g)).to(hg.dtype).float() * u).to(hg.dtype)
+    return out

@@ -228,7 +228,9 @@ def expected_launches(cfg: ModelConfig, options: KernelOptions, rows: int = 1) -
     if mode == routing.INVARIANT and options.norm_stats:
         # o_proj and every down but the last (before the final norm) end with the next norm's
         # squares (gemv_add_stats); the projections after them scale by its 1 / rms (gemv_rstd)
-        return {"rms_norm_gemv": normed(qkv, H), "silu_mul_gemv": int(fused_down), "rms_norm_gated_gemv": 0,
+        # (gate_up with the activation after its dot where gated_mlp: no silu_mul_gemv then)
+        return {"rms_norm_gemv": normed(qkv, H), "silu_mul_gemv": int(fused_down and not options.gated_mlp),
+                "rms_norm_gated_gemv": 0,
                 "gated_gemv": 0, "gemv_add_norm": 0, "gemv_add_stats": 2 * L - 1, "gemv_rstd": 2 * L - 1}
     return {"rms_norm_gemv": L * (normed(qkv, H) + normed(2 * I, H)), "silu_mul_gemv": L * fused_down,
             "rms_norm_gated_gemv": 0, "gated_gemv": 0, "gemv_add_norm": o_tails, "gemv_add_stats": 0, "gemv_rstd": 0}

@@ -316,6 +316,50 @@ def test_add_stats_then_rstd_is_the_norm_and_the_projection(device):
         torch.testing.assert_close(out, unfused, **tol(device))
 
 
+# (rows, hidden H, intermediate I, tile): SmolLM2's gate_up on its invariant tile, an odd I (a
+# masked last tile) on the swapped tile and on an unswapped 16-column one, and (CUDA only) the 8B's.
+GATE_SHAPES = [(1, 576, 1536, None), (6, 576, 1536, None), (3, 200, 100, None),
+               (16, 200, 100, GemvConfig(16, 128, 1, 4, 2)), (2, 96, 40, GemvConfig(32, 64, 1, 4, 2, swap_ab=True))]
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+def test_gated_rstd_is_the_projection_then_the_activation(device):
+    """gemv_rstd(gate=True) on an MLP's [gate; up] weight == gemv_rstd, then silu(gate) * up: within
+    bf16 of the reference, and on the GPU bit for bit the two launches it replaces."""
+    from engine.kernels.activation import silu_and_mul
+    from engine.kernels.gemv import gemv_rstd, gemv_rstd_ref
+    from engine.routing import invariant_tile
+
+    shapes = GATE_SHAPES + ([(6, 4096, 14336, None)] if device == "cuda" else [])
+    for m, hid, inter, cfg in shapes:
+        gen, hg, w, b = make(m, 2 * inter, hid, device, hid + inter)
+        sq = (hid * (0.5 + torch.rand(m, 5, generator=gen)) / 5).to(device)
+        cfg = cfg or invariant_tile((2 * inter, hid))
+        for bias in (None, b):
+            act = gemv_rstd(hg, sq, 1e-5, w, bias, config=cfg, gate=True)
+            assert act.shape == (m, inter)
+            ref = gemv_rstd_ref(hg, sq, 1e-5, w, bias, gate=True)
+            torch.testing.assert_close(act, ref, **tol(device))
+            if device == "cuda":
+                pair = silu_and_mul(gemv_rstd(hg, sq, 1e-5, w, bias, config=cfg))
+                assert torch.equal(act, pair), (m, hid, inter, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("hid,inter", [(576, 1536), (4096, 14336)])
+def test_gated_rstd_rows_equal_single_row_bits(hid, inter):
+    from engine.kernels.gemv import gemv_rstd
+    from engine.routing import invariant_tile
+
+    gen, hg, w, _ = make(16, 2 * inter, hid, "cuda", hid)
+    sq = (hid * (0.5 + torch.rand(16, 3, generator=gen)) / 3).to("cuda")
+    run = lambda a, b: gemv_rstd(hg[a:b], sq[a:b], 1e-5, w, config=invariant_tile((2 * inter, hid)), gate=True)  # noqa: E731
+    singles = torch.cat([run(i, i + 1) for i in range(16)])
+    for m in (2, 6, 9, 16):
+        assert torch.equal(run(0, m), singles[:m]), m
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("hid,k,n", [(576, 576, 3072), (576, 1536, 960), (4096, 4096, 6144), (4096, 14336, 28672)])
