@@ -15,6 +15,7 @@ from engine.errors import UserError
 from engine.options import KernelOptions, cpu_spec_setting
 from engine.runner import ModelRunner
 from engine.decode import DecodeState, choose_next, plain_steps
+from engine.sampling import choose_tokens
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
 
@@ -240,6 +241,9 @@ class Engine:
             yield from self._greedy_graph_tokens(step, logits[-1].argmax().view(1), state)
             return
         yield [choose_next(logits[-1], state)]
+        if step is not None and state.seen is None:
+            yield from self._sampled_graph_tokens(step, state)
+            return
         yield from plain_steps(runner, state)
 
     def _greedy_graph_tokens(self, step, first: torch.Tensor, state: DecodeState) -> Iterator[list[int]]:
@@ -261,6 +265,43 @@ class Engine:
             while True:
                 while reader.in_flight < read_ahead.DEPTH and pos < max_len:
                     reader.queue(step.graph.replay)
+                    pos += 1
+                t = reader.take()[0]
+                state.kv_len += 1
+                state.tokens.append(t)
+                yield [t]
+                if state.kv_len >= max_len:
+                    return
+        finally:
+            reader.drain()  # a replay queued past the answer's end wrote only past kv_len
+
+    def _sampled_graph_tokens(self, step, state: DecodeState) -> Iterator[list[int]]:
+        """Sampling (no repetition penalty) after each replay of the decode graph, with the token
+        drawn on the device and written into the next replay's input, so that replays are queued
+        ahead of the host as in greedy decoding (ReadAhead) instead of the host waiting for each
+        token. The draw is choose_tokens' own, from the request's generator in the same order, so a
+        seed gives the tokens the step-by-step loop gives. The last chosen token is not in the
+        cache yet."""
+        max_len, params, generator = self.runner.max_len, state.params, state.generator
+        if state.kv_len >= max_len:
+            return
+        with torch.inference_mode():
+            step.input_ids.fill_(state.tokens[state.kv_len])
+            step.positions.fill_(state.kv_len)
+            token = torch.zeros(1, dtype=torch.long, device=step.input_ids.device)
+
+        def replay() -> None:  # the decode graph advances positions itself (its greedy pick)
+            with torch.inference_mode():
+                step.graph.replay()
+                token.copy_(choose_tokens(step.logits[-1], params, generator).view(1))
+                step.input_ids.copy_(token)
+
+        reader = read_ahead.ReadAhead(token)
+        pos = state.kv_len  # where the next queued replay writes
+        try:
+            while True:
+                while reader.in_flight < read_ahead.DEPTH and pos < max_len:
+                    reader.queue(replay)
                     pos += 1
                 t = reader.take()[0]
                 state.kv_len += 1
