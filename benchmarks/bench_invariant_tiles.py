@@ -42,6 +42,11 @@ TILES = [GemvConfig(*c) for c in [
 WIDE_TILES = [GemvConfig(bn, bk, 1, w, st, True) for bn in (32, 64, 128) for bk in (128, 256, 512)
               for w in (4, 8) for st in (3, 4, 5, 6) if bn * bk * 2 * st <= 160 * 1024 and bn * bk >= 8192]
 
+# --small-warps: one and two warps (tensor-core instructions of one warp, no warpgroup), for the
+# small weights where a tile's latency at one row, not bandwidth, is what it costs.
+SMALL_WARP_TILES = [GemvConfig(bn, bk, 1, w, st, True) for bn in (16, 32, 64) for bk in (64, 128, 256)
+                    for w in (1, 2) for st in (2, 3)]
+
 
 def label(cfg: GemvConfig) -> str:
     return (f"bn{cfg.block_n} bk{cfg.block_k} sk{cfg.split_k} w{cfg.num_warps} s{cfg.num_stages}"
@@ -67,6 +72,7 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=400)
     ap.add_argument("--no-sweep", action="store_true", help="the engine's invariant tile only, no sweep")
     ap.add_argument("--wide", action="store_true", help="sweep WIDE_TILES (and their K splits) instead")
+    ap.add_argument("--small-warps", action="store_true", help="sweep SMALL_WARP_TILES (and their K splits) instead")
     ap.add_argument("--no-each-row", action="store_true", help="skip timing the one-row kernel row by row")
     args = ap.parse_args()
     t0 = time.time()
@@ -90,7 +96,7 @@ def main() -> None:
             entry["each_row"][impl] = {
                 m: time_graph(lambda i, m=m, c=cfg: gemv(x16[:m], ws[i % len(ws)], config=c, each_row=True),
                               args.iters, args.calls) for m in (1, 6, 16)}
-        tiles = WIDE_TILES if args.wide else TILES
+        tiles = WIDE_TILES if args.wide else SMALL_WARP_TILES if args.small_warps else TILES
         cfgs = [invariant_tile((n, k))] + ([] if args.no_sweep else
                                            [default_config(MAX_ROWS, n, k)] + tiles + [with_split(c, n, k) for c in tiles])
         seen = set()
