@@ -141,6 +141,20 @@ def test_gated_mlp_and_norm_tails():
     assert routing.tail_tile(DEFAULT, SMOLLM2["o_proj"]) == SHORT_K
 
 
+def test_invariant_gate_up_runs_the_activation_on_plain_weights():
+    """The invariant set's gate_up takes the activation into its launch (gemv_rstd gate=True) for a
+    plain bf16 weight with gated_mlp, never for another dtype or a packed weight."""
+    for shapes in (LLAMA_8B, SMOLLM2):
+        linear = torch.nn.Linear(shapes["gate_up"][1], shapes["gate_up"][0], bias=False, device="meta",
+                                 dtype=BF16)
+        assert routing.gates_invariant(INVARIANT_OPTIONS, linear, BF16)
+        assert not routing.gates_invariant(dataclasses.replace(INVARIANT_OPTIONS, gated_mlp=False), linear, BF16)
+        assert not routing.gates_invariant(INVARIANT_OPTIONS, linear, torch.float32)
+    packed = torch.nn.Module()
+    packed.weight = None  # a PackedLinear keeps its blocks elsewhere
+    assert not routing.gates_invariant(INVARIANT_OPTIONS, packed, BF16)
+
+
 def test_row_tiles_override_one_row_projections():
     """Benchmarks' row_tiles send a one-row projection's shape to a tile of our GEMV or to cuBLAS
     (o_proj, down; qkv and gate_up of the fused one-row set; silu_mul_gemv's tile); lm_head, the
