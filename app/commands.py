@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
     decoder = engine  # the engine that answers (the loaded one, or its twin without the draft)
     if engine.has_draft and speculative and not (args.spec or args.draft):
         log = None if args.json else (lambda text: print(f"[localchat] {text}", file=sys.stderr))
-        pays, reason = engine.speculation_pays(log)
+        pays, reason = engine.speculation_pays(log, sampled=not params.is_greedy)
         if not pays:
             speculative = False  # the default draft where speculation is slower: plain decoding, said once
             if not args.json:

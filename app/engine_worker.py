@@ -143,6 +143,9 @@ class EngineWorker:
         spec_pays: bool = True  # speculation is the faster default on this engine (Engine.speculation_pays)
         spec_reason: str = ""  # why not, in a few words
         weights: str = ""  # what the model's projections run in: "Q4_1" (decoded in place), "Q4_1 as bf16", "bf16"
+        # the same for answers drawn at a temperature (Engine.speculation_pays(sampled=True))
+        sampled_spec_pays: bool = True
+        sampled_spec_reason: str = ""
 
     @dataclass
     class LoadFailed(Message):
@@ -286,11 +289,12 @@ class EngineWorker:
         is_remote = isinstance(engine, RemoteEngine)
         try:  # on a GPU, the first load of a model and draft measures whether speculation pays
             pays, reason = engine.speculation_pays(lambda text: on_progress(text, None))
+            sampled_pays, sampled_reason = engine.speculation_pays(sampled=True)  # from the same measurement
         except _LoadStopped:
             return
         target.post_message(self.Loaded(engine.model_name, engine.draft_name, engine.device, engine.has_draft,
                                         engine.url if is_remote else None, is_remote and not engine.is_localchat,
-                                        pays, reason, weights_text(engine)))
+                                        pays, reason, weights_text(engine), sampled_pays, sampled_reason))
 
     def _generate(self, job: _Job) -> None:
         target, side = job.target, job.side

@@ -67,12 +67,17 @@ class RemoteEngine:
         # our server's default for requests that do not say (off where speculation is slower there)
         self.spec_default = bool(ours.get("speculation_default", True)) if self.is_localchat else True
         self.spec_note = str(ours.get("speculation_note") or "") if self.is_localchat else ""
+        # and for sampled requests (a server before this field: the same)
+        self.spec_sampled = (bool(ours.get("speculation_default_sampled", self.spec_default)),
+                             str(ours.get("speculation_note_sampled") or self.spec_note)) \
+            if self.is_localchat else (True, "")
 
-    def speculation_pays(self, log=None) -> tuple[bool, str]:
+    def speculation_pays(self, log=None, sampled: bool = False) -> tuple[bool, str]:
         """The server knows its hardware: what a localchat server says it defaults to there (and
-        why), else the switch stays as the user set it."""
-        if self.has_draft and not self.spec_default:
-            return False, self.spec_note or "slower on the server"
+        why), for greedy or sampled answers, else the switch stays as the user set it."""
+        default, note = self.spec_sampled if sampled else (self.spec_default, self.spec_note)
+        if self.has_draft and not default:
+            return False, note or "slower on the server"
         return True, ""
 
     @classmethod

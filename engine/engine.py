@@ -33,7 +33,7 @@ class Engine:
         self.device = str(runner.device)
         self._kv_tokens: list[int] = []  # tokens whose K/V the target cache holds, in order
         self._no_draft: Engine | None = None  # without_draft(), once built
-        self._pays: tuple[bool, str] | None = None  # speculation_pays(), once measured or read
+        self._pays: dict[bool, tuple[bool, str]] = {}  # speculation_pays() by sampled, once measured or read
         self._cpu_spec = cpu_spec_setting()  # read at load: a bad LOCALCHAT_CPU_SPEC stops the load in one line
 
     @property
@@ -45,22 +45,22 @@ class Engine:
     # GPU reads the weights once for all of them, so a draft pays on a CPU only if it accepts a lot.
     CPU_SPEC_REASON = "LOCALCHAT_CPU_SPEC=off"
 
-    def speculation_pays(self, log: Callable[[str], None] | None = None) -> tuple[bool, str]:
-        """(whether speculation is the faster default here, and if not, why in a few words). The
-        caller may still ask for it: stream(speculative=True) always speculates with a draft.
-        Measured against plain decoding without the draft the first time a model and draft meet
-        this GPU or CPU, then read from the cache (engine/spec_pays.py; log tells of the
-        measurement, a few seconds on a GPU, some more on a CPU); on a CPU with
-        LOCALCHAT_CPU_SPEC=off, off without measuring."""
+    def speculation_pays(self, log: Callable[[str], None] | None = None, sampled: bool = False) -> tuple[bool, str]:
+        """(whether speculation is the faster default here, and if not, why in a few words), for
+        greedy answers or (sampled) answers drawn at a temperature. The caller may still ask for
+        it: stream(speculative=True) always speculates with a draft. Measured against plain
+        decoding without the draft the first time a model and draft meet this GPU or CPU, then
+        read from the cache (engine/spec_pays.py; log tells of the measurement, a few seconds on a
+        GPU, some more on a CPU); on a CPU with LOCALCHAT_CPU_SPEC=off, off without measuring."""
         if self.speculator is None:
             return False, "no draft"
         if self.runner.device.type == "cpu" and self._cpu_spec == "off":
             return False, self.CPU_SPEC_REASON
-        if self._pays is None:
+        if sampled not in self._pays:
             from engine import spec_pays
 
-            self._pays = spec_pays.verdict(self, spec_pays.draft_settings(self), log=log)
-        return self._pays
+            self._pays[sampled] = spec_pays.verdict(self, spec_pays.draft_settings(self), log=log, sampled=sampled)
+        return self._pays[sampled]
 
     @property
     def has_twin(self) -> bool:
@@ -103,7 +103,7 @@ class Engine:
         EAGLE-3 draft: anything else is a UserError. "auto": the shape that decodes fastest here,
         calibrated once per model, draft and GPU (speculative/tree/calibrate.py); chains where
         there is no EAGLE-3 head or on a CPU."""
-        self._pays = None  # measured again for the new shape when next asked
+        self._pays = {}  # measured again for the new shape when next asked
         if shape == "auto":
             if self.speculator is None or not hasattr(self.speculator, "auto_tree"):
                 return self.set_tree(None)

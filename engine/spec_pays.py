@@ -19,6 +19,11 @@ draft is wrong, for rows every verify step pays, so which pays depends on the he
 (on an H200 the demo's head gains from them; the 8B shape with a forced head, whose runners-up
 are never taken, lost 9% to them; docs/performance.md).
 
+A GPU also times both at SAMPLED_TEMPERATURE, each answer from its own seed: sampled speculation
+accepts fewer tokens a step than greedy, and plain decoding draws its tokens on the device as fast
+as it picks them greedily, so a draft that pays greedily may not pay there (verdict(sampled=True);
+the demo's head on an H200: docs/performance.md). A CPU takes the greedy verdict for both.
+
 A CPU measures less (CPU_PROMPTS, CPU_TOKENS: some 20 s for the demo model on 2 cores) and asks
 for a margin (CPU_PAYS_FROM): there a verify step costs the arithmetic of every row it checks, so
 speculation is close to plain decoding either way (the demo's first head: 0.96x on 2 cores, the
@@ -29,6 +34,7 @@ skips the measurement: speculation off by default on a CPU (Engine.speculation_p
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from pathlib import Path
@@ -43,6 +49,7 @@ TOKENS = 192  # long enough that the first steps of an answer do not decide the 
 # Below this ratio of tokens per second (speculation over plain decoding without the draft),
 # speculation is off by default; ties go to the draft the user chose to load.
 PAYS_FROM = 1.0
+SAMPLED_TEMPERATURE = 0.7  # the sampled verdict's answers (no top-k, top-p or min-p)
 CPU_PROMPTS = PROMPTS[:3]
 CPU_TOKENS = 48
 CPU_PAYS_FROM = 1.1
@@ -82,14 +89,16 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def answer_tok_s(engine, prompt: str, speculative: bool, tokens: int) -> tuple[int, float]:
-    """(tokens after the first, seconds they took) of one greedy answer to `prompt` under SYSTEM,
-    cut at `tokens`."""
+def answer_tok_s(engine, prompt: str, speculative: bool, tokens: int, temperature: float = 0.0) -> tuple[int, float]:
+    """(tokens after the first, seconds they took) of one answer to `prompt` under SYSTEM, cut at
+    `tokens`: greedy, or at `temperature` from a seed of the prompt's (the same draws for either
+    setting)."""
     from engine.types import SamplingParams
 
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+    params = SamplingParams(max_tokens=tokens, temperature=temperature, seed=len(prompt) if temperature else None)
     first, n = None, 0
-    for ev in engine.stream(messages, SamplingParams(max_tokens=tokens), speculative=speculative):
+    for ev in engine.stream(messages, params, speculative=speculative):
         if first is None and ev.token_ids:
             first = time.perf_counter()
         n += len(ev.token_ids)
@@ -139,13 +148,14 @@ def choose_runners_up(engine, speeds: dict[str, float]) -> bool | None:
     return on
 
 
-def measure(engine, prompts=PROMPTS, tokens: int = TOKENS, timer=answer_tok_s) -> dict:
+def measure(engine, prompts=PROMPTS, tokens: int = TOKENS, timer=answer_tok_s, sampled: bool | None = None) -> dict:
     """Tokens per second of greedy speculation on `engine` and of plain decoding without its draft
     (the twin), alternating prompt by prompt, the order turning each time; where the head may
     verify the chain alone (chooses_runners_up), speculation both ways, the faster kept. {"spec",
     "plain", "baseline": "no draft" | "draft loaded", "ratio", "built_twin": whether the twin was
     built for this (and may go again), and with the choice "runners_up" (kept or not),
-    "spec_runners_up", "spec_chain"}."""
+    "spec_runners_up", "spec_chain"}. sampled (None: on a GPU): the same at SAMPLED_TEMPERATURE
+    too (timer(..., temperature=...)), as "sampled_spec", "sampled_plain", "sampled_ratio"."""
     had_twin = engine.has_twin
     twin = engine.without_draft(if_fits=True)
     built_here = twin is not None and not had_twin
@@ -162,19 +172,28 @@ def measure(engine, prompts=PROMPTS, tokens: int = TOKENS, timer=answer_tok_s) -
         result.update(runners_up=kept, spec_runners_up=speeds["spec"], spec_chain=speeds["spec_chain"])
     result["spec"] = max(speeds["spec"], speeds.get("spec_chain", 0.0))
     result["ratio"] = result["spec"] / speeds["plain"] if speeds["plain"] else 0.0
+    if sampled if sampled is not None else str(engine.device).startswith("cuda"):
+        drawn = alternate({"spec": (engine, True, None), "plain": plain}, prompts, tokens,
+                          functools.partial(timer, temperature=SAMPLED_TEMPERATURE), warmup=tokens)
+        result.update(sampled_spec=drawn["spec"], sampled_plain=drawn["plain"],
+                      sampled_ratio=drawn["spec"] / drawn["plain"] if drawn["plain"] else 0.0)
     return result
 
 
-def reason_for(result: dict, device: str = "GPU") -> str:
+def reason_for(result: dict, device: str = "GPU", sampled: bool = False) -> str:
     """The few words the status bar and `localchat run` give for speculation off."""
-    slower = "slower" if result["ratio"] < 1.0 else "not clearly faster"
-    return f"{slower} on this {device} ({result['ratio']:.2f}x of {result['baseline']})"
+    ratio = result["sampled_ratio" if sampled else "ratio"]
+    slower = "slower" if ratio < 1.0 else "not clearly faster"
+    where = f" at temperature {SAMPLED_TEMPERATURE:g}" if sampled else ""
+    return f"{slower}{where} on this {device} ({ratio:.2f}x of {result['baseline']})"
 
 
 def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable[[str], None] | None = None,
-            measurer: Callable | None = None) -> tuple[bool, str]:
+            measurer: Callable | None = None, sampled: bool = False) -> tuple[bool, str]:
     """(whether speculation pays on `engine`'s GPU, and if not, why), from the cache or a
-    measurement now (written to the cache; a twin built only for it is let go again)."""
+    measurement now (written to the cache; a twin built only for it is let go again). sampled:
+    for answers drawn at a temperature (the measurement's sampled figures where it has them, else
+    the greedy ones)."""
     from engine.errors import UserError
     from engine.paths import cache_dir, read_json_cache, write_json_cache
 
@@ -196,12 +215,16 @@ def verdict(engine, settings: str, cache_file: Path | None = None, log: Callable
             # speculation on (where drafts mostly pay), a CPU off (where they are close at best)
             return (False, "not measured on this CPU") if cpu else (True, "")
         # a twin built only for this goes again, unless plain decoding (on it) is to be the default
-        if entry.pop("built_twin", False) and entry["ratio"] >= (CPU_PAYS_FROM if cpu else PAYS_FROM):
+        # for greedy or sampled answers
+        pays_from = CPU_PAYS_FROM if cpu else PAYS_FROM
+        if entry.pop("built_twin", False) and entry["ratio"] >= pays_from \
+                and entry.get("sampled_ratio", pays_from) >= pays_from:
             engine.drop_twin()
         cached[key] = entry
         write_json_cache(cache_file, cached)
     if chooses_runners_up(engine) and isinstance(entry.get("runners_up"), bool):
         engine.speculator.use_runners_up(entry["runners_up"])
-    if entry["ratio"] >= (CPU_PAYS_FROM if cpu else PAYS_FROM):
+    sampled = sampled and isinstance(entry.get("sampled_ratio"), (int, float))
+    if entry["sampled_ratio" if sampled else "ratio"] >= (CPU_PAYS_FROM if cpu else PAYS_FROM):
         return True, ""
-    return False, reason_for(entry, device)
+    return False, reason_for(entry, device, sampled)

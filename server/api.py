@@ -46,6 +46,8 @@ def build_app(engine, scheduler: Scheduler, options: ServeOptions = ServeOptions
                                      "draft_steps": engine.speculator.k if engine.has_draft else 0,
                                      "speculation_default": scheduler.spec_default,
                                      "speculation_note": scheduler.spec_note,
+                                     "speculation_default_sampled": scheduler.spec_sampled[0],
+                                     "speculation_note_sampled": scheduler.spec_sampled[1],
                                      "max_model_len": max_len, "device": engine.device}}
 
     async def health(request: Request) -> Response:

@@ -36,13 +36,16 @@ def cmd_serve(args) -> int:
     from server.scheduler import Scheduler
 
     pays, note = True, ""
+    sampled = (True, "")
     if engine.has_draft and not args.draft:  # a model's default draft, where it is slower: off unless asked
         pays, note = engine.speculation_pays(lambda text: print(f"[localchat] {text}", file=sys.stderr, flush=True))
-        if not pays:
-            print(f"[localchat] speculation off by default: {note} (a request may still ask for it with "
-                  '"speculative": true)', file=sys.stderr, flush=True)
+        sampled = engine.speculation_pays(sampled=True)
+        for off, why, which in ((not pays, note, ""), (not sampled[0], sampled[1], " for sampled requests")):
+            if off:
+                print(f"[localchat] speculation off by default{which}: {why} (a request may still ask for it "
+                      'with "speculative": true)', file=sys.stderr, flush=True)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    scheduler = Scheduler(engine, args.max_queue, spec_default=pays, spec_note=note)
+    scheduler = Scheduler(engine, args.max_queue, spec_default=pays, spec_note=note, spec_sampled=sampled)
     app = build_app(engine, scheduler, ServeOptions(api_key=args.api_key))
     shown = f"[{host}]" if ":" in host else host
     draft = f" with draft {engine.draft_name}" if engine.draft_name else ""

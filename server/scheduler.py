@@ -99,12 +99,14 @@ class Scheduler:
     engine's next step (or drops it from the queue), so the next request starts without delay."""
 
     def __init__(self, engine, max_waiting: int, log: logging.Logger | None = None,
-                 spec_default: bool = True, spec_note: str = ""):
+                 spec_default: bool = True, spec_note: str = "", spec_sampled: tuple[bool, str] | None = None):
         self.engine = engine
         self.max_waiting = max_waiting
         # Whether a request that does not say `speculative` speculates (with a draft loaded): off
-        # where speculation is slower on this machine (Engine.speculation_pays), and why.
+        # where speculation is slower on this machine (Engine.speculation_pays), and why; a sampled
+        # request by spec_sampled (its own verdict; None: the same).
         self.spec_default, self.spec_note = spec_default, spec_note
+        self.spec_sampled = spec_sampled if spec_sampled is not None else (spec_default, spec_note)
         self.log = log or logging.getLogger("uvicorn.error")
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -170,7 +172,8 @@ class Scheduler:
             self.log.info("request %d starts after %.1f s in the queue", job.job_id, job.queue_s)
         last = None
         try:
-            speculative = self.spec_default if job.speculative is None else job.speculative
+            default = self.spec_default if job.params.is_greedy else self.spec_sampled[0]
+            speculative = default if job.speculative is None else job.speculative
             engine = self.engine
             if not speculative and getattr(engine, "has_draft", False) and hasattr(engine, "without_draft"):
                 # plain decoding on the model without its draft where it fits: the faster kernels

@@ -83,6 +83,9 @@ class ChatScreen(Screen):
         self.is_model_ready = False  # a model is loaded and answering (not loading, not failed)
         self.spec_by_server = False  # a remote server that takes no per-request speculation switch
         self.spec_chosen = False  # the user toggled speculation in this session: no default overrides it
+        # whether speculation pays on the loaded model, for greedy answers and for answers drawn at a
+        # temperature (Engine.speculation_pays), with the reason where it does not
+        self.spec_verdicts: dict[bool, tuple[bool, str]] = {False: (True, ""), True: (True, "")}
         self.sidebar_choice: bool | None = None  # None: shown or hidden by the screen's width
 
     def compose(self) -> ComposeResult:
@@ -338,6 +341,7 @@ class ChatScreen(Screen):
         # Speculation off: plain decoding on the engine without its draft where that fits, the
         # faster kernels (the loaded target's plain steps run the batch-invariant ones its
         # verify steps need), as the compare screen's off side does.
+        self.apply_spec_default()  # the temperature may have changed since the last answer
         job_id = self.app.runner.generate(self, messages, self.app.settings, self.speculative, hold=True,
                                           no_draft=not self.speculative)
         self.answer = _Answer(job_id, chat_id, view)
@@ -476,15 +480,26 @@ class ChatScreen(Screen):
         self.spec_by_server = self.status.spec_by_server = message.spec_by_server
         self.status.draft = message.draft_name
         self.status.has_draft = message.has_draft
-        if not self.spec_chosen:  # "on" in the settings means on where it pays, for each model loaded
-            off_here = message.has_draft and self.spec_default and not message.spec_pays
-            self.speculative = self.status.speculative = self.spec_default and not off_here
-            self.status.spec_note = message.spec_reason if off_here else ""
-            if off_here:
-                self.notify(f"Speculation is off: {message.spec_reason}. Ctrl+T turns it on.", timeout=8)
+        self.spec_verdicts = {False: (message.spec_pays, message.spec_reason),
+                              True: (message.sampled_spec_pays, message.sampled_spec_reason)}
+        if self.apply_spec_default():
+            self.notify(f"Speculation is off: {self.status.spec_note}. Ctrl+T turns it on.", timeout=8)
         self.status.show_stats(None)  # whatever it shows was measured on the model before
         if self.answer:
             self.answer.view.set_waiting("thinking…")
+
+    def apply_spec_default(self) -> bool:
+        """Unless the user toggled it: speculation on where it pays ("on" in the settings means on
+        where it pays, for each model loaded), for the kind of answer the settings ask for now
+        (greedy, or drawn at a temperature: a draft may pay for one and not the other). Returns
+        whether that turned it off, the status bar saying why."""
+        if self.spec_chosen:
+            return False
+        pays, reason = self.spec_verdicts[self.app.settings.temperature > 0]
+        off_here = self.has_draft and self.spec_default and not pays
+        self.speculative = self.status.speculative = self.spec_default and not off_here
+        self.status.spec_note = reason if off_here else ""
+        return off_here
 
     def on_engine_worker_load_failed(self, message: EngineWorker.LoadFailed) -> None:
         self.status.hide_progress()

@@ -43,7 +43,8 @@ class FakeEngine:
     def __init__(self, model_name: str = "fake-model", draft_name: str | None = "fake-draft",
                  step_delay_s: float = 0.004, fixed_stats: bool = False,
                  fail_stream: Exception | None = None, twin_fits: bool = True,
-                 spec_pays: tuple[bool, str] = (True, ""), measures: bool = False) -> None:
+                 spec_pays: tuple[bool, str] = (True, ""), measures: bool = False,
+                 sampled_spec_pays: tuple[bool, str] | None = None) -> None:
         self.model_name = model_name
         self.draft_name = draft_name
         self.weights = "bf16"
@@ -54,13 +55,16 @@ class FakeEngine:
         self.fail_stream = fail_stream
         self.twin_fits = twin_fits  # whether without_draft(if_fits=True) builds the twin
         self.spec_pays = spec_pays  # what speculation_pays() answers (a CPU engine's: (False, reason))
+        self.sampled_spec_pays = sampled_spec_pays  # what speculation_pays(sampled=True) answers (None: the same)
         self.measures = measures  # speculation_pays() first measures, as a GPU engine's first load does
         self.logged: list[str] = []
         self.calls: list[dict] = []
         self._lock = threading.Lock()  # the real engine is not thread-safe either: catch misuse
         self._twin: FakeEngine | None = None
 
-    def speculation_pays(self, log=None) -> tuple[bool, str]:
+    def speculation_pays(self, log=None, sampled: bool = False) -> tuple[bool, str]:
+        if sampled and self.sampled_spec_pays is not None:
+            return self.sampled_spec_pays if self.has_draft else (False, "no draft")
         if self.measures and self.has_draft:
             text = "measuring whether speculation pays on this GPU (once for this model and draft)"
             self.logged.append(text)

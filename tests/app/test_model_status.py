@@ -144,3 +144,31 @@ async def test_a_gpu_where_the_draft_loses_starts_with_speculation_off_and_says_
         await pilot.press("ctrl+t")  # still the user's to turn on
         await send(pilot, "again")
         assert engine_of(app).calls[-1]["speculative"] is True
+
+
+async def test_a_draft_that_pays_only_greedily_is_off_for_sampled_answers(make_app):
+    """The first-load measurement gives greedy and sampled answers a verdict each: at a temperature
+    where the draft loses, the next answer decodes plainly and the status bar says why; back at
+    greedy, speculation is on again; a toggle by the user overrides both."""
+    import dataclasses
+
+    reason = "slower at temperature 0.7 on this GPU (0.90x of no draft)"
+    app = make_app(sampled_spec_pays=(False, reason))
+    async with app.run_test(size=(120, 24)) as pilot:
+        await ready(pilot)
+        assert "SPEC ON" in status_text(app, "spec")
+        await send(pilot, "greedy")
+        assert engine_of(app).calls[-1]["speculative"] is True
+        app.settings = dataclasses.replace(app.settings, temperature=0.7)
+        await send(pilot, "sampled")
+        assert engine_of(app).calls[-1]["speculative"] is False
+        assert f"SPEC OFF: {reason}" in status_text(app, "spec")
+        app.settings = dataclasses.replace(app.settings, temperature=0.0)
+        await send(pilot, "greedy again")
+        assert engine_of(app).calls[-1]["speculative"] is True
+        assert "SPEC ON" in status_text(app, "spec")
+        app.settings = dataclasses.replace(app.settings, temperature=0.7)
+        await pilot.press("ctrl+t")  # off now; twice: the user's choice, on
+        await pilot.press("ctrl+t")
+        await send(pilot, "sampled, by choice")
+        assert engine_of(app).calls[-1]["speculative"] is True

@@ -85,6 +85,28 @@ def test_an_unwritable_cache_or_a_failed_measurement_costs_nothing_else(tmp_path
     assert not (tmp_path / "c.json").exists()  # nothing cached: measured again next time
 
 
+def test_sampled_answers_have_a_verdict_of_their_own(tmp_path):
+    """A draft that pays greedily and loses at a temperature: on for greedy answers, off for sampled
+    ones with the reason; the twin built for the measurement stays (plain decoding is a default)."""
+    def measurer(engine, prompts=None, tokens=None):
+        return {"spec": 150.0, "plain": 100.0, "baseline": "no draft", "ratio": 1.5, "built_twin": True,
+                "sampled_spec": 90.0, "sampled_plain": 100.0, "sampled_ratio": 0.9}
+
+    engine, cache = FakeEngine(), tmp_path / "c.json"
+    assert spec_pays.verdict(engine, "k=5", cache, None, measurer) == (True, "")
+    assert engine.dropped == 0  # kept: sampled answers decode on it
+    assert spec_pays.verdict(engine, "k=5", cache, None, measurer, sampled=True) == \
+        (False, "slower at temperature 0.7 on this GPU (0.90x of no draft)")
+    # a measurement without sampled figures (a CPU's): the greedy verdict for both
+    cpu_like, _ = measured(0.8)
+    assert spec_pays.verdict(FakeEngine(), "k=6", cache, None, cpu_like, sampled=True) == \
+        (False, "slower on this GPU (0.80x of no draft)")
+    both_pay = lambda e, prompts=None, tokens=None: {**measurer(e), "sampled_ratio": 1.2}  # noqa: E731
+    twin_goes = FakeEngine()
+    assert spec_pays.verdict(twin_goes, "k=7", cache, None, both_pay, sampled=True) == (True, "")
+    assert twin_goes.dropped == 1
+
+
 def test_measure_alternates_and_divides_by_the_twin():
     engine, twin = FakeEngine(), object()
 
@@ -96,21 +118,27 @@ def test_measure_alternates_and_divides_by_the_twin():
     engine.without_draft = without_draft
     order = []
 
-    def timer(eng, prompt, speculative, tokens):
-        order.append(("spec" if speculative else "plain", eng is twin, tokens))
-        return (tokens - 1, 0.01 if speculative else 0.02)  # speculation twice as fast
+    def timer(eng, prompt, speculative, tokens, temperature=0.0):
+        order.append(("spec" if speculative else "plain", eng is twin, tokens, temperature))
+        if temperature:  # sampled: speculation slower than plain decoding
+            return (tokens - 1, 0.025 if speculative else 0.02)
+        return (tokens - 1, 0.01 if speculative else 0.02)  # greedy: speculation twice as fast
 
     got = spec_pays.measure(engine, prompts=("a", "b", "c"), tokens=33, timer=timer)
     assert got["ratio"] == pytest.approx(2.0) and got["baseline"] == "no draft" and got["built_twin"]
-    assert order[:2] == [("spec", False, 33), ("plain", True, 33)]  # warm-ups as long as the answers (a GPU)
-    assert [o[0] for o in order[2:]] == ["spec", "plain", "plain", "spec", "spec", "plain"]
+    greedy = [o for o in order if o[3] == 0.0]
+    assert greedy[:2] == [("spec", False, 33, 0.0), ("plain", True, 33, 0.0)]  # warm-ups as long as the answers (a GPU)
+    assert [o[0] for o in greedy[2:]] == ["spec", "plain", "plain", "spec", "spec", "plain"]
     assert all(o[1] for o in order if o[0] == "plain")  # plain decoding on the twin, never with the draft
+    # a GPU times sampled answers the same way, after the greedy ones
+    assert order[len(greedy):] == [(o[0], o[1], o[2], spec_pays.SAMPLED_TEMPERATURE) for o in greedy]
+    assert got["sampled_ratio"] == pytest.approx(0.8) and got["sampled_plain"] == pytest.approx(1600.0)
     again = spec_pays.measure(engine, prompts=("a",), tokens=9, timer=timer)  # a twin already there stays
     assert again["baseline"] == "no draft" and not again["built_twin"]
-    engine.device = "cpu"  # no kernels compiled for longer contexts: short warm-ups
+    engine.device = "cpu"  # no kernels compiled for longer contexts: short warm-ups; greedy alone
     order.clear()
-    spec_pays.measure(engine, prompts=("a",), tokens=9, timer=timer)
-    assert [o[2] for o in order] == [8, 8, 9, 9]
+    got = spec_pays.measure(engine, prompts=("a",), tokens=9, timer=timer)
+    assert [o[2] for o in order] == [8, 8, 9, 9] and "sampled_ratio" not in got
 
 
 def test_without_room_for_a_twin_plain_decoding_keeps_the_draft_loaded():
@@ -122,7 +150,7 @@ def test_without_room_for_a_twin_plain_decoding_keeps_the_draft_loaded():
         seen.append((eng is engine, speculative))
         return (10, 0.1)
 
-    got = spec_pays.measure(engine, prompts=("a",), tokens=11, timer=timer)
+    got = spec_pays.measure(engine, prompts=("a",), tokens=11, timer=timer, sampled=False)
     assert got["baseline"] == "draft loaded" and not got["built_twin"] and set(seen) == {(True, True), (True, False)}
 
 
@@ -232,7 +260,7 @@ def test_measure_times_the_chain_alone_too_and_keeps_the_faster(tmp_path, chain_
         fast = "chain" if chain_faster else "runners-up"
         return tokens - 1, {"plain": 0.04, fast: 0.01}.get(name, 0.02)
 
-    got = spec_pays.measure(engine, prompts=("a", "b", "c"), tokens=33, timer=timer)
+    got = spec_pays.measure(engine, prompts=("a", "b", "c"), tokens=33, timer=timer, sampled=False)
     assert order[:3] == ["runners-up", "plain", "chain"]  # warm-ups
     assert order[3:] == ["runners-up", "plain", "chain", "plain", "chain", "runners-up",
                          "chain", "runners-up", "plain"]
