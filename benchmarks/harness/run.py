@@ -120,7 +120,8 @@ def choose_runners_up(engine, args, prompts) -> dict | None:
 
     tokens = min(args.new_tokens, 128)
     speeds = spec_pays.alternate({"spec": (engine, True, True), "spec_chain": (engine, True, False)},
-                                 prompts[:2], tokens, timer, warmup=tokens)
+                                 prompts[:2], tokens, timer, warmup=tokens,
+                                 warm_each=str(engine.device).startswith("cuda"))
     return {"kept": spec_pays.choose_runners_up(engine, speeds), "by": "measured on 2 of the prompts",
             "spec_runners_up_tok_s": speeds["spec"], "spec_chain_tok_s": speeds["spec_chain"]}
 

@@ -127,8 +127,9 @@ def test_measure_alternates_and_divides_by_the_twin():
     got = spec_pays.measure(engine, prompts=("a", "b", "c"), tokens=33, timer=timer)
     assert got["ratio"] == pytest.approx(2.0) and got["baseline"] == "no draft" and got["built_twin"]
     greedy = [o for o in order if o[3] == 0.0]
-    assert greedy[:2] == [("spec", False, 33, 0.0), ("plain", True, 33, 0.0)]  # warm-ups as long as the answers (a GPU)
-    assert [o[0] for o in greedy[2:]] == ["spec", "plain", "plain", "spec", "spec", "plain"]
+    # a GPU's warm-ups: every prompt, as long as the answers (the timed answers meet no new length)
+    assert greedy[:6] == [("spec", False, 33, 0.0)] * 3 + [("plain", True, 33, 0.0)] * 3
+    assert [o[0] for o in greedy[6:]] == ["spec", "plain", "plain", "spec", "spec", "plain"]
     assert all(o[1] for o in order if o[0] == "plain")  # plain decoding on the twin, never with the draft
     # a GPU times sampled answers the same way, after the greedy ones
     assert order[len(greedy):] == [(o[0], o[1], o[2], spec_pays.SAMPLED_TEMPERATURE) for o in greedy]
@@ -261,8 +262,8 @@ def test_measure_times_the_chain_alone_too_and_keeps_the_faster(tmp_path, chain_
         return tokens - 1, {"plain": 0.04, fast: 0.01}.get(name, 0.02)
 
     got = spec_pays.measure(engine, prompts=("a", "b", "c"), tokens=33, timer=timer, sampled=False)
-    assert order[:3] == ["runners-up", "plain", "chain"]  # warm-ups
-    assert order[3:] == ["runners-up", "plain", "chain", "plain", "chain", "runners-up",
+    assert order[:9] == ["runners-up"] * 3 + ["plain"] * 3 + ["chain"] * 3  # warm-ups, every prompt
+    assert order[9:] == ["runners-up", "plain", "chain", "plain", "chain", "runners-up",
                          "chain", "runners-up", "plain"]
     assert got["runners_up"] is not chain_faster and engine.speculator.runners_up is not chain_faster
     assert got["spec"] == pytest.approx(3200.0) and got["ratio"] == pytest.approx(4.0)
