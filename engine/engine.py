@@ -15,7 +15,7 @@ from engine.errors import UserError
 from engine.options import KernelOptions, cpu_spec_setting
 from engine.runner import ModelRunner
 from engine.decode import DecodeState, choose_next, plain_steps
-from engine.sampling import choose_tokens
+from engine.sampling import apply_repetition_penalty, choose_tokens
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
 
@@ -241,8 +241,8 @@ class Engine:
             yield from self._greedy_graph_tokens(step, logits[-1].argmax().view(1), state)
             return
         yield [choose_next(logits[-1], state)]
-        if step is not None and state.seen is None:
-            yield from self._sampled_graph_tokens(step, state)
+        if step is not None:
+            yield from self._chosen_on_device(step, state)
             return
         yield from plain_steps(runner, state)
 
@@ -275,14 +275,15 @@ class Engine:
         finally:
             reader.drain()  # a replay queued past the answer's end wrote only past kv_len
 
-    def _sampled_graph_tokens(self, step, state: DecodeState) -> Iterator[list[int]]:
-        """Sampling (no repetition penalty) after each replay of the decode graph, with the token
-        drawn on the device and written into the next replay's input, so that replays are queued
-        ahead of the host as in greedy decoding (ReadAhead) instead of the host waiting for each
-        token. The draw is choose_tokens' own, from the request's generator in the same order, so a
-        seed gives the tokens the step-by-step loop gives. The last chosen token is not in the
-        cache yet."""
-        max_len, params, generator = self.runner.max_len, state.params, state.generator
+    def _chosen_on_device(self, step, state: DecodeState) -> Iterator[list[int]]:
+        """Sampling, or a repetition penalty (greedy or not), after each replay of the decode graph:
+        the token chosen on the device and written into the next replay's input, so that replays
+        are queued ahead of the host as in greedy decoding (ReadAhead) instead of the host waiting
+        for each token. The choice is choose_next's own ops (the penalty over the tokens seen, the
+        draw from the request's generator in the same order, the token marked seen), so a seed
+        gives the tokens the step-by-step loop gives. The last chosen token is not in the cache
+        yet."""
+        max_len, params, generator, seen = self.runner.max_len, state.params, state.generator, state.seen
         if state.kv_len >= max_len:
             return
         with torch.inference_mode():
@@ -293,7 +294,12 @@ class Engine:
         def replay() -> None:  # the decode graph advances positions itself (its greedy pick)
             with torch.inference_mode():
                 step.graph.replay()
-                token.copy_(choose_tokens(step.logits[-1], params, generator).view(1))
+                row = step.logits[-1]
+                if seen is not None:
+                    row = apply_repetition_penalty(row, seen, params.repetition_penalty)
+                token.copy_(choose_tokens(row, params, generator).view(1))
+                if seen is not None:
+                    seen.index_fill_(0, token, True)
                 step.input_ids.copy_(token)
 
         reader = read_ahead.ReadAhead(token)

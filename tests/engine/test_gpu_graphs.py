@@ -15,15 +15,15 @@ def _tokens(engine, ids, params, speculative=False):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("temperature", [0.0, 0.8, "cuts"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8, "cuts", "penalty", "greedy penalty"])
 @pytest.mark.parametrize("gated", [False, True], ids=["silu_mul", "gated"])
 @pytest.mark.parametrize("norms", ["fused", "apart"])
 def test_graph_decode_equals_eager_200_steps(arch, temperature, gated, norms, tiny_models, monkeypatch):
     """gated: the one-row MLP as gated_gemv + a plain down GEMV (KernelOptions.gated_mlp), or not;
     norms apart: the one-row norms unfused, so that o_proj and down carry them (gemv_add_norm).
-    Sampled (0.8, and with top-k / top-p / min-p cuts): the graph engine draws each token on the
-    device, its replays queued ahead of the host; the eager one step by step: the same seed, the
-    same tokens."""
+    Sampled (0.8, and with top-k / top-p / min-p cuts) or with a repetition penalty (sampled or
+    greedy): the graph engine chooses each token on the device, its replays queued ahead of the
+    host; the eager one step by step: the same seed, the same tokens."""
     import engine.routing
     from engine.config import ModelConfig
     from engine.options import KernelOptions
@@ -40,8 +40,10 @@ def test_graph_decode_equals_eager_200_steps(arch, temperature, gated, norms, ti
     for e in (graphs, eager):
         e.tokenizer.eos_token_ids = frozenset()
     ids = graphs.tokenizer.apply_chat_template([{"role": "user", "content": "The quick brown fox"}])
-    cuts = dict(top_k=40, top_p=0.9, min_p=0.01) if temperature == "cuts" else {}
-    p = SamplingParams(max_tokens=200, temperature=0.8 if cuts else temperature, seed=123, **cuts)
+    kw = {"cuts": dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.01),
+          "penalty": dict(temperature=0.8, repetition_penalty=1.3),
+          "greedy penalty": dict(repetition_penalty=1.3)}.get(temperature, dict(temperature=temperature))
+    p = SamplingParams(max_tokens=200, seed=123, **kw)
     a, b = _tokens(graphs, ids, p), _tokens(eager, ids, p)
     assert len(a) == 200 and a == b
 
