@@ -275,3 +275,28 @@ def test_a_server_where_speculation_loses_defaults_to_off_and_says_so(engine):
     with serving(engine) as s:  # where it pays (the default): on, and the app keeps its switch
         assert s.client().models.list().data[0].model_extra["localchat"]["speculation_default"] is True
         assert RemoteEngine.connect(RemoteChoice(s.url)).speculation_pays() == (True, "")
+
+
+def test_sampled_requests_follow_the_sampled_verdict(engine):
+    """Where speculation pays greedily and loses when sampling (Engine.speculation_pays(sampled=True)),
+    a greedy request that does not say speculates and a sampled one decodes plainly; the model card
+    gives both verdicts, and the app connected to it reads the sampled one."""
+    from app.remote import RemoteChoice, RemoteEngine
+
+    note = "slower at temperature 0.7 on this GPU (0.90x of no draft)"
+    with serving(engine, spec_default=True, spec_sampled=(False, note)) as s:
+        client = s.client()
+        card = client.models.list().data[0].model_extra["localchat"]
+        assert card["speculation_default"] is True
+        assert card["speculation_default_sampled"] is False and card["speculation_note_sampled"] == note
+        greedy = client.chat.completions.create(model=engine.model_name, messages=MESSAGES, temperature=0,
+                                                max_tokens=8)
+        assert greedy.usage.model_extra["localchat"]["speculative"] is True
+        sampled = client.chat.completions.create(model=engine.model_name, messages=MESSAGES, temperature=0.7,
+                                                 max_tokens=8, seed=3)
+        assert sampled.usage.model_extra["localchat"]["speculative"] is False
+        asked = client.chat.completions.create(model=engine.model_name, messages=MESSAGES, temperature=0.7,
+                                               max_tokens=8, seed=3, extra_body={"speculative": True})
+        assert asked.usage.model_extra["localchat"]["speculative"] is True
+        remote = RemoteEngine.connect(RemoteChoice(s.url))
+        assert remote.speculation_pays() == (True, "") and remote.speculation_pays(sampled=True) == (False, note)
