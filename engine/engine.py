@@ -260,11 +260,18 @@ class Engine:
             step.positions.fill_(state.kv_len)
         reader = step.read_ahead()
         reader.drain()
+        yield from self._queued_tokens(reader, step.graph.replay, state)
+
+    def _queued_tokens(self, reader, replay, state: DecodeState) -> Iterator[list[int]]:
+        """One token a replay of `replay` (each writing the next replay's input on the device), the
+        replay after the next queued before the host reads a token through `reader`, until the
+        cache is full (the caller stops earlier on EOS or max_tokens)."""
+        max_len = self.runner.max_len
         pos = state.kv_len  # where the next queued replay writes
         try:
             while True:
                 while reader.in_flight < read_ahead.DEPTH and pos < max_len:
-                    reader.queue(step.graph.replay)
+                    reader.queue(replay)
                     pos += 1
                 t = reader.take()[0]
                 state.kv_len += 1
@@ -283,8 +290,8 @@ class Engine:
         draw from the request's generator in the same order, the token marked seen), so a seed
         gives the tokens the step-by-step loop gives. The last chosen token is not in the cache
         yet."""
-        max_len, params, generator, seen = self.runner.max_len, state.params, state.generator, state.seen
-        if state.kv_len >= max_len:
+        params, generator, seen = state.params, state.generator, state.seen
+        if state.kv_len >= self.runner.max_len:
             return
         with torch.inference_mode():
             step.input_ids.fill_(state.tokens[state.kv_len])
@@ -302,21 +309,7 @@ class Engine:
                     seen.index_fill_(0, token, True)
                 step.input_ids.copy_(token)
 
-        reader = read_ahead.ReadAhead(token)
-        pos = state.kv_len  # where the next queued replay writes
-        try:
-            while True:
-                while reader.in_flight < read_ahead.DEPTH and pos < max_len:
-                    reader.queue(replay)
-                    pos += 1
-                t = reader.take()[0]
-                state.kv_len += 1
-                state.tokens.append(t)
-                yield [t]
-                if state.kv_len >= max_len:
-                    return
-        finally:
-            reader.drain()  # a replay queued past the answer's end wrote only past kv_len
+        yield from self._queued_tokens(read_ahead.ReadAhead(token), replay, state)
 
     def reset(self) -> None:
         """Forgets the cached conversation (the next prompt is prefilled in full)."""

@@ -141,8 +141,7 @@ class FusedLayerKernels(LayerKernels):
             act = gemv_rstd(x.hg, x.sq, norm.eps, gate_up.weight, gate_up.bias,
                             config=routing.invariant_tile(tuple(gate_up.weight.shape)), pdl=self.options.pdl,
                             gate=True)
-            down = self.ending(x.stream, then)
-            return (down(act, mlp.down_proj) if down else self.project(act, mlp.down_proj, "down")), x.stream
+            return self._down(act, x.stream, mlp, then), x.stream
         shape = tuple(gate_up.weight.shape)
         if not routing.is_gated(self.options, self.mode, rows.shape[0], shape, rows.dtype, self.each_row):
             return super().mlp(x, residual, norm, mlp, then if self.invariant else None)
@@ -153,8 +152,13 @@ class FusedLayerKernels(LayerKernels):
         else:
             act, stream = rms_norm_gated_gemv(x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, tile,
                                               pdl=pdl)
+        return self._down(act, stream, mlp, then), stream
+
+    def _down(self, act: torch.Tensor, stream: torch.Tensor, mlp, then):
+        """The down projection of an activation a gated launch computed: with `then`'s norm where
+        ending() carries it, else on its own."""
         down = self.ending(stream, then)
-        return (down(act, mlp.down_proj) if down else self.project(act, mlp.down_proj, "down")), stream
+        return down(act, mlp.down_proj) if down else self.project(act, mlp.down_proj, "down")
 
     def ending(self, residual, then):
         """A one-row step's o_proj or down with gemv_add_norm, where `then` = (norm, linear, role)
