@@ -32,7 +32,7 @@ def compile_one(kern, sig: dict, consts: dict, divisible: list[str], num_warps: 
 
 
 def gemv_variants():
-    from engine.routing import invariant_tile
+    from engine.routing import invariant_tile, row_tile
 
     row_kernel, dot_kernel = gemv._kernels()
     ptrs = ["x_ptr", "res_ptr", "nw_ptr", "new_res_ptr", "w_ptr", "bias_ptr", "out_ptr"]
@@ -41,16 +41,20 @@ def gemv_variants():
            "eps": "fp32"}
     divisible = ptrs + ["part_ptr", "count_ptr"] + ints[1:]
     dot_sig = {**sig, "sq_ptr": "*fp32", "num_sq": "i32", "stride_sq": "i32"}
+    row_sig = {**sig, "sq_ptr": "*fp32", "stride_sq": "i32"}
     for m in (1, 16):  # the one-row kernel; the tensor-core kernel on its invariant tile (any M up to 16)
         for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (128256, 4096),
                      (960, 576), (576, 576), (3072, 576), (576, 1536)]:
             # the invariant tile's epilogues (gemv_add_stats, gemv_rstd) after a plain prologue
             # and gemv_rstd's gated form (gate_up with the activation after its dot)
-            epilogues = [(gemv.NONE, gemv.ADD_STATS), (gemv.NONE, gemv.RSTD)] if m == 16 else []
+            # (the one-row kernel: ADD_STATS, gemv_add_stats each_row)
+            epilogues = [(gemv.NONE, gemv.ADD_STATS), (gemv.NONE, gemv.RSTD)] if m == 16 else [(gemv.NONE, gemv.ADD_STATS)]
             gates = [(gemv.NONE, gemv.RSTD, True)] if m == 16 and n in (28672, 3072) else []
             for prologue, epilogue, gate in ([(p, gemv.NONE, False) for p in (gemv.NONE, gemv.RMS_NORM, gemv.SILU_MUL)]
                                              + [(p, e, False) for p, e in epilogues] + gates):
                 cfg = gemv.default_config(1, n, k) if m == 1 else invariant_tile((n, k))
+                if m == 1 and epilogue == gemv.ADD_STATS:
+                    cfg = row_tile(k)
                 k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
                 consts = dict(PROLOGUE=prologue, HAS_RESIDUAL=prologue == gemv.RMS_NORM, HAS_BIAS=False,
                               SPLIT_K=cfg.split_k, K_PER_SPLIT=k_per_split, EVEN_K=k_per_split * cfg.split_k == k,
@@ -58,14 +62,15 @@ def gemv_variants():
                 if m == 1:
                     kern = row_kernel
                     consts |= dict(BLOCK_N=cfg.block_n, NORM_MODE=gemv.norm_mode(1, k) if prologue else gemv.LOOP,
-                                   K_POW2=next_pow2(k), GATED=False, NORM_TAIL=False, N_POW2=1)
+                                   K_POW2=next_pow2(k), GATED=False, NORM_TAIL=False, N_POW2=1, EPILOGUE=epilogue,
+                                   HAS_RESIDUAL=prologue == gemv.RMS_NORM or epilogue == gemv.ADD_STATS)
                 else:
                     kern = dot_kernel
                     consts |= dict(BLOCK_M=16, BLOCK_N=max(16, cfg.block_n), DOT_F32=False, SWAP_AB=cfg.swap_ab,
                                    EPILOGUE=epilogue, SQ_POW2=64 if epilogue == gemv.RSTD else 1, GATE=gate,
                                    HAS_RESIDUAL=prologue == gemv.RMS_NORM or epilogue == gemv.ADD_STATS)
                 yield f"gemv M={m} N={n} K={k} prologue={prologue} epilogue={epilogue} gate={gate} {cfg}", kern, \
-                    sig if m == 1 else dot_sig, consts, divisible, cfg.num_warps, cfg.num_stages
+                    row_sig if m == 1 else dot_sig, consts, divisible, cfg.num_warps, cfg.num_stages
 
 
 def main() -> None:

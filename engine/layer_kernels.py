@@ -172,12 +172,14 @@ class FusedLayerKernels(LayerKernels):
             if not routing.carries_stats(self.options, residual.shape[0], residual.dtype, role, next_linear):
                 return None
 
+            ends = "o_proj" if role == "gate_up" else "down"  # the sublayer before `then`'s norm
+
             def project_stats(x: torch.Tensor, linear: torch.nn.Linear) -> "torch.Tensor | Scaled":
                 if not routing.plain_weight(linear, x.dtype):
                     return self.project(x, linear, "o_proj")
-                return Scaled(*gemv_add_stats(x, linear.weight, linear.bias, residual, norm.weight,
-                                              config=routing.invariant_tile(tuple(linear.weight.shape)),
-                                              pdl=self.options.pdl), norm)
+                tile, each_row = routing.stats_route(self.options, ends, tuple(linear.weight.shape))
+                return Scaled(*gemv_add_stats(x, linear.weight, linear.bias, residual, norm.weight, config=tile,
+                                              pdl=self.options.pdl, each_row=each_row), norm)
 
             return project_stats
         if not routing.carries_norm(self.options, self.mode, residual.shape[0], residual.dtype, role,

@@ -87,6 +87,11 @@ class KernelOptions:
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
     # LOCALCHAT_NORM_STATS=0: the norm launches apart.
     norm_stats: bool = True
+    # Of those, the sublayer ends (o_proj, down) whose small weights (routing.EACH_ROW_MAX_BYTES)
+    # run on the one-row kernel row by row instead of the tensor-core tile (routing.stats_route):
+    # one row as without a draft, each further row a re-read from L2. LOCALCHAT_ROW_STATS=
+    # down|o_proj,down|none.
+    row_stats: tuple[str, ...] = ("down",)
     # Greedy MTP answers on a GPU as one CUDA graph an iteration (speculative/mtp/greedy_loop.py):
     # on an H200 the demo's MTP layers 0.99x of no draft, against 0.78x through the step-by-step
     # loop and its graphs per step (docs/performance.md). The CPU runs the same iteration eagerly
@@ -131,6 +136,8 @@ class KernelOptions:
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
+            **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
+               else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),
         )
 
 
@@ -151,6 +158,15 @@ def _row_gemv(value: str) -> bool:
     if value not in ("", "qkv", CUBLAS):
         raise UserError(f"LOCALCHAT_ROW_GEMV={value!r}: use qkv (the default) or cublas")
     return value != CUBLAS
+
+
+def _row_stats(value: str) -> tuple[str, ...]:
+    roles = tuple(r.strip() for r in value.split(",") if r.strip())
+    if roles == ("none",):
+        return ()
+    if not roles or any(r not in ("o_proj", "down") for r in roles):
+        raise UserError(f"LOCALCHAT_ROW_STATS={value!r}: use down (the default), o_proj,down or none")
+    return roles
 
 
 def parse_spec_alts(spec: str) -> int | tuple[int, ...] | str | None:

@@ -253,6 +253,16 @@ def carries_stats(options: KernelOptions, rows: int, dtype: torch.dtype, next_ro
             and plain_weight(next_linear, dtype))
 
 
+def stats_route(options: KernelOptions, role: str, shape: tuple[int, int]) -> tuple[GemvConfig, bool]:
+    """gemv_add_stats's (tile, each_row) for an invariant o_proj or down (role) of weight `shape`:
+    the one-row tile row by row for a small weight of a role in options.row_stats (on an H200 the
+    demo's down runs one row in 1.8 us that way against 3.5 on its tensor-core tile, six rows
+    alike, sixteen 7.2 against 3.5; docs/performance.md), else invariant_tile."""
+    if role in options.row_stats and shape[0] * shape[1] * 2 <= EACH_ROW_MAX_BYTES:
+        return row_tile(shape[1]), True
+    return invariant_tile(shape), False
+
+
 def gates_invariant(options: KernelOptions, gate_up, dtype: torch.dtype) -> bool:
     """Whether the invariant set's gate_up projection, taking a Scaled stream (gemv_rstd), also runs
     the activation after its dot (gate=True) instead of a silu_and_mul launch apart (gated_mlp):

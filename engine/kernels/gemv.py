@@ -155,11 +155,13 @@ def _kernels():
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
         LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, NORM_MODE: tl.constexpr, K_POW2: tl.constexpr,
         GATED: tl.constexpr, NORM_TAIL: tl.constexpr, N_POW2: tl.constexpr,
+        sq_ptr, stride_sq, EPILOGUE: tl.constexpr,
     ):
         """The one-row kernel (CUDA-core FMAs), one row per program along the grid's third axis:
         row m runs the same instructions whatever num_rows is, so its bits do not depend on the
         rows beside it. The programs of one column tile read the same weights, from L2 after the
-        first (a small model's layer stays there)."""
+        first (a small model's layer stays there). EPILOGUE ADD_STATS (no split-K): as dot_kernel's,
+        the new stream, its columns times the norm's weight and their squares, one part a program."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -174,7 +176,7 @@ def _kernels():
         m = tl.program_id(2)
         x_row = x_ptr + m * stride_x
         res_row = res_ptr + m * stride_res
-        if NORM_TAIL:  # requested now, used after the K loop: its round trip overlaps the weights'
+        if NORM_TAIL or EPILOGUE == 1:  # requested now, used after the K loop: its round trip overlaps the weights'
             res_tail = tl.load(res_row + offs_n[None, :], mask=n_ok[None, :], other=0.0)
         inv_rms = tl.zeros([1], tl.float32)
         if PROLOGUE == 1 and NORM_MODE == 1:
@@ -259,6 +261,13 @@ def _kernels():
                 # add_rms_norm round, goes to the new stream; the norm comes below.
                 h = (acc.to(dtype).to(tl.float32) + res_tail.to(tl.float32)).to(dtype)
                 tl.store(new_res_ptr + m * stride_new_res + offs_n[None, :], h, mask=out_mask)
+            elif EPILOGUE == 1:  # ADD_STATS, rounded as the dot kernel's
+                h = (acc.to(dtype).to(tl.float32) + res_tail.to(tl.float32)).to(dtype)
+                tl.store(new_res_ptr + m * stride_new_res + offs_n[None, :], h, mask=out_mask)
+                hf = tl.where(out_mask, h.to(tl.float32), 0.0)
+                g = tl.load(nw_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+                tl.store(out_ptr + m * stride_out + offs_n[None, :], (hf * g[None, :]).to(dtype), mask=out_mask)
+                tl.store(sq_ptr + m * stride_sq + pid_n + tl.zeros([1], tl.int32), tl.sum(hf * hf, axis=1))
             else:
                 tl.store(out_ptr + m * stride_out + offs_n[None, :], acc.to(dtype), mask=out_mask)
         if SPLIT_K > 1:
@@ -435,7 +444,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     MAX_ROWS-row call), so row i's result does not depend on how many rows came with it either.
     gated and tail (gemv_add_norm: residual and norm_weight go to the epilogue; returns (normed, h))
     run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl). epilogue
-    (invariant, no split-K): ADD_STATS (residual, norm_weight: see gemv_add_stats; sq gets the
+    (no split-K; on row_kernel ADD_STATS only): ADD_STATS (residual, norm_weight: see gemv_add_stats; sq gets the
     squares) or RSTD (sq: the partial sums of squares to take the norm's scale from). gate
     (invariant, no split-K, not ADD_STATS): weight is [gate; up] and the launch returns
     silu(gate) * up of the projection, from the same tile's dots (dot_kernel's GATE)."""
@@ -465,11 +474,12 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
         assert cfg.split_k == 1, "a norm tail needs the whole column tile in one program"
         new_res = torch.empty_like(out)
         res, nw, new_res_arg = residual, norm_weight, new_res
-    if epilogue != NONE:
-        assert invariant and prologue == NONE and cfg.split_k == 1 and sq is not None and sq.dtype == torch.float32
+    if epilogue != NONE:  # the one-row kernel has ADD_STATS only
+        assert invariant or (epilogue == ADD_STATS and rows_kernel and not (gated or tail))
+        assert prologue == NONE and cfg.split_k == 1 and sq is not None and sq.dtype == torch.float32
     if epilogue == ADD_STATS:
         assert residual.shape == (num_rows, n) and residual.stride(1) == 1 and norm_weight.shape == (n,)
-        assert sq.shape[0] >= num_rows and sq.shape[1] >= -(-n // max(16, cfg.block_n))
+        assert sq.shape[0] >= num_rows and sq.shape[1] >= -(-n // (cfg.block_n if rows_kernel else max(16, cfg.block_n)))
         new_res = torch.empty_like(out)
         res, nw, new_res_arg = residual, norm_weight, new_res
     if prologue == RMS_NORM:
@@ -505,8 +515,10 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     if rows_kernel:
         norm = norm_mode(1, k) if prologue == RMS_NORM else LOOP
         assert cfg.split_k == 1 or tiles * num_rows <= _MAX_TILES
+        sq_arg = sq if sq is not None else out
         row_kernel[(tiles, cfg.split_k, num_rows)](*args, NORM_MODE=norm, K_POW2=next_pow2(k) if norm == ONE_PASS else 1,
-                                         GATED=gated, NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1, **common)
+                                         GATED=gated, NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1,
+                                         sq_ptr=sq_arg, stride_sq=sq_arg.stride(0), EPILOGUE=epilogue, **common)
     else:
         block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
         sq_arg = sq if sq is not None else out
@@ -629,19 +641,24 @@ def gemv_add_norm_ref(x, weight, bias, residual, norm_weight, eps, config=None):
 
 def gemv_add_stats(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                    norm_weight: torch.Tensor, config: GemvConfig | None = None,
-                   pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   pdl: bool = True, each_row: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A sublayer's last projection with what the next RMSNorm needs, on the invariant tile, in one
     launch: h = x @ W.T (+ bias) + residual (the new stream, rounded as gemv and the add round),
     hg = h * norm_weight, and sq (M, programs), each program's sum of its columns' h^2 (fp32).
     gemv_rstd then runs the projection after the norm on hg, scaling by the 1 / rms that sq gives:
     the norm needs no launch of its own and no program waits for another (the one-row kernel's
     norm tail leaves the norm to the last program). Each row's values come from per-row arithmetic
-    in a fixed order, so they do not depend on the rows beside it. Returns (hg, h, sq)."""
+    in a fixed order, so they do not depend on the rows beside it. each_row: the one-row kernel
+    and tile (config: a one-row tile), one program per row and column tile, instead of the
+    tensor-core tile: a small weight's one row as fast as without a draft, each further row a
+    re-read from L2. Returns (hg, h, sq)."""
     n, k = weight.shape
-    cfg = config or default_config(MAX_ROWS, n, k, num_sms(x.device))
-    sq = torch.empty((x.shape[0], -(-n // max(16, cfg.block_n))), dtype=torch.float32, device=x.device)
-    hg, h = _launch(NONE, x, residual, norm_weight, 0.0, weight, bias, k, cfg, invariant=True, pdl=pdl,
-                    epilogue=ADD_STATS, sq=sq)
+    cfg = config or (replace(default_config(1, n, k, num_sms(x.device)), split_k=1) if each_row
+                     else default_config(MAX_ROWS, n, k, num_sms(x.device)))
+    sq = torch.empty((x.shape[0], -(-n // (cfg.block_n if each_row else max(16, cfg.block_n)))),
+                     dtype=torch.float32, device=x.device)
+    hg, h = _launch(NONE, x, residual, norm_weight, 0.0, weight, bias, k, cfg, invariant=not each_row, pdl=pdl,
+                    epilogue=ADD_STATS, sq=sq, each_row=each_row)
     return hg, h, sq
 
 

@@ -294,18 +294,21 @@ STATS_SHAPES = [(1, 576, 576, 3072), (6, 576, 1536, 960), (16, 576, 576, 960), (
 def test_add_stats_then_rstd_is_the_norm_and_the_projection(device):
     """gemv_add_stats (the stream, hg = h * g and the squares, in the producer's epilogue) then
     gemv_rstd (1 / rms from the squares, applied after the consumer's dot) == gemv, add_rms_norm,
-    then the projection; with the invariant tiles the engine routes to."""
+    then the projection; with the invariant tiles the engine routes to, and with the producer on
+    the one-row kernel row by row (each_row, routing.stats_route)."""
     from engine.kernels.gemv import gemv_add_stats, gemv_add_stats_ref, gemv_rstd, gemv_rstd_ref
-    from engine.routing import invariant_tile
+    from engine.routing import invariant_tile, row_tile
 
     shapes = STATS_SHAPES + ([(6, 4096, 14336, 28672)] if device == "cuda" else [])
-    for m, hid, k, n in shapes:
+    for (m, hid, k, n), each_row in [(s, e) for s in shapes for e in (False, True)]:
         gen, x, w1, b1 = make(m, hid, k, device, hid + k)
         residual = torch.randn(m, hid, generator=gen).to(device, torch.bfloat16)
         g = (1 + 0.2 * torch.randn(hid, generator=gen)).to(device, torch.bfloat16)
         w2 = (torch.randn(n, hid, generator=gen) / hid**0.5).to(device, torch.bfloat16)
         b2 = torch.randn(n, generator=gen).to(device, torch.bfloat16)
-        hg, h, sq = gemv_add_stats(x, w1, b1, residual, g, config=invariant_tile((hid, k)))
+        hg, h, sq = gemv_add_stats(x, w1, b1, residual, g, config=row_tile(k) if each_row else invariant_tile((hid, k)),
+                                   each_row=each_row)
+        assert sq.shape == (m, -(-hid // (row_tile(k).block_n if each_row else invariant_tile((hid, k)).block_n)))
         ref_hg, ref_h, ref_sq = gemv_add_stats_ref(x, w1, b1, residual, g)
         torch.testing.assert_close(h, ref_h, **tol(device))
         torch.testing.assert_close(hg, ref_hg, **tol(device))
@@ -362,10 +365,11 @@ def test_gated_rstd_rows_equal_single_row_bits(hid, inter):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("each_row", [False, True], ids=["tile", "each_row"])
 @pytest.mark.parametrize("hid,k,n", [(576, 576, 3072), (576, 1536, 960), (4096, 4096, 6144), (4096, 14336, 28672)])
-def test_add_stats_and_rstd_rows_equal_single_row_bits(hid, k, n):
+def test_add_stats_and_rstd_rows_equal_single_row_bits(hid, k, n, each_row):
     from engine.kernels.gemv import gemv_add_stats, gemv_rstd
-    from engine.routing import invariant_tile
+    from engine.routing import invariant_tile, row_tile
 
     gen, x, w1, _ = make(16, hid, k, "cuda", hid + n)
     residual = torch.randn(16, hid, generator=gen).to("cuda", torch.bfloat16)
@@ -373,7 +377,8 @@ def test_add_stats_and_rstd_rows_equal_single_row_bits(hid, k, n):
     w2 = (torch.randn(n, hid, generator=gen) / hid**0.5).to("cuda", torch.bfloat16)
 
     def both(a, b):
-        hg, h, sq = gemv_add_stats(x[a:b], w1, None, residual[a:b], g, config=invariant_tile((hid, k)))
+        hg, h, sq = gemv_add_stats(x[a:b], w1, None, residual[a:b], g,
+                                   config=row_tile(k) if each_row else invariant_tile((hid, k)), each_row=each_row)
         return torch.cat([hg, h, gemv_rstd(hg, sq, 1e-5, w2, config=invariant_tile((n, hid)))], 1), sq
 
     singles = [both(i, i + 1) for i in range(16)]

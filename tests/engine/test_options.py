@@ -29,6 +29,9 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "1"}) == dataclasses.replace(default, each_row=True)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
+    assert default.row_stats == ("down",)
+    for value, want in {"none": (), "down": ("down",), "o_proj, down": ("o_proj", "down")}.items():
+        assert KernelOptions.from_env({"LOCALCHAT_ROW_STATS": value}).row_stats == want
     alts = {"": None, "auto": "auto", "0": 0, "3": 3, "2,1": (2, 1), " 2, 1, 0 ": (2, 1, 0)}
     for value, want in alts.items():
         assert KernelOptions.from_env({"LOCALCHAT_SPEC_ALTS": value}).spec_alts == want
@@ -40,6 +43,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_MTP_GRAPH": "on"}, r"LOCALCHAT_MTP_GRAPH=.on.: use 1 \(on, the default\) or 0"),
                                       ({"LOCALCHAT_NORM_STATS": "2"}, r"LOCALCHAT_NORM_STATS=.2.: use 1 \(on, the default\) or 0"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
+                                      ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use down"),
+                                      ({"LOCALCHAT_ROW_STATS": ","}, "LOCALCHAT_ROW_STATS=','"),
                                       ({"LOCALCHAT_ROW_GEMV": "x"}, "use qkv .* or cublas"),
                                       ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'")])
 def test_a_bad_switch_is_one_line(env, says):

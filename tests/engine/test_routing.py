@@ -155,6 +155,19 @@ def test_invariant_gate_up_runs_the_activation_on_plain_weights():
     assert not routing.gates_invariant(INVARIANT_OPTIONS, packed, BF16)
 
 
+def test_small_sublayer_ends_may_run_their_stats_row_by_row():
+    """stats_route: the invariant set's o_proj or down on the one-row tile row by row where its role
+    is in row_stats and its weight is small (SmolLM2's), on its invariant tile otherwise (the 8B's,
+    a role left out, row_stats empty)."""
+    assert routing.stats_route(DEFAULT, "down", SMOLLM2["down"]) == (routing.row_tile(1536), True)
+    assert routing.stats_route(DEFAULT, "o_proj", SMOLLM2["o_proj"]) == (routing.invariant_tile(SMOLLM2["o_proj"]), False)
+    both = dataclasses.replace(DEFAULT, row_stats=("o_proj", "down"))
+    assert routing.stats_route(both, "o_proj", SMOLLM2["o_proj"]) == (routing.row_tile(576), True)
+    for role in ("o_proj", "down"):
+        assert routing.stats_route(both, role, LLAMA_8B[role]) == (routing.invariant_tile(LLAMA_8B[role]), False)
+        assert routing.stats_route(dataclasses.replace(DEFAULT, row_stats=()), role, SMOLLM2[role])[1] is False
+
+
 def test_row_tiles_override_one_row_projections():
     """Benchmarks' row_tiles send a one-row projection's shape to a tile of our GEMV or to cuBLAS
     (o_proj, down; qkv and gate_up of the fused one-row set; silu_mul_gemv's tile); lm_head, the
