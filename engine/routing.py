@@ -74,16 +74,24 @@ def each_row_layer(options: KernelOptions, shapes: tuple[tuple[int, int], ...], 
 
 def invariant_tile(shape: tuple[int, int]) -> GemvConfig:
     """The tensor-core tile of a batch-invariant projection (not each_row): the weight as the dot's
-    long side (swap_ab), 64 columns a program. On an H200 (bench_invariant_tiles.py,
-    docs/performance.md) one row ran at 0.91x-1.02x of the fastest one-row kernel for the 8B's
-    shapes (the old 16 x 256 tile: 0.61x-0.84x; SmolLM2's 0.47x-0.63x); for K <= 1024 the
-    shorter K step (SmolLM2's lm_head 19.1 against 20.7 us); a small weight with a longer K
-    (SmolLM2's down) 16 columns and 128-element steps without the swap (3.49 against 4.00 us)."""
+    long side (swap_ab). On an H200 (bench_invariant_tiles.py, --wide; docs/performance.md), one row
+    against the fastest one-row kernel: for K <= 1024, 64 columns and 128-element steps (SmolLM2's
+    lm_head 19.1 against 20.7 us on longer steps); a small weight with a longer K (SmolLM2's down)
+    16 columns and 128-element steps without the swap (3.49 against 4.00 us); a weight whose
+    64-column programs would not fill one wave of SMs (N <= 4,096: the 8B's o_proj and down) 32
+    columns and 512-element steps, twice the programs each with as many bytes in flight (10.2 and
+    29.1 us against 11.5 and 32.1 on 64 x 256; the one-row kernel 10.3 and 29.5); a weight of many
+    waves with N up to 64K (the 8B's gate_up) 128 columns, 128-element steps and 8 warps (58.3
+    against 59.1 us); otherwise (the 8B's qkv and lm_head) 64 x 256."""
     n, k = shape
     if k <= 1024:
         return GemvConfig(64, 128, 1, 4, 3, swap_ab=True)
     if n * k * 2 <= EACH_ROW_MAX_BYTES:
         return GemvConfig(16, 128, 1, 4, 4)
+    if n <= 4096:
+        return GemvConfig(32, 512, 1, 4, 4, swap_ab=True)
+    if 16384 <= n <= 65536:
+        return GemvConfig(128, 128, 1, 8, 4, swap_ab=True)
     return GemvConfig(64, 256, 1, 4, 4, swap_ab=True)
 
 

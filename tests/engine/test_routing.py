@@ -155,6 +155,18 @@ def test_invariant_gate_up_runs_the_activation_on_plain_weights():
     assert not routing.gates_invariant(INVARIANT_OPTIONS, packed, BF16)
 
 
+def test_invariant_tiles_by_shape():
+    """The swept winners: short K, small weights, N within one wave of 64-column programs (the 8B's
+    o_proj and down: 32 x 512), many waves up to 64K (the 8B's gate_up: 128 x 128, 8 warps), else
+    64 x 256."""
+    tile = routing.invariant_tile
+    assert tile(SMOLLM2["qkv"]) == tile(SMOLLM2["lm_head"]) == GemvConfig(64, 128, 1, 4, 3, swap_ab=True)
+    assert tile(SMOLLM2["down"]) == GemvConfig(16, 128, 1, 4, 4)
+    assert tile(LLAMA_8B["o_proj"]) == tile(LLAMA_8B["down"]) == GemvConfig(32, 512, 1, 4, 4, swap_ab=True)
+    assert tile(LLAMA_8B["gate_up"]) == GemvConfig(128, 128, 1, 8, 4, swap_ab=True)
+    assert tile(LLAMA_8B["qkv"]) == tile(LLAMA_8B["lm_head"]) == GemvConfig(64, 256, 1, 4, 4, swap_ab=True)
+
+
 def test_small_sublayer_ends_may_run_their_stats_row_by_row():
     """stats_route: the invariant set's o_proj or down on the one-row tile row by row where its role
     is in row_stats and its weight is small (SmolLM2's), on its invariant tile otherwise (the 8B's,
