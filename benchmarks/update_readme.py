@@ -38,8 +38,8 @@ ROWS = (
      UNSEEN + " --prompts 12 --runners-up on", "h200_demo_eagle3_gate_runners_up_on.json"),
     ("spec", "the same head at temperature 0.7, the same 12 requests",
      UNSEEN + " --temperature 0.7 --prompts 12", "h200_demo_eagle3_rowstats_t07.json"),
-    ("spec", "the same head drafting 3,3,12 trees (greedy), the same 12 requests (an earlier run)",
-     UNSEEN + " --tree 3,3,12 --prompts 12", "h200_demo_eagle3_stats_3-3-12.json"),
+    ("spec", "the same head drafting 3,3,12 trees (greedy), the same 12 requests",
+     UNSEEN + " --tree 3,3,12 --prompts 12", "h200_demo_eagle3_rowstats_3-3-12.json"),
     ("spec", "greedy speculation, demo model + its 2 MTP layers (retrained on the request sets), k = 2, the "
      "first 8 of the requests",
      UNSEEN + " --draft demo-mtp --draft-steps 2 --prompts 8", "h200_demo_mtp_rowstats.json"),
