@@ -13,10 +13,14 @@ produce the same tokens. Each graph is captured on first use, with its warm-up r
 only at the end of the caches, and kept only if one replay equals the eager body (see capture());
 otherwise speculator.py keeps its step-by-step loop for that kind of sampling.
 
+On a GPU, sampling with temperature alone draws each draft and runs the acceptance in a few
+launches (speculative/kernels/sampled_pick.py); the cuts, and the CPU, take the same rule in
+torch ops (its *_ref functions), over the draft's vocabulary either way.
+
 State carried between replays, on the device:
     n      () the target cache length before this iteration's verify
     ids    (k+1,) [bonus, d_1..d_k]
-    q      (k, V) the draft distributions d_1..d_k were drawn from (over the target vocabulary)
+    q      (k, Dv) the draft distributions d_1..d_k were drawn from, over the draft's vocabulary
 Each replay writes `result` = [accepted a, the next token, d_1..d_k as verified].
 """
 
@@ -26,6 +30,7 @@ import torch
 
 from engine.graphs import capture
 from engine.sampling import SamplingTensors, filtered, probabilities_t
+from speculative.kernels.sampled_pick import draft_sample, draw_from, sampled_accept, sampled_accept_ref
 
 from speculative.eagle3.draft_parts import DraftParts
 from speculative.eagle3.greedy_loop import WholeIteration
@@ -36,33 +41,26 @@ def supports(params, state) -> bool:
     return not params.is_greedy and params.repetition_penalty == 1.0 and state.seen is None
 
 
-def accept_with_draws(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u: torch.Tensor,
-                      e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """verify.rejection_accept with its random numbers given (u: (k,) uniforms, e: (V,) Exp(1))
-    and no host sync (graph-safe indexing). drafts (k,), q (k, V) draft, p (k+1, V) target."""
-    k = drafts.shape[0]
-    rows = torch.arange(k, device=drafts.device)
-    keep = (u * q[rows, drafts] < p[rows, drafts]).to(torch.int64)
-    accepted = keep.cumprod(0).sum().view(1)
-    padded_q = torch.cat([q, torch.zeros_like(q[:1])], dim=0)
-    target = p.index_select(0, accepted)[0]
-    residual = (target - padded_q.index_select(0, accepted)[0]).clamp_min(0)
-    mass = residual.sum()
-    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), target)
-    return accepted[0], (residual / e).argmax()
-
-
 class SampledIteration(WholeIteration):
     def __init__(self, parts: DraftParts, runner):
         super().__init__(parts, runner)
         k, dev, V = parts.k, runner.device, runner.config.vocab_size
-        self.q = torch.zeros(k, V, dtype=torch.float32, device=dev)
+        d2t = parts.draft.d2t
+        Dv = d2t.shape[0]
+        self.q = torch.zeros(k, Dv, dtype=torch.float32, device=dev)
         self.params = SamplingTensors(dev)
         self.cut = False  # the request has top-k, top-p or min-p: the graph with the sorting pass
         self.u = torch.zeros(k, dtype=torch.float32, device=dev)
         self.e_residual = torch.ones(V, dtype=torch.float32, device=dev)
-        self.e_drafts = torch.ones(k, V, dtype=torch.float32, device=dev)
-        self.draft_rows = torch.arange(parts.draft.d2t.shape[0], device=dev)
+        self.e_drafts = torch.ones(k, Dv, dtype=torch.float32, device=dev)
+        self.d2t = d2t
+        self.targets = d2t + torch.arange(Dv, device=dev)  # draft id -> target id
+        self.to_draft = torch.full((V,), -1, dtype=torch.int32, device=dev)  # target id -> draft id
+        self.to_draft[self.targets] = torch.arange(Dv, dtype=torch.int32, device=dev)
+        self.verdict = torch.zeros(2, dtype=torch.int64, device=dev)  # [accepted, next token]
+        # The fused launches (a GPU's, with the lean draft's kernels); torch ops otherwise.
+        self.fused = dev.type == "cuda" and parts.draft.lean
+        self.pdl = self.fused and parts.draft.ops.options.pdl
         self.generator: torch.Generator | None = None
         self.graphs: dict[bool, torch.cuda.CUDAGraph | None] = {False: None, True: None}
         self._capture_failed = {False: False, True: False}
@@ -117,11 +115,12 @@ class SampledIteration(WholeIteration):
 
     def start(self, n: int, bonus: int, drafts: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -> None:
         """The first iteration's inputs: the bonus token at n, the k drafts after it, the
-        distributions they were drawn from, and the request's generator."""
+        distributions they were drawn from ((k, V), over the target's vocabulary), and the
+        request's generator."""
         self.n.fill_(n)
         self.ids[0] = bonus
         self.ids[1:].copy_(drafts)
-        self.q.copy_(q)
+        self.q.copy_(q.index_select(1, self.targets))
         self.generator = generator
 
     def _prepare(self) -> None:
@@ -134,16 +133,22 @@ class SampledIteration(WholeIteration):
     # --- the device side --------------------------------------------------------------------
     def _body(self, n: int | None = None) -> None:
         out = self._verify(n)
-        p = probabilities_t(self.runner.model.logits(out.hidden), self.params, self.cut)
-        accepted, next_token = accept_with_draws(self.ids[1:], self.q, p, self.u, self.e_residual)
-        d_logits, d_hidden, n_next = self._extend(out, accepted, next_token, n)
-        targets = self.parts.draft.d2t + self.draft_rows  # draft id -> target id
+        drafts, fused = self.ids[1:], self.fused and not self.cut
+        logits = self.runner.model.logits(out.hidden, fp32=not fused)  # the kernels read bf16 as it is
+        if fused:
+            sampled_accept(logits, self.params.temperature, drafts, self.q, self.to_draft, self.u, self.e_residual,
+                           self.verdict, pdl=self.pdl)
+        else:
+            sampled_accept_ref(probabilities_t(logits, self.params, self.cut), drafts, self.q, self.to_draft,
+                               self.targets, self.u, self.e_residual, self.verdict)
+        d_logits, d_hidden, n_next = self._extend(out, self.verdict[0], self.verdict[1], n)
         for s in range(self.k):
-            qd = probabilities_t(d_logits[-1:], self.params, self.cut)[0]  # over the draft vocabulary
-            q = self.q[s]
-            q.zero_()
-            q.index_add_(0, targets, qd)
-            tok = (q / self.e_drafts[s]).argmax().view(1)  # a draw from q (exponential race)
-            self.ids[s + 1].copy_(tok[0])
+            tok = self.ids[s + 1:s + 2]  # the draw goes straight into the chain's ids
+            if fused:
+                draft_sample(d_logits[-1], self.params.temperature, self.e_drafts[s], self.d2t, self.q[s], tok,
+                             pdl=self.pdl)
+            else:
+                self.q[s].copy_(probabilities_t(d_logits[-1:], self.params, self.cut)[0])
+                draw_from(self.q[s], self.e_drafts[s], self.d2t, tok)
             if s < self.k - 1:
                 d_logits, d_hidden = self._draft_step(tok, s, d_hidden, n_next)

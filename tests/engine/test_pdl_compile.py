@@ -17,7 +17,9 @@ POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_pt
             "part_lse_ptr": "*fp32", "cos_sin_ptr": "*fp32", "own_ptr": "*i64", "slot_ptr": "*i64", "alts_ptr": "*i64",
             "state_rows_ptr": "*i64", "kv_move_ptr": "*i64", "alt_draft_ptr": "*i64", "move_ptr": "*i64",
             "rows_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "next_ptr": "*i64",
-            "map_ptr": "*i32", "map_base_ptr": "*i32"}
+            "map_ptr": "*i32", "map_base_ptr": "*i32", "sq_ptr": "*fp32", "temp_ptr": "*fp32", "e_ptr": "*fp32",
+            "q_ptr": "*fp32", "tok_ptr": "*i64", "stats_ptr": "*fp32", "drafts_ptr": "*i64", "to_draft_ptr": "*i32",
+            "u_ptr": "*fp32"}
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 # Kernels that read what no kernel of the step writes just before them (positions, tables)
 # before their PDL wait.
@@ -34,13 +36,14 @@ def _kernels():
     import speculative.kernels.alternative as alternative
     import speculative.kernels.draft_pick as draft_pick
     import speculative.kernels.greedy_verify as greedy_verify
+    import speculative.kernels.sampled_pick as sampled_pick
 
     split, reduce = attention._kernels()
     row_kernel, dot_kernel = gemv._kernels()
     shared = dict(HAS_RESIDUAL=True, HAS_BIAS=False, SPLIT_K=1, K_PER_SPLIT=768, EVEN_K=False, BLOCK_K=256, LINE=64,
                   PREFETCH_LINES=gemv.PREFETCH_LINES)
-    row_base = dict(shared, NORM_MODE=0, K_POW2=1, GATED=False, NORM_TAIL=False, N_POW2=1)
-    dot_base = dict(shared, DOT_F32=False, SWAP_AB=False)
+    row_base = dict(shared, NORM_MODE=0, K_POW2=1, GATED=False, NORM_TAIL=False, N_POW2=1, EPILOGUE=0)
+    dot_base = dict(shared, DOT_F32=False, SWAP_AB=False, EPILOGUE=0, SQ_POW2=1, GATE=False)
     return [
         ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
@@ -79,6 +82,11 @@ def _kernels():
          dict(row_base, PROLOGUE=1, BLOCK_N=4, NORM_MODE=1, K_POW2=1024, GATED=True), 4),
         ("gemv norm tail M=1", row_kernel,
          dict(row_base, PROLOGUE=0, HAS_BIAS=True, BLOCK_N=4, NORM_TAIL=True, N_POW2=4096), 4),
+        ("gemv add_stats M=1", row_kernel, dict(row_base, PROLOGUE=0, BLOCK_N=4, EPILOGUE=1), 4),
+        ("draft_sample", sampled_pick._kernels()[0], dict(BLOCK=2048), 8, {"logits_ptr": "*fp32"}),
+        ("sampled row stats", sampled_pick._kernels()[1], dict(CHUNK=6144, BLOCK=2048), 4),
+        ("sampled accept", sampled_pick._kernels()[2], dict(K=5, PARTS=8, CHUNK=6144, BLOCK=2048), 4,
+         {"part_ptr": "*fp32", "out_ptr": "*i64", "count_ptr": "*i32"}),
         ("gemv silu_mul M=16 split", dot_kernel,
          dict(dot_base, PROLOGUE=2, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512, EVEN_K=True), 4),
         ("gemv M=16 swap_ab", dot_kernel, dict(dot_base, PROLOGUE=0, BLOCK_M=16, BLOCK_N=64, SWAP_AB=True), 4),
@@ -104,7 +112,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 25  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 29  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

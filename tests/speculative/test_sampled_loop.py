@@ -1,5 +1,6 @@
 """Temperature sampling with speculation through SampledIteration: the target's distribution,
-reproducible with a seed, and its acceptance rule equal to verify.rejection_accept."""
+reproducible with a seed (its acceptance rule against verify.rejection_accept:
+test_sampled_pick.py)."""
 
 import pytest
 import torch
@@ -7,32 +8,10 @@ import torch
 import speculative.eagle3.sampled_loop as sampled_loop
 from engine.engine import Engine
 from engine.types import SamplingParams
-from speculative.verify import rejection_accept
 from tests.speculative.heads import head_tensors, markov_target, write_head
 from tests.tiny import make_tiny_model, read_config
 
 PROMPT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
-
-
-def test_accept_with_draws_is_rejection_accept_with_its_draws():
-    """Given the random numbers rejection_accept would draw, the graph-safe rule gives the same
-    accepted count and next token, over many random distributions."""
-    g = torch.Generator().manual_seed(0)
-    k, V = 4, 12
-    for trial in range(300):
-        p = torch.softmax(torch.randn(k + 1, V, generator=g) * 2, -1)
-        q = torch.softmax(torch.randn(k, V, generator=g) * 2, -1)
-        if trial % 3 == 0:
-            q[:, 5] = 0.0  # tokens the draft never proposes
-            q = q / q.sum(-1, keepdim=True)
-        drafts = torch.stack([torch.multinomial(q[i], 1, generator=g)[0] for i in range(k)])
-        seed = 1000 + trial
-        want = rejection_accept(drafts, q, p, torch.Generator().manual_seed(seed))
-        draws = torch.Generator().manual_seed(seed)
-        u = torch.rand(k, generator=draws)
-        e = torch.empty(V).exponential_(1.0, generator=draws)
-        got = sampled_loop.accept_with_draws(drafts, q, p, u, e)
-        assert (int(got[0]), int(got[1])) == (int(want[0]), int(want[1]))
 
 
 @pytest.fixture(scope="module")

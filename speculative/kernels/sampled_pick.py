@@ -1,0 +1,266 @@
+"""Speculative sampling's device work in a few launches with no host sync (safe to capture in a
+CUDA graph), for sampling with temperature alone (the cuts' sorting pass stays in torch ops):
+
+    draft_sample(logits, temperature, e, offsets, q_out, tok_out)
+        q = softmax(logits / T) over the draft's vocabulary, into q_out; the draw
+        j = argmax(q / e) (e: Exp(1) variates, an exponential race: a draw from q), mapped to
+        the target's ids (j + offsets[j]) into tok_out. One launch per draft token, in place of
+        a softmax, a scatter into the target's vocabulary, a division, an argmax and a copy.
+    sampled_accept(logits, temperature, drafts, q, to_draft, u, e, out)
+        the acceptance of k drafted tokens against the target's (k + 1, V) logits: d_i kept
+        while u_i * q_i(d_i) < p_i(d_i), p = softmax(logits / T); at the first rejection (row a)
+        the next token drawn from max(0, p_a - q_a) (the target's row a where that is all zero
+        or all k were kept) by the race argmax(r / e). out = [a, next token]. Two launches
+        (the rows' softmax statistics in parts; the acceptance, each part scanning a slice of
+        row a, the last one to finish combining them) in place of some twenty.
+
+q holds each draft distribution over the draft's vocabulary (k, Dv); to_draft (V,) maps a
+target id to its draft id (-1: none). The rule is verify.rejection_accept's with its random
+numbers given: lossless. The *_ref functions compute the same in torch ops (the CPU's path, the
+cuts' path with their probabilities, and the tests' reference).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.kernels import next_pow2, pdl_args
+
+triton = tl = _row_norm = None  # bound by _kernels(): Triton is imported on first use only
+
+_BLOCK = 2048  # values per loop step
+_PARTS = 8  # programs over each target row
+
+
+@functools.cache
+def _kernels():
+    global triton, tl, _row_norm  # module globals: the kernels below call _row_norm by name
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def draft_sample_kernel(logits_ptr, temp_ptr, e_ptr, offsets_ptr, q_ptr, tok_ptr, vocab,
+                            BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        inv_t = 1.0 / tl.load(temp_ptr)
+        # pass 1: the running maximum and sum of exp, lane by lane
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        for v0 in range(0, vocab, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            x = tl.load(logits_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32) * inv_t
+            m_new = tl.maximum(m, x)
+            s = s * tl.exp(tl.where(m_new == float("-inf"), 0.0, m - m_new)) \
+                + tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
+            m = m_new
+        top = tl.max(m, axis=0)
+        total = tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - top)), axis=0)
+        # pass 2: the probabilities, and the race's winner (ties: the lowest index)
+        best = tl.full([BLOCK], -1.0, tl.float32)
+        best_i = tl.zeros([BLOCK], tl.int32)
+        for v0 in range(0, vocab, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            ok = offs < vocab
+            x = tl.load(logits_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
+            q = tl.exp(x - top) / total
+            tl.store(q_ptr + offs, q, mask=ok)
+            score = tl.where(ok, q / tl.load(e_ptr + offs, mask=ok, other=1.0), -1.0)
+            better = score > best
+            best = tl.where(better, score, best)
+            best_i = tl.where(better, offs, best_i)
+        win = tl.max(best, axis=0)
+        j = tl.min(tl.where(best == win, best_i, vocab), axis=0)
+        tok = j + tl.load(offsets_ptr + j)
+        tl.store(tok_ptr, tok.to(tok_ptr.dtype.element_ty))
+
+    @triton.jit
+    def row_stats_kernel(logits_ptr, temp_ptr, stats_ptr, vocab, stride, CHUNK: tl.constexpr,
+                         BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        """(max, sum of exp(x - max)) of logits / T over one part of one row, into stats."""
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        row, part = tl.program_id(0), tl.program_id(1)
+        inv_t = 1.0 / tl.load(temp_ptr)
+        base = logits_ptr + row * stride
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        end = tl.minimum(part * CHUNK + CHUNK, vocab)
+        for v0 in range(part * CHUNK, end, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            x = tl.load(base + offs, mask=offs < end, other=float("-inf")).to(tl.float32) * inv_t
+            m_new = tl.maximum(m, x)
+            s = s * tl.exp(tl.where(m_new == float("-inf"), 0.0, m - m_new)) \
+                + tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
+            m = m_new
+        top = tl.max(m, axis=0)
+        total = tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - top)), axis=0)
+        out = stats_ptr + (row * tl.num_programs(1) + part) * 2
+        tl.store(out, top)
+        tl.store(out + 1, total)
+
+    @triton.jit
+    def _row_norm(stats_ptr, row, PARTS: tl.constexpr):
+        """The row's (max, sum of exp(x - max)) from its parts', in part order."""
+        lane = tl.arange(0, PARTS)
+        tops = tl.load(stats_ptr + (row * PARTS + lane) * 2)
+        sums = tl.load(stats_ptr + (row * PARTS + lane) * 2 + 1)
+        top = tl.max(tops, axis=0)
+        return top, tl.sum(sums * tl.exp(tops - top), axis=0)
+
+    @triton.jit
+    def accept_kernel(logits_ptr, temp_ptr, stats_ptr, drafts_ptr, q_ptr, to_draft_ptr, u_ptr, e_ptr,
+                      part_ptr, count_ptr, out_ptr, vocab, draft_vocab, stride, K: tl.constexpr,
+                      PARTS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        part = tl.program_id(0)
+        inv_t = 1.0 / tl.load(temp_ptr)
+        # Every part finds the accepted count itself (k gathers): no wait on another program.
+        a = 0
+        alive = 1
+        for i in tl.static_range(K):
+            d = tl.load(drafts_ptr + i)
+            top, total = _row_norm(stats_ptr, i, PARTS)
+            p = tl.exp(tl.load(logits_ptr + i * stride + d).to(tl.float32) * inv_t - top) / total
+            j = tl.load(to_draft_ptr + d)
+            q = tl.where(j >= 0, tl.load(q_ptr + i * draft_vocab + tl.maximum(j, 0)), 0.0)
+            alive = alive * (tl.load(u_ptr + i) * q < p).to(tl.int32)
+            a += alive
+        top, total = _row_norm(stats_ptr, a, PARTS)
+        has_q = a < K
+        base = logits_ptr + a * stride
+        best_r = tl.full([BLOCK], -1.0, tl.float32)
+        best_p = tl.full([BLOCK], -1.0, tl.float32)
+        idx_r = tl.zeros([BLOCK], tl.int32)
+        idx_p = tl.zeros([BLOCK], tl.int32)
+        mass = tl.zeros([BLOCK], tl.float32)
+        end = tl.minimum(part * CHUNK + CHUNK, vocab)
+        for v0 in range(part * CHUNK, end, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            ok = offs < end
+            pv = tl.exp(tl.load(base + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t - top) / total
+            jv = tl.load(to_draft_ptr + offs, mask=ok, other=-1)
+            qv = tl.load(q_ptr + a * draft_vocab + tl.maximum(jv, 0), mask=ok & (jv >= 0) & has_q, other=0.0)
+            r = tl.maximum(pv - qv, 0.0)
+            mass += tl.where(ok, r, 0.0)
+            ev = tl.load(e_ptr + offs, mask=ok, other=1.0)
+            sr = tl.where(ok, r / ev, -1.0)
+            sp = tl.where(ok, pv / ev, -1.0)
+            better = sr > best_r
+            best_r, idx_r = tl.where(better, sr, best_r), tl.where(better, offs, idx_r)
+            better = sp > best_p
+            best_p, idx_p = tl.where(better, sp, best_p), tl.where(better, offs, idx_p)
+        win_r = tl.max(best_r, axis=0)
+        win_p = tl.max(best_p, axis=0)
+        slot = part_ptr + part * 5
+        tl.store(slot, tl.sum(mass, axis=0))
+        tl.store(slot + 1, win_r)
+        tl.store(slot + 2, tl.min(tl.where(best_r == win_r, idx_r, vocab), axis=0).to(tl.float32))
+        tl.store(slot + 3, win_p)
+        tl.store(slot + 4, tl.min(tl.where(best_p == win_p, idx_p, vocab), axis=0).to(tl.float32))
+        tl.debug_barrier()  # the part is written before the counter moves
+        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == PARTS - 1:  # the last part to finish: the parts' winners, in part order
+            tl.debug_barrier()
+            lane = tl.arange(0, PARTS)
+            parts = part_ptr + lane * 5
+            total_mass = tl.sum(tl.load(parts, cache_modifier=".cg"), axis=0)
+            vr = tl.load(parts + 1, cache_modifier=".cg")
+            ir = tl.load(parts + 2, cache_modifier=".cg").to(tl.int32)
+            vp = tl.load(parts + 3, cache_modifier=".cg")
+            ip = tl.load(parts + 4, cache_modifier=".cg").to(tl.int32)
+            next_r = tl.min(tl.where(vr == tl.max(vr, axis=0), ir, vocab), axis=0)
+            next_p = tl.min(tl.where(vp == tl.max(vp, axis=0), ip, vocab), axis=0)
+            ty = out_ptr.dtype.element_ty
+            tl.store(out_ptr, a.to(ty))
+            tl.store(out_ptr + 1, tl.where(total_mass > 0, next_r, next_p).to(ty))
+            tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+
+    return draft_sample_kernel, row_stats_kernel, accept_kernel
+
+
+@functools.cache
+def _scratch(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # (rows' statistics by part, the parts' winners, the counter): zeroed once; each launch
+    # leaves the counter at zero again. One set per device and row count: the launches that
+    # share it run one after another on one stream.
+    return (torch.zeros(rows, _PARTS, 2, dtype=torch.float32, device=device),
+            torch.zeros(_PARTS, 5, dtype=torch.float32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device))
+
+
+def draft_sample(logits: torch.Tensor, temperature: torch.Tensor, e: torch.Tensor, offsets: torch.Tensor,
+                 q_out: torch.Tensor, tok_out: torch.Tensor, pdl: bool = True) -> torch.Tensor:
+    """logits (Dv,) or (1, Dv) fp32, temperature () fp32 > 0, e (Dv,) Exp(1) variates, offsets
+    (Dv,) draft id -> target id - draft id; q_out (Dv,) fp32 gets softmax(logits / T), tok_out (a
+    1-element view) the drawn token's target id. Returns tok_out. CUDA (or the Triton
+    interpreter); no host sync."""
+    logits = logits.reshape(-1)
+    vocab = logits.shape[0]
+    assert logits.stride(0) == 1 and e.shape == (vocab,) and offsets.shape == (vocab,) and q_out.shape == (vocab,)
+    assert q_out.is_contiguous() and q_out.dtype == torch.float32 and tok_out.numel() == 1
+    _kernels()[0][(1,)](logits, temperature, e, offsets, q_out, tok_out, vocab, BLOCK=_BLOCK, num_warps=8,
+                        **pdl_args(logits.device, pdl))
+    return tok_out
+
+
+def draft_sample_ref(logits, temperature, e, offsets, q_out, tok_out) -> torch.Tensor:
+    """Reference and CPU path (and, with the cuts' probabilities as q, the cuts' draw: see
+    draw_from)."""
+    q_out.copy_(torch.softmax(logits.reshape(-1).float() / temperature, dim=-1))
+    return draw_from(q_out, e, offsets, tok_out)
+
+
+def draw_from(q: torch.Tensor, e: torch.Tensor, offsets: torch.Tensor, tok_out: torch.Tensor) -> torch.Tensor:
+    """The race argmax(q / e) over the draft's vocabulary, as a target id, into tok_out."""
+    j = (q / e).argmax().view(1)
+    tok_out.view(1).copy_(j + offsets.index_select(0, j))
+    return tok_out
+
+
+def sampled_accept(logits: torch.Tensor, temperature: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor,
+                   to_draft: torch.Tensor, u: torch.Tensor, e: torch.Tensor, out: torch.Tensor,
+                   pdl: bool = True) -> torch.Tensor:
+    """logits (k + 1, V) fp32 (last dim contiguous), temperature () fp32, drafts (k,) target ids,
+    q (k, Dv) fp32 the draft distributions, to_draft (V,) int32, u (k,) uniforms, e (V,) Exp(1)
+    variates; out (2,) int64 gets [accepted, next token]. Returns out. CUDA (or the Triton
+    interpreter); no host sync."""
+    rows, vocab = logits.shape
+    k = rows - 1
+    assert logits.stride(1) == 1 and drafts.shape == (k,) and q.shape[0] == k and q.is_contiguous()
+    assert to_draft.shape == (vocab,) and u.shape == (k,) and e.shape == (vocab,) and out.numel() == 2
+    stats, parts, counter = _scratch(logits.device, rows)
+    chunk = -(-vocab // _PARTS)
+    pdl_kw = pdl_args(logits.device, pdl)
+    kernels = _kernels()
+    kernels[1][(rows, _PARTS)](logits, temperature, stats, vocab, logits.stride(0), CHUNK=chunk,
+                               BLOCK=min(_BLOCK, next_pow2(chunk)), num_warps=4, **pdl_kw)
+    kernels[2][(_PARTS,)](logits, temperature, stats, drafts, q, to_draft, u, e, parts, counter, out, vocab,
+                          q.shape[1], logits.stride(0), K=k, PARTS=_PARTS, CHUNK=chunk,
+                          BLOCK=min(_BLOCK, next_pow2(chunk)), num_warps=4, **pdl_kw)
+    return out
+
+
+def sampled_accept_ref(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor, to_draft: torch.Tensor,
+                       targets: torch.Tensor, u: torch.Tensor, e: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The same rule in torch ops, on the target's probabilities p (k + 1, V) (after any cuts):
+    targets (Dv,) the draft ids' target ids (to_draft's inverse). Graph-safe (no host sync)."""
+    k = drafts.shape[0]
+    rows = torch.arange(k, device=drafts.device)
+    j = to_draft.index_select(0, drafts).long()
+    q_at = torch.where(j >= 0, q[rows, j.clamp_min(0)], torch.zeros((), dtype=q.dtype, device=q.device))
+    keep = (u * q_at < p[rows, drafts]).to(torch.int64)
+    accepted = keep.cumprod(0).sum().view(1)
+    target = p.index_select(0, accepted)[0]
+    padded = torch.cat([q, torch.zeros_like(q[:1])], dim=0).index_select(0, accepted)[0]
+    residual = (target - torch.zeros_like(target).index_copy(0, targets, padded)).clamp_min(0)
+    draw = torch.where(residual.sum() > 0, residual, target)
+    out[0:1].copy_(accepted)
+    out[1:2].copy_((draw / e).argmax().view(1))
+    return out

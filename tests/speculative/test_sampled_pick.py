@@ -1,0 +1,129 @@
+"""speculative/kernels/sampled_pick.py: the fused draws and acceptance equal their torch
+references, and the references equal speculative sampling with its random numbers given.
+
+The kernel cases run on CUDA (marked gpu), and on CPU through Triton's interpreter only with
+LOCALCHAT_TRITON_INTERPRET=1 (run this file alone then; see tests/engine/test_kernels.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("LOCALCHAT_TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined (lazily)
+
+from speculative.kernels.sampled_pick import (draft_sample, draft_sample_ref, draw_from,  # noqa: E402
+                                              sampled_accept, sampled_accept_ref)
+from speculative.verify import rejection_accept  # noqa: E402
+
+DEVICES = [
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
+    pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")),
+]
+
+
+def vocabularies(gen, V, Dv):
+    """A draft vocabulary of Dv target ids (d2t offsets as EAGLE-3 stores them) and its inverse."""
+    targets = torch.randperm(V, generator=gen)[:Dv].sort().values
+    to_draft = torch.full((V,), -1, dtype=torch.int32)
+    to_draft[targets] = torch.arange(Dv, dtype=torch.int32)
+    return targets, targets - torch.arange(Dv), to_draft
+
+
+def test_the_reference_is_rejection_sampling_with_its_draws():
+    """sampled_accept_ref (draft distributions over the draft's vocabulary) gives rejection_accept's
+    accepted count and next token (the same distributions scattered over the target's) when fed
+    the random numbers rejection_accept draws; some drafted tokens carry no draft mass."""
+    g = torch.Generator().manual_seed(0)
+    k, V, Dv = 4, 12, 8
+    for trial in range(300):
+        targets, _, to_draft = vocabularies(g, V, Dv)
+        p = torch.softmax(torch.randn(k + 1, V, generator=g) * 2, -1)
+        qd = torch.softmax(torch.randn(k, Dv, generator=g) * 2, -1)
+        if trial % 3 == 0:
+            qd[:, 3] = 0.0
+            qd = qd / qd.sum(-1, keepdim=True)
+        q = torch.zeros(k, V).index_copy(1, targets, qd)
+        drafts = torch.stack([targets[torch.multinomial(qd[i], 1, generator=g)[0]] for i in range(k)])
+        if trial % 5 == 0:
+            drafts[1] = targets[3]  # a token the draft gives no mass: always rejected
+        seed = 1000 + trial
+        want = rejection_accept(drafts, q, p, torch.Generator().manual_seed(seed))
+        draws = torch.Generator().manual_seed(seed)
+        u = torch.rand(k, generator=draws)
+        e = torch.empty(V).exponential_(1.0, generator=draws)
+        got = sampled_accept_ref(p, drafts, qd, to_draft, targets, u, e, torch.zeros(2, dtype=torch.long))
+        assert got.tolist() == [int(want[0]), int(want[1])], trial
+
+
+def test_the_draft_draw_follows_q():
+    """draw_from's race over the draft's vocabulary draws each token at its probability."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    offsets = torch.tensor([10, 10, 10, 10])
+    tok = torch.zeros(1, dtype=torch.long)
+    counts = torch.zeros(4)
+    for _ in range(4000):
+        draw_from(q, torch.empty(4).exponential_(1.0, generator=g), offsets, tok)
+        counts[int(tok) - 10] += 1
+    freq = counts / counts.sum()
+    assert torch.allclose(freq, q, atol=0.03) and counts[3] == 0, freq
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("V,Dv", [(50, 20), (49152, 6144), (32000 + 7, 32000 + 7)])
+def test_draft_sample_equals_its_reference(device, V, Dv):
+    g = torch.Generator().manual_seed(V)
+    _, offsets, _ = vocabularies(g, V, Dv)
+    offsets = offsets.to(device)
+    for temp, dtype in ((0.7, torch.float32), (1.3, torch.bfloat16)):
+        logits = (torch.randn(Dv, generator=g) * 3).to(device, dtype)
+        e = torch.empty(Dv).exponential_(1.0, generator=g).to(device)
+        t = torch.tensor(temp, device=device)
+        q, q_ref = torch.zeros(Dv, device=device), torch.zeros(Dv, device=device)
+        tok, tok_ref = torch.zeros(3, dtype=torch.long, device=device), torch.zeros(3, dtype=torch.long, device=device)
+        draft_sample(logits.view(1, -1), t, e, offsets, q, tok[1:2])
+        draft_sample_ref(logits, t, e, offsets, q_ref, tok_ref[1:2])
+        torch.testing.assert_close(q, q_ref, atol=1e-6, rtol=1e-4)
+        assert torch.equal(tok, tok_ref), (temp, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,V,Dv", [(1, 40, 16), (5, 49152, 6144), (4, 1000 + 3, 1000 + 3)])
+def test_sampled_accept_equals_its_reference(device, k, V, Dv):
+    """Over random logits, draft distributions and draws, including drafts taken from the target's
+    own distribution (long accepted runs, all k kept), and a drafted token with no draft mass."""
+    g = torch.Generator().manual_seed(k * V)
+    targets, _, to_draft = vocabularies(g, V, Dv)
+    seen = set()
+    for trial in range(12 if device == "cuda" or V < 5000 else 3):
+        temp = (0.6, 1.0, 1.4)[trial % 3]
+        logits = torch.randn(k + 1, V, generator=g) * 2
+        if trial % 2:  # the draft agrees with the target: most drafts kept
+            logits[:, targets] += 6
+        p = torch.softmax(logits / temp, -1)
+        qd = torch.softmax(logits[:k, targets] / temp + 0.3 * torch.randn(k, Dv, generator=g), -1)
+        drafts = torch.stack([targets[torch.multinomial(qd[i], 1, generator=g)[0]] for i in range(k)])
+        if trial == 4:
+            qd[0, to_draft[drafts[0]]] = 0.0  # drafted, yet no mass: rejected at once
+        u = torch.rand(k, generator=g)
+        e = torch.empty(V).exponential_(1.0, generator=g)
+        want = sampled_accept_ref(p, drafts, qd, to_draft, targets, u, e, torch.zeros(2, dtype=torch.long))
+        dev = lambda t: t.to(device)  # noqa: E731
+        out = torch.zeros(2, dtype=torch.long, device=device)
+        for dtype in (torch.float32, torch.bfloat16):
+            if dtype == torch.bfloat16:  # the kernel reads bf16 logits as they are: compare on those
+                lg = logits.to(torch.bfloat16)
+                want = sampled_accept_ref(torch.softmax(lg.float() / temp, -1), drafts, qd, to_draft, targets, u, e,
+                                          torch.zeros(2, dtype=torch.long))
+            else:
+                lg = logits
+            sampled_accept(dev(lg), torch.tensor(temp, device=device), dev(drafts), dev(qd), dev(to_draft), dev(u),
+                           dev(e), out)
+            assert out.tolist() == want.tolist(), (trial, dtype)
+            seen.add(int(want[0]))
+    assert 0 in seen and (k in seen or V > 5000), seen
