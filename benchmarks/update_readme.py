@@ -37,7 +37,7 @@ ROWS = (
     ("spec", "the chain and 10 runners-up verified (an earlier run, before the down projection ran row by row)",
      UNSEEN + " --prompts 12 --runners-up on", "h200_demo_eagle3_gate_runners_up_on.json"),
     ("spec", "the same head at temperature 0.7, the same 12 requests",
-     UNSEEN + " --temperature 0.7 --prompts 12", "h200_demo_eagle3_rowstats_t07.json"),
+     UNSEEN + " --temperature 0.7 --prompts 12", "h200_demo_eagle3_fused_t07.json"),
     ("spec", "the same head drafting 3,3,12 trees (greedy), the same 12 requests",
      UNSEEN + " --tree 3,3,12 --prompts 12", "h200_demo_eagle3_rowstats_3-3-12.json"),
     ("spec", "greedy speculation, demo model + its 2 MTP layers (retrained on the request sets), k = 2, the "
