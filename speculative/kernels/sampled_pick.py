@@ -28,7 +28,7 @@ import torch
 
 from engine.kernels import next_pow2, pdl_args
 
-triton = tl = _row_norm = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = _row_norm = _span_softmax = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 2048  # values per loop step
 _PARTS = 8  # programs over each target row
@@ -36,9 +36,25 @@ _PARTS = 8  # programs over each target row
 
 @functools.cache
 def _kernels():
-    global triton, tl, _row_norm  # module globals: the kernels below call _row_norm by name
+    global triton, tl, _row_norm, _span_softmax  # module globals: the kernels below call these by name
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def _span_softmax(base, start, end, inv_t, BLOCK: tl.constexpr):
+        """(max, sum of exp(x - max)) of x = base[start:end] * inv_t: a running maximum and sum
+        lane by lane, then across the lanes."""
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        for v0 in range(start, end, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            x = tl.load(base + offs, mask=offs < end, other=float("-inf")).to(tl.float32) * inv_t
+            m_new = tl.maximum(m, x)
+            s = s * tl.exp(tl.where(m_new == float("-inf"), 0.0, m - m_new)) \
+                + tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
+            m = m_new
+        top = tl.max(m, axis=0)
+        return top, tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - top)), axis=0)
 
     @triton.jit
     def draft_sample_kernel(logits_ptr, temp_ptr, e_ptr, offsets_ptr, q_ptr, tok_ptr, vocab,
@@ -47,18 +63,7 @@ def _kernels():
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         inv_t = 1.0 / tl.load(temp_ptr)
-        # pass 1: the running maximum and sum of exp, lane by lane
-        m = tl.full([BLOCK], float("-inf"), tl.float32)
-        s = tl.zeros([BLOCK], tl.float32)
-        for v0 in range(0, vocab, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(logits_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32) * inv_t
-            m_new = tl.maximum(m, x)
-            s = s * tl.exp(tl.where(m_new == float("-inf"), 0.0, m - m_new)) \
-                + tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
-            m = m_new
-        top = tl.max(m, axis=0)
-        total = tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - top)), axis=0)
+        top, total = _span_softmax(logits_ptr, 0, vocab, inv_t, BLOCK)  # pass 1
         # pass 2: the probabilities, and the race's winner (ties: the lowest index)
         best = tl.full([BLOCK], -1.0, tl.float32)
         best_i = tl.zeros([BLOCK], tl.int32)
@@ -86,19 +91,8 @@ def _kernels():
             tl.extra.cuda.gdc_launch_dependents()
         row, part = tl.program_id(0), tl.program_id(1)
         inv_t = 1.0 / tl.load(temp_ptr)
-        base = logits_ptr + row * stride
-        m = tl.full([BLOCK], float("-inf"), tl.float32)
-        s = tl.zeros([BLOCK], tl.float32)
-        end = tl.minimum(part * CHUNK + CHUNK, vocab)
-        for v0 in range(part * CHUNK, end, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < end, other=float("-inf")).to(tl.float32) * inv_t
-            m_new = tl.maximum(m, x)
-            s = s * tl.exp(tl.where(m_new == float("-inf"), 0.0, m - m_new)) \
-                + tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
-            m = m_new
-        top = tl.max(m, axis=0)
-        total = tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - top)), axis=0)
+        top, total = _span_softmax(logits_ptr + row * stride, part * CHUNK, tl.minimum(part * CHUNK + CHUNK, vocab),
+                                   inv_t, BLOCK)
         out = stats_ptr + (row * tl.num_programs(1) + part) * 2
         tl.store(out, top)
         tl.store(out + 1, total)
