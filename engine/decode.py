@@ -25,14 +25,20 @@ class DecodeState:
     tree: str | None = None  # the draft tree's shape when the speculator drafts trees for this answer
 
 
-def choose_next(row: torch.Tensor, state: DecodeState) -> int:
-    """Picks the token after `row` (V,) logits, appends it to the state and returns it (syncs)."""
+def choose_token(row: torch.Tensor, state: DecodeState) -> torch.Tensor:
+    """The token after `row` (V,) logits as a (1,) tensor on the device: the request's penalty over
+    the tokens seen, its pick or draw (from its generator), the token marked seen. No host sync."""
     if state.seen is not None:
         row = apply_repetition_penalty(row, state.seen, state.params.repetition_penalty)
-    tok = choose_tokens(row, state.params, state.generator)
+    tok = choose_tokens(row, state.params, state.generator).view(1)
     if state.seen is not None:
-        state.seen[tok] = True
-    t = int(tok)
+        state.seen.index_fill_(0, tok, True)
+    return tok
+
+
+def choose_next(row: torch.Tensor, state: DecodeState) -> int:
+    """Picks the token after `row` (V,) logits, appends it to the state and returns it (syncs)."""
+    t = int(choose_token(row, state))
     state.tokens.append(t)
     return t
 

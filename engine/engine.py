@@ -14,8 +14,7 @@ from engine import read_ahead
 from engine.errors import UserError
 from engine.options import KernelOptions, cpu_spec_setting
 from engine.runner import ModelRunner
-from engine.decode import DecodeState, choose_next, plain_steps
-from engine.sampling import apply_repetition_penalty, choose_tokens
+from engine.decode import DecodeState, choose_next, choose_token, plain_steps
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
 
@@ -286,11 +285,10 @@ class Engine:
         """Sampling, or a repetition penalty (greedy or not), after each replay of the decode graph:
         the token chosen on the device and written into the next replay's input, so that replays
         are queued ahead of the host as in greedy decoding (ReadAhead) instead of the host waiting
-        for each token. The choice is choose_next's own ops (the penalty over the tokens seen, the
-        draw from the request's generator in the same order, the token marked seen), so a seed
-        gives the tokens the step-by-step loop gives. The last chosen token is not in the cache
-        yet."""
-        params, generator, seen = state.params, state.generator, state.seen
+        for each token. The choice is choose_next's own (decode.choose_token: the penalty over the
+        tokens seen, the draw from the request's generator in the same order, the token marked
+        seen), so a seed gives the tokens the step-by-step loop gives. The last chosen token is not
+        in the cache yet."""
         if state.kv_len >= self.runner.max_len:
             return
         with torch.inference_mode():
@@ -301,12 +299,7 @@ class Engine:
         def replay() -> None:  # the decode graph advances positions itself (its greedy pick)
             with torch.inference_mode():
                 step.graph.replay()
-                row = step.logits[-1]
-                if seen is not None:
-                    row = apply_repetition_penalty(row, seen, params.repetition_penalty)
-                token.copy_(choose_tokens(row, params, generator).view(1))
-                if seen is not None:
-                    seen.index_fill_(0, token, True)
+                token.copy_(choose_token(step.logits[-1], state))
                 step.input_ids.copy_(token)
 
         yield from self._queued_tokens(read_ahead.ReadAhead(token), replay, state)
