@@ -2,7 +2,9 @@
 
 The same shapes, 4-bit weights with a scale and a zero per group of 128 (AWQ's layout), timed
 inside CUDA graphs over weight copies larger than L2:
-- localchat's packed_gemv on an AWQ checkpoint's weights (engine/kernels/packed_gemv.py);
+- localchat's packed_gemv on an AWQ checkpoint's weights (engine/kernels/packed_gemv.py), the
+  batch-invariant kernel a loaded draft needs, and packed_row_gemv, the one-row kernel of an
+  engine with no draft;
 - torch's int4 weight-only kernel (`torch._weight_int4pack_mm`, the tinygemm kernel torchao's
   int4 weight-only layout runs);
 - gemlite's GemLiteLinear (A16W4, group 128), where the `gemlite` package is installed.
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_gemv import time_graph  # noqa: E402
 from benchmarks.harness.random_packed import random_awq  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
-from engine.kernels.packed_gemv import packed_gemv  # noqa: E402
+from engine.kernels.packed_gemv import packed_gemv, packed_row_gemv  # noqa: E402
 from engine.weights.grouped import from_packed  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -42,6 +44,12 @@ def localchat(n, k, copies, dev, gen):
     ws = [from_packed([random_awq(n, k, dev, gen)]) for _ in range(copies)]
     out = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
     return lambda x, i: packed_gemv(x, ws[i % copies], out=out), ws[0].nbytes
+
+
+def localchat_row(n, k, copies, dev, gen):
+    ws = [from_packed([random_awq(n, k, dev, gen)]) for _ in range(copies)]
+    out = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
+    return lambda x, i: packed_row_gemv(x, ws[i % copies], out=out), ws[0].nbytes
 
 
 def torch_int4(n, k, copies, dev, gen):
@@ -85,7 +93,7 @@ def main() -> None:
         report["gemlite"] = getattr(gl, "__version__", "installed")
     except ImportError:
         report["gemlite"] = None
-    kernels = {"localchat": localchat, "torch_int4pack": torch_int4, "gemlite": gemlite}
+    kernels = {"localchat": localchat, "localchat_row": localchat_row, "torch_int4pack": torch_int4, "gemlite": gemlite}
     for role, (n, k) in SHAPES.items():
         row = report["shapes"][role] = {}
         copies = max(1, (512 << 20) // int4_bytes(n, k) + 1)

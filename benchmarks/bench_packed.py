@@ -4,8 +4,9 @@ For each layout (harness/random_packed.py: random blocks laid out as a file lays
 the GroupedWeight conversion a load runs) and each of the 8B's four layer projections, times
 packed_gemv at 1 and 16 rows inside CUDA graphs over weight copies larger than L2, beside the
 fastest one-row bf16 kernel (cuBLAS or our GEMV), and reports the bandwidth each reaches from
-its own bytes (weights + scales + offsets) against the measured copy bandwidth. --sweep also
-tries other tiles at one row. Last, a layer's four projections summed: what a decode step's
+its own bytes (weights + scales + offsets) against the measured copy bandwidth, and the one-row
+kernel of an engine with no draft (packed_row_gemv). --sweep also tries other tiles at one row,
+for both kernels. Last, a layer's four projections summed: what a decode step's
 GEMVs cost per layer in each format.
 
     python benchmarks/bench_packed.py --out packed.json [--sweep] [--layouts Q4_K_M,AWQ]
@@ -28,7 +29,9 @@ from benchmarks.bench_gemv import time_graph  # noqa: E402
 from benchmarks.harness.random_packed import random_awq, random_gguf  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.gemv import gemv  # noqa: E402
-from engine.kernels.packed_gemv import PackedTile, default_tile, packed_gemv, packed_gemv_ref  # noqa: E402
+from engine.kernels.packed_gemv import (  # noqa: E402
+    PackedTile, RowTile, default_row_tile, default_tile, packed_gemv, packed_gemv_ref, packed_row_gemv,
+)
 from engine.weights.grouped import KIND_NAMES, grouped_blocks  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -40,6 +43,14 @@ SWEEP = [PackedTile(*c) for c in [
     (64, 128, 4, 4, 3, True), (64, 128, 4, 4, 3, False), (64, 128, 2, 4, 3, True), (64, 128, 8, 4, 3, True),
     (64, 128, 4, 8, 3, True), (64, 128, 4, 4, 4, True), (128, 128, 4, 8, 3, True), (128, 64, 4, 4, 3, True),
     (64, 64, 8, 4, 3, True), (64, 256, 4, 8, 3, True), (32, 128, 4, 4, 3, True),
+]]
+
+# (block_n, block_k, split_k, num_warps, num_stages, vec, ahead)
+ROW_SWEEP = [RowTile(*c) for c in [
+    (8, 1024, 1, 4, 3, 16, False), (8, 1024, 1, 4, 3, 16, True), (8, 1024, 1, 4, 3, 4, False),
+    (8, 1024, 1, 4, 3, 4, True), (4, 1024, 1, 4, 3, 16, False), (4, 1024, 1, 4, 3, 4, False),
+    (2, 2048, 1, 4, 3, 4, False), (2, 2048, 1, 4, 3, 16, False), (8, 2048, 1, 4, 3, 16, False),
+    (16, 1024, 1, 8, 3, 16, False), (8, 512, 1, 4, 3, 16, False), (8, 1024, 2, 4, 3, 16, False),
 ]]
 
 
@@ -62,6 +73,20 @@ def run_blocks(x, blocks, out, tile=None):
         packed_gemv(x, b, None, tile, out=out[:, start:stop])
         start = stop
     return out
+
+
+def run_row(x, blocks, out, tile=None):
+    start = 0
+    for b in blocks:
+        stop = start + b.shape[0]
+        packed_row_gemv(x, b, None, tile, out=out[:, start:stop])
+        start = stop
+    return out
+
+
+def row_tile_fits(tile, k, blocks) -> bool:
+    return not any(k % (tile.block_k * tile.split_k) or (tile.block_k % b.group and b.group % tile.block_k)
+                   for b in blocks)
 
 
 def main() -> None:
@@ -107,12 +132,20 @@ def main() -> None:
             got = run_blocks(xk, blocks, out16.clone())
             err = float((got.float() - ref.float()).abs().max())
             us1 = time_graph(lambda i: run_blocks(x1, sets[i % copies], out1), args.iters, args.calls)
+            ref1 = torch.cat([packed_gemv_ref(x1, b) for b in blocks], dim=1)
+            row_err = float((run_row(x1, blocks, out1.clone()).float() - ref1.float()).abs().max())
+            us_row = time_graph(lambda i: run_row(x1, sets[i % copies], out1), args.iters, args.calls)
             us16 = time_graph(lambda i: run_blocks(xk, sets[i % copies], out16), args.iters, args.calls)
             row = {"blocks": [f"{b.format} {KIND_NAMES[b.kind]} g{b.group} scale {str(b.scale.dtype)[6:]}"
                               + ("" if b.offset is None else f" offset {str(b.offset.dtype)[6:]}") for b in blocks],
                    "bytes": nbytes, "us_1": us1, "us_16": us16, "GBps_1": nbytes / us1 / 1e3,
                    "of_copy_bandwidth": nbytes / us1 / 1e3 / (bw / 1e9), "vs_bf16": report["bf16"][role]["best_us"] / us1,
-                   "max_err_vs_ref": err, "tiles": []}
+                   "max_err_vs_ref": err, "tiles": [],
+                   "row": {"us_1": us_row, "GBps_1": nbytes / us_row / 1e3,
+                           "of_copy_bandwidth": nbytes / us_row / 1e3 / (bw / 1e9),
+                           "vs_bf16": report["bf16"][role]["best_us"] / us_row, "max_err_vs_ref": row_err,
+                           "default_tile": str(default_row_tile(blocks[0].shape[0], k, blocks[0].group)),
+                           "tiles": []}}
             if args.sweep:
                 for tile in SWEEP:
                     if time.time() - t0 > args.max_seconds:
@@ -132,6 +165,25 @@ def main() -> None:
                                                   tile.num_stages, tile.magic],
                                          "us_1": us, "max_err_vs_ref": float((got16.float() - ref.float()).abs().max()),
                                          "rows_equal_1_row_calls": bool(torch.equal(got16, ones))})
+            if args.sweep:
+                for tile in ROW_SWEEP:
+                    if time.time() - t0 > args.max_seconds or not row_tile_fits(tile, k, blocks):
+                        continue
+                    try:
+                        us = time_graph(lambda i: run_row(x1, sets[i % copies], out1, tile), args.iters, args.calls)
+                        got1 = run_row(x1, blocks, out1.clone(), tile)
+                    except Exception as e:
+                        row["row"]["tiles"].append({"tile": str(tile), "error": repr(e)[:160]})
+                        continue
+                    row["row"]["tiles"].append({"tile": [tile.block_n, tile.block_k, tile.split_k, tile.num_warps,
+                                                         tile.num_stages, tile.vec, tile.ahead], "us_1": us,
+                                                "max_err_vs_ref": float((got1.float() - ref1.float()).abs().max())})
+                best = sorted((t for t in row["row"]["tiles"] if "us_1" in t), key=lambda t: t["us_1"])[:3]
+                for t in best:
+                    print(f"  row tile {t['tile']}: {t['us_1']:.2f} us, max error {t['max_err_vs_ref']:.3g}", flush=True)
+            print(f"{layout:6s} {role:8s} row kernel {us_row:8.2f} us  {nbytes / us_row / 1e3:7.0f} GB/s = "
+                  f"{100 * row['row']['of_copy_bandwidth']:5.1f}% of copy, x{row['row']['vs_bf16']:.2f} vs bf16, "
+                  f"max error {row_err:.3g}", flush=True)
             entry[role] = row
             timed = [t for t in row["tiles"] if "us_1" in t]
             for t in sorted(timed, key=lambda t: t["us_1"])[:3]:
@@ -145,9 +197,12 @@ def main() -> None:
         if len(entry) == len(SHAPES):
             layer = sum(entry[r]["us_1"] for r in SHAPES)
             bf16 = sum(report["bf16"][r]["best_us"] for r in SHAPES)
+            row_layer = sum(entry[r]["row"]["us_1"] for r in SHAPES)
             entry["layer"] = {"us_1": layer, "bf16_us_1": bf16, "speedup": bf16 / layer,
+                              "row_us_1": row_layer, "row_speedup": bf16 / row_layer,
                               "bytes": sum(entry[r]["bytes"] for r in SHAPES)}
-            print(f"{layout:6s} layer    {layer:8.2f} us against bf16 {bf16:.2f}: x{bf16 / layer:.2f}", flush=True)
+            print(f"{layout:6s} layer    {layer:8.2f} us, row kernel {row_layer:8.2f} us, against bf16 {bf16:.2f}: "
+                  f"x{bf16 / layer:.2f}, row x{bf16 / row_layer:.2f}", flush=True)
     args.out.write_text(json.dumps(report, indent=1))
 
 

@@ -68,6 +68,10 @@ class KernelOptions:
     # not fit in the GPU's free memory, since the packed kernels are still slower than bf16's
     # (docs/performance.md). LOCALCHAT_PACKED_WEIGHTS=1|0.
     packed_weights: bool | None = None
+    # With no draft loaded, a one-row step's packed projections run packed_row_gemv (CUDA cores, no
+    # padding to 16 rows); with a draft, the batch-invariant tile of packed_gemv, so that verify rows
+    # keep the decode step's bits. LOCALCHAT_PACKED_ROW=0: packed_gemv either way.
+    packed_row: bool = True
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -132,6 +136,7 @@ class KernelOptions:
             gated_mlp=_flag(env, "LOCALCHAT_GATED_MLP"), norm_tail=_flag(env, "LOCALCHAT_NORM_TAIL"),
             packed_weights=None if env.get("LOCALCHAT_PACKED_WEIGHTS", "").strip() == ""
             else _flag(env, "LOCALCHAT_PACKED_WEIGHTS"),
+            packed_row=_flag(env, "LOCALCHAT_PACKED_ROW"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),

@@ -3,7 +3,8 @@ GroupedWeight row blocks), decoded inside the GEMV of each decode or verify step
 (kernels/packed_gemv.py).
 
 Steps of up to 16 rows run packed_gemv, batch-invariant like the bf16 tiles, so greedy
-speculation over a quantized target keeps the bits of its plain decoding. Longer steps (prefill)
+speculation over a quantized target keeps the bits of its plain decoding; an engine with no draft
+loaded runs its one-row steps on packed_row_gemv, which is faster and needs no such invariance. Longer steps (prefill)
 dequantize the weight for that one call and run a plain matmul. The layers that hold one run
 the unfused norm and activation launches (Ops.layer_kernels), since the fused kernels read a bf16
 weight. A projection whose parts come in different formats (a Q4_K_M file's Q4_K q and k beside
@@ -46,6 +47,15 @@ def projection_device() -> str | None:
     return "meta" if _ON_META.get() else None
 
 
+def kernel_for(block: GroupedWeight, num_rows: int, one_row: bool):
+    """The GEMV a step of num_rows (up to 16) runs on a block: packed_row_gemv for a single row
+    when one_row (no draft loaded) and the kind is one it runs faster, else the batch-invariant
+    packed_gemv."""
+    from engine.kernels.packed_gemv import packed_gemv, packed_row_gemv, row_kernel_fits
+
+    return packed_row_gemv if one_row and num_rows == 1 and row_kernel_fits(block) else packed_gemv
+
+
 class PackedLinear(nn.Module):
     def __init__(self, blocks: list[GroupedWeight], bias: nn.Parameter | None = None):
         super().__init__()
@@ -76,23 +86,26 @@ class PackedLinear(nn.Module):
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, one_row: bool = False) -> torch.Tensor:
+        """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not the
+        batch-invariant packed_gemv."""
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda and 1 <= rows.shape[0] <= MAX_ROWS and rows.dtype in (torch.bfloat16, torch.float16):
-            from engine.kernels.packed_gemv import packed_gemv
+            def gemv(x, block, bias, out=None):
+                return kernel_for(block, x.shape[0], one_row)(x, block, bias, out=out)
 
             rows = rows if rows.stride(1) == 1 else rows.contiguous()
             blocks = self.blocks
             if len(blocks) == 1:
-                out = packed_gemv(rows, blocks[0], self.bias)
+                out = gemv(rows, blocks[0], self.bias)
             else:
                 out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
                 start = 0
                 for b in blocks:
                     stop = start + b.shape[0]
                     bias = None if self.bias is None else self.bias[start:stop]
-                    packed_gemv(rows, b, bias, out=out[:, start:stop])
+                    gemv(rows, b, bias, out=out[:, start:stop])
                     start = stop
         else:
             out = self._dequantizing(rows)

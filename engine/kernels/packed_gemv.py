@@ -24,10 +24,13 @@ import torch.nn.functional as F
 
 from engine.kernels import triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
-from engine.weights.grouped import FP8, HIGH_BITS, INT8, SIGNED_NIBBLES, ZERO, GroupedWeight, dequantize_grouped
+from engine.weights.grouped import (
+    FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_NIBBLES, ZERO, GroupedWeight, dequantize_grouped,
+)
 
 MAX_ROWS = 16
 sum_splits = None  # bound by _kernel()
+row_loads = None  # bound by _row_kernel()
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,242 @@ def _kernel():
     return packed_kernel
 
 
+@dataclass(frozen=True)
+class RowTile:
+    """A one-row packed launch's tile (packed_row_gemv)."""
+    block_n: int  # output columns a program
+    block_k: int  # inputs a K step
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    vec: int = 16  # bytes of packed weights a thread loads at once
+    ahead: bool = False  # the next K step's loads issued before this step's arithmetic
+
+
+def default_row_tile(n: int, k: int, group: int) -> RowTile:
+    """K not split, the longest step that fits (up to 1,024 inputs, 2,048 for groups under 64).
+    Groups of 64 and more: 8 columns a program, 16-byte loads; smaller groups (Q4_0, Q4_1, Q4_K),
+    whose chunks hold 16 bytes a row, 4-byte loads and 4,096 inputs a step over fewer columns (at
+    most 8 columns however short the steps, so that small models keep their programs).
+    On an H200 (benchmarks/bench_packed.py --sweep; docs/performance.md) those were the fastest
+    tiles or within 6% of them on the 8B shape's AWQ and Q4_K projections; splitting K (more
+    programs) made AWQ's qkv 1.45x slower, and issuing the next step's loads ahead did not help."""
+    small = group < 64
+    for block_k in ((2048,) if small else ()) + (1024, 512, 256, 128, 64, 32):
+        if k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
+            if small:
+                return RowTile(max(2, min(8, 4096 // block_k)), block_k, vec=4)
+            return RowTile(8, block_k)
+    raise ValueError(f"no K step fits K = {k} with groups of {group}")
+
+
+def row_kernel_fits(weight: GroupedWeight) -> bool:
+    """The kinds the one-row kernel runs faster than packed_gemv: nibbles with no high bits (Q4_0,
+    Q4_1, Q4_K, Q2_K, Q3_K, AWQ, GPTQ). The 5- and 6-bit kinds gather their high bits a pair at a
+    time and int8 / FP8 were no faster (an H200's sweep): those stay on packed_gemv."""
+    return weight.kind in (NIBBLES, SIGNED_NIBBLES)
+
+
+@functools.cache
+def _row_kernel():
+    global row_loads  # packed_row_kernel calls it by this module's name
+    import triton
+    import triton.language as tl
+
+    _kernel()  # binds sum_splits
+
+    @triton.jit
+    def row_loads(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, r2, r3, c2, c3, e3, k0, ok,
+                  stride_q, stride_h, stride_s, stride_u, ONE_BYTE: tl.constexpr, HIGH: tl.constexpr,
+                  G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, X_KIND: tl.constexpr,
+                  CHUNK: tl.constexpr):
+        """Every load of the K step at k0 (none where ok is False: the step past the last): the
+        packed bytes, the high bits, the chunks' scales and offsets as (C, BLOCK_N), x."""
+        kc = k0 + c3 * CHUNK  # each chunk's first input, (C, 1, 1)
+        g = (k0 + c2 * CHUNK) // G
+        s = tl.load(s_ptr + r2 * stride_s + g, mask=ok, other=0).to(tl.float32)
+        if UNIT > 0:
+            s = tl.load(su_ptr + r2 * stride_u + g // UNIT, mask=ok, other=0).to(tl.float32) * s
+        o = s
+        if HAS_OFFSET:
+            o = tl.load(o_ptr + r2 * stride_s + g, mask=ok, other=0).to(tl.float32)
+            if UNIT > 0:
+                o = tl.load(ou_ptr + r2 * stride_u + g // UNIT, mask=ok, other=0).to(tl.float32) * o
+        if ONE_BYTE:
+            q = tl.load(q_ptr + r3 * stride_q + kc + e3, mask=ok)  # (no `other`: fp8 takes no int)
+            hb = q
+            if X_KIND == 2:
+                xa = tl.load(x_ptr + kc + e3, mask=ok, other=0.0)
+            else:
+                xa = tl.load(x_ptr + kc + e3, mask=ok, other=0.0).to(tl.float32)
+            xb = xa
+        else:
+            q = tl.load(q_ptr + r3 * stride_q + kc // 2 + e3, mask=ok)
+            hb = q
+            if HIGH > 0:
+                hb = tl.load(qh_ptr + r3 * stride_h + (kc + 2 * e3) * HIGH // 8, mask=ok, other=0)
+            if X_KIND == 2:
+                xa = tl.load(x_ptr + kc + 2 * e3, mask=ok, other=0.0)
+                xb = tl.load(x_ptr + kc + 2 * e3 + 1, mask=ok, other=0.0)
+            else:  # x's pairs as one 32-bit word each
+                xa = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + kc // 2 + e3, mask=ok, other=0)
+                xb = xa
+        return q, hb, s, o, xa, xb
+
+    @triton.jit
+    def packed_row_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+                          N, stride_q, stride_h, stride_s, stride_u,
+                          ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr, ZERO: tl.constexpr,
+                          G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          X_KIND: tl.constexpr, SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
+                          AHEAD: tl.constexpr):
+        # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
+        # chunk and row). Nibble kinds split a chunk into its even and odd inputs (the low and high
+        # nibble of each byte), so a byte's two weights meet their two inputs without a
+        # reshuffle of registers; x's pairs come as one 32-bit word each (X_KIND 0: bf16, 1: fp16,
+        # 2: fp32 as two loads). Products are summed per lane across the steps and reduced once.
+        # AHEAD: the next step's loads are issued before this step's arithmetic (twice the bytes
+        # in flight a thread; a one-row GEMV is bound by them).
+        C: tl.constexpr = BLOCK_K // CHUNK
+        E: tl.constexpr = CHUNK if ONE_BYTE else CHUNK // 2
+        B: tl.constexpr = 8 if ONE_BYTE else 4 + HIGH
+        SH: tl.constexpr = 23 - B
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        # tensors are (C, BLOCK_N, E): chunks first, so that the weights' bytes and x's words
+        # (which no row index spreads) get the same thread layout
+        r2 = tl.where(n_ok, offs_n, 0)[None, :]  # clamped, not masked: the loads stay vectorized
+        r3 = r2[:, :, None]
+        c2 = tl.arange(0, C)[:, None]
+        c3 = c2[:, :, None]
+        # VEC: bytes a thread loads at once, so that the bytes and x's words (4 to a 16-byte
+        # load) come in one register layout, with no exchange through shared memory
+        e3 = tl.max_contiguous(tl.arange(0, E), VEC)[None, None, :]
+        acc = tl.zeros([C, BLOCK_N, E], tl.float32)
+        k_first = pid_k * K_PER_SPLIT
+        if AHEAD:
+            q, hb, s, o, xa, xb = row_loads(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, r2, r3, c2, c3, e3,
+                                            k_first, True, stride_q, stride_h, stride_s, stride_u, ONE_BYTE, HIGH, G,
+                                            UNIT, HAS_OFFSET, X_KIND, CHUNK)
+        for kk in range(0, K_PER_SPLIT, BLOCK_K):
+            k0 = k_first + kk
+            if AHEAD:
+                nq, nhb, ns, no, nxa, nxb = row_loads(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, r2, r3, c2,
+                                                      c3, e3, k0 + BLOCK_K, kk + BLOCK_K < K_PER_SPLIT, stride_q,
+                                                      stride_h, stride_s, stride_u, ONE_BYTE, HIGH, G, UNIT,
+                                                      HAS_OFFSET, X_KIND, CHUNK)
+            else:
+                q, hb, s, o, xa, xb = row_loads(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, r2, r3, c2, c3,
+                                                e3, k0, True, stride_q, stride_h, stride_s, stride_u, ONE_BYTE, HIGH,
+                                                G, UNIT, HAS_OFFSET, X_KIND, CHUNK)
+            # q (B bits, stored as u = q + ZERO) made the float 1 + u / 2^B by placing u in the
+            # mantissa (a shift and a masked OR, no conversion, no subtraction); the weight is
+            # then one FMA: (1 + u / 2^B) * (2^B * s) + (o - (2^B + ZERO) * s) = q * s + o
+            s_b = (s * (1 << B))[:, :, None]
+            if HAS_OFFSET:
+                o_b = (o - ((1 << B) + ZERO) * s)[:, :, None]
+            else:
+                o_b = (-((1 << B) + ZERO) * s)[:, :, None]
+            if ONE_BYTE:
+                if FP8:
+                    w = q.to(tl.float32) * s[:, :, None]
+                else:
+                    v = (((q.to(tl.int32) + 128) << SH) | 0x3F800000).to(tl.float32, bitcast=True)
+                    w = v * s_b + o_b
+                acc += w * xa
+            else:
+                b = q.to(tl.int32)
+                if HIGH > 0:  # element i of a high byte in its bits HIGH * i and up
+                    h = hb.to(tl.int32)
+                    shift = ((k0 + c3 * CHUNK + 2 * e3) % (8 // HIGH)) * HIGH
+                    lo = (b & 0x0F) | (((h >> shift) & ((1 << HIGH) - 1)) << 4)
+                    hi = (b >> 4) | (((h >> (shift + HIGH)) & ((1 << HIGH) - 1)) << 4)
+                    vl = (lo << SH) | 0x3F800000
+                    vh = (hi << SH) | 0x3F800000
+                else:
+                    vl = ((b << SH) & (15 << SH)) | 0x3F800000
+                    vh = ((b << (SH - 4)) & (15 << SH)) | 0x3F800000
+                wl = vl.to(tl.float32, bitcast=True) * s_b + o_b
+                wh = vh.to(tl.float32, bitcast=True) * s_b + o_b
+                if X_KIND == 2:
+                    xe = xa
+                    xo = xb
+                elif X_KIND == 0:  # bf16: a float32's upper half
+                    xe = (xa << 16).to(tl.float32, bitcast=True)
+                    xo = (xa & -65536).to(tl.float32, bitcast=True)
+                else:
+                    xe = (xa & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                    xo = (xa >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                acc += wl * xe  # two FMAs, not a sum of products added (a third op)
+                acc += wh * xo
+            if AHEAD:
+                q, hb, s, o, xa, xb = nq, nhb, ns, no, nxa, nxb
+        total = tl.sum(tl.sum(acc, axis=2), axis=0)
+        total = tl.reshape(total, (1, BLOCK_N))
+        offs_o = offs_n[None, :]
+        out_mask = n_ok[None, :]
+        if SPLIT_K > 1:
+            last, total = sum_splits(total, part_ptr + offs_o, pid_k, count_ptr + pid_n, 1, N, out_mask, SPLIT_K)
+            if last:
+                if HAS_BIAS:
+                    total += tl.load(b_ptr + offs_o, mask=out_mask, other=0.0).to(tl.float32)
+                tl.store(out_ptr + offs_o, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            if HAS_BIAS:
+                total += tl.load(b_ptr + offs_o, mask=out_mask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + offs_o, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+    return packed_row_kernel
+
+
+def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
+                    tile: RowTile | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One row: x (1, K) -> (1, N), the weight decoded on CUDA cores and summed per lane (no
+    tensor-core padding to 16 rows). Not batch-invariant with packed_gemv (another summation
+    order): the path of an engine with no draft loaded, whose rows never need a verify step's
+    bits. Values within rounding of packed_gemv_ref."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1
+    assert weight.q.is_contiguous() and weight.scale.is_contiguous()
+    assert weight.kind != FP8 or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
+    tile = tile or default_row_tile(n, k, weight.group)
+    high = HIGH_BITS.get(weight.kind, 0)
+    chunk = min(weight.group, tile.block_k)
+    assert k % (tile.block_k * tile.split_k) == 0 and tile.block_k % chunk == 0, (k, tile)
+    assert weight.group % chunk == 0 and chunk >= 2
+    if out is None:
+        out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
+    tiles = -(-n // tile.block_n)
+    if tile.split_k > 1:
+        assert tiles <= _MAX_TILES
+        part = torch.empty((tile.split_k, 1, n), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device)
+    else:
+        part = counters = out  # unused
+    units = weight.scale_unit if weight.unit else weight.scale
+    qh = weight.qh if weight.qh is not None else weight.q
+    interpreting = triton_interpreting()
+    x_kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
+    _row_kernel()[(tiles, tile.split_k)](
+        x, weight.q, qh, weight.scale, weight.offset if weight.offset is not None else weight.scale,
+        units, weight.offset_unit if weight.offset_unit is not None else units,
+        bias if bias is not None else out, out, part, counters, n, weight.q.stride(0), qh.stride(0),
+        weight.scale.stride(0), units.stride(0),
+        ONE_BYTE=weight.kind in (INT8, FP8), FP8=weight.kind == FP8, HIGH=high,
+        ZERO=128 if weight.kind == INT8 else ZERO.get(weight.kind, 0),
+        G=weight.group, UNIT=weight.unit, HAS_OFFSET=weight.offset is not None, HAS_BIAS=bias is not None,
+        X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=min(tile.vec, chunk // 2), AHEAD=tile.ahead,
+        num_warps=tile.num_warps,
+        num_stages=1 if interpreting else tile.num_stages)
+    return out
+
+
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
                 tile: PackedTile | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M <= 16, K) bf16 (or fp16; fp32 under the interpreter), weight a GroupedWeight on x's
@@ -205,4 +444,5 @@ def packed_gemv_ref(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     return F.linear(x, dequantize_grouped(weight).to(x.dtype), bias)
 
 
-__all__ = ["INT8", "SIGNED_NIBBLES", "PackedTile", "default_tile", "packed_gemv", "packed_gemv_ref"]
+__all__ = ["INT8", "SIGNED_NIBBLES", "PackedTile", "RowTile", "default_row_tile", "default_tile", "packed_gemv",
+           "packed_gemv_ref", "packed_row_gemv", "row_kernel_fits"]

@@ -162,6 +162,69 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("name,parts", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
+def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
+    """The one-row kernel (an engine with no draft loaded), several tiles, K split or not, with and
+    without a bias, x in bf16, fp16 and (the interpreter) fp32: == the weight dequantized and
+    rounded as a load does, then F.linear."""
+    from engine.kernels.packed_gemv import RowTile, packed_gemv_ref, packed_row_gemv
+
+    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    g = from_packed(parts).to(device)
+    n, k = g.shape
+    gen = torch.Generator().manual_seed(n + k + 1)
+    x32 = torch.randn(1, k, generator=gen)
+    bias32 = torch.randn(n, generator=gen)
+    tiles = [None, RowTile(8, 32), RowTile(4, 64, split_k=2, vec=4, ahead=True), RowTile(16, 32, split_k=4)]
+    for dtype in ((torch.bfloat16, torch.float16) + ((torch.float32,) if device == "cpu" else ())):
+        x, bias = x32.to(device, dtype), bias32.to(device, dtype)
+        tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+        want = {b is None: packed_gemv_ref(x.float(), g, None if b is None else b.float()) for b in (None, bias)}
+        for tile in tiles:
+            if tile is not None and (k % (tile.block_k * tile.split_k)
+                                     or (tile.block_k % g.group and g.group % tile.block_k)):
+                continue
+            for b in (None, bias):
+                out = packed_row_gemv(x, g, b, tile)
+                assert out.shape == (1, n) and out.dtype == dtype
+                torch.testing.assert_close(out.float(), want[b is None].to(dtype).float(), **tol)
+
+
+def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
+    """No draft (batch_invariant off): a one-row step of a nibble kind takes packed_row_gemv; a
+    loaded draft, several rows, the 5/6-bit and byte kinds, or LOCALCHAT_PACKED_ROW=0 keep the
+    batch-invariant packed_gemv, so verify rows still carry the decode step's bits."""
+    from engine.kernels.packed_gemv import packed_gemv, packed_row_gemv
+    from engine.ops import routed_linear
+    from engine.options import KernelOptions
+    from engine.packed_linear import PackedLinear, kernel_for
+
+    by_kind = {name: from_packed(parts) for name, parts in CASES
+               if name in ("gguf Q4_0", "gguf Q4_K", "awq g128", "gptq g32", "gguf Q6_K", "gguf Q5_0", "gguf Q8_0",
+                           "fp8 per channel")}
+    for name, block in by_kind.items():
+        row = name in ("gguf Q4_0", "gguf Q4_K", "awq g128", "gptq g32")
+        assert kernel_for(block, 1, one_row=True) is (packed_row_gemv if row else packed_gemv), name
+        assert kernel_for(block, 1, one_row=False) is packed_gemv
+        assert kernel_for(block, 5, one_row=True) is packed_gemv
+
+    asked = []
+
+    class Recording(PackedLinear):
+        def forward(self, x, one_row=False):
+            asked.append(one_row)
+            return x
+
+    linear = Recording([by_kind["gguf Q4_0"]])
+    x = torch.zeros(1, linear.in_features)
+    for options, want in ((KernelOptions(), True), (KernelOptions(batch_invariant=True), False),
+                          (KernelOptions(packed_row=False), False)):
+        routed_linear(options, "unfused", x, linear, "qkv")
+        assert asked[-1] is want, options
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
 def test_a_projection_of_mixed_formats_keeps_a_block_per_format(device):
     """q and k in Q4_K, v in Q6_K (a Q4_K_M file): two blocks, each in its own storage; the
     PackedLinear over them (a launch per block into its columns) == the dequantized weight's matmul."""

@@ -19,7 +19,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                 "LOCALCHAT_GATED_MLP": "gated_mlp", "LOCALCHAT_NORM_TAIL": "norm_tail",
                 "LOCALCHAT_ROPE_IN_ATTENTION": "rope_in_attention", "LOCALCHAT_FUSED_DRAFT": "fused_draft",
                 "LOCALCHAT_LEAN_DRAFT": "lean_draft", "LOCALCHAT_TOKEN_ATTENTION": "token_attention",
-                "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats"}
+                "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats",
+                "LOCALCHAT_PACKED_ROW": "packed_row"}
     for name, field in switches.items():
         assert getattr(default, field) is True
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
@@ -42,6 +43,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_EACH_ROW": "yes"}, r"use 1 \(on\) or 0 \(off, the default\)"),
                                       ({"LOCALCHAT_MTP_GRAPH": "on"}, r"LOCALCHAT_MTP_GRAPH=.on.: use 1 \(on, the default\) or 0"),
                                       ({"LOCALCHAT_NORM_STATS": "2"}, r"LOCALCHAT_NORM_STATS=.2.: use 1 \(on, the default\) or 0"),
+                                      ({"LOCALCHAT_PACKED_ROW": "yes"}, r"LOCALCHAT_PACKED_ROW=.yes.: use 1 \(on, the default\)"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
                                       ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use down"),
                                       ({"LOCALCHAT_ROW_STATS": ","}, "LOCALCHAT_ROW_STATS=','"),
