@@ -30,7 +30,7 @@ from benchmarks.harness.random_packed import random_awq, random_gguf  # noqa: E4
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.gemv import gemv  # noqa: E402
 from engine.kernels.packed_gemv import (  # noqa: E402
-    PackedTile, RowTile, default_row_tile, default_tile, packed_gemv, packed_gemv_ref, packed_row_gemv,
+    PackedTile, RowTile, default_row_tile, default_tile, packed_gemv, packed_gemv_ref, packed_row_gemv, row_kernel_fits,
 )
 from engine.weights.grouped import KIND_NAMES, grouped_blocks  # noqa: E402
 
@@ -76,10 +76,15 @@ def run_blocks(x, blocks, out, tile=None):
 
 
 def run_row(x, blocks, out, tile=None):
+    """As an engine with no draft runs one row: the one-row kernel on the kinds it serves
+    (row_kernel_fits), packed_gemv's default tile on the others (a Q4_K_M file's Q6_K v)."""
     start = 0
     for b in blocks:
         stop = start + b.shape[0]
-        packed_row_gemv(x, b, None, tile, out=out[:, start:stop])
+        if row_kernel_fits(b):
+            packed_row_gemv(x, b, None, tile, out=out[:, start:stop])
+        else:
+            packed_gemv(x, b, None, out=out[:, start:stop])
         start = stop
     return out
 

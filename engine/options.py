@@ -65,8 +65,9 @@ class KernelOptions:
     # Quantized checkpoints (GGUF, AWQ, GPTQ, FP8) on a GPU: True keeps the decoder layers' weights
     # packed and decodes them inside the GEMV (engine/packed_linear.py); False dequantizes them to
     # bf16 at load, as the CPU does; None (the default) packs only a model whose bf16 weights would
-    # not fit in the GPU's free memory, since the packed kernels are still slower than bf16's
-    # (docs/performance.md). LOCALCHAT_PACKED_WEIGHTS=1|0.
+    # not fit in the GPU's free memory, since the batch-invariant packed kernel a loaded draft
+    # verifies with is still slower than bf16's (with no draft, 4-bit weights decode faster packed:
+    # docs/performance.md). LOCALCHAT_PACKED_WEIGHTS=1|0.
     packed_weights: bool | None = None
     # With no draft loaded, a one-row step's packed projections run packed_row_gemv (CUDA cores, no
     # padding to 16 rows); with a draft, the batch-invariant tile of packed_gemv, so that verify rows

@@ -175,8 +175,8 @@ def default_row_tile(n: int, k: int, group: int) -> RowTile:
     whose chunks hold 16 bytes a row, 4-byte loads and 4,096 inputs a step over fewer columns (at
     most 8 columns however short the steps, so that small models keep their programs).
     On an H200 (benchmarks/bench_packed.py --sweep; docs/performance.md) those were the fastest
-    tiles or within 6% of them on the 8B shape's AWQ and Q4_K projections; splitting K (more
-    programs) made AWQ's qkv 1.45x slower, and issuing the next step's loads ahead did not help."""
+    tiles or within 8% of them on the 8B shape's AWQ and Q4_K projections; splitting K in two (more
+    programs) made AWQ's 1.11x-1.33x slower, and issuing the next step's loads ahead did not help."""
     small = group < 64
     for block_k in ((2048,) if small else ()) + (1024, 512, 256, 128, 64, 32):
         if k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
