@@ -73,6 +73,11 @@ class KernelOptions:
     # padding to 16 rows); with a draft, the batch-invariant tile of packed_gemv, so that verify rows
     # keep the decode step's bits. LOCALCHAT_PACKED_ROW=0: packed_gemv either way.
     packed_row: bool = True
+    # A packed model's long steps (prefill) on a GPU (engine/packed_linear.py PREFILL_WAYS):
+    # "dequant" decodes a slice of each weight by a kernel, then cuBLAS; "fused" decodes tiles
+    # inside a Triton matmul; "torch" dequantizes slices by the torch reference.
+    # LOCALCHAT_PACKED_PREFILL=dequant|fused|torch.
+    packed_prefill: str = "dequant"
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -138,6 +143,7 @@ class KernelOptions:
             packed_weights=None if env.get("LOCALCHAT_PACKED_WEIGHTS", "").strip() == ""
             else _flag(env, "LOCALCHAT_PACKED_WEIGHTS"),
             packed_row=_flag(env, "LOCALCHAT_PACKED_ROW"),
+            packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("dequant", "fused", "torch"), "dequant"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
@@ -145,6 +151,16 @@ class KernelOptions:
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),
         )
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    """One of `choices` (unset: the default)."""
+    value = env.get(name, "").strip()
+    if value == "":
+        return default
+    if value not in choices:
+        raise UserError(f"{name}={value!r}: use {' or '.join(choices)} (the default: {default})")
+    return value
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool = True) -> bool:

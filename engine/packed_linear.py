@@ -26,6 +26,8 @@ MAX_ROWS = 16
 # Values dequantized at once by a long step: 32 MB as fp32, about 130 MB at dequantize_grouped's
 # peak (some 16 bytes a value), the most a prefill adds to the memory a model holds.
 DEQUANT_CHUNK = 1 << 23
+# How a long step (prefill, more than MAX_ROWS rows) runs on a GPU: PackedLinear._long_step.
+PREFILL_WAYS = ("dequant", "fused", "torch")
 _ON_META = contextvars.ContextVar("projections_on_meta", default=False)
 
 
@@ -86,9 +88,9 @@ class PackedLinear(nn.Module):
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 
-    def forward(self, x: torch.Tensor, one_row: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "dequant") -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not the
-        batch-invariant packed_gemv."""
+        batch-invariant packed_gemv. prefill: how a longer step runs on the GPU (PREFILL_WAYS)."""
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda and 1 <= rows.shape[0] <= MAX_ROWS and rows.dtype in (torch.bfloat16, torch.float16):
@@ -108,20 +110,43 @@ class PackedLinear(nn.Module):
                     gemv(rows, b, bias, out=out[:, start:stop])
                     start = stop
         else:
-            out = self._dequantizing(rows)
+            out = self._long_step(rows, prefill)
         return out.reshape(*lead, self.out_features)
 
-    def _dequantizing(self, rows: torch.Tensor) -> torch.Tensor:
-        """A long step (prefill) or the CPU: the weight dequantized a slice of output rows at a time
-        (at most DEQUANT_CHUNK values, so an 8B's lm_head never stands in memory whole), each
-        slice's matmul written into its columns."""
+    def _long_step(self, rows: torch.Tensor, how: str) -> torch.Tensor:
+        """A long step (prefill) or the CPU. On a GPU in bf16/fp16: "dequant" decodes a slice of
+        output rows at a time with a kernel (dequantize_packed) and multiplies it by cuBLAS;
+        "fused" decodes each weight tile inside the matmul (packed_matmul), no slice in memory;
+        "torch" (and the CPU) dequantizes each slice with the torch reference. A slice holds at
+        most DEQUANT_CHUNK values, so an 8B's lm_head never stands in memory whole."""
+        if how not in PREFILL_WAYS:
+            raise ValueError(f"prefill: {how!r} is not one of {PREFILL_WAYS}")
+        on_gpu = rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16)
         out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
+        if on_gpu and how == "fused":
+            from engine.kernels.packed_gemv import packed_matmul
+
+            start = 0
+            for block in self.blocks:
+                stop = start + block.shape[0]
+                packed_matmul(rows if rows.stride(1) == 1 else rows.contiguous(), block,
+                              None if self.bias is None else self.bias[start:stop], out=out[:, start:stop])
+                start = stop
+            return out
+        if on_gpu and how == "dequant":
+            from engine.kernels.packed_gemv import dequantize_packed
+
+            def decoded(part):
+                return dequantize_packed(part, rows.dtype)
+        else:
+            def decoded(part):
+                return dequantize_grouped(part).to(rows.dtype)
         chunk = max(1, DEQUANT_CHUNK // self.in_features)
         start = 0
         for block in self.blocks:
             for a in range(0, block.shape[0], chunk):
                 b = min(block.shape[0], a + chunk)
-                w = dequantize_grouped(rows_of(block, a, b)).to(rows.dtype)
+                w = decoded(rows_of(block, a, b))
                 bias = None if self.bias is None else self.bias[start + a:start + b]
                 out[:, start + a:start + b] = F.linear(rows, w, bias)
             start += block.shape[0]

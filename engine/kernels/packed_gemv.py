@@ -30,6 +30,7 @@ from engine.weights.grouped import (
 
 MAX_ROWS = 16
 sum_splits = None  # bound by _kernel()
+decode_tile = None  # bound by _kernel()
 row_loads = None  # bound by _row_kernel()
 
 
@@ -61,7 +62,7 @@ def default_tile(n: int, k: int, group: int) -> PackedTile:
 
 @functools.cache
 def _kernel():
-    global sum_splits  # packed_kernel calls gemv's split-K sum by this module's name
+    global sum_splits, decode_tile  # the kernels call these by this module's names
     import triton
     import triton.language as tl
 
@@ -69,6 +70,56 @@ def _kernel():
 
     gemv._kernels()
     sum_splits = gemv.sum_splits
+
+    @triton.jit
+    def decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s, stride_u,
+                    ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr, ZERO: tl.constexpr,
+                    G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, MAGIC: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """(BLOCK_N, BLOCK_K) float32 weights of rows w_rows, inputs k0..k0 + BLOCK_K - 1: q * scale
+        (+ offset) in float32, dequantize_grouped's values."""
+        GROUPS: tl.constexpr = BLOCK_K // G if G < BLOCK_K else 1  # groups a K step spans
+        SUB: tl.constexpr = BLOCK_K // GROUPS
+        if ONE_BYTE:  # int8 or fp8, one a byte
+            offs_q = k0 + tl.arange(0, BLOCK_K)
+            q = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_q[None, :])
+            if FP8:
+                qf = q.to(tl.float32)
+            else:
+                u = q.to(tl.int32) + 128  # stored unsigned from here: int8 + 128
+        else:  # two nibbles a byte: element 2j low, 2j + 1 high
+            offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            b = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_b[None, :]).to(tl.int32)
+            u = tl.reshape(tl.join(b & 0x0F, b >> 4), (BLOCK_N, BLOCK_K))
+            if HIGH > 0:  # the bits above the nibble, 8 / HIGH a byte, the first lowest
+                offs_h = k0 * HIGH // 8 + tl.arange(0, BLOCK_K * HIGH // 8)
+                hb = tl.load(qh_ptr + w_rows[:, None] * stride_h + offs_h[None, :]).to(tl.int32)
+                if HIGH == 1:
+                    h = tl.join(tl.join(tl.join(hb & 1, (hb >> 4) & 1), tl.join((hb >> 2) & 1, (hb >> 6) & 1)),
+                                tl.join(tl.join((hb >> 1) & 1, (hb >> 5) & 1), tl.join((hb >> 3) & 1, hb >> 7)))
+                else:
+                    h = tl.join(tl.join(hb & 3, (hb >> 4) & 3), tl.join((hb >> 2) & 3, hb >> 6))
+                u = u | (tl.reshape(h, (BLOCK_N, BLOCK_K)) << 4)
+        if not FP8:
+            if MAGIC:
+                # 2^23 + u as a float32's bits, less 2^23 + ZERO: q exactly, with an OR and
+                # a subtraction in place of a conversion instruction per weight (on the H200
+                # within 1% of the conversion: kept as the default, the other as a tile option)
+                qf = ((u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + ZERO))
+            else:
+                qf = (u - ZERO).to(tl.float32)
+        offs_g = k0 // G + tl.arange(0, GROUPS)
+        s = tl.load(s_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
+        if UNIT > 0:  # codes times their super-block's unit, in float32 as the reference
+            offs_u = offs_g // UNIT
+            s = tl.load(su_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * s
+        w = tl.reshape(qf, (BLOCK_N, GROUPS, SUB)) * s[:, :, None]
+        if HAS_OFFSET:
+            o = tl.load(o_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
+            if UNIT > 0:
+                o = tl.load(ou_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * o
+            w = w + o[:, :, None]
+        return tl.reshape(w, (BLOCK_N, BLOCK_K))
 
     @triton.jit
     def packed_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
@@ -79,58 +130,21 @@ def _kernel():
                       HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, MAGIC: tl.constexpr,
                       SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        GROUPS: tl.constexpr = BLOCK_K // G if G < BLOCK_K else 1  # groups a K step spans
-        SUB: tl.constexpr = BLOCK_K // GROUPS
+        # program_id(2): the block of BLOCK_M rows (a decode or verify step has one; a prefill
+        # through this kernel, packed_matmul, several, and no split K)
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         w_rows = tl.where(n_ok, offs_n, 0)  # clamped, not masked: the loads stay vectorized
-        rows = tl.arange(0, BLOCK_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < num_rows
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         for kk in range(0, K_PER_SPLIT, BLOCK_K):
             k0 = pid_k * K_PER_SPLIT + kk
-            if ONE_BYTE:  # int8 or fp8, one a byte
-                offs_q = k0 + tl.arange(0, BLOCK_K)
-                q = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_q[None, :])
-                if FP8:
-                    qf = q.to(tl.float32)
-                else:
-                    u = q.to(tl.int32) + 128  # stored unsigned from here: int8 + 128
-            else:  # two nibbles a byte: element 2j low, 2j + 1 high
-                offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-                b = tl.load(q_ptr + w_rows[:, None] * stride_q + offs_b[None, :]).to(tl.int32)
-                u = tl.reshape(tl.join(b & 0x0F, b >> 4), (BLOCK_N, BLOCK_K))
-                if HIGH > 0:  # the bits above the nibble, 8 / HIGH a byte, the first lowest
-                    offs_h = k0 * HIGH // 8 + tl.arange(0, BLOCK_K * HIGH // 8)
-                    hb = tl.load(qh_ptr + w_rows[:, None] * stride_h + offs_h[None, :]).to(tl.int32)
-                    if HIGH == 1:
-                        h = tl.join(tl.join(tl.join(hb & 1, (hb >> 4) & 1), tl.join((hb >> 2) & 1, (hb >> 6) & 1)),
-                                    tl.join(tl.join((hb >> 1) & 1, (hb >> 5) & 1), tl.join((hb >> 3) & 1, hb >> 7)))
-                    else:
-                        h = tl.join(tl.join(hb & 3, (hb >> 4) & 3), tl.join((hb >> 2) & 3, hb >> 6))
-                    u = u | (tl.reshape(h, (BLOCK_N, BLOCK_K)) << 4)
-            if not FP8:
-                if MAGIC:
-                    # 2^23 + u as a float32's bits, less 2^23 + ZERO: q exactly, with an OR and
-                    # a subtraction in place of a conversion instruction per weight (on the H200
-                    # within 1% of the conversion: kept as the default, the other as a tile option)
-                    qf = ((u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + ZERO))
-                else:
-                    qf = (u - ZERO).to(tl.float32)
-            offs_g = k0 // G + tl.arange(0, GROUPS)
-            s = tl.load(s_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
-            if UNIT > 0:  # codes times their super-block's unit, in float32 as the reference
-                offs_u = offs_g // UNIT
-                s = tl.load(su_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * s
-            w = tl.reshape(qf, (BLOCK_N, GROUPS, SUB)) * s[:, :, None]
-            if HAS_OFFSET:
-                o = tl.load(o_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
-                if UNIT > 0:
-                    o = tl.load(ou_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * o
-                w = w + o[:, :, None]
-            w = tl.reshape(w, (BLOCK_N, BLOCK_K))
+            w = decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s,
+                            stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, MAGIC, BLOCK_N, BLOCK_K)
             offs_k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None], other=0.0)
             if DOT_F32:
@@ -154,7 +168,24 @@ def _kernel():
             tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
                      mask=out_mask)
 
-    return packed_kernel
+    @triton.jit
+    def dequant_kernel(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, out_ptr, N, stride_q, stride_h, stride_s,
+                       stride_u, stride_out, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr,
+                       ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """out (N, K) in out's dtype: the weight decoded tile by tile (dequantize_grouped's values,
+        rounded once)."""
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        w_rows = tl.where(n_ok, offs_n, 0)
+        k0 = tl.program_id(1) * BLOCK_K
+        w = decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s,
+                        stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, True, BLOCK_N, BLOCK_K)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        tl.store(out_ptr + offs_n[:, None] * stride_out + offs_k[None, :], w.to(out_ptr.dtype.element_ty),
+                 mask=n_ok[:, None])
+
+    return packed_kernel, dequant_kernel
 
 
 @dataclass(frozen=True)
@@ -421,7 +452,7 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
     assert high.is_contiguous()
     assert units.is_contiguous() and (weight.offset is None or weight.offset.is_contiguous())
     interpreting = triton_interpreting()
-    _kernel()[(tiles, tile.split_k)](
+    _kernel()[0][(tiles, tile.split_k, 1)](
         x, weight.q, high, weight.scale, weight.offset if weight.offset is not None else weight.scale,
         units, weight.offset_unit if weight.offset_unit is not None else units,
         bias if bias is not None else out, out, part, counters, m, n, x.stride(0), weight.q.stride(0),
@@ -437,6 +468,76 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
     return out
 
 
+@dataclass(frozen=True)
+class MatmulTile:
+    """A long step's tile (packed_matmul): BLOCK_M rows by BLOCK_N columns, K in BLOCK_K steps."""
+    block_m: int = 64
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _weight_args(weight: GroupedWeight) -> tuple[list, dict]:
+    """The kernels' pointer and stride arguments for `weight`, and its constexprs."""
+    units = weight.scale_unit if weight.unit else weight.scale
+    high = weight.qh if weight.qh is not None else weight.q
+    assert weight.q.stride(1) == 1 and weight.scale.stride(1) == 1 and high.stride(1) == 1
+    pointers = [weight.q, high, weight.scale, weight.offset if weight.offset is not None else weight.scale, units,
+                weight.offset_unit if weight.offset_unit is not None else units]
+    strides = [weight.q.stride(0), high.stride(0), weight.scale.stride(0), units.stride(0)]
+    consts = dict(ONE_BYTE=weight.kind in (INT8, FP8), FP8=weight.kind == FP8, HIGH=HIGH_BITS.get(weight.kind, 0),
+                  ZERO=128 if weight.kind == INT8 else ZERO.get(weight.kind, 0), G=weight.group, UNIT=weight.unit,
+                  HAS_OFFSET=weight.offset is not None)
+    return pointers + strides, consts
+
+
+def _step_k(k: int, group: int, most: int) -> int:
+    for block_k in (128, 64, 32):
+        if block_k <= most and k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
+            return block_k
+    raise ValueError(f"no K step fits K = {k} with groups of {group}")
+
+
+def dequantize_packed(weight: GroupedWeight, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, K) in dtype: the weight decoded by the GPU, each value dequantize_grouped's float32
+    value rounded once to dtype (what a long step multiplies by)."""
+    n, k = weight.shape
+    if out is None:
+        out = torch.empty((n, k), dtype=dtype, device=weight.q.device)
+    assert out.shape == (n, k) and out.stride(1) == 1 and out.dtype == dtype
+    block_n, block_k = 32, _step_k(k, weight.group, 128)
+    args, consts = _weight_args(weight)
+    pointers, strides = args[:6], args[6:]
+    _kernel()[1][(-(-n // block_n), k // block_k)](
+        *pointers, out, n, *strides, out.stride(0), **consts, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        num_stages=1)
+    return out
+
+
+def packed_matmul(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
+                  tile: MatmulTile | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) with any M -> (M, N): packed_kernel over blocks of BLOCK_M rows, each weight tile
+    decoded once a block of rows (a prefill that never holds the weight dequantized)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert k == weight.shape[1] and x.stride(1) == 1
+    tile = tile or MatmulTile(block_k=_step_k(k, weight.group, 64))
+    assert k % tile.block_k == 0 and (tile.block_k % weight.group == 0 or weight.group % tile.block_k == 0)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    assert out.shape == (m, n) and out.stride(1) == 1 and out.dtype == x.dtype
+    args, consts = _weight_args(weight)
+    pointers, (sq, sh, ss, su) = args[:6], args[6:]
+    interpreting = triton_interpreting()
+    _kernel()[0][(-(-n // tile.block_n), 1, -(-m // tile.block_m))](
+        x, *pointers, bias if bias is not None else out, out, out, out, m, n, x.stride(0), sq, sh, ss, su,
+        out.stride(0), K=k, **consts, HAS_BIAS=bias is not None, DOT_F32=x.dtype == torch.float32 or interpreting,
+        MAGIC=True, SPLIT_K=1, K_PER_SPLIT=k, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+        num_warps=tile.num_warps, num_stages=1 if interpreting else tile.num_stages)
+    return out
+
+
 def packed_gemv_ref(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
                     tile: PackedTile | None = None) -> torch.Tensor:
     """The weight dequantized in float32, rounded to x's dtype (as a load that dequantizes does),
@@ -444,5 +545,5 @@ def packed_gemv_ref(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     return F.linear(x, dequantize_grouped(weight).to(x.dtype), bias)
 
 
-__all__ = ["INT8", "SIGNED_NIBBLES", "PackedTile", "RowTile", "default_row_tile", "default_tile", "packed_gemv",
+__all__ = ["INT8", "SIGNED_NIBBLES", "MatmulTile", "PackedTile", "RowTile", "dequantize_packed", "packed_matmul", "default_row_tile", "default_tile", "packed_gemv",
            "packed_gemv_ref", "packed_row_gemv", "row_kernel_fits"]

@@ -191,6 +191,51 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
                 torch.testing.assert_close(out.float(), want[b is None].to(dtype).float(), **tol)
 
 
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("name,parts", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
+def test_long_step_kernels_equal_the_reference(device, name, parts):
+    """A prefill's two GPU ways: dequantize_packed gives dequantize_grouped's values rounded once
+    (bit for bit, in bf16 on the GPU, fp32 under the interpreter); packed_matmul over 40 rows (three
+    row blocks, the last partial) == the dequantized weight's matmul, with and without a bias."""
+    from engine.kernels.packed_gemv import MatmulTile, dequantize_packed, packed_gemv_ref, packed_matmul
+
+    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    g = from_packed(parts).to(device)
+    n, k = g.shape
+    want = dequantize_grouped(g)
+    # (the interpreter casts to bf16 by truncation, the GPU to nearest: bf16 on the GPU only)
+    for dtype in ((torch.bfloat16,) if device == "cuda" else (torch.float32,)):
+        assert torch.equal(dequantize_packed(g, dtype), want.to(dtype)), (name, dtype)
+        assert torch.equal(dequantize_packed(rows_of(g, 2, n), dtype), want[2:].to(dtype)), (name, dtype)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(n + k + 2)
+    x = torch.randn(40, k, generator=gen).to(device, dtype)
+    bias = torch.randn(n, generator=gen).to(device, dtype)
+    tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+    for tile in (None, MatmulTile(16, 16, 32)):
+        if tile is not None and (k % tile.block_k or (tile.block_k % g.group and g.group % tile.block_k)):
+            continue
+        for b in (None, bias):
+            out = packed_matmul(x, g, b, tile)
+            assert out.shape == (40, n) and out.dtype == dtype
+            torch.testing.assert_close(out.float(), packed_gemv_ref(x, g, b).float(), **tol)
+
+
+def test_a_long_step_runs_the_way_asked(monkeypatch):
+    """PackedLinear's long steps: an unknown way is refused; on the CPU every way is the torch
+    reference's slices (the kernels' ways are the GPU's)."""
+    from engine.packed_linear import PackedLinear
+
+    linear = PackedLinear([from_packed([_gguf("Q4_0", 8, 64, 4)])])
+    x = torch.randn(20, 64, generator=torch.Generator().manual_seed(3))
+    want = linear(x, prefill="torch")
+    for how in ("dequant", "fused"):
+        assert torch.equal(linear(x, prefill=how), want)
+    with pytest.raises(ValueError, match="prefill: 'fast'"):
+        linear(x, prefill="fast")
+
+
 def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     """No draft (batch_invariant off): a one-row step of a nibble kind takes packed_row_gemv; a
     loaded draft, several rows, the 5/6-bit and byte kinds, or LOCALCHAT_PACKED_ROW=0 keep the
@@ -212,7 +257,7 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     asked = []
 
     class Recording(PackedLinear):
-        def forward(self, x, one_row=False):
+        def forward(self, x, one_row=False, prefill="dequant"):
             asked.append(one_row)
             return x
 
