@@ -10,8 +10,12 @@ dequantize-at-load path multiplies) and takes a tensor-core dot with the rows, p
 row's result does not depend on how many rows came with it, so a verify row has the bits of the
 decode step it stands for (batch invariance, as the bf16 tiles). Split K: each program stores
 its partial sums and the last of a column tile to finish adds them in a fixed order (a counter
-per tile, left at zero): no host sync, safe inside CUDA graphs. Steps of more than 16 rows (prefill) dequantize the weight and run a plain matmul
-instead (packed_linear in engine/packed_linear.py).
+per tile, left at zero): no host sync, safe inside CUDA graphs.
+
+Beside it, each with the same reference: packed_row_gemv, one row on CUDA cores (an engine with
+no draft, which needs no batch invariance); packed_matmul, the same kernel over blocks of rows
+for a prefill of any length; dequantize_packed, the weight decoded into a dense tensor
+(dequantize_grouped's values, rounded once).
 """
 
 from __future__ import annotations

@@ -257,7 +257,7 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     asked = []
 
     class Recording(PackedLinear):
-        def forward(self, x, one_row=False, prefill="dequant"):
+        def forward(self, x, one_row=False, prefill="fused"):
             asked.append(one_row)
             return x
 

@@ -30,7 +30,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "1"}) == dataclasses.replace(default, each_row=True)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
-    assert default.packed_prefill == "dequant"
+    assert default.packed_prefill == "fused"
     for way in ("dequant", "fused", "torch"):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_PREFILL": way}).packed_prefill == way
     assert default.row_stats == ("down",)
@@ -46,7 +46,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_EACH_ROW": "yes"}, r"use 1 \(on\) or 0 \(off, the default\)"),
                                       ({"LOCALCHAT_MTP_GRAPH": "on"}, r"LOCALCHAT_MTP_GRAPH=.on.: use 1 \(on, the default\) or 0"),
                                       ({"LOCALCHAT_NORM_STATS": "2"}, r"LOCALCHAT_NORM_STATS=.2.: use 1 \(on, the default\) or 0"),
-                                      ({"LOCALCHAT_PACKED_PREFILL": "cublas"}, "LOCALCHAT_PACKED_PREFILL='cublas': use dequant or fused or torch"),
+                                      ({"LOCALCHAT_PACKED_PREFILL": "cublas"}, "LOCALCHAT_PACKED_PREFILL='cublas': use fused or dequant or torch"),
                                       ({"LOCALCHAT_PACKED_ROW": "yes"}, r"LOCALCHAT_PACKED_ROW=.yes.: use 1 \(on, the default\)"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
                                       ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use down"),
