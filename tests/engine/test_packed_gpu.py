@@ -71,3 +71,29 @@ def test_a_packed_gguf_target_speculates_like_plain_decoding(tmp_path, qtype):
         b = dense.runner.model.model.layers[1].get_submodule(name)
         x = torch.randn(5, b.in_features, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(a(x).float(), b(x).float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q4_0"])
+def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype):
+    """No draft loaded: one-row steps on packed_row_gemv and the 37-token prompt's prefill through
+    packed_matmul, both within bf16 rounding of the dequantized model's projections, and the
+    engine decodes its 48 tokens; the switches back to the batch-invariant kernel and the
+    dequantizing prefill give the same projections within rounding."""
+    from engine.engine import Engine
+    from engine.options import KernelOptions
+    from tests.tiny_gguf import make_tiny_gguf
+
+    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=256)
+    packed = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True))
+    assert len(tokens(packed)) == 48
+    slow = Engine.load(str(path), device="cuda",
+                       options=KernelOptions(packed_weights=True, packed_row=False, packed_prefill="dequant"))
+    assert len(tokens(slow)) == 48
+    dense = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=False))
+    for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+        a = packed.runner.model.model.layers[1].get_submodule(name)
+        b = dense.runner.model.model.layers[1].get_submodule(name)
+        x = torch.randn(40, b.in_features, device="cuda", dtype=torch.bfloat16)
+        want = b(x).float()
+        for got in (a(x[:1], one_row=True), a(x, prefill="fused"), a(x, prefill="dequant"), a(x, prefill="torch")):
+            torch.testing.assert_close(got.float(), want[:got.shape[0]], atol=3e-2, rtol=3e-2)
