@@ -56,6 +56,9 @@ ROWS = (
      "h200_8b_packed_Q4_K_M_row.json, h200_8b_bf16_row_session.json, h200_8b_packed_Q4_K_M_row_off.json"),
     ("packed_short", "the same packed as AWQ 4-bit (group 128)", "the same with `--random-quant AWQ`",
      "h200_8b_packed_AWQ_row.json, h200_8b_bf16_row_session.json, h200_8b_packed_AWQ_row_off.json"),
+    ("prefill", "the same Q4_K_M file's prefill of 512-token prompts, each weight tile decoded inside the matmul",
+     "the same with `--new-tokens 32`, `LOCALCHAT_PACKED_PREFILL=torch` for the slices",
+     "h200_8b_prefill_Q4_K_M_fused.json, h200_8b_prefill_Q4_K_M_torch.json, h200_8b_bf16_row_session.json"),
     ("packed_memory", "8B shape as a Q4_K_M file, embeddings and lm_head packed too: GPU memory, 4,096-token cache",
      "python benchmarks/memory_breakdown.py --quant Q4_K_M", "h200_memory_8b_Q4_K_M_packed_tables.json"),
     ("spec", "Q4_K_M packed, random head forced to 3.5 tokens per verify step, k = 5 (an earlier run, before "
@@ -100,6 +103,12 @@ def row(kind: str, label: str, command: str, name: str) -> str:
         if len(files) > 2:  # the same packed model on the batch-invariant kernel (a draft's)
             off = _load(files[2])["no_draft"]["decode_tok_s"]
             versus += f"; the batch-invariant kernel: {off:.0f} tok/s ({tok / off:.2f}x)"
+    elif kind == "prefill":  # packed_matmul against the torch slices (same machine), bf16 from a run beside
+        got, old, bf16 = (_load(f)["no_draft"] for f in files)
+        result = f"{got['prefill_tok_s']:.0f} tok/s, first token {1000 * got['ttft_s']:.0f} ms"
+        versus = (f"slices dequantized by the torch reference: {old['prefill_tok_s']:.0f} tok/s "
+                  f"({got['prefill_tok_s'] / old['prefill_tok_s']:.1f}x); bf16 (an earlier run, another H200): "
+                  f"{bf16['prefill_tok_s']:.0f} tok/s, first token {1000 * bf16['ttft_s']:.0f} ms")
     elif kind == "packed_memory":
         phases = b["phases"]
         prefill = next(v for k, v in phases.items() if k.startswith("prefill"))
