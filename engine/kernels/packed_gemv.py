@@ -395,7 +395,6 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     assert weight.q.is_contiguous() and weight.scale.is_contiguous()
     assert weight.kind != FP8 or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
     tile = tile or default_row_tile(n, k, weight.group)
-    high = HIGH_BITS.get(weight.kind, 0)
     chunk = min(weight.group, tile.block_k)
     assert k % (tile.block_k * tile.split_k) == 0 and tile.block_k % chunk == 0, (k, tile)
     assert weight.group % chunk == 0 and chunk >= 2
@@ -409,19 +408,13 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
         counters = _tile_counters(x.device)
     else:
         part = counters = out  # unused
-    units = weight.scale_unit if weight.unit else weight.scale
-    qh = weight.qh if weight.qh is not None else weight.q
+    args, consts = _weight_args(weight)
+    pointers, strides = args[:6], args[6:]
     interpreting = triton_interpreting()
     x_kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
     _row_kernel()[(tiles, tile.split_k)](
-        x, weight.q, qh, weight.scale, weight.offset if weight.offset is not None else weight.scale,
-        units, weight.offset_unit if weight.offset_unit is not None else units,
-        bias if bias is not None else out, out, part, counters, n, weight.q.stride(0), qh.stride(0),
-        weight.scale.stride(0), units.stride(0),
-        ONE_BYTE=weight.kind in (INT8, FP8), FP8=weight.kind == FP8, HIGH=high,
-        ZERO=128 if weight.kind == INT8 else ZERO.get(weight.kind, 0),
-        G=weight.group, UNIT=weight.unit, HAS_OFFSET=weight.offset is not None, HAS_BIAS=bias is not None,
-        X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
+        x, *pointers, bias if bias is not None else out, out, part, counters, n, *strides, **consts,
+        HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=min(tile.vec, chunk // 2), AHEAD=tile.ahead,
         num_warps=tile.num_warps,
         num_stages=1 if interpreting else tile.num_stages)
@@ -451,20 +444,12 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
         counters = _tile_counters(x.device)
     else:
         part = counters = out  # unused
-    units = weight.scale_unit if weight.unit else weight.scale
-    high = weight.qh if weight.qh is not None else weight.q
-    assert high.is_contiguous()
-    assert units.is_contiguous() and (weight.offset is None or weight.offset.is_contiguous())
+    args, consts = _weight_args(weight)
+    pointers, strides = args[:6], args[6:]
     interpreting = triton_interpreting()
     _kernel()[0][(tiles, tile.split_k, 1)](
-        x, weight.q, high, weight.scale, weight.offset if weight.offset is not None else weight.scale,
-        units, weight.offset_unit if weight.offset_unit is not None else units,
-        bias if bias is not None else out, out, part, counters, m, n, x.stride(0), weight.q.stride(0),
-        high.stride(0), weight.scale.stride(0), units.stride(0), out.stride(0), K=k,
-        ONE_BYTE=weight.kind in (INT8, FP8), FP8=weight.kind == FP8, HIGH=HIGH_BITS.get(weight.kind, 0),
-        ZERO=128 if weight.kind == INT8 else ZERO.get(weight.kind, 0),
-        G=weight.group, UNIT=weight.unit,
-        HAS_OFFSET=weight.offset is not None, HAS_BIAS=bias is not None,
+        x, *pointers, bias if bias is not None else out, out, part, counters, m, n, x.stride(0), *strides,
+        out.stride(0), K=k, **consts, HAS_BIAS=bias is not None,
         DOT_F32=x.dtype == torch.float32 or interpreting, MAGIC=tile.magic,
         SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_M=MAX_ROWS, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
@@ -486,7 +471,7 @@ def _weight_args(weight: GroupedWeight) -> tuple[list, dict]:
     """The kernels' pointer and stride arguments for `weight`, and its constexprs."""
     units = weight.scale_unit if weight.unit else weight.scale
     high = weight.qh if weight.qh is not None else weight.q
-    assert weight.q.stride(1) == 1 and weight.scale.stride(1) == 1 and high.stride(1) == 1
+    assert all(t.is_contiguous() for t in weight.tensors() if t is not None)
     pointers = [weight.q, high, weight.scale, weight.offset if weight.offset is not None else weight.scale, units,
                 weight.offset_unit if weight.offset_unit is not None else units]
     strides = [weight.q.stride(0), high.stride(0), weight.scale.stride(0), units.stride(0)]
@@ -532,10 +517,10 @@ def packed_matmul(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | N
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1 and out.dtype == x.dtype
     args, consts = _weight_args(weight)
-    pointers, (sq, sh, ss, su) = args[:6], args[6:]
+    pointers, strides = args[:6], args[6:]
     interpreting = triton_interpreting()
     _kernel()[0][(-(-n // tile.block_n), 1, -(-m // tile.block_m))](
-        x, *pointers, bias if bias is not None else out, out, out, out, m, n, x.stride(0), sq, sh, ss, su,
+        x, *pointers, bias if bias is not None else out, out, out, out, m, n, x.stride(0), *strides,
         out.stride(0), K=k, **consts, HAS_BIAS=bias is not None, DOT_F32=x.dtype == torch.float32 or interpreting,
         MAGIC=True, SPLIT_K=1, K_PER_SPLIT=k, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
         num_warps=tile.num_warps, num_stages=1 if interpreting else tile.num_stages)
