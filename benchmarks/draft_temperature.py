@@ -63,6 +63,8 @@ def main() -> None:
         cli()
     except SystemExit:
         pass
+    finally:
+        sampled_loop.sampled_accept_ref = accept
     if not overlaps[1.0]:
         raise SystemExit("no verify step went through the reference acceptance (on a GPU, temperature alone "
                          "takes the fused kernels): run with --device cpu")
