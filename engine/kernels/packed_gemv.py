@@ -35,7 +35,6 @@ from engine.weights.grouped import (
 MAX_ROWS = 16
 sum_splits = None  # bound by _kernel()
 decode_tile = None  # bound by _kernel()
-row_loads = None  # bound by _row_kernel()
 
 
 @dataclass(frozen=True)
@@ -56,12 +55,10 @@ def default_tile(n: int, k: int, group: int) -> PackedTile:
     On an H200 (benchmarks/bench_packed.py --sweep; docs/performance.md) the 8B shape's qkv,
     o_proj and down ran fastest split in eight (Q4_K_M down 34.3 us against 46.9 in four), its
     gate_up (448 column tiles) in two to four."""
-    for block_k in (128, 64, 32):
-        if k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
-            steps, tiles = k // block_k, -(-n // 64)
-            splits = [s for s in (1, 2, 3, 4, 8, 16) if steps % s == 0]
-            return PackedTile(64, block_k, next((s for s in splits if tiles * s >= 512), splits[-1]))
-    raise ValueError(f"no K step fits K = {k} with groups of {group}")
+    block_k = _step_k(k, group, 128)
+    steps, tiles = k // block_k, -(-n // 64)
+    splits = [s for s in (1, 2, 3, 4, 8, 16) if steps % s == 0]
+    return PackedTile(64, block_k, next((s for s in splits if tiles * s >= 512), splits[-1]))
 
 
 @functools.cache
@@ -201,7 +198,6 @@ class RowTile:
     num_warps: int = 4
     num_stages: int = 3
     vec: int = 16  # bytes of packed weights a thread loads at once
-    ahead: bool = False  # the next K step's loads issued before this step's arithmetic
 
 
 def default_row_tile(n: int, k: int, group: int) -> RowTile:
@@ -211,7 +207,7 @@ def default_row_tile(n: int, k: int, group: int) -> RowTile:
     most 8 columns however short the steps, so that small models keep their programs).
     On an H200 (benchmarks/bench_packed.py --sweep; docs/performance.md) those were the fastest
     tiles or within 8% of them on the 8B shape's AWQ and Q4_K projections; splitting K in two (more
-    programs) made AWQ's 1.11x-1.33x slower, and issuing the next step's loads ahead did not help."""
+    programs) made AWQ's 1.11x-1.33x slower."""
     small = group < 64
     for block_k in ((2048,) if small else ()) + (1024, 512, 256, 128, 64, 32):
         if k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
@@ -222,77 +218,33 @@ def default_row_tile(n: int, k: int, group: int) -> RowTile:
 
 
 def row_kernel_fits(weight: GroupedWeight) -> bool:
-    """The kinds the one-row kernel runs faster than packed_gemv: nibbles with no high bits (Q4_0,
-    Q4_1, Q4_K, Q2_K, Q3_K, AWQ, GPTQ). The 5- and 6-bit kinds gather their high bits a pair at a
-    time and int8 / FP8 were no faster (an H200's sweep): those stay on packed_gemv."""
+    """The kinds the one-row kernel serves, those it runs faster than packed_gemv: nibbles with no
+    high bits (Q4_0, Q4_1, Q4_K, Q2_K, Q3_K, AWQ, GPTQ). On an H200's sweep the 5- and 6-bit kinds
+    (their high bits gathered a pair at a time) and int8 were no faster on a version that served
+    them too (docs/performance.md): those stay on packed_gemv."""
     return weight.kind in (NIBBLES, SIGNED_NIBBLES)
 
 
 @functools.cache
 def _row_kernel():
-    global row_loads  # packed_row_kernel calls it by this module's name
     import triton
     import triton.language as tl
 
     _kernel()  # binds sum_splits
 
     @triton.jit
-    def row_loads(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, r2, r3, c2, c3, e3, k0, ok,
-                  stride_q, stride_h, stride_s, stride_u, ONE_BYTE: tl.constexpr, HIGH: tl.constexpr,
-                  G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, X_KIND: tl.constexpr,
-                  CHUNK: tl.constexpr):
-        """Every load of the K step at k0 (none where ok is False: the step past the last): the
-        packed bytes, the high bits, the chunks' scales and offsets as (C, BLOCK_N), x."""
-        kc = k0 + c3 * CHUNK  # each chunk's first input, (C, 1, 1)
-        g = (k0 + c2 * CHUNK) // G
-        s = tl.load(s_ptr + r2 * stride_s + g, mask=ok, other=0).to(tl.float32)
-        if UNIT > 0:
-            s = tl.load(su_ptr + r2 * stride_u + g // UNIT, mask=ok, other=0).to(tl.float32) * s
-        o = s
-        if HAS_OFFSET:
-            o = tl.load(o_ptr + r2 * stride_s + g, mask=ok, other=0).to(tl.float32)
-            if UNIT > 0:
-                o = tl.load(ou_ptr + r2 * stride_u + g // UNIT, mask=ok, other=0).to(tl.float32) * o
-        if ONE_BYTE:
-            q = tl.load(q_ptr + r3 * stride_q + kc + e3, mask=ok)  # (no `other`: fp8 takes no int)
-            hb = q
-            if X_KIND == 2:
-                xa = tl.load(x_ptr + kc + e3, mask=ok, other=0.0)
-            else:
-                xa = tl.load(x_ptr + kc + e3, mask=ok, other=0.0).to(tl.float32)
-            xb = xa
-        else:
-            q = tl.load(q_ptr + r3 * stride_q + kc // 2 + e3, mask=ok)
-            hb = q
-            if HIGH > 0:
-                hb = tl.load(qh_ptr + r3 * stride_h + (kc + 2 * e3) * HIGH // 8, mask=ok, other=0)
-            if X_KIND == 2:
-                xa = tl.load(x_ptr + kc + 2 * e3, mask=ok, other=0.0)
-                xb = tl.load(x_ptr + kc + 2 * e3 + 1, mask=ok, other=0.0)
-            else:  # x's pairs as one 32-bit word each
-                xa = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + kc // 2 + e3, mask=ok, other=0)
-                xb = xa
-        return q, hb, s, o, xa, xb
-
-    @triton.jit
-    def packed_row_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-                          N, stride_q, stride_h, stride_s, stride_u,
-                          ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr, ZERO: tl.constexpr,
-                          G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          X_KIND: tl.constexpr, SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                          AHEAD: tl.constexpr):
+    def packed_row_kernel(x_ptr, q_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+                          N, stride_q, stride_s, stride_u, ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr,
+                          HAS_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
+                          SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
-        # chunk and row). Nibble kinds split a chunk into its even and odd inputs (the low and high
-        # nibble of each byte), so a byte's two weights meet their two inputs without a
-        # reshuffle of registers; x's pairs come as one 32-bit word each (X_KIND 0: bf16, 1: fp16,
-        # 2: fp32 as two loads). Products are summed per lane across the steps and reduced once.
-        # AHEAD: the next step's loads are issued before this step's arithmetic (twice the bytes
-        # in flight a thread; on an H200 no faster, so the tiles leave it off).
+        # chunk and row). A chunk splits into its even and odd inputs (the low and high nibble of
+        # each byte), so a byte's two weights meet their two inputs without a reshuffle of
+        # registers; x's pairs come as one 32-bit word each (X_KIND 0: bf16, 1: fp16, 2: fp32 as
+        # two loads). Products are summed per lane across the steps and reduced once.
         C: tl.constexpr = BLOCK_K // CHUNK
-        E: tl.constexpr = CHUNK if ONE_BYTE else CHUNK // 2
-        B: tl.constexpr = 8 if ONE_BYTE else 4 + HIGH
-        SH: tl.constexpr = 23 - B
+        E: tl.constexpr = CHUNK // 2
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -307,64 +259,47 @@ def _row_kernel():
         # load) come in one register layout, with no exchange through shared memory
         e3 = tl.max_contiguous(tl.arange(0, E), VEC)[None, None, :]
         acc = tl.zeros([C, BLOCK_N, E], tl.float32)
-        k_first = pid_k * K_PER_SPLIT
-        if AHEAD:
-            q, hb, s, o, xa, xb = row_loads(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, r2, r3, c2, c3, e3,
-                                            k_first, True, stride_q, stride_h, stride_s, stride_u, ONE_BYTE, HIGH, G,
-                                            UNIT, HAS_OFFSET, X_KIND, CHUNK)
         for kk in range(0, K_PER_SPLIT, BLOCK_K):
-            k0 = k_first + kk
-            if AHEAD:
-                nq, nhb, ns, no, nxa, nxb = row_loads(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, r2, r3, c2,
-                                                      c3, e3, k0 + BLOCK_K, kk + BLOCK_K < K_PER_SPLIT, stride_q,
-                                                      stride_h, stride_s, stride_u, ONE_BYTE, HIGH, G, UNIT,
-                                                      HAS_OFFSET, X_KIND, CHUNK)
-            else:
-                q, hb, s, o, xa, xb = row_loads(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, r2, r3, c2, c3,
-                                                e3, k0, True, stride_q, stride_h, stride_s, stride_u, ONE_BYTE, HIGH,
-                                                G, UNIT, HAS_OFFSET, X_KIND, CHUNK)
-            # q (B bits, stored as u = q + ZERO) made the float 1 + u / 2^B by placing u in the
-            # mantissa (a shift and a masked OR, no conversion, no subtraction); the weight is
-            # then one FMA: (1 + u / 2^B) * (2^B * s) + (o - (2^B + ZERO) * s) = q * s + o
-            s_b = (s * (1 << B))[:, :, None]
+            k0 = pid_k * K_PER_SPLIT + kk
+            kc = k0 + c3 * CHUNK  # each chunk's first input, (C, 1, 1)
+            # a chunk's scale and offset loaded once a row as (C, BLOCK_N), then broadcast (a
+            # (C, BLOCK_N, 1) load would be repeated for every element a thread holds)
+            g = (k0 + c2 * CHUNK) // G
+            s = tl.load(s_ptr + r2 * stride_s + g).to(tl.float32)
+            if UNIT > 0:
+                s = tl.load(su_ptr + r2 * stride_u + g // UNIT).to(tl.float32) * s
+            o = s
             if HAS_OFFSET:
-                o_b = (o - ((1 << B) + ZERO) * s)[:, :, None]
+                o = tl.load(o_ptr + r2 * stride_s + g).to(tl.float32)
+                if UNIT > 0:
+                    o = tl.load(ou_ptr + r2 * stride_u + g // UNIT).to(tl.float32) * o
+            b = tl.load(q_ptr + r3 * stride_q + kc // 2 + e3)
+            if X_KIND == 2:
+                xe = tl.load(x_ptr + kc + 2 * e3)
+                xo = tl.load(x_ptr + kc + 2 * e3 + 1)
+            else:  # x's pairs as one 32-bit word each
+                word = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + kc // 2 + e3)
+            # q (stored as u = q + ZERO) made the float 1 + u / 16 by placing u in the mantissa (a
+            # shift and a masked OR, no conversion, no subtraction); the weight is then one FMA:
+            # (1 + u / 16) * (16 s) + (o - (16 + ZERO) s) = q s + o
+            s_b = (s * 16)[:, :, None]
+            if HAS_OFFSET:
+                o_b = (o - (16 + ZERO) * s)[:, :, None]
             else:
-                o_b = (-((1 << B) + ZERO) * s)[:, :, None]
-            if ONE_BYTE:
-                if FP8:
-                    w = q.to(tl.float32) * s[:, :, None]
-                else:
-                    v = (((q.to(tl.int32) + 128) << SH) | 0x3F800000).to(tl.float32, bitcast=True)
-                    w = v * s_b + o_b
-                acc += w * xa
-            else:
-                b = q.to(tl.int32)
-                if HIGH > 0:  # element i of a high byte in its bits HIGH * i and up
-                    h = hb.to(tl.int32)
-                    shift = ((k0 + c3 * CHUNK + 2 * e3) % (8 // HIGH)) * HIGH
-                    lo = (b & 0x0F) | (((h >> shift) & ((1 << HIGH) - 1)) << 4)
-                    hi = (b >> 4) | (((h >> (shift + HIGH)) & ((1 << HIGH) - 1)) << 4)
-                    vl = (lo << SH) | 0x3F800000
-                    vh = (hi << SH) | 0x3F800000
-                else:
-                    vl = ((b << SH) & (15 << SH)) | 0x3F800000
-                    vh = ((b << (SH - 4)) & (15 << SH)) | 0x3F800000
-                wl = vl.to(tl.float32, bitcast=True) * s_b + o_b
-                wh = vh.to(tl.float32, bitcast=True) * s_b + o_b
-                if X_KIND == 2:
-                    xe = xa
-                    xo = xb
-                elif X_KIND == 0:  # bf16: a float32's upper half
-                    xe = (xa << 16).to(tl.float32, bitcast=True)
-                    xo = (xa & -65536).to(tl.float32, bitcast=True)
-                else:
-                    xe = (xa & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-                    xo = (xa >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-                acc += wl * xe  # two FMAs, not a sum of products added (a third op)
-                acc += wh * xo
-            if AHEAD:
-                q, hb, s, o, xa, xb = nq, nhb, ns, no, nxa, nxb
+                o_b = (-(16 + ZERO) * s)[:, :, None]
+            b = b.to(tl.int32)
+            vl = ((b << 19) & (15 << 19)) | 0x3F800000  # the low nibble into mantissa bits 19-22
+            vh = ((b << 15) & (15 << 19)) | 0x3F800000  # the high nibble
+            wl = vl.to(tl.float32, bitcast=True) * s_b + o_b
+            wh = vh.to(tl.float32, bitcast=True) * s_b + o_b
+            if X_KIND == 0:  # bf16: a float32's upper half
+                xe = (word << 16).to(tl.float32, bitcast=True)
+                xo = (word & -65536).to(tl.float32, bitcast=True)
+            elif X_KIND == 1:
+                xe = (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                xo = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            acc += wl * xe  # two FMAs, not a sum of products added (a third op)
+            acc += wh * xo
         total = tl.sum(tl.sum(acc, axis=2), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -391,9 +326,7 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     bits. Values within rounding of packed_gemv_ref."""
     m, k = x.shape
     n = weight.shape[0]
-    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1
-    assert weight.q.is_contiguous() and weight.scale.is_contiguous()
-    assert weight.kind != FP8 or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
+    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1 and row_kernel_fits(weight)
     tile = tile or default_row_tile(n, k, weight.group)
     chunk = min(weight.group, tile.block_k)
     assert k % (tile.block_k * tile.split_k) == 0 and tile.block_k % chunk == 0, (k, tile)
@@ -402,22 +335,14 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
         out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
-    if tile.split_k > 1:
-        assert tiles <= _MAX_TILES
-        part = torch.empty((tile.split_k, 1, n), dtype=torch.float32, device=x.device)
-        counters = _tile_counters(x.device)
-    else:
-        part = counters = out  # unused
-    args, consts = _weight_args(weight)
-    pointers, strides = args[:6], args[6:]
-    interpreting = triton_interpreting()
+    part, counters = _split_buffers(tile.split_k, 1, n, tiles, out)
+    args = {name: v for name, v in _weight_args(weight).items() if name not in _NIBBLES_ONLY}
     x_kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
     _row_kernel()[(tiles, tile.split_k)](
-        x, *pointers, bias if bias is not None else out, out, part, counters, n, *strides, **consts,
+        x, b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, N=n, **args,
         HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=min(tile.vec, chunk // 2), AHEAD=tile.ahead,
-        num_warps=tile.num_warps,
-        num_stages=1 if interpreting else tile.num_stages)
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=min(tile.vec, chunk // 2),
+        num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
     return out
 
 
@@ -429,7 +354,6 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
     m, k = x.shape
     n = weight.shape[0]
     assert 1 <= m <= MAX_ROWS and k == weight.shape[1] and x.stride(1) == 1
-    assert weight.q.is_contiguous() and weight.scale.is_contiguous()
     assert weight.kind != FP8 or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
     tile = tile or default_tile(n, k, weight.group)
     assert k % (tile.block_k * tile.split_k) == 0, (k, tile)
@@ -438,18 +362,11 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
-    if tile.split_k > 1:
-        assert tiles <= _MAX_TILES
-        part = torch.empty((tile.split_k, m, n), dtype=torch.float32, device=x.device)
-        counters = _tile_counters(x.device)
-    else:
-        part = counters = out  # unused
-    args, consts = _weight_args(weight)
-    pointers, strides = args[:6], args[6:]
+    part, counters = _split_buffers(tile.split_k, m, n, tiles, out)
     interpreting = triton_interpreting()
     _kernel()[0][(tiles, tile.split_k, 1)](
-        x, *pointers, bias if bias is not None else out, out, part, counters, m, n, x.stride(0), *strides,
-        out.stride(0), K=k, **consts, HAS_BIAS=bias is not None,
+        x, b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, num_rows=m,
+        N=n, stride_x=x.stride(0), stride_out=out.stride(0), K=k, **_weight_args(weight), HAS_BIAS=bias is not None,
         DOT_F32=x.dtype == torch.float32 or interpreting, MAGIC=tile.magic,
         SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_M=MAX_ROWS, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
@@ -467,18 +384,32 @@ class MatmulTile:
     num_stages: int = 3
 
 
-def _weight_args(weight: GroupedWeight) -> tuple[list, dict]:
-    """The kernels' pointer and stride arguments for `weight`, and its constexprs."""
+def _weight_args(weight: GroupedWeight) -> dict:
+    """The weight's arguments to the kernels, by their parameter names: pointers, strides and
+    constexprs (a tensor the format lacks stands in by another, never read)."""
+    assert all(t.is_contiguous() for t in weight.tensors() if t is not None)
     units = weight.scale_unit if weight.unit else weight.scale
     high = weight.qh if weight.qh is not None else weight.q
-    assert all(t.is_contiguous() for t in weight.tensors() if t is not None)
-    pointers = [weight.q, high, weight.scale, weight.offset if weight.offset is not None else weight.scale, units,
-                weight.offset_unit if weight.offset_unit is not None else units]
-    strides = [weight.q.stride(0), high.stride(0), weight.scale.stride(0), units.stride(0)]
-    consts = dict(ONE_BYTE=weight.kind in (INT8, FP8), FP8=weight.kind == FP8, HIGH=HIGH_BITS.get(weight.kind, 0),
-                  ZERO=128 if weight.kind == INT8 else ZERO.get(weight.kind, 0), G=weight.group, UNIT=weight.unit,
-                  HAS_OFFSET=weight.offset is not None)
-    return pointers + strides, consts
+    return dict(q_ptr=weight.q, qh_ptr=high, s_ptr=weight.scale,
+                o_ptr=weight.offset if weight.offset is not None else weight.scale, su_ptr=units,
+                ou_ptr=weight.offset_unit if weight.offset_unit is not None else units,
+                stride_q=weight.q.stride(0), stride_h=high.stride(0), stride_s=weight.scale.stride(0),
+                stride_u=units.stride(0), ONE_BYTE=weight.kind in (INT8, FP8), FP8=weight.kind == FP8,
+                HIGH=HIGH_BITS.get(weight.kind, 0), ZERO=128 if weight.kind == INT8 else ZERO.get(weight.kind, 0),
+                G=weight.group, UNIT=weight.unit, HAS_OFFSET=weight.offset is not None)
+
+
+# What the one-row kernel does without: it serves only nibbles with no high bits (row_kernel_fits).
+_NIBBLES_ONLY = ("qh_ptr", "stride_h", "ONE_BYTE", "FP8", "HIGH")
+
+
+def _split_buffers(split_k: int, rows: int, n: int, tiles: int, out: torch.Tensor):
+    """A split-K launch's partial sums (split_k, rows, n) fp32 and its tiles' counters; without a
+    split, `out` stands in for both (never read)."""
+    if split_k == 1:
+        return out, out
+    assert tiles <= _MAX_TILES
+    return torch.empty((split_k, rows, n), dtype=torch.float32, device=out.device), _tile_counters(out.device)
 
 
 def _step_k(k: int, group: int, most: int) -> int:
@@ -496,11 +427,9 @@ def dequantize_packed(weight: GroupedWeight, dtype: torch.dtype, out: torch.Tens
         out = torch.empty((n, k), dtype=dtype, device=weight.q.device)
     assert out.shape == (n, k) and out.stride(1) == 1 and out.dtype == dtype
     block_n, block_k = 32, _step_k(k, weight.group, 128)
-    args, consts = _weight_args(weight)
-    pointers, strides = args[:6], args[6:]
     _kernel()[1][(-(-n // block_n), k // block_k)](
-        *pointers, out, n, *strides, out.stride(0), **consts, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
-        num_stages=1)
+        out_ptr=out, N=n, stride_out=out.stride(0), **_weight_args(weight), BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4, num_stages=1)
     return out
 
 
@@ -516,12 +445,11 @@ def packed_matmul(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | N
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1 and out.dtype == x.dtype
-    args, consts = _weight_args(weight)
-    pointers, strides = args[:6], args[6:]
     interpreting = triton_interpreting()
     _kernel()[0][(-(-n // tile.block_n), 1, -(-m // tile.block_m))](
-        x, *pointers, bias if bias is not None else out, out, out, out, m, n, x.stride(0), *strides,
-        out.stride(0), K=k, **consts, HAS_BIAS=bias is not None, DOT_F32=x.dtype == torch.float32 or interpreting,
+        x, b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=out, count_ptr=out, num_rows=m, N=n,
+        stride_x=x.stride(0), stride_out=out.stride(0), K=k, **_weight_args(weight), HAS_BIAS=bias is not None,
+        DOT_F32=x.dtype == torch.float32 or interpreting,
         MAGIC=True, SPLIT_K=1, K_PER_SPLIT=k, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
         num_warps=tile.num_warps, num_stages=1 if interpreting else tile.num_stages)
     return out
