@@ -16,6 +16,7 @@ Contents are random: this times the kernels, it does not compare their values.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -40,16 +41,10 @@ def int4_bytes(n: int, k: int) -> int:
     return n * k // 2 + n * (k // GROUP) * 4
 
 
-def localchat(n, k, copies, dev, gen):
+def localchat(n, k, copies, dev, gen, kernel=packed_gemv):
     ws = [from_packed([random_awq(n, k, dev, gen)]) for _ in range(copies)]
     out = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
-    return lambda x, i: packed_gemv(x, ws[i % copies], out=out), ws[0].nbytes
-
-
-def localchat_row(n, k, copies, dev, gen):
-    ws = [from_packed([random_awq(n, k, dev, gen)]) for _ in range(copies)]
-    out = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
-    return lambda x, i: packed_row_gemv(x, ws[i % copies], out=out), ws[0].nbytes
+    return lambda x, i: kernel(x, ws[i % copies], out=out), ws[0].nbytes
 
 
 def torch_int4(n, k, copies, dev, gen):
@@ -93,7 +88,8 @@ def main() -> None:
         report["gemlite"] = getattr(gl, "__version__", "installed")
     except ImportError:
         report["gemlite"] = None
-    kernels = {"localchat": localchat, "localchat_row": localchat_row, "torch_int4pack": torch_int4, "gemlite": gemlite}
+    kernels = {"localchat": localchat, "localchat_row": functools.partial(localchat, kernel=packed_row_gemv),
+               "torch_int4pack": torch_int4, "gemlite": gemlite}
     for role, (n, k) in SHAPES.items():
         row = report["shapes"][role] = {}
         copies = max(1, (512 << 20) // int4_bytes(n, k) + 1)
