@@ -201,19 +201,19 @@ class RowTile:
 
 
 def default_row_tile(n: int, k: int, group: int) -> RowTile:
-    """K not split, the longest step that fits (up to 1,024 inputs, 2,048 for groups under 64).
-    Groups of 64 and more: 8 columns a program, 16-byte loads; smaller groups (Q4_0, Q4_1, Q4_K),
-    whose chunks hold 16 bytes a row, 4-byte loads and 4,096 inputs a step over fewer columns (at
-    most 8 columns however short the steps, so that small models keep their programs).
-    On an H200 (benchmarks/bench_packed.py --sweep; docs/performance.md) those were the fastest
-    tiles or within 8% of them on the 8B shape's AWQ and Q4_K projections; splitting K in two (more
-    programs) made AWQ's 1.11x-1.33x slower."""
-    small = group < 64
-    for block_k in ((2048,) if small else ()) + (1024, 512, 256, 128, 64, 32):
+    """4 rows a program, K not split, in steps of 4,096 inputs with 16-byte loads where K allows,
+    else the longest step up to 2,048 with 8-byte loads; warps only as many as the step's vectors
+    fill (a short K, as a small model's, runs one warp, its threads over more rows, x repeated
+    for each).
+    On an H200 (docs/performance.md) those were the fastest tiles or within 4% of them on the 8B
+    shape's four projections in AWQ, Q4_K_M and Q4_0; steps whose vectors leave threads over
+    ran 2x-6x slower."""
+    for block_k in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16):
         if k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
-            if small:
-                return RowTile(max(2, min(8, 4096 // block_k)), block_k, vec=4)
-            return RowTile(8, block_k)
+            vec = 16 if block_k == 4096 else 8
+            vectors = block_k // (8 * min(vec // 4, min(group, block_k) // 8))
+            warps = max(1, min(4, vectors // 32))
+            return RowTile(max(4, 32 * warps // vectors), block_k, num_warps=warps, vec=vec)
     raise ValueError(f"no K step fits K = {k} with groups of {group}")
 
 
@@ -234,73 +234,98 @@ def _row_kernel():
 
     @triton.jit
     def packed_row_kernel(x_ptr, q_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-                          N, stride_q, stride_s, stride_u, ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr,
-                          HAS_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
+                          N, stride_q, stride_s, stride_u, nibble_mask, ZERO: tl.constexpr, G: tl.constexpr,
+                          UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
+                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, XR: tl.constexpr):
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
-        # chunk and row). A chunk splits into its even and odd inputs (the low and high nibble of
-        # each byte), so a byte's two weights meet their two inputs without a reshuffle of
-        # registers; x's pairs come as one 32-bit word each (X_KIND 0: bf16, 1: fp16, 2: fp32 as
-        # two loads). Products are summed per lane across the steps and reduced once.
+        # chunk and row), read as 32-bit words of eight weights (element 8j + i in nibble i of
+        # word j), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC): a chunk's vectors, the
+        # chunks, the rows, a vector's words. Threads spread over the vectors and chunks (that
+        # order: the weights' layout and x's come out the same, so nothing is exchanged through
+        # shared memory) and each holds the same words of every row it has, so that the rows
+        # share its x. x's four words of a weight word (16 bytes) are loaded at once and split.
+        # Each weight is placed in the mantissa of 1.0 (v = 1 + u / 16, u = q + ZERO: a shift
+        # and one LOP3, the mask coming in a register since a LOP3 takes one immediate) and
+        # multiplied by its x (one FMA); a chunk's scale and offset are applied once a thread:
+        # sum(w x) = 16 s sum(v x) + (o - (16 + ZERO) s) sum(x).
         C: tl.constexpr = BLOCK_K // CHUNK
-        E: tl.constexpr = CHUNK // 2
+        WD: tl.constexpr = CHUNK // 8 // VEC
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
-        # tensors are (C, BLOCK_N, E): chunks first, so that the weights' bytes and x's words
-        # (which no row index spreads) get the same thread layout
-        r2 = tl.where(n_ok, offs_n, 0)[None, :]  # clamped, not masked: the loads stay vectorized
-        r3 = r2[:, :, None]
-        c2 = tl.arange(0, C)[:, None]
-        c3 = c2[:, :, None]
-        # VEC: bytes a thread loads at once, so that the bytes and x's words (4 to a 16-byte
-        # load) come in one register layout, with no exchange through shared memory
-        e3 = tl.max_contiguous(tl.arange(0, E), VEC)[None, None, :]
-        acc = tl.zeros([C, BLOCK_N, E], tl.float32)
-        for kk in range(0, K_PER_SPLIT, BLOCK_K):
+        n3 = tl.where(n_ok, offs_n, 0)[None, None, :]  # clamped, not masked: no predicates
+        n4 = n3[:, :, :, None]
+        c3 = tl.arange(0, C)[None, :, None]
+        wd3 = tl.arange(0, WD)[:, None, None]
+        v4 = tl.arange(0, VEC)[None, None, None, :]
+        word4 = (wd3 * VEC)[:, :, :, None] + v4  # (WD, 1, 1, VEC): a word's index in its chunk
+        t5 = tl.arange(0, 4)[None, None, None, None, :]
+        q_words = q_ptr.to(tl.pointer_type(tl.int32))
+        acc = tl.zeros([WD, C, BLOCK_N], tl.float32)
+        # the steps unrolled: every load's address is then its base plus a constant
+        for kk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
             k0 = pid_k * K_PER_SPLIT + kk
-            kc = k0 + c3 * CHUNK  # each chunk's first input, (C, 1, 1)
-            # a chunk's scale and offset loaded once a row as (C, BLOCK_N), then broadcast (a
-            # (C, BLOCK_N, 1) load would be repeated for every element a thread holds)
-            g = (k0 + c2 * CHUNK) // G
-            s = tl.load(s_ptr + r2 * stride_s + g).to(tl.float32)
+            kc = k0 + c3 * CHUNK  # each chunk's first input, (1, C, 1)
+            g = kc // G + 0 * wd3  # loaded in the weights' layout: no exchange between threads
+            s = tl.load(s_ptr + n3 * stride_s + g).to(tl.float32)
             if UNIT > 0:
-                s = tl.load(su_ptr + r2 * stride_u + g // UNIT).to(tl.float32) * s
+                s = tl.load(su_ptr + n3 * stride_u + g // UNIT).to(tl.float32) * s
             o = s
             if HAS_OFFSET:
-                o = tl.load(o_ptr + r2 * stride_s + g).to(tl.float32)
+                o = tl.load(o_ptr + n3 * stride_s + g).to(tl.float32)
                 if UNIT > 0:
-                    o = tl.load(ou_ptr + r2 * stride_u + g // UNIT).to(tl.float32) * o
-            b = tl.load(q_ptr + r3 * stride_q + kc // 2 + e3)
+                    o = tl.load(ou_ptr + n3 * stride_u + g // UNIT).to(tl.float32) * o
+            kc4 = kc[:, :, :, None]
+            w = tl.load(q_words + n4 * (stride_q // 4) + kc4 // 8 + word4)  # (WD, C, BLOCK_N, VEC)
+            dot = tl.zeros([WD, C, BLOCK_N, VEC], tl.float32)
+            xsum = tl.zeros([WD, C, XR, VEC], tl.float32)
+            # (WD, C, XR, VEC, 4): inputs 8j + 2t; XR = BLOCK_N repeats x for every row where the
+            # threads outnumber a step's vectors (short K), which keeps x in the weights' layout
+            xr = 0 * n4[:, :, :, :, None] if XR > 1 else 0
+            xi = (kc4 + 8 * word4)[:, :, :, :, None] + 2 * t5 + xr
             if X_KIND == 2:
-                xe = tl.load(x_ptr + kc + 2 * e3)
-                xo = tl.load(x_ptr + kc + 2 * e3 + 1)
-            else:  # x's pairs as one 32-bit word each
-                word = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + kc // 2 + e3)
-            # q (stored as u = q + ZERO) made the float 1 + u / 16 by placing u in the mantissa (a
-            # shift and a masked OR, no conversion, no subtraction); the weight is then one FMA:
-            # (1 + u / 16) * (16 s) + (o - (16 + ZERO) s) = q s + o
-            s_b = (s * 16)[:, :, None]
-            if HAS_OFFSET:
-                o_b = (o - (16 + ZERO) * s)[:, :, None]
+                x02, x13 = tl.split(tl.reshape(tl.load(x_ptr + xi), (WD, C, XR, VEC, 2, 2)))
+                xo02, xo13 = tl.split(tl.reshape(tl.load(x_ptr + xi + 1), (WD, C, XR, VEC, 2, 2)))
             else:
-                o_b = (-(16 + ZERO) * s)[:, :, None]
-            b = b.to(tl.int32)
-            vl = ((b << 19) & (15 << 19)) | 0x3F800000  # the low nibble into mantissa bits 19-22
-            vh = ((b << 15) & (15 << 19)) | 0x3F800000  # the high nibble
-            wl = vl.to(tl.float32, bitcast=True) * s_b + o_b
-            wh = vh.to(tl.float32, bitcast=True) * s_b + o_b
-            if X_KIND == 0:  # bf16: a float32's upper half
-                xe = (word << 16).to(tl.float32, bitcast=True)
-                xo = (word & -65536).to(tl.float32, bitcast=True)
-            elif X_KIND == 1:
-                xe = (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-                xo = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            acc += wl * xe  # two FMAs, not a sum of products added (a third op)
-            acc += wh * xo
-        total = tl.sum(tl.sum(acc, axis=2), axis=0)
+                # x's four words of each weight word (16 bytes), split into its pairs
+                xw = (kc4 // 2 + 4 * word4)[:, :, :, :, None] + t5 + xr
+                x02, x13 = tl.split(tl.reshape(tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + xw), (WD, C, XR, VEC, 2, 2)))
+                xo02, xo13 = x02, x13
+            x0, x2 = tl.split(x02)
+            x1, x3 = tl.split(x13)
+            xo0, xo2 = tl.split(xo02)
+            xo1, xo3 = tl.split(xo13)
+            for t in tl.static_range(4):  # pair t of each word: inputs 8j + 2t and 8j + 2t + 1
+                word = x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3))
+                if X_KIND == 2:
+                    xe = word
+                    xo = xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3))
+                elif X_KIND == 0:  # bf16: a float32's upper half
+                    xe = (word << 16).to(tl.float32, bitcast=True)
+                    xo = (word & -65536).to(tl.float32, bitcast=True)
+                else:
+                    xe = (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                    xo = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                # nibble 2t into mantissa bits 19-22, then nibble 2t + 1
+                if 8 * t <= 19:
+                    ve = (w << (19 - 8 * t)) & nibble_mask
+                else:
+                    ve = (w >> (8 * t - 19)) & nibble_mask
+                if 8 * t + 4 <= 19:
+                    vo = (w << (15 - 8 * t)) & nibble_mask
+                else:
+                    vo = (w >> (8 * t - 15)) & nibble_mask
+                dot += (ve | 0x3F800000).to(tl.float32, bitcast=True) * xe
+                dot += (vo | 0x3F800000).to(tl.float32, bitcast=True) * xo
+                xsum += xe + xo
+            if HAS_OFFSET:
+                o_b = o - (16 + ZERO) * s
+            else:
+                o_b = -(16 + ZERO) * s
+            acc += tl.sum(dot, axis=3) * (s * 16) + o_b * tl.sum(xsum, axis=3)
+        total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
         out_mask = n_ok[None, :]
@@ -330,18 +355,20 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     tile = tile or default_row_tile(n, k, weight.group)
     chunk = min(weight.group, tile.block_k)
     assert k % (tile.block_k * tile.split_k) == 0 and tile.block_k % chunk == 0, (k, tile)
-    assert weight.group % chunk == 0 and chunk >= 2
+    assert weight.group % chunk == 0 and chunk >= 8
     if out is None:
         out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
+    vec = min(max(1, tile.vec // 4), chunk // 8)  # in words
     part, counters = _split_buffers(tile.split_k, 1, n, tiles, out)
     args = {name: v for name, v in _weight_args(weight).items() if name not in _NIBBLES_ONLY}
     x_kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
     _row_kernel()[(tiles, tile.split_k)](
         x, b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, N=n, **args,
-        HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=min(tile.vec, chunk // 2),
+        nibble_mask=15 << 19, HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
+        XR=1 if tile.block_k // (8 * vec) >= 32 * tile.num_warps else tile.block_n,
         num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
     return out
 

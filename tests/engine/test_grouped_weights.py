@@ -178,7 +178,10 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
     gen = torch.Generator().manual_seed(n + k + 1)
     x32 = torch.randn(1, k, generator=gen)
     bias32 = torch.randn(n, generator=gen)
-    tiles = [None, RowTile(8, 32), RowTile(4, 64, split_k=2, vec=4), RowTile(16, 32, split_k=4)]
+    # the last two: a step's vectors fill the warp (x held once for a thread's rows); the others
+    # leave threads over (x repeated per row)
+    tiles = [None, RowTile(8, 32), RowTile(4, 64, split_k=2, vec=4), RowTile(16, 32, split_k=4),
+             RowTile(4, 256, num_warps=1, vec=4), RowTile(2, 512, num_warps=1, vec=8)]
     for dtype in ((torch.bfloat16, torch.float16) + ((torch.float32,) if device == "cpu" else ())):
         x, bias = x32.to(device, dtype), bias32.to(device, dtype)
         tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
@@ -191,6 +194,22 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
                 out = packed_row_gemv(x, g, b, tile)
                 assert out.shape == (1, n) and out.dtype == dtype
                 torch.testing.assert_close(out.float(), want[b is None].to(dtype).float(), **tol)
+
+
+def test_default_row_tiles_fill_their_warps():
+    """The one-row kernel's default tiles: on the 8B shape's projections a step's 8- or 16-byte
+    vectors fill all four warps (tiles that left threads over ran 2x-6x slower on an H200); a
+    short K, as a small model's, gets one warp."""
+    from engine.kernels.packed_gemv import default_row_tile
+
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+        for group in (16, 32, 64, 128):
+            tile = default_row_tile(n, k, group)
+            words = min(tile.vec // 4, min(group, tile.block_k) // 8)
+            assert tile.num_warps == 4 and tile.block_k // (8 * words) >= 32 * tile.num_warps, (k, group, tile)
+            assert k % tile.block_k == 0
+    small = default_row_tile(576, 576, 32)
+    assert small.num_warps == 1 and 576 % small.block_k == 0
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
