@@ -52,17 +52,17 @@ ROWS = (
      "the same with `--runners-up on`", "h200_8b_forced35_runners_up.json"),
     ("packed", "8B shape, random weights packed as a Q4_K_M file (decoded inside the GEMV), plain decode, no draft "
      "loaded (the one-row kernel)",
-     f"`{PACKED}` (and without `--random-quant`; `LOCALCHAT_PACKED_ROW=0` for the batch-invariant kernel)",
-     "h200_8b_packed_Q4_K_M_row.json, h200_8b_bf16_row_session.json, h200_8b_packed_Q4_K_M_row_off.json"),
+     f"`{PACKED}` (and without `--random-quant`)",
+     "h200_8b_packed_Q4_K_M_words.json, h200_8b_bf16_words_session.json"),
     ("packed_short", "the same packed as AWQ 4-bit (group 128)", "the same with `--random-quant AWQ`",
-     "h200_8b_packed_AWQ_row.json, h200_8b_bf16_row_session.json, h200_8b_packed_AWQ_row_off.json"),
+     "h200_8b_packed_AWQ_words.json, h200_8b_bf16_words_session.json"),
     ("prefill", "the same Q4_K_M file's prefill of 512-token prompts, each weight tile decoded inside the matmul",
      "the same with `--new-tokens 32`, `LOCALCHAT_PACKED_PREFILL=torch` for the slices",
      "h200_8b_prefill_Q4_K_M_fused.json, h200_8b_prefill_Q4_K_M_torch.json, h200_8b_bf16_row_session.json"),
     ("packed_memory", "8B shape as a Q4_K_M file, embeddings and lm_head packed too: GPU memory, 4,096-token cache",
      "python benchmarks/memory_breakdown.py --quant Q4_K_M", "h200_memory_8b_Q4_K_M_packed_tables.json"),
     ("spec", "Q4_K_M packed, random head forced to 3.5 tokens per verify step, k = 5 (an earlier run, before "
-     "the one-row kernel: against an engine with no draft as it runs now, 265 tok/s, this is 1.75x)",
+     "the one-row kernel: against an engine with no draft as it runs now, 312 tok/s, this is 1.48x)",
      "localchat bench --random-weights llama-8b --random-quant Q4_K_M --force-accept 3.5 --prompts 2 "
      "--new-tokens 256 --no-peer", "h200_8b_packed_Q4_K_M_forced35.json"),
     ("startup", "a fresh `localchat run --model demo` to the first byte of its answer, warm machine",

@@ -218,11 +218,13 @@ def default_row_tile(n: int, k: int, group: int) -> RowTile:
 
 
 def row_kernel_fits(weight: GroupedWeight) -> bool:
-    """The kinds the one-row kernel serves, those it runs faster than packed_gemv: nibbles with no
-    high bits (Q4_0, Q4_1, Q4_K, Q2_K, Q3_K, AWQ, GPTQ). On an H200's sweep the 5- and 6-bit kinds
-    (their high bits gathered a pair at a time) and int8 were no faster on a version that served
-    them too (docs/performance.md): those stay on packed_gemv."""
-    return weight.kind in (NIBBLES, SIGNED_NIBBLES)
+    """The weights the one-row kernel serves, those it runs faster than packed_gemv: nibbles with
+    no high bits (Q4_0, Q4_1, Q4_K, Q2_K, Q3_K, AWQ, GPTQ) and a K whose steps fill four warps
+    (a multiple of 2,048). On an H200 the 5- and 6-bit kinds (their high bits gathered a pair at a
+    time) and int8 were no faster on a version that served them too (docs/performance.md); a short
+    K (a small model's, one warp a program) was never measured faster on it. Those stay on
+    packed_gemv."""
+    return weight.kind in (NIBBLES, SIGNED_NIBBLES) and default_row_tile(*weight.shape, weight.group).num_warps == 4
 
 
 @functools.cache
@@ -351,7 +353,7 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     bits. Values within rounding of packed_gemv_ref."""
     m, k = x.shape
     n = weight.shape[0]
-    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1 and row_kernel_fits(weight)
+    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1 and weight.kind in (NIBBLES, SIGNED_NIBBLES)
     tile = tile or default_row_tile(n, k, weight.group)
     chunk = min(weight.group, tile.block_k)
     assert k % (tile.block_k * tile.split_k) == 0 and tile.block_k % chunk == 0, (k, tile)

@@ -259,16 +259,20 @@ def test_a_long_step_runs_the_way_asked(monkeypatch):
 
 def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     """No draft (batch_invariant off): a one-row step of a nibble kind takes packed_row_gemv; a
-    loaded draft, several rows, the 5/6-bit and byte kinds, or LOCALCHAT_PACKED_ROW=0 keep the
-    batch-invariant packed_gemv, so verify rows still carry the decode step's bits."""
+    loaded draft, several rows, the 5/6-bit and byte kinds, a short K, or LOCALCHAT_PACKED_ROW=0
+    keep the batch-invariant packed_gemv, so verify rows still carry the decode step's bits."""
     from engine.kernels.packed_gemv import packed_gemv, packed_row_gemv
     from engine.ops import routed_linear
     from engine.options import KernelOptions
     from engine.packed_linear import PackedLinear, kernel_for
 
-    by_kind = {name: from_packed(parts) for name, parts in CASES
-               if name in ("gguf Q4_0", "gguf Q4_K", "awq g128", "gptq g32", "gguf Q6_K", "gguf Q5_0", "gguf Q8_0",
-                           "fp8 per channel")}
+    # K = 2,048: steps that fill the row kernel's four warps; a short K (a small model's) does not
+    by_kind = {f"gguf {kind}": from_packed([_gguf(kind, 8, 2048, i)])
+               for i, kind in enumerate(("Q4_0", "Q4_K", "Q6_K", "Q5_0", "Q8_0"))}
+    by_kind.update({"awq g128": from_packed([_int4("awq", 32, 2048, 128)]),
+                    "gptq g32": from_packed([_int4("gptq", 32, 2048, 32)]),
+                    "fp8 per channel": from_packed([_fp8(16, 2048, True)]),
+                    "short K": from_packed([_gguf("Q4_0", 8, 576, 7)])})
     for name, block in by_kind.items():
         row = name in ("gguf Q4_0", "gguf Q4_K", "awq g128", "gptq g32")
         assert kernel_for(block, 1, one_row=True) is (packed_row_gemv if row else packed_gemv), name

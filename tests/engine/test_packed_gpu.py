@@ -55,7 +55,8 @@ def test_a_packed_gguf_target_speculates_like_plain_decoding(tmp_path, qtype):
     from tests.speculative.heads import head_tensors, write_head
     from tests.tiny_gguf import make_tiny_gguf
 
-    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=256)
+    # hidden 2,048: K long enough for the one-row kernel (row_kernel_fits)
+    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=2048)
     cfg = json.loads((tmp_path / "work" / "hf" / "config.json").read_text())
     head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, 256, 3, cfg["vocab_size"], 200, seed=2),
                       128, (0, 1, 2))
@@ -83,7 +84,8 @@ def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype
     from engine.options import KernelOptions
     from tests.tiny_gguf import make_tiny_gguf
 
-    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=256)
+    # hidden 2,048: K long enough for the one-row kernel (row_kernel_fits)
+    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=2048)
     packed = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True))
     assert len(tokens(packed)) == 48
     slow = Engine.load(str(path), device="cuda",
@@ -95,5 +97,7 @@ def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype
         b = dense.runner.model.model.layers[1].get_submodule(name)
         x = torch.randn(40, b.in_features, device="cuda", dtype=torch.bfloat16)
         want = b(x).float()
+        # within bf16 rounding of outputs summed over 2,048-4,096 inputs: 1% of their largest
+        tol = dict(atol=1e-2 * float(want.abs().max()), rtol=3e-2)
         for got in (a(x[:1], one_row=True), a(x, prefill="fused"), a(x, prefill="dequant"), a(x, prefill="torch")):
-            torch.testing.assert_close(got.float(), want[:got.shape[0]], atol=3e-2, rtol=3e-2)
+            torch.testing.assert_close(got.float(), want[:got.shape[0]], **tol)
