@@ -53,12 +53,22 @@ def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dt
     return model.eval().requires_grad_(False)
 
 
+# With no draft loaded, a model whose projections are mostly 4-bit nibbles over a K that fills the
+# one-row kernel's steps decodes faster packed than as bf16, in a third of the memory (the 8B shape:
+# Q4_K_M 1.25x, AWQ 1.57x; docs/performance.md), so auto packs it even where the dense model fits
+# when at least this share of its projections' weights would run that kernel. A loaded draft
+# verifies on the batch-invariant packed kernel, slower than bf16's: there the memory rule alone.
+ONE_ROW_SHARE = 0.75
+
+
 def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptions,
-                  cfg: ModelConfig | None = None, max_len: int | None = None) -> bool:
+                  cfg: ModelConfig | None = None, max_len: int | None = None, one_row_share: float = 0.0) -> bool:
     """Whether this load keeps quantized projections packed: CUDA with Triton, a 16-bit model, and
-    KernelOptions.packed_weights True, or None (auto) with a dense model of `cfg` (its weights, a
-    KV cache of max_len positions, 1 GiB for the rest) that would not fit in 90% of the GPU's free
-    memory, the rule the fit estimate follows too (engine/hub/fit.py)."""
+    KernelOptions.packed_weights True, or None (auto) with either a dense model of `cfg` (its
+    weights, a KV cache of max_len positions, 1 GiB for the rest) that would not fit in 90% of the
+    GPU's free memory (the rule the fit estimate follows: engine/hub/fit.py), or, with no draft
+    loaded and the one-row kernel on, one_row_share (the share of the projections' weights that
+    kernel would run: gguf_one_row_share, quant_one_row_share) of at least ONE_ROW_SHARE."""
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or options.packed_weights is False:
         return False
     if not _has_triton():
@@ -66,6 +76,8 @@ def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptio
     if options.packed_weights is None:
         if cfg is None:
             return False
+        if one_row_share >= ONE_ROW_SHARE and options.packed_row and not options.batch_invariant:
+            return True
         from engine.hub.catalog import ModelShape
         from engine.hub.fit import OVERHEAD_BYTES, dense_fits
 
@@ -73,6 +85,43 @@ def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptio
         kv = ModelShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim).kv_bytes(positions, _element_size(dtype))
         return not dense_fits(dense_bytes(cfg, dtype) + kv + OVERHEAD_BYTES, torch.cuda.mem_get_info(device)[0])
     return True
+
+
+def gguf_one_row_share(reader) -> float:
+    """The share of a GGUF's projection weights (every matrix but the token embeddings) that the
+    one-row kernel would run packed: 4-bit kinds without high bits over a K that fills its steps."""
+    from engine.kernels.packed_gemv import row_kernel_k
+
+    served = total = 0
+    for t in reader.tensors:
+        if len(t.shape) != 2 or t.name.startswith("token_embd"):
+            continue
+        n = int(t.n_elements)
+        total += n
+        if t.tensor_type.name in ONE_ROW_GGUF_TYPES and row_kernel_k(int(t.shape[0]), 32):
+            served += n
+    return served / total if total else 0.0
+
+
+# The GGUF types a packing load keeps as plain nibbles (engine/weights/grouped.py), the kinds the
+# one-row kernel serves.
+ONE_ROW_GGUF_TYPES = ("Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q4_K")
+
+
+def quant_one_row_share(cfg: ModelConfig) -> float:
+    """The same for a folder's quantization_config: AWQ and GPTQ are 4-bit nibbles throughout, so
+    the share of their projections' weights whose K (hidden, attention or MLP width) fills the
+    kernel's steps; FP8 none."""
+    from engine.kernels.packed_gemv import row_kernel_k
+
+    q = cfg.quantization
+    if q is None or q.method == "fp8":
+        return 0.0
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    group = lambda k: k if q.group_size == -1 else q.group_size  # noqa: E731
+    parts = [(h * (cfg.q_size + 2 * cfg.kv_size + 2 * i), h), (cfg.q_size * h, cfg.q_size), (i * h, i)]
+    total = sum(n for n, _ in parts)
+    return sum(n for n, k in parts if row_kernel_k(k, group(k))) / total
 
 
 def _has_triton() -> bool:
@@ -118,7 +167,8 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
     matrices: Counter = Counter()
     tensors = _counting_matrices(iter_tensors(files), matrices)
-    packed = cfg.quantization is not None and packs_weights(device, dtype, options, cfg, max_len)
+    packed = cfg.quantization is not None and packs_weights(device, dtype, options, cfg, max_len,
+                                                            quant_one_row_share(cfg))
     if cfg.quantization is not None:
         tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name), _keep(device) if packed else None)
     model = build_model(cfg, tensors, folder.name, device, dtype, max_len, options, packed)
@@ -151,14 +201,25 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_len: int
     (config, the dequantized tensors in `dtype`, the converted tokenizer) and later loads read that
     instead while the file is unchanged: parsing the GGUF vocabulary and dequantizing cost
     seconds at every start (engine/weights/prepared.py)."""
-    if prepared_dir is not None and is_current(prepared_dir, path, dtype) and not packs_weights(
-            device, dtype, options, ModelConfig.from_file(prepared_dir / "config.json"), max_len):
-        loaded = load_folder(prepared_dir, device, dtype, max_len, options)
-        return dataclasses.replace(loaded, weights=prepared_weights(prepared_dir))
-    reader = open_gguf(path)
+    reader = None
+    if prepared_dir is not None and is_current(prepared_dir, path, dtype):
+        prepared_cfg = ModelConfig.from_file(prepared_dir / "config.json")
+
+        def packs(share: float) -> bool:
+            return packs_weights(device, dtype, options, prepared_cfg, max_len, share)
+
+        # The prepared copy is dense: it serves a load that does not pack. Only where packing turns
+        # on the file's tensor types is the file opened to count them.
+        if packs(1.0) and not packs(0.0):
+            reader = open_gguf(path)
+        if not packs(gguf_one_row_share(reader) if reader is not None else 0.0):
+            loaded = load_folder(prepared_dir, device, dtype, max_len, options)
+            return dataclasses.replace(loaded, weights=prepared_weights(prepared_dir))
+    if reader is None:
+        reader = open_gguf(path)
     raw = hf_config(reader, path)
     cfg = ModelConfig.from_hf(raw, path.name)
-    packed = packs_weights(device, dtype, options, cfg, max_len)
+    packed = packs_weights(device, dtype, options, cfg, max_len, gguf_one_row_share(reader))
     if packed:
         prepared_dir = None  # the prepared copy holds dequantized weights; a packing load reads the blocks
     cfg.check_tensors(gguf_shapes(reader), path.name, "block_count")

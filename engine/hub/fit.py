@@ -104,7 +104,9 @@ class FitEstimate:
     @property
     def packed(self) -> bool:
         """Whether the load keeps the weights packed: quantized, and a dense model that would not
-        fit in 90% of the free memory (engine/loader.py: packs_weights)."""
+        fit in 90% of the free memory (engine/loader.py: packs_weights). A load with no draft
+        also packs a large 4-bit model that fits, for speed; the estimate leaves that out, which
+        only overstates what such a load needs."""
         dense = self.weights_bytes + self.kv_bytes + self.draft_bytes + self.overhead_bytes
         return (self.available_bytes is not None and self.packed_weights_bytes is not None
                 and not dense_fits(dense, self.available_bytes))

@@ -224,7 +224,12 @@ def row_kernel_fits(weight: GroupedWeight) -> bool:
     time) and int8 were no faster on a version that served them too (docs/performance.md); a short
     K (a small model's, one warp a program) was never measured faster on it. Those stay on
     packed_gemv."""
-    return weight.kind in (NIBBLES, SIGNED_NIBBLES) and default_row_tile(*weight.shape, weight.group).num_warps == 4
+    return weight.kind in (NIBBLES, SIGNED_NIBBLES) and row_kernel_k(weight.shape[1], weight.group)
+
+
+def row_kernel_k(k: int, group: int) -> bool:
+    """Whether a K (with groups of `group`) gives the one-row kernel steps that fill four warps."""
+    return default_row_tile(1, k, group).num_warps == 4
 
 
 @functools.cache
@@ -492,4 +497,4 @@ def packed_gemv_ref(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
 
 
 __all__ = ["INT8", "SIGNED_NIBBLES", "MatmulTile", "PackedTile", "RowTile", "dequantize_packed", "packed_matmul", "default_row_tile", "default_tile", "packed_gemv",
-           "packed_gemv_ref", "packed_row_gemv", "row_kernel_fits"]
+           "packed_gemv_ref", "packed_row_gemv", "row_kernel_fits", "row_kernel_k"]

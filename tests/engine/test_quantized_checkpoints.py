@@ -81,7 +81,7 @@ def test_a_quantized_checkpoint_kept_packed_gives_the_same_tokens(case, tiny, tm
     method, qcfg, options, label = CASES[case]
     quantized_folder(tiny, tmp_path / case, method, qcfg, **options)
     plain = Engine.load(str(tmp_path / case), device="cpu")
-    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, *rest: True)
     packed = Engine.load(str(tmp_path / case), device="cpu")
     mlp = packed.runner.model.model.layers[0].mlp
     if method == "fp8":  # a device without FP8 (compute capability < 8.9; the CPU) dequantizes it
@@ -162,7 +162,7 @@ def test_packed_projections_with_biases_and_qk_norms(arch, tmp_path, monkeypatch
     src = make_tiny_model(tmp_path / "float", arch, hidden=128)
     quantized_folder(src, tmp_path / "awq", "awq", AWQ | {"group_size": 64}, group_size=64)
     plain = Engine.load(str(tmp_path / "awq"), device="cpu")
-    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, *rest: True)
     packed = Engine.load(str(tmp_path / "awq"), device="cpu")
     qkv = packed.runner.model.model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv, PackedLinear)

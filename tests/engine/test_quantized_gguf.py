@@ -166,7 +166,7 @@ def test_projections_kept_packed_decode_as_the_dequantized_model(kind, work, mon
 
     path = _file(work, kind)
     plain = Engine.load(str(path), device="cpu")
-    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, *rest: True)
     packed = Engine.load(str(path), device="cpu")
     layer = packed.runner.model.model.layers[0]
     assert not any(p.is_meta for p in packed.runner.model.parameters())  # built on meta, all filled
@@ -221,6 +221,74 @@ def test_packing_is_asked_for_or_needed(monkeypatch):
         KernelOptions.from_env({"LOCALCHAT_PACKED_WEIGHTS": "yes"})
 
 
+def test_with_no_draft_a_model_the_one_row_kernel_runs_packs_even_where_it_fits(monkeypatch, tmp_path):
+    """Auto, with no draft loaded (batch_invariant off) and the one-row kernel on, a model at least
+    three quarters of whose projection weights that kernel would run (4-bit nibbles, a K that
+    fills its steps) packs though the dense model fits; with a draft, the one-row kernel off, or a
+    smaller share, only the memory rule packs. The shares: GGUF by tensor type and K, AWQ/GPTQ by
+    K, FP8 none."""
+    from types import SimpleNamespace as NS
+
+    import engine.loader as loader
+    from engine.config import ModelConfig
+    from engine.options import KernelOptions
+    from engine.weights.gguf_blocks import BLOCKS
+    from engine.weights.grouped import NIBBLES, SIGNED_NIBBLES, from_packed
+    from tests.engine.test_grouped_weights import _gguf
+
+    # the types the share counts are those a packing load keeps as plain nibbles
+    assert set(loader.ONE_ROW_GGUF_TYPES) == {
+        k for k in BLOCKS if from_packed([_gguf(k, 8, 2 * BLOCKS[k][0], 0)]).kind in (NIBBLES, SIGNED_NIBBLES)}
+    cfg = ModelConfig.from_hf({"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 256,
+                               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "max_position_embeddings": 64}, "tiny")
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    monkeypatch.setattr(loader, "_has_triton", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**40, 2**40))  # the dense model fits
+    assert loader.packs_weights(cuda, bf16, KernelOptions(), cfg, None, 0.75) is True
+    assert loader.packs_weights(cuda, bf16, KernelOptions(), cfg, None, 0.74) is False
+    assert loader.packs_weights(cuda, bf16, KernelOptions(batch_invariant=True), cfg, None, 1.0) is False
+    assert loader.packs_weights(cuda, bf16, KernelOptions(packed_row=False), cfg, None, 1.0) is False
+    assert loader.packs_weights(cuda, bf16, KernelOptions(packed_weights=False), cfg, None, 1.0) is False
+    assert loader.packs_weights(torch.device("cpu"), torch.float32, KernelOptions(), cfg, None, 1.0) is False
+
+    def tensor(name, shape, kind):  # as gguf-py lists it: (K, N)
+        return NS(name=name, shape=shape, n_elements=int(np.prod(shape)), tensor_type=NS(name=kind))
+
+    def file(kinds, k=4096, down_k=14336, layers=32):  # kinds: the layers' q and up, down, lm_head
+        blk = [[tensor(f"blk.{i}.attn_q.weight", (k, k), kinds[0]), tensor(f"blk.{i}.ffn_up.weight", (k, down_k), kinds[0]),
+                tensor(f"blk.{i}.ffn_down.weight", (down_k, k), kinds[1]), tensor(f"blk.{i}.attn_norm.weight", (k,), "F32")]
+               for i in range(layers)]
+        return NS(tensors=[tensor("token_embd.weight", (k, 32000), "Q4_K"), tensor("output.weight", (k, 32000), kinds[2]),
+                           *(t for ts in blk for t in ts)])
+
+    one = file(["Q4_K", "Q4_K", "Q6_K"], layers=1)
+    assert loader.gguf_one_row_share(one) == pytest.approx((4096 * 4096 + 2 * 4096 * 14336)
+                                                           / (4096 * 36096 + 2 * 4096 * 14336))
+    # an 8B's mix: Q4_K layers and a Q6_K lm_head pack; Q6_K down projections too leave too little
+    assert loader.gguf_one_row_share(file(["Q4_K", "Q4_K", "Q6_K"])) >= loader.ONE_ROW_SHARE
+    assert loader.gguf_one_row_share(file(["Q4_K", "Q6_K", "Q6_K"])) < loader.ONE_ROW_SHARE
+    assert loader.gguf_one_row_share(file(["Q8_0", "Q8_0", "Q8_0"])) == 0.0
+    assert loader.gguf_one_row_share(file(["Q4_0", "Q4_0", "Q4_0"], k=3584, down_k=18944)) == 0.0  # K too short
+    tiny = make_tiny_gguf(tmp_path / "tiny-q4.gguf", tmp_path / "work", qtype="Q4_0", hidden=64)
+    from engine.weights.gguf import open_gguf
+    assert loader.gguf_one_row_share(open_gguf(tiny)) == 0.0  # a real file's tensor list; K = 64 too short
+
+    def folder(method, hidden, inter, group=128):
+        quant = {"quant_method": method, "bits": 4, "group_size": group, "version": "gemm", "zero_point": True}
+        if method == "fp8":
+            quant = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+        return ModelConfig.from_hf({"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": hidden,
+                                    "intermediate_size": inter, "num_hidden_layers": 2, "num_attention_heads": 32,
+                                    "num_key_value_heads": 8, "max_position_embeddings": 64,
+                                    "quantization_config": quant}, "folder")
+
+    assert loader.quant_one_row_share(folder("awq", 4096, 14336)) == 1.0
+    assert loader.quant_one_row_share(folder("awq", 3584, 18944)) == 0.0
+    assert loader.quant_one_row_share(folder("fp8", 4096, 14336)) == 0.0
+    assert loader.quant_one_row_share(cfg) == 0.0
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q8_0", "F32"])
 def test_tied_embeddings_kept_packed_serve_as_lm_head_too(kind, tmp_path, monkeypatch):
     """A file without output.weight (lm_head tied to token_embd): packed, the embeddings are one
@@ -234,7 +302,7 @@ def test_tied_embeddings_kept_packed_serve_as_lm_head_too(kind, tmp_path, monkey
     make_tiny_gguf(path, tmp_path / "model", qtype=kind, hidden=256, tied=True)
     plain = Engine.load(str(path), device="cpu")
     assert plain.runner.model.config.tie_word_embeddings
-    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, *rest: True)
     packed = Engine.load(str(path), device="cpu")
     model = packed.runner.model
     if kind == "F32":  # built on meta for packing, filled with floats: allocated, and lm_head still reads it
@@ -265,7 +333,7 @@ def test_a_draft_speculates_over_packed_tied_embeddings(tmp_path, monkeypatch):
     # the target's width: the head owns no embeddings and reads the target's
     head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(256, 256, 3, cfg["vocab_size"], 200, seed=3),
                       256, (0, 1, 2))
-    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, *rest: True)
     engine = Engine.load(str(path), draft=str(head), device="cpu", options=KernelOptions(spec_alts=1))
     assert isinstance(engine.runner.model.model.embed_tokens, PackedEmbedding)
     assert engine.speculator.embed is engine.runner.model.model.embed_tokens

@@ -249,7 +249,7 @@ def test_speculation_over_a_packed_quantized_target_equals_plain(tmp_path, monke
     from tests.tiny_quant import awq_target_with_head
 
     target, head = awq_target_with_head(tmp_path)
-    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, cfg=None, max_len=None: True)
+    monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, *rest: True)
     e = _engine(target, head)
     assert isinstance(e.runner.model.model.layers[0].mlp.down_proj, PackedLinear)
     plain, _ = _run(e, False, n=48)
