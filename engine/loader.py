@@ -118,10 +118,10 @@ def quant_one_row_share(cfg: ModelConfig) -> float:
     if q is None or q.method == "fp8":
         return 0.0
     h, i = cfg.hidden_size, cfg.intermediate_size
-    group = lambda k: k if q.group_size == -1 else q.group_size  # noqa: E731
+    # (weights, K): qkv and gate_up over the hidden size, o_proj over the heads, down over the MLP
     parts = [(h * (cfg.q_size + 2 * cfg.kv_size + 2 * i), h), (cfg.q_size * h, cfg.q_size), (i * h, i)]
-    total = sum(n for n, _ in parts)
-    return sum(n for n, k in parts if row_kernel_k(k, group(k))) / total
+    served = sum(n for n, k in parts if row_kernel_k(k, k if q.group_size == -1 else q.group_size))
+    return served / sum(n for n, _ in parts)
 
 
 def _has_triton() -> bool:
