@@ -203,8 +203,8 @@ class RowTile:
 def default_row_tile(n: int, k: int, group: int) -> RowTile:
     """4 rows a program, K not split, in steps of 4,096 inputs with 16-byte loads where K allows,
     else the longest step up to 2,048 with 8-byte loads; warps only as many as the step's vectors
-    fill (a short K, as a small model's, runs one warp, its threads over more rows, x repeated
-    for each).
+    fill (a short K, as a small model's, gets one warp, its threads over more rows; such a K is
+    routed to packed_gemv, row_kernel_fits).
     On an H200 (docs/performance.md) those were the fastest tiles or within 4% of them on the 8B
     shape's four projections in AWQ, Q4_K_M and Q4_0; steps whose vectors leave threads over
     ran 2x-6x slower."""
@@ -244,7 +244,7 @@ def _row_kernel():
                           N, stride_q, stride_s, stride_u, nibble_mask, ZERO: tl.constexpr, G: tl.constexpr,
                           UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, XR: tl.constexpr):
+                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
         # chunk and row), read as 32-bit words of eight weights (element 8j + i in nibble i of
         # word j), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC): a chunk's vectors, the
@@ -287,18 +287,15 @@ def _row_kernel():
             kc4 = kc[:, :, :, None]
             w = tl.load(q_words + n4 * (stride_q // 4) + kc4 // 8 + word4)  # (WD, C, BLOCK_N, VEC)
             dot = tl.zeros([WD, C, BLOCK_N, VEC], tl.float32)
-            xsum = tl.zeros([WD, C, XR, VEC], tl.float32)
-            # (WD, C, XR, VEC, 4): inputs 8j + 2t; XR = BLOCK_N repeats x for every row where the
-            # threads outnumber a step's vectors (short K), which keeps x in the weights' layout
-            xr = 0 * n4[:, :, :, :, None] if XR > 1 else 0
-            xi = (kc4 + 8 * word4)[:, :, :, :, None] + 2 * t5 + xr
+            xsum = tl.zeros([WD, C, 1, VEC], tl.float32)
+            xi = (kc4 + 8 * word4)[:, :, :, :, None] + 2 * t5  # (WD, C, 1, VEC, 4): inputs 8j + 2t
             if X_KIND == 2:
-                x02, x13 = tl.split(tl.reshape(tl.load(x_ptr + xi), (WD, C, XR, VEC, 2, 2)))
-                xo02, xo13 = tl.split(tl.reshape(tl.load(x_ptr + xi + 1), (WD, C, XR, VEC, 2, 2)))
+                x02, x13 = tl.split(tl.reshape(tl.load(x_ptr + xi), (WD, C, 1, VEC, 2, 2)))
+                xo02, xo13 = tl.split(tl.reshape(tl.load(x_ptr + xi + 1), (WD, C, 1, VEC, 2, 2)))
             else:
                 # x's four words of each weight word (16 bytes), split into its pairs
-                xw = (kc4 // 2 + 4 * word4)[:, :, :, :, None] + t5 + xr
-                x02, x13 = tl.split(tl.reshape(tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + xw), (WD, C, XR, VEC, 2, 2)))
+                xw = (kc4 // 2 + 4 * word4)[:, :, :, :, None] + t5
+                x02, x13 = tl.split(tl.reshape(tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + xw), (WD, C, 1, VEC, 2, 2)))
                 xo02, xo13 = x02, x13
             x0, x2 = tl.split(x02)
             x1, x3 = tl.split(x13)
@@ -375,7 +372,6 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
         x, b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, N=n, **args,
         nibble_mask=15 << 19, HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
-        XR=1 if tile.block_k // (8 * vec) >= 32 * tile.num_warps else tile.block_n,
         num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
     return out
 

@@ -178,8 +178,8 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
     gen = torch.Generator().manual_seed(n + k + 1)
     x32 = torch.randn(1, k, generator=gen)
     bias32 = torch.randn(n, generator=gen)
-    # the last two: a step's vectors fill the warp (x held once for a thread's rows); the others
-    # leave threads over (x repeated per row)
+    # the last two: a step's vectors fill the warp; the others leave threads over (their x
+    # exchanged between threads)
     tiles = [None, RowTile(8, 32), RowTile(4, 64, split_k=2, vec=4), RowTile(16, 32, split_k=4),
              RowTile(4, 256, num_warps=1, vec=4), RowTile(2, 512, num_warps=1, vec=8)]
     for dtype in ((torch.bfloat16, torch.float16) + ((torch.float32,) if device == "cpu" else ())):
