@@ -37,7 +37,8 @@ from engine.weights.grouped import KIND_NAMES, grouped_blocks  # noqa: E402
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # The 8B's qkv parts (q, k, v) and gate_up parts (gate, up): a Q4_K_M file stores v apart.
 PARTS = {"qkv": [4096, 1024, 1024], "o_proj": [4096], "gate_up": [14336, 14336], "down": [4096]}
-LAYOUT_KINDS = {"Q4_K_M": {"v": "Q6_K"}, "Q4_K": {}, "Q4_0": {}, "Q4_1": {}, "Q8_0": {}, "Q6_K": {}, "AWQ": {}}
+LAYOUT_KINDS = {"Q4_K_M": {"v": "Q6_K"}, "Q5_K_M": {"v": "Q6_K"}, "Q4_K": {}, "Q5_K": {}, "Q4_0": {}, "Q4_1": {},
+                "Q8_0": {}, "Q6_K": {}, "AWQ": {}}
 # (block_n, block_k, split_k, num_warps, num_stages, magic)
 SWEEP = [PackedTile(*c) for c in [
     (64, 128, 4, 4, 3, True), (64, 128, 4, 4, 3, False), (64, 128, 2, 4, 3, True), (64, 128, 8, 4, 3, True),
@@ -59,7 +60,7 @@ def blocks_for(layout: str, role: str, device, gen):
         if layout == "AWQ":
             parts.append(random_awq(rows, k, device, gen))
         else:
-            kind = LAYOUT_KINDS[layout].get("v" if role == "qkv" and index == 2 else role, layout if layout != "Q4_K_M" else "Q4_K")
+            kind = LAYOUT_KINDS[layout].get("v" if role == "qkv" and index == 2 else role, layout.removesuffix("_M"))
             parts.append(random_gguf(kind, rows, k, device, gen))
     return grouped_blocks(parts)
 

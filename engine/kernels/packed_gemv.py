@@ -200,36 +200,51 @@ class RowTile:
     vec: int = 16  # bytes of packed weights a thread loads at once
 
 
-def default_row_tile(n: int, k: int, group: int) -> RowTile:
+def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
     """4 rows a program, K not split, in steps of 4,096 inputs with 16-byte loads where K allows,
-    else the longest step up to 2,048 with 8-byte loads; warps only as many as the step's vectors
-    fill (a short K, as a small model's, gets one warp, its threads over more rows; such a K is
-    routed to packed_gemv, row_kernel_fits).
+    else 2,048 with 8-byte loads, the last step past K's end where K is longer but no multiple of
+    2,048 (3,584: Qwen2.5-7B's hidden size); a shorter K takes the longest step that divides it,
+    warps only as many as its vectors fill (a small model's gets one warp, its threads over more
+    rows; such a K is routed to packed_gemv, row_kernel_fits). per_word: weights a 32-bit word
+    holds (8 nibbles, 4 bytes).
     On an H200 (docs/performance.md) those were the fastest tiles or within 4% of them on the 8B
     shape's four projections in AWQ, Q4_K_M and Q4_0; steps whose vectors leave threads over
     ran 2x-6x slower."""
-    for block_k in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16):
-        if k % block_k == 0 and (block_k % group == 0 or group % block_k == 0):
-            vec = 16 if block_k == 4096 else 8
-            vectors = block_k // (8 * min(vec // 4, min(group, block_k) // 8))
-            warps = max(1, min(4, vectors // 32))
-            return RowTile(max(4, 32 * warps // vectors), block_k, num_warps=warps, vec=vec)
+    def tile(block_k: int) -> RowTile:
+        vec = 16 if block_k == 4096 else 8
+        vectors = block_k // (per_word * min(vec // 4, min(group, block_k) // per_word))
+        warps = max(1, min(4, vectors // 32))
+        return RowTile(max(4, 32 * warps // vectors), block_k, num_warps=warps, vec=vec)
+
+    def fits(block_k: int) -> bool:
+        return block_k % group == 0 or group % block_k == 0
+
+    for block_k in (4096, 2048):
+        if k % block_k == 0 and fits(block_k):
+            return tile(block_k)
+    if k > 2048 and fits(2048) and k % min(group, 2048) == 0:
+        return tile(2048)
+    for block_k in (1024, 512, 256, 128, 64, 32, 16):
+        if k % block_k == 0 and fits(block_k):
+            return tile(block_k)
     raise ValueError(f"no K step fits K = {k} with groups of {group}")
 
 
+def _per_word(kind: int) -> int:
+    return 4 if kind == INT8 else 8
+
+
 def row_kernel_fits(weight: GroupedWeight) -> bool:
-    """The weights the one-row kernel serves, those it runs faster than packed_gemv: nibbles with
-    no high bits (Q4_0, Q4_1, Q4_K, Q2_K, Q3_K, AWQ, GPTQ) and a K whose steps fill four warps
-    (a multiple of 2,048). On an H200 the 5- and 6-bit kinds (their high bits gathered a pair at a
-    time) and int8 were no faster on a version that served them too (docs/performance.md); a short
-    K (a small model's, one warp a program) was never measured faster on it. Those stay on
-    packed_gemv."""
-    return weight.kind in (NIBBLES, SIGNED_NIBBLES) and row_kernel_k(weight.shape[1], weight.group)
+    """The weights the one-row kernel serves: every kind but FP8 (nibbles, the 5- and 6-bit kinds
+    with their plane of high bits, int8), over a K whose steps fill four warps (2,048 and longer).
+    A short K (a small model's, one warp a program) was never measured faster than packed_gemv,
+    and stays on it."""
+    return weight.kind != FP8 and row_kernel_k(weight.shape[1], weight.group, _per_word(weight.kind))
 
 
-def row_kernel_k(k: int, group: int) -> bool:
+def row_kernel_k(k: int, group: int, per_word: int = 8) -> bool:
     """Whether a K (with groups of `group`) gives the one-row kernel steps that fill four warps."""
-    return default_row_tile(1, k, group).num_warps == 4
+    return default_row_tile(1, k, group, per_word).num_warps == 4
 
 
 @functools.cache
@@ -240,24 +255,32 @@ def _row_kernel():
     _kernel()  # binds sum_splits
 
     @triton.jit
-    def packed_row_kernel(x_ptr, q_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-                          N, stride_q, stride_s, stride_u, nibble_mask, ZERO: tl.constexpr, G: tl.constexpr,
-                          UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
+    def packed_row_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+                          N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
+                          G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
+                          ONE_BYTE: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
-        # chunk and row), read as 32-bit words of eight weights (element 8j + i in nibble i of
-        # word j), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC): a chunk's vectors, the
-        # chunks, the rows, a vector's words. Threads spread over the vectors and chunks (that
-        # order: the weights' layout and x's come out the same, so nothing is exchanged through
-        # shared memory) and each holds the same words of every row it has, so that the rows
-        # share its x. x's four words of a weight word (16 bytes) are loaded at once and split.
-        # Each weight is placed in the mantissa of 1.0 (v = 1 + u / 16, u = q + ZERO: a shift
-        # and one LOP3, the mask coming in a register since a LOP3 takes one immediate) and
-        # multiplied by its x (one FMA); a chunk's scale and offset are applied once a thread:
-        # sum(w x) = 16 s sum(v x) + (o - (16 + ZERO) s) sum(x).
+        # chunk and row), read as 32-bit words of EPW weights (8 nibbles: element 8j + i in
+        # nibble i of word j; or 4 bytes), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC):
+        # a chunk's vectors, the chunks, the rows, a vector's words. Threads spread over the
+        # vectors and chunks (that order: the weights' layout and x's come out the same, so
+        # nothing is exchanged through shared memory) and each holds the same words of every row
+        # it has, so that the rows share its x. x's words of a weight word are loaded at once
+        # and split.
+        # Each stored value u (q + ZERO, BITS bits) is placed at the top of the mantissa of 1.0,
+        # v = 1 + u / 2^BITS: its low nibble (or byte) by a shift and one LOP3 (the mask coming
+        # in a register, since a LOP3 takes one immediate), the 5- and 6-bit kinds' high bits by
+        # another shift and LOP3; int8's sign bit is flipped in the same LOP3 (u = q + 128). v is
+        # multiplied by its x (one FMA), and a chunk's scale and offset are applied once a thread:
+        # sum(w x) = 2^BITS s sum(v x) + (o - (2^BITS + ZERO) s) sum(x).
+        EPW: tl.constexpr = 4 if ONE_BYTE else 8
+        BITS: tl.constexpr = 8 if ONE_BYTE else 4 + HIGH
+        LOW: tl.constexpr = 23 - BITS  # the stored value's lowest bit in v
         C: tl.constexpr = BLOCK_K // CHUNK
-        WD: tl.constexpr = CHUNK // 8 // VEC
+        WD: tl.constexpr = CHUNK // EPW // VEC
+        QPH: tl.constexpr = 4 // HIGH if HIGH > 0 else 1  # weight words a word of high bits serves
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -268,13 +291,20 @@ def _row_kernel():
         wd3 = tl.arange(0, WD)[:, None, None]
         v4 = tl.arange(0, VEC)[None, None, None, :]
         word4 = (wd3 * VEC)[:, :, :, None] + v4  # (WD, 1, 1, VEC): a word's index in its chunk
-        t5 = tl.arange(0, 4)[None, None, None, None, :]
+        t5 = tl.arange(0, EPW // 2)[None, None, None, None, :]
         q_words = q_ptr.to(tl.pointer_type(tl.int32))
+        h_words = qh_ptr.to(tl.pointer_type(tl.int32))
         acc = tl.zeros([WD, C, BLOCK_N], tl.float32)
         # the steps unrolled: every load's address is then its base plus a constant
         for kk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
             k0 = pid_k * K_PER_SPLIT + kk
             kc = k0 + c3 * CHUNK  # each chunk's first input, (1, C, 1)
+            if kk + BLOCK_K > K_PER_SPLIT:
+                # a last step past K's end (K not a multiple of the step): the chunks beyond it
+                # read the last chunk again, unmasked, and their sums are multiplied by zero
+                k_end = pid_k * K_PER_SPLIT + K_PER_SPLIT
+                c_in = kc < k_end
+                kc = tl.minimum(kc, k_end - CHUNK)
             g = kc // G + 0 * wd3  # loaded in the weights' layout: no exchange between threads
             s = tl.load(s_ptr + n3 * stride_s + g).to(tl.float32)
             if UNIT > 0:
@@ -285,23 +315,37 @@ def _row_kernel():
                 if UNIT > 0:
                     o = tl.load(ou_ptr + n3 * stride_u + g // UNIT).to(tl.float32) * o
             kc4 = kc[:, :, :, None]
-            w = tl.load(q_words + n4 * (stride_q // 4) + kc4 // 8 + word4)  # (WD, C, BLOCK_N, VEC)
+            w = tl.load(q_words + n4 * (stride_q // 4) + kc4 // EPW + word4)  # (WD, C, BLOCK_N, VEC)
+            if HIGH > 0:
+                # a word of high bits serves QPH weight words: each weight word's word, shifted so
+                # that element i's bits sit at HIGH * i
+                hw = tl.load(h_words + n4 * (stride_h // 4) + kc4 * HIGH // 32 + word4 // QPH)
+                hw = hw >> ((word4 % QPH) * (8 * HIGH))
             dot = tl.zeros([WD, C, BLOCK_N, VEC], tl.float32)
             xsum = tl.zeros([WD, C, 1, VEC], tl.float32)
-            xi = (kc4 + 8 * word4)[:, :, :, :, None] + 2 * t5  # (WD, C, 1, VEC, 4): inputs 8j + 2t
+            xi = (kc4 + EPW * word4)[:, :, :, :, None] + 2 * t5  # (WD, C, 1, VEC, EPW / 2): inputs 8j + 2t
             if X_KIND == 2:
-                x02, x13 = tl.split(tl.reshape(tl.load(x_ptr + xi), (WD, C, 1, VEC, 2, 2)))
-                xo02, xo13 = tl.split(tl.reshape(tl.load(x_ptr + xi + 1), (WD, C, 1, VEC, 2, 2)))
+                if EPW == 8:
+                    x02, x13 = tl.split(tl.reshape(tl.load(x_ptr + xi), (WD, C, 1, VEC, 2, 2)))
+                    xo02, xo13 = tl.split(tl.reshape(tl.load(x_ptr + xi + 1), (WD, C, 1, VEC, 2, 2)))
+                else:
+                    x0, x1 = tl.split(tl.load(x_ptr + xi))
+                    xo0, xo1 = tl.split(tl.load(x_ptr + xi + 1))
             else:
-                # x's four words of each weight word (16 bytes), split into its pairs
-                xw = (kc4 // 2 + 4 * word4)[:, :, :, :, None] + t5
-                x02, x13 = tl.split(tl.reshape(tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + xw), (WD, C, 1, VEC, 2, 2)))
-                xo02, xo13 = x02, x13
-            x0, x2 = tl.split(x02)
-            x1, x3 = tl.split(x13)
-            xo0, xo2 = tl.split(xo02)
-            xo1, xo3 = tl.split(xo13)
-            for t in tl.static_range(4):  # pair t of each word: inputs 8j + 2t and 8j + 2t + 1
+                # x's words of each weight word (16 or 8 bytes), split into its pairs
+                xw = (kc4 // 2 + (EPW // 2) * word4)[:, :, :, :, None] + t5
+                xs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + xw)
+                if EPW == 8:
+                    x02, x13 = tl.split(tl.reshape(xs, (WD, C, 1, VEC, 2, 2)))
+                else:
+                    x0, x1 = tl.split(xs)
+            if EPW == 8:
+                x0, x2 = tl.split(x02)
+                x1, x3 = tl.split(x13)
+                if X_KIND == 2:
+                    xo0, xo2 = tl.split(xo02)
+                    xo1, xo3 = tl.split(xo13)
+            for t in tl.static_range(EPW // 2):  # pair t of each word: elements 2t and 2t + 1
                 word = x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3))
                 if X_KIND == 2:
                     xe = word
@@ -312,23 +356,33 @@ def _row_kernel():
                 else:
                     xe = (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
                     xo = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-                # nibble 2t into mantissa bits 19-22, then nibble 2t + 1
-                if 8 * t <= 19:
-                    ve = (w << (19 - 8 * t)) & nibble_mask
-                else:
-                    ve = (w >> (8 * t - 19)) & nibble_mask
-                if 8 * t + 4 <= 19:
-                    vo = (w << (15 - 8 * t)) & nibble_mask
-                else:
-                    vo = (w >> (8 * t - 15)) & nibble_mask
-                dot += (ve | 0x3F800000).to(tl.float32, bitcast=True) * xe
-                dot += (vo | 0x3F800000).to(tl.float32, bitcast=True) * xo
+                for e in tl.static_range(2):
+                    i = 2 * t + e  # the element's place in its word
+                    at = (32 // EPW) * i  # its low bits' place in the word
+                    if at <= LOW:
+                        lo = (w << (LOW - at)) & low_mask
+                    else:
+                        lo = (w >> (at - LOW)) & low_mask
+                    if ONE_BYTE:
+                        v = lo ^ 0x3FC00000  # 1.0's bits, and u = q + 128: the sign bit flipped
+                    elif HIGH > 0:
+                        # two LOP3s: (lo & mask) ^ 1.0 as the nibbles', then | (hs & high_mask).
+                        # With an OR in place of the XOR the compiler moves the constant last
+                        # and needs a third.
+                        v = (lo ^ 0x3F800000) | ((hw << (LOW + 4 - HIGH * i)) & high_mask)
+                    else:
+                        v = lo | 0x3F800000
+                    xv = xe if e == 0 else xo
+                    dot += v.to(tl.float32, bitcast=True) * xv
                 xsum += xe + xo
+            o_b = -((1 << BITS) + ZERO) * s
             if HAS_OFFSET:
-                o_b = o - (16 + ZERO) * s
-            else:
-                o_b = -(16 + ZERO) * s
-            acc += tl.sum(dot, axis=3) * (s * 16) + o_b * tl.sum(xsum, axis=3)
+                o_b += o
+            s_b = s * (1 << BITS)
+            if kk + BLOCK_K > K_PER_SPLIT:
+                s_b = tl.where(c_in, s_b, 0.0)
+                o_b = tl.where(c_in, o_b, 0.0)
+            acc += tl.sum(dot, axis=3) * s_b + o_b * tl.sum(xsum, axis=3)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -355,22 +409,29 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     bits. Values within rounding of packed_gemv_ref."""
     m, k = x.shape
     n = weight.shape[0]
-    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1 and weight.kind in (NIBBLES, SIGNED_NIBBLES)
-    tile = tile or default_row_tile(n, k, weight.group)
+    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1 and weight.kind != FP8
+    per_word = _per_word(weight.kind)
+    tile = tile or default_row_tile(n, k, weight.group, per_word)
     chunk = min(weight.group, tile.block_k)
-    assert k % (tile.block_k * tile.split_k) == 0 and tile.block_k % chunk == 0, (k, tile)
-    assert weight.group % chunk == 0 and chunk >= 8
+    high = HIGH_BITS.get(weight.kind, 0)
+    # K's shares whole chunks (the last step of a share may pass its end); a chunk whole words
+    # of weights, and of high bits
+    assert k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0, (k, tile)
+    assert weight.group % chunk == 0 and chunk % per_word == 0 and chunk * high % 32 == 0, (weight.group, tile)
     if out is None:
         out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
-    vec = min(max(1, tile.vec // 4), chunk // 8)  # in words
+    vec = min(max(1, tile.vec // 4), chunk // per_word)  # in words
     part, counters = _split_buffers(tile.split_k, 1, n, tiles, out)
-    args = {name: v for name, v in _weight_args(weight).items() if name not in _NIBBLES_ONLY}
+    args = {name: v for name, v in _weight_args(weight).items() if name != "FP8"}
+    bits = 8 if per_word == 4 else 4 + high
+    low = 23 - bits
     x_kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
     _row_kernel()[(tiles, tile.split_k)](
         x, b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, N=n, **args,
-        nibble_mask=15 << 19, HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
+        low_mask=((1 << (32 // per_word)) - 1) << low, high_mask=((1 << high) - 1) << (low + 4),
+        HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
         num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
     return out
@@ -427,10 +488,6 @@ def _weight_args(weight: GroupedWeight) -> dict:
                 stride_u=units.stride(0), ONE_BYTE=weight.kind in (INT8, FP8), FP8=weight.kind == FP8,
                 HIGH=HIGH_BITS.get(weight.kind, 0), ZERO=128 if weight.kind == INT8 else ZERO.get(weight.kind, 0),
                 G=weight.group, UNIT=weight.unit, HAS_OFFSET=weight.offset is not None)
-
-
-# What the one-row kernel does without: it serves only nibbles with no high bits (row_kernel_fits).
-_NIBBLES_ONLY = ("qh_ptr", "stride_h", "ONE_BYTE", "FP8", "HIGH")
 
 
 def _split_buffers(split_k: int, rows: int, n: int, tiles: int, out: torch.Tensor):

@@ -161,8 +161,11 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
                 assert torch.equal(out, singles[:m]), (name, m, tile)
 
 
-ROW_CASES = [c for c in KERNEL_CASES if c[0] in ("gguf Q4_0", "gguf Q4_1", "gguf Q4_K", "gguf Q2_K", "gguf Q3_K",
-                                                   "awq g128", "gptq g32", "Q4_K q+k")]
+# every kind but FP8: nibbles, the 5- and 6-bit kinds (their high bits in a plane), int8; and K
+# no power of two (3 blocks of 256, 3 groups of 128), whose last steps pass K's end
+ROW_CASES = [c for c in KERNEL_CASES if not c[0].startswith("fp8")] + [
+    ("gguf Q6_K K768", [_gguf("Q6_K", 8, 768, 9)]), ("gguf Q8_0 K96", [_gguf("Q8_0", 8, 96, 10)]),
+    ("awq g128 K384", [_int4("awq", 32, 384, 128)])]
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
@@ -178,16 +181,17 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
     gen = torch.Generator().manual_seed(n + k + 1)
     x32 = torch.randn(1, k, generator=gen)
     bias32 = torch.randn(n, generator=gen)
-    # the last two: a step's vectors fill the warp; the others leave threads over (their x
-    # exchanged between threads)
+    # the 5th and 6th: a step's vectors fill the warp; the others leave threads over; the last
+    # two pass K's end (a step longer than K, or than K's share)
     tiles = [None, RowTile(8, 32), RowTile(4, 64, split_k=2, vec=4), RowTile(16, 32, split_k=4),
-             RowTile(4, 256, num_warps=1, vec=4), RowTile(2, 512, num_warps=1, vec=8)]
+             RowTile(4, 256, num_warps=1, vec=4), RowTile(2, 512, num_warps=1, vec=8),
+             RowTile(4, 1024, num_warps=1, vec=8), RowTile(4, 512, split_k=2, num_warps=1, vec=8)]
     for dtype in ((torch.bfloat16, torch.float16) + ((torch.float32,) if device == "cpu" else ())):
         x, bias = x32.to(device, dtype), bias32.to(device, dtype)
         tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
         want = {b is None: packed_gemv_ref(x.float(), g, None if b is None else b.float()) for b in (None, bias)}
         for tile in tiles:
-            if tile is not None and (k % (tile.block_k * tile.split_k)
+            if tile is not None and (k % tile.split_k or (k // tile.split_k) % min(g.group, tile.block_k)
                                      or (tile.block_k % g.group and g.group % tile.block_k)):
                 continue
             for b in (None, bias):
@@ -204,12 +208,17 @@ def test_default_row_tiles_fill_their_warps():
 
     for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
         for group in (16, 32, 64, 128):
-            tile = default_row_tile(n, k, group)
-            words = min(tile.vec // 4, min(group, tile.block_k) // 8)
-            assert tile.num_warps == 4 and tile.block_k // (8 * words) >= 32 * tile.num_warps, (k, group, tile)
-            assert k % tile.block_k == 0
+            for per_word in (8, 4):  # nibbles, bytes
+                tile = default_row_tile(n, k, group, per_word)
+                words = min(tile.vec // 4, min(group, tile.block_k) // per_word)
+                assert tile.num_warps == 4 and tile.block_k // (per_word * words) >= 32 * tile.num_warps, (k, group, tile)
+                assert k % tile.block_k == 0
     small = default_row_tile(576, 576, 32)
     assert small.num_warps == 1 and 576 % small.block_k == 0
+    # K no multiple of 2,048 (Qwen2.5-7B's 3,584 and 18,944): steps of 2,048, the last past K's end
+    for k in (3584, 18944, 3072):
+        tile = default_row_tile(4096, k, 32)
+        assert (tile.block_k, tile.num_warps) == (2048, 4) and k % tile.block_k, k
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
@@ -258,9 +267,9 @@ def test_a_long_step_runs_the_way_asked(monkeypatch):
 
 
 def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
-    """No draft (batch_invariant off): a one-row step of a nibble kind takes packed_row_gemv; a
-    loaded draft, several rows, the 5/6-bit and byte kinds, a short K, or LOCALCHAT_PACKED_ROW=0
-    keep the batch-invariant packed_gemv, so verify rows still carry the decode step's bits."""
+    """No draft (batch_invariant off): a one-row step of any kind but FP8 takes packed_row_gemv; a
+    loaded draft, several rows, FP8, a short K, or LOCALCHAT_PACKED_ROW=0 keep the batch-invariant
+    packed_gemv, so verify rows still carry the decode step's bits."""
     from engine.kernels.packed_gemv import packed_gemv, packed_row_gemv
     from engine.ops import routed_linear
     from engine.options import KernelOptions
@@ -274,7 +283,7 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                     "fp8 per channel": from_packed([_fp8(16, 2048, True)]),
                     "short K": from_packed([_gguf("Q4_0", 8, 576, 7)])})
     for name, block in by_kind.items():
-        row = name in ("gguf Q4_0", "gguf Q4_K", "awq g128", "gptq g32")
+        row = name not in ("fp8 per channel", "short K")
         assert kernel_for(block, 1, one_row=True) is (packed_row_gemv if row else packed_gemv), name
         assert kernel_for(block, 1, one_row=False) is packed_gemv
         assert kernel_for(block, 5, one_row=True) is packed_gemv
