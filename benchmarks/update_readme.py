@@ -19,6 +19,8 @@ BEFORE = " --ignore-eos --system ''"
 BENCH_8B = "localchat bench --random-weights llama-8b --prompts 2"
 
 PACKED = "localchat bench --random-weights llama-8b --random-quant Q4_K_M --no-spec --prompts 2 --new-tokens 128 --no-peer"
+QWEN = ("localchat bench --random-weights benchmarks/configs/qwen2.5-7b.json --random-quant Q4_K_M --no-spec "
+        "--prompts 2 --new-tokens 128 --no-peer")
 UNSEEN = "localchat bench --model demo --prompts-file benchmarks/prompts/unseen_requests.txt --new-tokens 384 --no-peer"
 
 # (kind, label, command, file): what each row reads is in row() below.
@@ -53,16 +55,23 @@ ROWS = (
     ("packed", "8B shape, random weights packed as a Q4_K_M file (decoded inside the GEMV), plain decode, no draft "
      "loaded (the one-row kernel)",
      f"`{PACKED}` (and without `--random-quant`)",
-     "h200_8b_packed_Q4_K_M_words.json, h200_8b_bf16_words_session.json"),
-    ("packed_short", "the same packed as AWQ 4-bit (group 128)", "the same with `--random-quant AWQ`",
+     "h200_8b_packed_Q4_K_M_high.json, h200_8b_bf16_high_session.json"),
+    ("packed_short", "the same packed as Q5_K", "the same with `--random-quant Q5_K`",
+     "h200_8b_packed_Q5_K_high.json, h200_8b_bf16_high_session.json"),
+    ("packed_short", "the same packed as AWQ 4-bit (group 128) (an earlier run)", "the same with `--random-quant AWQ`",
      "h200_8b_packed_AWQ_words.json, h200_8b_bf16_words_session.json"),
+    ("packed_short", "Qwen2.5-7B shape (widths 3,584 and 18,944), random weights packed as Q4_K_M, no draft loaded",
+     f"`{QWEN}` (and without `--random-quant`; `LOCALCHAT_PACKED_ROW=0` for the batch-invariant kernel)",
+     "h200_qwen7b_packed_Q4_K_M.json, h200_qwen7b_bf16.json, h200_qwen7b_packed_Q4_K_M_row_off.json"),
+    ("packed_short", "the same packed as AWQ 4-bit (group 128)", "the same with `--random-quant AWQ`",
+     "h200_qwen7b_packed_AWQ.json, h200_qwen7b_bf16.json"),
     ("prefill", "the same Q4_K_M file's prefill of 512-token prompts, each weight tile decoded inside the matmul",
      "the same with `--new-tokens 32`, `LOCALCHAT_PACKED_PREFILL=torch` for the slices",
      "h200_8b_prefill_Q4_K_M_fused.json, h200_8b_prefill_Q4_K_M_torch.json, h200_8b_bf16_row_session.json"),
     ("packed_memory", "8B shape as a Q4_K_M file, embeddings and lm_head packed too: GPU memory, 4,096-token cache",
      "python benchmarks/memory_breakdown.py --quant Q4_K_M", "h200_memory_8b_Q4_K_M_packed_tables.json"),
     ("spec", "Q4_K_M packed, random head forced to 3.5 tokens per verify step, k = 5 (an earlier run, before "
-     "the one-row kernel: against an engine with no draft as it runs now, 312 tok/s, this is 1.48x)",
+     "the one-row kernel: against an engine with no draft as it runs now, 360 tok/s, this is 1.29x)",
      "localchat bench --random-weights llama-8b --random-quant Q4_K_M --force-accept 3.5 --prompts 2 "
      "--new-tokens 256 --no-peer", "h200_8b_packed_Q4_K_M_forced35.json"),
     ("startup", "a fresh `localchat run --model demo` to the first byte of its answer, warm machine",

@@ -53,11 +53,12 @@ def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dt
     return model.eval().requires_grad_(False)
 
 
-# With no draft loaded, a model whose projections are mostly 4-bit nibbles over a K that fills the
-# one-row kernel's steps decodes faster packed than as bf16, in a third of the memory (the 8B shape:
-# Q4_K_M 1.25x, AWQ 1.57x; docs/performance.md), so auto packs it even where the dense model fits
-# when at least this share of its projections' weights would run that kernel. A loaded draft
-# verifies on the batch-invariant packed kernel, slower than bf16's: there the memory rule alone.
+# With no draft loaded, a model whose projections run the one-row kernel (GGUF blocks, AWQ or GPTQ
+# over widths of 2,048 and more) decodes faster packed than as bf16, in a third to a half of the
+# memory (on an H200, the 8B shape: Q4_K_M 1.44x, Q6_K 1.20x, Q8_0 1.23x, AWQ 1.57x; Qwen2.5-7B's
+# Q4_K_M 1.39x; docs/performance.md), so auto packs it even where the dense model fits when at
+# least this share of its projections' weights would run that kernel. A loaded draft verifies on
+# the batch-invariant packed kernel, slower than bf16's: there the memory rule alone.
 ONE_ROW_SHARE = 0.75
 
 
@@ -89,29 +90,26 @@ def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptio
 
 def gguf_one_row_share(reader) -> float:
     """The share of a GGUF's projection weights (every matrix but the token embeddings) that the
-    one-row kernel would run packed: 4-bit kinds without high bits over a K that fills its steps."""
+    one-row kernel would run packed: the block types a packing load keeps packed (all of
+    gguf_blocks.BLOCKS) over a K that fills its steps; float tensors stay dense."""
     from engine.kernels.packed_gemv import row_kernel_k
+    from engine.weights.gguf_blocks import BLOCKS
 
     served = total = 0
     for t in reader.tensors:
         if len(t.shape) != 2 or t.name.startswith("token_embd"):
             continue
-        n = int(t.n_elements)
+        n, kind = int(t.n_elements), t.tensor_type.name
         total += n
-        if t.tensor_type.name in ONE_ROW_GGUF_TYPES and row_kernel_k(int(t.shape[0]), 32):
+        if kind in BLOCKS and row_kernel_k(int(t.shape[0]), 32, 4 if kind == "Q8_0" else 8):
             served += n
     return served / total if total else 0.0
-
-
-# The GGUF types a packing load keeps as plain nibbles (engine/weights/grouped.py), the kinds the
-# one-row kernel serves.
-ONE_ROW_GGUF_TYPES = ("Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q4_K")
 
 
 def quant_one_row_share(cfg: ModelConfig) -> float:
     """The same for a folder's quantization_config: AWQ and GPTQ are 4-bit nibbles throughout, so
     the share of their projections' weights whose K (hidden, attention or MLP width) fills the
-    kernel's steps; FP8 none."""
+    kernel's steps; FP8 none (it stays on packed_gemv)."""
     from engine.kernels.packed_gemv import row_kernel_k
 
     q = cfg.quantization

@@ -223,22 +223,15 @@ def test_packing_is_asked_for_or_needed(monkeypatch):
 
 def test_with_no_draft_a_model_the_one_row_kernel_runs_packs_even_where_it_fits(monkeypatch, tmp_path):
     """Auto, with no draft loaded (batch_invariant off) and the one-row kernel on, a model at least
-    three quarters of whose projection weights that kernel would run (4-bit nibbles, a K that
-    fills its steps) packs though the dense model fits; with a draft, the one-row kernel off, or a
-    smaller share, only the memory rule packs. The shares: GGUF by tensor type and K, AWQ/GPTQ by
-    K, FP8 none."""
+    three quarters of whose projection weights that kernel would run (any GGUF block type, AWQ or
+    GPTQ, a K that fills its steps) packs though the dense model fits; with a draft, the one-row
+    kernel off, or a smaller share, only the memory rule packs. The shares: GGUF by tensor type
+    and K, AWQ/GPTQ by K, FP8 none."""
     from types import SimpleNamespace as NS
 
     import engine.loader as loader
     from engine.config import ModelConfig
     from engine.options import KernelOptions
-    from engine.weights.gguf_blocks import BLOCKS
-    from engine.weights.grouped import NIBBLES, SIGNED_NIBBLES, from_packed
-    from tests.engine.test_grouped_weights import _gguf
-
-    # the types the share counts are those a packing load keeps as plain nibbles
-    assert set(loader.ONE_ROW_GGUF_TYPES) == {
-        k for k in BLOCKS if from_packed([_gguf(k, 8, 2 * BLOCKS[k][0], 0)]).kind in (NIBBLES, SIGNED_NIBBLES)}
     cfg = ModelConfig.from_hf({"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 256,
                                "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
                                "num_key_value_heads": 2, "max_position_embeddings": 64}, "tiny")
@@ -262,14 +255,16 @@ def test_with_no_draft_a_model_the_one_row_kernel_runs_packs_even_where_it_fits(
         return NS(tensors=[tensor("token_embd.weight", (k, 32000), "Q4_K"), tensor("output.weight", (k, 32000), kinds[2]),
                            *(t for ts in blk for t in ts)])
 
-    one = file(["Q4_K", "Q4_K", "Q6_K"], layers=1)
+    one = file(["Q4_K", "Q4_K", "F16"], layers=1)
     assert loader.gguf_one_row_share(one) == pytest.approx((4096 * 4096 + 2 * 4096 * 14336)
                                                            / (4096 * 36096 + 2 * 4096 * 14336))
-    # an 8B's mix: Q4_K layers and a Q6_K lm_head pack; Q6_K down projections too leave too little
-    assert loader.gguf_one_row_share(file(["Q4_K", "Q4_K", "Q6_K"])) >= loader.ONE_ROW_SHARE
-    assert loader.gguf_one_row_share(file(["Q4_K", "Q6_K", "Q6_K"])) < loader.ONE_ROW_SHARE
-    assert loader.gguf_one_row_share(file(["Q8_0", "Q8_0", "Q8_0"])) == 0.0
-    assert loader.gguf_one_row_share(file(["Q4_0", "Q4_0", "Q4_0"], k=3584, down_k=18944)) == 0.0  # K too short
+    # every block type counts (an 8B's Q4_K_M mix, Q8_0), over K of 2,048 and more (Qwen2.5-7B's
+    # 3,584 too); float tensors do not, nor a small model's K
+    assert loader.gguf_one_row_share(file(["Q4_K", "Q6_K", "Q6_K"])) == 1.0
+    assert loader.gguf_one_row_share(file(["Q8_0", "Q8_0", "Q8_0"])) == 1.0
+    assert loader.gguf_one_row_share(file(["Q4_K", "Q4_K", "Q4_K"], k=3584, down_k=18944)) == 1.0
+    assert loader.gguf_one_row_share(file(["Q4_K", "F16", "F16"])) < loader.ONE_ROW_SHARE
+    assert loader.gguf_one_row_share(file(["Q4_0", "Q4_0", "Q4_0"], k=576, down_k=1536)) == 0.0  # K too short
     tiny = make_tiny_gguf(tmp_path / "tiny-q4.gguf", tmp_path / "work", qtype="Q4_0", hidden=64)
     from engine.weights.gguf import open_gguf
     assert loader.gguf_one_row_share(open_gguf(tiny)) == 0.0  # a real file's tensor list; K = 64 too short
@@ -284,7 +279,8 @@ def test_with_no_draft_a_model_the_one_row_kernel_runs_packs_even_where_it_fits(
                                     "quantization_config": quant}, "folder")
 
     assert loader.quant_one_row_share(folder("awq", 4096, 14336)) == 1.0
-    assert loader.quant_one_row_share(folder("awq", 3584, 18944)) == 0.0
+    assert loader.quant_one_row_share(folder("awq", 3584, 18944)) == 1.0
+    assert loader.quant_one_row_share(folder("awq", 576, 1536)) == 0.0
     assert loader.quant_one_row_share(folder("fp8", 4096, 14336)) == 0.0
     assert loader.quant_one_row_share(cfg) == 0.0
 
