@@ -203,7 +203,8 @@ class RowTile:
 def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
     """4 rows a program, K not split, in steps of 4,096 inputs with 16-byte loads where K allows,
     else 2,048 with 8-byte loads, the last step past K's end where K is longer but no multiple of
-    2,048 (3,584: Qwen2.5-7B's hidden size); a shorter K takes the longest step that divides it,
+    2,048 (3,584: Qwen2.5-7B's hidden size); int8 8 rows over steps of 4,096 wherever K reaches
+    one (its last step past K's end where it must); a shorter K takes the longest step that divides it,
     warps only as many as its vectors fill (a small model's gets one warp, its threads over more
     rows; such a K is routed to packed_gemv, row_kernel_fits). per_word: weights a 32-bit word
     holds (8 nibbles, 4 bytes).
@@ -219,6 +220,10 @@ def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
     def fits(block_k: int) -> bool:
         return block_k % group == 0 or group % block_k == 0
 
+    if per_word == 4 and k >= 4096 and fits(4096) and k % min(group, 4096) == 0:
+        # int8: 8 rows over 4,096-input steps, the last past K's end where K needs it (the 8B's
+        # layer 78.6 us against 84.9 with the nibbles' tiles on an H200; docs/performance.md)
+        return RowTile(8, 4096, vec=16)
     for block_k in (4096, 2048):
         if k % block_k == 0 and fits(block_k):
             return tile(block_k)

@@ -200,6 +200,24 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
                 torch.testing.assert_close(out.float(), want[b is None].to(dtype).float(), **tol)
 
 
+@pytest.mark.parametrize("device", [CUDA, CPU])
+def test_int8_default_row_tile_passes_k_end(device):
+    """int8's default one-row tile, 8 rows over steps of 4,096 inputs, on a K of 6,144 (its last
+    step half past K's end) and 12 rows (the last program's rows clamped): == the dequantized
+    matmul."""
+    from engine.kernels.packed_gemv import RowTile, default_row_tile, packed_gemv_ref, packed_row_gemv
+
+    g = from_packed([_gguf("Q8_0", 12, 6144, 11)]).to(device)
+    assert default_row_tile(12, 6144, g.group, 4) == RowTile(8, 4096, vec=16)
+    gen = torch.Generator().manual_seed(12)
+    x32 = torch.randn(1, 6144, generator=gen)
+    for dtype in (torch.bfloat16,) + ((torch.float32,) if device == "cpu" else ()):
+        x = x32.to(device, dtype)
+        tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+        want = packed_gemv_ref(x.float(), g).to(dtype).float()
+        torch.testing.assert_close(packed_row_gemv(x, g).float(), want, **tol)
+
+
 def test_default_row_tiles_fill_their_warps():
     """The one-row kernel's default tiles: on the 8B shape's projections a step's 8- or 16-byte
     vectors fill all four warps (tiles that left threads over ran 2x-6x slower on an H200); a
@@ -212,7 +230,12 @@ def test_default_row_tiles_fill_their_warps():
                 tile = default_row_tile(n, k, group, per_word)
                 words = min(tile.vec // 4, min(group, tile.block_k) // per_word)
                 assert tile.num_warps == 4 and tile.block_k // (per_word * words) >= 32 * tile.num_warps, (k, group, tile)
-                assert k % tile.block_k == 0
+                # nibbles: steps that divide K; int8: 8 rows over 4,096 inputs, the last step of
+                # 14,336 past its end
+                if per_word == 8:
+                    assert k % tile.block_k == 0
+                else:
+                    assert (tile.block_n, tile.block_k, tile.vec) == (8, 4096, 16)
     small = default_row_tile(576, 576, 32)
     assert small.num_warps == 1 and 576 % small.block_k == 0
     # K no multiple of 2,048 (Qwen2.5-7B's 3,584 and 18,944): steps of 2,048, the last past K's end
