@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from engine.kernels import triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
 from engine.weights.grouped import (
-    FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_NIBBLES, ZERO, GroupedWeight, dequantize_grouped,
+    FP8, HIGH_BITS, INT8, SIGNED_NIBBLES, ZERO, GroupedWeight, dequantize_grouped,
 )
 
 MAX_ROWS = 16
