@@ -76,7 +76,7 @@ def run_blocks(x, blocks, out, tile=None):
 
 def run_row(x, blocks, out, tile=None):
     """As an engine with no draft runs one row: the one-row kernel on the kinds it serves
-    (row_kernel_fits), packed_gemv's default tile on the others (a Q4_K_M file's Q6_K v)."""
+    (row_kernel_fits), packed_gemv's default tile on the others (FP8, a short K)."""
     start = 0
     for b in blocks:
         stop = start + b.shape[0]

@@ -4,8 +4,8 @@ Loads the earlier engine/kernels/packed_gemv.py from a file (for example
 `git show 97bfe19:engine/kernels/packed_gemv.py > before.py`) beside the current one, and times
 both one-row paths (each with its own default tiles, and the current one with --tiles too) on the
 Llama-3.1-8B shape's four projections, inside CUDA graphs over weight copies larger than L2, beside
-the fastest bf16 one-row kernel (cuBLAS or our GEMV), all in one process. Kinds the one-row kernel
-does not serve (a Q4_K_M file's Q6_K v) run packed_gemv in both columns.
+the fastest bf16 one-row kernel (cuBLAS or our GEMV), all in one process. Kinds a version's
+one-row kernel does not serve (its row_kernel_fits) run packed_gemv in its column.
 
     python benchmarks/bench_packed_row_before.py --before before.py --out row_before.json \
         [--layouts AWQ,Q4_K_M,Q4_0] [--tiles 4x4096x4x16,4x2048x4x8]   # rows x K step x warps x bytes
