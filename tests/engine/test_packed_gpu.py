@@ -74,7 +74,7 @@ def test_a_packed_gguf_target_speculates_like_plain_decoding(tmp_path, qtype):
         torch.testing.assert_close(a(x).float(), b(x).float(), atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q4_0"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q4_0", "Q6_K", "Q5_K", "Q8_0"])
 def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype):
     """No draft loaded: one-row steps on packed_row_gemv and the 37-token prompt's prefill through
     packed_matmul, both within bf16 rounding of the dequantized model's projections, and the
