@@ -89,8 +89,10 @@ def run_row(x, blocks, out, tile=None):
 
 
 def row_tile_fits(tile, k, blocks) -> bool:
-    return not any(k % (tile.block_k * tile.split_k) or (tile.block_k % b.group and b.group % tile.block_k)
-                   for b in blocks)
+    """Whether packed_row_gemv takes this tile over K: K's split-K shares whole chunks (a step may
+    pass K's end) and the step holds whole groups, or lies in one."""
+    return not any(k % tile.split_k or (k // tile.split_k) % min(b.group, tile.block_k)
+                   or (tile.block_k % b.group and b.group % tile.block_k) for b in blocks)
 
 
 def main() -> None:

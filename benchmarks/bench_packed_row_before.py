@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gemv import time_graph  # noqa: E402
-from benchmarks.bench_packed import SHAPES, blocks_for  # noqa: E402
+from benchmarks.bench_packed import SHAPES, blocks_for, row_tile_fits  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels import packed_gemv as current  # noqa: E402
 from engine.kernels.gemv import gemv  # noqa: E402
@@ -95,9 +95,7 @@ def main() -> None:
                    "before_max_err": float((run(before, x1, blocks, out1.clone()).float() - ref).abs().max()),
                    "tiles": {}}
             for name, tile in tiles.items():
-                # a step may pass K's end (the kernel's last step then reads its last chunk again)
-                if tile is not None and any(k % tile.split_k or (k // tile.split_k) % min(b.group, tile.block_k)
-                                            or (tile.block_k % b.group and b.group % tile.block_k) for b in blocks):
+                if tile is not None and not row_tile_fits(tile, k, blocks):
                     continue
                 us = time_graph(lambda i: run(current, x1, sets[i % copies], out1, tile), args.iters, args.calls)
                 err = float((run(current, x1, blocks, out1.clone(), tile).float() - ref).abs().max())

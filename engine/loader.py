@@ -101,7 +101,7 @@ def gguf_one_row_share(reader) -> float:
             continue
         n, kind = int(t.n_elements), t.tensor_type.name
         total += n
-        if kind in BLOCKS and row_kernel_k(int(t.shape[0]), 32, 4 if kind == "Q8_0" else 8):
+        if kind in BLOCKS and row_kernel_k(int(t.shape[0]), 32):
             served += n
     return served / total if total else 0.0
 

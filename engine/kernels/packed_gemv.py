@@ -244,12 +244,13 @@ def row_kernel_fits(weight: GroupedWeight) -> bool:
     with their plane of high bits, int8), over a K whose steps fill four warps (2,048 and longer).
     A short K (a small model's, one warp a program) was never measured faster than packed_gemv,
     and stays on it."""
-    return weight.kind != FP8 and row_kernel_k(weight.shape[1], weight.group, _per_word(weight.kind))
+    return weight.kind != FP8 and row_kernel_k(weight.shape[1], weight.group)
 
 
-def row_kernel_k(k: int, group: int, per_word: int = 8) -> bool:
-    """Whether a K (with groups of `group`) gives the one-row kernel steps that fill four warps."""
-    return default_row_tile(1, k, group, per_word).num_warps == 4
+def row_kernel_k(k: int, group: int) -> bool:
+    """Whether a K (with groups of `group`) gives the one-row kernel steps that fill four warps:
+    2,048 and longer, for every kind (int8's steps would fill them from 1,024, never measured)."""
+    return k >= 2048 and default_row_tile(1, k, group).num_warps == 4
 
 
 @functools.cache
