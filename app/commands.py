@@ -198,7 +198,8 @@ def _quantized_rule(gpu: bool) -> str:
     packed = KernelOptions.from_env().packed_weights
     if packed is None:
         return ("GGUF, AWQ, GPTQ and FP8 weights run as bf16 where that fits in the GPU's free memory, "
-                "else decoded in place, as are all but FP8 with widths of 2,048 and more and no draft loaded "
+                "else decoded in place, as are all with widths of 2,048 and more (FP8 where the GPU has it) "
+                "and no draft loaded "
                 "(LOCALCHAT_PACKED_WEIGHTS=1 always, =0 never)")
     return ("GGUF, AWQ, GPTQ and FP8 weights run decoded in place (LOCALCHAT_PACKED_WEIGHTS=1)" if packed
             else "GGUF, AWQ, GPTQ and FP8 weights run dequantized to bf16 (LOCALCHAT_PACKED_WEIGHTS=0)")

@@ -26,11 +26,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gemv import time_graph  # noqa: E402
-from benchmarks.harness.random_packed import random_awq, random_gguf  # noqa: E402
+from benchmarks.harness.random_packed import random_awq, random_fp8, random_gguf  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.gemv import gemv  # noqa: E402
 from engine.kernels.packed_gemv import (  # noqa: E402
-    PackedTile, RowTile, default_row_tile, default_tile, packed_gemv, packed_gemv_ref, packed_row_gemv, row_kernel_fits,
+    PackedTile, RowTile, default_tile, packed_gemv, packed_gemv_ref, packed_row_gemv, row_kernel_fits,
+    row_tile_for, tile_group,
 )
 from engine.weights.grouped import KIND_NAMES, grouped_blocks  # noqa: E402
 
@@ -38,7 +39,7 @@ SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
 # The 8B's qkv parts (q, k, v) and gate_up parts (gate, up): a Q4_K_M file stores v apart.
 PARTS = {"qkv": [4096, 1024, 1024], "o_proj": [4096], "gate_up": [14336, 14336], "down": [4096]}
 LAYOUT_KINDS = {"Q4_K_M": {"v": "Q6_K"}, "Q5_K_M": {"v": "Q6_K"}, "Q4_K": {}, "Q5_K": {}, "Q4_0": {}, "Q4_1": {},
-                "Q8_0": {}, "Q6_K": {}, "AWQ": {}}
+                "Q8_0": {}, "Q6_K": {}, "AWQ": {}, "FP8": {}}
 # (block_n, block_k, split_k, num_warps, num_stages, magic)
 SWEEP = [PackedTile(*c) for c in [
     (64, 128, 4, 4, 3, True), (64, 128, 4, 4, 3, False), (64, 128, 2, 4, 3, True), (64, 128, 8, 4, 3, True),
@@ -59,6 +60,8 @@ def blocks_for(layout: str, role: str, device, gen):
     for index, rows in enumerate(PARTS[role]):
         if layout == "AWQ":
             parts.append(random_awq(rows, k, device, gen))
+        elif layout == "FP8":
+            parts.append(random_fp8(rows, k, device, gen))
         else:
             kind = LAYOUT_KINDS[layout].get("v" if role == "qkv" and index == 2 else role, layout.removesuffix("_M"))
             parts.append(random_gguf(kind, rows, k, device, gen))
@@ -75,8 +78,8 @@ def run_blocks(x, blocks, out, tile=None):
 
 
 def run_row(x, blocks, out, tile=None):
-    """As an engine with no draft runs one row: the one-row kernel on the kinds it serves
-    (row_kernel_fits), packed_gemv's default tile on the others (FP8, a short K)."""
+    """As an engine with no draft runs one row: the one-row kernel where it serves (row_kernel_fits),
+    packed_gemv's default tile elsewhere (a short K)."""
     start = 0
     for b in blocks:
         stop = start + b.shape[0]
@@ -91,8 +94,9 @@ def run_row(x, blocks, out, tile=None):
 def row_tile_fits(tile, k, blocks) -> bool:
     """Whether packed_row_gemv takes this tile over K: K's split-K shares whole chunks (a step may
     pass K's end) and the step holds whole groups, or lies in one."""
-    return not any(k % tile.split_k or (k // tile.split_k) % min(b.group, tile.block_k)
-                   or (tile.block_k % b.group and b.group % tile.block_k) for b in blocks)
+    groups = [tile_group(k, b.group) for b in blocks]
+    return not any(k % tile.split_k or (k // tile.split_k) % min(g, tile.block_k)
+                   or (tile.block_k % g and g % tile.block_k) for g in groups)
 
 
 def main() -> None:
@@ -150,7 +154,7 @@ def main() -> None:
                    "row": {"us_1": us_row, "GBps_1": nbytes / us_row / 1e3,
                            "of_copy_bandwidth": nbytes / us_row / 1e3 / (bw / 1e9),
                            "vs_bf16": report["bf16"][role]["best_us"] / us_row, "max_err_vs_ref": row_err,
-                           "default_tile": str(default_row_tile(blocks[0].shape[0], k, blocks[0].group)),
+                           "default_tile": str(row_tile_for(blocks[0])),
                            "tiles": []}}
             if args.sweep:
                 for tile in SWEEP:

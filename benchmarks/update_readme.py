@@ -60,6 +60,8 @@ ROWS = (
      "h200_8b_packed_Q5_K_high.json, h200_8b_bf16_high_session.json"),
     ("packed_short", "the same packed as AWQ 4-bit (group 128) (an earlier run)", "the same with `--random-quant AWQ`",
      "h200_8b_packed_AWQ_words.json, h200_8b_bf16_words_session.json"),
+    ("packed_short", "the same as FP8 e4m3, one scale per output channel (another run)",
+     "the same with `--random-quant FP8`", "h200_8b_packed_FP8_row.json, h200_8b_bf16_fp8_session.json"),
     ("packed_short", "Qwen2.5-7B shape (widths 3,584 and 18,944), random weights packed as Q4_K_M, no draft loaded",
      f"`{QWEN}` (and without `--random-quant`; `LOCALCHAT_PACKED_ROW=0` for the batch-invariant kernel)",
      "h200_qwen7b_packed_Q4_K_M.json, h200_qwen7b_bf16.json, h200_qwen7b_packed_Q4_K_M_row_off.json"),

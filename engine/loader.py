@@ -53,10 +53,11 @@ def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dt
     return model.eval().requires_grad_(False)
 
 
-# With no draft loaded, a model whose projections run the one-row kernel (GGUF blocks, AWQ or GPTQ
-# over widths of 2,048 and more) decodes faster packed than as bf16, in a third to a half of the
-# memory (on an H200, the 8B shape: Q4_K_M 1.44x, Q6_K 1.20x, Q8_0 1.23x, AWQ 1.57x; Qwen2.5-7B's
-# Q4_K_M 1.39x; docs/performance.md), so auto packs it even where the dense model fits when at
+# With no draft loaded, a model whose projections run the one-row kernel (GGUF blocks, AWQ, GPTQ
+# or, on a GPU with FP8, FP8 over widths of 2,048 and more) decodes faster packed than as bf16, in
+# a third to three fifths of the memory (on an H200, the 8B shape: Q4_K_M 1.44x, Q6_K 1.20x, Q8_0
+# 1.23x, AWQ 1.57x, FP8 1.45x; Qwen2.5-7B's Q4_K_M 1.39x; docs/performance.md), so auto packs it
+# even where the dense model fits when at
 # least this share of its projections' weights would run that kernel. A loaded draft verifies on
 # the batch-invariant packed kernel, slower than bf16's: there the memory rule alone.
 ONE_ROW_SHARE = 0.75
@@ -106,19 +107,20 @@ def gguf_one_row_share(reader) -> float:
     return served / total if total else 0.0
 
 
-def quant_one_row_share(cfg: ModelConfig) -> float:
-    """The same for a folder's quantization_config: AWQ and GPTQ are 4-bit nibbles throughout, so
+def quant_one_row_share(cfg: ModelConfig, fp8: bool = True) -> float:
+    """The same for a folder's quantization_config: AWQ, GPTQ and FP8 quantize every projection, so
     the share of their projections' weights whose K (hidden, attention or MLP width) fills the
-    kernel's steps; FP8 none (it stays on packed_gemv)."""
-    from engine.kernels.packed_gemv import row_kernel_k
+    kernel's steps. fp8: whether the GPU keeps FP8 packed (fp8_gpu); without, FP8 runs none."""
+    from engine.kernels.packed_gemv import row_kernel_k, tile_group
 
     q = cfg.quantization
-    if q is None or q.method == "fp8":
+    if q is None or (q.method == "fp8" and not fp8):
         return 0.0
     h, i = cfg.hidden_size, cfg.intermediate_size
     # (weights, K): qkv and gate_up over the hidden size, o_proj over the heads, down over the MLP
     parts = [(h * (cfg.q_size + 2 * cfg.kv_size + 2 * i), h), (cfg.q_size * h, cfg.q_size), (i * h, i)]
-    served = sum(n for n, k in parts if row_kernel_k(k, k if q.group_size == -1 else q.group_size))
+    per_row = q.method == "fp8" or q.group_size == -1  # one scale a row
+    served = sum(n for n, k in parts if row_kernel_k(k, tile_group(k, k) if per_row else q.group_size))
     return served / sum(n for n, _ in parts)
 
 
@@ -140,9 +142,14 @@ def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def fp8_gpu(device: torch.device) -> bool:
+    """Whether the device decodes FP8 weights natively (compute capability 8.9 and later)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def _keep(device: torch.device):
     """The packed tensors a packing load keeps: decoder-layer projections (FP8 where the GPU has it)."""
-    fp8 = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    fp8 = fp8_gpu(device)
     return lambda name, p: keeps_packed(name) and (p.format != "FP8" or fp8)
 
 
@@ -166,7 +173,7 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
     matrices: Counter = Counter()
     tensors = _counting_matrices(iter_tensors(files), matrices)
     packed = cfg.quantization is not None and packs_weights(device, dtype, options, cfg, max_len,
-                                                            quant_one_row_share(cfg))
+                                                            quant_one_row_share(cfg, fp8_gpu(device)))
     if cfg.quantization is not None:
         tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name), _keep(device) if packed else None)
     model = build_model(cfg, tensors, folder.name, device, dtype, max_len, options, packed)

@@ -11,6 +11,8 @@ k-quants, else the layout's type; a tied lm_head reads the embeddings' blocks):
     Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0   every projection of that type
     AWQ      4-bit, group 128, zero points (AutoAWQ's GEMM layout); embeddings and lm_head bf16,
              as AWQ checkpoints keep them
+    FP8      float8 e4m3 with one scale per output channel; embeddings and lm_head bf16, as FP8
+             checkpoints keep them
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import torch
 
 from engine.errors import UserError
 from engine.weights.gguf_blocks import BLOCKS
-from engine.weights.packed import PackedWeight, awq_weight, gguf_weight
+from engine.weights.packed import PackedWeight, awq_weight, fp8_weight, gguf_weight
 
-LAYOUTS = ("Q4_K_M", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "AWQ")
+LAYOUTS = ("Q4_K_M", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "AWQ", "FP8")
 # Byte offsets of each block type's fp16 scale fields (d, and dmin or m where there is one).
 _SCALE_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
                  "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
@@ -43,6 +45,13 @@ def random_awq(n: int, k: int, device, gen: torch.Generator, group: int = 128) -
     return awq_weight(words(k), words(k // group), scales, group, "random")
 
 
+def random_fp8(n: int, k: int, device, gen: torch.Generator) -> PackedWeight:
+    """Normal values over e4m3's range (subnormals included), one scale an output channel."""
+    values = torch.randn(n, k, device=device, generator=gen).mul_(64).clamp_(-448, 448)
+    scales = torch.rand(n, device=device, generator=gen) * 2e-5 + 1e-5
+    return fp8_weight(values.to(torch.float8_e4m3fn), scales, "random")
+
+
 def use_more_bits(layer: int, layers: int) -> bool:
     """llama.cpp's rule for the layers whose attn_v and ffn_down a Q4_K_M file keeps in Q6_K."""
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
@@ -58,6 +67,8 @@ def layer_parts(layout: str, layer: int, layers: int, cfg, device, gen) -> dict[
     def part(role: str, n: int, k: int) -> PackedWeight:
         if layout == "AWQ":
             return random_awq(n, k, device, gen)
+        if layout == "FP8":
+            return random_fp8(n, k, device, gen)
         kind = layout
         if layout == "Q4_K_M":
             kind = "Q6_K" if role in ("v", "down") and use_more_bits(layer, layers) else "Q4_K"
@@ -70,8 +81,8 @@ def layer_parts(layout: str, layer: int, layers: int, cfg, device, gen) -> dict[
 
 
 def table_kinds(layout: str) -> tuple[str, str] | None:
-    """(the embeddings' type, lm_head's) of a GGUF layout's file; None: AWQ (both stay bf16)."""
-    if layout == "AWQ":
+    """(the embeddings' type, lm_head's) of a GGUF layout's file; None: AWQ and FP8 (both stay bf16)."""
+    if layout in ("AWQ", "FP8"):
         return None
     embed = "Q4_K" if layout == "Q4_K_M" else layout
     return embed, ("Q6_K" if layout in ("Q4_K_M", "Q4_K", "Q5_K", "Q6_K") else layout)

@@ -21,6 +21,7 @@ for a prefill of any length; dequantize_packed, the weight decoded into a dense 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -236,15 +237,29 @@ def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
 
 
 def _per_word(kind: int) -> int:
-    return 4 if kind == INT8 else 8
+    return 4 if kind in (INT8, FP8) else 8
+
+
+def tile_group(k: int, group: int) -> int:
+    """The group the one-row kernel's chunks keep inside: the weight's own, or where one scale
+    serves a whole row (FP8, AWQ/GPTQ without groups) the largest power of two up to 512 that
+    divides K, so that K is whole chunks and a step of 4,096 can end past K's end (14,336)."""
+    return math.gcd(k, 512) if group == k else group
+
+
+def row_tile_for(weight: GroupedWeight) -> RowTile:
+    """The tile packed_row_gemv takes for this weight when none is given."""
+    n, k = weight.shape
+    return default_row_tile(n, k, tile_group(k, weight.group), _per_word(weight.kind))
 
 
 def row_kernel_fits(weight: GroupedWeight) -> bool:
-    """The weights the one-row kernel serves: every kind but FP8 (nibbles, the 5- and 6-bit kinds
-    with their plane of high bits, int8), over a K whose steps fill four warps (2,048 and longer).
+    """The weights the one-row kernel serves: every kind (nibbles, the 5- and 6-bit kinds with
+    their plane of high bits, int8, FP8), over a K whose steps fill four warps (2,048 and longer).
     A short K (a small model's, one warp a program) was never measured faster than packed_gemv,
     and stays on it."""
-    return weight.kind != FP8 and row_kernel_k(weight.shape[1], weight.group)
+    k = weight.shape[1]
+    return row_kernel_k(k, tile_group(k, weight.group))
 
 
 def row_kernel_k(k: int, group: int) -> bool:
@@ -264,7 +279,8 @@ def _row_kernel():
     def packed_row_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
                           N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
                           G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
-                          ONE_BYTE: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
+                          ONE_BYTE: tl.constexpr, FP8: tl.constexpr, FP8_ASM: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
@@ -281,6 +297,9 @@ def _row_kernel():
         # another shift and LOP3; int8's sign bit is flipped in the same LOP3 (u = q + 128). v is
         # multiplied by its x (one FMA), and a chunk's scale and offset are applied once a thread:
         # sum(w x) = 2^BITS s sum(v x) + (o - (2^BITS + ZERO) s) sum(x).
+        # FP8 bytes are converted by the hardware, a word at a time: two e4m3 pairs to f16 pairs,
+        # then each half to float32 (exact: f16 holds every e4m3 value, subnormals too), v = q
+        # and sum(w x) = s sum(v x).
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         BITS: tl.constexpr = 8 if ONE_BYTE else 4 + HIGH
         LOW: tl.constexpr = 23 - BITS  # the stored value's lowest bit in v
@@ -327,6 +346,20 @@ def _row_kernel():
                 # that element i's bits sit at HIGH * i
                 hw = tl.load(h_words + n4 * (stride_h // 4) + kc4 * HIGH // 32 + word4 // QPH)
                 hw = hw >> ((word4 % QPH) * (8 * HIGH))
+            if FP8:
+                if FP8_ASM:
+                    f0, f1, f2, f3 = tl.inline_asm_elementwise(
+                        "{.reg .b16 l, h, a0, a1, b0, b1; .reg .b32 a, b; mov.b32 {l, h}, $4;"
+                        " cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {a0, a1}, a;"
+                        " mov.b32 {b0, b1}, b; cvt.f32.f16 $0, a0; cvt.f32.f16 $1, a1; cvt.f32.f16 $2, b0;"
+                        " cvt.f32.f16 $3, b1;}",
+                        "=r,=r,=r,=r,r", [w], dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                        is_pure=True, pack=1)
+                else:  # Triton's interpreter: the same values through Triton's conversion
+                    f0 = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                    f1 = ((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                    f2 = ((w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                    f3 = ((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
             dot = tl.zeros([WD, C, BLOCK_N, VEC], tl.float32)
             xsum = tl.zeros([WD, C, 1, VEC], tl.float32)
             xi = (kc4 + EPW * word4)[:, :, :, :, None] + 2 * t5  # (WD, C, 1, VEC, EPW / 2): inputs 8j + 2t
@@ -369,7 +402,9 @@ def _row_kernel():
                         lo = (w << (LOW - at)) & low_mask
                     else:
                         lo = (w >> (at - LOW)) & low_mask
-                    if ONE_BYTE:
+                    if FP8:
+                        v = (f0 if i == 0 else (f1 if i == 1 else (f2 if i == 2 else f3))).to(tl.int32, bitcast=True)
+                    elif ONE_BYTE:
                         v = lo ^ 0x3FC00000  # 1.0's bits, and u = q + 128: the sign bit flipped
                     elif HIGH > 0:
                         # two LOP3s: (lo & mask) ^ 1.0 as the nibbles', then | (hs & high_mask).
@@ -380,15 +415,23 @@ def _row_kernel():
                         v = lo | 0x3F800000
                     xv = xe if e == 0 else xo
                     dot += v.to(tl.float32, bitcast=True) * xv
-                xsum += xe + xo
-            o_b = -((1 << BITS) + ZERO) * s
-            if HAS_OFFSET:
-                o_b += o
-            s_b = s * (1 << BITS)
+                if not FP8:
+                    xsum += xe + xo
+            if FP8:
+                s_b = s
+            else:
+                o_b = -((1 << BITS) + ZERO) * s
+                if HAS_OFFSET:
+                    o_b += o
+                s_b = s * (1 << BITS)
             if kk + BLOCK_K > K_PER_SPLIT:
                 s_b = tl.where(c_in, s_b, 0.0)
-                o_b = tl.where(c_in, o_b, 0.0)
-            acc += tl.sum(dot, axis=3) * s_b + o_b * tl.sum(xsum, axis=3)
+                if not FP8:
+                    o_b = tl.where(c_in, o_b, 0.0)
+            if FP8:
+                acc += tl.sum(dot, axis=3) * s_b
+            else:
+                acc += tl.sum(dot, axis=3) * s_b + o_b * tl.sum(xsum, axis=3)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -415,29 +458,30 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     bits. Values within rounding of packed_gemv_ref."""
     m, k = x.shape
     n = weight.shape[0]
-    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1 and weight.kind != FP8
+    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1
     per_word = _per_word(weight.kind)
-    tile = tile or default_row_tile(n, k, weight.group, per_word)
-    chunk = min(weight.group, tile.block_k)
+    group = tile_group(k, weight.group)
+    tile = tile or row_tile_for(weight)
+    chunk = min(group, tile.block_k)
     high = HIGH_BITS.get(weight.kind, 0)
     # K's shares whole chunks (the last step of a share may pass its end); a chunk whole words
     # of weights, and of high bits
     assert k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0, (k, tile)
-    assert weight.group % chunk == 0 and chunk % per_word == 0 and chunk * high % 32 == 0, (weight.group, tile)
+    assert group % chunk == 0 and chunk % per_word == 0 and chunk * high % 32 == 0, (weight.group, tile)
     if out is None:
         out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
     vec = min(max(1, tile.vec // 4), chunk // per_word)  # in words
     part, counters = _split_buffers(tile.split_k, 1, n, tiles, out)
-    args = {name: v for name, v in _weight_args(weight).items() if name != "FP8"}
+    args = _weight_args(weight)
     bits = 8 if per_word == 4 else 4 + high
     low = 23 - bits
     x_kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
     _row_kernel()[(tiles, tile.split_k)](
         x, b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, N=n, **args,
         low_mask=((1 << (32 // per_word)) - 1) << low, high_mask=((1 << high) - 1) << (low + 4),
-        HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
+        FP8_ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
         num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
     return out
@@ -556,4 +600,4 @@ def packed_gemv_ref(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
 
 
 __all__ = ["INT8", "SIGNED_NIBBLES", "MatmulTile", "PackedTile", "RowTile", "dequantize_packed", "packed_matmul", "default_row_tile", "default_tile", "packed_gemv",
-           "packed_gemv_ref", "packed_row_gemv", "row_kernel_fits", "row_kernel_k"]
+           "packed_gemv_ref", "packed_row_gemv", "row_kernel_fits", "row_kernel_k", "row_tile_for", "tile_group"]

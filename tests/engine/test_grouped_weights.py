@@ -161,11 +161,12 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
                 assert torch.equal(out, singles[:m]), (name, m, tile)
 
 
-# every kind but FP8: nibbles, the 5- and 6-bit kinds (their high bits in a plane), int8; and K
-# no power of two (3 blocks of 256, 3 groups of 128), whose last steps pass K's end
-ROW_CASES = [c for c in KERNEL_CASES if not c[0].startswith("fp8")] + [
+# every kind: nibbles, the 5- and 6-bit kinds (their high bits in a plane), int8, FP8; and K no
+# power of two (3 blocks of 256, 3 groups of 128, FP8's 5 chunks of 512), whose last steps pass
+# K's end
+ROW_CASES = KERNEL_CASES + [
     ("gguf Q6_K K768", [_gguf("Q6_K", 8, 768, 9)]), ("gguf Q8_0 K96", [_gguf("Q8_0", 8, 96, 10)]),
-    ("awq g128 K384", [_int4("awq", 32, 384, 128)])]
+    ("awq g128 K384", [_int4("awq", 32, 384, 128)]), ("fp8 per tensor K2560", [_fp8(16, 2560, False)])]
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
@@ -174,10 +175,13 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
     """The one-row kernel (an engine with no draft loaded), several tiles, K split or not, with and
     without a bias, x in bf16, fp16 and (the interpreter) fp32: == the weight dequantized and
     rounded as a load does, then F.linear."""
-    from engine.kernels.packed_gemv import RowTile, packed_gemv_ref, packed_row_gemv
+    from engine.kernels.packed_gemv import RowTile, packed_gemv_ref, packed_row_gemv, tile_group
 
+    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
     g = from_packed(parts).to(device)
     n, k = g.shape
+    group = tile_group(k, g.group)
     gen = torch.Generator().manual_seed(n + k + 1)
     x32 = torch.randn(1, k, generator=gen)
     bias32 = torch.randn(n, generator=gen)
@@ -191,8 +195,8 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
         tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
         want = {b is None: packed_gemv_ref(x.float(), g, None if b is None else b.float()) for b in (None, bias)}
         for tile in tiles:
-            if tile is not None and (k % tile.split_k or (k // tile.split_k) % min(g.group, tile.block_k)
-                                     or (tile.block_k % g.group and g.group % tile.block_k)):
+            if tile is not None and (k % tile.split_k or (k // tile.split_k) % min(group, tile.block_k)
+                                     or (tile.block_k % group and group % tile.block_k)):
                 continue
             for b in (None, bias):
                 out = packed_row_gemv(x, g, b, tile)
@@ -290,8 +294,8 @@ def test_a_long_step_runs_the_way_asked(monkeypatch):
 
 
 def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
-    """No draft (batch_invariant off): a one-row step of any kind but FP8 takes packed_row_gemv; a
-    loaded draft, several rows, FP8, a short K, or LOCALCHAT_PACKED_ROW=0 keep the batch-invariant
+    """No draft (batch_invariant off): a one-row step of any kind takes packed_row_gemv; a loaded
+    draft, several rows, a short K, or LOCALCHAT_PACKED_ROW=0 keep the batch-invariant
     packed_gemv, so verify rows still carry the decode step's bits."""
     from engine.kernels.packed_gemv import packed_gemv, packed_row_gemv
     from engine.ops import routed_linear
@@ -306,7 +310,7 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                     "fp8 per channel": from_packed([_fp8(16, 2048, True)]),
                     "short K": from_packed([_gguf("Q4_0", 8, 576, 7)])})
     for name, block in by_kind.items():
-        row = name not in ("fp8 per channel", "short K")
+        row = name != "short K"
         assert kernel_for(block, 1, one_row=True) is (packed_row_gemv if row else packed_gemv), name
         assert kernel_for(block, 1, one_row=False) is packed_gemv
         assert kernel_for(block, 5, one_row=True) is packed_gemv
@@ -354,8 +358,8 @@ def test_a_projection_of_mixed_formats_keeps_a_block_per_format(device):
 
 def test_random_packed_layouts_pack_a_model():
     """The benchmarks' random packed models (--random-quant): every decoder-layer projection a
-    PackedLinear of the layout, Q4_K_M's Q6_K v and down on the layers llama.cpp gives more bits,
-    and the model still runs (the CPU dequantizes each call)."""
+    PackedLinear of the layout (FP8: finite e4m3 values, one scale a channel), Q4_K_M's Q6_K v and
+    down on the layers llama.cpp gives more bits, and the model still runs (the CPU dequantizes each call)."""
     from benchmarks.harness.random_packed import pack_model, table_kinds, use_more_bits
     from benchmarks.harness.shapes import _random_tensors
     from engine.config import ModelConfig
@@ -369,7 +373,7 @@ def test_random_packed_layouts_pack_a_model():
            "max_position_embeddings": 64}
     cfg = ModelConfig.from_hf(raw, "tiny")
     dev = torch.device("cpu")
-    for layout in ("Q4_K_M", "AWQ", "Q8_0"):
+    for layout in ("Q4_K_M", "AWQ", "Q8_0", "FP8"):
         model = build_model(cfg, _random_tensors(cfg, dev, torch.float32), "tiny", dev, torch.float32, 64)
         assert pack_model(model, layout) > 0
         for i, layer in enumerate(model.model.layers):
@@ -380,8 +384,10 @@ def test_random_packed_layouts_pack_a_model():
                 assert qkv.format == ("Q4_K+Q6_K" if more else "Q4_K") and down.format == ("Q6_K" if more else "Q4_K")
             else:
                 assert qkv.format == layout
+            if layout == "FP8":
+                assert all(torch.isfinite(b.q.float()).all() and b.scale.shape == (b.shape[0], 1) for b in qkv.blocks)
         embed, head = model.model.embed_tokens, model.lm_head
-        if layout == "AWQ":  # as AWQ checkpoints keep them
+        if layout in ("AWQ", "FP8"):  # as their checkpoints keep them
             assert isinstance(embed, torch.nn.Embedding) and isinstance(head, torch.nn.Linear)
         else:
             assert (embed.format, head.format) == table_kinds(layout) == (("Q4_K", "Q6_K") if layout == "Q4_K_M"

@@ -101,3 +101,37 @@ def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype
         tol = dict(atol=1e-2 * float(want.abs().max()), rtol=3e-2)
         for got in (a(x[:1], one_row=True), a(x, prefill="fused"), a(x, prefill="dequant"), a(x, prefill="torch")):
             torch.testing.assert_close(got.float(), want[:got.shape[0]], **tol)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per channel", "per tensor"])
+def test_an_fp8_checkpoint_without_a_draft_runs_the_row_kernel(tmp_path, per_channel):
+    """An FP8 weight-only checkpoint (hidden 2,048), no draft loaded: one-row steps on
+    packed_row_gemv (the hardware's e4m3 conversion), within bf16 rounding of the dequantized
+    model's projections and of the batch-invariant kernel's; the engine decodes its 48 tokens."""
+    from engine.engine import Engine
+    from engine.kernels.packed_gemv import packed_row_gemv
+    from engine.options import KernelOptions
+    from engine.packed_linear import kernel_for
+    from tests.tiny import make_tiny_model
+    from tests.tiny_quant import quantized_folder
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    src = make_tiny_model(tmp_path / "float", "llama", num_layers=2, hidden=2048, seed=3)
+    target = tmp_path / "fp8"
+    quantized_folder(src, target, "fp8", {"quant_method": "fp8", "activation_scheme": "dynamic"},
+                     per_channel=per_channel)
+    packed = Engine.load(str(target), device="cuda", options=KernelOptions(packed_weights=True))
+    assert packed.runs_as == "FP8-e4m3"
+    assert len(tokens(packed)) == 48
+    dense = Engine.load(str(target), device="cuda", options=KernelOptions(packed_weights=False))
+    for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+        a = packed.runner.model.model.layers[1].get_submodule(name)
+        b = dense.runner.model.model.layers[1].get_submodule(name)
+        assert all(kernel_for(block, 1, one_row=True) is packed_row_gemv for block in a.blocks), name
+        x = torch.randn(8, b.in_features, device="cuda", dtype=torch.bfloat16)
+        want = b(x).float()
+        tol = dict(atol=1e-2 * float(want.abs().max()), rtol=3e-2)
+        for i in range(4):
+            torch.testing.assert_close(a(x[i:i + 1], one_row=True).float(), want[i:i + 1], **tol)
+            torch.testing.assert_close(a(x[i:i + 1], one_row=False).float(), want[i:i + 1], **tol)

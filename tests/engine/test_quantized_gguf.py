@@ -281,7 +281,11 @@ def test_with_no_draft_a_model_the_one_row_kernel_runs_packs_even_where_it_fits(
     assert loader.quant_one_row_share(folder("awq", 4096, 14336)) == 1.0
     assert loader.quant_one_row_share(folder("awq", 3584, 18944)) == 1.0
     assert loader.quant_one_row_share(folder("awq", 576, 1536)) == 0.0
-    assert loader.quant_one_row_share(folder("fp8", 4096, 14336)) == 0.0
+    # FP8: one scale a row, the kernel's chunks 512 wide; on a GPU without FP8 it is dequantized
+    assert loader.quant_one_row_share(folder("fp8", 4096, 14336)) == 1.0
+    assert loader.quant_one_row_share(folder("fp8", 3584, 18944)) == 1.0
+    assert loader.quant_one_row_share(folder("fp8", 4096, 14336), fp8=False) == 0.0
+    assert loader.quant_one_row_share(folder("fp8", 576, 1536)) == 0.0
     assert loader.quant_one_row_share(cfg) == 0.0
 
 
