@@ -196,12 +196,14 @@ def _quantized_rule(gpu: bool) -> str:
     if not gpu:
         return "GGUF, AWQ, GPTQ and FP8 weights run dequantized to fp32 (CPU)"
     packed = KernelOptions.from_env().packed_weights
+    x = ("; all but FP8 meet the activations rounded to int8 with no draft loaded "
+         "(LOCALCHAT_PACKED_ROW_X=bf16 keeps them bf16)" if KernelOptions.from_env().packed_row_x == "int8" else "")
     if packed is None:
         return ("GGUF, AWQ, GPTQ and FP8 weights run as bf16 where that fits in the GPU's free memory, "
                 "else decoded in place, as are all with widths of 2,048 and more (FP8 where the GPU has it) "
                 "and no draft loaded "
-                "(LOCALCHAT_PACKED_WEIGHTS=1 always, =0 never)")
-    return ("GGUF, AWQ, GPTQ and FP8 weights run decoded in place (LOCALCHAT_PACKED_WEIGHTS=1)" if packed
+                "(LOCALCHAT_PACKED_WEIGHTS=1 always, =0 never)" + x)
+    return ("GGUF, AWQ, GPTQ and FP8 weights run decoded in place (LOCALCHAT_PACKED_WEIGHTS=1)" + x if packed
             else "GGUF, AWQ, GPTQ and FP8 weights run dequantized to bf16 (LOCALCHAT_PACKED_WEIGHTS=0)")
 
 

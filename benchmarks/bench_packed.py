@@ -5,11 +5,12 @@ the GroupedWeight conversion a load runs) and each of the 8B's four layer projec
 packed_gemv at 1 and 16 rows inside CUDA graphs over weight copies larger than L2, beside the
 fastest one-row bf16 kernel (cuBLAS or our GEMV), and reports the bandwidth each reaches from
 its own bytes (weights + scales + offsets) against the measured copy bandwidth, and the one-row
-kernel of an engine with no draft (packed_row_gemv). --sweep also tries other tiles at one row,
-for both kernels. Last, a layer's four projections summed: what a decode step's
-GEMVs cost per layer in each format.
+kernel of an engine with no draft (packed_row_gemv), for the 4-bit kinds also with x rounded to
+int8 (int8_x). --sweep also tries other tiles at one row, for all three; --int8-x-sweep for the
+last alone. Last, a layer's four projections summed: what a decode step's GEMVs cost per layer
+in each format.
 
-    python benchmarks/bench_packed.py --out packed.json [--sweep] [--layouts Q4_K_M,AWQ]
+    python benchmarks/bench_packed.py --out packed.json [--sweep | --int8-x-sweep] [--layouts Q4_K_M,AWQ]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.gemv import gemv  # noqa: E402
 from engine.kernels.packed_gemv import (  # noqa: E402
     PackedTile, RowTile, default_tile, packed_gemv, packed_gemv_ref, packed_row_gemv, row_kernel_fits,
-    row_tile_for, tile_group,
+    INT8_X_KINDS, row_tile_for, tile_group,
 )
 from engine.weights.grouped import KIND_NAMES, grouped_blocks  # noqa: E402
 
@@ -51,6 +52,11 @@ SWEEP = [PackedTile(*c) for c in [
 ROW_SWEEP = [RowTile(*c) for c in [
     (4, 4096, 1, 4, 3, 16), (8, 4096, 1, 4, 3, 16), (4, 2048, 1, 4, 3, 8), (8, 2048, 1, 4, 3, 8),
     (16, 4096, 1, 8, 3, 16), (4, 2048, 1, 4, 3, 16), (8, 1024, 1, 4, 3, 8), (4, 2048, 2, 4, 3, 8),
+]]
+# int8 x: more rows a program share each vector's rounding of x
+XQ_SWEEP = [RowTile(*c) for c in [
+    (4, 4096, 1, 4, 3, 16), (8, 4096, 1, 4, 3, 16), (16, 4096, 1, 4, 3, 16), (16, 4096, 1, 8, 3, 16),
+    (8, 2048, 1, 4, 3, 16), (16, 2048, 1, 4, 3, 16), (32, 2048, 1, 8, 3, 16), (8, 2048, 1, 4, 3, 8),
 ]]
 
 
@@ -77,14 +83,14 @@ def run_blocks(x, blocks, out, tile=None):
     return out
 
 
-def run_row(x, blocks, out, tile=None):
-    """As an engine with no draft runs one row: the one-row kernel where it serves (row_kernel_fits),
-    packed_gemv's default tile elsewhere (a short K)."""
+def run_row(x, blocks, out, tile=None, int8_x=False):
+    """As an engine with no draft runs one row: the one-row kernel where it serves (row_kernel_fits;
+    int8_x: x rounded to int8 for the 4-bit kinds), packed_gemv's default tile elsewhere (a short K)."""
     start = 0
     for b in blocks:
         stop = start + b.shape[0]
         if row_kernel_fits(b):
-            packed_row_gemv(x, b, None, tile, out=out[:, start:stop])
+            packed_row_gemv(x, b, None, tile, out=out[:, start:stop], int8_x=int8_x)
         else:
             packed_gemv(x, b, None, out=out[:, start:stop])
         start = stop
@@ -104,6 +110,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layouts", default=",".join(LAYOUT_KINDS))
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--int8-x-sweep", action="store_true", help="sweep only the int8-x row kernel's tiles")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--max-seconds", type=float, default=240)
@@ -146,6 +153,10 @@ def main() -> None:
             row_err = float((run_row(x1, blocks, out1.clone()).float() - ref1.float()).abs().max())
             us_row = time_graph(lambda i: run_row(x1, sets[i % copies], out1), args.iters, args.calls)
             us16 = time_graph(lambda i: run_blocks(xk, sets[i % copies], out16), args.iters, args.calls)
+            xq = any(b.kind in INT8_X_KINDS for b in blocks)
+            if xq:  # x rounded to int8 against the nibbles (int8_x), default tile
+                xq_err = float((run_row(x1, blocks, out1.clone(), None, True).float() - ref1.float()).abs().max())
+                us_xq = time_graph(lambda i: run_row(x1, sets[i % copies], out1, None, True), args.iters, args.calls)
             row = {"blocks": [f"{b.format} {KIND_NAMES[b.kind]} g{b.group} scale {str(b.scale.dtype)[6:]}"
                               + ("" if b.offset is None else f" offset {str(b.offset.dtype)[6:]}") for b in blocks],
                    "bytes": nbytes, "us_1": us1, "us_16": us16, "GBps_1": nbytes / us1 / 1e3,
@@ -156,6 +167,11 @@ def main() -> None:
                            "vs_bf16": report["bf16"][role]["best_us"] / us_row, "max_err_vs_ref": row_err,
                            "default_tile": str(row_tile_for(blocks[0])),
                            "tiles": []}}
+            if xq:
+                row["row_int8_x"] = {"us_1": us_xq, "GBps_1": nbytes / us_xq / 1e3,
+                                     "of_copy_bandwidth": nbytes / us_xq / 1e3 / (bw / 1e9),
+                                     "vs_bf16": report["bf16"][role]["best_us"] / us_xq,
+                                     "max_err_vs_ref": xq_err, "ref_max": float(ref1.float().abs().max()), "tiles": []}
             if args.sweep:
                 for tile in SWEEP:
                     if time.time() - t0 > args.max_seconds:
@@ -191,9 +207,31 @@ def main() -> None:
                 best = sorted((t for t in row["row"]["tiles"] if "us_1" in t), key=lambda t: t["us_1"])[:3]
                 for t in best:
                     print(f"  row tile {t['tile']}: {t['us_1']:.2f} us, max error {t['max_err_vs_ref']:.3g}", flush=True)
+            if xq and (args.sweep or args.int8_x_sweep):
+                for tile in XQ_SWEEP:
+                    if time.time() - t0 > args.max_seconds or not row_tile_fits(tile, k, blocks):
+                        continue
+                    try:
+                        us = time_graph(lambda i: run_row(x1, sets[i % copies], out1, tile, True), args.iters,
+                                        args.calls)
+                        got1 = run_row(x1, blocks, out1.clone(), tile, True)
+                    except Exception as e:
+                        row["row_int8_x"]["tiles"].append({"tile": str(tile), "error": repr(e)[:160]})
+                        continue
+                    row["row_int8_x"]["tiles"].append({"tile": [tile.block_n, tile.block_k, tile.split_k,
+                                                                tile.num_warps, tile.num_stages, tile.vec], "us_1": us,
+                                                       "max_err_vs_ref": float((got1.float() - ref1.float()).abs().max())})
+                best = sorted((t for t in row["row_int8_x"]["tiles"] if "us_1" in t), key=lambda t: t["us_1"])[:3]
+                for t in best:
+                    print(f"  int8 x tile {t['tile']}: {t['us_1']:.2f} us, max error {t['max_err_vs_ref']:.3g}",
+                          flush=True)
             print(f"{layout:6s} {role:8s} row kernel {us_row:8.2f} us  {nbytes / us_row / 1e3:7.0f} GB/s = "
                   f"{100 * row['row']['of_copy_bandwidth']:5.1f}% of copy, x{row['row']['vs_bf16']:.2f} vs bf16, "
                   f"max error {row_err:.3g}", flush=True)
+            if xq:
+                print(f"{layout:6s} {role:8s} int8 x     {us_xq:8.2f} us  {nbytes / us_xq / 1e3:7.0f} GB/s = "
+                      f"{100 * row['row_int8_x']['of_copy_bandwidth']:5.1f}% of copy, x{row['row_int8_x']['vs_bf16']:.2f} "
+                      f"vs bf16, max error {xq_err:.3g} (of {row['row_int8_x']['ref_max']:.3g})", flush=True)
             entry[role] = row
             timed = [t for t in row["tiles"] if "us_1" in t]
             for t in sorted(timed, key=lambda t: t["us_1"])[:3]:
@@ -208,11 +246,14 @@ def main() -> None:
             layer = sum(entry[r]["us_1"] for r in SHAPES)
             bf16 = sum(report["bf16"][r]["best_us"] for r in SHAPES)
             row_layer = sum(entry[r]["row"]["us_1"] for r in SHAPES)
+            xq_layer = sum(entry[r].get("row_int8_x", entry[r]["row"])["us_1"] for r in SHAPES)
             entry["layer"] = {"us_1": layer, "bf16_us_1": bf16, "speedup": bf16 / layer,
                               "row_us_1": row_layer, "row_speedup": bf16 / row_layer,
+                              "row_int8_x_us_1": xq_layer, "row_int8_x_speedup": bf16 / xq_layer,
                               "bytes": sum(entry[r]["bytes"] for r in SHAPES)}
             print(f"{layout:6s} layer    {layer:8.2f} us, row kernel {row_layer:8.2f} us, against bf16 {bf16:.2f}: "
-                  f"x{bf16 / layer:.2f}, row x{bf16 / row_layer:.2f}", flush=True)
+                  f"x{bf16 / layer:.2f}, row x{bf16 / row_layer:.2f}; int8 x {xq_layer:.2f} us, x{bf16 / xq_layer:.2f}",
+                  flush=True)
     args.out.write_text(json.dumps(report, indent=1))
 
 

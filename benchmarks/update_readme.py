@@ -53,27 +53,31 @@ ROWS = (
     ("spec", "the same with the chain and 10 runners-up verified (an earlier run)",
      "the same with `--runners-up on`", "h200_8b_forced35_runners_up.json"),
     ("packed", "8B shape, random weights packed as a Q4_K_M file (decoded inside the GEMV), plain decode, no draft "
-     "loaded (the one-row kernel)",
+     "loaded (the one-row kernel, the activations rounded to int8 against the blocks)",
      f"`{PACKED}` (and without `--random-quant`)",
-     "h200_8b_packed_Q4_K_M_high.json, h200_8b_bf16_high_session.json"),
+     "h200_8b_packed_Q4_K_M_int8x_high.json, h200_8b_bf16_int8x_high_session.json"),
     ("packed_short", "the same packed as Q5_K", "the same with `--random-quant Q5_K`",
-     "h200_8b_packed_Q5_K_high.json, h200_8b_bf16_high_session.json"),
-    ("packed_short", "the same packed as AWQ 4-bit (group 128) (an earlier run)", "the same with `--random-quant AWQ`",
-     "h200_8b_packed_AWQ_words.json, h200_8b_bf16_words_session.json"),
+     "h200_8b_packed_Q5_K_int8x_high.json, h200_8b_bf16_int8x_high_session.json"),
+    ("packed_short", "the same packed as Q6_K", "the same with `--random-quant Q6_K`",
+     "h200_8b_packed_Q6_K_int8x_high.json, h200_8b_bf16_int8x_high_session.json"),
+    ("packed_short", "the same packed as AWQ 4-bit (group 128) (another run)", "the same with `--random-quant AWQ`",
+     "h200_8b_packed_AWQ_int8x.json, h200_8b_bf16_int8x_session.json"),
+    ("packed_short", "the same packed as Q8_0 (another run)", "the same with `--random-quant Q8_0`",
+     "h200_8b_packed_Q8_0_int8x.json, h200_8b_bf16_int8x_q8_session.json"),
     ("packed_short", "the same as FP8 e4m3, one scale per output channel (another run)",
      "the same with `--random-quant FP8`", "h200_8b_packed_FP8_row.json, h200_8b_bf16_fp8_session.json"),
     ("packed_short", "Qwen2.5-7B shape (widths 3,584 and 18,944), random weights packed as Q4_K_M, no draft loaded",
-     f"`{QWEN}` (and without `--random-quant`; `LOCALCHAT_PACKED_ROW=0` for the batch-invariant kernel)",
-     "h200_qwen7b_packed_Q4_K_M.json, h200_qwen7b_bf16.json, h200_qwen7b_packed_Q4_K_M_row_off.json"),
+     f"`{QWEN}` (and without `--random-quant`)",
+     "h200_qwen7b_packed_Q4_K_M_int8x.json, h200_qwen7b_bf16_int8x_session.json"),
     ("packed_short", "the same packed as AWQ 4-bit (group 128)", "the same with `--random-quant AWQ`",
-     "h200_qwen7b_packed_AWQ.json, h200_qwen7b_bf16.json"),
+     "h200_qwen7b_packed_AWQ_int8x.json, h200_qwen7b_bf16_int8x_session.json"),
     ("prefill", "the same Q4_K_M file's prefill of 512-token prompts, each weight tile decoded inside the matmul",
      "the same with `--new-tokens 32`, `LOCALCHAT_PACKED_PREFILL=torch` for the slices",
      "h200_8b_prefill_Q4_K_M_fused.json, h200_8b_prefill_Q4_K_M_torch.json, h200_8b_bf16_row_session.json"),
     ("packed_memory", "8B shape as a Q4_K_M file, embeddings and lm_head packed too: GPU memory, 4,096-token cache",
      "python benchmarks/memory_breakdown.py --quant Q4_K_M", "h200_memory_8b_Q4_K_M_packed_tables.json"),
     ("spec", "Q4_K_M packed, random head forced to 3.5 tokens per verify step, k = 5 (an earlier run, before "
-     "the one-row kernel: against an engine with no draft as it runs now, 360 tok/s, this is 1.29x)",
+     "the one-row kernel: against an engine with no draft as it runs now, 436 tok/s, this is 1.06x)",
      "localchat bench --random-weights llama-8b --random-quant Q4_K_M --force-accept 3.5 --prompts 2 "
      "--new-tokens 256 --no-peer", "h200_8b_packed_Q4_K_M_forced35.json"),
     ("startup", "a fresh `localchat run --model demo` to the first byte of its answer, warm machine",
@@ -111,9 +115,11 @@ def row(kind: str, label: str, command: str, name: str) -> str:
         else:
             result = f"{tok:.0f} tok/s, peak {peak:.1f} GB"
             versus = f"bf16: {btok:.0f} tok/s ({tok / btok:.2f}x, {peak / bpeak:.2f}x the memory)"
-        if len(files) > 2:  # the same packed model on the batch-invariant kernel (a draft's)
+        if len(files) > 2:  # the same packed model with x kept in bf16, or on the batch-invariant kernel
             off = _load(files[2])["no_draft"]["decode_tok_s"]
-            versus += f"; the batch-invariant kernel: {off:.0f} tok/s ({tok / off:.2f}x)"
+            what = ("x kept in bf16 (`LOCALCHAT_PACKED_ROW_X=bf16`)" if "bf16x" in files[2]
+                    else "the batch-invariant kernel")
+            versus += f"; {what}: {off:.0f} tok/s ({tok / off:.2f}x)"
     elif kind == "prefill":  # packed_matmul against the torch slices (same machine), bf16 from a run beside
         got, old, bf16 = (_load(f)["no_draft"] for f in files)
         result = f"{got['prefill_tok_s']:.0f} tok/s, first token {1000 * got['ttft_s']:.0f} ms"

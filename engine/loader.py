@@ -55,8 +55,8 @@ def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dt
 
 # With no draft loaded, a model whose projections run the one-row kernel (GGUF blocks, AWQ, GPTQ
 # or, on a GPU with FP8, FP8 over widths of 2,048 and more) decodes faster packed than as bf16, in
-# a third to three fifths of the memory (on an H200, the 8B shape: Q4_K_M 1.44x, Q6_K 1.20x, Q8_0
-# 1.23x, AWQ 1.57x, FP8 1.45x; Qwen2.5-7B's Q4_K_M 1.39x; docs/performance.md), so auto packs it
+# a third to three fifths of the memory (on an H200, the 8B shape: Q4_K_M 1.74x, Q6_K 1.41x, Q8_0
+# 1.59x, AWQ 1.90x, FP8 1.45x; Qwen2.5-7B's Q4_K_M 1.58x; docs/performance.md), so auto packs it
 # even where the dense model fits when at
 # least this share of its projections' weights would run that kernel. A loaded draft verifies on
 # the batch-invariant packed kernel, slower than bf16's: there the memory rule alone.

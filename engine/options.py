@@ -73,6 +73,10 @@ class KernelOptions:
     # padding to 16 rows); with a draft, the batch-invariant tile of packed_gemv, so that verify rows
     # keep the decode step's bits. LOCALCHAT_PACKED_ROW=0: packed_gemv either way.
     packed_row: bool = True
+    # There, x rounded to int8 (one scale per 16-32 inputs) against every block type but FP8 by
+    # integer dot products, as llama.cpp's kernels do ("int8"), or in its own precision ("bf16").
+    # LOCALCHAT_PACKED_ROW_X=int8|bf16.
+    packed_row_x: str = "int8"
     # A packed model's long steps (prefill) on a GPU (engine/packed_linear.py PREFILL_WAYS):
     # "fused" decodes tiles inside a Triton matmul; "dequant" decodes a slice of each weight by a
     # kernel, then cuBLAS; "torch" dequantizes slices by the torch reference. On an H200, 8B
@@ -144,6 +148,7 @@ class KernelOptions:
             packed_weights=None if env.get("LOCALCHAT_PACKED_WEIGHTS", "").strip() == ""
             else _flag(env, "LOCALCHAT_PACKED_WEIGHTS"),
             packed_row=_flag(env, "LOCALCHAT_PACKED_ROW"),
+            packed_row_x=_choice(env, "LOCALCHAT_PACKED_ROW_X", ("int8", "bf16"), "int8"),
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),

@@ -89,14 +89,21 @@ class PackedLinear(nn.Module):
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 
-    def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "fused") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "fused",
+                int8_x: bool = False) -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not the
-        batch-invariant packed_gemv. prefill: how a longer step runs on the GPU (PREFILL_WAYS)."""
+        batch-invariant packed_gemv; int8_x: there with x rounded to int8 (every kind but FP8).
+        prefill: how a longer step runs on the GPU (PREFILL_WAYS)."""
+        from engine.kernels.packed_gemv import packed_row_gemv
+
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda and 1 <= rows.shape[0] <= MAX_ROWS and rows.dtype in (torch.bfloat16, torch.float16):
             def gemv(x, block, bias, out=None):
-                return kernel_for(block, x.shape[0], one_row)(x, block, bias, out=out)
+                kernel = kernel_for(block, x.shape[0], one_row)
+                if kernel is packed_row_gemv:
+                    return kernel(x, block, bias, out=out, int8_x=int8_x)
+                return kernel(x, block, bias, out=out)
 
             rows = rows if rows.stride(1) == 1 else rows.contiguous()
             blocks = self.blocks

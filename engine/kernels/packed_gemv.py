@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from engine.kernels import triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
 from engine.weights.grouped import (
-    FP8, HIGH_BITS, INT8, SIGNED_NIBBLES, ZERO, GroupedWeight, dequantize_grouped,
+    BITS5, BITS6, FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_BITS5, SIGNED_BITS6, SIGNED_NIBBLES, ZERO, GroupedWeight,
+    dequantize_grouped,
 )
 
 MAX_ROWS = 16
@@ -236,6 +237,11 @@ def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
     raise ValueError(f"no K step fits K = {k} with groups of {group}")
 
 
+# The kinds packed_row_gemv can multiply by int8 x: nibbles, the 5- and 6-bit kinds (their high
+# bits spread into each byte), int8
+INT8_X_KINDS = (NIBBLES, SIGNED_NIBBLES, BITS5, SIGNED_BITS5, BITS6, SIGNED_BITS6, INT8)
+
+
 def _per_word(kind: int) -> int:
     return 4 if kind in (INT8, FP8) else 8
 
@@ -273,13 +279,60 @@ def _row_kernel():
     import triton
     import triton.language as tl
 
+    global x_pair, dp4a, spread1, spread2  # the kernel calls these by this module's names
     _kernel()  # binds sum_splits
+
+    @triton.jit
+    def x_pair(word, odd, X_KIND: tl.constexpr):
+        """A pair of x's inputs as float32: word's halves (bf16 or fp16), or word and odd (fp32)."""
+        if X_KIND == 2:
+            xe = word
+            xo = odd
+        elif X_KIND == 0:  # bf16: a float32's upper half
+            xe = (word << 16).to(tl.float32, bitcast=True)
+            xo = (word & -65536).to(tl.float32, bitcast=True)
+        else:
+            xe = (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            xo = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return xe, xo
+
+    @triton.jit
+    def spread2(h):
+        """2-bit fields at bits 0, 4, 8, 12 moved to 0, 8, 16, 24 (one a byte)."""
+        t = (h & 0x33) | ((h & 0x3300) << 8)
+        return (t & 0x00030003) | ((t & 0x00300030) << 4)
+
+    @triton.jit
+    def spread1(h):
+        """Bits 0, 2, 4, 6 moved to 0, 8, 16, 24 (one a byte)."""
+        t = (h & 0x5) | ((h & 0x50) << 12)
+        return (t & 0x00010001) | ((t & 0x00040004) << 6)
+
+    @triton.jit
+    def dp4a(a, b, c, SIGNED_A: tl.constexpr, ASM: tl.constexpr):
+        """c + the sum of a's 4 bytes (unsigned, or signed) times b's (signed): PTX's dp4a, or the
+        same integers by shifts (Triton's interpreter)."""
+        if ASM:
+            if SIGNED_A:
+                r = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                              dtype=tl.int32, is_pure=True, pack=1)
+            else:
+                r = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                              dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            r = c
+            for i in tl.static_range(4):
+                if SIGNED_A:
+                    r += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
+                else:
+                    r += ((a >> (8 * i)) & 0xFF) * ((b << (24 - 8 * i)) >> 24)
+        return r
 
     @triton.jit
     def packed_row_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
                           N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
                           G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
-                          ONE_BYTE: tl.constexpr, FP8: tl.constexpr, FP8_ASM: tl.constexpr,
+                          ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
                           HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
@@ -300,6 +353,15 @@ def _row_kernel():
         # FP8 bytes are converted by the hardware, a word at a time: two e4m3 pairs to f16 pairs,
         # then each half to float32 (exact: f16 holds every e4m3 value, subnormals too), v = q
         # and sum(w x) = s sum(v x).
+        # XQ (all but FP8): x's inputs of each vector (one thread's EPW VEC, inside
+        # one chunk) are rounded to int8 with one scale, x ~ sx xq, sx = max|x| / 127, and a word
+        # of 8 nibbles meets them in two dp4a (4 byte products summed into an int32 each): its
+        # low nibbles (elements 0, 2, 4, 6 after one LOP3) against the even inputs' bytes, the
+        # high ones against the odd: sum(w x) ~ sx (s sum(u xq) + (o - ZERO s) sum(xq)), exact
+        # integer sums: the core some 0.6 instructions a weight where the float path's takes 3. The 5- and
+        # 6-bit kinds first move each element's high bits (at HIGH i) to bits 4 and up of its
+        # byte (spread1, spread2: a few shifts and LOP3s a word). A word of int8 meets its 4
+        # inputs in one dp4a, signed as stored (no ZERO).
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         BITS: tl.constexpr = 8 if ONE_BYTE else 4 + HIGH
         LOW: tl.constexpr = 23 - BITS  # the stored value's lowest bit in v
@@ -347,7 +409,7 @@ def _row_kernel():
                 hw = tl.load(h_words + n4 * (stride_h // 4) + kc4 * HIGH // 32 + word4 // QPH)
                 hw = hw >> ((word4 % QPH) * (8 * HIGH))
             if FP8:
-                if FP8_ASM:
+                if ASM:
                     f0, f1, f2, f3 = tl.inline_asm_elementwise(
                         "{.reg .b16 l, h, a0, a1, b0, b1; .reg .b32 a, b; mov.b32 {l, h}, $4;"
                         " cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {a0, a1}, a;"
@@ -384,17 +446,54 @@ def _row_kernel():
                 if X_KIND == 2:
                     xo0, xo2 = tl.split(xo02)
                     xo1, xo3 = tl.split(xo13)
-            for t in tl.static_range(EPW // 2):  # pair t of each word: elements 2t and 2t + 1
-                word = x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3))
-                if X_KIND == 2:
-                    xe = word
-                    xo = xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3))
-                elif X_KIND == 0:  # bf16: a float32's upper half
-                    xe = (word << 16).to(tl.float32, bitcast=True)
-                    xo = (word & -65536).to(tl.float32, bitcast=True)
-                else:
-                    xe = (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-                    xo = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            if X_KIND != 2:  # (stand-ins: the odd inputs come from the same words)
+                xo0, xo1, xo2, xo3 = x0, x1, x0, x1
+                if EPW == 8:
+                    xo2, xo3 = x2, x3
+            if XQ:
+                amax = tl.zeros([WD, C, 1, VEC], tl.float32)
+                for t in tl.static_range(EPW // 2):
+                    xe, xo = x_pair(x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3)),
+                                    xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3)), X_KIND)
+                    amax = tl.maximum(amax, tl.maximum(tl.abs(xe), tl.abs(xo)))
+                amax = tl.max(amax, axis=3, keep_dims=True)  # (WD, C, 1, 1): a vector's
+                inv = 127.0 / tl.maximum(amax, 1e-30)  # a vector of zeros rounds to zeros
+                qe = tl.zeros([WD, C, 1, VEC], tl.int32)
+                qo = tl.zeros([WD, C, 1, VEC], tl.int32)
+                for t in tl.static_range(EPW // 2):
+                    xe, xo = x_pair(x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3)),
+                                    xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3)), X_KIND)
+                    # + 1.5 * 2^23 rounds to an integer in the float's low bits; its low byte is
+                    # the int8 (two's complement where negative)
+                    be = (xe * inv + 12582912.0).to(tl.int32, bitcast=True) & 0xFF
+                    bo = (xo * inv + 12582912.0).to(tl.int32, bitcast=True) & 0xFF
+                    if EPW == 8:  # even inputs' bytes in qe, odd in qo, as the nibbles split
+                        qe = qe | (be << (8 * t))
+                        qo = qo | (bo << (8 * t))
+                    else:  # int8: the 4 inputs of a word in order
+                        qe = qe | (be << (16 * t)) | (bo << (16 * t + 8))
+                zeros = tl.zeros([WD, C, BLOCK_N, VEC], tl.int32)
+                ones = tl.full([WD, C, 1, VEC], 0x01010101, tl.int32)
+                if EPW == 8:
+                    lo_e = w & 0x0F0F0F0F
+                    lo_o = (w >> 4) & 0x0F0F0F0F
+                    if HIGH == 2:  # each element's 2 high bits to bits 4-5 of its byte
+                        lo_e = lo_e | (spread2(hw & 0x3333) << 4)
+                        lo_o = lo_o | (spread2((hw >> 2) & 0x3333) << 4)
+                    elif HIGH == 1:
+                        lo_e = lo_e | (spread1(hw & 0x55) << 4)
+                        lo_o = lo_o | (spread1((hw >> 1) & 0x55) << 4)
+                    isum = dp4a(lo_o, qo, dp4a(lo_e, qe, zeros, False, ASM), False, ASM)
+                    # the rounded inputs' own sum for the offsets: the result is then exactly
+                    # the weights' values times the rounded x (x's own sum errs more where
+                    # ZERO is not 0)
+                    qsum = dp4a(ones, qo, dp4a(ones, qe, tl.zeros([WD, C, 1, VEC], tl.int32), False, ASM), False, ASM)
+                else:  # int8 bytes, signed as stored: no offset (q x, not u x)
+                    isum = dp4a(w, qe, zeros, True, ASM)
+                    qsum = dp4a(ones, qe, tl.zeros([WD, C, 1, VEC], tl.int32), False, ASM)
+            for t in tl.static_range(0 if XQ else EPW // 2):  # pair t of each word: elements 2t and 2t + 1
+                xe, xo = x_pair(x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3)),
+                                xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3)), X_KIND)
                 for e in tl.static_range(2):
                     i = 2 * t + e  # the element's place in its word
                     at = (32 // EPW) * i  # its low bits' place in the word
@@ -419,6 +518,11 @@ def _row_kernel():
                     xsum += xe + xo
             if FP8:
                 s_b = s
+            elif XQ:
+                s_b = s
+                o_b = -(0 if ONE_BYTE else ZERO) * s
+                if HAS_OFFSET:
+                    o_b += o
             else:
                 o_b = -((1 << BITS) + ZERO) * s
                 if HAS_OFFSET:
@@ -430,6 +534,12 @@ def _row_kernel():
                     o_b = tl.where(c_in, o_b, 0.0)
             if FP8:
                 acc += tl.sum(dot, axis=3) * s_b
+            elif XQ:
+                sx = tl.reshape(amax, (WD, C, 1)) * (1.0 / 127.0)
+                if ONE_BYTE and not HAS_OFFSET:
+                    acc += tl.sum(isum, axis=3).to(tl.float32) * s_b * sx
+                else:
+                    acc += (tl.sum(isum, axis=3).to(tl.float32) * s_b + tl.sum(qsum, axis=3).to(tl.float32) * o_b) * sx
             else:
                 acc += tl.sum(dot, axis=3) * s_b + o_b * tl.sum(xsum, axis=3)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
@@ -451,11 +561,15 @@ def _row_kernel():
 
 
 def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
-                    tile: RowTile | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                    tile: RowTile | None = None, out: torch.Tensor | None = None,
+                    int8_x: bool = False) -> torch.Tensor:
     """One row: x (1, K) -> (1, N), the weight decoded on CUDA cores and summed per lane (no
     tensor-core padding to 16 rows). Not batch-invariant with packed_gemv (another summation
     order): the path of an engine with no draft loaded, whose rows never need a verify step's
-    bits. Values within rounding of packed_gemv_ref."""
+    bits. Values within rounding of packed_gemv_ref.
+    int8_x: every kind but FP8 multiplies x rounded to int8 (one scale per 16-32 inputs) by
+    integer dot products (dp4a), as llama.cpp's kernels do: the weights' exact values times that
+    x, within x's rounding of the reference."""
     m, k = x.shape
     n = weight.shape[0]
     assert m == 1 and k == weight.shape[1] and x.stride(1) == 1
@@ -478,11 +592,12 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     bits = 8 if per_word == 4 else 4 + high
     low = 23 - bits
     x_kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
+    xq = int8_x and weight.kind in INT8_X_KINDS
     _row_kernel()[(tiles, tile.split_k)](
         x, b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, N=n, **args,
         low_mask=((1 << (32 // per_word)) - 1) << low, high_mask=((1 << high) - 1) << (low + 4),
-        FP8_ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
+        XQ=xq, ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k,
+        K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
         num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
     return out
 

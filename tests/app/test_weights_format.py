@@ -66,3 +66,6 @@ def test_doctor_says_what_quantized_weights_run_in(monkeypatch, capsys):
     assert "dequantized to bf16" in _quantized_rule(True)
     monkeypatch.setenv("LOCALCHAT_PACKED_WEIGHTS", "1")
     assert "decoded in place" in _quantized_rule(True)
+    assert "rounded to int8" in _quantized_rule(True)
+    monkeypatch.setenv("LOCALCHAT_PACKED_ROW_X", "bf16")
+    assert "int8" not in _quantized_rule(True)

@@ -14,6 +14,7 @@ import os
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 INTERPRET = os.environ.get("LOCALCHAT_TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 if INTERPRET:
@@ -222,6 +223,59 @@ def test_int8_default_row_tile_passes_k_end(device):
         torch.testing.assert_close(packed_row_gemv(x, g).float(), want, **tol)
 
 
+def _rounded_x(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x as packed_row_gemv's int8_x path rounds it: each block of inputs (a thread's vector) to
+    int8 with one scale, max|x| / 127, rounded to nearest."""
+    b = x.float().reshape(-1, block)
+    amax = b.abs().amax(dim=1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(b * inv) * (amax * (1.0 / 127.0))).reshape(x.shape)
+
+
+INT8_X_CASES = [c for c in KERNEL_CASES if not c[0].startswith("fp8")] + [
+    ("awq g128 K384", [_int4("awq", 32, 384, 128)]), ("gguf Q8_0 K96", [_gguf("Q8_0", 8, 96, 10)]),
+    ("gguf Q6_K K768", [_gguf("Q6_K", 8, 768, 9)])]
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("name,parts", INT8_X_CASES, ids=[c[0] for c in INT8_X_CASES])
+def test_packed_row_gemv_int8_x_is_the_weights_times_x_rounded(device, name, parts):
+    """int8_x on every kind but FP8 (nibbles, the 5- and 6-bit kinds, int8): the weights' exact values times x rounded to int8 per vector
+    (integer dot products), == F.linear of the dequantized weight and that rounded x within float
+    rounding (fp32 x under the interpreter; bf16 on the GPU); and within a few percent of the
+    unrounded reference. FP8 ignores int8_x."""
+    from engine.kernels.packed_gemv import RowTile, packed_gemv_ref, packed_row_gemv, row_tile_for
+
+    g = from_packed(parts).to(device)
+    n, k = g.shape
+    x32 = torch.randn(1, k, generator=torch.Generator().manual_seed(n + k + 5))
+    x32[0, :8] = 0.0  # a vector of zeros in part: its scale and its products stay finite
+    w = dequantize_grouped(g).float()
+    for tile in (None, RowTile(4, 256, num_warps=1, vec=16), RowTile(2, 512, num_warps=1, vec=8),
+                 RowTile(4, 64, split_k=2, vec=4)):
+        if tile is not None and (k % tile.split_k or (k // tile.split_k) % min(g.group, tile.block_k)
+                                 or (tile.block_k % g.group and g.group % tile.block_k)):
+            continue
+        t = tile or row_tile_for(g)
+        per_word = 4 if g.kind == INT8 else 8
+        vec = min(t.vec // 4, min(g.group, t.block_k) // per_word)
+        for dtype in (torch.bfloat16,) + ((torch.float32,) if device == "cpu" else ()):
+            x = x32.to(device, dtype)
+            got = packed_row_gemv(x, g, None, tile, int8_x=True).float()
+            want = F.linear(_rounded_x(x, per_word * vec), w)
+            scale = float(want.abs().max())
+            tol = 1e-5 if dtype == torch.float32 else 1e-2
+            assert float((got - want).abs().max()) <= tol * scale, (name, tile, dtype)
+            plain = packed_gemv_ref(x.float(), g)
+            assert float((got - plain).abs().max()) <= 0.05 * float(plain.abs().max()), (name, tile, dtype)
+    if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        return
+    other = from_packed([_fp8(16, 256, True)]).to(device)
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(6)).to(device, torch.bfloat16)
+    assert torch.equal(packed_row_gemv(x, other, None, RowTile(4, 256, num_warps=1, vec=16), int8_x=True),
+                       packed_row_gemv(x, other, None, RowTile(4, 256, num_warps=1, vec=16)))
+
+
 def test_default_row_tiles_fill_their_warps():
     """The one-row kernel's default tiles: on the 8B shape's projections a step's 8- or 16-byte
     vectors fill all four warps (tiles that left threads over ran 2x-6x slower on an H200); a
@@ -318,16 +372,17 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     asked = []
 
     class Recording(PackedLinear):
-        def forward(self, x, one_row=False, prefill="fused"):
-            asked.append(one_row)
+        def forward(self, x, one_row=False, prefill="fused", int8_x=False):
+            asked.append((one_row, int8_x))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
     x = torch.zeros(1, linear.in_features)
-    for options, want in ((KernelOptions(), True), (KernelOptions(batch_invariant=True), False),
-                          (KernelOptions(packed_row=False), False)):
+    for options, want in ((KernelOptions(), (True, True)), (KernelOptions(batch_invariant=True), (False, True)),
+                          (KernelOptions(packed_row=False), (False, True)),
+                          (KernelOptions(packed_row_x="bf16"), (True, False))):
         routed_linear(options, "unfused", x, linear, "qkv")
-        assert asked[-1] is want, options
+        assert asked[-1] == want, options
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])

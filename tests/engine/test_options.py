@@ -31,6 +31,9 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     assert default.packed_prefill == "fused"
+    assert default.packed_row_x == "int8"
+    for way in ("int8", "bf16"):
+        assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_X": way}).packed_row_x == way
     for way in ("dequant", "fused", "torch"):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_PREFILL": way}).packed_prefill == way
     assert default.row_stats == ("down",)
@@ -48,6 +51,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_NORM_STATS": "2"}, r"LOCALCHAT_NORM_STATS=.2.: use 1 \(on, the default\) or 0"),
                                       ({"LOCALCHAT_PACKED_PREFILL": "cublas"}, "LOCALCHAT_PACKED_PREFILL='cublas': use fused or dequant or torch"),
                                       ({"LOCALCHAT_PACKED_ROW": "yes"}, r"LOCALCHAT_PACKED_ROW=.yes.: use 1 \(on, the default\)"),
+                                      ({"LOCALCHAT_PACKED_ROW_X": "fp8"}, "LOCALCHAT_PACKED_ROW_X='fp8': use int8 or bf16"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
                                       ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use down"),
                                       ({"LOCALCHAT_ROW_STATS": ","}, "LOCALCHAT_ROW_STATS=','"),

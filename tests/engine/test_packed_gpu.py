@@ -76,8 +76,9 @@ def test_a_packed_gguf_target_speculates_like_plain_decoding(tmp_path, qtype):
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q4_0", "Q6_K", "Q5_K", "Q8_0"])
 def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype):
-    """No draft loaded: one-row steps on packed_row_gemv and the 37-token prompt's prefill through
-    packed_matmul, both within bf16 rounding of the dequantized model's projections, and the
+    """No draft loaded: one-row steps on packed_row_gemv (x in bf16, and rounded to int8 as the
+    engine runs them) and the 37-token prompt's prefill through packed_matmul, both within bf16
+    rounding (int8 x: its rounding) of the dequantized model's projections, and the
     engine decodes its 48 tokens; the switches back to the batch-invariant kernel and the
     dequantizing prefill give the same projections within rounding."""
     from engine.engine import Engine
@@ -101,6 +102,9 @@ def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype
         tol = dict(atol=1e-2 * float(want.abs().max()), rtol=3e-2)
         for got in (a(x[:1], one_row=True), a(x, prefill="fused"), a(x, prefill="dequant"), a(x, prefill="torch")):
             torch.testing.assert_close(got.float(), want[:got.shape[0]], **tol)
+        # x rounded to int8 (the engine's default one-row step): within that rounding, 3% of the largest
+        got = a(x[:1], one_row=True, int8_x=True).float()
+        assert float((got - want[:1]).abs().max()) <= 3e-2 * float(want[:1].abs().max()), name
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per channel", "per tensor"])
