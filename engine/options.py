@@ -77,6 +77,12 @@ class KernelOptions:
     # integer dot products, as llama.cpp's kernels do ("int8"), or in its own precision ("bf16").
     # LOCALCHAT_PACKED_ROW_X=int8|bf16.
     packed_row_x: str = "int8"
+    # With a draft loaded (and a no-draft step of 2-16 rows), the batch-invariant packed GEMV: x
+    # rounded to int8 per 32 inputs a row and multiplied on the tensor cores in integers
+    # (packed_mma_gemv: every kind but FP8), or the weights decoded to bf16 for a bf16 dot
+    # (packed_gemv). Either keeps a verify row's bits equal to its one-row step's.
+    # LOCALCHAT_PACKED_INVARIANT_X=int8|bf16.
+    packed_invariant_x: str = "bf16"
     # A packed model's long steps (prefill) on a GPU (engine/packed_linear.py PREFILL_WAYS):
     # "fused" decodes tiles inside a Triton matmul; "dequant" decodes a slice of each weight by a
     # kernel, then cuBLAS; "torch" dequantizes slices by the torch reference. On an H200, 8B
@@ -149,6 +155,7 @@ class KernelOptions:
             else _flag(env, "LOCALCHAT_PACKED_WEIGHTS"),
             packed_row=_flag(env, "LOCALCHAT_PACKED_ROW"),
             packed_row_x=_choice(env, "LOCALCHAT_PACKED_ROW_X", ("int8", "bf16"), "int8"),
+            packed_invariant_x=_choice(env, "LOCALCHAT_PACKED_INVARIANT_X", ("int8", "bf16"), "bf16"),
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),

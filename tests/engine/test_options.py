@@ -31,9 +31,10 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     assert default.packed_prefill == "fused"
-    assert default.packed_row_x == "int8"
+    assert default.packed_row_x == "int8" and default.packed_invariant_x == "bf16"
     for way in ("int8", "bf16"):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_X": way}).packed_row_x == way
+        assert KernelOptions.from_env({"LOCALCHAT_PACKED_INVARIANT_X": way}).packed_invariant_x == way
     for way in ("dequant", "fused", "torch"):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_PREFILL": way}).packed_prefill == way
     assert default.row_stats == ("down",)
@@ -52,6 +53,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_PACKED_PREFILL": "cublas"}, "LOCALCHAT_PACKED_PREFILL='cublas': use fused or dequant or torch"),
                                       ({"LOCALCHAT_PACKED_ROW": "yes"}, r"LOCALCHAT_PACKED_ROW=.yes.: use 1 \(on, the default\)"),
                                       ({"LOCALCHAT_PACKED_ROW_X": "fp8"}, "LOCALCHAT_PACKED_ROW_X='fp8': use int8 or bf16"),
+                                      ({"LOCALCHAT_PACKED_INVARIANT_X": "int4"}, "LOCALCHAT_PACKED_INVARIANT_X='int4': use int8 or bf16"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
                                       ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use down"),
                                       ({"LOCALCHAT_ROW_STATS": ","}, "LOCALCHAT_ROW_STATS=','"),
