@@ -78,10 +78,11 @@ class KernelOptions:
     # LOCALCHAT_PACKED_ROW_X=int8|bf16.
     packed_row_x: str = "int8"
     # With a draft loaded (and a no-draft step of 2-16 rows), the batch-invariant packed GEMV: x
-    # rounded to int8 per 32 inputs a row and multiplied on the tensor cores in integers
-    # (packed_mma_gemv: every kind but FP8), or the weights decoded to bf16 for a bf16 dot
-    # (packed_gemv). Either keeps a verify row's bits equal to its one-row step's.
-    # LOCALCHAT_PACKED_INVARIANT_X=int8|bf16.
+    # rounded to int8 per 32 inputs a row and multiplied in integer dot products (packed_rows_gemv:
+    # every kind but FP8), or the weights decoded to bf16 for a tensor-core dot (packed_gemv).
+    # Either is built to keep a verify row's bits equal to its one-row step's; int8 is slower with
+    # rows than bf16 and not yet checked bit for bit on a GPU at an 8B's shapes, so bf16 is the
+    # default (docs/performance.md). LOCALCHAT_PACKED_INVARIANT_X=bf16|int8.
     packed_invariant_x: str = "bf16"
     # A packed model's long steps (prefill) on a GPU (engine/packed_linear.py PREFILL_WAYS):
     # "fused" decodes tiles inside a Triton matmul; "dequant" decodes a slice of each weight by a

@@ -3,9 +3,9 @@ GroupedWeight row blocks), decoded inside the GEMV of each decode or verify step
 (kernels/packed_gemv.py).
 
 Steps of up to 16 rows run a batch-invariant kernel, as the bf16 tiles are, so greedy speculation
-over a quantized target keeps the bits of its plain decoding: packed_mma_gemv (x rounded to int8,
-integer tensor-core dots) for the kinds with integer values, packed_gemv (bf16 dots) for FP8 or
-as asked; an engine with no draft loaded runs its one-row steps on packed_row_gemv, which is
+over a quantized target keeps the bits of its plain decoding: packed_rows_gemv (x rounded to
+int8, integer dot products) for the kinds with integer values, packed_gemv (bf16 tensor-core dots)
+for FP8 or as asked; an engine with no draft loaded runs its one-row steps on packed_row_gemv, which is
 faster still and needs no such invariance.
 Longer steps (prefill) run packed_matmul, which decodes each weight tile inside the matmul (or,
 as asked, dequantize slices of the weight and run cuBLAS: _long_step). The layers that hold one run
@@ -55,14 +55,14 @@ def projection_device() -> str | None:
 def kernel_for(block: GroupedWeight, num_rows: int, one_row: bool, int8_rows: bool = False):
     """The GEMV a step of num_rows (up to 16) runs on a block: packed_row_gemv for a single row
     when one_row (no draft loaded) and the kind is one it runs faster, else a batch-invariant one:
-    packed_mma_gemv (x rounded to int8, integer tensor-core dots) where int8_rows and the kind has
-    integer values, packed_gemv (bf16 dots) otherwise."""
+    packed_rows_gemv (x rounded to int8, integer dot products) where int8_rows and the kind has
+    integer values, packed_gemv (bf16 tensor-core dots) otherwise."""
     from engine.kernels.packed_gemv import packed_gemv, packed_row_gemv, row_kernel_fits
-    from engine.kernels.packed_mma import mma_kernel_fits, packed_mma_gemv
+    from engine.kernels.packed_rows import packed_rows_gemv, rows_kernel_fits
 
     if one_row and num_rows == 1 and row_kernel_fits(block):
         return packed_row_gemv
-    return packed_mma_gemv if int8_rows and mma_kernel_fits(block) else packed_gemv
+    return packed_rows_gemv if int8_rows and rows_kernel_fits(block) else packed_gemv
 
 
 class PackedLinear(nn.Module):
@@ -99,17 +99,25 @@ class PackedLinear(nn.Module):
                 int8_x: bool = False, int8_rows: bool = False) -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not a
         batch-invariant kernel; int8_x: there with x rounded to int8 (every kind but FP8).
-        int8_rows: the batch-invariant steps on packed_mma_gemv (kernel_for). prefill: how a
+        int8_rows: the batch-invariant steps on packed_rows_gemv (kernel_for). prefill: how a
         longer step runs on the GPU (PREFILL_WAYS)."""
         from engine.kernels.packed_gemv import packed_row_gemv
+        from engine.kernels.packed_rows import nibble_order, packed_rows_gemv, quantize_rows
 
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda and 1 <= rows.shape[0] <= MAX_ROWS and rows.dtype in (torch.bfloat16, torch.float16):
+            rounded = {}  # x rounded to int8 once for the blocks that share its word order
+
             def gemv(x, block, bias, out=None):
                 kernel = kernel_for(block, x.shape[0], one_row, int8_rows)
                 if kernel is packed_row_gemv:
                     return kernel(x, block, bias, out=out, int8_x=int8_x)
+                if kernel is packed_rows_gemv:
+                    order = nibble_order(block)
+                    if order not in rounded:
+                        rounded[order] = quantize_rows(x, order)
+                    return kernel(x, block, bias, out=out, xq=rounded[order])
                 return kernel(x, block, bias, out=out)
 
             rows = rows if rows.stride(1) == 1 else rows.contiguous()

@@ -276,10 +276,12 @@ def row_kernel_k(k: int, group: int) -> bool:
 
 @functools.cache
 def _row_kernel():
+    # the kernel calls these by this module's names; tl a name of the module too, since Triton's
+    # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
+    global x_pair, dp4a, spread1, spread2, tl
     import triton
     import triton.language as tl
 
-    global x_pair, dp4a, spread1, spread2  # the kernel calls these by this module's names
     _kernel()  # binds sum_splits
 
     @triton.jit
