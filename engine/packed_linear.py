@@ -3,10 +3,10 @@ GroupedWeight row blocks), decoded inside the GEMV of each decode or verify step
 (kernels/packed_gemv.py).
 
 Steps of up to 16 rows run a batch-invariant kernel, as the bf16 tiles are, so greedy speculation
-over a quantized target keeps the bits of its plain decoding: packed_rows_gemv (x rounded to
-int8, integer dot products) for the kinds with integer values, packed_gemv (bf16 tensor-core dots)
-for FP8 or as asked; an engine with no draft loaded runs its one-row steps on packed_row_gemv, which is
-faster still and needs no such invariance.
+over a quantized target keeps the bits of its plain decoding: packed_gemv (bf16 tensor-core dots),
+or where asked (LOCALCHAT_PACKED_INVARIANT_X=int8, slower so far) packed_rows_gemv (x rounded to
+int8, integer dot products) for the kinds with integer values; an engine with no draft loaded
+runs its one-row steps on packed_row_gemv, which is faster and needs no such invariance.
 Longer steps (prefill) run packed_matmul, which decodes each weight tile inside the matmul (or,
 as asked, dequantize slices of the weight and run cuBLAS: _long_step). The layers that hold one run
 the unfused norm and activation launches (Ops.layer_kernels), since the fused kernels read a bf16
