@@ -9,6 +9,7 @@ loaded draft gets, --no-fuse the unfused norm/activation launches (KernelOptions
     python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json --no-fuse
     python benchmarks/profile_decode.py --random-weights benchmarks/configs/smollm2-135m.json --invariant --rows 6
 
+--random-quant LAYOUT packs the layers' projections (Q4_K_M, AWQ, ...) as a quantized model's.
 --timeline also profiles 20 replays of the captured graph and reports what each kernel adds to
 the step: its end minus the latest end of the kernels before it (kernels launched with PDL
 overlap, so their own times sum to more than the step). --variant SPEC builds the engine with a
@@ -37,6 +38,8 @@ def main() -> None:
     ap.add_argument("--no-fuse", action="store_true", help="unfused norm/activation + projection launches")
     ap.add_argument("--timeline", action="store_true", help="also each kernel's share of the replayed graph step")
     ap.add_argument("--variant", default="base", help="a variants.py variant to build the engine with")
+    ap.add_argument("--random-quant", default=None, help="the layers' projections random packed weights of this "
+                    "layout (Q4_K_M, AWQ, ...: benchmarks/harness/random_packed.py)")
     args = ap.parse_args()
     import dataclasses
 
@@ -50,7 +53,7 @@ def main() -> None:
     options = variant_options(args.variant, KernelOptions.from_env())
     # --invariant: the target's kernels with a draft loaded, without the draft
     options = dataclasses.replace(options, fuse=options.fuse and not args.no_fuse, batch_invariant=args.invariant)
-    engine = random_engine(args.random_weights, "cuda", 4096, options)
+    engine = random_engine(args.random_weights, "cuda", 4096, options, quant=args.random_quant)
     r = engine.runner
     r.capture([args.rows])
     from engine.forward_batch import ForwardBatch
@@ -96,7 +99,7 @@ def main() -> None:
     report = {"rows": args.rows, "invariant": args.invariant, "fused": r.model.ops.options.fuse,
               "graph_step_ms": graph_ms, "kernel_sum_ms": total / 1000, "weight_GB": weight_bytes / 1e9,
               "launches_per_step": launches, "launches_per_layer": launches / layers,
-              "variant": args.variant, "timeline": timeline,
+              "variant": args.variant, "quant": args.random_quant, "timeline": timeline,
               "kernels": [{"name": k, "us_per_step": v[0], "launches_per_step": v[1]} for k, v in rows[:25]]}
     print(f"{args.rows}-row step ({'fused' if r.model.ops.options.fuse else 'unfused'}"
           f"{', batch-invariant' if args.invariant else ''}): graph step {graph_ms:.3f} ms, "
@@ -104,7 +107,9 @@ def main() -> None:
     print(f"{launches:.0f} kernel launches per step, {launches / layers:.1f} per layer ({layers} layers)")
     for k, v in rows[:15]:
         print(f"{v[0]:9.1f} us  x{v[1]:5.0f}  {k}")
-    if timeline:
+    if timeline and "layer_slots" not in timeline:  # layers of different kernels (a Q4_K_M file's)
+        print(f"replayed step {timeline['step_us']:.1f} us; no repeating layer: every kernel in the JSON")
+    elif timeline:
         print(f"replayed step {timeline['step_us']:.1f} us; per layer slot (kernel, own us, us added to the step):")
         for slot in timeline["layer_slots"]:
             print(f"  {slot['name'][:50]:50s} {slot['us']:7.2f} {slot['added_us']:7.2f}")
