@@ -55,9 +55,9 @@ def _model_options(p: argparse.ArgumentParser,
     p.add_argument("--draft-steps", type=int, default=None, help="draft tokens per step, k (default 5)")
     p.add_argument("--tree", type=_tree, default=None, metavar="off|auto|TOPK,DEPTH,TOKENS",
                    help="an EAGLE-3 head drafts a tree: the TOPK best tokens after each of the TOPK best nodes, "
-                        "DEPTH levels, the best TOKENS nodes verified at once (e.g. 4,5,24); runs eagerly, "
-                        "without CUDA graphs, for now (far slower than chains on a GPU, and its greedy answers "
-                        "may part from plain decoding's at near-ties there). auto: the fastest of chains and a few trees, timed once "
+                        "DEPTH levels, the best TOKENS nodes verified at once (e.g. 4,5,24); greedy answers are "
+                        "plain decoding's, and a GPU runs each tree step as one CUDA graph. auto: the fastest of "
+                        "chains and a few trees, timed once "
                         "for this model, draft and GPU and remembered (chains on a CPU). off (default): chains "
                         "of --draft-steps")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")

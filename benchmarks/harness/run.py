@@ -141,11 +141,12 @@ def bench_settings(engine, no_spec: bool) -> list[tuple[str, object, bool]]:
 def time_settings(settings, prompts, args) -> dict[str, list[dict]]:
     """Every setting on every prompt, alternating per prompt (the order rotating from one prompt to
     the next, so that drift falls on all of them alike), each timed run after an uncounted 8-token
-    warm-up of the same setting on that prompt."""
+    warm-up of the same setting on that prompt at the same temperature (a sampled answer's first
+    run captures the sampled iteration's graph, which must not fall inside a timed answer)."""
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in settings}
     for i, ids in enumerate(prompts):
         for name, engine, speculative in settings[i % len(settings):] + settings[:i % len(settings)]:
-            time_decode(engine, ids, 8, speculative)
+            time_decode(engine, ids, 8, speculative, args.temperature)
             runs[name].append(time_decode(engine, ids, args.new_tokens, speculative, args.temperature,
                                           ignore_eos=args.ignore_eos))
     return runs

@@ -136,3 +136,22 @@ def test_bench_runners_up_takes_auto_on_or_off_in_one_line(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--runners-up" in err and "'auto', 'on', 'off'" in err and "Traceback" not in err
+
+
+def test_each_timed_answer_is_warmed_up_at_its_own_temperature(monkeypatch):
+    """The uncounted warm-up runs the timed answer's setting at the same temperature: a sampled
+    speculative answer captures its graph on first use, which must not fall in a timed answer."""
+    from argparse import Namespace
+
+    import benchmarks.harness.run as run
+
+    calls = []
+    monkeypatch.setattr(run, "time_decode", lambda engine, ids, n, spec, temperature=0.0, ignore_eos=True:
+                        calls.append((engine, n, spec, temperature)) or {"n": n})
+    settings = [("no_draft", "twin", False), ("spec", "engine", True)]
+    args = Namespace(new_tokens=50, temperature=0.7, ignore_eos=False)
+    runs = run.time_settings(settings, [[1, 2], [3, 4]], args)
+    assert calls == [("twin", 8, False, 0.7), ("twin", 50, False, 0.7), ("engine", 8, True, 0.7),
+                     ("engine", 50, True, 0.7), ("engine", 8, True, 0.7), ("engine", 50, True, 0.7),
+                     ("twin", 8, False, 0.7), ("twin", 50, False, 0.7)]
+    assert runs == {"no_draft": [{"n": 50}] * 2, "spec": [{"n": 50}] * 2}
