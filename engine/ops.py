@@ -82,9 +82,12 @@ class Ops:
         )
 
     def one_row_attention(self, num_rows: int) -> Callable | None:
-        """rope_attention for a step of num_rows unpacked rows where it applies (one row, CUDA,
-        rope_in_attention on); None: rope_and_cache, then the attention kernel."""
-        if num_rows == 1 and self.options.rope_in_attention:
+        """rope_attention for a step of num_rows unpacked rows where it applies (CUDA,
+        rope_in_attention on: one row, or a batch-invariant verify step's rows with
+        rope_in_verify); None: rope_and_cache, then the attention kernel."""
+        o = self.options
+        if o.rope_in_attention and (num_rows == 1 or (
+                o.rope_in_verify and o.batch_invariant and 1 < num_rows <= MAX_INVARIANT_ROWS)):
             return self.rope_attention
         return None
 
@@ -135,7 +138,7 @@ def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own
 
 def rope_attention(options: KernelOptions, q, k, v, cos_sin, positions, k_cache, v_cache, scale,
                    slots=None) -> torch.Tensor:
-    """rope_decode_attention (one row), with the tile attention() picks."""
+    """rope_decode_attention (one row, or a verify step's rows), with the tile attention() picks."""
     return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, scale,
                                  invariant=options.batch_invariant, slots=slots, pdl=options.pdl,
                                  per_token=options.batch_invariant and options.token_attention)

@@ -93,6 +93,9 @@ class KernelOptions:
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
+    # With it, a batch-invariant verify step's rows (2 to 16) too: each split program writes the
+    # step's keys it reads. LOCALCHAT_ROPE_IN_VERIFY=0: their RoPE launches apart.
+    rope_in_verify: bool = True
     # EAGLE-3 draft steps on the GPU kernels (1625 against 1214 tok/s). LOCALCHAT_FUSED_DRAFT=0: the
     # torch layer.
     fused_draft: bool = True
@@ -159,6 +162,7 @@ class KernelOptions:
             packed_invariant_x=_choice(env, "LOCALCHAT_PACKED_INVARIANT_X", ("int8", "bf16"), "bf16"),
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
+            rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),

@@ -100,13 +100,14 @@ def _kernels():
         map_ptr, map_base_ptr,  # MAP_W: (T, MAP_W) cache rows of positions map_base[t] .., (T,) map_base
         num_rows, num_splits,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        stride_knh, stride_vnh, stride_cs,
+        stride_kn_t, stride_knh, stride_vn_t, stride_vnh, stride_cs,
         qk_scale,  # scale * log2(e): the softmax runs in base 2
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, EARLY_KV: tl.constexpr, FUSE_ROPE: tl.constexpr,
-        PER_TOKEN: tl.constexpr, MAP_W: tl.constexpr,
+        PER_TOKEN: tl.constexpr, MAP_W: tl.constexpr, ROPE_ROWS: tl.constexpr,
     ):
+        # ROPE_ROWS (FUSE_ROPE): a power of two >= num_rows; above 1, a verify step's rows
         kv_head = tl.program_id(0)
         first = tl.program_id(1)  # this program's splits: first, first + stride, ... (num_splits in all)
         stride = tl.num_programs(1)
@@ -142,25 +143,69 @@ def _kernels():
         pos_max = tl.max(pos, axis=0)
         end = tl.minimum(start + SPLIT_SIZE, pos_max + 1)
         # Rows below every position only: no row's dot reads pos_max (own keys come separately, below).
-        k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
-                          stride_vt, stride_vh, map_row, map_base, BLOCK_N, BLOCK_D, HEAD_DIM, MAP_W)
-        if FUSE_ROPE:  # this position's cos | sin, arranged for `rotate` along the whole head
+        # Several rows with their RoPE here (ROPE_ROWS > 1): the block holds keys this kernel
+        # writes first, so it is read after those writes (below).
+        if ROPE_ROWS <= 1:
+            k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
+                              stride_vt, stride_vh, map_row, map_base, BLOCK_N, BLOCK_D, HEAD_DIM, MAP_W)
+        if FUSE_ROPE:  # cos | sin arranged for `rotate` along the whole head
             offs_r = tl.arange(0, BLOCK_D)
             lo_half = offs_r < HEAD_DIM // 2
             col = tl.where(lo_half, offs_r, offs_r - HEAD_DIM // 2)
             partner = tl.where(lo_half, offs_r + HEAD_DIM // 2, offs_r - HEAD_DIM // 2)
             r_ok = offs_r < HEAD_DIM
-            cs_row = cos_sin_ptr + pos_max.to(tl.int64) * stride_cs
-            cos = tl.load(cs_row + col, mask=r_ok, other=0.0).to(tl.float32)
-            sin = tl.load(cs_row + HEAD_DIM // 2 + col, mask=r_ok, other=0.0).to(tl.float32)
-            signed_sin = tl.where(lo_half, -sin, sin)
+            if ROPE_ROWS <= 1:  # the one row's position
+                cs_row = cos_sin_ptr + pos_max.to(tl.int64) * stride_cs
+                cos = tl.load(cs_row + col, mask=r_ok, other=0.0).to(tl.float32)
+                sin = tl.load(cs_row + HEAD_DIM // 2 + col, mask=r_ok, other=0.0).to(tl.float32)
+                signed_sin = tl.where(lo_half, -sin, sin)
+            else:  # each program row's position (q), and each step row's (its key)
+                cs_m = cos_sin_ptr + tl.where(row_ok, pos, 0).to(tl.int64)[:, None] * stride_cs
+                cos_m = tl.load(cs_m + col[None, :], mask=r_ok[None, :], other=0.0).to(tl.float32)
+                sin_m = tl.load(cs_m + HEAD_DIM // 2 + col[None, :], mask=r_ok[None, :], other=0.0).to(tl.float32)
+                signed_sin_m = tl.where(lo_half[None, :], -sin_m, sin_m)
+                offs_j = tl.arange(0, ROPE_ROWS)
+                j_ok = offs_j < num_rows
+                pos_j = tl.load(pos_ptr + offs_j, mask=j_ok, other=0).to(tl.int32)
+                slot_j = tl.load(own_ptr + offs_j, mask=j_ok, other=0).to(tl.int64)
+                cs_j = cos_sin_ptr + pos_j.to(tl.int64)[:, None] * stride_cs
+                cos_j = tl.load(cs_j + col[None, :], mask=r_ok[None, :], other=0.0).to(tl.float32)
+                sin_j = tl.load(cs_j + HEAD_DIM // 2 + col[None, :], mask=r_ok[None, :], other=0.0).to(tl.float32)
+                signed_sin_j = tl.where(lo_half[None, :], -sin_j, sin_j)
         if USE_PDL and EARLY_KV:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
         q_mask = row_ok[:, None] & d_ok[None, :]
-        if FUSE_ROPE:
+        if FUSE_ROPE and ROPE_ROWS > 1:
+            # A verify step's rows, q, k and v straight from the projection, as the one-row case
+            # below does for one. Row t's dot reads the keys of the step's rows before it, which no
+            # other launch has written: so every program writes, at its own slot, the K/V of each
+            # step row whose position lies in one of its splits (the splits it reads), before it
+            # reads any. Programs that share a split write the same bits there.
+            q_src = q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh
+            q_raw = tl.load(q_src + offs_d[None, :], mask=q_mask, other=0.0)
+            q_pair = tl.load(q_src + partner[None, :], mask=q_mask, other=0.0)
+            q_turned = rotate(q_raw.to(tl.float32), q_pair.to(tl.float32), cos_m, signed_sin_m)
+            tl.store(q_rot_ptr + t[:, None] * stride_qrt + head[:, None] * stride_qrh + offs_d[None, :],
+                     q_turned.to(q_rot_ptr.dtype.element_ty), mask=q_mask)
+            home_j = pos_j // SPLIT_SIZE
+            mine = j_ok & (home_j >= first) & ((home_j - first) % stride == 0) & (home_j <= pos_max // SPLIT_SIZE)
+            jd = mine[:, None] & d_ok[None, :]
+            kv_src = offs_j[:, None] * stride_kn_t + kv_head * stride_knh
+            k_new = tl.load(k_new_ptr + kv_src + offs_d[None, :], mask=jd, other=0.0).to(tl.float32)
+            k_pair = tl.load(k_new_ptr + kv_src + partner[None, :], mask=jd, other=0.0).to(tl.float32)
+            k_rot = rotate(k_new, k_pair, cos_j, signed_sin_j).to(k_ptr.dtype.element_ty)
+            v_new = tl.load(v_new_ptr + offs_j[:, None] * stride_vn_t + kv_head * stride_vnh + offs_d[None, :],
+                            mask=jd, other=0.0)
+            tl.store(k_ptr + slot_j[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], k_rot, mask=jd)
+            tl.store(v_ptr + slot_j[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                     v_new.to(v_ptr.dtype.element_ty), mask=jd)
+            tl.debug_barrier()  # this program's stores are visible to all its threads
+            k0, v0 = kv_block(k_ptr, v_ptr, start, tl.minimum(end, pos_max), kv_head, stride_kt, stride_kh,
+                              stride_vt, stride_vh, map_row, map_base, BLOCK_N, BLOCK_D, HEAD_DIM, MAP_W)
+        elif FUSE_ROPE:
             # One decode row, q, k and v straight from the projection: rotate q and this kv head's
             # key as rope_and_cache does (same helper, same rounding) and store them where the
             # unfused step has them (q: q_rot; k and v: the cache, by the program whose split
@@ -332,11 +377,11 @@ def decode_attention(
 
 
 def rope_decode_attention(
-    q: torch.Tensor,  # (1, Hq, D) unrotated, last dim contiguous (may be a view of a fused qkv)
-    k: torch.Tensor,  # (1, Hkv, D) unrotated
-    v: torch.Tensor,  # (1, Hkv, D)
+    q: torch.Tensor,  # (T, Hq, D) unrotated, last dim contiguous (may be a view of a fused qkv)
+    k: torch.Tensor,  # (T, Hkv, D) unrotated
+    v: torch.Tensor,  # (T, Hkv, D)
     cos_sin_cache: torch.Tensor,  # (max_pos, D) fp32 [cos | sin], as rope_and_cache takes it
-    positions: torch.Tensor,  # (1,)
+    positions: torch.Tensor,  # (T,)
     k_cache: torch.Tensor,  # (S_max, Hkv, D): the rotated k is written at slots (or positions)
     v_cache: torch.Tensor,
     scale: float,
@@ -345,12 +390,14 @@ def rope_decode_attention(
     pdl: bool = True,
     per_token: bool = False,
 ) -> torch.Tensor:
-    """rope_and_cache then decode_attention for one decode row, with the same bits, one launch
-    fewer: the split kernel rotates q and the key itself, writes the key and value into the cache
-    and q into a scratch row, and reads them back as decode_attention reads them. Returns
-    (1, Hq, D)."""
+    """rope_and_cache then decode_attention for a decode row or a verify step's T <=
+    MAX_INVARIANT_ROWS rows, with the same bits, one launch fewer: the split kernel rotates q and
+    the keys itself, writes the keys and values into the cache (at slots, or positions) and q into
+    a scratch row, and reads them back as decode_attention reads them. Returns (T, Hq, D)."""
     _check(q, k_cache, v_cache, positions)
-    assert q.shape[0] == 1 and k.shape == v.shape == (1, *k_cache.shape[1:]) and q.dtype == k.dtype == v.dtype
+    T = q.shape[0]
+    assert 1 <= T <= MAX_INVARIANT_ROWS and k.shape == v.shape == (T, *k_cache.shape[1:])
+    assert q.dtype == k.dtype == v.dtype
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
     return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl, per_token)
@@ -383,12 +430,14 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
         *(mapping if mapping is not None else (positions, positions)),
         num_rows, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        k_new.stride(-2), v_new.stride(-2), cos_sin.stride(0),
+        k_new.stride(0) if rope is not None else 0, k_new.stride(-2),
+        v_new.stride(0) if rope is not None else 0, v_new.stride(-2), cos_sin.stride(0),
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_M=block_m, BLOCK_N=min(64, split_size), BLOCK_D=block_d,
-        DOT_F32=dot_f32, EARLY_KV=rope is not None or (num_rows == 1 and mapping is None), FUSE_ROPE=rope is not None,
+        DOT_F32=dot_f32, EARLY_KV=num_rows == 1 and mapping is None, FUSE_ROPE=rope is not None,
         PER_TOKEN=per_token, MAP_W=0 if mapping is None else mapping[0].shape[1],
+        ROPE_ROWS=1 if rope is None or num_rows == 1 else next_pow2(num_rows),
         num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
         **pdl,

@@ -385,6 +385,49 @@ def test_rope_decode_attention_equals_rope_then_attention(device, dtype, shape, 
                                **tol(device, dtype))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(9, 3, 64, 300), (8, 2, 128, 1100)])
+@pytest.mark.parametrize("rows", ["2", "6_across_a_split", "16_at_the_end", "6_with_alternatives"])
+@pytest.mark.parametrize("invariant", [True, "per_token"])
+@pytest.mark.parametrize("programs", [None, 3], ids=["programs", "3_programs"])
+def test_rope_decode_attention_of_a_verify_steps_rows_equals_rope_then_attention(device, shape, rows, invariant,
+                                                                                programs, monkeypatch):
+    """A verify step's rows (consecutive positions, and runners-up at the positions of the drafts
+    they stand beside, their K/V at slots of their own) with RoPE and the cache writes inside the
+    attention kernel: exactly the bits of rope_and_cache then decode_attention, output and caches.
+    Each row reads the keys of the rows before it, which the same launch writes."""
+    if programs == 3:
+        monkeypatch.setattr(attention_module, "_split_programs", _three_programs)
+    num_heads, num_kv_heads, head_dim, max_seq_len = shape
+    dtype = torch.bfloat16
+    count = int(rows.split("_")[0])
+    first = {"2": 5, "6_across_a_split": 61, "16_at_the_end": max_seq_len - 16 - 8,
+             "6_with_alternatives": 125}[rows]
+    positions = list(range(first, first + count))
+    slots = None
+    if rows.endswith("alternatives"):  # two runners-up of draft 1 and one of draft 3, at scratch rows
+        positions += [first + 1, first + 1, first + 3]
+        slots = torch.tensor(list(range(first, first + count)) + [max_seq_len - 3, max_seq_len - 2, max_seq_len - 1],
+                             device=device)
+    T = len(positions)
+    gen = torch.Generator().manual_seed(sum(shape) + T)
+    _, _, _, cos_sin, caches = _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
+    qkv = torch.randn(T, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(device, dtype)
+    q, k, v = (x.view(T, -1, head_dim) for x in qkv.split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1))
+    positions = torch.tensor(positions, device=device)
+    k_a, v_a = caches[0].clone(), caches[1].clone()
+    k_b, v_b = caches[0].clone(), caches[1].clone()
+    scale = head_dim ** -0.5
+    per_token = invariant == "per_token"
+    q_rot = rope_and_cache(q, k, v, cos_sin, positions, k_a, v_a, slots)
+    want = decode_attention(q_rot, k_a, v_a, positions, scale, invariant=True, own_slots=slots, per_token=per_token)
+    got = rope_decode_attention(q, k, v, cos_sin, positions, k_b, v_b, scale, invariant=True, slots=slots,
+                                per_token=per_token)
+    assert torch.equal(k_b, k_a) and torch.equal(v_b, v_a)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_rope_decode_attention_graph_replay():

@@ -17,7 +17,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert KernelOptions.from_env({}) == default and not default.batch_invariant
     switches = {"LOCALCHAT_PDL": "pdl", "LOCALCHAT_FUSE": "fuse", "LOCALCHAT_FUSE_INVARIANT": "fuse_invariant",
                 "LOCALCHAT_GATED_MLP": "gated_mlp", "LOCALCHAT_NORM_TAIL": "norm_tail",
-                "LOCALCHAT_ROPE_IN_ATTENTION": "rope_in_attention", "LOCALCHAT_FUSED_DRAFT": "fused_draft",
+                "LOCALCHAT_ROPE_IN_ATTENTION": "rope_in_attention", "LOCALCHAT_ROPE_IN_VERIFY": "rope_in_verify",
+                "LOCALCHAT_FUSED_DRAFT": "fused_draft",
                 "LOCALCHAT_LEAN_DRAFT": "lean_draft", "LOCALCHAT_TOKEN_ATTENTION": "token_attention",
                 "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats",
                 "LOCALCHAT_PACKED_ROW": "packed_row"}
