@@ -30,21 +30,21 @@ ROWS = (
     ("startup_8b", "start-up (load + CUDA-graph capture), the same run", BENCH_8B,
      "h200_8b_plain_final_session17.json"),
     ("no_draft", "plain decode, demo model (SmolLM2-135M), no draft loaded, 12 requests",
-     UNSEEN + " --prompts 12", "h200_demo_eagle3_rowstats.json"),
+     UNSEEN + " --prompts 12", "h200_demo_rope_in_verify_fused.json"),
     ("spec", "greedy speculation, demo model + its EAGLE-3 head, k = 5, the same 12 requests; runners-up chosen by "
-     "the app's first-load measurement (the chain alone: verifying 10 runners-up as well ran 2378 against 2572 "
-     "tok/s there)", UNSEEN + " --prompts 12", "h200_demo_eagle3_rowstats.json"),
+     "the app's first-load measurement (the chain alone)", UNSEEN + " --prompts 12",
+     "h200_demo_rope_in_verify_fused.json"),
     ("identical_bench", "greedy speculation equals plain decoding with the draft loaded, token for token",
-     UNSEEN + " --prompts 12", "h200_demo_eagle3_rowstats.json"),
+     UNSEEN + " --prompts 12", "h200_demo_rope_in_verify_fused.json"),
     ("spec", "the chain and 10 runners-up verified (an earlier run, before the down projection ran row by row)",
      UNSEEN + " --prompts 12 --runners-up on", "h200_demo_eagle3_gate_runners_up_on.json"),
-    ("spec", "the same head at temperature 0.7, the same 12 requests",
-     UNSEEN + " --temperature 0.7 --prompts 12", "h200_demo_eagle3_fused_t07.json"),
+    ("spec", "the same head at temperature 0.7, all 24 requests",
+     UNSEEN + " --temperature 0.7 --prompts 24", "h200_demo_rope_in_verify_fused_t07.json"),
     ("spec", "the same head drafting 3,3,12 trees (greedy), the same 12 requests",
      UNSEEN + " --tree 3,3,12 --prompts 12", "h200_demo_eagle3_rowstats_3-3-12.json"),
     ("spec", "greedy speculation, demo model + its 2 MTP layers (retrained on the request sets), k = 2, the "
      "first 8 of the requests",
-     UNSEEN + " --draft demo-mtp --draft-steps 2 --prompts 8", "h200_demo_mtp_rowstats.json"),
+     UNSEEN + " --draft demo-mtp --draft-steps 2 --prompts 8", "h200_demo_rope_in_verify_fused_mtp.json"),
     ("spec", "8B shape, random head forced to a published EAGLE-3 head's spread (3.5 tokens per verify step on "
      "average), k = 5; runners-up chosen by measurement, as the app chooses them (the chain alone: the forced "
      "spread never takes a runner-up)",
