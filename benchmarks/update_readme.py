@@ -53,10 +53,12 @@ ROWS = (
     ("spec", "the same with the chain and 10 runners-up verified (an earlier run)",
      "the same with `--runners-up on`", "h200_8b_forced35_runners_up.json"),
     ("packed", "8B shape, random weights packed as a Q4_K_M file (decoded inside the GEMV), plain decode, no draft "
-     "loaded (the one-row kernel, the activations rounded to int8 against the blocks)",
+     "loaded (the one-row kernel, the activations rounded to int8 against the blocks, each Q4_K group's scale and "
+     "offset codes side by side; bf16 from an earlier run)",
      f"`{PACKED}` (and without `--random-quant`)",
-     "h200_8b_packed_Q4_K_M_int8x_high.json, h200_8b_bf16_int8x_high_session.json"),
-    ("packed_short", "the same packed as Q5_K", "the same with `--random-quant Q5_K`",
+     "h200_8b_packed_Q4_K_M_pairs.json, h200_8b_bf16_int8x_high_session.json, "
+     "h200_8b_packed_Q4_K_M_factors_apart.json"),
+    ("packed_short", "the same packed as Q5_K (an earlier run)", "the same with `--random-quant Q5_K`",
      "h200_8b_packed_Q5_K_int8x_high.json, h200_8b_bf16_int8x_high_session.json"),
     ("packed_short", "the same packed as Q6_K", "the same with `--random-quant Q6_K`",
      "h200_8b_packed_Q6_K_int8x_high.json, h200_8b_bf16_int8x_high_session.json"),
@@ -118,7 +120,8 @@ def row(kind: str, label: str, command: str, name: str) -> str:
         if len(files) > 2:  # the same packed model with x kept in bf16, or on the batch-invariant kernel
             off = _load(files[2])["no_draft"]["decode_tok_s"]
             what = ("x kept in bf16 (`LOCALCHAT_PACKED_ROW_X=bf16`)" if "bf16x" in files[2]
-                    else "the batch-invariant kernel")
+                    else "each k-quant group's factors apart (the layout before), same call"
+                    if "factors_apart" in files[2] else "the batch-invariant kernel")
             versus += f"; {what}: {off:.0f} tok/s ({tok / off:.2f}x)"
     elif kind == "prefill":  # packed_matmul against the torch slices (same machine), bf16 from a run beside
         got, old, bf16 = (_load(f)["no_draft"] for f in files)

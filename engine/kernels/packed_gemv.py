@@ -31,6 +31,7 @@ from engine.kernels import triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
 from engine.weights.grouped import (
     BITS5, BITS6, FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_BITS5, SIGNED_BITS6, SIGNED_NIBBLES, ZERO, GroupedWeight,
+    is_paired,
     dequantize_grouped,
 )
 
@@ -78,7 +79,7 @@ def _kernel():
     def decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s, stride_u,
                     ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr, ZERO: tl.constexpr,
                     G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, MAGIC: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr):
         """(BLOCK_N, BLOCK_K) float32 weights of rows w_rows, inputs k0..k0 + BLOCK_K - 1: q * scale
         (+ offset) in float32, dequantize_grouped's values."""
         GROUPS: tl.constexpr = BLOCK_K // G if G < BLOCK_K else 1  # groups a K step spans
@@ -112,15 +113,15 @@ def _kernel():
             else:
                 qf = (u - ZERO).to(tl.float32)
         offs_g = k0 // G + tl.arange(0, GROUPS)
-        s = tl.load(s_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
+        s = tl.load(s_ptr + w_rows[:, None] * stride_s + offs_g[None, :] * SG).to(tl.float32)
         if UNIT > 0:  # codes times their super-block's unit, in float32 as the reference
             offs_u = offs_g // UNIT
-            s = tl.load(su_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * s
+            s = tl.load(su_ptr + w_rows[:, None] * stride_u + offs_u[None, :] * UG).to(tl.float32) * s
         w = tl.reshape(qf, (BLOCK_N, GROUPS, SUB)) * s[:, :, None]
         if HAS_OFFSET:
-            o = tl.load(o_ptr + w_rows[:, None] * stride_s + offs_g[None, :]).to(tl.float32)
+            o = tl.load(o_ptr + w_rows[:, None] * stride_s + offs_g[None, :] * SG).to(tl.float32)
             if UNIT > 0:
-                o = tl.load(ou_ptr + w_rows[:, None] * stride_u + offs_u[None, :]).to(tl.float32) * o
+                o = tl.load(ou_ptr + w_rows[:, None] * stride_u + offs_u[None, :] * UG).to(tl.float32) * o
             w = w + o[:, :, None]
         return tl.reshape(w, (BLOCK_N, BLOCK_K))
 
@@ -132,7 +133,8 @@ def _kernel():
                       HAS_OFFSET: tl.constexpr,
                       HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, MAGIC: tl.constexpr,
                       SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr):
         # program_id(2): the block of BLOCK_M rows (a decode or verify step has one; a prefill
         # through this kernel, packed_matmul, several, and no split K)
         pid_n = tl.program_id(0)
@@ -147,7 +149,7 @@ def _kernel():
         for kk in range(0, K_PER_SPLIT, BLOCK_K):
             k0 = pid_k * K_PER_SPLIT + kk
             w = decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s,
-                            stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, MAGIC, BLOCK_N, BLOCK_K)
+                            stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, MAGIC, BLOCK_N, BLOCK_K, SG, UG)
             offs_k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None], other=0.0)
             if DOT_F32:
@@ -175,7 +177,8 @@ def _kernel():
     def dequant_kernel(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, out_ptr, N, stride_q, stride_h, stride_s,
                        stride_u, stride_out, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr,
                        ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr,
+                       PAIRED: tl.constexpr):
         """out (N, K) in out's dtype: the weight decoded tile by tile (dequantize_grouped's values,
         rounded once)."""
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -183,7 +186,7 @@ def _kernel():
         w_rows = tl.where(n_ok, offs_n, 0)
         k0 = tl.program_id(1) * BLOCK_K
         w = decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s,
-                        stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, True, BLOCK_N, BLOCK_K)
+                        stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, True, BLOCK_N, BLOCK_K, SG, UG)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         tl.store(out_ptr + offs_n[:, None] * stride_out + offs_k[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=n_ok[:, None])
@@ -337,7 +340,8 @@ def _row_kernel():
                           ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
                           HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
+                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
+                          SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr):
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
         # chunk and row), read as 32-bit words of EPW weights (8 nibbles: element 8j + i in
         # nibble i of word j; or 4 bytes), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC):
@@ -395,14 +399,25 @@ def _row_kernel():
                 c_in = kc < k_end
                 kc = tl.minimum(kc, k_end - CHUNK)
             g = kc // G + 0 * wd3  # loaded in the weights' layout: no exchange between threads
-            s = tl.load(s_ptr + n3 * stride_s + g).to(tl.float32)
-            if UNIT > 0:
-                s = tl.load(su_ptr + n3 * stride_u + g // UNIT).to(tl.float32) * s
-            o = s
-            if HAS_OFFSET:
-                o = tl.load(o_ptr + n3 * stride_s + g).to(tl.float32)
+            if PAIRED:
+                # a k-quant's scale and offset codes side by side (one 16-bit load), and its
+                # super-block's two fp16 units side by side (one 32-bit load): two loads, not four,
+                # the products as below
+                cw = tl.load(s_ptr.to(tl.pointer_type(tl.int16)) + n3 * (stride_s // 2) + g).to(tl.int32)
+                uw = tl.load(su_ptr.to(tl.pointer_type(tl.int32)) + n3 * (stride_u // 2) + g // UNIT)
+                su = (uw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+                ou = ((uw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+                s = su * (cw & 0xFF).to(tl.float32)
+                o = ou * ((cw >> 8) & 0xFF).to(tl.float32)
+            else:
+                s = tl.load(s_ptr + n3 * stride_s + g * SG).to(tl.float32)
                 if UNIT > 0:
-                    o = tl.load(ou_ptr + n3 * stride_u + g // UNIT).to(tl.float32) * o
+                    s = tl.load(su_ptr + n3 * stride_u + (g // UNIT) * UG).to(tl.float32) * s
+                o = s
+                if HAS_OFFSET:
+                    o = tl.load(o_ptr + n3 * stride_s + g * SG).to(tl.float32)
+                    if UNIT > 0:
+                        o = tl.load(ou_ptr + n3 * stride_u + (g // UNIT) * UG).to(tl.float32) * o
             kc4 = kc[:, :, :, None]
             w = tl.load(q_words + n4 * (stride_q // 4) + kc4 // EPW + word4)  # (WD, C, BLOCK_N, VEC)
             if HIGH > 0:
@@ -645,7 +660,9 @@ class MatmulTile:
 def _weight_args(weight: GroupedWeight) -> dict:
     """The weight's arguments to the kernels, by their parameter names: pointers, strides and
     constexprs (a tensor the format lacks stands in by another, never read)."""
-    assert all(t.is_contiguous() for t in weight.tensors() if t is not None)
+    paired = is_paired(weight)
+    assert all(t.is_contiguous() for t in (weight.q, weight.qh) if t is not None)
+    assert paired or all(t.is_contiguous() for t in weight.tensors() if t is not None)
     units = weight.scale_unit if weight.unit else weight.scale
     high = weight.qh if weight.qh is not None else weight.q
     return dict(q_ptr=weight.q, qh_ptr=high, s_ptr=weight.scale,
@@ -654,7 +671,8 @@ def _weight_args(weight: GroupedWeight) -> dict:
                 stride_q=weight.q.stride(0), stride_h=high.stride(0), stride_s=weight.scale.stride(0),
                 stride_u=units.stride(0), ONE_BYTE=weight.kind in (INT8, FP8), FP8=weight.kind == FP8,
                 HIGH=HIGH_BITS.get(weight.kind, 0), ZERO=128 if weight.kind == INT8 else ZERO.get(weight.kind, 0),
-                G=weight.group, UNIT=weight.unit, HAS_OFFSET=weight.offset is not None)
+                G=weight.group, UNIT=weight.unit, HAS_OFFSET=weight.offset is not None,
+                SG=weight.scale.stride(1), UG=units.stride(1), PAIRED=paired)
 
 
 def _split_buffers(split_k: int, rows: int, n: int, tiles: int, out: torch.Tensor):

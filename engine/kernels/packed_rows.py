@@ -193,7 +193,8 @@ def _kernels():
                     ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
                     HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, HAS_BIAS: tl.constexpr, ASM: tl.constexpr,
                     SPLIT_K: tl.constexpr, SHARE: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr,
-                    LANES: tl.constexpr, UNROLL: tl.constexpr):
+                    LANES: tl.constexpr, UNROLL: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr,
+                    PAIRED: tl.constexpr):
         # The weights' tensors are (BLOCK_N, LANES, SUBV, WPS): columns, lanes, the vector's halves
         # with a scale each (2 for groups of 16, else 1), a half's words. Each row's terms are
         # computed on that shape (its x loaded at the same places for every column, so every
@@ -225,14 +226,14 @@ def _kernels():
                 v4 = v[None, :, None, None]
                 w = tl.load(q_words + n4 * (stride_q // 4) + v4 * WPV + word4)  # (BLOCK_N, LANES, SUBV, WPS)
                 g = (v4 * 32 + h4 * 16) // G  # each half's group (the same one unless groups are 16)
-                s = tl.load(s_ptr + n4 * stride_s + g).to(tl.float32)
+                s = tl.load(s_ptr + n4 * stride_s + g * SG).to(tl.float32)
                 if UNIT > 0:  # codes times their super-block's unit, in float32 as the reference
-                    s = tl.load(su_ptr + n4 * stride_u + g // UNIT).to(tl.float32) * s
+                    s = tl.load(su_ptr + n4 * stride_u + (g // UNIT) * UG).to(tl.float32) * s
                 o = -ZERO * s
                 if HAS_OFFSET:
-                    ow = tl.load(o_ptr + n4 * stride_s + g).to(tl.float32)
+                    ow = tl.load(o_ptr + n4 * stride_s + g * SG).to(tl.float32)
                     if UNIT > 0:
-                        ow = tl.load(ou_ptr + n4 * stride_u + g // UNIT).to(tl.float32) * ow
+                        ow = tl.load(ou_ptr + n4 * stride_u + (g // UNIT) * UG).to(tl.float32) * ow
                     o = o + ow
                 s = tl.reshape(s, (BLOCK_N, LANES, SUBV))
                 o = tl.reshape(o, (BLOCK_N, LANES, SUBV))

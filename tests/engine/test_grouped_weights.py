@@ -9,6 +9,7 @@ The kernel tests run on the CPU only with LOCALCHAT_TRITON_INTERPRET=1 (run this
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 import os
 
 import numpy as np
@@ -112,6 +113,31 @@ def test_k_quants_keep_the_files_factors():
     assert torch.equal(dequantize_grouped(cut), dequantize_grouped(q6k)[2:5])
 
 
+def test_k_quants_with_offsets_keep_a_groups_factors_side_by_side():
+    """Q2_K and Q4_K: each group's scale and offset codes adjacent in one buffer, and each
+    super-block's two units adjacent in another (the one-row kernel's two loads), through row cuts
+    and moves; the values as before. Q5_K (a plane of high bits too), Q6_K (no offsets) and AWQ
+    keep plain tensors."""
+    from engine.weights.grouped import is_paired, paired
+
+    for kind in ("Q2_K", "Q4_K"):
+        g = from_packed([_gguf(kind, 8, 512, 1), _gguf(kind, 4, 512, 2)])
+        assert is_paired(g), kind
+        assert g.offset.data_ptr() == g.scale.data_ptr() + 1 and g.offset_unit.data_ptr() == g.scale_unit.data_ptr() + 2
+        plain = replace(g, **{name: getattr(g, name).contiguous()
+                              for name in ("scale", "offset", "scale_unit", "offset_unit")})
+        assert not is_paired(plain) and is_paired(paired(plain))
+        assert torch.equal(dequantize_grouped(g), dequantize_grouped(plain))
+        assert g.nbytes == plain.nbytes
+        cut = rows_of(g, 3, 10)
+        assert is_paired(cut) and torch.equal(dequantize_grouped(cut), dequantize_grouped(g)[3:10])
+        moved = g.to("cpu")
+        assert is_paired(moved) and torch.equal(dequantize_grouped(moved), dequantize_grouped(g))
+    for other in (from_packed([_gguf("Q5_K", 8, 512, 0)]), from_packed([_gguf("Q6_K", 8, 512, 0)]),
+                  from_packed([_int4("awq", 32, 256, 128)])):
+        assert not is_paired(other) and paired(other) is other
+
+
 def test_one_grouped_weight_holds_one_format():
     with pytest.raises(ValueError):
         from_packed([_fp8(16, 64, True), _gguf("Q8_0", 16, 64, 0)])
@@ -203,6 +229,29 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
                 out = packed_row_gemv(x, g, b, tile)
                 assert out.shape == (1, n) and out.dtype == dtype
                 torch.testing.assert_close(out.float(), want[b is None].to(dtype).float(), **tol)
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q2_K"])
+def test_paired_factors_give_the_bits_of_plain_ones(device, kind):
+    """Every kernel reads a k-quant's factors side by side (the one-row kernel in two loads, the
+    others through strides) with the same bits as from four plain tensors."""
+    from engine.kernels.packed_gemv import RowTile, dequantize_packed, packed_gemv, packed_row_gemv
+    from engine.kernels.packed_rows import packed_rows_gemv
+    from engine.weights.grouped import is_paired
+
+    g = from_packed([_gguf(kind, 24, 1024, 5)]).to(device)
+    assert is_paired(g)
+    plain = replace(g, **{name: getattr(g, name).contiguous() for name in ("scale", "offset", "scale_unit",
+                                                                           "offset_unit")})
+    x = torch.randn(3, 1024, generator=torch.Generator().manual_seed(7)).to(device, torch.bfloat16 if device == "cuda" else torch.float32)
+    for tile in (None, RowTile(8, 256, split_k=2, vec=4)):
+        for int8_x in (True, False):
+            assert torch.equal(packed_row_gemv(x[:1], g, None, tile, int8_x=int8_x),
+                               packed_row_gemv(x[:1], plain, None, tile, int8_x=int8_x))
+    assert torch.equal(packed_gemv(x, g), packed_gemv(x, plain))
+    assert torch.equal(packed_rows_gemv(x, g), packed_rows_gemv(x, plain))
+    assert torch.equal(dequantize_packed(g, torch.bfloat16), dequantize_packed(plain, torch.bfloat16))
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])

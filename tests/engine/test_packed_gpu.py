@@ -58,7 +58,7 @@ def test_a_packed_gguf_target_speculates_like_plain_decoding(tmp_path, qtype):
     # hidden 2,048: K long enough for the one-row kernel (row_kernel_fits)
     path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=2048)
     cfg = json.loads((tmp_path / "work" / "hf" / "config.json").read_text())
-    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, 256, 3, cfg["vocab_size"], 200, seed=2),
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, cfg["hidden_size"], 3, cfg["vocab_size"], 200, seed=2),
                       128, (0, 1, 2))
 
     packed = Engine.load(str(path), draft=str(head), device="cuda", draft_steps=3,
