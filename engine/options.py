@@ -90,6 +90,10 @@ class KernelOptions:
     # Q4_K_M, 512-token prompts: 9,394 tok/s fused, 3,540 dequant, 2,450 torch (docs/performance.md).
     # LOCALCHAT_PACKED_PREFILL=fused|dequant|torch.
     packed_prefill: str = "fused"
+    # A one-row step of a projection stored in two formats (a Q4_K_M file's Q4_K q and k and Q6_K
+    # v) in one launch of the row kernel (packed_row_gemv_blocks) instead of one a block: the same
+    # values. Off until measured on a GPU (docs/performance.md). LOCALCHAT_PACKED_ONE_LAUNCH=1.
+    packed_one_launch: bool = False
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -161,6 +165,7 @@ class KernelOptions:
             packed_row_x=_choice(env, "LOCALCHAT_PACKED_ROW_X", ("int8", "bf16"), "int8"),
             packed_invariant_x=_choice(env, "LOCALCHAT_PACKED_INVARIANT_X", ("int8", "bf16"), "bf16"),
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
+            packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH", default=False),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),

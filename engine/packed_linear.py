@@ -96,12 +96,13 @@ class PackedLinear(nn.Module):
         return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 
     def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "fused",
-                int8_x: bool = False, int8_rows: bool = False) -> torch.Tensor:
+                int8_x: bool = False, int8_rows: bool = False, one_launch: bool = False) -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not a
-        batch-invariant kernel; int8_x: there with x rounded to int8 (every kind but FP8).
+        batch-invariant kernel; int8_x: there with x rounded to int8 (every kind but FP8);
+        one_launch: there a projection's two blocks in one launch (packed_row_gemv_blocks).
         int8_rows: the batch-invariant steps on packed_rows_gemv (kernel_for). prefill: how a
         longer step runs on the GPU (PREFILL_WAYS)."""
-        from engine.kernels.packed_gemv import packed_row_gemv
+        from engine.kernels.packed_gemv import blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
         from engine.kernels.packed_rows import nibble_order, packed_rows_gemv, quantize_rows
 
         lead = x.shape[:-1]
@@ -124,6 +125,11 @@ class PackedLinear(nn.Module):
             blocks = self.blocks
             if len(blocks) == 1:
                 out = gemv(rows, blocks[0], self.bias)
+            elif one_launch and one_row and rows.shape[0] == 1 and blocks_fit_one_launch(blocks):
+                out = torch.empty((1, self.out_features), dtype=rows.dtype, device=rows.device)
+                cut = blocks[0].shape[0]
+                biases = [None, None] if self.bias is None else [self.bias[:cut], self.bias[cut:]]
+                packed_row_gemv_blocks(rows, blocks, biases, [out[:, :cut], out[:, cut:]], int8_x=int8_x)
             else:
                 out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
                 start = 0

@@ -281,7 +281,7 @@ def row_kernel_k(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, tl
+    global x_pair, dp4a, spread1, spread2, row_body, tl
     import triton
     import triton.language as tl
 
@@ -334,14 +334,16 @@ def _row_kernel():
         return r
 
     @triton.jit
-    def packed_row_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-                          N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
-                          G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
-                          ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
-                          SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                          SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr):
+    def row_body(pid_n, pid_k, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
+                 count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
+                 G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
+                 ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
+                 SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
+                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr):
+        """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
+        below; packed_row_kernel2 runs two blocks of one projection in one launch)."""
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
         # chunk and row), read as 32-bit words of EPW weights (8 nibbles: element 8j + i in
         # nibble i of word j; or 4 bytes), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC):
@@ -374,8 +376,6 @@ def _row_kernel():
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
         QPH: tl.constexpr = 4 // HIGH if HIGH > 0 else 1  # weight words a word of high bits serves
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         n3 = tl.where(n_ok, offs_n, 0)[None, None, :]  # clamped, not masked: no predicates
@@ -574,7 +574,58 @@ def _row_kernel():
                 total += tl.load(b_ptr + offs_o, mask=out_mask, other=0.0).to(tl.float32)
             tl.store(out_ptr + offs_o, total.to(out_ptr.dtype.element_ty), mask=out_mask)
 
-    return packed_row_kernel
+
+    @triton.jit
+    def packed_row_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
+                          count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
+                          ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                          HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
+                          ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
+                          SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
+                          UG: tl.constexpr, PAIRED: tl.constexpr):
+        row_body(tl.program_id(0), tl.program_id(1), x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
+                 out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
+                 ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
+                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED)
+
+    @triton.jit
+    def packed_row_kernel2(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
+                           count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
+                           ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                           HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
+                           ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
+                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
+                           UG: tl.constexpr, PAIRED: tl.constexpr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b,
+                           su_ptr_b, ou_ptr_b, b_ptr_b, out_ptr_b, part_ptr_b, count_ptr_b, N_b, stride_q_b,
+                           stride_h_b, stride_s_b, stride_u_b, low_mask_b, high_mask_b, ZERO_b: tl.constexpr,
+                           G_b: tl.constexpr, UNIT_b: tl.constexpr, HAS_OFFSET_b: tl.constexpr,
+                           HIGH_b: tl.constexpr, ONE_BYTE_b: tl.constexpr, FP8_b: tl.constexpr,
+                           XQ_b: tl.constexpr, HAS_BIAS_b: tl.constexpr, SPLIT_K_b: tl.constexpr,
+                           K_PER_SPLIT_b: tl.constexpr, BLOCK_N_b: tl.constexpr, BLOCK_K_b: tl.constexpr,
+                           CHUNK_b: tl.constexpr, VEC_b: tl.constexpr, SG_b: tl.constexpr, UG_b: tl.constexpr,
+                           PAIRED_b: tl.constexpr, TILES_A: tl.constexpr):
+        # Two blocks of one projection (a Q4_K_M file's Q4_K q and k and Q6_K v) in one launch:
+        # programs 0 .. TILES_A - 1 take the first block's column tiles, the rest the second's,
+        # each block with its own kind, tile and split of K (the grid's K axis is the larger split)
+        pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        if pid < TILES_A:
+            if pid_k < SPLIT_K:
+                row_body(pid, pid_k, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
+                         part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
+                         ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
+                         K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED)
+        else:
+            if pid_k < SPLIT_K_b:
+                row_body(pid - TILES_A, pid_k, x_ptr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, su_ptr_b, ou_ptr_b,
+                         b_ptr_b, out_ptr_b, part_ptr_b, count_ptr_b, N_b, stride_q_b, stride_h_b, stride_s_b,
+                         stride_u_b, low_mask_b, high_mask_b, ZERO_b, G_b, UNIT_b, HAS_OFFSET_b, HIGH_b,
+                         ONE_BYTE_b, FP8_b, XQ_b, ASM, HAS_BIAS_b, X_KIND, SPLIT_K_b, K_PER_SPLIT_b, BLOCK_N_b,
+                         BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b)
+
+    return packed_row_kernel, packed_row_kernel2
 
 
 def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
@@ -587,6 +638,47 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     int8_x: every kind but FP8 multiplies x rounded to int8 (one scale per 16-32 inputs) by
     integer dot products (dp4a), as llama.cpp's kernels do: the weights' exact values times that
     x, within x's rounding of the reference."""
+    if out is None:
+        out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
+    grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
+    _row_kernel()[0][grid](x, **args, **launch)
+    return out
+
+
+def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases: list, outs: list[torch.Tensor],
+                           int8_x: bool = False, tiles: tuple | None = None) -> None:
+    """packed_row_gemv of two blocks of one projection (each its own kind and tile: `tiles`, or
+    each block's default) in one launch, writing outs[i] = x @ blocks[i].T (+ biases[i]): the same
+    programs as two launches, so the same values (blocks_fit_one_launch says when it applies)."""
+    assert len(blocks) == len(biases) == len(outs) == 2
+    tiles = tiles or (None, None)
+    grid_a, args_a, launch_a = _row_args(x, blocks[0], biases[0], tiles[0], outs[0], int8_x)
+    grid_b, args_b, launch_b = _row_args(x, blocks[1], biases[1], tiles[1], outs[1], int8_x)
+    assert launch_a == launch_b, (launch_a, launch_b)
+    if args_a["SPLIT_K"] > 1 and args_b["SPLIT_K"] > 1:
+        # the split-K counters are one buffer per device: the second block's tiles count after
+        # the first's
+        assert grid_a[0] + grid_b[0] <= _MAX_TILES
+        args_b["count_ptr"] = args_b["count_ptr"][grid_a[0]:]
+    shared = ("ASM", "X_KIND")
+    assert all(args_a[k] == args_b[k] for k in shared)
+    _row_kernel()[1][(grid_a[0] + grid_b[0], max(grid_a[1], grid_b[1]))](
+        x, **args_a, **{f"{k}_b": v for k, v in args_b.items() if k not in shared}, TILES_A=grid_a[0], **launch_a)
+
+
+def blocks_fit_one_launch(blocks: list[GroupedWeight]) -> bool:
+    """Two blocks the one-row kernel serves (row_kernel_fits) whose default tiles launch alike
+    (warps and stages): packed_row_gemv_blocks runs them in one launch."""
+    if len(blocks) != 2 or not all(row_kernel_fits(b) for b in blocks):
+        return False
+    a, b = (row_tile_for(w) for w in blocks)
+    return (a.num_warps, a.num_stages) == (b.num_warps, b.num_stages)
+
+
+def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None, tile: RowTile | None,
+              out: torch.Tensor, int8_x: bool) -> tuple[tuple[int, int], dict, dict]:
+    """A one-row launch of `weight` into out (1, N): its grid (column tiles, K shares), the
+    kernel's arguments past x by name, and the launch options (warps, stages)."""
     m, k = x.shape
     n = weight.shape[0]
     assert m == 1 and k == weight.shape[1] and x.stride(1) == 1
@@ -599,24 +691,20 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     # of weights, and of high bits
     assert k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0, (k, tile)
     assert group % chunk == 0 and chunk % per_word == 0 and chunk * high % 32 == 0, (weight.group, tile)
-    if out is None:
-        out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
     vec = min(max(1, tile.vec // 4), chunk // per_word)  # in words
     part, counters = _split_buffers(tile.split_k, 1, n, tiles, out)
-    args = _weight_args(weight)
     bits = 8 if per_word == 4 else 4 + high
     low = 23 - bits
     x_kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
-    xq = int8_x and weight.kind in INT8_X_KINDS
-    _row_kernel()[(tiles, tile.split_k)](
-        x, b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, N=n, **args,
-        low_mask=((1 << (32 // per_word)) - 1) << low, high_mask=((1 << high) - 1) << (low + 4),
-        XQ=xq, ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k,
-        K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
-        num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
-    return out
+    args = dict(b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, N=n,
+                **_weight_args(weight), low_mask=((1 << (32 // per_word)) - 1) << low,
+                high_mask=((1 << high) - 1) << (low + 4), XQ=int8_x and weight.kind in INT8_X_KINDS,
+                ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k,
+                K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec)
+    return (tiles, tile.split_k), args, dict(num_warps=tile.num_warps,
+                                             num_stages=1 if triton_interpreting() else tile.num_stages)
 
 
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
@@ -735,4 +823,5 @@ def packed_gemv_ref(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
 
 
 __all__ = ["INT8", "SIGNED_NIBBLES", "MatmulTile", "PackedTile", "RowTile", "dequantize_packed", "packed_matmul", "default_row_tile", "default_tile", "packed_gemv",
-           "packed_gemv_ref", "packed_row_gemv", "row_kernel_fits", "row_kernel_k", "row_tile_for", "tile_group"]
+           "packed_gemv_ref", "packed_row_gemv", "packed_row_gemv_blocks", "blocks_fit_one_launch", "row_kernel_fits",
+           "row_kernel_k", "row_tile_for", "tile_group"]

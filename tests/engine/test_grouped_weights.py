@@ -255,6 +255,33 @@ def test_paired_factors_give_the_bits_of_plain_ones(device, kind):
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("n_a,n_b,splits", [(40, 24, None), (640, 8, None), (40, 24, (2, 2)), (24, 40, (2, 1))])
+def test_two_blocks_in_one_row_launch_give_the_bits_of_two_launches(device, n_a, n_b, splits):
+    """A Q4_K_M-style projection (Q4_K q and k, Q6_K v) in one launch of the one-row kernel, each
+    block with its own kind, tile and split of K (the split-K counters of the second after the
+    first's): each output the bits of its own launch, with and without a bias and int8 x."""
+    from engine.kernels.packed_gemv import RowTile, blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
+
+    k = 2048
+    a = from_packed([_gguf("Q4_K", n_a // 2, k, 1), _gguf("Q4_K", n_a // 2, k, 2)]).to(device)
+    b = from_packed([_gguf("Q6_K", n_b, k, 3)]).to(device)
+    assert blocks_fit_one_launch([a, b]) and not blocks_fit_one_launch([a])
+    gen = torch.Generator().manual_seed(n_a)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = torch.randn(1, k, generator=gen).to(device, dtype)
+    bias = torch.randn(n_a + n_b, generator=gen).to(device, dtype)
+    # the default tiles, or K split in two (both blocks, or the first only: the split-K counters)
+    tiles = (None, None) if splits is None else tuple(RowTile(4, 1024, split_k=s, vec=8) for s in splits)
+    for with_bias in (False, True):
+        for int8_x in (True, False):
+            ba, bb = (bias[:n_a], bias[n_a:]) if with_bias else (None, None)
+            out = torch.full((1, n_a + n_b), float("nan"), dtype=dtype, device=device)
+            packed_row_gemv_blocks(x, [a, b], [ba, bb], [out[:, :n_a], out[:, n_a:]], int8_x=int8_x, tiles=tiles)
+            assert torch.equal(out[:, :n_a], packed_row_gemv(x, a, ba, tiles[0], int8_x=int8_x))
+            assert torch.equal(out[:, n_a:], packed_row_gemv(x, b, bb, tiles[1], int8_x=int8_x))
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
 def test_int8_default_row_tile_passes_k_end(device):
     """int8's default one-row tile, 8 rows over steps of 4,096 inputs, on a K of 6,144 (its last
     step half past K's end) and 12 rows (the last program's rows clamped): == the dequantized
@@ -428,17 +455,18 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     asked = []
 
     class Recording(PackedLinear):
-        def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False):
-            asked.append((one_row, int8_x, int8_rows))
+        def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False):
+            asked.append((one_row, int8_x, int8_rows, one_launch))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
     x = torch.zeros(1, linear.in_features)
-    for options, want in ((KernelOptions(), (True, True, False)),
-                          (KernelOptions(batch_invariant=True), (False, True, False)),
-                          (KernelOptions(packed_row=False), (False, True, False)),
-                          (KernelOptions(packed_row_x="bf16"), (True, False, False)),
-                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True))):
+    for options, want in ((KernelOptions(), (True, True, False, False)),
+                          (KernelOptions(batch_invariant=True), (False, True, False, False)),
+                          (KernelOptions(packed_row=False), (False, True, False, False)),
+                          (KernelOptions(packed_row_x="bf16"), (True, False, False, False)),
+                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, False)),
+                          (KernelOptions(packed_one_launch=True), (True, True, False, True))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 

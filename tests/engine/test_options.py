@@ -29,6 +29,10 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # each_row is off unless asked for (its verify rows cost more than its plain steps save)
     assert default.each_row is False and KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "1"}) == dataclasses.replace(default, each_row=True)
+    # one launch for a projection's two packed blocks: off until measured
+    assert default.packed_one_launch is False and KernelOptions.from_env({"LOCALCHAT_PACKED_ONE_LAUNCH": "0"}) == default
+    assert KernelOptions.from_env({"LOCALCHAT_PACKED_ONE_LAUNCH": "1"}) == dataclasses.replace(default,
+                                                                                            packed_one_launch=True)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     assert default.packed_prefill == "fused"
