@@ -31,8 +31,7 @@ from engine.kernels import triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
 from engine.weights.grouped import (
     BITS5, BITS6, FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_BITS5, SIGNED_BITS6, SIGNED_NIBBLES, ZERO, GroupedWeight,
-    is_paired,
-    dequantize_grouped,
+    dequantize_grouped, is_paired,
 )
 
 MAX_ROWS = 16
