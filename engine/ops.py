@@ -134,7 +134,8 @@ def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own
     invariant = (options.batch_invariant or slot_map is not None) and q.shape[0] <= MAX_INVARIANT_ROWS
     per_token = invariant and (options.token_attention or slot_map is not None)
     return decode_attention(q, k_cache, v_cache, positions, scale, invariant=invariant, own_slots=own_slots,
-                            pdl=options.pdl, per_token=per_token, slot_map=slot_map, map_base=map_base)
+                            pdl=options.pdl, per_token=per_token, slot_map=slot_map, map_base=map_base,
+                            share_sms=options.share_sms)
 
 
 def rope_attention(options: KernelOptions, q, k, v, cos_sin, positions, k_cache, v_cache, scale,
@@ -142,7 +143,8 @@ def rope_attention(options: KernelOptions, q, k, v, cos_sin, positions, k_cache,
     """rope_decode_attention (one row, or a verify step's rows), with the tile attention() picks."""
     return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, scale,
                                  invariant=options.batch_invariant, slots=slots, pdl=options.pdl,
-                                 per_token=options.batch_invariant and options.token_attention)
+                                 per_token=options.batch_invariant and options.token_attention,
+                                 share_sms=options.share_sms)
 
 
 def _has_triton() -> bool:

@@ -92,14 +92,19 @@ class KernelOptions:
     packed_prefill: str = "fused"
     # A one-row step of a projection stored in two formats (a Q4_K_M file's Q4_K q and k and Q6_K
     # v) in one launch of the row kernel (packed_row_gemv_blocks) instead of one a block: the same
-    # values. Off until measured on a GPU (docs/performance.md). LOCALCHAT_PACKED_ONE_LAUNCH=1.
-    packed_one_launch: bool = False
+    # values. 8B Q4_K_M on an H200: 459.0 against 455.0 tok/s. LOCALCHAT_PACKED_ONE_LAUNCH=0: a
+    # launch a block.
+    packed_one_launch: bool = True
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
     # With it, a batch-invariant verify step's rows (2 to 16) too: each split program writes the
     # step's keys it reads. LOCALCHAT_ROPE_IN_VERIFY=0: their RoPE launches apart.
     rope_in_verify: bool = True
+    # A verify step's per-row attention programs share about two waves over the SMs instead of each
+    # row taking the one-row step's count (kernels/attention.py _split_programs); the same bits.
+    # LOCALCHAT_SHARE_SMS=0: every row the one-row count.
+    share_sms: bool = True
     # EAGLE-3 draft steps on the GPU kernels (1625 against 1214 tok/s). LOCALCHAT_FUSED_DRAFT=0: the
     # torch layer.
     fused_draft: bool = True
@@ -111,6 +116,10 @@ class KernelOptions:
     # the shaped ones on any device; N: N for every draft; (A, B, ...): A for draft 1, B for draft 2,
     # none after. LOCALCHAT_SPEC_ALTS=auto|N|A,B,...
     spec_alts: int | tuple[int, ...] | str | None = None
+    # Sampled EAGLE-3 iterations verify each draft's runner-up as well (a second rejection-sampling
+    # round where the draft is refused; speculative/kernels/sampled_pick.py): k more verify rows.
+    # LOCALCHAT_SAMPLED_RUNNERS_UP=1.
+    sampled_runners_up: bool = False
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -165,11 +174,13 @@ class KernelOptions:
             packed_row_x=_choice(env, "LOCALCHAT_PACKED_ROW_X", ("int8", "bf16"), "int8"),
             packed_invariant_x=_choice(env, "LOCALCHAT_PACKED_INVARIANT_X", ("int8", "bf16"), "bf16"),
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
-            packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH", default=False),
+            packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
+            share_sms=_flag(env, "LOCALCHAT_SHARE_SMS"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
+            sampled_runners_up=_flag(env, "LOCALCHAT_SAMPLED_RUNNERS_UP", default=False),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),

@@ -29,11 +29,18 @@ def _split_size(max_seq_len: int) -> int:
     return 64 if max_seq_len <= 8192 else 128
 
 
-def _split_programs(num_splits: int, num_kv_heads: int, num_sms: int) -> int:
+def _split_programs(num_splits: int, num_kv_heads: int, num_sms: int, rows: int = 1) -> int:
     # Programs per kv head, each taking every stride-th split: about one wave over the SMs, at least
     # 16 (the 8B at 768 positions fills 12 splits of 64 per kv head), so that the grid, and the
     # idle programs in it, do not grow with the cache's capacity, only a long context's loop does.
-    return min(num_splits, max(16, -(-num_sms // num_kv_heads)))
+    # rows > 1 (per-token programs for each of a verify step's rows): the rows share about two
+    # waves, at least 4 programs a row. Most of a short context's programs find no split to read
+    # and still cost their launch: with the one-row count for every row, each row of a demo
+    # verify step added about 0.66 us a layer. A split's partial does not depend on which program
+    # reads it, so the rows keep the one-row step's bits.
+    if rows == 1:
+        return min(num_splits, max(16, -(-num_sms // num_kv_heads)))
+    return min(num_splits, max(4, -(-2 * num_sms // (num_kv_heads * rows))))
 
 
 def _check(q, k_cache, v_cache, positions) -> None:
@@ -342,6 +349,7 @@ def decode_attention(
     per_token: bool = False,
     slot_map: torch.Tensor | None = None,
     map_base: torch.Tensor | None = None,
+    share_sms: bool = True,
 ) -> torch.Tensor:
     """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
 
@@ -365,6 +373,9 @@ def decode_attention(
     slot_map[t] instead, e.g. a tree node's ancestors, wherever the tree put them. The row then
     reads them in the order and blocks of the rows a plain decode step would read at those
     positions, so it computes exactly what that step computes.
+
+    share_sms (per_token, T > 1): the rows share about two waves of programs
+    (_split_programs) instead of each taking the one-row step's count; the same bits.
     """
     _check(q, k_cache, v_cache, positions)
     mapping = None
@@ -373,7 +384,8 @@ def decode_attention(
         assert slot_map.dim() == 2 and slot_map.shape[0] == q.shape[0] and slot_map.is_contiguous()
         assert map_base is not None and map_base.shape == (q.shape[0],)
         mapping = (slot_map, map_base)
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl, per_token, mapping)
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl, per_token, mapping,
+                   share_sms)
 
 
 def rope_decode_attention(
@@ -389,6 +401,7 @@ def rope_decode_attention(
     slots: torch.Tensor | None = None,
     pdl: bool = True,
     per_token: bool = False,
+    share_sms: bool = True,
 ) -> torch.Tensor:
     """rope_and_cache then decode_attention for a decode row or a verify step's T <=
     MAX_INVARIANT_ROWS rows, with the same bits, one launch fewer: the split kernel rotates q and
@@ -400,11 +413,12 @@ def rope_decode_attention(
     assert q.dtype == k.dtype == v.dtype
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl, per_token)
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl, per_token,
+                   None, share_sms)
 
 
 def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on,
-            per_token: bool = False, mapping: tuple | None = None) -> torch.Tensor:
+            per_token: bool = False, mapping: tuple | None = None, share_sms: bool = True) -> torch.Tensor:
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     split_kernel, reduce_kernel = _kernels()
     num_rows, num_heads, head_dim = q.shape
@@ -423,7 +437,8 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
     pdl = pdl_args(q.device, pdl_on)
     k_new, v_new, cos_sin = rope if rope is not None else (k_cache, v_cache, part_o)  # unused without rope
     q_rot = torch.empty((num_rows, num_heads, head_dim), dtype=q.dtype, device=q.device) if rope is not None else q
-    programs = _split_programs(num_splits, num_kv_heads, num_sms(q.device))
+    programs = _split_programs(num_splits, num_kv_heads, num_sms(q.device),
+                               num_rows if per_token and share_sms else 1)
     split_kernel[(num_kv_heads, programs, num_rows if per_token else 1)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
         k_new, v_new, cos_sin, q_rot, q_rot.stride(0), q_rot.stride(1),

@@ -148,7 +148,7 @@ def test_norm_and_activation_refs():
 # ---- kernels vs references (CUDA, or the CPU interpreter on request) -----------------------
 
 
-def _three_programs(num_splits: int, num_kv_heads: int, num_sms: int) -> int:
+def _three_programs(num_splits: int, num_kv_heads: int, num_sms: int, rows: int = 1) -> int:
     return min(num_splits, 3)
 
 
@@ -919,3 +919,39 @@ def test_tree_rows_read_through_a_slot_map_have_the_bits_of_their_decode_step(de
         kc[base + depth[r]], vc[base + depth[r]] = k_cache[node_slot[r]], v_cache[node_slot[r]]
         single = decode_attention(q[r:r + 1], kc, vc, positions[r:r + 1], 0.125, invariant=True, per_token=True)
         assert torch.equal(out[r:r + 1], single), r
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_heads,num_kv_heads,rows", [(9, 3, 6), (9, 3, 16), (32, 8, 11)])
+def test_rows_sharing_the_sms_keep_the_bits_of_the_one_row_step(device, num_heads, num_kv_heads, rows):
+    """share_sms: a verify step's per-token rows run with fewer programs a kv head than the
+    one-row step (each program taking several splits of a long cache), with the same bits as
+    the one-row step and as each row given the one-row count; with RoPE in the kernel too."""
+    from engine.kernels.attention import _split_programs
+
+    gen = torch.Generator().manual_seed(rows)
+    head_dim, max_seq_len = 64, 4096
+    num_splits = max_seq_len // 64
+    assert _split_programs(num_splits, num_kv_heads, 132, rows) < _split_programs(num_splits, num_kv_heads, 132)
+    dtype = torch.bfloat16
+    q = torch.randn(rows, num_heads, head_dim, generator=gen).to(device, dtype)
+    k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    positions = torch.arange(1500, 1500 + rows, device=device)  # 24 splits and up
+    shared = decode_attention(q, k_cache, v_cache, positions, 0.125, invariant=True, per_token=True)
+    apart = decode_attention(q, k_cache, v_cache, positions, 0.125, invariant=True, per_token=True, share_sms=False)
+    assert torch.equal(shared, apart)
+    for r in range(rows):
+        single = decode_attention(q[r:r + 1], k_cache, v_cache, positions[r:r + 1], 0.125, invariant=True,
+                                  per_token=True)
+        assert torch.equal(shared[r:r + 1], single), r
+    # the verify step's RoPE and cache writes in the kernel, rows sharing the SMs or not
+    cos_sin = torch.randn(max_seq_len, head_dim, generator=gen).float().to(device)
+    k_new = torch.randn(rows, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    v_new = torch.randn(rows, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    outs = []
+    for share in (True, False):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        outs.append((rope_decode_attention(q, k_new, v_new, cos_sin, positions, kc, vc, 0.125, invariant=True,
+                                           per_token=True, share_sms=share), kc, vc))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))

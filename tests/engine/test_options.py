@@ -21,7 +21,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                 "LOCALCHAT_FUSED_DRAFT": "fused_draft",
                 "LOCALCHAT_LEAN_DRAFT": "lean_draft", "LOCALCHAT_TOKEN_ATTENTION": "token_attention",
                 "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats",
-                "LOCALCHAT_PACKED_ROW": "packed_row"}
+                "LOCALCHAT_PACKED_ROW": "packed_row", "LOCALCHAT_SHARE_SMS": "share_sms",
+                "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch"}
     for name, field in switches.items():
         assert getattr(default, field) is True
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
@@ -29,10 +30,10 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # each_row is off unless asked for (its verify rows cost more than its plain steps save)
     assert default.each_row is False and KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "1"}) == dataclasses.replace(default, each_row=True)
-    # one launch for a projection's two packed blocks: off until measured
-    assert default.packed_one_launch is False and KernelOptions.from_env({"LOCALCHAT_PACKED_ONE_LAUNCH": "0"}) == default
-    assert KernelOptions.from_env({"LOCALCHAT_PACKED_ONE_LAUNCH": "1"}) == dataclasses.replace(default,
-                                                                                            packed_one_launch=True)
+    # runners-up for sampled answers: off unless asked for (on the demo they cost more than they win)
+    assert default.sampled_runners_up is False and KernelOptions.from_env({"LOCALCHAT_SAMPLED_RUNNERS_UP": "0"}) == default
+    assert KernelOptions.from_env({"LOCALCHAT_SAMPLED_RUNNERS_UP": "1"}) == dataclasses.replace(default,
+                                                                                             sampled_runners_up=True)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     assert default.packed_prefill == "fused"
