@@ -26,10 +26,13 @@ Each replay writes `result` = [accepted a, the next token, d_1..d_k as verified]
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from engine.graphs import capture
 from engine.sampling import SamplingTensors, filtered, probabilities_t
+from speculative.kernels.alternative import take_alternative, take_alternative_ref
 from speculative.kernels.sampled_pick import draft_sample, draw_from, sampled_accept, sampled_accept_ref
 
 from speculative.eagle3.draft_parts import DraftParts
@@ -42,8 +45,12 @@ def supports(params, state) -> bool:
 
 
 class SampledIteration(WholeIteration):
-    def __init__(self, parts: DraftParts, runner):
-        super().__init__(parts, runner)
+    def __init__(self, parts: DraftParts, runner, runners_up: bool = False):
+        """runners_up: each draft's verify step checks the draft's runner-up too (the race's second
+        place, a draw from q without the draft), kept by a second rejection-sampling round where
+        the draft is refused (sampled_accept_ref); k more verify rows."""
+        super().__init__(parts, runner, (1 if runners_up else 0,) * parts.k)
+        self.runners_up = runners_up
         k, dev, V = parts.k, runner.device, runner.config.vocab_size
         d2t = parts.draft.d2t
         Dv = d2t.shape[0]
@@ -57,7 +64,9 @@ class SampledIteration(WholeIteration):
         self.targets = d2t + torch.arange(Dv, device=dev)  # draft id -> target id
         self.to_draft = torch.full((V,), -1, dtype=torch.int32, device=dev)  # target id -> draft id
         self.to_draft[self.targets] = torch.arange(Dv, dtype=torch.int32, device=dev)
-        self.verdict = torch.zeros(2, dtype=torch.int64, device=dev)  # [accepted, next token]
+        self.u_alt = torch.zeros(k, dtype=torch.float32, device=dev)
+        # [accepted, next token] and, with runners-up, whether the last accepted is one
+        self.verdict = torch.zeros(3 if runners_up else 2, dtype=torch.int64, device=dev)
         # The fused launches (a GPU's, with the lean draft's kernels); torch ops otherwise.
         self.fused = dev.type == "cuda" and parts.draft.lean
         self.pdl = self.fused and parts.draft.ops.options.pdl
@@ -102,6 +111,7 @@ class SampledIteration(WholeIteration):
         warm-ups left a valid state at the caches' end): a graph that computes anything else
         is never used."""
         self.u.fill_(0.5)
+        self.u_alt.fill_(0.5)
         self.e_residual.fill_(1.0)
         self.e_drafts.fill_(1.0)
         state = [t.clone() for t in (self.n, self.ids, self.q)]
@@ -119,9 +129,13 @@ class SampledIteration(WholeIteration):
         request's generator."""
         self.n.fill_(n)
         self.ids[0] = bonus
-        self.ids[1:].copy_(drafts)
+        self.ids[1:self.k + 1].copy_(drafts)
         self.q.copy_(q.index_select(1, self.targets))
         self.generator = generator
+        if self.runners_up:  # each draft's runner-up: a race over q without the draft
+            score = q / torch.empty_like(q).exponential_(generator=generator)
+            score.scatter_(1, drafts.view(-1, 1), -1.0)
+            self.ids[self.k + 1:].copy_(score.argmax(1))
 
     def _prepare(self) -> None:
         # Stream-ordered: these land after the previous replay has read the last draws.
@@ -129,26 +143,56 @@ class SampledIteration(WholeIteration):
         self.u.uniform_(generator=g)
         self.e_residual.exponential_(generator=g)
         self.e_drafts.exponential_(generator=g)
+        if self.runners_up:
+            self.u_alt.uniform_(generator=g)
 
     # --- the device side --------------------------------------------------------------------
     def _body(self, n: int | None = None) -> None:
         out = self._verify(n)
-        drafts, fused = self.ids[1:], self.fused and not self.cut
+        k, fused = self.k, self.fused and not self.cut
+        drafts = self.ids[1:k + 1]
+        alts, u_alt = (self.ids[k + 1:], self.u_alt) if self.runners_up else (None, None)
         logits = self.runner.model.logits(out.hidden, fp32=not fused)  # the kernels read bf16 as it is
         if fused:
             sampled_accept(logits, self.params.temperature, drafts, self.q, self.to_draft, self.u, self.e_residual,
-                           self.verdict, pdl=self.pdl)
+                           self.verdict, alts, u_alt, pdl=self.pdl)
         else:
             sampled_accept_ref(probabilities_t(logits, self.params, self.cut), drafts, self.q, self.to_draft,
-                               self.targets, self.u, self.e_residual, self.verdict)
-        d_logits, d_hidden, n_next = self._extend(out, self.verdict[0], self.verdict[1], n)
-        for s in range(self.k):
+                               self.targets, self.u, self.e_residual, self.verdict, alts, u_alt)
+        if self.runners_up:
+            d_logits, d_hidden, n_next = self._extend_runner_up(out, n)
+        else:
+            d_logits, d_hidden, n_next = self._extend(out, self.verdict[0], self.verdict[1], n)
+        for s in range(k):
             tok = self.ids[s + 1:s + 2]  # the draw goes straight into the chain's ids
+            alt = self.chain.alt_slots(s) if self.runners_up else None
             if fused:
-                draft_sample(d_logits[-1], self.params.temperature, self.e_drafts[s], self.d2t, self.q[s], tok,
+                draft_sample(d_logits[-1], self.params.temperature, self.e_drafts[s], self.d2t, self.q[s], tok, alt,
                              pdl=self.pdl)
             else:
                 self.q[s].copy_(probabilities_t(d_logits[-1:], self.params, self.cut)[0])
-                draw_from(self.q[s], self.e_drafts[s], self.d2t, tok)
-            if s < self.k - 1:
+                draw_from(self.q[s], self.e_drafts[s], self.d2t, tok, alt)
+            if s < k - 1:
                 d_logits, d_hidden = self._draft_step(tok, s, d_hidden, n_next)
+
+    def _extend_runner_up(self, out, n: int | None):
+        """_extend where the last accepted token may be a runner-up (verdict[2]): it takes its
+        draft's place in the accepted drafts, its K/V moves from its own cache row to its
+        position, and its verify row's state goes into the draft-extend's window."""
+        parts, chain, k = self.parts, self.chain, self.k
+        a, nxt, took = self.verdict[0], self.verdict[1], self.verdict[2].bool()
+        depth = (a - 1).clamp(0, k - 1)  # the runner-up's draft index, when it was taken
+        alt_row = k + 1 + depth
+        alt_tok = self.ids.index_select(0, alt_row.view(1))[0]
+        drafts = torch.where(took & (chain.offsets[:k] == depth), alt_tok, self.ids[1:k + 1])
+        torch.add(chain.n, torch.stack([torch.where(took, alt_row, a), a]), out=chain.kv_move)
+        chain.state_rows.copy_(torch.where(took & (chain.offsets == a), alt_row, chain.offsets))
+        chain.advance(a, nxt, drafts)
+        states = parts.target_states(out.aux_hidden, out.hidden)
+        kv = self.runner.kv
+        window_states = states.new_empty(k + 1, states.shape[1])
+        move = partial(take_alternative, pdl=self.pdl) if self.fused else take_alternative_ref
+        states = move(kv.k_all, kv.v_all, chain.kv_move, states, chain.state_rows, window_states)
+        logits, hidden = parts.draft(chain.window, self.positions[:k + 1], states, True, parts.embed, parts.kv,
+                                     start_pos=n, last=a)
+        return logits, hidden, None if n is None else n + int(a) + 1

@@ -91,7 +91,8 @@ class Eagle3Speculator:
         self.runners_up_choice = spec_alts in (None, AUTO) and any(self._shaped)
         self._greedy_by_alts: dict[tuple[int, ...], GreedyIteration] = {}
         self.greedy = self._greedy_for(self._shaped)  # greedy, no penalty
-        self.sampled = sampled_loop.SampledIteration(self.parts, runner)  # sampling without a penalty: the same
+        self.sampled = sampled_loop.SampledIteration(  # sampling without a penalty: the same
+            self.parts, runner, runners_up=runner.model.ops.options.sampled_runners_up)
         self.tree: TreeShape | None = None  # a draft tree's shape (set_tree); None: chains of k
         self._tree_steps: dict[TreeShape, TreeDrafting] = {}  # each shape's step, its graph kept
 

@@ -7,6 +7,7 @@ import torch
 
 import speculative.eagle3.sampled_loop as sampled_loop
 from engine.engine import Engine
+from engine.options import KernelOptions
 from engine.types import SamplingParams
 from tests.speculative.heads import head_tensors, markov_target, write_head
 from tests.tiny import make_tiny_model, read_config
@@ -59,6 +60,55 @@ def test_a_draft_that_always_says_b_still_gives_b_half_the_time(coin, monkeypatc
     assert 0.35 < counts[False] < 0.65 and 0.35 < counts[True] < 0.65, counts
     # From A the draft's B is kept half the time (2 tokens), else C comes (1), then A (1): 4/3.
     assert 1.15 < stats.accept_len_mean < 1.55, stats.accept_len_mean
+
+
+@pytest.fixture(scope="module")
+def coin_two(tmp_path_factory):
+    """The coin's target with a head whose vocabulary is B and C, loaded with and without the
+    sampled runners-up: a refused draft's runner-up is the other face."""
+    base = tmp_path_factory.mktemp("coin2")
+    src = make_tiny_model(base / "src", "llama", num_layers=4, seed=3)
+    probe = Engine.load(str(src), device="cpu")
+    last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
+    a, b, c = 40, 41, 42
+    dst = markov_target(src, base / "target", {last: a, a: b, b: a, c: a}, ties={c: b})
+    cfg = read_config(src)
+    t = head_tensors(64, 64, 3, cfg["vocab_size"], 2, seed=5)
+    t["d2t"] = torch.tensor([b, c - 1])  # draft ids 0, 1: B, C
+    head_dir = write_head(base / "head", cfg, "sglang", t, 64, (1, 2, 3))
+    engines = {}
+    for runners_up in (False, True):
+        eng = Engine.load(str(dst), draft=str(head_dir), device="cpu", draft_steps=4,
+                          options=KernelOptions(sampled_runners_up=runners_up))
+        eng.tokenizer.eos_token_ids = frozenset()
+        engines[runners_up] = eng
+    return engines, (a, b, c)
+
+
+def test_runners_up_keep_the_coin_fair_and_accept_more(coin_two, monkeypatch):
+    """With runners-up, B still comes half the time, and where the draft's face is refused the
+    other face (its runner-up) is kept: more tokens a verify step than the chain alone."""
+    engines, (a, b, c) = coin_two
+    assert engines[True].speculator.sampled.runners_up and not engines[False].speculator.sampled.runners_up
+    bodies = []
+    real = sampled_loop.SampledIteration._body
+    monkeypatch.setattr(sampled_loop.SampledIteration, "_body", lambda self, n=None: bodies.append(n) or real(self, n))
+    share, accept = {}, {}
+    for runners_up, engine in engines.items():
+        picks, lengths = [], []
+        for seed in range(8):
+            out, stats = _run(engine, True, max_tokens=64, temperature=1.0, seed=seed)
+            assert len(out) == 64 and set(out[0::2]) == {a} and set(out[1::2]) <= {b, c}
+            picks += out[1::2]
+            lengths.append(stats.accept_len_mean)
+        share[runners_up] = picks.count(b) / len(picks)
+        accept[runners_up] = sum(lengths) / len(lengths)
+    assert bodies
+    assert 0.37 < share[False] < 0.63 and 0.37 < share[True] < 0.63, share  # 256 flips: 0.5 +- 0.031
+    assert accept[True] > accept[False] + 0.2, accept
+    # reproducible with a seed
+    assert _run(engines[True], True, max_tokens=40, temperature=0.8, seed=3)[0] == \
+        _run(engines[True], True, max_tokens=40, temperature=0.8, seed=3)[0]
 
 
 @pytest.fixture(scope="module")
