@@ -30,21 +30,21 @@ ROWS = (
     ("startup_8b", "start-up (load + CUDA-graph capture), the same run", BENCH_8B,
      "h200_8b_plain_final_session17.json"),
     ("no_draft", "plain decode, demo model (SmolLM2-135M), no draft loaded, 12 requests",
-     UNSEEN + " --prompts 12", "h200_demo_rope_in_verify_fused.json"),
+     UNSEEN + " --prompts 12", "h200_demo_share_sms.json"),
     ("spec", "greedy speculation, demo model + its EAGLE-3 head, k = 5, the same 12 requests; runners-up chosen by "
      "the app's first-load measurement (the chain alone)", UNSEEN + " --prompts 12",
-     "h200_demo_rope_in_verify_fused.json"),
+     "h200_demo_share_sms.json"),
     ("identical_bench", "greedy speculation equals plain decoding with the draft loaded, token for token",
-     UNSEEN + " --prompts 12", "h200_demo_rope_in_verify_fused.json"),
+     UNSEEN + " --prompts 12", "h200_demo_share_sms.json"),
     ("spec", "the chain and 10 runners-up verified (an earlier run, before the down projection ran row by row)",
      UNSEEN + " --prompts 12 --runners-up on", "h200_demo_eagle3_gate_runners_up_on.json"),
     ("spec", "the same head at temperature 0.7, all 24 requests",
-     UNSEEN + " --temperature 0.7 --prompts 24", "h200_demo_rope_in_verify_fused_t07.json"),
+     UNSEEN + " --temperature 0.7 --prompts 24", "h200_demo_share_sms_t07.json"),
     ("spec", "the same head drafting 3,3,12 trees (greedy), the same 12 requests",
-     UNSEEN + " --tree 3,3,12 --prompts 12", "h200_demo_eagle3_rowstats_3-3-12.json"),
+     UNSEEN + " --tree 3,3,12 --prompts 12", "h200_demo_share_sms_3-3-12.json"),
     ("spec", "greedy speculation, demo model + its 2 MTP layers (retrained on the request sets), k = 2, the "
      "first 8 of the requests",
-     UNSEEN + " --draft demo-mtp --draft-steps 2 --prompts 8", "h200_demo_rope_in_verify_fused_mtp.json"),
+     UNSEEN + " --draft demo-mtp --prompts 8", "h200_demo_share_sms_mtp.json"),
     ("spec", "8B shape, random head forced to a published EAGLE-3 head's spread (3.5 tokens per verify step on "
      "average), k = 5; runners-up chosen by measurement, as the app chooses them (the chain alone: the forced "
      "spread never takes a runner-up)",
@@ -54,10 +54,10 @@ ROWS = (
      "the same with `--runners-up on`", "h200_8b_forced35_runners_up.json"),
     ("packed", "8B shape, random weights packed as a Q4_K_M file (decoded inside the GEMV), plain decode, no draft "
      "loaded (the one-row kernel, the activations rounded to int8 against the blocks, each Q4_K group's scale and "
-     "offset codes side by side; bf16 from an earlier run)",
+     "offset codes side by side, q, k and v in one launch; bf16 from an earlier run)",
      f"`{PACKED}` (and without `--random-quant`)",
-     "h200_8b_packed_Q4_K_M_pairs.json, h200_8b_bf16_int8x_high_session.json, "
-     "h200_8b_packed_Q4_K_M_factors_apart.json"),
+     "h200_8b_packed_Q4_K_M_one_launch.json, h200_8b_bf16_int8x_high_session.json, "
+     "h200_8b_packed_Q4_K_M_two_launches.json"),
     ("packed_short", "the same packed as Q5_K (an earlier run)", "the same with `--random-quant Q5_K`",
      "h200_8b_packed_Q5_K_int8x_high.json, h200_8b_bf16_int8x_high_session.json"),
     ("packed_short", "the same packed as Q6_K", "the same with `--random-quant Q6_K`",
@@ -121,7 +121,9 @@ def row(kind: str, label: str, command: str, name: str) -> str:
             off = _load(files[2])["no_draft"]["decode_tok_s"]
             what = ("x kept in bf16 (`LOCALCHAT_PACKED_ROW_X=bf16`)" if "bf16x" in files[2]
                     else "each k-quant group's factors apart (the layout before), same call"
-                    if "factors_apart" in files[2] else "the batch-invariant kernel")
+                    if "factors_apart" in files[2]
+                    else "q, k and v in two launches (`LOCALCHAT_PACKED_ONE_LAUNCH=0`), same call"
+                    if "two_launches" in files[2] else "the batch-invariant kernel")
             versus += f"; {what}: {off:.0f} tok/s ({tok / off:.2f}x)"
     elif kind == "prefill":  # packed_matmul against the torch slices (same machine), bf16 from a run beside
         got, old, bf16 = (_load(f)["no_draft"] for f in files)

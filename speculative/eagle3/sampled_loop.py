@@ -19,7 +19,7 @@ torch ops (its *_ref functions), over the draft's vocabulary either way.
 
 State carried between replays, on the device:
     n      () the target cache length before this iteration's verify
-    ids    (k+1,) [bonus, d_1..d_k]
+    ids    (k+1,) [bonus, d_1..d_k]; with runners-up (2k+1,), then each draft's runner-up
     q      (k, Dv) the draft distributions d_1..d_k were drawn from, over the draft's vocabulary
 Each replay writes `result` = [accepted a, the next token, d_1..d_k as verified].
 """
