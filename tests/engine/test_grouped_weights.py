@@ -461,12 +461,12 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
 
     linear = Recording([by_kind["gguf Q4_0"]])
     x = torch.zeros(1, linear.in_features)
-    for options, want in ((KernelOptions(), (True, True, False, False)),
-                          (KernelOptions(batch_invariant=True), (False, True, False, False)),
-                          (KernelOptions(packed_row=False), (False, True, False, False)),
-                          (KernelOptions(packed_row_x="bf16"), (True, False, False, False)),
-                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, False)),
-                          (KernelOptions(packed_one_launch=True), (True, True, False, True))):
+    for options, want in ((KernelOptions(), (True, True, False, True)),
+                          (KernelOptions(batch_invariant=True), (False, True, False, True)),
+                          (KernelOptions(packed_row=False), (False, True, False, True)),
+                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True)),
+                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True)),
+                          (KernelOptions(packed_one_launch=False), (True, True, False, False))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 
