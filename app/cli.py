@@ -179,6 +179,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="share of each step's sequences taken from the target's own replies (default 0.85)")
     p.add_argument("--greedy-weight", type=float, default=None,
                    help="weight of an extra loss on the target's greedy token, which greedy verification accepts, beside the loss on the target's distribution (default 0.5; 0: the distribution only)")
+    p.add_argument("--soft-temperature", type=float, default=None,
+                   help="temperature at which the head's distribution is fitted to the target's (default 1; e.g. 0.7 for a head meant for answers sampled at 0.7; the greedy token's loss is the same either way)")
     p.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
     p.add_argument("--instruct-frac", type=float, default=None,
                    help="share of the self-answered prompts taken from the request sets of --prompt-sets (lists, how-tos, explanations, code, short writing, questions) instead of the conversations (default 0.4; 0: conversations only)")

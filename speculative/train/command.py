@@ -31,6 +31,9 @@ def cmd_train(args) -> int:
                     raise UserError("--resume: only EAGLE-3 runs (--kind eagle3) can be continued")
                 if getattr(args, "draft_intermediate", None) is not None:
                     raise UserError("--draft-intermediate sets an EAGLE-3 head's MLP; MTP layers keep the target's")
+                if getattr(args, "soft_temperature", None) is not None:
+                    raise UserError("--soft-temperature sets an EAGLE-3 head's loss; MTP layers learn the target's "
+                                    "top-64 probabilities as they are")
                 from speculative.train.mtp import cmd_train_mtp
 
                 return cmd_train_mtp(args)

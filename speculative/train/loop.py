@@ -172,7 +172,8 @@ def _step_loss(draft, teacher: Teacher, rows: list[list[tuple]], opts,
         logits = unroll(draft, teacher.embed, batch, opts.ttt_steps)
     weight = getattr(opts, "greedy_weight", 0.0)
     greedy = greedy_in_draft(batch.greedy, draft_ids, teacher.embed.num_embeddings) if weight > 0 else None
-    return ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay, greedy, weight), batch
+    return ttt_loss(logits, batch, target_logits, draft.d2t, opts.decay, greedy, weight,
+                    getattr(opts, "soft_temperature", 1.0)), batch
 
 
 def train_step(draft, teacher: Teacher, rows: list[list[tuple]], opts, draft_ids: torch.Tensor, opt,

@@ -39,6 +39,11 @@ class TrainOptions:
     # 2.74 vs 2.66 at step 1250, and 2.50 vs 2.25 measured by `bench`. A full-length run ended
     # level with 0.7 and 0 at equal steps (held-out 3.20 at step 3,994; docs/performance.md).
     greedy_weight: float = 0.5
+    # Temperature of the soft loss: the head's distribution at T against the target's at T (1: the
+    # distributions as they are). Sampled verification keeps a draft with probability
+    # sum(min(p_T, q_T)) at the request's temperature T, so a head meant for sampled answers may fit
+    # them there; the greedy token's loss does not depend on it.
+    soft_temperature: float = 1.0
     gen_share: float = 0.45  # share of the time budget after which no new reply is started
     reserve_s: float = 25.0  # budget kept for validation, saving and the speculator check
     val_conversations: int = 48
@@ -75,6 +80,8 @@ class TrainOptions:
             raise UserError(f"--instruct-frac must be in [0, 1], got {self.instruct_frac}")
         if not 0 <= self.greedy_weight <= 100:
             raise UserError(f"--greedy-weight must be in [0, 100], got {self.greedy_weight}")
+        if not 0.05 <= self.soft_temperature <= 10:
+            raise UserError(f"--soft-temperature must be in [0.05, 10], got {self.soft_temperature}")
         if not 0 < self.lr < 1:
             raise UserError(f"--lr must be in (0, 1), got {self.lr}")
         if self.time_budget is not None and self.time_budget < 2 * self.reserve_s:
@@ -105,6 +112,7 @@ class TrainOptions:
                    val_conversations=48 if gpu else 8, val_rows=8 if gpu else 2,
                    mtp_layers=int(opt("mtp_layers", 3, 3)), draft_intermediate=int(width or 0),
                    gen_frac=float(opt("gen_frac", 0.85, 0.85)), greedy_weight=float(opt("greedy_weight", 0.5, 0.5)),
+                   soft_temperature=float(opt("soft_temperature", 1.0, 1.0)),
                    instruct_frac=float(opt("instruct_frac", 0.4, 0.4)),
                    prompt_sets=parse_sets(getattr(args, "prompt_sets", None)))
 
@@ -128,9 +136,11 @@ def command_line(args, resume: bool | None = None) -> str:
     parts = ["localchat", "train-draft"]
     for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "draft_intermediate", "steps", "device",
                  "time_budget", "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_frac", "greedy_weight",
+                 "soft_temperature",
                  "gen_tokens", "instruct_frac", "prompt_sets", "eval_every", "eval_prompts", "seed"):
         value = getattr(args, name, None)
-        if name in (("draft_vocab", "draft_intermediate", "ttt_steps") if getattr(args, "kind", None) == "mtp"
+        if name in (("draft_vocab", "draft_intermediate", "ttt_steps", "soft_temperature")
+                    if getattr(args, "kind", None) == "mtp"
                     else ("mtp_layers",)):
             continue  # flags the other kind ignores
         if value is not None:

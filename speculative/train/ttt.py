@@ -194,20 +194,22 @@ def greedy_in_draft(greedy: torch.Tensor, draft_ids: torch.Tensor, vocab_size: i
 
 def ttt_loss(step_logits: list[torch.Tensor], batch: TTTBatch, target_logits: torch.Tensor,
              d2t: torch.Tensor, decay: float, greedy_draft: torch.Tensor | None = None,
-             greedy_weight: float = 0.0) -> StepStats:
-    """Soft cross-entropy against the target's distribution over the draft vocabulary, plus
-    greedy_weight times the hard cross-entropy on the target's greedy token (greedy_draft: its
-    draft index, -1 where the draft vocabulary lacks it), which is what greedy verification
-    accepts. target_logits: (B, L, Vd) the target's logits at p+1 restricted to the draft
-    vocabulary. The per-step figures reach the host in one transfer."""
-    target_p = torch.softmax(target_logits.float(), dim=-1)
+             greedy_weight: float = 0.0, soft_temperature: float = 1.0) -> StepStats:
+    """Soft cross-entropy against the target's distribution over the draft vocabulary (both at
+    soft_temperature), plus greedy_weight times the hard cross-entropy on the target's greedy
+    token (greedy_draft: its draft index, -1 where the draft vocabulary lacks it), which is what
+    greedy verification accepts. target_logits: (B, L, Vd) the target's logits at p+1 restricted
+    to the draft vocabulary. The per-step figures reach the host in one transfer."""
+    inv_t = 1.0 / soft_temperature
+    target_p = torch.softmax(target_logits.float() * inv_t, dim=-1)
     total, weight_sum = 0.0, 0.0
     loss_t_all, acc_all, corrects = [], [], []
     use_hard = greedy_weight > 0 and greedy_draft is not None
     for t, logits in enumerate(step_logits):
         valid = batch.valid(t)
         logp = torch.log_softmax(logits, dim=-1)
-        ce = -(target_p * logp).sum(-1)  # (B, L)
+        soft_logp = logp if soft_temperature == 1.0 else torch.log_softmax(logits * inv_t, dim=-1)
+        ce = -(target_p * soft_logp).sum(-1)  # (B, L)
         n = valid.sum().clamp(min=1)
         loss_t = (ce * valid).sum() / n
         if use_hard:

@@ -483,16 +483,22 @@ def test_greedy_weight_and_gen_frac_reach_the_run(tmp_path):
     out = tmp_path / "head"
     args = Namespace(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128, steps=6,
                      device="cpu", seq_len=128, batch_tokens=512, gen=3, prompt_sets="instruct", gen_tokens=16, eval_every=0,
-                     eval_prompts=0, lr=2e-3, time_budget=None, greedy_weight=0.5, gen_frac=1.0)
+                     eval_prompts=0, lr=2e-3, time_budget=None, greedy_weight=0.5, gen_frac=1.0,
+                     soft_temperature=0.7)
     assert cmd_train(args) == 0
     prov = json.loads((out / "provenance.json").read_text())
     assert prov["train"]["greedy_weight"] == 0.5 and prov["train"]["gen_frac"] == 1.0
+    assert prov["train"]["soft_temperature"] == 0.7 and "--soft-temperature 0.7" in prov["command"]
     assert prov["train"]["steps_done"] == 6
     bad = Namespace(**{**vars(args), "greedy_weight": -1.0, "out": str(tmp_path / "bad")})
     with pytest.raises(UserError, match="--greedy-weight"):
         cmd_train(bad)
     with pytest.raises(UserError, match=r"--gen-frac must be in \[0, 1\]"):
         cmd_train(Namespace(**{**vars(args), "gen_frac": 1.5, "out": str(tmp_path / "bad")}))
+    with pytest.raises(UserError, match=r"--soft-temperature must be in \[0.05, 10\]"):
+        cmd_train(Namespace(**{**vars(args), "soft_temperature": 0.0, "out": str(tmp_path / "bad")}))
+    with pytest.raises(UserError, match="--soft-temperature sets an EAGLE-3 head's loss"):
+        cmd_train(Namespace(**{**vars(args), "kind": "mtp", "out": str(tmp_path / "bad")}))
     with pytest.raises(UserError, match=r"--instruct-frac must be in \[0, 1\]"):
         cmd_train(Namespace(**{**vars(args), "instruct_frac": -0.1, "out": str(tmp_path / "bad")}))
     with pytest.raises(UserError, match="--prompt-sets: unknown set wiki; known: instruct, humaneval"):

@@ -142,6 +142,37 @@ def test_greedy_weight_adds_the_hard_loss_on_the_greedy_token():
     assert both.step_acc == soft.step_acc
 
 
+def test_soft_temperature_fits_the_distributions_at_that_temperature():
+    """soft_temperature T: the soft loss is the cross-entropy of the head's softmax(logits / T)
+    against the target's softmax(target / T), masked like the rest; T = 1 is the plain loss, and
+    the greedy token's hard loss is the same at any T."""
+    from speculative.train.ttt import greedy_in_draft
+
+    draft = _draft()
+    embed = torch.nn.Embedding(96, 32)
+    g = torch.Generator().manual_seed(11)
+    batch = TTTBatch.from_rows([[_doc(9, g), _doc(6, g)]], seq_len=16)
+    target = torch.randn(1, 16, 40, generator=g) * 3
+    with torch.no_grad():
+        logits = unroll(draft, embed, batch, 2)
+    plain = ttt_loss(logits, batch, target, draft.d2t, 1.0)
+    assert ttt_loss(logits, batch, target, draft.d2t, 1.0, soft_temperature=1.0).step_loss == plain.step_loss
+    warm = ttt_loss(logits, batch, target, draft.d2t, 1.0, soft_temperature=0.7)
+    for t in range(2):
+        valid = batch.valid(t)
+        ce = -(torch.softmax(target / 0.7, -1) * torch.log_softmax(logits[t] / 0.7, -1)).sum(-1)
+        assert abs(warm.step_loss[t] - float(ce[valid].mean())) < 1e-4
+        assert abs(warm.step_loss[t] - plain.step_loss[t]) > 1e-3
+    greedy = greedy_in_draft(batch.greedy, torch.arange(40) * 2, 96)
+    for temp in (1.0, 0.7):
+        soft = ttt_loss(logits, batch, target, draft.d2t, 1.0, soft_temperature=temp)
+        both = ttt_loss(logits, batch, target, draft.d2t, 1.0, greedy, 0.5, soft_temperature=temp)
+        hard = [b - s for b, s in zip(both.step_loss, soft.step_loss)]
+        if temp == 1.0:
+            first = hard
+    assert all(abs(a - b) < 1e-4 for a, b in zip(hard, first))
+
+
 @pytest.mark.parametrize("chunk", [7, 8, 16])
 def test_chunked_queries_compute_what_one_call_computes(monkeypatch, chunk):
     """Queries in chunks (each with step 0's keys up to its last row and the later steps' keys
