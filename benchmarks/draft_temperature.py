@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from speculative.eagle3 import sampled_loop  # noqa: E402
+from benchmarks.harness.sampled_steps import bench_observing_acceptance  # noqa: E402
 
 RATIOS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)  # T' / T
 
@@ -39,9 +39,8 @@ def main() -> None:
     args = ap.parse_args()
 
     overlaps = {r: [] for r in RATIOS}
-    accept = sampled_loop.sampled_accept_ref
 
-    def recording(p, drafts, q, to_draft, targets, *rest):
+    def record(p, drafts, q, to_draft, targets):
         # p: (k + 1, V) the target's rows; q: (k, Dv) the drafts' distributions over the draft
         # vocabulary, whose ids map to the target's by `targets`
         k = q.shape[0]
@@ -50,21 +49,9 @@ def main() -> None:
             full = torch.zeros(k, p.shape[1], dtype=p.dtype, device=p.device)
             full[:, targets] = q_t
             overlaps[ratio].append(torch.minimum(p[:k], full).sum(-1).tolist())
-        return accept(p, drafts, q, to_draft, targets, *rest)
 
-    # The CPU (and a GPU request with top-p) runs the acceptance through this reference.
-    sampled_loop.sampled_accept_ref = recording
-    from app.cli import main as cli
-
-    sys.argv = ["localchat", "bench", "--model", "demo", "--device", args.device, "--temperature",
-                str(args.temperature), "--prompts-file", args.prompts_file, "--prompts", str(args.prompts),
-                "--new-tokens", str(args.new_tokens), "--no-peer", "--json"]
-    try:
-        cli()
-    except SystemExit:
-        pass
-    finally:
-        sampled_loop.sampled_accept_ref = accept
+    bench_observing_acceptance(record, args.temperature, args.prompts_file, args.prompts, args.new_tokens,
+                               args.device)
     if not overlaps[1.0]:
         raise SystemExit("no verify step went through the reference acceptance (on a GPU, temperature alone "
                          "takes the fused kernels): run with --device cpu")

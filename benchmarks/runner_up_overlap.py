@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from speculative.eagle3 import sampled_loop  # noqa: E402
+from benchmarks.harness.sampled_steps import bench_observing_acceptance  # noqa: E402
 
 REFUSED = 256  # refused first draws summed exactly for the second round (the rest carry ~no mass)
 
@@ -59,28 +59,15 @@ def main() -> None:
     args = ap.parse_args()
 
     rows: list[list[float]] = []
-    accept = sampled_loop.sampled_accept_ref
 
-    def recording(p, drafts, q, to_draft, targets, *rest, **kw):
+    def record(p, drafts, q, to_draft, targets):
         k = q.shape[0]
         full = torch.zeros(k, p.shape[1], dtype=torch.float64)
         full[:, targets] = q.double()
         for i in range(k):
             rows.append([i + 1, *overlaps(p[i].double(), full[i])])
-        return accept(p, drafts, q, to_draft, targets, *rest, **kw)
 
-    sampled_loop.sampled_accept_ref = recording
-    from app.cli import main as cli
-
-    sys.argv = ["localchat", "bench", "--model", "demo", "--device", "cpu", "--temperature", str(args.temperature),
-                "--prompts-file", args.prompts_file, "--prompts", str(args.prompts),
-                "--new-tokens", str(args.new_tokens), "--no-peer", "--json"]
-    try:
-        cli()
-    except SystemExit:
-        pass
-    finally:
-        sampled_loop.sampled_accept_ref = accept
+    bench_observing_acceptance(record, args.temperature, args.prompts_file, args.prompts, args.new_tokens)
     if not rows:
         raise SystemExit("no verify step went through the reference acceptance")
     t = torch.tensor(rows)

@@ -63,6 +63,22 @@ class ChainState:
         self.ids[0].copy_(nxt)
         self.place_drafts()
 
+    def advance_alternative(self, a: torch.Tensor, nxt: torch.Tensor, has: torch.Tensor,
+                            row: torch.Tensor) -> torch.Tensor:
+        """advance() after the first a drafts, where verify row `row` (an alternative for draft
+        a + 1) was accepted too if `has` (bool ()): it takes that draft's place, its K/V moves from
+        its own cache row to its position (kv_move) and its state goes to extend row a + 1
+        (state_rows). Also sets `accepted`; returns the accepted count (a, or a + 1)."""
+        k = self.k
+        alt_tok = self.ids.index_select(0, row.view(1))[0]
+        self.state_rows.copy_(torch.where(has & (self.offsets == a + 1), row, self.offsets))
+        self.kv_move.copy_(self.n + torch.stack([torch.where(has, row, a + 1), a + 1]))
+        drafts = torch.where(has & (self.offsets[:k] == a), alt_tok, self.ids[1:k + 1])
+        a = a + has.to(a.dtype)
+        self.accepted.copy_(a)
+        self.advance(a, nxt, drafts)
+        return a
+
     def place_drafts(self) -> None:
         """draft_pos = min(n + i, last_pos): where the draft steps of the chain after the bonus
         token at n write."""

@@ -180,14 +180,10 @@ class SampledIteration(WholeIteration):
         draft's place in the accepted drafts, its K/V moves from its own cache row to its
         position, and its verify row's state goes into the draft-extend's window."""
         parts, chain, k = self.parts, self.chain, self.k
-        a, nxt, took = self.verdict[0], self.verdict[1], self.verdict[2].bool()
-        depth = (a - 1).clamp(0, k - 1)  # the runner-up's draft index, when it was taken
-        alt_row = k + 1 + depth
-        alt_tok = self.ids.index_select(0, alt_row.view(1))[0]
-        drafts = torch.where(took & (chain.offsets[:k] == depth), alt_tok, self.ids[1:k + 1])
-        torch.add(chain.n, torch.stack([torch.where(took, alt_row, a), a]), out=chain.kv_move)
-        chain.state_rows.copy_(torch.where(took & (chain.offsets == a), alt_row, chain.offsets))
-        chain.advance(a, nxt, drafts)
+        took = self.verdict[2].bool()
+        before = self.verdict[0] - self.verdict[2]  # the chain's drafts kept before a runner-up
+        # draft i + 1's runner-up is verify row k + 1 + i
+        a = chain.advance_alternative(before, self.verdict[1], took, k + 1 + before.clamp(max=k - 1))
         states = parts.target_states(out.aux_hidden, out.hidden)
         kv = self.runner.kv
         window_states = states.new_empty(k + 1, states.shape[1])

@@ -114,14 +114,7 @@ def greedy_verify_ref(logits: torch.Tensor, chain: ChainState) -> None:
     lane = torch.arange(m, device=alt.device)
     hit = (chain.alt_draft == a) & (alt == nxt)
     j = torch.where(hit, lane, m).min()
-    has = (j < m).to(torch.int64)
+    has = j < m
     row = k + 1 + j.clamp(max=m - 1)  # the hit's verify row (any row when none)
-    alt_tok = alt.index_select(0, j.clamp(max=m - 1).view(1))[0]
-    nxt = torch.where(has.bool(), choice.index_select(0, row.view(1))[0], nxt)
-    chain.state_rows.copy_(torch.where(has.bool() & (chain.offsets == a + 1), row, chain.offsets))
-    src = torch.where(has.bool(), row, a + 1)
-    chain.kv_move.copy_(chain.n + torch.stack([src, a + 1]))
-    drafts = torch.where(has.bool() & (chain.offsets[:k] == a), alt_tok, chain.ids[1:k + 1])
-    a = a + has
-    chain.accepted.copy_(a)
-    chain.advance(a, nxt, drafts)
+    nxt = torch.where(has, choice.index_select(0, row.view(1))[0], nxt)
+    chain.advance_alternative(a, nxt, has, row)

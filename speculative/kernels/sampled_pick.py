@@ -32,7 +32,7 @@ import torch
 
 from engine.kernels import next_pow2, pdl_args
 
-triton = tl = _row_norm = _span_softmax = _accepted = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = _row_norm = _span_softmax = _accepted = _p_and_q = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 2048  # values per loop step
 _PARTS = 8  # programs over each target row
@@ -40,7 +40,7 @@ _PARTS = 8  # programs over each target row
 
 @functools.cache
 def _kernels():
-    global triton, tl, _row_norm, _span_softmax, _accepted  # module globals: the kernels below call these by name
+    global triton, tl, _row_norm, _span_softmax, _accepted, _p_and_q  # module globals: the kernels below call these by name
     import triton
     import triton.language as tl
 
@@ -144,6 +144,15 @@ def _kernels():
         return a, q_rej
 
     @triton.jit
+    def _p_and_q(base, q_row, to_draft_ptr, offs, ok, inv_t, top, total, use_q):
+        """p over one block of a target row (top, total: the row's softmax statistics) and the
+        draft's q at the same target ids (0 outside the draft's vocabulary, or without use_q)."""
+        pv = tl.exp(tl.load(base + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t - top) / total
+        jv = tl.load(to_draft_ptr + offs, mask=ok, other=-1)
+        qv = tl.load(q_row + tl.maximum(jv, 0), mask=ok & (jv >= 0) & use_q, other=0.0)
+        return pv, qv
+
+    @triton.jit
     def residual_mass_kernel(logits_ptr, temp_ptr, stats_ptr, drafts_ptr, q_ptr, to_draft_ptr, u_ptr, mass_ptr,
                              vocab, draft_vocab, stride, K: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr,
                              BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
@@ -164,9 +173,7 @@ def _kernels():
         for v0 in range(part * CHUNK, end, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
             ok = offs < end
-            pv = tl.exp(tl.load(base + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t - top) / total
-            jv = tl.load(to_draft_ptr + offs, mask=ok, other=-1)
-            qv = tl.load(q_ptr + a * draft_vocab + tl.maximum(jv, 0), mask=ok & (jv >= 0) & has_q, other=0.0)
+            pv, qv = _p_and_q(base, q_ptr + a * draft_vocab, to_draft_ptr, offs, ok, inv_t, top, total, has_q)
             mass += tl.where(ok, tl.maximum(pv - qv, 0.0), 0.0)
         tl.store(mass_ptr + part, tl.sum(mass, axis=0))
 
@@ -214,9 +221,7 @@ def _kernels():
         for v0 in range(part * CHUNK, end, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
             ok = offs < end
-            pv = tl.exp(tl.load(base + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t - top) / total
-            jv = tl.load(to_draft_ptr + offs, mask=ok, other=-1)
-            qv = tl.load(q_ptr + a * draft_vocab + tl.maximum(jv, 0), mask=ok & (jv >= 0) & use_q, other=0.0)
+            pv, qv = _p_and_q(base, q_ptr + a * draft_vocab, to_draft_ptr, offs, ok, inv_t, top, total, use_q)
             r = tl.maximum(pv - qv, 0.0)
             if ALT:  # the runner-up refused too: what remains of r after q', scaled by s0 * scale
                 r = tl.where(tried & ~took, tl.maximum(r * scale - qv * s0, 0.0), r)

@@ -19,7 +19,7 @@ POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_pt
             "rows_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "next_ptr": "*i64",
             "map_ptr": "*i32", "map_base_ptr": "*i32", "sq_ptr": "*fp32", "temp_ptr": "*fp32", "e_ptr": "*fp32",
             "q_ptr": "*fp32", "tok_ptr": "*i64", "stats_ptr": "*fp32", "drafts_ptr": "*i64", "to_draft_ptr": "*i32",
-            "u_ptr": "*fp32"}
+            "u_ptr": "*fp32", "alt_ptr": "*i64", "u_alt_ptr": "*fp32", "mass_ptr": "*fp32"}
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 # Kernels that read what no kernel of the step writes just before them (positions, tables)
 # before their PDL wait.
@@ -59,20 +59,23 @@ def _kernels():
         ("rope_and_cache", rope._kernels(), dict(HEAD_DIM=64, HALF=32, BLOCK_HQ=16, BLOCK_HKV=4, BLOCK_HALF=32,
                                                  BLOCK_D=64), 4),
         ("attention split", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_M=16, BLOCK_N=64, BLOCK_D=64,
-                                        DOT_F32=False, EARLY_KV=False, FUSE_ROPE=False, PER_TOKEN=False, MAP_W=0), 4),
+                                        DOT_F32=False, EARLY_KV=False, FUSE_ROPE=False, PER_TOKEN=False, MAP_W=0, ROPE_ROWS=1), 4),
         ("attention split early", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_M=16, BLOCK_N=64,
-                                              BLOCK_D=64, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=False, PER_TOKEN=False, MAP_W=0), 4),
+                                              BLOCK_D=64, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=False, PER_TOKEN=False, MAP_W=0, ROPE_ROWS=1), 4),
         ("attention split rope early", split, dict(GROUP=4, HEAD_DIM=128, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
-                                                   BLOCK_D=128, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=True, PER_TOKEN=False, MAP_W=0), 4),
+                                                   BLOCK_D=128, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=True, PER_TOKEN=False, MAP_W=0, ROPE_ROWS=1), 4),
         ("attention split per token", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
                                                   BLOCK_D=64, DOT_F32=False, EARLY_KV=False, FUSE_ROPE=False,
-                                                  PER_TOKEN=True, MAP_W=0), 4),
+                                                  PER_TOKEN=True, MAP_W=0, ROPE_ROWS=1), 4),
         ("attention split rope per token early", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
                                                        BLOCK_D=64, DOT_F32=False, EARLY_KV=True, FUSE_ROPE=True,
-                                                       PER_TOKEN=True, MAP_W=0), 4),
+                                                       PER_TOKEN=True, MAP_W=0, ROPE_ROWS=1), 4),
         ("attention split per token slot map", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
                                                            BLOCK_D=64, DOT_F32=False, EARLY_KV=False, FUSE_ROPE=False,
-                                                           PER_TOKEN=True, MAP_W=8), 4),
+                                                           PER_TOKEN=True, MAP_W=8, ROPE_ROWS=1), 4),
+        ("attention split rope verify rows per token", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16,
+                                                                BLOCK_N=64, BLOCK_D=64, DOT_F32=False, EARLY_KV=False,
+                                                                FUSE_ROPE=True, PER_TOKEN=True, MAP_W=0, ROPE_ROWS=8), 4),
         ("attention reduce trigger first", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64), 4),
         ("gemv rms_norm M=1", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8), 4),
         ("gemv rms_norm M=1 one pass", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8, NORM_MODE=1, K_POW2=4096), 4),
@@ -83,10 +86,17 @@ def _kernels():
         ("gemv norm tail M=1", row_kernel,
          dict(row_base, PROLOGUE=0, HAS_BIAS=True, BLOCK_N=4, NORM_TAIL=True, N_POW2=4096), 4),
         ("gemv add_stats M=1", row_kernel, dict(row_base, PROLOGUE=0, BLOCK_N=4, EPILOGUE=1), 4),
-        ("draft_sample", sampled_pick._kernels()[0], dict(BLOCK=2048), 8, {"logits_ptr": "*fp32"}),
+        ("draft_sample", sampled_pick._kernels()[0], dict(BLOCK=2048, ALT=False), 8, {"logits_ptr": "*fp32"}),
+        ("draft_sample runner-up", sampled_pick._kernels()[0], dict(BLOCK=2048, ALT=True), 8,
+         {"logits_ptr": "*fp32"}),
         ("sampled row stats", sampled_pick._kernels()[1], dict(CHUNK=6144, BLOCK=2048), 4),
-        ("sampled accept", sampled_pick._kernels()[2], dict(K=5, PARTS=8, CHUNK=6144, BLOCK=2048), 4,
+        ("sampled accept", sampled_pick._kernels()[2], dict(K=5, PARTS=8, CHUNK=6144, BLOCK=2048, ALT=False), 4,
          {"part_ptr": "*fp32", "out_ptr": "*i64", "count_ptr": "*i32"}),
+        ("sampled accept runners-up", sampled_pick._kernels()[2],
+         dict(K=5, PARTS=8, CHUNK=6144, BLOCK=2048, ALT=True), 4,
+         {"part_ptr": "*fp32", "out_ptr": "*i64", "count_ptr": "*i32"}),
+        ("sampled residual mass", sampled_pick._kernels()[3], dict(K=5, PARTS=8, CHUNK=6144, BLOCK=2048), 4,
+         {"logits_ptr": "*fp32"}),
         ("gemv silu_mul M=16 split", dot_kernel,
          dict(dot_base, PROLOGUE=2, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512, EVEN_K=True), 4),
         ("gemv M=16 swap_ab", dot_kernel, dict(dot_base, PROLOGUE=0, BLOCK_M=16, BLOCK_N=64, SWAP_AB=True), 4),
@@ -112,7 +122,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 29  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 33  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
