@@ -15,23 +15,35 @@ from tests.tiny import make_tiny_model, read_config
 PROMPT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
 
 
-@pytest.fixture(scope="module")
-def coin(tmp_path_factory):
-    """A target that after token A says B or C with equal probability, and A after either:
-    B's and C's lm_head rows are the same, so their logits tie exactly in every context."""
-    base = tmp_path_factory.mktemp("coin")
+FACES = (40, 41, 42)  # A, B, C
+
+
+def _coin(base, draft_faces: tuple[int, ...], head_seed: int, options=()):
+    """A target that after token A says B or C with equal probability, and A after either (B's
+    and C's lm_head rows are the same, so their logits tie exactly in every context), with a
+    random head whose draft vocabulary is draft_faces; one engine per KernelOptions in options
+    (default options: one engine)."""
+    a, b, c = FACES
     src = make_tiny_model(base / "src", "llama", num_layers=4, seed=3)
     probe = Engine.load(str(src), device="cpu")
     last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
-    a, b, c = 40, 41, 42
     dst = markov_target(src, base / "target", {last: a, a: b, b: a, c: a}, ties={c: b})
     cfg = read_config(src)
-    t = head_tensors(64, 64, 3, cfg["vocab_size"], 1, seed=2)  # a one-token draft vocabulary: always B
-    t["d2t"] = torch.tensor([b])
+    t = head_tensors(64, 64, 3, cfg["vocab_size"], len(draft_faces), seed=head_seed)
+    t["d2t"] = torch.tensor(draft_faces) - torch.arange(len(draft_faces))  # draft id i -> draft_faces[i]
     head_dir = write_head(base / "head", cfg, "sglang", t, 64, (1, 2, 3))
-    eng = Engine.load(str(dst), draft=str(head_dir), device="cpu", draft_steps=4)
-    eng.tokenizer.eos_token_ids = frozenset()
-    return eng, (a, b, c)
+    engines = []
+    for opts in options or (None,):
+        eng = Engine.load(str(dst), draft=str(head_dir), device="cpu", draft_steps=4, options=opts)
+        eng.tokenizer.eos_token_ids = frozenset()
+        engines.append(eng)
+    return engines
+
+
+@pytest.fixture(scope="module")
+def coin(tmp_path_factory):
+    """The coin with a one-token draft vocabulary: the head always says B."""
+    return _coin(tmp_path_factory.mktemp("coin"), FACES[1:2], 2)[0], FACES
 
 
 def _run(engine, speculative, **kw):
@@ -64,25 +76,12 @@ def test_a_draft_that_always_says_b_still_gives_b_half_the_time(coin, monkeypatc
 
 @pytest.fixture(scope="module")
 def coin_two(tmp_path_factory):
-    """The coin's target with a head whose vocabulary is B and C, loaded with and without the
-    sampled runners-up: a refused draft's runner-up is the other face."""
-    base = tmp_path_factory.mktemp("coin2")
-    src = make_tiny_model(base / "src", "llama", num_layers=4, seed=3)
-    probe = Engine.load(str(src), device="cpu")
-    last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
-    a, b, c = 40, 41, 42
-    dst = markov_target(src, base / "target", {last: a, a: b, b: a, c: a}, ties={c: b})
-    cfg = read_config(src)
-    t = head_tensors(64, 64, 3, cfg["vocab_size"], 2, seed=5)
-    t["d2t"] = torch.tensor([b, c - 1])  # draft ids 0, 1: B, C
-    head_dir = write_head(base / "head", cfg, "sglang", t, 64, (1, 2, 3))
-    engines = {}
-    for runners_up in (False, True):
-        eng = Engine.load(str(dst), draft=str(head_dir), device="cpu", draft_steps=4,
-                          options=KernelOptions(sampled_runners_up=runners_up))
-        eng.tokenizer.eos_token_ids = frozenset()
-        engines[runners_up] = eng
-    return engines, (a, b, c)
+    """The coin with a head whose vocabulary is B and C, loaded without and with the sampled
+    runners-up: a refused draft's runner-up is the other face."""
+    runners_up = (False, True)
+    engines = _coin(tmp_path_factory.mktemp("coin2"), FACES[1:], 5,
+                    [KernelOptions(sampled_runners_up=on) for on in runners_up])
+    return dict(zip(runners_up, engines)), FACES
 
 
 def test_runners_up_keep_the_coin_fair_and_accept_more(coin_two, monkeypatch):
