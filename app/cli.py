@@ -161,9 +161,14 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=["eagle3", "mtp"], default="eagle3",
                    help="an EAGLE-3 head (default) or chained MTP layers")
     p.add_argument("--data", default=None, help="JSONL conversations, or a local chitchat-dataset wheel (default: chitchat-dataset from PyPI)")
-    p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default 8192)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="draft vocabulary size (default 8192, or --init's)")
     p.add_argument("--draft-intermediate", type=int, default=None,
-                   help="EAGLE-3: the head's MLP width (default: the target's intermediate size)")
+                   help="EAGLE-3: the head's MLP width (default: the target's intermediate size, or --init's)")
+    p.add_argument("--init", default=None, metavar="HEAD",
+                   help="EAGLE-3: start from this head's folder (its weights, draft vocabulary and MLP width) "
+                        "instead of a fresh head, e.g. to fit a shipped head at another --soft-temperature; "
+                        "a lower --lr suits such a run")
     p.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 20000 on GPU, 200 on CPU; the time budget usually ends training first)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--time-budget", type=float, default=None,

@@ -16,7 +16,7 @@ from engine.errors import UserError
 
 from speculative.train.options import TrainOptions, command_line
 from speculative.train.progress import log as _log
-from speculative.train.prepare import choose_draft_vocab, prepare_data, reply_cache
+from speculative.train.prepare import choose_draft_vocab, prepare_data, reply_cache, vocab_coverage
 from speculative.train.target import start_run
 
 
@@ -31,6 +31,9 @@ def cmd_train(args) -> int:
                     raise UserError("--resume: only EAGLE-3 runs (--kind eagle3) can be continued")
                 if getattr(args, "draft_intermediate", None) is not None:
                     raise UserError("--draft-intermediate sets an EAGLE-3 head's MLP; MTP layers keep the target's")
+                if getattr(args, "init", None):
+                    raise UserError("--init starts an EAGLE-3 head from another; MTP layers start from the target's "
+                                    "last block")
                 if getattr(args, "soft_temperature", None) is not None:
                     raise UserError("--soft-temperature sets an EAGLE-3 head's loss; MTP layers learn the target's "
                                     "top-64 probabilities as they are")
@@ -94,7 +97,7 @@ REPEAT_S = 2.0
 
 
 def _train_eagle3(args) -> int:
-    run = start_run(args)
+    run = start_run(args, lambda opts: _shape_of_init(opts, args))
     t_start, dev, opts, deadline = run.t_start, run.device, run.opts, run.deadline
     loaded, target_name, target_path = run.loaded, run.target_name, run.target_path
     phases: dict[str, float] = {}
@@ -114,6 +117,7 @@ def _train_eagle3(args) -> int:
              f"its schedule: {plan})")
 
     aux_ids = default_aux_layers(cfg.num_layers)
+    init = _read_init(opts, loaded, aux_ids, target_name) if opts.init else None
     teacher = Teacher(loaded, aux_ids, opts.max_len, opts.cache_bytes)
     phases["load_s"] = time.perf_counter() - t_start
 
@@ -123,6 +127,9 @@ def _train_eagle3(args) -> int:
 
     if resume:
         draft_ids, coverage = resume["draft_ids"].to(dev), resume["coverage"]
+    elif init:
+        draft_ids = init.draft_ids.to(dev)
+        coverage = vocab_coverage(text, gen, cfg.vocab_size, draft_ids)
     else:
         draft_ids, coverage = choose_draft_vocab(text, gen, cfg.vocab_size, opts.draft_vocab, dev)
     _log(f"draft vocabulary: {opts.draft_vocab} tokens cover {coverage['text']:.1%} of the conversation tokens"
@@ -130,6 +137,9 @@ def _train_eagle3(args) -> int:
     draft, config = _init_draft(loaded, aux_ids, draft_ids, opts)
     if resume:
         draft.load_state_dict(resume["draft"])
+    elif init:
+        init.load_into(draft)
+        _log(f"starting from the head in {opts.init}")
 
     from speculative.train.loop import final_checks, train, val_rows, validate
 
@@ -178,6 +188,7 @@ def _train_eagle3(args) -> int:
         "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1) if dev.type == "cuda" else None, "phases_s": {k: round(v, 1) for k, v in phases.items()},
         "draft_vocab_size": opts.draft_vocab, "aux_layer_ids_input": list(aux_ids),
         "draft_vocab_coverage": coverage,
+        **({"init": {"head": opts.init, "sha256": init.sha256}} if init else {}),
         "data": data.provenance(),
         "train": {**{k: v for k, v in asdict(opts).items() if k not in ("out", "model", "data")},
                   "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
@@ -207,3 +218,89 @@ def _init_draft(loaded, aux_ids, draft_ids: torch.Tensor, opts: TrainOptions):
         draft.lm_head.weight.copy_(loaded.model.lm_head.weight.index_select(0, draft_ids).float())
         draft.norm.weight.copy_(loaded.model.model.norm.weight.float())
     return draft, config
+
+
+def _shape_of_init(opts: TrainOptions, args) -> TrainOptions:
+    """With --init, the head's draft vocabulary and MLP width are the run's; a different one asked
+    for on the command line is refused (the weights could not carry over)."""
+    if not opts.init:
+        return opts
+    import dataclasses
+
+    from engine.config_checks import read_json
+
+    folder = Path(opts.init)
+    if not (folder / "config.json").is_file():
+        raise UserError(f"--init {folder}: no config.json there; give the folder of an EAGLE-3 head")
+    raw = read_json(folder / "config.json")
+    vocab, width = raw.get("draft_vocab_size") or raw.get("vocab_size"), raw.get("intermediate_size")
+    if not isinstance(vocab, int) or not isinstance(width, int):
+        raise UserError(f"--init {folder}: config.json names no draft_vocab_size and intermediate_size; "
+                        "give the folder of an EAGLE-3 head")
+    for flag, asked, has in (("--draft-vocab", getattr(args, "draft_vocab", None), vocab),
+                             ("--draft-intermediate", getattr(args, "draft_intermediate", None), width)):
+        if asked is not None and asked != has:
+            raise UserError(f"{flag} {asked}: the --init head has {has}; leave {flag} out to keep it")
+    return dataclasses.replace(opts, draft_vocab=vocab, draft_intermediate=width)
+
+
+class _Init:
+    """An --init head's weights and draft vocabulary, read and checked before any work."""
+
+    def __init__(self, folder: Path, tensors: dict, draft_ids: torch.Tensor, sha256: str):
+        self.folder, self.tensors, self.draft_ids, self.sha256 = folder, tensors, draft_ids, sha256
+
+    def load_into(self, draft) -> None:
+        from engine.weights.load import load_weights
+
+        load_weights(draft, ((k, v) for k, v in self.tensors.items() if k != "d2t"), f"--init {self.folder}")
+
+
+def _read_init(opts: TrainOptions, loaded, aux_ids, target_name: str) -> _Init:
+    """The --init head must be one this run could have trained: the same layer shape, aux layers
+    and target (its draft vocabulary and MLP width are taken as they are: _shape_of_init)."""
+    import dataclasses
+    import hashlib
+
+    from engine.errors import ModelLoadError
+    from engine.weights.checkpoint import iter_tensors, weight_files
+    from speculative.build import check_d2t
+    from speculative.eagle3.config import DraftConfig
+    from speculative.train.export import head_config
+
+    folder = Path(opts.init)
+    cfg = loaded.config
+    try:
+        dc = DraftConfig.from_folder(folder, cfg)
+        dc.check_fits(cfg, folder.name, target_name)
+        files = weight_files(folder)
+        tensors = dict(iter_tensors(files))
+    except ModelLoadError as e:
+        raise UserError(f"--init: {e}") from None
+    want = DraftConfig.from_hf(head_config(cfg, opts.draft_vocab, aux_ids, opts.draft_intermediate), cfg)
+    differ = [f.name for f in dataclasses.fields(DraftConfig)
+              if f.name != "format" and getattr(dc, f.name) != getattr(want, f.name)]
+    if differ:
+        raise UserError(f"--init {folder}: its {', '.join(differ)} differ from the head train-draft builds for "
+                        f"{target_name}; give a head trained by train-draft for this target")
+    d2t = tensors.get("d2t")
+    if d2t is None:
+        if dc.draft_vocab_size != cfg.vocab_size:
+            raise UserError(f"--init {folder}: a reduced draft vocabulary ({dc.draft_vocab_size}) without d2t")
+        d2t = torch.zeros(dc.draft_vocab_size, dtype=torch.long)
+    if d2t.is_floating_point() or d2t.dtype == torch.bool or d2t.shape != (dc.draft_vocab_size,):
+        raise UserError(f"--init {folder}: d2t must hold {dc.draft_vocab_size} integer offsets")
+    draft_ids = d2t.long() + torch.arange(dc.draft_vocab_size)
+    try:
+        check_d2t(d2t.long(), cfg.vocab_size, f"--init {folder}")
+    except ModelLoadError as e:
+        raise UserError(str(e)) from None
+    if not bool((draft_ids[1:] > draft_ids[:-1]).all()):
+        raise UserError(f"--init {folder}: its draft vocabulary is not in increasing token order, as "
+                        "train-draft writes it")
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return _Init(folder, tensors, draft_ids, digest.hexdigest())

@@ -60,6 +60,9 @@ class TrainOptions:
     # requests (docs/performance.md).
     instruct_frac: float = 0.4
     prompt_sets: tuple[str, ...] = DEFAULT_SETS  # --prompt-sets, parsed (prompt_sets.parse_sets)
+    # --init: the EAGLE-3 head training starts from (its weights, draft vocabulary and MLP width)
+    # instead of a fresh one; a string so that the provenance and a checkpoint's settings keep it.
+    init: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("draft_vocab", "steps", "seq_len", "batch_tokens", "ttt_steps", "mtp_layers"):
@@ -114,7 +117,8 @@ class TrainOptions:
                    gen_frac=float(opt("gen_frac", 0.85, 0.85)), greedy_weight=float(opt("greedy_weight", 0.5, 0.5)),
                    soft_temperature=float(opt("soft_temperature", 1.0, 1.0)),
                    instruct_frac=float(opt("instruct_frac", 0.4, 0.4)),
-                   prompt_sets=parse_sets(getattr(args, "prompt_sets", None)))
+                   prompt_sets=parse_sets(getattr(args, "prompt_sets", None)),
+                   init=str(Path(args.init).expanduser().resolve()) if getattr(args, "init", None) else None)
 
 
 def feature_cache_bytes(opts: TrainOptions, device: torch.device) -> TrainOptions:
@@ -136,10 +140,10 @@ def command_line(args, resume: bool | None = None) -> str:
     parts = ["localchat", "train-draft"]
     for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "draft_intermediate", "steps", "device",
                  "time_budget", "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_frac", "greedy_weight",
-                 "soft_temperature",
+                 "soft_temperature", "init",
                  "gen_tokens", "instruct_frac", "prompt_sets", "eval_every", "eval_prompts", "seed"):
         value = getattr(args, name, None)
-        if name in (("draft_vocab", "draft_intermediate", "ttt_steps", "soft_temperature")
+        if name in (("draft_vocab", "draft_intermediate", "ttt_steps", "soft_temperature", "init")
                     if getattr(args, "kind", None) == "mtp"
                     else ("mtp_layers",)):
             continue  # flags the other kind ignores

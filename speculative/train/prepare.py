@@ -194,14 +194,24 @@ def _conversation_prompts(convs: list[Conversation], tok, opts: TrainOptions, co
 def choose_draft_vocab(text: list[Sequence], gen: list[Sequence], vocab: int, size: int, dev):
     """The `size` most frequent tokens (replies of the target count 4x: they are what gets
     drafted), sorted by id. Returns (ids on dev, coverage figures)."""
-    def counts(seqs, from_reply):
-        ids = [t for s in seqs for t in (s.ids[s.response_start:] if from_reply else s.ids[1:])]
-        return torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab).double() if ids else \
-            torch.zeros(vocab, dtype=torch.double)
-
-    c_text, c_gen = counts(text, False), counts(gen, True)
+    c_text, c_gen = _counts(text, False, vocab), _counts(gen, True, vocab)
     chosen = torch.topk(c_text + 4 * c_gen, size).indices.sort().values
+    return chosen.to(dev), _coverage(c_text, c_gen if gen else None, chosen)
+
+
+def vocab_coverage(text: list[Sequence], gen: list[Sequence], vocab: int, chosen: torch.Tensor) -> dict:
+    """The coverage figures of a draft vocabulary chosen before (an --init head's)."""
+    return _coverage(_counts(text, False, vocab), _counts(gen, True, vocab) if gen else None, chosen.cpu())
+
+
+def _counts(seqs: list[Sequence], from_reply: bool, vocab: int) -> torch.Tensor:
+    ids = [t for s in seqs for t in (s.ids[s.response_start:] if from_reply else s.ids[1:])]
+    return torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab).double() if ids else \
+        torch.zeros(vocab, dtype=torch.double)
+
+
+def _coverage(c_text: torch.Tensor, c_gen: torch.Tensor | None, chosen: torch.Tensor) -> dict:
     cov = {"text": float(c_text[chosen].sum() / c_text.sum().clamp(min=1))}
-    if gen:
+    if c_gen is not None:
         cov["replies"] = float(c_gen[chosen].sum() / c_gen.sum().clamp(min=1))
-    return chosen.to(dev), {k: round(v, 4) for k, v in cov.items()}
+    return {k: round(v, 4) for k, v in cov.items()}

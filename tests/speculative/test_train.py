@@ -550,3 +550,48 @@ def test_draft_intermediate_sets_the_heads_mlp_and_reaches_the_command(tmp_path)
         cmd_train(Namespace(**{**vars(args), "draft_intermediate": 0, "out": str(tmp_path / "bad")}))
     with pytest.raises(UserError, match="--draft-intermediate sets an EAGLE-3"):
         cmd_train(Namespace(**{**vars(args), "kind": "mtp", "out": str(tmp_path / "bad")}))
+
+
+def test_init_starts_from_a_head(tmp_path):
+    """--init HEAD: the run starts from that head's weights and draft vocabulary (a step at a
+    negligible learning rate writes the same bf16 weights back), takes its shape, records it in
+    the provenance and the command; a head of another shape or kind, or a conflicting
+    --draft-vocab, gets a one-line error before any work."""
+    import shutil
+
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl", n=60)
+    first = tmp_path / "first"
+    args = Namespace(model=str(target), out=str(first), kind="eagle3", data=str(data), draft_vocab=96, steps=3,
+                     device="cpu", seq_len=128, batch_tokens=512, gen=2, prompt_sets="instruct", gen_tokens=12,
+                     eval_every=0, eval_prompts=0, lr=2e-3, time_budget=None, draft_intermediate=40)
+    assert cmd_train(args) == 0
+    again = tmp_path / "again"
+    assert cmd_train(Namespace(**{**vars(args), "out": str(again), "init": str(first), "draft_vocab": None,
+                                  "draft_intermediate": None, "steps": 1, "lr": 1e-12, "data": str(data)})) == 0
+    with safe_open(str(first / "model.safetensors"), framework="pt") as a, \
+            safe_open(str(again / "model.safetensors"), framework="pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys())
+        for name in a.keys():
+            assert torch.equal(a.get_tensor(name), b.get_tensor(name)), name
+    prov = json.loads((again / "provenance.json").read_text())
+    assert prov["init"]["head"] == str(first.resolve()) and len(prov["init"]["sha256"]) == 64
+    assert f"--init {first}" in prov["command"] and prov["draft_vocab_size"] == 96
+    assert json.loads((again / "config.json").read_text())["intermediate_size"] == 40
+
+    def refused(says, **changes):
+        with pytest.raises(UserError, match=says):
+            cmd_train(Namespace(**{**vars(args), "out": str(tmp_path / "bad"), "init": str(first),
+                                   "draft_vocab": None, "draft_intermediate": None, **changes}))
+        assert not (tmp_path / "bad").exists()
+
+    refused(r"--draft-vocab 128: the --init head has 96", draft_vocab=128)
+    refused(r"--draft-intermediate 64: the --init head has 40", draft_intermediate=64)
+    refused("no config.json there", init=str(tmp_path / "nowhere"))
+    refused("MTP layers start from the target's last block", kind="mtp")
+    other = tmp_path / "other"
+    shutil.copytree(first, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 0, 2]
+    (other / "config.json").write_text(json.dumps(cfg))
+    refused("its aux_layer_ids differ from the head train-draft builds", init=str(other))
