@@ -133,6 +133,7 @@ def head_readme(p: dict) -> str:
         "",
         "## Training",
         "",
+        *_init_lines(p),
         f"- {p['train']['steps_done']} steps of {p['train']['batch_tokens']} tokens (rows of "
         f"{p['train']['seq_len']}), training-time test over {p['train']['ttt_steps']} draft steps "
         f"(loss weight {p['train']['decay']}^t), AdamW lr {p['train']['lr']} with warm-up and cosine decay.",
@@ -140,6 +141,21 @@ def head_readme(p: dict) -> str:
         *validation_lines(p, "draft step"),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _init_lines(p: dict) -> list[str]:
+    """Where a head trained with --init started: that head's file, and how it was made when the
+    provenance keeps that head's own provenance."""
+    init = p.get("init")
+    if not init:
+        return []
+    lines = [f"- Started from the head in `{init['head']}` (model.safetensors sha256 {init['sha256']}), not a "
+             "fresh one; its draft vocabulary and MLP width were kept."]
+    before = init.get("provenance")
+    if before:
+        lines.append(f"- That head was trained by `{before['command']}` in {before['wall_s']:.0f} s "
+                     f"({before['train']['steps_done']} steps); its provenance is under `init.provenance`.")
+    return lines
 
 
 def validation_lines(p: dict, unit: str) -> list[str]:
