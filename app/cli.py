@@ -166,9 +166,9 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-intermediate", type=int, default=None,
                    help="EAGLE-3: the head's MLP width (default: the target's intermediate size, or --init's)")
     p.add_argument("--init", default=None, metavar="HEAD",
-                   help="EAGLE-3: start from this head's folder (its weights, draft vocabulary and MLP width) "
-                        "instead of a fresh head, e.g. to fit a shipped head at another --soft-temperature; "
-                        "a lower --lr suits such a run")
+                   help="EAGLE-3: start from this head (its weights, draft vocabulary and MLP width) instead "
+                        "of a fresh one: its folder, a Hub repo id, or demo-eagle3 with --model demo; a lower "
+                        "--lr suits such a run")
     p.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 20000 on GPU, 200 on CPU; the time budget usually ends training first)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--time-budget", type=float, default=None,

@@ -229,10 +229,12 @@ def _shape_of_init(opts: TrainOptions, args) -> TrainOptions:
 
     from engine.config_checks import read_json
 
-    folder = Path(opts.init)
-    if not (folder / "config.json").is_file():
-        raise UserError(f"--init {folder}: no config.json there; give the folder of an EAGLE-3 head")
+    folder = _init_folder(opts.init, opts.model)
     raw = read_json(folder / "config.json")
+    from speculative.mtp.config import MTPConfig
+
+    if MTPConfig.describes_mtp(raw):
+        raise UserError(f"--init {opts.init}: that folder holds MTP layers; --init takes an EAGLE-3 head")
     vocab, width = raw.get("draft_vocab_size") or raw.get("vocab_size"), raw.get("intermediate_size")
     if not isinstance(vocab, int) or not isinstance(width, int):
         raise UserError(f"--init {folder}: config.json names no draft_vocab_size and intermediate_size; "
@@ -241,7 +243,28 @@ def _shape_of_init(opts: TrainOptions, args) -> TrainOptions:
                              ("--draft-intermediate", getattr(args, "draft_intermediate", None), width)):
         if asked is not None and asked != has:
             raise UserError(f"{flag} {asked}: the --init head has {has}; leave {flag} out to keep it")
-    return dataclasses.replace(opts, draft_vocab=vocab, draft_intermediate=width)
+    return dataclasses.replace(opts, draft_vocab=vocab, draft_intermediate=width, init=str(folder))
+
+
+def _init_folder(spec: str, model: str) -> Path:
+    """--init's folder: demo-eagle3 (the demo model's head, for --model demo), a local folder, or
+    a Hub repo id (downloaded as --draft's are)."""
+    from engine.hub.demo import demo_draft_path
+    from engine.hub.resolve import resolve
+
+    if spec in ("demo-eagle3", "demo-mtp"):
+        if spec == "demo-mtp":
+            raise UserError("--init demo-mtp: those are MTP layers; --init takes an EAGLE-3 head (demo-eagle3)")
+        if model != "demo":
+            raise UserError(f"--init {spec} was trained for the demo model, not {model}")
+        found = demo_draft_path("eagle3")
+        if found is None:
+            raise UserError(f"--init {spec}: this install has no assets/demo-eagle3")
+        return found
+    src = resolve(spec, log=_log, what="draft")
+    if src.is_gguf or not (Path(src.path) / "config.json").is_file():
+        raise UserError(f"--init {spec}: give the folder of an EAGLE-3 head (config.json and model.safetensors)")
+    return Path(src.path)
 
 
 class _Init:

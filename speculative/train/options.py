@@ -61,7 +61,8 @@ class TrainOptions:
     instruct_frac: float = 0.4
     prompt_sets: tuple[str, ...] = DEFAULT_SETS  # --prompt-sets, parsed (prompt_sets.parse_sets)
     # --init: the EAGLE-3 head training starts from (its weights, draft vocabulary and MLP width)
-    # instead of a fresh one; a string so that the provenance and a checkpoint's settings keep it.
+    # instead of a fresh one: as given, then its folder (command._shape_of_init); a string so that
+    # the provenance and a checkpoint's settings keep it.
     init: str | None = None
 
     def __post_init__(self) -> None:
@@ -118,7 +119,7 @@ class TrainOptions:
                    soft_temperature=float(opt("soft_temperature", 1.0, 1.0)),
                    instruct_frac=float(opt("instruct_frac", 0.4, 0.4)),
                    prompt_sets=parse_sets(getattr(args, "prompt_sets", None)),
-                   init=str(Path(args.init).expanduser().resolve()) if getattr(args, "init", None) else None)
+                   init=str(args.init).strip() or None if getattr(args, "init", None) else None)
 
 
 def feature_cache_bytes(opts: TrainOptions, device: torch.device) -> TrainOptions:

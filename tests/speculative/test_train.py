@@ -587,11 +587,39 @@ def test_init_starts_from_a_head(tmp_path):
 
     refused(r"--draft-vocab 128: the --init head has 96", draft_vocab=128)
     refused(r"--draft-intermediate 64: the --init head has 40", draft_intermediate=64)
-    refused("no config.json there", init=str(tmp_path / "nowhere"))
+    refused("no such file or folder", init=str(tmp_path / "nowhere"))
     refused("MTP layers start from the target's last block", kind="mtp")
+    refused("--init demo-eagle3 was trained for the demo model", init="demo-eagle3")
+    refused("--init demo-mtp: those are MTP layers", init="demo-mtp")
+    mtp = tmp_path / "mtp"
+    mtp.mkdir()
+    (mtp / "config.json").write_text(json.dumps({"architectures": ["LocalchatMTP"]}))
+    refused("that folder holds MTP layers", init=str(mtp))
     other = tmp_path / "other"
     shutil.copytree(first, other)
     cfg = json.loads((other / "config.json").read_text())
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 0, 2]
     (other / "config.json").write_text(json.dumps(cfg))
     refused("its aux_layer_ids differ from the head train-draft builds", init=str(other))
+
+
+@pytest.mark.slow  # loads the demo model on the CPU
+def test_the_shipped_head_is_a_start_for_the_demo(demo_gguf, tmp_path):
+    """`--model demo --init demo-eagle3`: the shipped head is one train-draft could have built
+    for the demo (shape, aux layers, draft vocabulary), so a run starts from it; a step at a
+    negligible learning rate writes its weights back unchanged."""
+    from engine.hub.demo import demo_draft_path
+
+    data = _write_data(tmp_path / "data.jsonl", n=60)
+    out = tmp_path / "head"
+    args = Namespace(model="demo", out=str(out), kind="eagle3", data=str(data), init="demo-eagle3", steps=1,
+                     device="cpu", seq_len=64, batch_tokens=128, gen=0, eval_every=0, eval_prompts=0, lr=1e-12,
+                     time_budget=None, ttt_steps=2)
+    assert cmd_train(args) == 0
+    shipped = demo_draft_path("eagle3")
+    with safe_open(str(shipped / "model.safetensors"), framework="pt") as a, \
+            safe_open(str(out / "model.safetensors"), framework="pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys())
+        for name in a.keys():
+            assert torch.equal(a.get_tensor(name), b.get_tensor(name)), name
+    assert json.loads((out / "config.json").read_text()) == json.loads((shipped / "config.json").read_text())
