@@ -16,7 +16,7 @@ from engine.options import KernelOptions, cpu_spec_setting
 from engine.runner import ModelRunner
 from engine.decode import DecodeState, choose_next, choose_token, plain_steps
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from engine.types import GenerationResult, GenerationStats, SamplingParams, StreamEvent
+from engine.types import ACCEPT_SPAN, GenerationResult, GenerationStats, SamplingParams, StreamEvent
 
 Progress = Callable[[str, "float | None"], None]
 
@@ -341,6 +341,21 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+def accept_spans(accept_lens: list[int]) -> list[list[int]]:
+    """[steps, tokens] of the verify steps that began in each ACCEPT_SPAN tokens of the answer (its
+    first token comes from the prompt's prefill; the verify steps follow from the second)."""
+    spans: list[list[int]] = []
+    pos = 1
+    for n in accept_lens:
+        j = pos // ACCEPT_SPAN
+        while len(spans) <= j:
+            spans.append([0, 0])
+        spans[j][0] += 1
+        spans[j][1] += n
+        pos += n
+    return spans
+
+
 def _update(stats: GenerationStats, out: list[int], t_first: float, now: float, state: DecodeState) -> None:
     stats.generated_tokens = len(out)
     stats.decode_s = now - t_first
@@ -354,6 +369,7 @@ def _update(stats: GenerationStats, out: list[int], t_first: float, now: float, 
             hist[x] += 1
         stats.accept_hist = hist
         stats.accept_by_position = [sum(hist[i + 2:]) / len(n) for i in range(len(hist) - 2)]
+        stats.accept_by_span = accept_spans(n)
     if state.verify_rows:
         stats.verify_tokens = sum(state.verify_rows) / len(state.verify_rows)
     stats.tree = state.tree

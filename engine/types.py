@@ -47,6 +47,9 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+ACCEPT_SPAN = 128  # answer tokens per entry of GenerationStats.accept_by_span
+
+
 @dataclass
 class GenerationStats:
     """Measured on the engine thread; times in seconds."""
@@ -69,6 +72,9 @@ class GenerationStats:
     # accept_by_position[i] = fraction of verify steps that accepted draft i + 1 (drafts are
     # accepted as a prefix, so this falls with i); per-step acceptance of multi-step drafts
     accept_by_position: list[float] = field(default_factory=list)
+    # accept_by_span[j] = [verify steps that began in answer tokens [j * ACCEPT_SPAN, (j + 1) *
+    # ACCEPT_SPAN), tokens they produced]: whether a draft keeps up deep into long answers
+    accept_by_span: list[list[int]] = field(default_factory=list)
     # tokens a verify step runs through the target on average: k + 1 for a chain (with its
     # runners-up, more), the root and the kept nodes for a draft tree
     verify_tokens: float = 0.0

@@ -8,7 +8,7 @@ from benchmarks.harness.timing import summed_tok_s
 
 # Per-answer figures kept in a setting's per_prompt list (token ids are compared, not kept).
 PER_PROMPT = ("decode_tok_s", "ttft_s", "prefill_tok_s", "generated_tokens", "decode_s", "accept_len_mean",
-              "accept_hist")
+              "accept_hist", "accept_by_span")
 
 
 def summary(runs: list[dict], hist_length: int = 0) -> dict:
@@ -27,8 +27,26 @@ def summary(runs: list[dict], hist_length: int = 0) -> dict:
         verified = [(r.get("verify_steps") or 0, r.get("verify_tokens") or 0.0) for r in runs]
         total = sum(n for n, _ in verified)
         out["verify_tokens"] = sum(n * v for n, v in verified) / total if total else 0.0  # a step's target rows
+        out["accept_len_by_span"] = accept_by_span_total(runs)
     out["per_prompt"] = [{k: r[k] for k in PER_PROMPT if k in r} for r in runs]
     return out
+
+
+def accept_by_span_total(runs: list[dict]) -> dict:
+    """The prompts' accept_by_span summed: for each ACCEPT_SPAN answer tokens, the verify steps
+    that began there and their mean accepted length (None where no answer reached it)."""
+    from engine.types import ACCEPT_SPAN
+
+    steps: list[int] = []
+    tokens: list[int] = []
+    for run in runs:
+        for j, (n, t) in enumerate(run.get("accept_by_span") or []):
+            steps += [0] * (j + 1 - len(steps))
+            tokens += [0] * (j + 1 - len(tokens))
+            steps[j] += n
+            tokens[j] += t
+    return {"span_tokens": ACCEPT_SPAN, "steps": steps,
+            "accept_len": [round(t / n, 3) if n else None for n, t in zip(steps, tokens)]}
 
 
 def accept_hist_total(runs: list[dict], length: int = 0) -> list[int]:
@@ -46,6 +64,10 @@ def accept_hist_total(runs: list[dict], length: int = 0) -> list[int]:
 def _hist_line(hist: list[int]) -> str:
     steps = sum(hist)
     return " · ".join(f"{n}: {c / steps * 100:.0f}%" for n, c in enumerate(hist) if n) if steps else ""
+
+
+def _span_line(spans: dict) -> str:
+    return " · ".join("-" if a is None else f"{a:.2f} ({n})" for a, n in zip(spans["accept_len"], spans["steps"]))
 
 
 def _speed(s: dict) -> str:
@@ -75,6 +97,9 @@ def _table(r: dict) -> str:
                                            f"({s['speedup_vs_draft_off']:.2f}x draft loaded, speculation off)"))
         if _hist_line(s.get("accept_hist", [])):
             rows.append(("tokens per verify step", _hist_line(s["accept_hist"])))
+        spans = s.get("accept_len_by_span") or {}
+        if len(spans.get("accept_len") or []) > 1:
+            rows.append((f"accept len by {spans['span_tokens']} answer tokens", _span_line(spans)))
         if s.get("verify_tokens"):
             tree = f" (draft tree {r['tree']})" if r.get("tree") else ""
             rows.append(("tokens verified per step", f"{s['verify_tokens']:.1f}{tree}"))

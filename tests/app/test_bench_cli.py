@@ -139,6 +139,25 @@ def test_accept_hist_total_sums_histograms_of_any_length():
     assert _hist_line([0, 1, 0, 3]) == "1: 25% · 2: 0% · 3: 75%" and _hist_line([]) == ""
 
 
+def test_acceptance_by_answer_span_follows_the_answer_and_sums_over_prompts():
+    """A verify step counts in the 128-token span of the answer it began in (the first token comes
+    from the prefill), and the report sums the prompts' spans into a mean accepted length each."""
+    from benchmarks.harness.report import _span_line, accept_by_span_total
+    from engine.engine import accept_spans
+    from engine.types import ACCEPT_SPAN
+
+    assert ACCEPT_SPAN == 128
+    # 1 + 42 steps of 3 tokens reach token 127; the 43rd begins at 127; the next at 130
+    lens = [3] * 43 + [1, 6]
+    assert accept_spans(lens) == [[43, 129], [2, 7]]
+    assert accept_spans([]) == []
+    assert accept_spans([127, 300, 2]) == [[1, 127], [1, 300], [0, 0], [1, 2]]
+    total = accept_by_span_total([{"accept_by_span": [[43, 129], [2, 7]]}, {"accept_by_span": [[10, 20]]}, {}])
+    assert total == {"span_tokens": 128, "steps": [53, 2], "accept_len": [round(149 / 53, 3), 3.5]}
+    assert accept_by_span_total([{"accept_by_span": [[1, 2], [0, 0], [1, 4]]}])["accept_len"] == [2.0, None, 4.0]
+    assert _span_line({"accept_len": [2.5, None], "steps": [4, 0]}) == "2.50 (4) · -"
+
+
 def test_bench_instruct_prompt_set(tmp_path, tiny_models):
     """--prompt-set instruct asks held-out built-in instruction prompts, and says so."""
     from benchmarks.harness.prompts import HELD_OUT_INSTRUCT, chat_prompts_from
