@@ -229,10 +229,10 @@ def _shape_of_init(opts: TrainOptions, args) -> TrainOptions:
 
     from engine.config_checks import read_json
 
-    folder = _init_folder(opts.init, opts.model)
-    raw = read_json(folder / "config.json")
     from speculative.mtp.config import MTPConfig
 
+    folder = _init_folder(opts.init, opts.model)
+    raw = read_json(folder / "config.json")
     if MTPConfig.describes_mtp(raw):
         raise UserError(f"--init {opts.init}: that folder holds MTP layers; --init takes an EAGLE-3 head")
     vocab, width = raw.get("draft_vocab_size") or raw.get("vocab_size"), raw.get("intermediate_size")
@@ -297,7 +297,8 @@ def _read_init(opts: TrainOptions, loaded, aux_ids, target_name: str) -> _Init:
         dc = DraftConfig.from_folder(folder, cfg)
         dc.check_fits(cfg, folder.name, target_name)
         files = weight_files(folder)
-        tensors = dict(iter_tensors(files))
+        # copies: a .bin tensor is a view of the file's mapping, and these are kept until the data is ready
+        tensors = {name: t.clone() for name, t in iter_tensors(files)}
     except ModelLoadError as e:
         raise UserError(f"--init: {e}") from None
     want = DraftConfig.from_hf(head_config(cfg, opts.draft_vocab, aux_ids, opts.draft_intermediate), cfg)
@@ -318,9 +319,8 @@ def _read_init(opts: TrainOptions, loaded, aux_ids, target_name: str) -> _Init:
         check_d2t(d2t.long(), cfg.vocab_size, f"--init {folder}")
     except ModelLoadError as e:
         raise UserError(str(e)) from None
-    if not bool((draft_ids[1:] > draft_ids[:-1]).all()):
-        raise UserError(f"--init {folder}: its draft vocabulary is not in increasing token order, as "
-                        "train-draft writes it")
+    if draft_ids.unique().numel() != draft_ids.numel():
+        raise UserError(f"--init {folder}: its d2t maps two draft tokens to the same target token")
     digest = hashlib.sha256()
     for path in files:
         with open(path, "rb") as f:

@@ -601,6 +601,14 @@ def test_init_starts_from_a_head(tmp_path):
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 0, 2]
     (other / "config.json").write_text(json.dumps(cfg))
     refused("its aux_layer_ids differ from the head train-draft builds", init=str(other))
+    from safetensors.torch import load_file, save_file
+
+    twice = tmp_path / "twice"
+    shutil.copytree(first, twice)
+    tensors = load_file(str(twice / "model.safetensors"))
+    tensors["d2t"][1] = tensors["d2t"][0] - 1  # draft token 1 now stands for draft token 0's target
+    save_file(tensors, str(twice / "model.safetensors"))
+    refused("maps two draft tokens to the same target token", init=str(twice))
 
 
 @pytest.mark.slow  # loads the demo model on the CPU
