@@ -49,7 +49,8 @@ def time_decode(engine, prompt_ids, new_tokens, speculative, temperature=0.0, ig
     s = last.stats
     return {"decode_tok_s": s.decode_tok_s, "ttft_s": s.ttft_s, "prefill_tok_s": s.prefill_tokens / s.ttft_s,
             "generated_tokens": s.generated_tokens, "decode_s": s.decode_s, "accept_len_mean": s.accept_len_mean,
-            "accept_hist": s.accept_hist, "verify_steps": s.verify_steps, "verify_tokens": s.verify_tokens,
+            "accept_hist": s.accept_hist, "accept_by_span": s.accept_by_span, "verify_steps": s.verify_steps,
+            "verify_tokens": s.verify_tokens,
             "token_ids": ids}
 
 

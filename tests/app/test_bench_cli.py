@@ -53,6 +53,9 @@ def test_bench_reports_no_draft_draft_off_speculation_and_the_peer(tmp_path, tin
     assert len(hist) == 7 and hist[:len(one)] == one and sum(hist) == sum(one) >= 1
     assert spec["accept_len_mean"] == sum(n * c for n, c in enumerate(hist)) / sum(hist)
     assert "tokens per verify step" in table and "6: " in table
+    # the same steps by the answer span they began in (8 tokens: all in the first)
+    assert spec["accept_len_by_span"]["steps"] == [sum(hist)] == [spec["per_prompt"][0]["accept_by_span"][0][0]]
+    assert spec["accept_len_by_span"]["accept_len"] == [round(spec["accept_len_mean"], 3)]
     assert r["draft_alternatives"] is None and "runners-up" not in table  # the CPU verifies the chain alone
 
 
