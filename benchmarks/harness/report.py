@@ -99,7 +99,7 @@ def _table(r: dict) -> str:
             rows.append(("tokens per verify step", _hist_line(s["accept_hist"])))
         spans = s.get("accept_len_by_span") or {}
         if len(spans.get("accept_len") or []) > 1:
-            rows.append((f"accept len by {spans['span_tokens']} answer tokens", _span_line(spans)))
+            rows.append((f"accept len per {spans['span_tokens']} tokens", _span_line(spans)))
         if s.get("verify_tokens"):
             tree = f" (draft tree {r['tree']})" if r.get("tree") else ""
             rows.append(("tokens verified per step", f"{s['verify_tokens']:.1f}{tree}"))
