@@ -167,8 +167,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="EAGLE-3: the head's MLP width (default: the target's intermediate size, or --init's)")
     p.add_argument("--init", default=None, metavar="HEAD",
                    help="EAGLE-3: start from this head (its weights, draft vocabulary and MLP width) instead "
-                        "of a fresh one: its folder, a Hub repo id, or demo-eagle3 with --model demo; a lower "
-                        "--lr suits such a run")
+                        "of a fresh one: its folder, a Hub repo id, or demo-eagle3 with --model demo (the "
+                        "learning rate then defaults to a third of a fresh head's)")
     p.add_argument("--steps", type=int, default=None, help="most optimizer steps (default: 20000 on GPU, 200 on CPU; the time budget usually ends training first)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--time-budget", type=float, default=None,
@@ -177,7 +177,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-tokens", type=int, default=None, help="tokens per step (default: 16384 GPU, 2048 CPU)")
     p.add_argument("--mtp-layers", type=int, default=None, help="--kind mtp: chained MTP layers (default 3)")
     p.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1.2e-3 GPU, 6e-4 CPU)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1.2e-3 GPU, 6e-4 CPU; with --init 4e-4, 2e-4)")
     p.add_argument("--gen", type=int, default=None,
                    help="training prompts the target answers itself, greedy (default: 40000 GPU, 0 CPU; generation stops at 45%% of the time budget; several turns of a conversation may be used)")
     p.add_argument("--gen-frac", type=float, default=None,

@@ -109,7 +109,7 @@ class TrainOptions:
         return cls(model=args.model, out=Path(args.out).expanduser(), data=getattr(args, "data", None),
                    draft_vocab=int(opt("draft_vocab", 8192, 8192)), steps=int(opt("steps", 20000, 200)),
                    seq_len=int(opt("seq_len", 1024, 512)), batch_tokens=int(opt("batch_tokens", 16384, 2048)),
-                   ttt_steps=int(opt("ttt_steps", 5, 5)), lr=float(opt("lr", 1.2e-3, 6e-4)),
+                   ttt_steps=int(opt("ttt_steps", 5, 5)), lr=float(opt("lr", *((4e-4, 2e-4) if getattr(args, "init", None) else (1.2e-3, 6e-4)))),
                    gen_prompts=int(opt("gen", 40000, 0)), gen_tokens=int(opt("gen_tokens", 256, 128)),
                    time_budget=opt("time_budget", 840.0, None), eval_every=int(opt("eval_every", 250, 100)),
                    eval_prompts=int(opt("eval_prompts", 8, 2)), seed=int(opt("seed", 0, 0)),

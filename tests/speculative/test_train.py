@@ -578,6 +578,13 @@ def test_init_starts_from_a_head(tmp_path):
     assert prov["init"]["head"] == str(first.resolve()) and len(prov["init"]["sha256"]) == 64
     assert f"--init {first}" in prov["command"] and prov["draft_vocab_size"] == 96
     assert json.loads((again / "config.json").read_text())["intermediate_size"] == 40
+    from speculative.train.options import TrainOptions
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert TrainOptions.from_args(Namespace(model="m", out="o", init=str(first)), cpu).lr == 2e-4
+    assert TrainOptions.from_args(Namespace(model="m", out="o", init=str(first)), gpu).lr == 4e-4
+    assert TrainOptions.from_args(Namespace(model="m", out="o"), gpu).lr == 1.2e-3
+    assert TrainOptions.from_args(Namespace(model="m", out="o", init=str(first), lr=1e-3), gpu).lr == 1e-3
 
     def refused(says, **changes):
         with pytest.raises(UserError, match=says):
