@@ -334,7 +334,8 @@ def _snapshot(stats: Any) -> Any:
     """A copy the UI may read while the engine keeps updating its own."""
     if stats is None:
         return None
-    return dataclasses.replace(stats, accept_hist=list(stats.accept_hist))
+    return dataclasses.replace(stats, accept_hist=list(stats.accept_hist),
+                               accept_by_span=[list(span) for span in stats.accept_by_span])
 
 
 def _describe(error: BaseException) -> str:

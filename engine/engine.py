@@ -341,18 +341,28 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def accept_spans(accept_lens: list[int]) -> list[list[int]]:
-    """[steps, tokens] of the verify steps that began in each ACCEPT_SPAN tokens of the answer (its
-    first token comes from the prompt's prefill; the verify steps follow from the second)."""
-    spans: list[list[int]] = []
-    pos = 1
+def add_verify_steps(hist: list[int], spans: list[list[int]], accept_lens: list[int]) -> None:
+    """Adds verify steps (the tokens each gave, in answer order) to a histogram (hist[n]: steps that
+    gave n) and to the answer's spans ([steps, tokens] of the steps that began in each ACCEPT_SPAN
+    tokens; the answer's first token comes from the prefill, the verify steps follow from the
+    second), both in place: an answer's later events add only their own steps."""
+    pos = 1 + sum(t for _, t in spans)
     for n in accept_lens:
+        if n >= len(hist):
+            hist.extend([0] * (n + 1 - len(hist)))
+        hist[n] += 1
         j = pos // ACCEPT_SPAN
         while len(spans) <= j:
             spans.append([0, 0])
         spans[j][0] += 1
         spans[j][1] += n
         pos += n
+
+
+def accept_spans(accept_lens: list[int]) -> list[list[int]]:
+    """The answer spans of these verify steps alone (add_verify_steps)."""
+    spans: list[list[int]] = []
+    add_verify_steps([], spans, accept_lens)
     return spans
 
 
@@ -360,16 +370,13 @@ def _update(stats: GenerationStats, out: list[int], t_first: float, now: float, 
     stats.generated_tokens = len(out)
     stats.decode_s = now - t_first
     stats.decode_tok_s = (len(out) - 1) / stats.decode_s if stats.decode_s > 0 and len(out) > 1 else 0.0
-    if state.accept_lens:
-        n = state.accept_lens
+    n = state.accept_lens
+    if len(n) > stats.verify_steps:  # only the steps since the last event: this runs at every one
+        hist = stats.accept_hist
+        add_verify_steps(hist, stats.accept_by_span, n[stats.verify_steps:])
         stats.verify_steps = len(n)
-        stats.accept_len_mean = sum(n) / len(n)
-        hist = [0] * (max(n) + 1)
-        for x in n:
-            hist[x] += 1
-        stats.accept_hist = hist
+        stats.accept_len_mean = sum(i * c for i, c in enumerate(hist)) / len(n)
         stats.accept_by_position = [sum(hist[i + 2:]) / len(n) for i in range(len(hist) - 2)]
-        stats.accept_by_span = accept_spans(n)
     if state.verify_rows:
         stats.verify_tokens = sum(state.verify_rows) / len(state.verify_rows)
     stats.tree = state.tree

@@ -155,6 +155,13 @@ def test_acceptance_by_answer_span_follows_the_answer_and_sums_over_prompts():
     assert accept_spans(lens) == [[43, 129], [2, 7]]
     assert accept_spans([]) == []
     assert accept_spans([127, 300, 2]) == [[1, 127], [1, 300], [0, 0], [1, 2]]
+    # an answer's events add their own steps to what the earlier ones counted
+    from engine.engine import add_verify_steps
+
+    hist, spans = [], []
+    add_verify_steps(hist, spans, lens[:20])
+    add_verify_steps(hist, spans, lens[20:])
+    assert spans == accept_spans(lens) and hist == [0, 1, 0, 43, 0, 0, 1]
     total = accept_by_span_total([{"accept_by_span": [[43, 129], [2, 7]]}, {"accept_by_span": [[10, 20]]}, {}])
     assert total == {"span_tokens": 128, "steps": [53, 2], "accept_len": [round(149 / 53, 3), 3.5]}
     assert accept_by_span_total([{"accept_by_span": [[1, 2], [0, 0], [1, 4]]}])["accept_len"] == [2.0, None, 4.0]
