@@ -179,13 +179,17 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttt-steps", type=int, default=None, help="draft steps unrolled in training (default 5)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1.2e-3 GPU, 6e-4 CPU; with --init 4e-4, 2e-4)")
     p.add_argument("--gen", type=int, default=None,
-                   help="training prompts the target answers itself, greedy (default: 40000 GPU, 0 CPU; generation stops at 45%% of the time budget; several turns of a conversation may be used)")
+                   help="training prompts the target answers itself, greedy unless --sampled-replies (default: 40000 GPU, 0 CPU; generation stops at 45%% of the time budget; several turns of a conversation may be used)")
     p.add_argument("--gen-frac", type=float, default=None,
                    help="share of each step's sequences taken from the target's own replies (default 0.85)")
     p.add_argument("--greedy-weight", type=float, default=None,
                    help="weight of an extra loss on the target's greedy token, which greedy verification accepts, beside the loss on the target's distribution (default 0.5; 0: the distribution only)")
     p.add_argument("--soft-temperature", type=float, default=None,
                    help="temperature at which the head's distribution is fitted to the target's (default 1; e.g. 0.7 for a head meant for answers sampled at 0.7; the greedy token's loss is the same either way)")
+    p.add_argument("--sampled-replies", type=float, default=None, metavar="SHARE",
+                   help="share of the self-answered prompts whose replies are drawn at --reply-temperature instead of greedy: the contexts sampled answers walk through (default 0)")
+    p.add_argument("--reply-temperature", type=float, default=None,
+                   help="temperature of the --sampled-replies draws (default 0.7)")
     p.add_argument("--gen-tokens", type=int, default=None, help="longest self-generated reply (default 256 GPU)")
     p.add_argument("--instruct-frac", type=float, default=None,
                    help="share of the self-answered prompts taken from the request sets of --prompt-sets (lists, how-tos, explanations, code, short writing, questions) instead of the conversations (default 0.4; 0: conversations only)")

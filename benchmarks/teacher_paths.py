@@ -1,7 +1,7 @@
 """train-draft's two target-side phases, old path against new in one process, on a model of a
 given shape with random bf16 weights (no download; the demo's shape by default):
 
-- generation of training replies (speculative/train/batched_generate.py greedy_batch): the host reading each
+- generation of training replies (speculative/train/batched_generate.py reply_batch): the host reading each
   step's tokens (SYNC_EVERY = 1) against reading them every SYNC_EVERY steps;
 - teacher features (a packed forward with aux layers, speculative/train/teacher.py): padded groups
   of similar lengths against one variable-length flash call per layer.
@@ -68,7 +68,7 @@ def main() -> None:
         batched.SYNC_EVERY = every
         sync()
         t = time.perf_counter()
-        out = batched.greedy_batch(model, prompts, [a.reply] * len(prompts), ())
+        out = batched.reply_batch(model, prompts, [a.reply] * len(prompts), ())
         sync()
         return sum(len(r) for r in out) / (time.perf_counter() - t), out
 

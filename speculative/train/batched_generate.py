@@ -1,4 +1,5 @@
-"""Batched greedy decoding over the target's own modules, for generating training replies.
+"""Batched decoding over the target's own modules, for generating training replies: greedy, or
+drawn at a temperature (the contexts a sampled answer meets, which greedy replies never show).
 
 Many prompts run at once, left padded to a common length: every row's newest token then sits
 in the same column, so a step writes one column of a dense per-batch KV cache (B, Hkv, S, D).
@@ -9,6 +10,7 @@ changed; the weights are the model's own modules.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -34,15 +36,19 @@ def kv_bytes_per_token(model: CausalLM) -> int:
 
 
 @torch.inference_mode()
-def greedy_batch(model: CausalLM, prompts: list[list[int]], limits: list[int], eos_ids,
-                 on_step: Callable[[int], None] | None = None) -> list[list[int]]:
-    """Greedy replies to `prompts` in one batch: row b stops after an EOS token (included) or
-    after limits[b] tokens (each >= 1). on_step(n) is called after each step with the number
-    of tokens it added. Positions must stay inside model.cos_sin (prompt + limit <= its rows)."""
+def reply_batch(model: CausalLM, prompts: list[list[int]], limits: list[int], eos_ids,
+                 on_step: Callable[[int], None] | None = None, temperatures: list[float] | None = None,
+                 seed: int = 0) -> list[list[int]]:
+    """Replies to `prompts` in one batch: row b greedy, or drawn from the target's distribution
+    at temperatures[b] when that is above 0 (seeded: the same call gives the same replies). Row
+    b stops after an EOS token (included) or after limits[b] tokens (each >= 1). on_step(n) is
+    called after each step with the number of tokens it added. Positions must stay inside
+    model.cos_sin (prompt + limit <= its rows)."""
     if not prompts:
         return []
     assert all(p for p in prompts) and min(limits) >= 1
     dev = model.lm_head.weight.device
+    pick = _Picker(temperatures, seed, dev)
     cfg = model.config
     eos = frozenset(eos_ids)
     B = len(prompts)
@@ -67,7 +73,8 @@ def greedy_batch(model: CausalLM, prompts: list[list[int]], limits: list[int], e
     mask = (causal[None] & (cols[None, None, :] >= pad[:, None, None])) | torch.eye(P, dtype=torch.bool, device=dev)
     step = max(1, PREFILL_TOKENS // P)  # rows per prefill forward: bounds its activations
     tok = torch.cat([_next_tokens(model, ids[r:r + step], positions[r:r + step],
-                                  [(k[r:r + step], v[r:r + step]) for k, v in kv], 0, mask[r:r + step])
+                                  [(k[r:r + step], v[r:r + step]) for k, v in kv], 0, mask[r:r + step],
+                                  lambda logits, r=r: pick(logits, slice(r, r + step)))
                      for r in range(0, B, step)])
 
     replies: list[list[int]] = [[] for _ in range(B)]
@@ -101,6 +108,7 @@ def greedy_batch(model: CausalLM, prompts: list[list[int]], limits: list[int], e
             for layer in range(len(kv)):
                 kv[layer] = (kv[layer][0].index_select(0, keep), kv[layer][1].index_select(0, keep))
             pad, tok = pad.index_select(0, keep), tok.index_select(0, keep)
+            pick.keep(keep)
             rows = [rows[i] for i in live]
         # no row needs more steps than its own limit leaves (so K/V stays inside S columns)
         steps = min(SYNC_EVERY, max(limits[r] - len(replies[r]) for r in rows if r >= 0))
@@ -108,16 +116,46 @@ def greedy_batch(model: CausalLM, prompts: list[list[int]], limits: list[int], e
             keys = torch.arange(col + 1, device=dev)
             positions = (col - pad).clamp(max=max_pos)[:, None]  # finished rows may run past the table
             mask = (keys[None, :] >= pad[:, None])[:, None, :]  # (B, 1, col + 1)
-            tok = _next_tokens(model, tok[:, None], positions, kv, col, mask)
+            tok = _next_tokens(model, tok[:, None], positions, kv, col, mask, pick)
             queued.append(tok)
             col += 1
     return replies
 
 
+class _Picker:
+    """logits (B, V) -> the next tokens (B,): each row's argmax, or for a row with a temperature T
+    a draw by the exponential race (argmax of z / T - log E, E ~ Exp(1) from a generator seeded
+    once). keep(rows) follows the batch as finished rows are dropped."""
+
+    def __init__(self, temperatures: list[float] | None, seed: int, dev: torch.device):
+        self.inv = None
+        if temperatures and any(t > 0 for t in temperatures):
+            if any(not math.isfinite(t) or t < 0 for t in temperatures):
+                raise ValueError(f"temperatures must be finite and >= 0, got {temperatures}")
+            self.inv = torch.tensor([1.0 / t if t > 0 else 0.0 for t in temperatures], device=dev)
+            self.gen = torch.Generator(device=dev)
+            self.gen.manual_seed(seed)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        if self.inv is not None:
+            self.inv = self.inv.index_select(0, rows)
+
+    def __call__(self, logits: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
+        """rows: the batch rows `logits` belong to (a prefill runs them a slice at a time)."""
+        greedy = logits.argmax(-1)
+        if self.inv is None:
+            return greedy
+        inv = self.inv[rows]
+        e = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=self.gen)
+        drawn = (logits.float() * inv[:, None] - e.log()).argmax(-1)
+        return torch.where(inv > 0, drawn, greedy)
+
+
 def _next_tokens(model: CausalLM, ids: torch.Tensor, positions: torch.Tensor, kv: list,
-                 start: int, mask: torch.Tensor) -> torch.Tensor:
+                 start: int, mask: torch.Tensor, pick=None) -> torch.Tensor:
     """Runs (B, T) tokens in columns start..start+T-1 (K/V written there) and returns the
-    argmax after each row's last column, (B,). mask: (B, T, start + T) bool, True = visible."""
+    next token after each row's last column, (B,): pick(logits) (default the argmax). mask:
+    (B, T, start + T) bool, True = visible."""
     B, T = ids.shape
     cos_sin = model.cos_sin.index_select(0, positions.reshape(-1))
     x, residual = model.model.embed_tokens(ids.reshape(-1)), None
@@ -128,7 +166,8 @@ def _next_tokens(model: CausalLM, ids: torch.Tensor, positions: torch.Tensor, kv
         x = layer.mlp(h)
     last = slice(T - 1, None, T)  # every row's last column
     hidden, _ = model.model.norm.add_forward(x[last].contiguous(), residual[last].contiguous())
-    return model.logits(hidden).argmax(-1)
+    logits = model.logits(hidden)
+    return logits.argmax(-1) if pick is None else pick(logits)
 
 
 def _attention(attn: Attention, x: torch.Tensor, B: int, T: int, cos_sin: torch.Tensor,

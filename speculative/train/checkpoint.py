@@ -18,11 +18,12 @@ from engine.errors import UserError
 
 # Options that must match between the stopped run and --resume.
 MATCHED = ("draft_vocab", "seq_len", "batch_tokens", "ttt_steps", "steps", "lr", "decay", "seed", "gen_frac",
-           "greedy_weight", "draft_intermediate", "soft_temperature", "init")
+           "greedy_weight", "draft_intermediate", "soft_temperature", "init", "sampled_replies", "reply_temperature")
 
 
 # Settings added after checkpoints were first written, with the value those runs had.
-ADDED_LATER = {"draft_intermediate": 0, "soft_temperature": 1.0, "init": None}
+ADDED_LATER = {"draft_intermediate": 0, "soft_temperature": 1.0, "init": None, "sampled_replies": 0.0,
+               "reply_temperature": 0.7}
 
 
 def folder_for(out: Path) -> Path:

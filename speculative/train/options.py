@@ -23,7 +23,7 @@ class TrainOptions:
     batch_tokens: int  # tokens per step (rows = batch_tokens // seq_len)
     ttt_steps: int  # draft steps unrolled in training-time test; also k of the final check
     lr: float
-    gen_prompts: int  # training prompts the target answers itself (greedy); 0: none
+    gen_prompts: int  # training prompts the target answers itself; 0: none
     gen_tokens: int  # longest reply generated
     time_budget: float | None  # seconds for the whole command; training stops in time, annealed
     eval_every: int
@@ -44,6 +44,12 @@ class TrainOptions:
     # sum(min(p_T, q_T)) at the request's temperature T, so a head meant for sampled answers may fit
     # them there; the greedy token's loss does not depend on it.
     soft_temperature: float = 1.0
+    # Share of the training prompts (chosen by each prompt's own hash) whose replies are drawn at
+    # reply_temperature instead of greedy. A sampled answer walks through contexts no greedy reply
+    # shows; on those the shipped demo head's distribution was further from the target's (KL at
+    # 0.7 per position: benchmarks/context_shift.py, docs/performance.md).
+    sampled_replies: float = 0.0
+    reply_temperature: float = 0.7
     gen_share: float = 0.45  # share of the time budget after which no new reply is started
     reserve_s: float = 25.0  # budget kept for validation, saving and the speculator check
     val_conversations: int = 48
@@ -86,6 +92,10 @@ class TrainOptions:
             raise UserError(f"--greedy-weight must be in [0, 100], got {self.greedy_weight}")
         if not 0.05 <= self.soft_temperature <= 10:
             raise UserError(f"--soft-temperature must be in [0.05, 10], got {self.soft_temperature}")
+        if not 0 <= self.sampled_replies <= 1:
+            raise UserError(f"--sampled-replies must be in [0, 1], got {self.sampled_replies}")
+        if not 0.05 <= self.reply_temperature <= 2:
+            raise UserError(f"--reply-temperature must be in [0.05, 2], got {self.reply_temperature}")
         if not 0 < self.lr < 1:
             raise UserError(f"--lr must be in (0, 1), got {self.lr}")
         if self.time_budget is not None and self.time_budget < 2 * self.reserve_s:
@@ -117,6 +127,8 @@ class TrainOptions:
                    mtp_layers=int(opt("mtp_layers", 3, 3)), draft_intermediate=int(width or 0),
                    gen_frac=float(opt("gen_frac", 0.85, 0.85)), greedy_weight=float(opt("greedy_weight", 0.5, 0.5)),
                    soft_temperature=float(opt("soft_temperature", 1.0, 1.0)),
+                   sampled_replies=float(opt("sampled_replies", 0.0, 0.0)),
+                   reply_temperature=float(opt("reply_temperature", 0.7, 0.7)),
                    instruct_frac=float(opt("instruct_frac", 0.4, 0.4)),
                    prompt_sets=parse_sets(getattr(args, "prompt_sets", None)),
                    init=str(args.init).strip() or None if getattr(args, "init", None) else None)
@@ -141,7 +153,7 @@ def command_line(args, resume: bool | None = None) -> str:
     parts = ["localchat", "train-draft"]
     for name in ("model", "out", "kind", "mtp_layers", "data", "draft_vocab", "draft_intermediate", "steps", "device",
                  "time_budget", "seq_len", "batch_tokens", "ttt_steps", "lr", "gen", "gen_frac", "greedy_weight",
-                 "soft_temperature", "init",
+                 "soft_temperature", "init", "sampled_replies", "reply_temperature",
                  "gen_tokens", "instruct_frac", "prompt_sets", "eval_every", "eval_prompts", "seed"):
         value = getattr(args, name, None)
         if name in (("draft_vocab", "draft_intermediate", "ttt_steps", "soft_temperature", "init")

@@ -45,13 +45,14 @@ class TrainData:
     gen: list[Sequence]  # the target's greedy replies to training prompts
     val_gen: list[Sequence]  # ... and to held-out first turns
     cached_replies: int = 0  # of gen + val_gen, taken from the reply cache
+    drawn_replies: int = 0  # of gen, replies drawn at --reply-temperature (--sampled-replies)
     requests: dict[str, int] | None = None  # of the prompts behind gen, from each of --prompt-sets
 
     def provenance(self) -> dict:
         return {**self.source, "split": SPLIT_RULE, "conversations": len(self.convs),
                 "train_conversations": len(self.train_convs), "heldout_conversations": len(self.held),
                 "train_tokens": sum(len(s.ids) for s in self.text), "generated_responses": len(self.gen),
-                "responses_from_cache": self.cached_replies, "requests": dict(self.requests or {}),
+                "responses_from_cache": self.cached_replies, "drawn_responses": self.drawn_replies, "requests": dict(self.requests or {}),
                 **({"requests_split": REQUESTS_SPLIT} if self.requests else {}),
                 "generated_tokens": sum(len(s.ids) - s.response_start for s in self.gen),
                 "validation": f"the first {len(self.val_text)} held-out conversations and the target's replies to "
@@ -93,12 +94,14 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
     t = time.perf_counter()
     gen: list[Sequence] = []
     val_gen: list[Sequence] = []
-    cached = 0
+    cached = drawn = 0
     if opts.gen_prompts:
         from speculative.train.reply_cache import GenerationStopped, replies_for
 
-        def answer(prompts, gen_deadline=None, log=None):
-            return teacher.generate(prompts, opts.gen_tokens, gen_deadline, log) if generate else []
+        def answer(prompts, temperatures, gen_deadline=None, log=None):
+            if not generate:
+                return []
+            return teacher.generate(prompts, opts.gen_tokens, gen_deadline, log, temperatures, opts.seed)
 
         def keep(entries: dict) -> None:
             if cache is not None and entries:
@@ -115,7 +118,10 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
             added.update(new)
             gen_deadline = None if deadline is None else t_start + opts.gen_share * opts.time_budget
             prompts, n_requests = _train_prompts(train_convs, tok, opts)
-            gen, n_gen, new = replies_for(prompts, known, lambda ps: answer(ps, gen_deadline, _log))
+            temps = reply_temperatures(prompts, opts)
+            gen, n_gen, new = replies_for(prompts, known, lambda ps, ts: answer(ps, ts, gen_deadline, _log), temps)
+            drawn_prompts = {tuple(p) for p, t in zip(prompts, temps) if t > 0}
+            drawn = sum(tuple(s.ids[:s.response_start]) in drawn_prompts for s in gen)
             added.update(new)
         except GenerationStopped as stop:  # Ctrl+C: the replies made so far serve the next run
             keep({**added, **stop.new})
@@ -127,9 +133,22 @@ def prepare_data(opts: TrainOptions, loaded, teacher, t_start: float, deadline: 
         phases["generate_s"] = time.perf_counter() - t
         _log(f"the target answered {len(gen)} training and {len(val_gen)} held-out prompts: {made:,} tokens in "
              f"{phases['generate_s']:.1f} s" + (f", {cached} of the replies from earlier runs" if cached else
-                                                f" ({made / max(phases['generate_s'], 1e-9):,.0f} tokens/s)"))
-    return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen, cached,
-                     n_requests if opts.gen_prompts else None)
+                                                f" ({made / max(phases['generate_s'], 1e-9):,.0f} tokens/s)")
+             + (f"; {drawn} of the training replies drawn at temperature {opts.reply_temperature:g}" if drawn else ""))
+    return TrainData(source, convs, train_convs, held, text, val_text, eval_msgs, gen, val_gen,
+                     cached_replies=cached, drawn_replies=drawn, requests=n_requests if opts.gen_prompts else None)
+
+
+def reply_temperatures(prompts: list[list[int]], opts: TrainOptions) -> list[float]:
+    """Each training prompt's reply temperature: --reply-temperature for the --sampled-replies
+    share of them (chosen by the prompt itself: reply_cache.drawn_share), 0 (greedy) for the
+    rest. The held-out replies stay greedy: the accepted-length estimate reads them as greedy
+    text."""
+    from speculative.train.reply_cache import drawn_share
+
+    if opts.sampled_replies <= 0:
+        return [0.0] * len(prompts)
+    return [opts.reply_temperature if drawn_share(p) < opts.sampled_replies else 0.0 for p in prompts]
 
 
 def _train_prompts(convs: list[Conversation], tok, opts: TrainOptions) -> tuple[list[list[int]], dict[str, int]]:

@@ -1,9 +1,11 @@
-"""The target's greedy replies to training prompts, kept between runs of train-draft.
+"""The target's replies to training prompts (greedy, or drawn at a temperature), kept between runs
+of train-draft.
 
 Generating replies is the slow first phase of a run (minutes on an H200). A later run for the
 same target on the same kind of device (new hyper-parameters, a longer budget, a run cut short)
 reuses every reply it finds and generates only the prompts it lacks, so its time budget goes to
-training. Entries are keyed by the prompt's token ids; the folder by what shapes a reply: the
+training. Entries are keyed by the prompt's token ids (and, for a drawn reply, its temperature:
+a greedy reply never stands in for a drawn one); the folder by what shapes a reply: the
 target's weight files (path, size, modification time), its end-of-turn tokens, device type and
 dtype, and the reply and context limits. A damaged file counts as empty.
 """
@@ -18,8 +20,16 @@ from pathlib import Path
 FORMAT = 1
 
 
-def _prompt_key(ids: list[int]) -> str:
-    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:24]
+def _prompt_key(ids: list[int], temperature: float = 0.0) -> str:
+    key = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:24]
+    return f"{key}@{temperature:g}" if temperature > 0 else key
+
+
+def drawn_share(ids: list[int]) -> float:
+    """A number in [0, 1) fixed by the prompt alone: a prompt is answered by a draw when it is
+    below the run's --sampled-replies, so the same prompts are drawn in every run (and their
+    cached replies found again) whatever order or count of prompts a run takes."""
+    return int(_prompt_key(ids)[:8], 16) / 2 ** 32
 
 
 def target_identity(path: Path) -> list:
@@ -80,17 +90,20 @@ class GenerationStopped(KeyboardInterrupt):
         self.new: dict[str, list[int]] = {}
 
 
-def replies_for(prompts: list[list[int]], known: dict[str, list[int]], generate) -> tuple[list, int, dict]:
+def replies_for(prompts: list[list[int]], known: dict[str, list[int]], generate,
+                temperatures: list[float] | None = None) -> tuple[list, int, dict]:
     """Sequences (prompt + reply, in prompt order) for the prompts that have a reply: cached
-    ones, then `generate(missing prompts)` -> Sequences for those it managed (a deadline may cut
-    it short). Returns (sequences, how many came from the cache, the new entries). A
-    GenerationStopped from `generate` goes on with its entries in `new`."""
+    ones, then `generate(missing prompts, their temperatures)` -> Sequences for those it managed
+    (a deadline may cut it short). temperatures: each prompt's (0: greedy; None: all greedy).
+    Returns (sequences, how many came from the cache, the new entries). A GenerationStopped from
+    `generate` goes on with its entries in `new`."""
     from speculative.train.data import Sequence
 
-    keys = [_prompt_key(p) for p in prompts]
+    temps = temperatures or [0.0] * len(prompts)
+    keys = [_prompt_key(p, t) for p, t in zip(prompts, temps)]
     missing = [i for i, k in enumerate(keys) if k not in known]
     try:
-        made = generate([prompts[i] for i in missing]) if missing else []
+        made = generate([prompts[i] for i in missing], [temps[i] for i in missing]) if missing else []
     except GenerationStopped as stop:
         stop.new = {keys[i]: reply for i, reply in _match(prompts, missing, stop.made).items()}
         raise

@@ -9,7 +9,7 @@ import time
 import torch
 
 from engine.forward_batch import ForwardBatch
-from speculative.train.batched_generate import greedy_batch, kv_bytes_per_token
+from speculative.train.batched_generate import reply_batch, kv_bytes_per_token
 from engine.kv_cache import KVCache
 from engine.runner import ModelRunner
 
@@ -107,9 +107,11 @@ class Teacher:
     GEN_WINDOW = 8  # batches' worth of prompts sorted by length together
 
     def generate(self, prompts: list[list[int]], max_tokens: int, deadline: float | None,
-                 log=None) -> list[Sequence]:
-        """The target's greedy replies (until EOS, included, or max_tokens, or the context is
-        full), prompt first, in the order of `prompts`. Runs batches of prompts of similar length
+                 log=None, temperatures: list[float] | None = None, seed: int = 0) -> list[Sequence]:
+        """The target's replies (until EOS, included, or max_tokens, or the context is full),
+        prompt first, in the order of `prompts`: greedy, or for prompt i drawn at temperatures[i]
+        where that is above 0 (each batch's draws seeded by `seed` and the batch's number, so a
+        run repeats). Runs batches of prompts of similar length
         (sorted inside windows of GEN_WINDOW batches taken in order, so a deadline cuts off the
         tail of the list, not its longest prompts); starts no batch after `deadline`
         (perf_counter seconds). Each sequence records where its reply starts."""
@@ -142,6 +144,7 @@ class Teacher:
                 replies[i] = []  # no room for a reply (an empty prompt has nothing to answer)
         window = self.GEN_WINDOW * self.gen_batch
         order: list[int] = []
+        batches = 0
         try:
             while todo or order:
                 if deadline is not None and time.perf_counter() > deadline:
@@ -150,8 +153,10 @@ class Teacher:
                     order = sorted(todo[:window], key=lambda i: len(prompts[i]))
                     del todo[:window]
                 batch = self._take_batch(order, prompts, limits, per_token)
-                got = greedy_batch(self.model, [prompts[i] for i in batch], [limits[i] for i in batch],
-                                   self.eos_ids, progress)
+                got = reply_batch(self.model, [prompts[i] for i in batch], [limits[i] for i in batch],
+                                  self.eos_ids, progress, [temperatures[i] for i in batch] if temperatures else None,
+                                  seed=seed * 100003 + batches)
+                batches += 1
                 replies.update(zip(batch, got))
         except KeyboardInterrupt:  # Ctrl+C: the finished replies go with it, to be kept
             from speculative.train.reply_cache import GenerationStopped

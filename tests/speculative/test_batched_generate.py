@@ -1,4 +1,5 @@
-"""Batched greedy generation (Teacher.generate) equals batch-1 greedy decoding, token for token."""
+"""Batched generation (Teacher.generate): greedy rows equal batch-1 greedy decoding token for token,
+drawn rows follow the target's distribution at their temperature."""
 
 import time
 from pathlib import Path
@@ -60,9 +61,9 @@ def test_batched_equals_one_at_a_time(target, gen_batch, sync, monkeypatch):
     monkeypatch.setattr(batched, "SYNC_EVERY", sync)
     run = batched._next_tokens
 
-    def inside_the_columns(model, ids, positions, kv, start, mask):
+    def inside_the_columns(model, ids, positions, kv, start, mask, *rest):
         assert start + ids.shape[1] <= kv[0][0].shape[2]
-        return run(model, ids, positions, kv, start, mask)
+        return run(model, ids, positions, kv, start, mask, *rest)
 
     monkeypatch.setattr(batched, "_next_tokens", inside_the_columns)
     loaded, prompts, _, eos, ref = target
@@ -109,3 +110,56 @@ def test_no_room_for_a_reply(target):
     seqs = _teacher(loaded, ()).generate([full, prompts[0]], 3, None)
     assert seqs[0].ids == full and seqs[0].response_start == len(full)
     assert len(seqs[1].ids) == len(prompts[0]) + 3
+
+
+def test_drawn_rows_beside_greedy_ones(target):
+    """Rows with a temperature draw their tokens; the greedy rows of the same batch keep the
+    greedy replies (also after finished rows leave the batch); a seed repeats its draws."""
+    loaded, prompts, _, eos, ref = target
+    temps = [0.0, 1.5, 0.0, 0.0, 1.5, 0.0]
+    teacher = _teacher(loaded, {eos}, gen_batch=64)
+    seqs = teacher.generate(prompts, MAX_TOKENS, None, temperatures=temps, seed=3)
+    replies = [s.ids[s.response_start:] for s in seqs]
+    assert [r for r, t in zip(replies, temps) if t == 0] == [r for r, t in zip(ref, temps) if t == 0]
+    assert any(r != g for r, g, t in zip(replies, ref, temps) if t > 0)
+    again = teacher.generate(prompts, MAX_TOKENS, None, temperatures=temps, seed=3)
+    assert [s.ids for s in again] == [s.ids for s in seqs]
+    other = teacher.generate(prompts, MAX_TOKENS, None, temperatures=temps, seed=4)
+    assert [s.ids for s in other] != [s.ids for s in seqs]
+    for s in seqs:
+        assert eos not in s.ids[s.response_start:-1] and len(s.ids) - s.response_start <= MAX_TOKENS
+
+
+def test_picker_follows_dropped_rows():
+    pick = batched._Picker([0.0, 1.0, 0.0, 2.0], 0, torch.device("cpu"))
+    pick.keep(torch.tensor([1, 3]))
+    assert pick.inv.tolist() == [1.0, 0.5]
+    assert batched._Picker([0.0, 0.0], 0, torch.device("cpu")).inv is None
+    with pytest.raises(ValueError):
+        batched._Picker([1.0, float("nan")], 0, torch.device("cpu"))
+
+
+def test_drawn_first_tokens_follow_softmax_over_temperature(tmp_path):
+    """6,000 rows of one prompt, one token each at T = 0.8: the counts against softmax(z / T) of
+    the batch-1 forward, chi-square over cells expecting 5 or more (the rest pooled). A draw
+    at T = 1 (the temperature ignored) or of the argmax fails it."""
+    folder = make_tiny_model(tmp_path, "llama", num_layers=2, seed=5)
+    loaded = load_folder(folder, torch.device("cpu"), torch.float32, 16)
+    prompt = [7, 11, 13]
+    logits, _, _ = ModelRunner(loaded.model, 16).forward(torch.tensor(prompt), 0, all_logits=False)
+    n, T = 6000, 0.8
+    rows = batched.reply_batch(loaded.model, [prompt] * n, [1] * n, (), temperatures=[T] * n, seed=1)
+    counts = torch.bincount(torch.tensor([r[0] for r in rows]), minlength=logits.shape[-1]).double()
+
+    def z_score(temperature: float) -> float:
+        expected = torch.softmax(logits[-1].double() / temperature, -1) * n
+        big = expected >= 5
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([expected[big], expected[~big].sum()[None]])
+        keep = exp > 0
+        chi2 = float((((obs - exp) ** 2)[keep] / exp[keep]).sum())
+        df = int(keep.sum()) - 1
+        return (chi2 - df) / (2 * df) ** 0.5
+
+    assert z_score(T) < 4.5
+    assert z_score(1.0) > 4.5 and z_score(0.4) > 4.5

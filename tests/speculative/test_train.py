@@ -262,6 +262,46 @@ def test_a_second_run_reuses_the_replies(tmp_path, monkeypatch):
         cmd_train(args(tmp_path / "c", other))
 
 
+def test_sampled_replies_reach_the_run_and_the_cache(tmp_path, monkeypatch):
+    """--sampled-replies draws that share of the training replies (the prompts chosen by their own
+    hash, so a second run finds them in the cache) at --reply-temperature; the held-out replies
+    stay greedy; a run without it generates greedy replies for those prompts."""
+    import speculative.train.teacher as teacher_mod
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl")
+    asked = []
+    real = teacher_mod.Teacher.generate
+
+    def recording(self, prompts, max_tokens, deadline, log=None, temperatures=None, seed=0):
+        asked.append(list(temperatures or [0.0] * len(prompts)))
+        return real(self, prompts, max_tokens, deadline, log, temperatures, seed)
+
+    monkeypatch.setattr(teacher_mod.Teacher, "generate", recording)
+
+    def args(out, **kw):
+        return Namespace(**{**dict(model=str(target), out=str(out), kind="eagle3", data=str(data), draft_vocab=128,
+                                   steps=2, device="cpu", seq_len=128, batch_tokens=512, gen=24, prompt_sets="instruct",
+                                   gen_tokens=8, eval_every=0, eval_prompts=0, lr=2e-3, time_budget=None), **kw})
+
+    assert cmd_train(args(tmp_path / "a", sampled_replies=0.5, reply_temperature=1.2)) == 0
+    prov = json.loads((tmp_path / "a" / "provenance.json").read_text())
+    drawn = prov["data"]["drawn_responses"]
+    assert 0 < drawn < 24 and prov["train"]["sampled_replies"] == 0.5 and prov["train"]["reply_temperature"] == 1.2
+    assert "--sampled-replies 0.5 --reply-temperature 1.2" in prov["command"]
+    assert set(asked[0]) == {0.0}  # held-out replies
+    assert sorted(asked[1]).count(1.2) == drawn and set(asked[1]) == {0.0, 1.2}
+    asked.clear()
+    assert cmd_train(args(tmp_path / "b", sampled_replies=0.5, reply_temperature=1.2)) == 0
+    assert asked == [] or all(not t for t in asked)  # all from the cache
+    assert json.loads((tmp_path / "b" / "provenance.json").read_text())["data"]["responses_from_cache"] == 24 + 4
+    assert cmd_train(args(tmp_path / "c")) == 0  # greedy: the drawn prompts' greedy replies are new
+    assert [len(t) for t in asked if t] == [drawn] and set(asked[-1]) == {0.0}
+    with pytest.raises(UserError, match="--sampled-replies"):
+        cmd_train(args(tmp_path / "d", sampled_replies=1.5))
+
+
 def test_reply_cache_pieces(tmp_path):
     from speculative.train.reply_cache import ReplyCache, replies_for
     from speculative.train.data import Sequence
@@ -270,7 +310,7 @@ def test_reply_cache_pieces(tmp_path):
     assert cache.load() == {}
     prompts = [[1, 2], [3], [4, 5, 6], [7]]
 
-    def partial(ps):  # a deadline: only the first two missing prompts get replies
+    def partial(ps, temps):  # a deadline: only the first two missing prompts get replies
         return [Sequence(p + [9, 9], response_start=len(p)) for p in ps[:2]]
 
     seqs, cached, new = replies_for(prompts, {}, partial)
@@ -278,8 +318,13 @@ def test_reply_cache_pieces(tmp_path):
     cache.save(new)
     known = cache.load()
     assert known == new
-    seqs, cached, new = replies_for(prompts, known, lambda ps: [Sequence(p + [8], response_start=len(p)) for p in ps])
+    seqs, cached, new = replies_for(prompts, known, lambda ps, ts: [Sequence(p + [8], response_start=len(p)) for p in ps])
     assert [s.ids for s in seqs] == [[1, 2, 9, 9], [3, 9, 9], [4, 5, 6, 8], [7, 8]] and cached == 2 and len(new) == 2
+    # a drawn reply is its own entry: the greedy one cached for the prompt does not stand in for it
+    asked = []
+    seqs, cached, new = replies_for(prompts, known, lambda ps, ts: asked.append((ps, ts)) or
+                                    [Sequence(p + [5], response_start=len(p)) for p in ps], [0.0, 0.7, 0.0, 0.0])
+    assert asked[0][1] == [0.7, 0.0, 0.0] and [s.ids for s in seqs][1] == [3, 5] and len(new) == 3
     cache.file.write_text('{"p": "x", "r": [1, "a"]}\n')  # damaged: counts as empty
     assert cache.load() == {}
 
@@ -442,7 +487,7 @@ def test_ctrl_c_while_generating_keeps_the_replies(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
     target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
     data = _write_data(tmp_path / "data.jsonl")
-    real = teacher_mod.greedy_batch
+    real = teacher_mod.reply_batch
     calls = {"n": 0}
 
     def batch_then_stop(*a, **kw):
@@ -451,7 +496,7 @@ def test_ctrl_c_while_generating_keeps_the_replies(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*a, **kw)
 
-    monkeypatch.setattr(teacher_mod, "greedy_batch", batch_then_stop)
+    monkeypatch.setattr(teacher_mod, "reply_batch", batch_then_stop)
     real_init = teacher_mod.Teacher.__init__
 
     def small_batches(self, *a, **kw):
@@ -468,7 +513,7 @@ def test_ctrl_c_while_generating_keeps_the_replies(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         cmd_train(args(tmp_path / "a"))
     assert not (tmp_path / "a").exists()
-    monkeypatch.setattr(teacher_mod, "greedy_batch", real)
+    monkeypatch.setattr(teacher_mod, "reply_batch", real)
     assert cmd_train(args(tmp_path / "b")) == 0
     data_b = json.loads((tmp_path / "b" / "provenance.json").read_text())["data"]
     assert data_b["generated_responses"] == 10

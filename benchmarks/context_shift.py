@@ -1,0 +1,163 @@
+"""How well an EAGLE-3 head drafts on the contexts greedy answers make against those sampled
+answers make.
+
+The demo's head is trained on the target's greedy replies. A sampled answer walks through
+contexts no greedy reply shows (a less likely word, then whatever follows it), and its verify
+steps keep a draft with probability sum_v min(p_T(v), q_T(v)) (p, q: the target's and the head's
+next-token distributions at the request's temperature T). This has the target answer the same
+requests twice, greedily and at T, then runs the head's first draft step at every answer
+position with the target's own features (teacher forced: what a verify step hands the head) and
+reports, for each kind of answer:
+
+- overlap: sum_v min(p_T, q_T), the chance a draft drawn at T is kept;
+- KL(p_T || q_T) over the head's vocabulary (p renormalized there; `outside`: p's mass beyond
+  it): how far the head's distribution is from the target's, apart from how spread the
+  target's own is (overlap alone falls on text where the target is unsure, head or not);
+- the target's entropy at T, and top-1: the head's argmax equal to the target's.
+
+A head that fits sampled contexts worse than greedy ones (higher KL there) is what training on
+sampled replies (`train-draft --sampled-replies`) is for.
+
+    python benchmarks/context_shift.py --requests 16 --new-tokens 192 --out shift.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SPANS = ((1, 32), (32, 128), (128, 1 << 30))  # answer positions reported apart
+ENTROPY_BINS = (0.0, 0.1, 0.5, 1.0, 2.0, 1e9)  # the target's entropy at T (nats), KL compared bin by bin
+
+
+def _load(device: str, head: str, model: str):
+    """(loaded target, teacher, head in eval mode, draft ids) through train-draft's own loading."""
+    from app.cli import build_parser
+    from speculative.train.command import _init_draft, _read_init, _shape_of_init
+    from speculative.train.export import default_aux_layers
+    from speculative.train.target import start_run
+    from speculative.train.teacher import Teacher
+
+    args = build_parser().parse_args(["train-draft", "--model", model, "--out", "/nonexistent", "--init", head,
+                                      "--device", device])
+    run = start_run(args, lambda opts: _shape_of_init(opts, args))
+    loaded, opts = run.loaded, run.opts
+    aux = default_aux_layers(loaded.config.num_layers)
+    init = _read_init(opts, loaded, aux, run.target_name)
+    draft, _ = _init_draft(loaded, aux, init.draft_ids.to(run.device), opts)
+    init.load_into(draft)
+    draft.eval()
+    teacher = Teacher(loaded, aux, opts.max_len, 8 << 30)
+    return loaded, teacher, draft, init.draft_ids.to(run.device)
+
+
+@torch.no_grad()
+def measure(teacher, draft, draft_ids, seqs, temperature: float) -> dict:
+    """Per answer position: overlap, KL, entropy at `temperature`, top-1; totals and by span."""
+    from speculative.train.data import Sequence
+    from speculative.train.ttt import TTTBatch, unroll
+
+    model = teacher.model
+    rows = {name: [] for name in ("overlap", "kl", "outside", "entropy", "top1", "pos")}
+    inv = 1.0 / temperature
+    for i, seq in enumerate(seqs):
+        if len(seq.ids) - seq.response_start < 2:
+            continue
+        feats = teacher.features_many([(("shift", id(seq), i), Sequence(seq.ids, seq.response_start))])
+        batch = TTTBatch.from_rows([feats], len(seq.ids) - 1)
+        q_logits = unroll(draft, teacher.embed, batch, 1)[0][0].float()  # (m, Vd)
+        p_logits = model.logits(batch.label_hidden[0].to(model.lm_head.weight.dtype)).float()  # (m, V)
+        # entry e drafts answer token e - (response_start - 2); token 0 is the target's own (prefill)
+        index = batch.positions[0] - (seq.response_start - 2)
+        at = batch.is_response[0] & (index >= 1)
+        p = torch.softmax(p_logits[at] * inv, -1)
+        q_small = torch.softmax(q_logits[at] * inv, -1)
+        q = torch.zeros_like(p)
+        q[:, draft_ids] = q_small
+        rows["overlap"].append(torch.minimum(p, q).sum(-1))
+        logp = torch.log(p.clamp_min(1e-30))
+        rows["entropy"].append(-(p * logp).sum(-1))
+        # KL over the draft vocabulary (p renormalized there), and p's mass it lacks, apart
+        p_in = p[:, draft_ids]
+        rows["outside"].append(1 - p_in.sum(-1))
+        p_in = p_in / p_in.sum(-1, keepdim=True).clamp_min(1e-30)
+        rows["kl"].append((p_in * (torch.log(p_in.clamp_min(1e-30)) - torch.log(q_small.clamp_min(1e-30)))).sum(-1))
+        rows["top1"].append((draft_ids[q_small.argmax(-1)] == batch.greedy[0][at]).float())
+        rows["pos"].append(index[at])
+    cat = {k: torch.cat(v) for k, v in rows.items()}
+
+    def summary(sel) -> dict:
+        return {"positions": int(sel.sum()), **{k: round(float(cat[k][sel].mean()), 4)
+                                                 for k in ("overlap", "kl", "outside", "entropy", "top1")}}
+    out = summary(torch.ones_like(cat["pos"], dtype=torch.bool))
+    out["by_span"] = {f"{a}-{b if b < 1 << 29 else 'end'}": summary((cat["pos"] >= a) & (cat["pos"] < b))
+                      for a, b in SPANS}
+    # Overlap falls where the target is unsure whatever the head does; within one band of the
+    # target's entropy the two kinds of answer are compared on like positions.
+    out["by_entropy"] = {f"{a:g}-{b:g}": summary((cat["entropy"] >= a) & (cat["entropy"] < b))
+                         for a, b in zip(ENTROPY_BINS, ENTROPY_BINS[1:])}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default="demo")
+    ap.add_argument("--head", default="demo-eagle3", help="an EAGLE-3 head for the model (train-draft --init's)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=192)
+    ap.add_argument("--samples", type=int, default=2, help="sampled answers per request (seeds)")
+    ap.add_argument("--prompts-file", default=str(Path(__file__).parent / "prompts" / "unseen_requests.txt"))
+    ap.add_argument("--system", default="You are a helpful assistant.")
+    args = ap.parse_args()
+
+    from benchmarks.harness.prompts import read_prompts_file
+    from speculative.train.batched_generate import reply_batch
+
+    t0 = time.perf_counter()
+    loaded, teacher, draft, draft_ids = _load(args.device, args.head, args.model)
+    tok = loaded.tokenizer
+    texts = read_prompts_file(args.prompts_file)[:args.requests]
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    prompts = [tok.apply_chat_template(system + [{"role": "user", "content": t}]) for t in texts]
+    limits = [args.new_tokens] * len(prompts)
+
+    from speculative.train.data import Sequence
+
+    def answers(temperature: float, seed: int) -> list:
+        replies = reply_batch(teacher.model, prompts, limits, teacher.eos_ids, temperatures=[temperature] * len(prompts),
+                               seed=seed)
+        return [Sequence(p + r, response_start=len(p)) for p, r in zip(prompts, replies)]
+
+    report = {"model": args.model, "head": args.head, "device": args.device, "torch": torch.__version__,
+              "temperature": args.temperature, "requests": len(prompts), "new_tokens": args.new_tokens,
+              "system": args.system, "prompts_file": Path(args.prompts_file).name}
+    greedy = answers(0.0, 0)
+    report["greedy_answers"] = measure(teacher, draft, draft_ids, greedy, args.temperature)
+    sampled = [s for seed in range(args.samples) for s in answers(args.temperature, 1 + seed)]
+    report["sampled_answers"] = measure(teacher, draft, draft_ids, sampled, args.temperature)
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    args.out.write_text(json.dumps(report, indent=1))
+    cols = ("positions", "overlap", "kl", "outside", "entropy", "top1")
+    print(f"{'answers':<16}" + "".join(f"{c:>10}" for c in cols))
+    for name in ("greedy_answers", "sampled_answers"):
+        r = report[name]
+        parts = [*((f"  pos {k}", v) for k, v in r["by_span"].items()),
+                 *((f"  H {k}", v) for k, v in r["by_entropy"].items())]
+        for label, s in [(name.split("_")[0], r), *parts]:
+            print(f"{label:<16}" + "".join(f"{s[c]:>10}" for c in cols))
+    assert not math.isnan(report["sampled_answers"]["overlap"])
+
+
+if __name__ == "__main__":
+    main()
