@@ -1,4 +1,6 @@
-"""Kernel breakdown of one greedy speculative iteration of the demo model with its head (CUDA).
+"""Kernel breakdown of one speculative iteration of the demo model with its head (CUDA): greedy, or
+with `--temperature T` the sampled iteration (each replay after the host's draws for it, as the
+engine runs it).
 
 Answers one held-out prompt (64 tokens) to reach a valid state, times 40 replays of the
 whole-iteration graph, then profiles 20 eager runs of the same body (the kernels the graph
@@ -8,6 +10,7 @@ breaks in the programmatic-dependent-launch chain show there). Also times the fi
 graph (GreedyIteration.begin). JSON to OUT:
 
     python benchmarks/profile_iteration.py OUT.json
+    python benchmarks/profile_iteration.py OUT.json --temperature 0.7
     LOCALCHAT_LEAN_DRAFT=0 python benchmarks/profile_iteration.py OUT.json   # the loop before the lean draft step
     LOCALCHAT_SPEC_ALTS=0 python benchmarks/profile_iteration.py OUT.json    # no runners-up verified
 """
@@ -24,8 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python benchmarks/profile_iteration.py OUT.json")
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -35,32 +42,47 @@ def main() -> None:
 
     engine = Engine.load("demo", device="cuda")
     msgs, _ = chat_prompts_from(1)
-    for _ in engine.stream_ids(engine.tokenizer.apply_chat_template(msgs[0]), SamplingParams(max_tokens=64),
-                               speculative=True):
+    sampled = args.temperature > 0
+    params = SamplingParams(max_tokens=64, temperature=args.temperature, seed=1) if sampled else \
+        SamplingParams(max_tokens=64)
+    for _ in engine.stream_ids(engine.tokenizer.apply_chat_template(msgs[0]), params, speculative=True):
         pass
-    it = engine.speculator.greedy
+    it = engine.speculator.sampled if sampled else engine.speculator.greedy
+    if it.graph is None:
+        raise SystemExit("the iteration has no captured graph (the answer ran step by step)")
+    # A sampled replay needs the host's draws first (SampledIteration._prepare), as in the engine.
+    prepare = it._prepare if sampled else (lambda: None)
+
+    def body():
+        prepare()
+        it._body(int(it.n))
+
+    def replay():
+        prepare()
+        it.graph.replay()
+
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(40):
-        it.graph.replay()
+        replay()
     torch.cuda.synchronize()
     graph_ms = (time.perf_counter() - start) / 40 * 1e3
     n_it = 20
     with torch.inference_mode():
         for _ in range(3):
-            it._body(int(it.n))
+            body()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(n_it):
-                it._body(int(it.n))
+                body()
             torch.cuda.synchronize()
     with torch.inference_mode():
         with profile(activities=[ProfilerActivity.CUDA]) as timeline:
             for _ in range(n_it):
-                it.graph.replay()
+                replay()
             torch.cuda.synchronize()
         first_ms = None
-        if it.first_graph is not None:
+        if getattr(it, "first_graph", None) is not None:
             start = time.perf_counter()
             for _ in range(40):
                 it.first_graph.replay()
@@ -82,7 +104,8 @@ def main() -> None:
         summary = {"kernels": len(slots), "span_us": sum(r["us"] + r["gap_before_us"] for r in slots),
                    "busy_us": sum(r["us"] for r in slots),
                    "gaps_us": sum(max(r["gap_before_us"], 0.0) for r in slots)}
-    Path(sys.argv[1]).write_text(json.dumps({"alternatives": list(it.alts), "graph_iter_ms": graph_ms,
+    Path(args.out).write_text(json.dumps({"temperature": args.temperature, "alternatives": list(it.alts),
+                                          "graph_iter_ms": graph_ms,
                                              "first_chain_graph_ms": first_ms, "kernel_sum_us": total,
                                              "launches": launches, "rows": rows, "graph_timeline": summary,
                                              "graph_slots": slots}, indent=1))
