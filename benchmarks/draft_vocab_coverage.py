@@ -9,7 +9,12 @@ requests the speed figures use, under the app's default system prompt), and this
   vocabulary extended per request by the context's tokens could draft);
 - larger vocabularies: the head's vocabulary extended by the tokens most frequent in the
   training conversations (and with `--request-sets`, the request sets' texts), to 8,192 ... 24,576;
-- the outside tokens most often met.
+- the outside tokens most often met;
+- with `--context-rows`: the head's first draft at every answer position (teacher forced) scored
+  over its own rows plus the target's lm_head rows of the context's tokens outside its
+  vocabulary, untrained (the head's normed state times those rows, optionally scaled and
+  offset by a pair fitted on the first half of the positions and checked on the second):
+  whether such rows, as they are, would add right drafts or take the argmax from right ones.
 
     python benchmarks/draft_vocab_coverage.py --out coverage.json
 """
@@ -41,6 +46,7 @@ def main() -> None:
     ap.add_argument("--system", default="You are a helpful assistant.")
     ap.add_argument("--request-sets", action="store_true",
                     help="rank the added tokens by the request sets' texts too (fetches them like train-draft)")
+    ap.add_argument("--context-rows", action="store_true", help="score the context's tokens with the target's rows")
     args = ap.parse_args()
 
     from benchmarks.context_shift import _load
@@ -50,7 +56,7 @@ def main() -> None:
     from speculative.train.data import load_conversations, split, tokenize
 
     t0 = time.perf_counter()
-    loaded, teacher, _, draft_ids = _load(args.device, args.head, args.model)
+    loaded, teacher, draft, draft_ids = _load(args.device, args.head, args.model)
     tok = loaded.tokenizer
     V = teacher.model.lm_head.weight.shape[0]
     system = [{"role": "system", "content": args.system}] if args.system else []
@@ -97,6 +103,8 @@ def main() -> None:
               "coverage_with_context": round(with_context / max(len(answer), 1), 4),
               "larger_vocabularies": larger, "larger_ranked_by": ranked_by,
               "most_common_outside": [[tok.decode([t]), c] for t, c in outside.most_common(30)],
+              **({"context_rows": context_rows(teacher, draft, draft_ids, prompts, replies, inside)}
+                 if args.context_rows else {}),
               "wall_s": round(time.perf_counter() - t0, 1)}
     args.out.write_text(json.dumps(report, indent=1))
     print(f"{len(answer)} answer tokens: {report['coverage']:.1%} inside the head's {report['draft_vocab']} tokens, "
@@ -104,6 +112,58 @@ def main() -> None:
     for n, c in larger.items():
         print(f"  extended to {n}: {c:.1%}")
     print("outside most often:", report["most_common_outside"][:12])
+    if "context_rows" in report:
+        print("context rows:", report["context_rows"])
+
+
+@torch.no_grad()
+def context_rows(teacher, draft, draft_ids, prompts, replies, inside) -> dict:
+    """The head's own argmax against its argmax over its rows and the target's rows of the
+    context's outside tokens (a * logit + b for those), per answer position, against the target's
+    greedy token; (a, b) fitted on the first half of the positions, checked on the second."""
+    from speculative.train.data import Sequence
+    from speculative.train.ttt import TTTBatch, unroll
+
+    W = teacher.model.lm_head.weight.float()
+    ids = draft_ids.cpu()
+    seen = {}
+    hook = draft.lm_head.register_forward_hook(lambda m, i, o: seen.__setitem__("x", i[0].detach()))
+    own_max, own_tok, ext_max, ext_tok, gold = [], [], [], [], []
+    try:
+        for i, (p, r) in enumerate(zip(prompts, replies)):
+            seq = Sequence(p + r, response_start=len(p))
+            batch = TTTBatch.from_rows([teacher.features_many([(("rows", i), seq)])], len(seq.ids) - 1)
+            q = unroll(draft, teacher.embed, batch, 1)[0][0].float().cpu()
+            x = seen["x"][0].float()
+            index = batch.positions[0] - (len(p) - 2)  # entry e drafts answer token e - (len(p) - 2)
+            for e in (batch.is_response[0] & (index >= 1)).nonzero().flatten().tolist():
+                m, a = q[e].max(0)
+                own_max.append(float(m))
+                own_tok.append(int(ids[a]))
+                gold.append(int(batch.greedy[0][e]))
+                ctx = sorted({t for t in seq.ids[:e + 2] if not inside[t]})
+                if ctx:
+                    m2, a2 = (x[e] @ W[ctx].T).max(0)
+                    ext_max.append(float(m2))
+                    ext_tok.append(ctx[int(a2)])
+                else:
+                    ext_max.append(float("-inf"))
+                    ext_tok.append(-1)
+    finally:
+        hook.remove()
+    om, em, ot, et, g = (torch.tensor(v) for v in (own_max, ext_max, own_tok, ext_tok, gold))
+
+    def right(sl, a, b):
+        return float((torch.where(a * em[sl] + b > om[sl], et[sl], ot[sl]) == g[sl]).double().mean())
+    n = len(g) // 2
+    first, second = slice(0, n), slice(n, None)
+    grid = [(a, b) for a in (0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2) for b in range(-14, 4)]
+    a, b = max(grid, key=lambda ab: right(first, *ab))
+    return {"positions": len(g), "own_rows_right": round(float((ot == g).double().mean()), 4),
+            "ceiling_right": round(float(((ot == g) | (et == g)).double().mean()), 4),
+            "target_rows_as_they_are_right": round(right(slice(None), 1.0, 0.0), 4),
+            "fitted_scale_offset": [a, b], "second_half_own_rows_right": round(float((ot[second] == g[second]).double().mean()), 4),
+            "second_half_fitted_right": round(right(second, a, b), 4)}
 
 
 if __name__ == "__main__":
