@@ -6,7 +6,8 @@ requests the speed figures use, under the app's default system prompt), and this
 
 - coverage: the share of answer tokens inside the head's vocabulary;
 - with the context: the share inside it or already in the prompt or the answer so far (what a
-  vocabulary extended per request by the context's tokens could draft);
+  vocabulary extended per request by the context's tokens could draft), and with the prompt's
+  tokens alone;
 - larger vocabularies: the head's vocabulary extended by the tokens most frequent in the
   training conversations (and with `--request-sets`, the request sets' texts), to 8,192 ... 24,576;
 - the outside tokens most often met;
@@ -70,11 +71,12 @@ def main() -> None:
     def coverage(mask: torch.Tensor) -> float:
         return round(float(mask[answer].double().mean()), 4)
 
-    with_context = 0
+    with_context = with_prompt = 0
     for p, r in zip(prompts, replies):
-        seen = set(p)
+        seen, asked = set(p), set(p)
         for t in r:
             with_context += int(bool(inside[t]) or t in seen)
+            with_prompt += int(bool(inside[t]) or t in asked)
             seen.add(t)
 
     convs, _ = load_conversations(None)
@@ -101,6 +103,7 @@ def main() -> None:
               "prompts_file": Path(args.prompts_file).name, "requests": len(prompts), "system": args.system,
               "new_tokens": args.new_tokens, "answer_tokens": len(answer), "coverage": coverage(inside),
               "coverage_with_context": round(with_context / max(len(answer), 1), 4),
+              "coverage_with_prompt": round(with_prompt / max(len(answer), 1), 4),
               "larger_vocabularies": larger, "larger_ranked_by": ranked_by,
               "most_common_outside": [[tok.decode([t]), c] for t, c in outside.most_common(30)],
               **({"context_rows": context_rows(teacher, draft, draft_ids, prompts, replies, inside)}
@@ -108,7 +111,7 @@ def main() -> None:
               "wall_s": round(time.perf_counter() - t0, 1)}
     args.out.write_text(json.dumps(report, indent=1))
     print(f"{len(answer)} answer tokens: {report['coverage']:.1%} inside the head's {report['draft_vocab']} tokens, "
-          f"{report['coverage_with_context']:.1%} with the context's tokens")
+          f"{report['coverage_with_context']:.1%} with the context's tokens, {report['coverage_with_prompt']:.1%} with the prompt's")
     for n, c in larger.items():
         print(f"  extended to {n}: {c:.1%}")
     print("outside most often:", report["most_common_outside"][:12])
