@@ -36,12 +36,13 @@ class Teacher:
         # Generation batches: at most gen_batch prompts, and their K/V (prompt + reply tokens,
         # all layers) within gen_kv_bytes. On CUDA a third of the free memory, at most 40 GiB
         # (generation runs before the feature cache fills): a 135M target then decodes about
-        # 2,048 rows a step, and a step's host work is shared by that many tokens; on the CPU
-        # small batches already amortize the per-step work.
+        # 2,048 rows a step, and a step's host work is shared by that many tokens. On the CPU 64
+        # rows within 1 GiB: the demo target on 2 cores made 236 tokens/s at 64 rows a step
+        # against 89 at 8 (docs/performance.md).
         cuda = self.device.type == "cuda"
-        self.gen_batch = gen_batch or (2048 if cuda else 8)
+        self.gen_batch = gen_batch or (2048 if cuda else 64)
         if gen_kv_bytes is None:
-            gen_kv_bytes = min(40 << 30, torch.cuda.mem_get_info(self.device)[0] // 3) if cuda else 256 << 20
+            gen_kv_bytes = min(40 << 30, torch.cuda.mem_get_info(self.device)[0] // 3) if cuda else 1 << 30
         self.gen_kv_bytes = gen_kv_bytes
 
     @property
