@@ -37,8 +37,8 @@ def kv_bytes_per_token(model: CausalLM) -> int:
 
 @torch.inference_mode()
 def reply_batch(model: CausalLM, prompts: list[list[int]], limits: list[int], eos_ids,
-                 on_step: Callable[[int], None] | None = None, temperatures: list[float] | None = None,
-                 seed: int = 0) -> list[list[int]]:
+                on_step: Callable[[int], None] | None = None, temperatures: list[float] | None = None,
+                seed: int = 0) -> list[list[int]]:
     """Replies to `prompts` in one batch: row b greedy, or drawn from the target's distribution
     at temperatures[b] when that is above 0 (seeded: the same call gives the same replies). Row
     b stops after an EOS token (included) or after limits[b] tokens (each >= 1). on_step(n) is

@@ -42,8 +42,8 @@ class TrainData:
     text: list[Sequence]  # training conversations, tokenized
     val_text: list[Sequence]  # the first held-out conversations, tokenized
     eval_msgs: list[list[dict]]  # first user turns of held-out conversations
-    gen: list[Sequence]  # the target's greedy replies to training prompts
-    val_gen: list[Sequence]  # ... and to held-out first turns
+    gen: list[Sequence]  # the target's replies to training prompts (greedy, some drawn: --sampled-replies)
+    val_gen: list[Sequence]  # its greedy replies to held-out first turns
     cached_replies: int = 0  # of gen + val_gen, taken from the reply cache
     drawn_replies: int = 0  # of gen, replies drawn at --reply-temperature (--sampled-replies)
     requests: dict[str, int] | None = None  # of the prompts behind gen, from each of --prompt-sets
@@ -52,7 +52,8 @@ class TrainData:
         return {**self.source, "split": SPLIT_RULE, "conversations": len(self.convs),
                 "train_conversations": len(self.train_convs), "heldout_conversations": len(self.held),
                 "train_tokens": sum(len(s.ids) for s in self.text), "generated_responses": len(self.gen),
-                "responses_from_cache": self.cached_replies, "drawn_responses": self.drawn_replies, "requests": dict(self.requests or {}),
+                "responses_from_cache": self.cached_replies, "drawn_responses": self.drawn_replies,
+                "requests": dict(self.requests or {}),
                 **({"requests_split": REQUESTS_SPLIT} if self.requests else {}),
                 "generated_tokens": sum(len(s.ids) - s.response_start for s in self.gen),
                 "validation": f"the first {len(self.val_text)} held-out conversations and the target's replies to "

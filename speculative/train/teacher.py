@@ -112,7 +112,7 @@ class Teacher:
         """The target's replies (until EOS, included, or max_tokens, or the context is full),
         prompt first, in the order of `prompts`: greedy, or for prompt i drawn at temperatures[i]
         where that is above 0 (each batch's draws seeded by `seed` and the batch's number, so a
-        run repeats). Runs batches of prompts of similar length
+        run repeats). Runs batches of prompts of similar length, greedy and drawn ones apart
         (sorted inside windows of GEN_WINDOW batches taken in order, so a deadline cuts off the
         tail of the list, not its longest prompts); starts no batch after `deadline`
         (perf_counter seconds). Each sequence records where its reply starts."""
@@ -151,7 +151,9 @@ class Teacher:
                 if deadline is not None and time.perf_counter() > deadline:
                     break
                 if not order:
-                    order = sorted(todo[:window], key=lambda i: len(prompts[i]))
+                    # drawn replies apart from greedy ones: a batch of greedy rows draws no noise
+                    order = sorted(todo[:window], key=lambda i: (bool(temperatures and temperatures[i] > 0),
+                                                                 len(prompts[i])))
                     del todo[:window]
                 batch = self._take_batch(order, prompts, limits, per_token)
                 got = reply_batch(self.model, [prompts[i] for i in batch], [limits[i] for i in batch],

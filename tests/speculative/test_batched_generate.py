@@ -128,6 +128,14 @@ def test_drawn_rows_beside_greedy_ones(target):
     assert [s.ids for s in other] != [s.ids for s in seqs]
     for s in seqs:
         assert eos not in s.ids[s.response_start:-1] and len(s.ids) - s.response_start <= MAX_TOKENS
+    # batches of 4: the four greedy prompts in one, the two drawn ones in another (no noise drawn
+    # for greedy rows), the greedy replies the same
+    small = _teacher(loaded, {eos}, gen_batch=4)
+    batches = []
+    small._take_batch = lambda *a, f=small._take_batch: batches.append(f(*a)) or batches[-1]
+    apart = small.generate(prompts, MAX_TOKENS, None, temperatures=temps, seed=3)
+    assert sorted(map(sorted, batches)) == [[0, 2, 3, 5], [1, 4]]
+    assert [s.ids for s, t in zip(apart, temps) if t == 0] == [s.ids for s, t in zip(seqs, temps) if t == 0]
 
 
 def test_picker_follows_dropped_rows():
