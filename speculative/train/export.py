@@ -127,8 +127,7 @@ def head_readme(p: dict) -> str:
         f"{p['data']['train_conversations']} for training, {p['data']['heldout_conversations']} held out.",
         f"- Held-out split: {p['data']['split']}",
         f"- Self-distillation: labels are the target's own next-token distributions over the draft "
-        f"vocabulary; {p['data']['generated_responses']} greedy replies of the target to training prompts "
-        "were added to the conversations.",
+        f"vocabulary; {replies_count(p)} of the target to training prompts were added to the conversations.",
         *requests_note(p["data"]),
         "",
         "## Training",
@@ -173,3 +172,13 @@ def validation_lines(p: dict, unit: str) -> list[str]:
                      f"accepted length {spec['accept_len_mean']:.2f}; output identical to plain decoding "
                      f"for {spec['identical']}/{spec['prompts']} prompts")
     return lines
+
+
+def replies_count(p: dict) -> str:
+    """The target's replies as the head's README counts them: greedy, and those drawn at a
+    temperature (--sampled-replies)."""
+    total, drawn = p["data"]["generated_responses"], p["data"].get("drawn_responses", 0)
+    if not drawn:
+        return f"{total} greedy replies"
+    return (f"{total} replies ({total - drawn} greedy, {drawn} drawn at temperature "
+            f"{p['train'].get('reply_temperature', 0.7):g})")

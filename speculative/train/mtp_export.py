@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from speculative.mtp.config import MTPConfig
-from speculative.train.export import validation_lines
+from speculative.train.export import replies_count, validation_lines
 from speculative.train.prompt_sets import requests_note
 
 
@@ -61,7 +61,7 @@ def layers_readme(p: dict) -> str:
         f"{p['data']['train_conversations']} for training, {p['data']['heldout_conversations']} held out.",
         f"- Held-out split: {p['data']['split']}",
         f"- Self-distillation: labels are the target's own next-token distributions (top {t['top_k']} "
-        f"tokens, renormalised); {p['data']['generated_responses']} greedy replies of the target were added.",
+        f"tokens, renormalised); {replies_count(p)} of the target were added.",
         *requests_note(p["data"]),
         "",
         "## Training",

@@ -1,6 +1,6 @@
 """What a train-draft run trains on: the conversations and their held-out split, tokenized; the
-target's own greedy replies to training prompts (kept between runs in the reply cache); and the
-reduced draft vocabulary chosen from token frequencies."""
+target's own replies to training prompts (greedy, or some drawn at a temperature; kept between
+runs in the reply cache); and the reduced draft vocabulary chosen from token frequencies."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Teacher: the target's side of self-distillation: aux features and next-token labels for each
-sequence (cached on the device), greedy replies to prompts, and the final speculator check."""
+sequence (cached on the device), replies to prompts (greedy or drawn), and the final speculator check."""
 
 from __future__ import annotations
 

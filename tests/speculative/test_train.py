@@ -290,6 +290,7 @@ def test_sampled_replies_reach_the_run_and_the_cache(tmp_path, monkeypatch):
     drawn = prov["data"]["drawn_responses"]
     assert 0 < drawn < 24 and prov["train"]["sampled_replies"] == 0.5 and prov["train"]["reply_temperature"] == 1.2
     assert "--sampled-replies 0.5 --reply-temperature 1.2" in prov["command"]
+    assert f"24 replies ({24 - drawn} greedy, {drawn} drawn at temperature 1.2)" in (tmp_path / "a" / "README.md").read_text()
     assert set(asked[0]) == {0.0}  # held-out replies
     assert sorted(asked[1]).count(1.2) == drawn and set(asked[1]) == {0.0, 1.2}
     asked.clear()
