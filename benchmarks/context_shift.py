@@ -60,26 +60,39 @@ def _load(device: str, head: str, model: str):
 
 
 @torch.no_grad()
-def measure(teacher, draft, draft_ids, seqs, temperature: float) -> dict:
-    """Per answer position: overlap, KL, entropy at `temperature`, top-1; totals and by span."""
+def first_drafts(teacher, draft, seq, key) -> tuple:
+    """The head's first draft at every position of `seq` on the target's own features (teacher
+    forced), for the answer positions it drafts: (its logits (n, Vd), its normed state before
+    lm_head (n, H), the target's final states (n, Ht), the target's greedy tokens (n,), the
+    answer token index drafted (n,); token 0 is the target's own, from the prefill)."""
     from speculative.train.data import Sequence
     from speculative.train.ttt import TTTBatch, unroll
 
+    seen = {}
+    hook = draft.lm_head.register_forward_hook(lambda m, i, o: seen.__setitem__("x", i[0].detach()))
+    try:
+        batch = TTTBatch.from_rows([teacher.features_many([(key, Sequence(seq.ids, seq.response_start))])],
+                                   len(seq.ids) - 1)
+        q_logits = unroll(draft, teacher.embed, batch, 1)[0][0].float()
+    finally:
+        hook.remove()
+    index = batch.positions[0] - (seq.response_start - 2)  # entry e drafts answer token e - (start - 2)
+    at = batch.is_response[0] & (index >= 1)
+    return q_logits[at], seen["x"][0][at].float(), batch.label_hidden[0][at], batch.greedy[0][at], index[at]
+
+
+@torch.no_grad()
+def measure(teacher, draft, draft_ids, seqs, temperature: float) -> dict:
+    """Per answer position: overlap, KL, entropy at `temperature`, top-1; totals and by span."""
     model = teacher.model
     rows = {name: [] for name in ("overlap", "kl", "outside", "entropy", "top1", "pos")}
     inv = 1.0 / temperature
     for i, seq in enumerate(seqs):
         if len(seq.ids) - seq.response_start < 2:
             continue
-        feats = teacher.features_many([(("shift", id(seq), i), Sequence(seq.ids, seq.response_start))])
-        batch = TTTBatch.from_rows([feats], len(seq.ids) - 1)
-        q_logits = unroll(draft, teacher.embed, batch, 1)[0][0].float()  # (m, Vd)
-        p_logits = model.logits(batch.label_hidden[0].to(model.lm_head.weight.dtype)).float()  # (m, V)
-        # entry e drafts answer token e - (response_start - 2); token 0 is the target's own (prefill)
-        index = batch.positions[0] - (seq.response_start - 2)
-        at = batch.is_response[0] & (index >= 1)
-        p = torch.softmax(p_logits[at] * inv, -1)
-        q_small = torch.softmax(q_logits[at] * inv, -1)
+        q_logits, _, label_hidden, greedy, index = first_drafts(teacher, draft, seq, ("shift", id(seq), i))
+        p = torch.softmax(model.logits(label_hidden.to(model.lm_head.weight.dtype)).float() * inv, -1)
+        q_small = torch.softmax(q_logits * inv, -1)
         q = torch.zeros_like(p)
         q[:, draft_ids] = q_small
         rows["overlap"].append(torch.minimum(p, q).sum(-1))
@@ -90,8 +103,8 @@ def measure(teacher, draft, draft_ids, seqs, temperature: float) -> dict:
         rows["outside"].append(1 - p_in.sum(-1))
         p_in = p_in / p_in.sum(-1, keepdim=True).clamp_min(1e-30)
         rows["kl"].append((p_in * (torch.log(p_in.clamp_min(1e-30)) - torch.log(q_small.clamp_min(1e-30)))).sum(-1))
-        rows["top1"].append((draft_ids[q_small.argmax(-1)] == batch.greedy[0][at]).float())
-        rows["pos"].append(index[at])
+        rows["top1"].append((draft_ids[q_small.argmax(-1)] == greedy).float())
+        rows["pos"].append(index)
     cat = {k: torch.cat(v) for k, v in rows.items()}
 
     def summary(sel) -> dict:

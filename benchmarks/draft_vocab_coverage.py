@@ -124,36 +124,28 @@ def context_rows(teacher, draft, draft_ids, prompts, replies, inside) -> dict:
     """The head's own argmax against its argmax over its rows and the target's rows of the
     context's outside tokens (a * logit + b for those), per answer position, against the target's
     greedy token; (a, b) fitted on the first half of the positions, checked on the second."""
+    from benchmarks.context_shift import first_drafts
     from speculative.train.data import Sequence
-    from speculative.train.ttt import TTTBatch, unroll
 
     W = teacher.model.lm_head.weight.float()
     ids = draft_ids.cpu()
-    seen = {}
-    hook = draft.lm_head.register_forward_hook(lambda m, i, o: seen.__setitem__("x", i[0].detach()))
     own_max, own_tok, ext_max, ext_tok, gold = [], [], [], [], []
-    try:
-        for i, (p, r) in enumerate(zip(prompts, replies)):
-            seq = Sequence(p + r, response_start=len(p))
-            batch = TTTBatch.from_rows([teacher.features_many([(("rows", i), seq)])], len(seq.ids) - 1)
-            q = unroll(draft, teacher.embed, batch, 1)[0][0].float().cpu()
-            x = seen["x"][0].float()
-            index = batch.positions[0] - (len(p) - 2)  # entry e drafts answer token e - (len(p) - 2)
-            for e in (batch.is_response[0] & (index >= 1)).nonzero().flatten().tolist():
-                m, a = q[e].max(0)
-                own_max.append(float(m))
-                own_tok.append(int(ids[a]))
-                gold.append(int(batch.greedy[0][e]))
-                ctx = sorted({t for t in seq.ids[:e + 2] if not inside[t]})
-                if ctx:
-                    m2, a2 = (x[e] @ W[ctx].T).max(0)
-                    ext_max.append(float(m2))
-                    ext_tok.append(ctx[int(a2)])
-                else:
-                    ext_max.append(float("-inf"))
-                    ext_tok.append(-1)
-    finally:
-        hook.remove()
+    for i, (p, r) in enumerate(zip(prompts, replies)):
+        seq = Sequence(p + r, response_start=len(p))
+        q, x, _, greedy, index = first_drafts(teacher, draft, seq, ("rows", i))
+        for j, e in enumerate((index + len(p) - 2).tolist()):  # the entry, the answer's tokens before it known
+            m, a = q[j].cpu().max(0)
+            own_max.append(float(m))
+            own_tok.append(int(ids[a]))
+            gold.append(int(greedy[j]))
+            ctx = sorted({t for t in seq.ids[:e + 2] if not inside[t]})
+            if ctx:
+                m2, a2 = (x[j] @ W[ctx].T).max(0)
+                ext_max.append(float(m2))
+                ext_tok.append(ctx[int(a2)])
+            else:
+                ext_max.append(float("-inf"))
+                ext_tok.append(-1)
     om, em, ot, et, g = (torch.tensor(v) for v in (own_max, ext_max, own_tok, ext_tok, gold))
 
     def right(sl, a, b):
