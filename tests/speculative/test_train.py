@@ -301,6 +301,8 @@ def test_sampled_replies_reach_the_run_and_the_cache(tmp_path, monkeypatch):
     assert asked == [[0.0] * drawn]
     with pytest.raises(UserError, match="--sampled-replies"):
         cmd_train(args(tmp_path / "d", sampled_replies=1.5))
+    with pytest.raises(UserError, match="--reply-temperature must be in"):
+        cmd_train(args(tmp_path / "e", sampled_replies=0.5, reply_temperature=0.0))
 
 
 def test_reply_cache_pieces(tmp_path):
