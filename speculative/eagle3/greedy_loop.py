@@ -81,7 +81,7 @@ class WholeIteration(IterationHost):
         return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n, slots=self.slots), runner.kv,
                             runner.aux_layer_ids)
 
-    def _extend(self, out, accepted, next_token, n: int | None):
+    def _extend(self, out, accepted, next_token, n: int | None, fp32_logits: bool = True):
         """Moves the chain on (ChainState.advance: result, extend window, n, bonus, draft
         positions) and runs the draft-extend over the k+1 rows (the sampled loop; the greedy one
         has greedy_verify move the chain). Returns (the draft's logits and state at the last
@@ -93,7 +93,7 @@ class WholeIteration(IterationHost):
         # past the context the host switches to plain steps before using these drafts).
         states = parts.target_states(out.aux_hidden, out.hidden)
         logits, hidden = parts.draft(self.chain.window, self.positions[:self.k + 1], states, True, parts.embed,
-                                     parts.kv, start_pos=n, last=accepted)
+                                     parts.kv, start_pos=n, last=accepted, fp32_logits=fp32_logits)
         return logits, hidden, None if n is None else n + int(accepted) + 1
 
     def _draft_step(self, tok, s: int, d_hidden, n_next: int | None, fp32_logits: bool = True):

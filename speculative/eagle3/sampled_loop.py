@@ -159,10 +159,13 @@ class SampledIteration(WholeIteration):
         else:
             sampled_accept_ref(probabilities_t(logits, self.params, self.cut), drafts, self.q, self.to_draft,
                                self.targets, self.u, self.e_residual, self.verdict, alts, u_alt)
+        # The fused draws read the lean draft's logits in its weights' dtype, as they are (an fp32
+        # copy would hold the same values and cost a launch a draft step); the cuts' torch ops
+        # and the CPU take them in fp32.
         if self.runners_up:
-            d_logits, d_hidden, n_next = self._extend_runner_up(out, n)
+            d_logits, d_hidden, n_next = self._extend_runner_up(out, n, fp32_logits=not fused)
         else:
-            d_logits, d_hidden, n_next = self._extend(out, self.verdict[0], self.verdict[1], n)
+            d_logits, d_hidden, n_next = self._extend(out, self.verdict[0], self.verdict[1], n, fp32_logits=not fused)
         for s in range(k):
             tok = self.ids[s + 1:s + 2]  # the draw goes straight into the chain's ids
             alt = self.chain.alt_slots(s) if self.runners_up else None
@@ -173,9 +176,9 @@ class SampledIteration(WholeIteration):
                 self.q[s].copy_(probabilities_t(d_logits[-1:], self.params, self.cut)[0])
                 draw_from(self.q[s], self.e_drafts[s], self.d2t, tok, alt)
             if s < k - 1:
-                d_logits, d_hidden = self._draft_step(tok, s, d_hidden, n_next)
+                d_logits, d_hidden = self._draft_step(tok, s, d_hidden, n_next, fp32_logits=not fused)
 
-    def _extend_runner_up(self, out, n: int | None):
+    def _extend_runner_up(self, out, n: int | None, fp32_logits: bool = True):
         """_extend where the last accepted token may be a runner-up (verdict[2]): it takes its
         draft's place in the accepted drafts, its K/V moves from its own cache row to its
         position, and its verify row's state goes into the draft-extend's window."""
@@ -190,5 +193,5 @@ class SampledIteration(WholeIteration):
         move = partial(take_alternative, pdl=self.pdl) if self.fused else take_alternative_ref
         states = move(kv.k_all, kv.v_all, chain.kv_move, states, chain.state_rows, window_states)
         logits, hidden = parts.draft(chain.window, self.positions[:k + 1], states, True, parts.embed, parts.kv,
-                                     start_pos=n, last=a)
+                                     start_pos=n, last=a, fp32_logits=fp32_logits)
         return logits, hidden, None if n is None else n + int(a) + 1

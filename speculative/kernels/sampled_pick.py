@@ -278,7 +278,8 @@ def _scratch(device: torch.device, rows: int) -> tuple[torch.Tensor, ...]:
 def draft_sample(logits: torch.Tensor, temperature: torch.Tensor, e: torch.Tensor, offsets: torch.Tensor,
                  q_out: torch.Tensor, tok_out: torch.Tensor, alt_out: torch.Tensor | None = None,
                  pdl: bool = True) -> torch.Tensor:
-    """logits (Dv,) or (1, Dv) fp32, temperature () fp32 > 0, e (Dv,) Exp(1) variates, offsets
+    """logits (Dv,) or (1, Dv), fp32 or the lean draft's bf16 (read as float32: the same values
+    as an fp32 copy), temperature () fp32 > 0, e (Dv,) Exp(1) variates, offsets
     (Dv,) draft id -> target id - draft id; q_out (Dv,) fp32 gets softmax(logits / T), tok_out (a
     1-element view) the drawn token's target id, alt_out (a 1-element view, optional) the race's
     second place: a draw from q without tok_out's token. Returns tok_out. CUDA (or the Triton
