@@ -18,7 +18,16 @@ reports, for each kind of answer:
 A head that fits sampled contexts worse than greedy ones (higher KL there) is what training on
 sampled replies (`train-draft --sampled-replies`) is for.
 
+With `--depth K` it also unrolls chains of K drafts the way training-time test does (each draft
+after the first continuing from the head's own state, the earlier drafts the answer's own
+tokens) and reports each depth's overlap and top-1, and over chains started at every answer
+position: the greedy chain's accepted length, exact on greedy answers (walked from the first
+position as the engine steps), and on either kind an estimate at T, 1 + the sum over depths of
+the product of the overlaps so far. Neither depends on a random draw, so two heads compare
+without the noise of a sampled bench run.
+
     python benchmarks/context_shift.py --requests 16 --new-tokens 192 --out shift.json
+    python benchmarks/context_shift.py --requests 12 --new-tokens 256 --depth 5 --head HEAD --out chains.json
 """
 
 from __future__ import annotations
@@ -60,38 +69,91 @@ def _load(device: str, head: str, model: str):
 
 
 @torch.no_grad()
-def first_drafts(teacher, draft, seq, key) -> tuple:
-    """The head's first draft at every position of `seq` on the target's own features (teacher
-    forced), for the answer positions it drafts: (its logits (n, Vd), its normed state before
-    lm_head (n, H), the target's final states (n, Ht), the target's greedy tokens (n,), the
-    answer token index drafted (n,); token 0 is the target's own, from the prefill)."""
+def first_drafts(teacher, draft, seq, key, steps: int = 1) -> tuple:
+    """The head's drafts at every position of `seq` on the target's own features (teacher
+    forced), for the answer positions it drafts: (its logits (steps, n, Vd): depth d + 1 of a
+    chain whose earlier drafts were the answer's own tokens, the chain ending at that position
+    (depth 1: the first draft there), as training-time test unrolls it; its normed state before
+    lm_head at depth 1 (n, H), the target's final states (n, Ht), the target's greedy tokens (n,),
+    the answer token index drafted (n,); token 0 is the target's own, from the prefill)."""
     from speculative.train.data import Sequence
     from speculative.train.ttt import TTTBatch, unroll
 
     seen = {}
-    hook = draft.lm_head.register_forward_hook(lambda m, i, o: seen.__setitem__("x", i[0].detach()))
+
+    def keep_first(module, inputs, output) -> None:  # depth 1's state; returns None: the output stays
+        seen.setdefault("x", inputs[0].detach())
+
+    hook = draft.lm_head.register_forward_hook(keep_first)
     try:
         batch = TTTBatch.from_rows([teacher.features_many([(key, Sequence(seq.ids, seq.response_start))])],
                                    len(seq.ids) - 1)
-        q_logits = unroll(draft, teacher.embed, batch, 1)[0][0].float()
+        q_logits = torch.stack([step[0] for step in unroll(draft, teacher.embed, batch, steps)]).float()
     finally:
         hook.remove()
     index = batch.positions[0] - (seq.response_start - 2)  # entry e drafts answer token e - (start - 2)
     at = batch.is_response[0] & (index >= 1)
-    return q_logits[at], seen["x"][0][at].float(), batch.label_hidden[0][at], batch.greedy[0][at], index[at]
+    return q_logits[:, at], seen["x"][0][at].float(), batch.label_hidden[0][at], batch.greedy[0][at], index[at]
+
+
+def chain_acceptance(overlaps: torch.Tensor, k: int) -> torch.Tensor:
+    """Per chain start j (entries of one answer, in order): 1 + sum over s <= k of the product of
+    overlaps[i, j + i] for i < s, overlaps (k, n) the chance that depth i + 1's draft at the
+    answer position it drafts is kept, and 0 past the answer's end. With 0/1 overlaps (the
+    head's argmax is the target's greedy token) this is the accepted length of a greedy chain of
+    k started there; with sum(min(p, q)) at T, an estimate of a sampled chain's (the earlier
+    drafts taken to be the answer's own tokens)."""
+    n = overlaps.shape[1]
+    total = torch.ones(n, dtype=torch.float64)
+    run = torch.ones(n, dtype=torch.float64)
+    for i in range(min(k, overlaps.shape[0])):
+        shifted = torch.zeros(n, dtype=torch.float64)
+        shifted[:n - i] = overlaps[i, i:].double()
+        run = run * shifted
+        total += run
+    return total
+
+
+def walked(accept_len: torch.Tensor) -> tuple[int, float]:
+    """(steps, tokens) of the steps a run takes from the first position, each moving on by its
+    accepted length (rounded down: exact for greedy chains)."""
+    j, steps, made, n = 0, 0, 0.0, accept_len.shape[0]
+    while j < n:
+        a = int(accept_len[j])
+        steps, made, j = steps + 1, made + a, j + a
+    return steps, made
 
 
 @torch.no_grad()
-def measure(teacher, draft, draft_ids, seqs, temperature: float) -> dict:
-    """Per answer position: overlap, KL, entropy at `temperature`, top-1; totals and by span."""
+def measure(teacher, draft, draft_ids, seqs, temperature: float, depth: int = 1) -> dict:
+    """Per answer position: overlap, KL, entropy at `temperature`, top-1; totals and by span.
+    depth > 1: also each chain depth's overlap and top-1 (the earlier drafts the answer's own
+    tokens), and chains of `depth` started at every position (chain_acceptance): the mean
+    estimated accepted length at `temperature`, and the greedy chain's exact one, walked."""
     model = teacher.model
     rows = {name: [] for name in ("overlap", "kl", "outside", "entropy", "top1", "pos")}
+    chains = {name: [] for name in ("overlap", "top1", "estimate", "greedy")}
+    walks = [0, 0.0]
     inv = 1.0 / temperature
     for i, seq in enumerate(seqs):
         if len(seq.ids) - seq.response_start < 2:
             continue
-        q_logits, _, label_hidden, greedy, index = first_drafts(teacher, draft, seq, ("shift", id(seq), i))
+        q_all, _, label_hidden, greedy, index = first_drafts(teacher, draft, seq, ("shift", id(seq), i), depth)
+        q_logits = q_all[0]
         p = torch.softmax(model.logits(label_hidden.to(model.lm_head.weight.dtype)).float() * inv, -1)
+        if depth > 1:
+            q_deep = torch.zeros(depth, *p.shape)
+            q_deep[:, :, draft_ids] = torch.softmax(q_all * inv, -1)
+            overlap = torch.minimum(p[None], q_deep).sum(-1)  # (depth, n)
+            top1 = (draft_ids[q_all.argmax(-1)] == greedy[None]).float()
+            chains["overlap"].append(overlap)
+            chains["top1"].append(top1)
+            chains["estimate"].append(chain_acceptance(overlap, depth))
+            exact = chain_acceptance(top1, depth)
+            chains["greedy"].append(exact)
+            steps, made = walked(exact)
+            walks[0] += steps
+            walks[1] += made
         q_small = torch.softmax(q_logits * inv, -1)
         q = torch.zeros_like(p)
         q[:, draft_ids] = q_small
@@ -117,6 +179,17 @@ def measure(teacher, draft, draft_ids, seqs, temperature: float) -> dict:
     # target's entropy the two kinds of answer are compared on like positions.
     out["by_entropy"] = {f"{a:g}-{b:g}": summary((cat["entropy"] >= a) & (cat["entropy"] < b))
                          for a, b in zip(ENTROPY_BINS, ENTROPY_BINS[1:])}
+    if depth > 1:
+        ov, t1 = torch.cat(chains["overlap"], 1), torch.cat(chains["top1"], 1)
+        out["chain"] = {
+            "depth": depth,
+            "overlap_by_depth": [round(float(x), 4) for x in ov.mean(1)],
+            "top1_by_depth": [round(float(x), 4) for x in t1.mean(1)],
+            "estimated_accept_len": round(float(torch.cat(chains["estimate"]).mean()), 4),
+            # the target's greedy tokens are the answer's only in greedy answers
+            "greedy_accept_len_every_start": round(float(torch.cat(chains["greedy"]).mean()), 4),
+            "greedy_accept_len_walked": round(walks[1] / max(walks[0], 1), 4),
+        }
     return out
 
 
@@ -130,6 +203,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=192)
     ap.add_argument("--samples", type=int, default=2, help="sampled answers per request (seeds)")
+    ap.add_argument("--depth", type=int, default=1,
+                    help="also chains of this many drafts: each depth's overlap, and the accepted lengths")
     ap.add_argument("--prompts-file", default=str(Path(__file__).parent / "prompts" / "unseen_requests.txt"))
     ap.add_argument("--system", default="You are a helpful assistant.")
     args = ap.parse_args()
@@ -156,9 +231,11 @@ def main() -> None:
               "temperature": args.temperature, "requests": len(prompts), "new_tokens": args.new_tokens,
               "system": args.system, "prompts_file": Path(args.prompts_file).name}
     greedy = answers(0.0, 0)
-    report["greedy_answers"] = measure(teacher, draft, draft_ids, greedy, args.temperature)
+    report["greedy_answers"] = measure(teacher, draft, draft_ids, greedy, args.temperature, args.depth)
     sampled = [s for seed in range(args.samples) for s in answers(args.temperature, 1 + seed)]
-    report["sampled_answers"] = measure(teacher, draft, draft_ids, sampled, args.temperature)
+    report["sampled_answers"] = measure(teacher, draft, draft_ids, sampled, args.temperature, args.depth)
+    for field in ("greedy_accept_len_every_start", "greedy_accept_len_walked"):  # greedy answers' only
+        report["sampled_answers"].get("chain", {}).pop(field, None)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     args.out.write_text(json.dumps(report, indent=1))
     cols = ("positions", "overlap", "kl", "outside", "entropy", "top1")
@@ -169,6 +246,12 @@ def main() -> None:
                  *((f"  H {k}", v) for k, v in r["by_entropy"].items())]
         for label, s in [(name.split("_")[0], r), *parts]:
             print(f"{label:<16}" + "".join(f"{s[c]:>10}" for c in cols))
+    if args.depth > 1:
+        for name in ("greedy_answers", "sampled_answers"):
+            c = report[name]["chain"]
+            walked_len = f"; greedy chains walked {c['greedy_accept_len_walked']}" if "greedy_accept_len_walked" in c else ""
+            print(f"{name.split('_')[0]}: chains of {args.depth}: overlap by depth {c['overlap_by_depth']}, "
+                  f"estimated accepted length at T {c['estimated_accept_len']}{walked_len}")
     assert not math.isnan(report["sampled_answers"]["overlap"])
 
 

@@ -133,6 +133,7 @@ def context_rows(teacher, draft, draft_ids, prompts, replies, inside) -> dict:
     for i, (p, r) in enumerate(zip(prompts, replies)):
         seq = Sequence(p + r, response_start=len(p))
         q, x, _, greedy, index = first_drafts(teacher, draft, seq, ("rows", i))
+        q = q[0]
         for j, e in enumerate((index + len(p) - 2).tolist()):  # the entry, the answer's tokens before it known
             m, a = q[j].cpu().max(0)
             own_max.append(float(m))
