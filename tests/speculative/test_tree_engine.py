@@ -84,6 +84,37 @@ def test_trees_of_heads_of_other_widths_equal_plain(tmp_path, target, fmt, use_a
     assert spec == plain and stats.verify_steps > 0
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["masks", "slot_maps"])
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
+def test_trees_on_the_other_architectures_leave_plain_decodings_cache(tmp_path, arch, on_device):
+    """Mistral, Qwen2 (q/k/v biases) and Qwen3 (q/k norms, its own head_dim) targets that say a,
+    b, a, b, ... (their attention still feeding the stream), a draft ranking c, a, b: each step
+    accepts a path of later siblings, 21 rows verified in two forwards, and the answer and the
+    target's cache equal plain decoding's (a tree row attending wrongly, or its K/V moved wrongly,
+    leaves other rows)."""
+    from safetensors.torch import load_file, save_file
+
+    source = make_tiny_model(tmp_path / arch, arch, num_layers=4, seed=7, tie_word_embeddings=False)
+    probe = Engine.load(str(source), device="cpu")
+    last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
+    folder = markov_target(source, tmp_path / "chained", {last: A, A: B, B: A})
+    original, sd = load_file(source / "model.safetensors"), load_file(folder / "model.safetensors")
+    for name in sd:
+        if name.endswith("o_proj.weight"):
+            sd[name] = 0.05 * original[name]
+    save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
+    e = _engine(folder, _ranked_draft(tmp_path, read_config(source), [C, A, B]))
+    plain, _ = _run(e, False, n=40)
+    k_plain, v_plain = e.runner.kv.k_all.clone(), e.runner.kv.v_all.clone()
+    _set_tree(e, SHAPES[4], on_device)
+    spec, stats = _run(e, True, n=40)
+    assert spec == plain and plain[:4] == [A, B, A, B]
+    assert stats.verify_tokens == 21 and stats.accept_len_mean >= 2.5, stats.accept_hist
+    rows = len(e.tokenizer.apply_chat_template(PROMPT)) + len(plain) - 1
+    torch.testing.assert_close(e.runner.kv.k_all[:, :rows], k_plain[:, :rows], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(e.runner.kv.v_all[:, :rows], v_plain[:, :rows], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[4]])
 def test_the_device_step_grows_the_trees_the_masked_step_grows(tmp_path, target, shape, monkeypatch):
     """The draft's rows read their ancestors through a slot map in the step a GPU captures: each
