@@ -81,13 +81,14 @@ class WholeIteration(IterationHost):
         return runner.model(ForwardBatch(self.ids, self.positions, start_pos=n, slots=self.slots), runner.kv,
                             runner.aux_layer_ids)
 
-    def _extend(self, out, accepted, next_token, n: int | None, fp32_logits: bool = True):
+    def _extend(self, out, accepted, next_token, n: int | None, fp32_logits: bool = True, moved: bool = False):
         """Moves the chain on (ChainState.advance: result, extend window, n, bonus, draft
-        positions) and runs the draft-extend over the k+1 rows (the sampled loop; the greedy one
-        has greedy_verify move the chain). Returns (the draft's logits and state at the last
-        accepted row, the next n when the host knows it)."""
+        positions; moved: the acceptance's launch did) and runs the draft-extend over the k+1 rows
+        (the sampled loop; the greedy one has greedy_verify move the chain). Returns (the draft's
+        logits and state at the last accepted row, the next n when the host knows it)."""
         parts = self.parts
-        self.chain.advance(accepted, next_token)
+        if not moved:
+            self.chain.advance(accepted, next_token)
         # Row i pairs target state n+i with the token at n+i+1; rows past the accepted ones carry
         # the next token and are never read. The draft steps write at n + a + 1 + s (clamped:
         # past the context the host switches to plain steps before using these drafts).

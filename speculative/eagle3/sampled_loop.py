@@ -153,9 +153,12 @@ class SampledIteration(WholeIteration):
         drafts = self.ids[1:k + 1]
         alts, u_alt = (self.ids[k + 1:], self.u_alt) if self.runners_up else (None, None)
         logits = self.runner.model.logits(out.hidden, fp32=not fused)  # the kernels read bf16 as it is
+        # The fused acceptance also moves the chain on (one launch for ChainState.advance's dozen
+        # torch ops), except with runners-up, whose move depends on which was kept.
+        moved = fused and not self.runners_up
         if fused:
             sampled_accept(logits, self.params.temperature, drafts, self.q, self.to_draft, self.u, self.e_residual,
-                           self.verdict, alts, u_alt, pdl=self.pdl)
+                           self.verdict, alts, u_alt, pdl=self.pdl, chain=self.chain if moved else None)
         else:
             sampled_accept_ref(probabilities_t(logits, self.params, self.cut), drafts, self.q, self.to_draft,
                                self.targets, self.u, self.e_residual, self.verdict, alts, u_alt)
@@ -165,7 +168,8 @@ class SampledIteration(WholeIteration):
         if self.runners_up:
             d_logits, d_hidden, n_next = self._extend_runner_up(out, n, fp32_logits=not fused)
         else:
-            d_logits, d_hidden, n_next = self._extend(out, self.verdict[0], self.verdict[1], n, fp32_logits=not fused)
+            d_logits, d_hidden, n_next = self._extend(out, self.verdict[0], self.verdict[1], n, fp32_logits=not fused,
+                                                      moved=moved)
         for s in range(k):
             tok = self.ids[s + 1:s + 2]  # the draw goes straight into the chain's ids
             alt = self.chain.alt_slots(s) if self.runners_up else None

@@ -180,8 +180,9 @@ def _kernels():
     @triton.jit
     def accept_kernel(logits_ptr, temp_ptr, stats_ptr, drafts_ptr, q_ptr, to_draft_ptr, u_ptr, e_ptr,
                       part_ptr, count_ptr, out_ptr, alt_ptr, u_alt_ptr, mass_ptr, vocab, draft_vocab, stride,
+                      ids_ptr, n_ptr, result_ptr, window_ptr, draft_pos_ptr, last_pos,
                       K: tl.constexpr, PARTS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                      ALT: tl.constexpr, USE_PDL: tl.constexpr):
+                      ALT: tl.constexpr, CHAIN: tl.constexpr, KP: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -255,10 +256,27 @@ def _kernels():
             next_r = tl.min(tl.where(vr == tl.max(vr, axis=0), ir, vocab), axis=0)
             next_p = tl.min(tl.where(vp == tl.max(vp, axis=0), ip, vocab), axis=0)
             ty = out_ptr.dtype.element_ty
-            tl.store(out_ptr, (a + took.to(a.dtype)).to(ty))
-            tl.store(out_ptr + 1, tl.where(total_mass > 0, next_r, next_p).to(ty))
+            accepted = a + took.to(a.dtype)
+            nxt = tl.where(total_mass > 0, next_r, next_p)
+            tl.store(out_ptr, accepted.to(ty))
+            tl.store(out_ptr + 1, nxt.to(ty))
             if ALT:
                 tl.store(out_ptr + 2, took.to(ty))
+            if CHAIN:
+                # ChainState.advance's writes (its torch ops are a dozen launches in the graph):
+                # result [a, next, d_1..d_k], the extend window (the accepted drafts, then the next
+                # token), n += a + 1, the bonus, and where the next chain's draft steps write
+                k1 = tl.arange(0, KP)
+                is_draft = k1 < K
+                d = tl.load(ids_ptr + 1 + k1, mask=is_draft, other=0)
+                rt = result_ptr.dtype.element_ty
+                tl.store(result_ptr + k1, tl.where(k1 == 0, accepted, nxt).to(rt), mask=k1 < 2)
+                tl.store(result_ptr + 2 + k1, d, mask=is_draft)
+                tl.store(window_ptr + k1, tl.where(k1 < accepted, d, nxt).to(rt), mask=k1 < K + 1)
+                n = tl.load(n_ptr) + accepted + 1
+                tl.store(n_ptr, n)
+                tl.store(ids_ptr, nxt.to(rt))
+                tl.store(draft_pos_ptr + k1, tl.minimum(n + k1, last_pos), mask=k1 < K + 1)
             tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
 
     return draft_sample_kernel, row_stats_kernel, accept_kernel, residual_mass_kernel
@@ -317,11 +335,14 @@ def draw_from(q: torch.Tensor, e: torch.Tensor, offsets: torch.Tensor, tok_out: 
 def sampled_accept(logits: torch.Tensor, temperature: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor,
                    to_draft: torch.Tensor, u: torch.Tensor, e: torch.Tensor, out: torch.Tensor,
                    alts: torch.Tensor | None = None, u_alt: torch.Tensor | None = None,
-                   pdl: bool = True) -> torch.Tensor:
+                   pdl: bool = True, chain=None) -> torch.Tensor:
     """logits (k + 1, V) fp32 (last dim contiguous), temperature () fp32, drafts (k,) target ids,
     q (k, Dv) fp32 the draft distributions, to_draft (V,) int32, u (k,) uniforms, e (V,) Exp(1)
     variates; out (2,) int64 gets [accepted, next token]. Returns out. CUDA (or the Triton
     interpreter); no host sync.
+
+    chain (a ChainState whose ids[1:k + 1] are the drafts; no runners-up): the same launch also
+    moves it on as ChainState.advance(out[0], out[1]) does, bit for bit.
 
     With runners-up: alts (k,) the runner-up of each draft (drawn from its q without the draft),
     logits (2k + 1, V) with row k + 1 + i the target's after runner-up i in place of draft i + 1,
@@ -344,9 +365,16 @@ def sampled_accept(logits: torch.Tensor, temperature: torch.Tensor, drafts: torc
     if alt:
         kernels[3][(_PARTS,)](logits, temperature, stats, drafts, q, to_draft, u, mass, vocab, q.shape[1],
                               logits.stride(0), K=k, PARTS=_PARTS, CHUNK=chunk, BLOCK=block, num_warps=4, **pdl_kw)
+    if chain is not None:
+        assert not alt and chain.k == k and not chain.num_alts
+        assert drafts.data_ptr() == chain.ids[1:].data_ptr(), "the drafts must be the chain's own"
+        moves = (chain.ids, chain.n, chain.result, chain.window, chain.draft_pos, chain.last_pos)
+    else:
+        moves = (out, out, out, out, out, 0)
     kernels[2][(_PARTS,)](logits, temperature, stats, drafts, q, to_draft, u, e, parts, counter, out,
                           alts if alt else drafts, u_alt if alt else u, mass, vocab, q.shape[1], logits.stride(0),
-                          K=k, PARTS=_PARTS, CHUNK=chunk, BLOCK=block, ALT=alt, num_warps=4, **pdl_kw)
+                          *moves, K=k, PARTS=_PARTS, CHUNK=chunk, BLOCK=block, ALT=alt, CHAIN=chain is not None,
+                          KP=next_pow2(k + 1), num_warps=4, **pdl_kw)
     return out
 
 

@@ -2,6 +2,9 @@
 reproducible with a seed (its acceptance rule against verify.rejection_accept:
 test_sampled_pick.py)."""
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
@@ -13,6 +16,11 @@ from tests.speculative.heads import head_tensors, markov_target, write_head
 from tests.tiny import make_tiny_model, read_config
 
 PROMPT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
+# The fused kernels run on the CPU through Triton's interpreter only with LOCALCHAT_TRITON_INTERPRET=1
+# (run this file alone then; see tests/engine/test_kernels.py).
+INTERPRET = os.environ.get("LOCALCHAT_TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined (lazily)
 
 
 FACES = (40, 41, 42)  # A, B, C
@@ -51,6 +59,37 @@ def _run(engine, speculative, **kw):
     ids = engine.tokenizer.apply_chat_template(PROMPT)
     events = list(engine.stream_ids(ids, SamplingParams(**kw), speculative=speculative))
     return [t for ev in events for t in ev.token_ids], events[-1].stats
+
+
+@pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
+def test_the_fused_iteration_draws_what_the_reference_draws(tmp_path, monkeypatch):
+    """A GPU's sampled iteration (the draws and the acceptance in fused kernels, the chain moved on
+    by the acceptance's launch, the draft's logits read as they are), run on the CPU through
+    Triton's interpreter: from the same seeds, the tokens and accepted lengths of the torch path.
+    A random target and head, so that every token depends on the positions and caches the chain's
+    move sets up, and some drafts are kept."""
+    target = make_tiny_model(tmp_path / "llama", "llama", num_layers=4, seed=3)
+    cfg = read_config(target)
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=1),
+                      64, (1, 2, 3))
+    engine = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=3)
+    engine.tokenizer.eos_token_ids = frozenset()
+    it = engine.speculator.sampled
+    want = [_run(engine, True, max_tokens=40, temperature=0.9, seed=seed) for seed in (1, 2)]
+    calls = []
+    real = sampled_loop.sampled_accept
+
+    def counted(*args, **kw):
+        calls.append(kw.get("chain"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sampled_loop, "sampled_accept", counted)
+    monkeypatch.setattr(it, "fused", True)
+    got = [_run(engine, True, max_tokens=40, temperature=0.9, seed=seed) for seed in (1, 2)]
+    assert calls and all(chain is it.chain for chain in calls)
+    for (a, a_stats), (b, b_stats) in zip(want, got):
+        assert a == b and a_stats.accept_len_mean == b_stats.accept_len_mean
+    assert max(s.accept_len_mean for _, s in want) > 1.1  # drafts kept: the chain moved by more than one
 
 
 @pytest.mark.parametrize("cut", [{}, {"top_k": 2, "top_p": 0.99}], ids=["temperature", "top-k+top-p"])

@@ -168,6 +168,44 @@ def test_draft_sample_equals_its_reference(device, V, Dv):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [1, 5])
+def test_sampled_accept_moves_the_chain_as_advance_does(device, k):
+    """The acceptance's launch moving the chain on (the sampled iteration's graph) writes what
+    ChainState.advance writes after it, field for field: the result, the extend window, n, the
+    bonus, and the draft positions, clamped where they reach the cache's end."""
+    from speculative.chain_state import ChainState
+
+    V, Dv = 1000 + 3, 200
+    g = torch.Generator().manual_seed(11 + k)
+    targets, _, to_draft = vocabularies(g, V, Dv)
+    seen = set()
+    for trial in range(8):
+        logits = torch.randn(k + 1, V, generator=g) * 2
+        if trial % 2:
+            logits[:, targets] += 6  # most drafts kept
+        qd = torch.softmax(logits[:k, targets] / 0.8 + 0.3 * torch.randn(k, Dv, generator=g), -1)
+        drafts = torch.stack([targets[torch.multinomial(qd[i], 1, generator=g)[0]] for i in range(k)])
+        u, e = torch.rand(k, generator=g), torch.empty(V).exponential_(1.0, generator=g)
+        chains, outs = [], []
+        for moved in (True, False):
+            chain = ChainState(k, 36, device)  # n + a + 1 + i passes 36 in some trials: clamped
+            chain.ids[0], chain.n = 7, torch.tensor(28 + trial, device=device)
+            chain.ids[1:k + 1] = drafts.to(device)
+            out = torch.zeros(2, dtype=torch.long, device=device)
+            sampled_accept(logits.to(device), torch.tensor(0.8, device=device), chain.ids[1:k + 1], qd.to(device),
+                           to_draft.to(device), u.to(device), e.to(device), out, chain=chain if moved else None)
+            if not moved:
+                chain.advance(out[0], out[1])
+            chains.append(chain)
+            outs.append(out.tolist())
+        assert outs[0] == outs[1], trial
+        for field in ("ids", "n", "result", "window", "draft_pos"):
+            assert torch.equal(getattr(chains[0], field), getattr(chains[1], field)), (trial, field)
+        seen.add(outs[0][0])
+    assert len(seen) > 1 or k == 1, seen
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,V,Dv", [(1, 40, 16), (5, 49152, 6144), (4, 1000 + 3, 1000 + 3)])
 def test_sampled_accept_equals_its_reference(device, k, V, Dv):
     """Over random logits, draft distributions and draws, including drafts taken from the target's
