@@ -61,37 +61,6 @@ def _run(engine, speculative, **kw):
     return [t for ev in events for t in ev.token_ids], events[-1].stats
 
 
-@pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
-def test_the_fused_iteration_draws_what_the_reference_draws(tmp_path, monkeypatch):
-    """A GPU's sampled iteration (the draws and the acceptance in fused kernels, the chain moved on
-    by the acceptance's launch, the draft's logits read as they are), run on the CPU through
-    Triton's interpreter: from the same seeds, the tokens and accepted lengths of the torch path.
-    A random target and head, so that every token depends on the positions and caches the chain's
-    move sets up, and some drafts are kept."""
-    target = make_tiny_model(tmp_path / "llama", "llama", num_layers=4, seed=3)
-    cfg = read_config(target)
-    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=1),
-                      64, (1, 2, 3))
-    engine = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=3)
-    engine.tokenizer.eos_token_ids = frozenset()
-    it = engine.speculator.sampled
-    want = [_run(engine, True, max_tokens=40, temperature=0.9, seed=seed) for seed in (1, 2)]
-    calls = []
-    real = sampled_loop.sampled_accept
-
-    def counted(*args, **kw):
-        calls.append(kw.get("chain"))
-        return real(*args, **kw)
-
-    monkeypatch.setattr(sampled_loop, "sampled_accept", counted)
-    monkeypatch.setattr(it, "fused", True)
-    got = [_run(engine, True, max_tokens=40, temperature=0.9, seed=seed) for seed in (1, 2)]
-    assert calls and all(chain is it.chain for chain in calls)
-    for (a, a_stats), (b, b_stats) in zip(want, got):
-        assert a == b and a_stats.accept_len_mean == b_stats.accept_len_mean
-    assert max(s.accept_len_mean for _, s in want) > 1.1  # drafts kept: the chain moved by more than one
-
-
 @pytest.mark.parametrize("cut", [{}, {"top_k": 2, "top_p": 0.99}], ids=["temperature", "top-k+top-p"])
 def test_a_draft_that_always_says_b_still_gives_b_half_the_time(coin, monkeypatch, cut):
     engine, (a, b, c) = coin
@@ -159,6 +128,32 @@ def random_pair(tmp_path_factory):
     e = Engine.load(str(target), draft=str(head), device="cpu", draft_steps=3)
     e.tokenizer.eos_token_ids = frozenset()
     return e
+
+
+@pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
+def test_the_fused_iteration_draws_what_the_reference_draws(random_pair, monkeypatch):
+    """A GPU's sampled iteration (the draws and the acceptance in fused kernels, the chain moved on
+    by the acceptance's launch, the draft's logits read as they are), run on the CPU through
+    Triton's interpreter: from the same seeds, the tokens and accepted lengths of the torch path.
+    A random target and head, so that every token depends on the positions and caches the chain's
+    move sets up, and some drafts are kept."""
+    engine = random_pair
+    it = engine.speculator.sampled
+    want = [_run(engine, True, max_tokens=40, temperature=0.9, seed=seed) for seed in (1, 2)]
+    calls = []
+    real = sampled_loop.sampled_accept
+
+    def counted(*args, **kw):
+        calls.append(kw.get("chain"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sampled_loop, "sampled_accept", counted)
+    monkeypatch.setattr(it, "fused", True)
+    got = [_run(engine, True, max_tokens=40, temperature=0.9, seed=seed) for seed in (1, 2)]
+    assert calls and all(chain is it.chain for chain in calls)
+    for (a, a_stats), (b, b_stats) in zip(want, got):
+        assert a == b and a_stats.accept_len_mean == b_stats.accept_len_mean
+    assert max(s.accept_len_mean for _, s in want) > 1.1  # drafts kept: the chain moved by more than one
 
 
 def test_sampling_is_reproducible_and_takes_the_iteration(random_pair, monkeypatch):
