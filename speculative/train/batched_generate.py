@@ -133,6 +133,7 @@ class _Picker:
             if any(not math.isfinite(t) or t < 0 for t in temperatures):
                 raise ValueError(f"temperatures must be finite and >= 0, got {temperatures}")
             self.inv = torch.tensor([1.0 / t if t > 0 else 0.0 for t in temperatures], device=dev)
+            self.mixed = any(t == 0 for t in temperatures)  # greedy rows beside drawn ones
             self.gen = torch.Generator(device=dev)
             self.gen.manual_seed(seed)
 
@@ -142,13 +143,13 @@ class _Picker:
 
     def __call__(self, logits: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """rows: the batch rows `logits` belong to (a prefill runs them a slice at a time)."""
-        greedy = logits.argmax(-1)
         if self.inv is None:
-            return greedy
+            return logits.argmax(-1)
         inv = self.inv[rows]
         e = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=self.gen)
         drawn = (logits.float() * inv[:, None] - e.log()).argmax(-1)
-        return torch.where(inv > 0, drawn, greedy)
+        # the teacher batches drawn replies apart from greedy ones: an argmax only where both sit
+        return torch.where(inv > 0, drawn, logits.argmax(-1)) if self.mixed else drawn
 
 
 def _next_tokens(model: CausalLM, ids: torch.Tensor, positions: torch.Tensor, kv: list,
