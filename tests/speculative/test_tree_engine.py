@@ -92,17 +92,8 @@ def test_trees_on_the_other_architectures_leave_plain_decodings_cache(tmp_path, 
     accepts a path of later siblings, 21 rows verified in two forwards, and the answer and the
     target's cache equal plain decoding's (a tree row attending wrongly, or its K/V moved wrongly,
     leaves other rows)."""
-    from safetensors.torch import load_file, save_file
-
     source = make_tiny_model(tmp_path / arch, arch, num_layers=4, seed=7, tie_word_embeddings=False)
-    probe = Engine.load(str(source), device="cpu")
-    last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
-    folder = markov_target(source, tmp_path / "chained", {last: A, A: B, B: A})
-    original, sd = load_file(source / "model.safetensors"), load_file(folder / "model.safetensors")
-    for name in sd:
-        if name.endswith("o_proj.weight"):
-            sd[name] = 0.05 * original[name]
-    save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
+    folder = _chained_target(source, tmp_path / "chained")
     e = _engine(folder, _ranked_draft(tmp_path, read_config(source), [C, A, B]))
     plain, _ = _run(e, False, n=40)
     k_plain, v_plain = e.runner.kv.k_all.clone(), e.runner.kv.v_all.clone()
@@ -139,21 +130,26 @@ def test_the_device_step_grows_the_trees_the_masked_step_grows(tmp_path, target,
         torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
 
 
-@pytest.fixture(scope="module")
-def chained(target, tmp_path_factory):
-    """A target that says a, b, a, b, ... after the prompt, its attention still feeding the stream
-    (o_proj scaled down, not zeroed: each row's K/V in later layers depend on what it attended to)."""
+def _chained_target(source, folder):
+    """`source` made to say a, b, a, b, ... after the prompt, its attention still feeding the
+    stream (o_proj scaled down, not zeroed: each row's K/V in later layers depend on what it
+    attended to), written to `folder`."""
     from safetensors.torch import load_file, save_file
 
-    probe = Engine.load(str(target), device="cpu")
+    probe = Engine.load(str(source), device="cpu")
     last = probe.tokenizer.apply_chat_template(PROMPT)[-1]
-    folder = markov_target(target, tmp_path_factory.mktemp("chained") / "t", {last: A, A: B, B: A})
-    original, sd = load_file(target / "model.safetensors"), load_file(folder / "model.safetensors")
+    folder = markov_target(source, folder, {last: A, A: B, B: A})
+    original, sd = load_file(source / "model.safetensors"), load_file(folder / "model.safetensors")
     for name in sd:
         if name.endswith("o_proj.weight"):
             sd[name] = 0.05 * original[name]
     save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
+
+
+@pytest.fixture(scope="module")
+def chained(target, tmp_path_factory):
+    return _chained_target(target, tmp_path_factory.mktemp("chained") / "t")
 
 
 A, B, C = 40, 41, 42
