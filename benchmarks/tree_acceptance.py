@@ -160,9 +160,8 @@ def main() -> None:
         shapes = {}
         for d in range(1, args.depth + 1):
             most = k + (d - 1) * k * k
-            for n_tok in sorted({min(t, most) for t in args.tokens if t >= 1} | ({d} if k == 1 else set())):
-                if k == 1 and n_tok != d:
-                    continue  # a chain keeps its d drafts
+            # a chain (TOPK 1) keeps its d drafts
+            for n_tok in [d] if k == 1 else sorted({min(t, most) for t in args.tokens if t >= 1}):
                 steps = made = 0
                 for seq, growths in recorded:
                     s, m = walk_steps(seq, growths, d, n_tok)
