@@ -30,17 +30,17 @@ ROWS = (
     ("startup_8b", "start-up (load + CUDA-graph capture), the same run", BENCH_8B,
      "h200_8b_plain_final_session17.json"),
     ("no_draft", "plain decode, demo model (SmolLM2-135M), no draft loaded, 12 requests",
-     UNSEEN + " --prompts 12", "h200_demo_init_t10_greedy_b.json"),
+     UNSEEN + " --prompts 12", "h200_demo_sampledft_greedy.json"),
     ("spec", "greedy speculation, demo model + its EAGLE-3 head, k = 5, the same 12 requests; runners-up chosen by "
      "the app's first-load measurement (the chain alone)", UNSEEN + " --prompts 12",
-     "h200_demo_init_t10_greedy_b.json"),
+     "h200_demo_sampledft_greedy.json"),
     ("identical_bench", "greedy speculation equals plain decoding with the draft loaded, token for token",
-     UNSEEN + " --prompts 12", "h200_demo_init_t10_greedy_b.json"),
+     UNSEEN + " --prompts 12", "h200_demo_sampledft_greedy.json"),
     ("spec", "an earlier head with the chain and 10 runners-up verified (before the down projection ran row by row)",
      UNSEEN + " --prompts 12 --runners-up on", "h200_demo_eagle3_gate_runners_up_on.json"),
     ("spec", "the same head at temperature 0.7, all 24 requests",
-     UNSEEN + " --temperature 0.7 --prompts 24", "h200_demo_init_t10_t07.json"),
-    ("spec", "the head before its latest fine-tuning, drafting 3,3,12 trees (greedy), the same 12 requests",
+     UNSEEN + " --temperature 0.7 --prompts 24", "h200_demo_sampledft_t07.json"),
+    ("spec", "an earlier head (two fine-tunings back), drafting 3,3,12 trees (greedy), the same 12 requests",
      UNSEEN + " --tree 3,3,12 --prompts 12", "h200_demo_share_sms_3-3-12.json"),
     ("spec", "greedy speculation, demo model + its 2 MTP layers (retrained on the request sets), k = 2, the "
      "first 8 of the requests",
@@ -89,7 +89,7 @@ ROWS = (
     ("spec", "CPU, 2 cores: greedy speculation, demo model + head, 6 unseen requests, at most 128 tokens "
      "(a CPU measures at first load whether it pays by 1.1x or more)",
      "localchat bench --model demo --device cpu --prompts-file benchmarks/prompts/unseen_requests.txt --prompts 6 "
-     "--new-tokens 128 --no-peer", "cpu_demo_eagle3_sets_unseen.json"),
+     "--new-tokens 128 --no-peer", "cpu_demo_sampledft_unseen.json"),
 )
 
 
