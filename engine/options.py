@@ -120,6 +120,10 @@ class KernelOptions:
     # round where the draft is refused; speculative/kernels/sampled_pick.py): k more verify rows.
     # LOCALCHAT_SAMPLED_RUNNERS_UP=1.
     sampled_runners_up: bool = False
+    # A draft tree's level (the frontier's top-k, the candidates' scores and buffers, the next
+    # frontier) as one launch (speculative/kernels/tree_level.py) instead of some fifteen torch ops.
+    # Off until timed on a GPU. LOCALCHAT_TREE_LEVEL=1.
+    tree_level: bool = False
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -181,6 +185,7 @@ class KernelOptions:
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
             sampled_runners_up=_flag(env, "LOCALCHAT_SAMPLED_RUNNERS_UP", default=False),
+            tree_level=_flag(env, "LOCALCHAT_TREE_LEVEL", default=False),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),

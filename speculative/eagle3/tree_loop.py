@@ -51,6 +51,12 @@ class TreeDrafting:
         # Rows read their ancestors through slot maps, the lengths on the device (what a graph
         # needs), wherever an attention kernel serves; tests set it on the CPU to run that body.
         self.on_device = runner.model.ops.attention is not None
+        # A level of the growth as one launch (KernelOptions.tree_level): a GPU's, or the
+        # interpreter's in tests.
+        from engine.options import triton_interpreting
+
+        self.fused_level = (self.on_device and runner.model.ops.options.tree_level
+                            and (dev.type == "cuda" or triton_interpreting()))
         # the state a step starts from, left by the step before (or set by iterations())
         self.n = torch.zeros((), dtype=torch.long, device=dev)  # the root's position: the target's cache length
         self.root = torch.zeros(1, dtype=torch.long, device=dev)  # the token at n
@@ -292,6 +298,8 @@ class TreeDrafting:
             logits, out = draft(tokens, positions, hidden, False, parts.embed, parts.kv, start_pos=n, slots=slots,
                                 **tree_rows)
             hidden_of.index_copy_(0, frontier, out.to(hidden_of.dtype))
-            return F.log_softmax(logits.float(), dim=-1)
+            return logits if fused else F.log_softmax(logits.float(), dim=-1)
 
-        return grow_tree(F.log_softmax(root_logits.float(), dim=-1), expand, self.shape)
+        fused = self.fused_level and n is None
+        return grow_tree(root_logits if fused else F.log_softmax(root_logits.float(), dim=-1), expand, self.shape,
+                         fused=fused)

@@ -46,7 +46,7 @@ class DraftTree:
 Expand = Callable[[torch.Tensor, "DraftTree"], torch.Tensor]
 
 
-def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> DraftTree:
+def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fused: bool = False) -> DraftTree:
     """root_logprobs: (V,) the draft's log-probabilities for the token after the root.
     expand(frontier, grown): (F, V) the draft's log-probabilities for the token after each of the
     frontier nodes (indices into `grown`, the candidates so far, whose paths they extend; all of
@@ -54,7 +54,9 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> 
 
     Few tensor operations (in a captured tree step each is a kernel): the candidates go into
     buffers of every node the shape can make, level after level, so that their index order is
-    their depth order."""
+    their depth order. fused: each level is one launch (speculative/kernels/tree_level.py; CUDA
+    or Triton's interpreter), and the root's and expand's rows may be logits as well (a row's
+    log-softmax is taken inside)."""
     k = min(shape.topk, root_logprobs.shape[-1])
     dev = root_logprobs.device
     count = k + max(shape.depth - 1, 0) * k * k
@@ -62,6 +64,18 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> 
     scores = torch.empty(count, dtype=torch.float32, device=dev)
     parents = torch.full((count,), -1, dtype=torch.int64, device=dev)
     depths = _depths(k, shape.depth, dev)
+    if fused:
+        from speculative.kernels.tree_level import tree_level
+
+        frontier = torch.empty(k, dtype=torch.int64, device=dev)
+        tree_level(root_logprobs.reshape(1, -1), None, tokens, parents, scores, 0, k, frontier)
+        grown = k
+        for _ in range(2, shape.depth + 1):
+            rows = expand(frontier, DraftTree(tokens[:grown], parents[:grown], depths[:grown], scores[:grown]))
+            nxt = torch.empty(k, dtype=torch.int64, device=dev)  # expand has read frontier; the kernel reads it too
+            tree_level(rows, frontier, tokens, parents, scores, grown, k, nxt)
+            frontier, grown = nxt, grown + k * k
+        return _kept(tokens, parents, depths, scores, shape.tokens)
     top = _top(root_logprobs.float(), k)
     tokens[:k], scores[:k] = top.indices, top.values
     frontier = torch.arange(k, device=dev)
@@ -76,9 +90,16 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape) -> 
         parents[grown:grown + width] = frontier[:, None].expand(-1, k).flatten()
         frontier = grown + _top(cand, min(k, width)).indices
         grown += width
+    return _kept(tokens, parents, depths, scores, shape.tokens)
+
+
+def _kept(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, scores: torch.Tensor,
+          most: int) -> DraftTree:
+    """The tree of the `most` best candidates, in verify order."""
+    count, dev = tokens.shape[0], tokens.device
     # the best `tokens` by score, ties to the shallower, then earlier node: the index order is
     # the depth order, so a stable sort by score alone gives that
-    keep = torch.sort(-scores, stable=True).indices[:min(shape.tokens, count)]
+    keep = torch.sort(-scores, stable=True).indices[:min(most, count)]
     # verify order: by depth, then score (a stable sort of the kept ones by depth)
     keep = keep.index_select(0, torch.sort(depths.index_select(0, keep), stable=True).indices)
     new_index = torch.full((count,), -1, dtype=torch.int64, device=dev)

@@ -1,0 +1,139 @@
+"""A draft tree's level in one launch (speculative/kernels/tree_level.py): the kernel equals its
+torch reference, a tree grown level by level with it is the one grow_tree's torch ops grow, and
+tree speculation with it in the engine stays plain decoding.
+
+The kernel runs on CUDA (marked gpu), and on the CPU through Triton's interpreter only with
+LOCALCHAT_TRITON_INTERPRET=1 (run this file alone then)."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("LOCALCHAT_TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined (lazily)
+
+from speculative.kernels.tree_level import tree_level, tree_level_ref  # noqa: E402
+from speculative.tree.grow import DraftTree, grow_tree  # noqa: E402
+from speculative.tree.shape import TreeShape  # noqa: E402
+
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
+]
+
+
+def _buffers(count, g, device):
+    return (torch.zeros(count, dtype=torch.int64, device=device),
+            torch.full((count,), -7, dtype=torch.int64, device=device),
+            torch.randn(count, generator=g).to(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("V,k,F,dtype,ties", [
+    (200, 3, 1, torch.float32, False),  # the root
+    (200, 3, 3, torch.float32, False),
+    (6151, 4, 4, torch.bfloat16, False),  # several blocks a row; the lean draft's bf16 logits
+    (50, 8, 8, torch.float32, True),  # ten equal logits a row: the lower index first
+    (5, 5, 5, torch.float32, False),  # every token a child
+])
+def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties):
+    g = torch.Generator().manual_seed(V + k)
+    for trial in range(3):
+        logits = (torch.randn(F, V, generator=g) * 3).to(dtype)
+        if ties:
+            logits[:, 10:20] = 4.0
+        frontier = None if F == 1 else torch.randperm(20, generator=g)[:F]
+        got, want = _buffers(200, g, device), None
+        want = tuple(b.clone() for b in got)
+        nexts = [torch.full((k,), -1, dtype=torch.int64, device=device) for _ in range(2)]
+        fr = None if frontier is None else frontier.to(device)
+        tree_level(logits.to(device), fr, *got, 40, k, nexts[0])
+        tree_level_ref(logits.to(device), fr, *want, 40, k, nexts[1])
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), trial
+        torch.testing.assert_close(got[2], want[2], atol=2e-6, rtol=1e-6)
+        assert torch.equal(nexts[0], nexts[1]), (nexts, trial)
+        # a child's score is never above its parent's (grow_tree's selection keeps ancestors so)
+        parent_scores = got[2][got[1][40:40 + F * k].clamp_min(0)] if F > 1 else torch.zeros(k, device=device)
+        assert bool((got[2][40:40 + F * k] <= parent_scores).all())
+
+
+class _RandomHead:
+    """expand(): logits after each frontier node, a fixed function of the node's path."""
+
+    def __init__(self, V, seed, device, dtype):
+        g = torch.Generator().manual_seed(seed)
+        self.table = (torch.randn(97, V, generator=g) * 2.5).to(device, dtype)
+
+    def __call__(self, frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:
+        key = grown.tokens.index_select(0, frontier) * 7 + grown.parents.index_select(0, frontier) + 1
+        return self.table.index_select(0, key % 97)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(8, 6, 48), TreeShape(1, 4, 4),
+                                   TreeShape(2, 1, 2)])
+@pytest.mark.parametrize("V", [300, 6151])
+def test_a_tree_grown_with_the_kernel_is_grow_trees(device, shape, V):
+    """Level by level with the kernel (logits in, log-softmax inside) against grow_tree's torch
+    ops (log-probabilities in): the same tokens, parents and depths, scores to a rounding."""
+    head = _RandomHead(V, shape.topk * 10 + shape.depth, device, torch.float32)
+    root = head.table[5]
+    want = grow_tree(torch.log_softmax(root, -1), lambda f, t: torch.log_softmax(head(f, t), -1), shape)
+    got = grow_tree(root, head, shape, fused=True)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.parents, want.parents)
+    assert torch.equal(got.depths, want.depths) and len(got) == min(shape.tokens, len(want))
+    torch.testing.assert_close(got.scores, want.scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
+@pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 4, 20)])
+def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, monkeypatch):
+    """The engine's tree step (the one a GPU captures: slot maps) with each level one launch
+    grows the trees the torch ops grow and answers as plain greedy decoding."""
+    from speculative.eagle3.tree_loop import TreeDrafting
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.speculative.test_tree_engine import _engine, _run, _set_tree
+    from tests.tiny import make_tiny_model, read_config
+
+    target = make_tiny_model(tmp_path / "llama", "llama", num_layers=4, seed=3)
+    cfg = read_config(target)
+    e = _engine(target, write_head(tmp_path / "h0", cfg, "sglang",
+                                   head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=4), 64, (1, 2, 3)))
+    plain, _ = _run(e, False, n=48)
+    grown: list = []
+    grow = TreeDrafting._grow
+    monkeypatch.setattr(TreeDrafting, "_grow", lambda self, n: grown.append(grow(self, n)) or grown[-1])
+    trees = {}
+    for fused in (False, True):
+        grown.clear()
+        _set_tree(e, shape, True)
+        e.speculator.tree_step(shape).fused_level = fused
+        trees[fused] = (_run(e, True, n=48)[0], list(grown))
+    (torch_ops, by_ops), (kernel, by_kernel) = trees[False], trees[True]
+    assert torch_ops == kernel == plain and len(by_ops) == len(by_kernel) > 5
+    for a, b in zip(by_ops, by_kernel):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+        torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
+def test_paths_through_later_siblings_with_the_level_kernel(tmp_path):
+    """A head whose logits all tie ranks c, a, b by index (the kernel's ties go to the lower
+    index, as the torch ops' stable sort); the target takes a then b, so each step accepts a path
+    of later siblings: the answer is plain decoding's, two drafts a step at least."""
+    from tests.speculative.test_tree_engine import A, B, C, _chained_target, _engine, _ranked_draft, _run, _set_tree
+    from tests.tiny import make_tiny_model, read_config
+
+    target = make_tiny_model(tmp_path / "llama", "llama", num_layers=4, seed=3)
+    chained = _chained_target(target, tmp_path / "chained")
+    e = _engine(chained, _ranked_draft(tmp_path, read_config(target), [C, A, B]))
+    plain, _ = _run(e, False, n=40)
+    shape = TreeShape(3, 3, 12)
+    _set_tree(e, shape, True)
+    e.speculator.tree_step(shape).fused_level = True
+    spec, stats = _run(e, True, n=40)
+    assert spec == plain and plain[:4] == [A, B, A, B]
+    assert stats.accept_len_mean >= 2.5, stats.accept_hist
