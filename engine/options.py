@@ -121,8 +121,8 @@ class KernelOptions:
     # LOCALCHAT_SAMPLED_RUNNERS_UP=1.
     sampled_runners_up: bool = False
     # A draft tree's level (the frontier's top-k, the candidates' scores and buffers, the next
-    # frontier) as one launch (speculative/kernels/tree_level.py) instead of some fifteen torch ops.
-    # Off until timed on a GPU. LOCALCHAT_TREE_LEVEL=1.
+    # frontier and its expansion's inputs) as one launch (speculative/kernels/tree_level.py)
+    # instead of some thirty torch ops. Off until timed on a GPU. LOCALCHAT_TREE_LEVEL=1.
     tree_level: bool = False
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by

@@ -185,7 +185,7 @@ class TreeDrafting:
         parts, draft, runner = self.parts, self.parts.draft, self.runner
         dev, n_t = runner.device, self.n
         masks = n is not None  # the host's n is given only to attend through masks
-        tree = self._grow(n if masks else None)
+        tree = self._grow_fused() if self.fused_level and not masks else self._grow(n if masks else None)
         target_tree = DraftTree(draft.to_target_ids(tree.tokens), tree.parents, tree.depths, tree.scores)
         N = len(tree)
         ids = torch.cat([self.root, target_tree.tokens])
@@ -298,8 +298,38 @@ class TreeDrafting:
             logits, out = draft(tokens, positions, hidden, False, parts.embed, parts.kv, start_pos=n, slots=slots,
                                 **tree_rows)
             hidden_of.index_copy_(0, frontier, out.to(hidden_of.dtype))
-            return logits if fused else F.log_softmax(logits.float(), dim=-1)
+            return F.log_softmax(logits.float(), dim=-1)
 
-        fused = self.fused_level and n is None
-        return grow_tree(root_logits if fused else F.log_softmax(root_logits.float(), dim=-1), expand, self.shape,
-                         fused=fused)
+        return grow_tree(F.log_softmax(root_logits.float(), dim=-1), expand, self.shape)
+
+    def _grow_fused(self):
+        """_grow's tree with each level one launch (KernelOptions.tree_level): the level's kernel
+        also writes the next expansion's inputs (LevelInputs), so an expansion is the draft's
+        forward, the gather of the states it continues from, and the store of its own."""
+        from speculative.kernels.tree_level import LevelInputs
+
+        parts, draft, shape = self.parts, self.parts.draft, self.shape
+        root_logits, root_hidden, n_t = self.d_logits[0], self.d_hidden, self.n
+        dev = root_logits.device
+        k = min(shape.topk, root_logits.shape[-1])
+        candidates = k + max(shape.depth - 1, 0) * k * k
+        # Every entry below is written before anything reads it (a node's row once it is expanded,
+        # the frontier's inputs by the level before): no fills.
+        hidden_of = root_hidden.new_empty(candidates, root_hidden.shape[-1])  # expanded node -> the state after it
+        long = dict(dtype=torch.long, device=dev)
+        inputs = LevelInputs(n=n_t, d2t=draft.d2t, slot_of=torch.empty(candidates, **long),
+                             slots=torch.empty(k, **long),
+                             slot_map=torch.empty(k, max(1, shape.depth - 2), dtype=torch.int32, device=dev),
+                             ids=torch.empty(k, **long), positions=torch.empty(k, **long), above=torch.empty(k, **long))
+        base = n_t.to(torch.int32).expand(k).contiguous()
+        first = [True]
+
+        def expand(frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:
+            hidden = root_hidden.expand(k, -1).contiguous() if first[0] else hidden_of.index_select(0, inputs.above)
+            first[0] = False
+            logits, out = draft(inputs.ids, inputs.positions, hidden, False, parts.embed, parts.kv, start_pos=None,
+                                slots=inputs.slots, slot_map=inputs.slot_map, map_base=base)
+            hidden_of.index_copy_(0, frontier, out.to(hidden_of.dtype))
+            return logits
+
+        return grow_tree(root_logits, expand, shape, fused=True, inputs=inputs)

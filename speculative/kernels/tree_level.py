@@ -8,12 +8,15 @@ candidate buffers; None: the root, F = 1). Each row's top k, ordered by value wi
 lower index, becomes that node's children: candidates grown + f * k + j get the draft id, the
 parent, and the parent's score plus the child's log-probability (its logit less the row's
 logsumexp). The k best of the F * k new candidates by score (ties: the lower index) go to
-next_frontier, as candidate indices: the nodes the next level expands.
+next_frontier, as candidate indices: the nodes the next level expands. With `inputs` (LevelInputs)
+the same launch writes what that expansion reads: the frontier's scratch rows, slot map, target
+ids, positions and parents.
 
 This is speculative/tree/grow.py's level (a log-softmax, a top-k with its ordering sorts, the
-candidates' scores and buffers, the selection's sort: some fifteen launches) as one: F programs,
-one a frontier row (a pass for the logsumexp, then k passes each taking the best value after the
-one before), the last to finish choosing the next frontier from the scores the others wrote.
+candidates' scores and buffers, the selection's sort) and TreeDrafting._grow's inputs to the next
+expansion (some thirty launches in all) as one: F programs, one a frontier row (a pass for the
+logsumexp, then k passes each taking the best value after the one before), the last to finish
+choosing the next frontier from the scores the others wrote, and writing its inputs.
 Where grow.py takes torch.topk (a vocabulary over its SORT_LIMIT), the order differs only where
 the k-th and the next value tie; scores may differ from the torch ops' by a rounding.
 tree_level_ref is the same in torch ops (the tests' reference).
@@ -22,6 +25,7 @@ tree_level_ref is the same in torch ops (the tests' reference).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -40,8 +44,10 @@ def _kernels():
 
     @triton.jit
     def tree_level_kernel(logits_ptr, stride, frontier_ptr, tokens_ptr, parents_ptr, scores_ptr, next_ptr,
-                          count_ptr, vocab, grown, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
-                          ROOT: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+                          count_ptr, n_ptr, d2t_ptr, slot_of_ptr, slots_ptr, map_ptr, ids_ptr, pos_ptr, above_ptr,
+                          vocab, grown, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, ROOT: tl.constexpr,
+                          NEXT: tl.constexpr, DEPTH: tl.constexpr, MAPW: tl.constexpr, MAPWP: tl.constexpr,
+                          BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -106,13 +112,39 @@ def _kernels():
             # (names of their own: a variable bound before this branch keeps its type in it)
             sel_v = tl.full([], float("inf"), tl.float32)
             sel_i = tl.full([], -1, tl.int32)
+            nodes = tl.zeros([KP], tl.int32)
             for j in tl.static_range(K):
                 after = (c < width) & ((cand < sel_v) | ((cand == sel_v) & (c > sel_i)))
                 v_sel = tl.max(tl.where(after, cand, float("-inf")), axis=0)
                 i_sel = tl.min(tl.where(after & (cand == v_sel), c, CP), axis=0)
                 tl.store(next_ptr + j, (grown + i_sel).to(next_ptr.dtype.element_ty), mask=j < width)
+                nodes = tl.where(lane == j, grown + i_sel, nodes)
                 sel_v = v_sel
                 sel_i = i_sel
+            if NEXT:
+                # the next expansion's inputs, for the new frontier (depth DEPTH): its scratch rows
+                # in the draft's cache, its tokens in the target's ids, their positions, the
+                # parents whose states they continue from, and each one's ancestors' rows
+                ok = lane < K
+                n = tl.load(n_ptr)
+                slot = n + K * (DEPTH - 1) + lane
+                tl.store(slots_ptr + lane, slot, mask=ok)
+                tl.store(slot_of_ptr + nodes, slot, mask=ok)
+                t = tl.load(tokens_ptr + nodes, mask=ok, other=0, cache_modifier=".cg")
+                tl.store(ids_ptr + lane, t + tl.load(d2t_ptr + t, mask=ok, other=0), mask=ok)
+                tl.store(pos_ptr + lane, tl.zeros([KP], tl.int64) + n + (DEPTH - 1), mask=ok)
+                up = tl.load(parents_ptr + nodes, mask=ok, other=0, cache_modifier=".cg")
+                tl.store(above_ptr + lane, up, mask=ok)
+                # entry j: the row of the ancestor at depth j + 1; from DEPTH - 1 on, never read
+                col = tl.arange(0, MAPWP)
+                rows_map = tl.zeros([KP, MAPWP], tl.int32)
+                for step in tl.static_range(DEPTH - 1):
+                    at = tl.load(slot_of_ptr + up, mask=ok, other=0, cache_modifier=".cg")
+                    rows_map = tl.where(col[None, :] == DEPTH - 2 - step, at.to(tl.int32)[:, None], rows_map)
+                    if step < DEPTH - 2:  # (the ancestor at depth 1 has no parent to read)
+                        up = tl.load(parents_ptr + up, mask=ok, other=0, cache_modifier=".cg")
+                tl.store(map_ptr + lane[:, None] * MAPW + col[None, :], rows_map,
+                         mask=ok[:, None] & (col[None, :] < MAPW))
             tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
 
     return tree_level_kernel
@@ -125,25 +157,56 @@ def _counter(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
 
 
+@dataclass(frozen=True)
+class LevelInputs:
+    """What the next expansion of a tree's frontier reads, written by the level before it (see
+    TreeDrafting._grow): n () int64 the root's position; d2t (Dv,) int64 draft id -> target id
+    less draft id; slot_of (candidates,) int64 each expanded node's scratch row in the draft's
+    cache; and for the k frontier nodes: slots (k,) int64 their scratch rows (n + k * (depth - 1)
+    + r), slot_map (k, width) int32 (entry j: the row of the ancestor at depth j + 1), ids (k,)
+    int64 their tokens in the target's ids, positions (k,) int64 (n + depth - 1), above (k,) int64
+    their parents (-1 at depth 1)."""
+
+    n: torch.Tensor
+    d2t: torch.Tensor
+    slot_of: torch.Tensor
+    slots: torch.Tensor
+    slot_map: torch.Tensor
+    ids: torch.Tensor
+    positions: torch.Tensor
+    above: torch.Tensor
+
+
 def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torch.Tensor, parents: torch.Tensor,
-               scores: torch.Tensor, grown: int, k: int, next_frontier: torch.Tensor, pdl: bool = True) -> None:
+               scores: torch.Tensor, grown: int, k: int, next_frontier: torch.Tensor,
+               inputs: LevelInputs | None = None, depth: int = 0, pdl: bool = True) -> None:
     """The module's docstring. logits (F, Dv) fp32 or bf16, last dim contiguous; frontier (F,)
     int64 or None (the root: F = 1, parent -1, score 0); tokens, parents (int64) and scores (fp32)
     the candidate buffers, written at grown .. grown + F * k; next_frontier (min(k, F * k),) int64.
-    k at most Dv. CUDA (or the Triton interpreter); no host sync."""
+    k at most Dv. inputs: the next expansion's (LevelInputs), for a frontier of `depth` (the
+    children's depth); None where no expansion follows. CUDA (or the Triton interpreter); no
+    host sync."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and 1 <= k <= vocab
     assert (rows == 1) if frontier is None else frontier.shape == (rows,)
     assert scores.dtype == torch.float32 and tokens.dtype == parents.dtype == torch.int64
     assert next_frontier.numel() >= min(k, rows * k)
+    width = 1 if inputs is None else inputs.slot_map.shape[1]
+    if inputs is not None:
+        assert rows * k >= k and 1 <= depth and depth - 1 <= width and inputs.slot_map.dtype == torch.int32
+        assert inputs.slot_map.is_contiguous() and inputs.slot_map.shape[0] == k
+    io = inputs or LevelInputs(*([tokens] * 8))  # never read without NEXT
     _kernels()[(rows,)](logits, logits.stride(0), tokens if frontier is None else frontier, tokens, parents,
-                        scores, next_frontier, _counter(logits.device), vocab, grown, K=k, KP=next_pow2(k),
-                        CP=next_pow2(rows * k), ROOT=frontier is None, BLOCK=min(_BLOCK, next_pow2(vocab)),
-                        num_warps=4, **pdl_args(logits.device, pdl))
+                        scores, next_frontier, _counter(logits.device), io.n, io.d2t, io.slot_of, io.slots,
+                        io.slot_map, io.ids, io.positions, io.above, vocab, grown, K=k, KP=next_pow2(k),
+                        CP=next_pow2(rows * k), ROOT=frontier is None, NEXT=inputs is not None, DEPTH=max(depth, 1),
+                        MAPW=width, MAPWP=next_pow2(width), BLOCK=min(_BLOCK, next_pow2(vocab)), num_warps=4,
+                        **pdl_args(logits.device, pdl))
 
 
 def tree_level_ref(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torch.Tensor, parents: torch.Tensor,
-                   scores: torch.Tensor, grown: int, k: int, next_frontier: torch.Tensor) -> None:
+                   scores: torch.Tensor, grown: int, k: int, next_frontier: torch.Tensor,
+                   inputs: LevelInputs | None = None, depth: int = 0) -> None:
     """tree_level in torch ops: a stable sort gives the order (ties to the lower index)."""
     rows = logits.shape[0]
     lp = torch.log_softmax(logits.float(), dim=-1)
@@ -155,5 +218,19 @@ def tree_level_ref(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: 
     tokens[grown:grown + width] = indices.flatten()
     parents[grown:grown + width] = (torch.full((rows,), -1, dtype=torch.int64, device=logits.device)
                                     if frontier is None else frontier)[:, None].expand(-1, k).flatten()
-    best = torch.sort(scores[grown:grown + width], descending=True, stable=True).indices[:min(k, width)]
-    next_frontier[:best.shape[0]] = grown + best
+    best = grown + torch.sort(scores[grown:grown + width], descending=True, stable=True).indices[:min(k, width)]
+    next_frontier[:best.shape[0]] = best
+    if inputs is None:
+        return
+    n = inputs.n
+    inputs.slots.copy_(n + k * (depth - 1) + torch.arange(k, device=n.device))
+    inputs.slot_of[best] = inputs.slots
+    t = tokens[best]
+    inputs.ids.copy_(t + inputs.d2t[t])
+    inputs.positions.fill_(int(n) + depth - 1)
+    inputs.above.copy_(parents[best])
+    inputs.slot_map.zero_()
+    up = parents[best]
+    for j in range(depth - 2, -1, -1):  # the ancestor at depth j + 1
+        inputs.slot_map[:, j] = inputs.slot_of[up].to(torch.int32)
+        up = parents[up.clamp_min(0)]

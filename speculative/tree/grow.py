@@ -46,7 +46,8 @@ class DraftTree:
 Expand = Callable[[torch.Tensor, "DraftTree"], torch.Tensor]
 
 
-def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fused: bool = False) -> DraftTree:
+def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fused: bool = False,
+              inputs=None) -> DraftTree:
     """root_logprobs: (V,) the draft's log-probabilities for the token after the root.
     expand(frontier, grown): (F, V) the draft's log-probabilities for the token after each of the
     frontier nodes (indices into `grown`, the candidates so far, whose paths they extend; all of
@@ -56,7 +57,8 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
     buffers of every node the shape can make, level after level, so that their index order is
     their depth order. fused: each level is one launch (speculative/kernels/tree_level.py; CUDA
     or Triton's interpreter), and the root's and expand's rows may be logits as well (a row's
-    log-softmax is taken inside)."""
+    log-softmax is taken inside); with `inputs` (its LevelInputs) each level also writes the
+    next expansion's inputs there, before expand is called."""
     k = min(shape.topk, root_logprobs.shape[-1])
     dev = root_logprobs.device
     count = k + max(shape.depth - 1, 0) * k * k
@@ -67,13 +69,16 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
     if fused:
         from speculative.kernels.tree_level import tree_level
 
+        def next_inputs(depth: int):  # for the expansion of a frontier of this depth, if one follows
+            return (inputs, depth) if inputs is not None and depth < shape.depth else (None, 0)
+
         frontier = torch.empty(k, dtype=torch.int64, device=dev)
-        tree_level(root_logprobs.reshape(1, -1), None, tokens, parents, scores, 0, k, frontier)
+        tree_level(root_logprobs.reshape(1, -1), None, tokens, parents, scores, 0, k, frontier, *next_inputs(1))
         grown = k
-        for _ in range(2, shape.depth + 1):
+        for depth in range(2, shape.depth + 1):
             rows = expand(frontier, DraftTree(tokens[:grown], parents[:grown], depths[:grown], scores[:grown]))
             nxt = torch.empty(k, dtype=torch.int64, device=dev)  # expand has read frontier; the kernel reads it too
-            tree_level(rows, frontier, tokens, parents, scores, grown, k, nxt)
+            tree_level(rows, frontier, tokens, parents, scores, grown, k, nxt, *next_inputs(depth))
             frontier, grown = nxt, grown + k * k
         return _kept(tokens, parents, depths, scores, shape.tokens)
     top = _top(root_logprobs.float(), k)

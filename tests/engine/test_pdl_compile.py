@@ -20,7 +20,8 @@ POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_pt
             "map_ptr": "*i32", "map_base_ptr": "*i32", "sq_ptr": "*fp32", "temp_ptr": "*fp32", "e_ptr": "*fp32",
             "q_ptr": "*fp32", "tok_ptr": "*i64", "stats_ptr": "*fp32", "drafts_ptr": "*i64", "to_draft_ptr": "*i32",
             "u_ptr": "*fp32", "alt_ptr": "*i64", "u_alt_ptr": "*fp32", "mass_ptr": "*fp32"}
-_TREE_POINTERS = {"frontier_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "scores_ptr": "*fp32"}
+_TREE_POINTERS = {"frontier_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "scores_ptr": "*fp32",
+                  "d2t_ptr": "*i64", "slot_of_ptr": "*i64", "slots_ptr": "*i64", "above_ptr": "*i64"}
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 # Kernels that read what no kernel of the step writes just before them (positions, tables)
 # before their PDL wait.
@@ -103,9 +104,13 @@ def _kernels():
          {"part_ptr": "*fp32", "out_ptr": "*i64", "count_ptr": "*i32"}),
         ("sampled residual mass", sampled_pick._kernels()[3], dict(K=5, PARTS=8, CHUNK=6144, BLOCK=2048), 4,
          {"logits_ptr": "*fp32"}),
-        ("tree level root", tree_level._kernels(), dict(K=4, KP=4, CP=4, ROOT=True, BLOCK=2048), 4, _TREE_POINTERS),
-        ("tree level", tree_level._kernels(), dict(K=3, KP=4, CP=16, ROOT=False, BLOCK=2048), 4,
+        ("tree level root", tree_level._kernels(),
+         dict(K=4, KP=4, CP=4, ROOT=True, NEXT=True, DEPTH=1, MAPW=3, MAPWP=4, BLOCK=2048), 4, _TREE_POINTERS),
+        ("tree level", tree_level._kernels(),
+         dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=2048), 4,
          {**_TREE_POINTERS, "logits_ptr": "*fp32"}),
+        ("tree level last", tree_level._kernels(),
+         dict(K=8, KP=8, CP=64, ROOT=False, NEXT=False, DEPTH=1, MAPW=1, MAPWP=1, BLOCK=2048), 4, _TREE_POINTERS),
         ("gemv silu_mul M=16 split", dot_kernel,
          dict(dot_base, PROLOGUE=2, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512, EVEN_K=True), 4),
         ("gemv M=16 swap_ab", dot_kernel, dict(dot_base, PROLOGUE=0, BLOCK_M=16, BLOCK_N=64, SWAP_AB=True), 4),
@@ -131,7 +136,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 36  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 37  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

@@ -88,6 +88,46 @@ def test_a_tree_grown_with_the_kernel_is_grow_trees(device, shape, V):
     torch.testing.assert_close(got.scores, want.scores, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(2, 6, 10), TreeShape(3, 2, 6)])
+def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch):
+    """With LevelInputs, each level's launch also writes what the next expansion reads (its
+    scratch rows, slot map, target ids, positions, parents): the torch reference's, level by level."""
+    import speculative.kernels.tree_level as TL
+
+    head = _RandomHead(300, shape.depth, device, torch.float32)
+    g = torch.Generator().manual_seed(shape.tokens)
+    d2t = torch.randint(-5, 50, (300,), generator=g).to(device)
+    k = shape.topk
+    candidates = k + (shape.depth - 1) * k * k
+    seen = {}
+    for name, level in (("kernel", TL.tree_level), ("reference", TL.tree_level_ref)):
+        monkeypatch.setattr(TL, "tree_level", level)  # what grow_tree's fused levels call
+        long = dict(dtype=torch.long, device=device)
+        inputs = TL.LevelInputs(n=torch.tensor(37, device=device), d2t=d2t, slot_of=torch.full((candidates,), -9, **long),
+                                slots=torch.zeros(k, **long),
+                                slot_map=torch.zeros(k, max(1, shape.depth - 2), dtype=torch.int32, device=device),
+                                ids=torch.zeros(k, **long), positions=torch.zeros(k, **long), above=torch.zeros(k, **long))
+        record = []
+
+        def expand(frontier, grown):
+            record.append([t.clone() for t in (inputs.slots, inputs.slot_map, inputs.ids, inputs.positions,
+                                               inputs.above, frontier)])
+            return head(frontier, grown)
+
+        tree = grow_tree(head.table[5], expand, shape, fused=True, inputs=inputs)
+        seen[name] = (tree, record, inputs.slot_of.clone())
+    (tree, record, slot_of), (tree_ref, record_ref, slot_of_ref) = seen["kernel"], seen["reference"]
+    assert torch.equal(tree.tokens, tree_ref.tokens) and torch.equal(slot_of, slot_of_ref)
+    assert len(record) == len(record_ref) == shape.depth - 1
+    for depth, (got, want) in enumerate(zip(record, record_ref), start=1):
+        for name, a, b in zip(("slots", "slot_map", "ids", "positions", "above", "frontier"), got, want):
+            assert torch.equal(a, b), (depth, name, a, b)
+    # the deepest expansion reads its ancestors' rows: n + k * (depth - 1) + rank, depth 1 first
+    if shape.depth > 2:
+        assert bool((record[-1][1][:, 0] >= 37).all() and (record[-1][1][:, 0] < 37 + k).all())
+
+
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
 @pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 4, 20)])
 def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, monkeypatch):
@@ -106,6 +146,8 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, mo
     grown: list = []
     grow = TreeDrafting._grow
     monkeypatch.setattr(TreeDrafting, "_grow", lambda self, n: grown.append(grow(self, n)) or grown[-1])
+    grow_fused = TreeDrafting._grow_fused
+    monkeypatch.setattr(TreeDrafting, "_grow_fused", lambda self: grown.append(grow_fused(self)) or grown[-1])
     trees = {}
     for fused in (False, True):
         grown.clear()
