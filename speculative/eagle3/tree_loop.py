@@ -185,12 +185,18 @@ class TreeDrafting:
         parts, draft, runner = self.parts, self.parts.draft, self.runner
         dev, n_t = runner.device, self.n
         masks = n is not None  # the host's n is given only to attend through masks
-        tree = self._grow_fused() if self.fused_level and not masks else self._grow(n if masks else None)
-        target_tree = DraftTree(draft.to_target_ids(tree.tokens), tree.parents, tree.depths, tree.scores)
-        N = len(tree)
-        ids = torch.cat([self.root, target_tree.tokens])
-        positions = n_t + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.depths])
-        slots = n_t + torch.arange(N + 1, device=dev)
+        if self.fused_level and not masks:  # the tree and its verify rows' inputs from the tree kernels
+            verify = self._grow_fused()
+            target_tree = DraftTree(verify.ids[1:], verify.parents, verify.depths, verify.scores)
+            ids, positions, slots = verify.ids, verify.positions, verify.slots
+            N = len(target_tree)
+        else:
+            tree = self._grow(n if masks else None)
+            target_tree = DraftTree(draft.to_target_ids(tree.tokens), tree.parents, tree.depths, tree.scores)
+            N = len(tree)
+            ids = torch.cat([self.root, target_tree.tokens])
+            positions = n_t + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.depths])
+            slots = n_t + torch.arange(N + 1, device=dev)
         # The decode kernel verifies at most MAX_ROWS rows a forward, so that on a batch-invariant
         # target every row runs the kernels, and has the bits, of its token's decode step: a longer
         # tree goes in chunks, in order (a node's ancestors come before it, their K/V written by
@@ -202,6 +208,8 @@ class TreeDrafting:
             visible[:, :n] = True
             visible[:, n:] = tree_mask(tree.parents)
             tree_rows = {"visible": visible}
+        elif self.fused_level:
+            tree_rows = {"slot_map": verify.slot_map, "map_base": verify.map_base}
         else:
             slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n_t, self.shape.depth + 1)
             tree_rows = {"slot_map": slot_map, "map_base": map_base}
@@ -305,8 +313,9 @@ class TreeDrafting:
     def _grow_fused(self):
         """_grow's tree with each level one launch (KernelOptions.tree_level): the level's kernel
         also writes the next expansion's inputs (LevelInputs), so an expansion is the draft's
-        forward, the gather of the states it continues from, and the store of its own."""
-        from speculative.kernels.tree_level import LevelInputs
+        forward, the gather of the states it continues from, and the store of its own. Then one
+        launch keeps the best nodes in verify order with the verify rows' inputs (VerifyRows)."""
+        from speculative.kernels.tree_level import LevelInputs, tree_select
 
         parts, draft, shape = self.parts, self.parts.draft, self.shape
         root_logits, root_hidden, n_t = self.d_logits[0], self.d_hidden, self.n
@@ -332,4 +341,6 @@ class TreeDrafting:
             hidden_of.index_copy_(0, frontier, out.to(hidden_of.dtype))
             return logits
 
-        return grow_tree(root_logits, expand, shape, fused=True, inputs=inputs)
+        grown = grow_tree(root_logits, expand, shape, fused=True, inputs=inputs, select=False)
+        return tree_select(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, draft.d2t, n_t,
+                           self.root, shape.depth)

@@ -19,7 +19,8 @@ logsumexp, then k passes each taking the best value after the one before), the l
 choosing the next frontier from the scores the others wrote, and writing its inputs.
 Where grow.py takes torch.topk (a vocabulary over its SORT_LIMIT), the order differs only where
 the k-th and the next value tie; scores may differ from the torch ops' by a rounding.
-tree_level_ref is the same in torch ops (the tests' reference).
+tree_level_ref is the same in torch ops (the tests' reference). tree_select (below) keeps the best
+candidates in verify order with the verify rows' inputs, in one more launch.
 """
 
 from __future__ import annotations
@@ -234,3 +235,134 @@ def tree_level_ref(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: 
     for j in range(depth - 2, -1, -1):  # the ancestor at depth j + 1
         inputs.slot_map[:, j] = inputs.slot_of[up].to(torch.int32)
         up = parents[up.clamp_min(0)]
+
+
+@functools.cache
+def _select_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def tree_select_kernel(tokens_ptr, parents_ptr, depths_ptr, scores_ptr, d2t_ptr, n_ptr, root_ptr, rank_ptr,
+                           index_ptr, out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_scores_ptr, ids_ptr,
+                           pos_ptr, slots_ptr, map_ptr, base_ptr, count, T: tl.constexpr, CP: tl.constexpr,
+                           D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, TP: tl.constexpr,
+                           USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        i = tl.arange(0, CP)
+        live = i < count
+        s = tl.load(scores_ptr + i, mask=live, other=float("-inf"))
+        d = tl.load(depths_ptr + i, mask=live, other=0)
+        # rank: how many candidates come first (a higher score, or the same and a lower index,
+        # which is the shallower: the index order is the depth order)
+        rank = tl.zeros([CP], tl.int32)
+        for j in range(0, count):
+            sj = tl.load(scores_ptr + j)
+            rank += ((sj > s) | ((sj == s) & (j < i))).to(tl.int32)
+        kept = live & (rank < T)
+        tl.store(rank_ptr + i, tl.where(kept, rank, CP + 1), mask=live)
+        tl.debug_barrier()
+        # verify order: by depth, then rank among the kept
+        pos = tl.zeros([CP], tl.int32)
+        for j in range(0, count):
+            rj = tl.load(rank_ptr + j)
+            dj = tl.load(depths_ptr + j)
+            pos += ((rj <= CP) & ((dj < d) | ((dj == d) & (rj < rank)))).to(tl.int32)
+        tl.store(index_ptr + i, tl.where(kept, pos, -1), mask=live)
+        tl.debug_barrier()
+        n = tl.load(n_ptr)
+        tok = tl.load(tokens_ptr + i, mask=live, other=0)
+        up = tl.load(parents_ptr + i, mask=live, other=-1)
+        new_up = tl.load(index_ptr + tl.maximum(up, 0), mask=kept & (up >= 0), other=-1)
+        tl.store(out_tokens_ptr + pos, tok, mask=kept)
+        tl.store(out_parents_ptr + pos, tl.where(up >= 0, new_up, -1).to(tl.int64), mask=kept)
+        tl.store(out_depths_ptr + pos, d, mask=kept)
+        tl.store(out_scores_ptr + pos, s, mask=kept)
+        tl.store(ids_ptr + 1 + pos, tok + tl.load(d2t_ptr + tok, mask=kept, other=0), mask=kept)
+        tl.store(pos_ptr + 1 + pos, n + d, mask=kept)
+        # the verify rows' slot map: entry e of a row the cache row of its ancestor at depth e (0:
+        # the root, row n; node m, row n + 1 + m), entries from its own depth on 0
+        col = tl.arange(0, WP)
+        rows_map = tl.where((col[None, :] == 0) & kept[:, None], (n + tl.zeros([CP, WP], tl.int64)).to(tl.int32), 0)
+        cur = up
+        for step in tl.static_range(D - 1):
+            at = d - 1 - step  # the depth of `cur`, where it is a node
+            real = kept & (at >= 1)
+            row = n + 1 + tl.load(index_ptr + tl.maximum(cur, 0), mask=real, other=0)
+            rows_map = tl.where((col[None, :] == at[:, None]) & real[:, None], row.to(tl.int32)[:, None], rows_map)
+            cur = tl.load(parents_ptr + tl.maximum(cur, 0), mask=real & (at >= 2), other=-1)
+        tl.store(map_ptr + (1 + pos)[:, None] * W + col[None, :], rows_map, mask=kept[:, None] & (col[None, :] < W))
+        # row 0, the root
+        r = tl.arange(0, TP)
+        tl.store(map_ptr + col, tl.where(col == 0, n, 0).to(tl.int32), mask=col < W)
+        tl.store(ids_ptr, tl.load(root_ptr))
+        tl.store(pos_ptr, n)
+        tl.store(slots_ptr + r, n + r, mask=r < T + 1)
+        tl.store(base_ptr + r, (n + tl.zeros([TP], tl.int64)).to(tl.int32), mask=r < T + 1)
+
+    return tree_select_kernel
+
+
+@functools.cache
+def _select_scratch(device: torch.device, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # each candidate's rank, then its verify index: written and read within one launch
+    return (torch.empty(size, dtype=torch.int32, device=device), torch.empty(size, dtype=torch.int32, device=device))
+
+
+@dataclass(frozen=True)
+class VerifyRows:
+    """A grown tree's kept nodes and the verify step's inputs for them (tree_select): the tree
+    (DraftTree fields: draft ids, parents, depths, scores) in verify order, and for its N + 1 rows
+    (0 the root): ids (target ids), positions, slots (cache rows), slot_map (N + 1, width) int32
+    and map_base (N + 1,) int32, as tree_slot_map gives them."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    scores: torch.Tensor
+    ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    slot_map: torch.Tensor
+    map_base: torch.Tensor
+
+
+def tree_select(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, scores: torch.Tensor, most: int,
+                d2t: torch.Tensor, n: torch.Tensor, root: torch.Tensor, depth: int, pdl: bool = True) -> VerifyRows:
+    """The `most` best candidates (grow_tree's selection: by score, ties to the lower index), in
+    verify order (by depth, then score), with the verify step's inputs: one launch, one program.
+    tokens, parents, depths (int64) and scores (fp32): every candidate, in grow_tree's layout
+    (index order is depth order); d2t (Dv,) int64; n () int64 the root's position; root (1,) int64
+    its token; depth: the tree shape's (the slot map is depth + 1 wide). CUDA (or the Triton
+    interpreter); no host sync."""
+    count, dev = tokens.shape[0], tokens.device
+    T = min(most, count)
+    W = depth + 1
+    long = dict(dtype=torch.int64, device=dev)
+    out = VerifyRows(tokens=torch.empty(T, **long), parents=torch.empty(T, **long), depths=torch.empty(T, **long),
+                     scores=torch.empty(T, dtype=torch.float32, device=dev), ids=torch.empty(T + 1, **long),
+                     positions=torch.empty(T + 1, **long), slots=torch.empty(T + 1, **long),
+                     slot_map=torch.empty(T + 1, W, dtype=torch.int32, device=dev),
+                     map_base=torch.empty(T + 1, dtype=torch.int32, device=dev))
+    CP = next_pow2(count)
+    rank, index = _select_scratch(dev, CP)
+    _select_kernel()[(1,)](tokens, parents, depths, scores, d2t, n, root, rank, index, out.tokens, out.parents,
+                           out.depths, out.scores, out.ids, out.positions, out.slots, out.slot_map, out.map_base,
+                           count, T=T, CP=CP, D=depth, W=W, WP=next_pow2(W), TP=next_pow2(T + 1),
+                           num_warps=4, **pdl_args(dev, pdl))
+    return out
+
+
+def tree_select_ref(tokens, parents, depths, scores, most, d2t, n, root, depth) -> VerifyRows:
+    """tree_select in torch ops: grow.py's selection and tree_slot_map."""
+    from speculative.tree.grow import DraftTree, _kept, tree_slot_map
+
+    tree: DraftTree = _kept(tokens, parents, depths, scores, most)
+    slot_map, base = tree_slot_map(tree.parents, tree.depths, n, depth + 1)
+    N, dev = len(tree), tokens.device
+    return VerifyRows(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, scores=tree.scores,
+                      ids=torch.cat([root, tree.tokens + d2t[tree.tokens]]),
+                      positions=n + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.depths]),
+                      slots=n + torch.arange(N + 1, device=dev), slot_map=slot_map, map_base=base)

@@ -47,7 +47,7 @@ Expand = Callable[[torch.Tensor, "DraftTree"], torch.Tensor]
 
 
 def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fused: bool = False,
-              inputs=None) -> DraftTree:
+              inputs=None, select: bool = True) -> DraftTree:
     """root_logprobs: (V,) the draft's log-probabilities for the token after the root.
     expand(frontier, grown): (F, V) the draft's log-probabilities for the token after each of the
     frontier nodes (indices into `grown`, the candidates so far, whose paths they extend; all of
@@ -58,7 +58,8 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
     their depth order. fused: each level is one launch (speculative/kernels/tree_level.py; CUDA
     or Triton's interpreter), and the root's and expand's rows may be logits as well (a row's
     log-softmax is taken inside); with `inputs` (its LevelInputs) each level also writes the
-    next expansion's inputs there, before expand is called."""
+    next expansion's inputs there, before expand is called. select=False: every candidate, in
+    their layout (for kernels/tree_level.py's tree_select), instead of the best shape.tokens."""
     k = min(shape.topk, root_logprobs.shape[-1])
     dev = root_logprobs.device
     count = k + max(shape.depth - 1, 0) * k * k
@@ -80,6 +81,8 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
             nxt = torch.empty(k, dtype=torch.int64, device=dev)  # expand has read frontier; the kernel reads it too
             tree_level(rows, frontier, tokens, parents, scores, grown, k, nxt, *next_inputs(depth))
             frontier, grown = nxt, grown + k * k
+        if not select:
+            return DraftTree(tokens, parents, depths, scores)
         return _kept(tokens, parents, depths, scores, shape.tokens)
     top = _top(root_logprobs.float(), k)
     tokens[:k], scores[:k] = top.indices, top.values
@@ -95,6 +98,8 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
         parents[grown:grown + width] = frontier[:, None].expand(-1, k).flatten()
         frontier = grown + _top(cand, min(k, width)).indices
         grown += width
+    if not select:
+        return DraftTree(tokens, parents, depths, scores)
     return _kept(tokens, parents, depths, scores, shape.tokens)
 
 

@@ -111,6 +111,10 @@ def _kernels():
          {**_TREE_POINTERS, "logits_ptr": "*fp32"}),
         ("tree level last", tree_level._kernels(),
          dict(K=8, KP=8, CP=64, ROOT=False, NEXT=False, DEPTH=1, MAPW=1, MAPWP=1, BLOCK=2048), 4, _TREE_POINTERS),
+        ("tree select", tree_level._select_kernel(), dict(T=12, CP=32, D=3, W=4, WP=4, TP=16), 4,
+         {**_TREE_POINTERS, "depths_ptr": "*i64", "root_ptr": "*i64", "rank_ptr": "*i32", "index_ptr": "*i32",
+          "out_tokens_ptr": "*i64", "out_parents_ptr": "*i64", "out_depths_ptr": "*i64", "out_scores_ptr": "*fp32",
+          "base_ptr": "*i32"}),
         ("gemv silu_mul M=16 split", dot_kernel,
          dict(dot_base, PROLOGUE=2, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512, EVEN_K=True), 4),
         ("gemv M=16 swap_ab", dot_kernel, dict(dot_base, PROLOGUE=0, BLOCK_M=16, BLOCK_N=64, SWAP_AB=True), 4),
@@ -136,7 +140,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 37  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 38  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

@@ -1,6 +1,7 @@
-"""A draft tree's level in one launch (speculative/kernels/tree_level.py): the kernel equals its
-torch reference, a tree grown level by level with it is the one grow_tree's torch ops grow, and
-tree speculation with it in the engine stays plain decoding.
+"""A draft tree's level in one launch, and the kept nodes with the verify rows' inputs in one more
+(speculative/kernels/tree_level.py): each kernel equals its torch reference, a tree grown level by
+level with them is the one grow_tree's torch ops grow, and tree speculation with them in the
+engine stays plain decoding.
 
 The kernel runs on CUDA (marked gpu), and on the CPU through Triton's interpreter only with
 LOCALCHAT_TRITON_INTERPRET=1 (run this file alone then)."""
@@ -179,3 +180,30 @@ def test_paths_through_later_siblings_with_the_level_kernel(tmp_path):
     spec, stats = _run(e, True, n=40)
     assert spec == plain and plain[:4] == [A, B, A, B]
     assert stats.accept_len_mean >= 2.5, stats.accept_hist
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(8, 6, 48), TreeShape(2, 1, 2),
+                                   TreeShape(3, 4, 30)])
+def test_tree_select_equals_its_reference(device, shape):
+    """The kept nodes in verify order and the verify rows' inputs (ids, positions, slots, slot map)
+    from one launch: grow_tree's selection and tree_slot_map's, on trees grown from a random head
+    (ties among the scores too: the lower index, the shallower, first)."""
+    from speculative.kernels.tree_level import tree_select, tree_select_ref
+
+    head = _RandomHead(300, shape.topk + shape.depth, device, torch.float32)
+    g = torch.Generator().manual_seed(shape.tokens)
+    d2t = torch.randint(-5, 50, (300,), generator=g).to(device)
+    for trial in range(2):
+        if trial:  # ties: a coarse head, its logits rounded to halves
+            head.table = (head.table * 2).round() / 2
+        grown = grow_tree(torch.log_softmax(head.table[5], -1), lambda f, t: torch.log_softmax(head(f, t), -1), shape,
+                          fused=False, select=False)
+        n, root = torch.tensor(29, device=device), torch.tensor([7], device=device)
+        got = tree_select(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, d2t, n, root,
+                          shape.depth)
+        want = tree_select_ref(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, d2t, n, root,
+                               shape.depth)
+        for name in ("tokens", "parents", "depths", "scores", "ids", "positions", "slots", "slot_map", "map_base"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), (trial, name, a, b)
