@@ -132,8 +132,9 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
 @pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 4, 20)])
 def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, monkeypatch):
-    """The engine's tree step (the one a GPU captures: slot maps) with each level one launch
-    grows the trees the torch ops grow and answers as plain greedy decoding."""
+    """The engine's tree step (the one a GPU captures: slot maps) with the tree kernels grows the
+    trees the torch ops grow and answers as plain greedy decoding; sampled, it draws the torch
+    path's tokens from the same seed."""
     from speculative.eagle3.tree_loop import TreeDrafting
     from tests.speculative.heads import head_tensors, write_head
     from tests.speculative.test_tree_engine import _engine, _run, _set_tree
@@ -160,6 +161,12 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, mo
     for a, b in zip(by_ops, by_kernel):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
         torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
+    # sampled: the same trees, so the same draws from the same seed
+    sampled = []
+    for fused in (False, True):
+        e.speculator.tree_step(shape).fused_level = fused
+        sampled.append(_run(e, True, n=48, temperature=0.8, seed=11)[0])
+    assert sampled[0] == sampled[1] and len(sampled[0]) == 48
 
 
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
