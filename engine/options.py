@@ -122,8 +122,9 @@ class KernelOptions:
     sampled_runners_up: bool = False
     # A draft tree's level (the frontier's top-k, the candidates' scores and buffers, the next
     # frontier and its expansion's inputs) as one launch (speculative/kernels/tree_level.py)
-    # instead of some thirty torch ops, and the kept nodes with the verify rows' inputs as one
-    # more (tree_select). Off until timed on a GPU. LOCALCHAT_TREE_LEVEL=1.
+    # instead of some thirty torch ops, the kept nodes with the verify rows' inputs as one more
+    # (tree_select), and a greedy step's walk and bookkeeping as a third (tree_accept). Off until
+    # timed on a GPU. LOCALCHAT_TREE_LEVEL=1.
     tree_level: bool = False
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by

@@ -222,6 +222,22 @@ class TreeDrafting:
             hidden=torch.cat([o.hidden for o in outs]),
             aux_hidden=None if outs[0].aux_hidden is None else torch.cat([o.aux_hidden for o in outs]))
         depth = self.depth
+        if kind is None and self.fused_level and not masks:
+            # the walk and the bookkeeping below in one launch (it writes the step's result and
+            # moves n and the root on; nothing after it reads them)
+            from speculative.kernels.tree_level import tree_accept
+
+            end = tree_accept(logits.argmax(-1), target_tree.tokens, target_tree.parents, n_t, depth, self.result,
+                              self.root)
+            kv = runner.kv
+            kv.k_all.index_copy_(1, end.dst, kv.k_all.index_select(1, end.src))
+            kv.v_all.index_copy_(1, end.dst, kv.v_all.index_select(1, end.src))
+            states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, end.rows)
+            d_logits, d_hidden = draft(end.window, end.ext_pos, states, True, parts.embed, parts.kv, start_pos=None,
+                                       last=end.count)
+            self.d_logits.copy_(d_logits)
+            self.d_hidden.copy_(d_hidden)
+            return
         if kind is None:  # fixed shapes, no host read
             path, count, next_token = greedy_tree_path(target_tree, logits.argmax(-1), depth)
         else:

@@ -19,8 +19,9 @@ logsumexp, then k passes each taking the best value after the one before), the l
 choosing the next frontier from the scores the others wrote, and writing its inputs.
 Where grow.py takes torch.topk (a vocabulary over its SORT_LIMIT), the order differs only where
 the k-th and the next value tie; scores may differ from the torch ops' by a rounding.
-tree_level_ref is the same in torch ops (the tests' reference). tree_select (below) keeps the best
-candidates in verify order with the verify rows' inputs, in one more launch.
+tree_level_ref is the same in torch ops (the tests' reference). Below, tree_select keeps the best
+candidates in verify order with the verify rows' inputs, and tree_accept walks a greedy step's
+tree along the target's choices and writes what follows: one launch each, each with its reference.
 """
 
 from __future__ import annotations
@@ -239,6 +240,7 @@ def tree_level_ref(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: 
 
 @functools.cache
 def _select_kernel():
+    global triton, tl  # module globals: the kernel reads them by name
     import triton
     import triton.language as tl
 
@@ -366,3 +368,113 @@ def tree_select_ref(tokens, parents, depths, scores, most, d2t, n, root, depth) 
                       ids=torch.cat([root, tree.tokens + d2t[tree.tokens]]),
                       positions=n + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.depths]),
                       slots=n + torch.arange(N + 1, device=dev), slot_map=slot_map, map_base=base)
+
+
+@functools.cache
+def _accept_kernel():
+    global triton, tl  # module globals: the kernel reads them by name
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def tree_accept_kernel(choice_ptr, tokens_ptr, parents_ptr, n_ptr, root_ptr, result_ptr, count_ptr, src_ptr,
+                           dst_ptr, window_ptr, rows_ptr, ext_pos_ptr, N, D: tl.constexpr, NP: tl.constexpr,
+                           DP: tl.constexpr, USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        i = tl.arange(0, NP)
+        live = i < N
+        par = tl.load(parents_ptr + i, mask=live, other=-2)
+        tok = tl.load(tokens_ptr + i, mask=live, other=-1)
+        d = tl.arange(0, DP)
+        first = tl.load(tokens_ptr)  # what the torch path's clamped gather gives past the path's end
+        path = tl.full([DP], -1, tl.int64)
+        acc = tl.zeros([DP], tl.int64) + first
+        row = tl.full([], 0, tl.int32)  # where the walk is: 0 the root, m + 1 node m
+        count = tl.full([], 0, tl.int32)
+        for step in tl.static_range(D):
+            want = tl.load(choice_ptr + row)
+            # (where a step finds no child the walk stays put, and so every later step finds none)
+            hit = live & (par == (row - 1).to(tl.int64)) & (tok == want)
+            node = tl.min(tl.where(hit, i, NP), axis=0)  # siblings hold distinct tokens: one at most
+            found = node < NP
+            path = tl.where((d == step) & found, node.to(tl.int64), path)
+            acc = tl.where((d == step) & found, want, acc)
+            row = tl.where(found, node + 1, row)
+            count += found.to(tl.int32)
+        nxt = tl.load(choice_ptr + row)
+        n = tl.load(n_ptr)
+        on = d < D
+        taken = d < count
+        tl.store(src_ptr + d, n + 1 + tl.where(taken, path, d.to(tl.int64)), mask=on)
+        tl.store(dst_ptr + d, n + 1 + d, mask=on)
+        tl.store(window_ptr + d, tl.where(taken, acc, nxt), mask=on)
+        tl.store(window_ptr + D, nxt)
+        tl.store(rows_ptr, 0)
+        tl.store(rows_ptr + 1 + d, tl.where(taken, 1 + path, 0), mask=on)
+        e = tl.arange(0, 2 * DP)
+        tl.store(ext_pos_ptr + e, n + e, mask=e < D + 1)
+        tl.store(result_ptr, count.to(tl.int64))
+        tl.store(result_ptr + 1, nxt)
+        tl.store(result_ptr + 2 + d, acc, mask=on)
+        tl.store(count_ptr, count.to(tl.int64))
+        tl.store(root_ptr, nxt)
+        tl.store(n_ptr, n + count + 1)
+
+    return tree_accept_kernel
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """What a greedy tree step does after its verify forward, from tree_accept: count () the
+    accepted drafts; src, dst (D,) the cache rows the accepted nodes' K/V move from and to; window
+    (D + 1,) the draft-extend's tokens, rows (D + 1,) the verify rows whose target states it pairs
+    them with, ext_pos (D + 1,) its positions."""
+
+    count: torch.Tensor
+    src: torch.Tensor
+    dst: torch.Tensor
+    window: torch.Tensor
+    rows: torch.Tensor
+    ext_pos: torch.Tensor
+
+
+def tree_accept(choice: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, n: torch.Tensor, depth: int,
+                result: torch.Tensor, root: torch.Tensor, pdl: bool = True) -> StepEnd:
+    """The greedy walk (speculative/tree/accept.py greedy_tree_path) and the step's bookkeeping in
+    one launch: choice (N + 1,) int64 the target's choice at each verify row (0 the root); tokens
+    (N,) the nodes' target ids, parents (N,) (-1 under the root), in verify order; depth D the
+    longest path. Writes result [count, next token, the accepted tokens (D)], root (1,) the next
+    token and n () += count + 1 (the step's state), and returns the rest (StepEnd). CUDA (or the
+    Triton interpreter); no host sync."""
+    N, dev = tokens.shape[0], tokens.device
+    long = dict(dtype=torch.int64, device=dev)
+    end = StepEnd(count=torch.empty((), **long), src=torch.empty(depth, **long), dst=torch.empty(depth, **long),
+                  window=torch.empty(depth + 1, **long), rows=torch.empty(depth + 1, **long),
+                  ext_pos=torch.empty(depth + 1, **long))
+    assert result.shape == (2 + depth,) and choice.shape == (N + 1,)
+    _accept_kernel()[(1,)](choice, tokens, parents, n, root, result, end.count, end.src, end.dst, end.window,
+                           end.rows, end.ext_pos, N, D=depth, NP=next_pow2(max(N, 1)), DP=next_pow2(depth),
+                           num_warps=1, **pdl_args(dev, pdl))
+    return end
+
+
+def tree_accept_ref(choice, tokens, parents, depths, n, depth, result, root) -> StepEnd:
+    """tree_accept in torch ops (TreeDrafting's step before the kernel), from greedy_tree_path."""
+    from speculative.tree.accept import greedy_tree_path
+    from speculative.tree.grow import DraftTree
+
+    dev = tokens.device
+    path, count, next_token = greedy_tree_path(DraftTree(tokens, parents, depths, depths.float()), choice, depth)
+    index = torch.arange(depth, device=dev)
+    taken = index < count
+    accepted = tokens.index_select(0, path.clamp_min(0))
+    end = StepEnd(count=count, src=n + 1 + torch.where(taken, path, index), dst=n + 1 + index,
+                  window=torch.cat([torch.where(taken, accepted, next_token), next_token.view(1)]),
+                  rows=torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.where(taken, 1 + path, 0)]),
+                  ext_pos=n + torch.arange(depth + 1, device=dev))
+    result.copy_(torch.cat([count.view(1), next_token.view(1), accepted]))
+    root.copy_(next_token.view(1))
+    n.add_(count + 1)
+    return end

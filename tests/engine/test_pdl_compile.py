@@ -115,6 +115,9 @@ def _kernels():
          {**_TREE_POINTERS, "depths_ptr": "*i64", "root_ptr": "*i64", "rank_ptr": "*i32", "index_ptr": "*i32",
           "out_tokens_ptr": "*i64", "out_parents_ptr": "*i64", "out_depths_ptr": "*i64", "out_scores_ptr": "*fp32",
           "base_ptr": "*i32"}),
+        ("tree accept", tree_level._accept_kernel(), dict(D=5, NP=16, DP=8), 1,
+         {"choice_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "root_ptr": "*i64",
+          "count_ptr": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64", "rows_ptr": "*i64", "ext_pos_ptr": "*i64"}),
         ("gemv silu_mul M=16 split", dot_kernel,
          dict(dot_base, PROLOGUE=2, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512, EVEN_K=True), 4),
         ("gemv M=16 swap_ab", dot_kernel, dict(dot_base, PROLOGUE=0, BLOCK_M=16, BLOCK_N=64, SWAP_AB=True), 4),
@@ -140,7 +143,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 38  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 39  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

@@ -1,7 +1,7 @@
-"""A draft tree's level in one launch, and the kept nodes with the verify rows' inputs in one more
-(speculative/kernels/tree_level.py): each kernel equals its torch reference, a tree grown level by
-level with them is the one grow_tree's torch ops grow, and tree speculation with them in the
-engine stays plain decoding.
+"""A draft tree's level in one launch, the kept nodes with the verify rows' inputs in one more, and
+a greedy step's walk with its bookkeeping in a third (speculative/kernels/tree_level.py): each
+kernel equals its torch reference, a tree grown level by level with them is the one grow_tree's
+torch ops grow, and tree speculation with them in the engine stays plain decoding.
 
 The kernel runs on CUDA (marked gpu), and on the CPU through Triton's interpreter only with
 LOCALCHAT_TRITON_INTERPRET=1 (run this file alone then)."""
@@ -214,3 +214,45 @@ def test_tree_select_equals_its_reference(device, shape):
         for name in ("tokens", "parents", "depths", "scores", "ids", "positions", "slots", "slot_map", "map_base"):
             a, b = getattr(got, name), getattr(want, name)
             assert a.dtype == b.dtype and torch.equal(a, b), (trial, name, a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(8, 6, 48), TreeShape(2, 1, 2)])
+def test_tree_accept_equals_its_reference(device, shape):
+    """The greedy walk and the step's bookkeeping in one launch: greedy_tree_path and the torch
+    ops' after it, for target choices that follow a path of each possible length (through later
+    siblings too) and then leave the tree."""
+    from speculative.kernels.tree_level import tree_accept, tree_accept_ref
+    from speculative.tree.grow import _kept
+
+    head = _RandomHead(300, shape.topk * 3 + shape.depth, device, torch.float32)
+    grown = grow_tree(torch.log_softmax(head.table[5], -1), lambda f, t: torch.log_softmax(head(f, t), -1), shape,
+                      select=False)
+    tree = _kept(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens)
+    N, depth = len(tree), min(shape.depth, shape.tokens)
+    g = torch.Generator().manual_seed(shape.tokens)
+    seen = set()
+    for trial in range(12):
+        # a random node's path, its length cut at random: the choices walk it, then a token no child has
+        node = int(torch.randint(N, (1,), generator=g))
+        path = tree.path(node)[:int(torch.randint(len(tree.path(node)) + 1, (1,), generator=g))]
+        choice = torch.randint(300, 400, (N + 1,), generator=g)
+        row = 0
+        for m in path:
+            choice[row] = tree.tokens[m]
+            row = m + 1
+        choice = choice.to(device)
+        outs = []
+        for accept in (tree_accept, tree_accept_ref):
+            n, root, result = (torch.tensor(50, device=device), torch.zeros(1, dtype=torch.long, device=device),
+                               torch.zeros(2 + depth, dtype=torch.long, device=device))
+            args = (choice, tree.tokens, tree.parents) + ((tree.depths,) if accept is tree_accept_ref else ())
+            end = accept(*args, n, depth, result, root)
+            outs.append((end, n.clone(), root.clone(), result.clone()))
+        (end, n, root, result), (end_ref, n_ref, root_ref, result_ref) = outs
+        assert int(end.count) == len(path), (path, int(end.count))
+        seen.add(len(path))
+        for name in ("count", "src", "dst", "window", "rows", "ext_pos"):
+            assert torch.equal(getattr(end, name), getattr(end_ref, name)), (trial, name)
+        assert torch.equal(n, n_ref) and torch.equal(root, root_ref) and torch.equal(result, result_ref), trial
+    assert len(seen) > 1
