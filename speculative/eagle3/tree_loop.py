@@ -51,8 +51,9 @@ class TreeDrafting:
         # Rows read their ancestors through slot maps, the lengths on the device (what a graph
         # needs), wherever an attention kernel serves; tests set it on the CPU to run that body.
         self.on_device = runner.model.ops.attention is not None
-        # A level of the growth as one launch (KernelOptions.tree_level): a GPU's, or the
-        # interpreter's in tests.
+        # The step's bookkeeping in the tree kernels (KernelOptions.tree_level: a level of the
+        # growth a launch, the kept nodes, a greedy step's walk): a GPU's, or the interpreter's in
+        # tests.
         from engine.options import triton_interpreting
 
         self.fused_level = (self.on_device and runner.model.ops.options.tree_level
