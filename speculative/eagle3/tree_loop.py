@@ -39,8 +39,8 @@ from engine.kernels.gemv import MAX_ROWS
 from engine.model import ForwardOutput
 from engine.sampling import SamplingTensors, filtered, probabilities_t
 
-from speculative.tree.accept import greedy_tree_path, sampled_tree_path
-from speculative.tree.grow import DraftTree, grow_tree, tree_mask, tree_slot_map
+from speculative.tree.accept import greedy_tree_path, sampled_tree_path, step_end
+from speculative.tree.grow import DraftTree, grow_tree, tree_mask, verify_rows
 from speculative.tree.shape import TreeShape
 
 
@@ -186,18 +186,14 @@ class TreeDrafting:
         parts, draft, runner = self.parts, self.parts.draft, self.runner
         dev, n_t = runner.device, self.n
         masks = n is not None  # the host's n is given only to attend through masks
-        if self.fused_level and not masks:  # the tree and its verify rows' inputs from the tree kernels
+        fused = self.fused_level and not masks  # the tree kernels (KernelOptions.tree_level)
+        if fused:  # the kept tree and its verify rows' inputs, from the kernels
             verify = self._grow_fused()
-            target_tree = DraftTree(verify.ids[1:], verify.parents, verify.depths, verify.scores)
-            ids, positions, slots = verify.ids, verify.positions, verify.slots
-            N = len(target_tree)
         else:
-            tree = self._grow(n if masks else None)
-            target_tree = DraftTree(draft.to_target_ids(tree.tokens), tree.parents, tree.depths, tree.scores)
-            N = len(tree)
-            ids = torch.cat([self.root, target_tree.tokens])
-            positions = n_t + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.depths])
-            slots = n_t + torch.arange(N + 1, device=dev)
+            verify = verify_rows(self._grow(n if masks else None), draft.d2t, n_t, self.root, self.shape.depth,
+                                 slot_map=not masks)
+        target_tree = DraftTree(verify.ids[1:], verify.parents, verify.depths, verify.scores)
+        N = len(target_tree)
         # The decode kernel verifies at most MAX_ROWS rows a forward, so that on a batch-invariant
         # target every row runs the kernels, and has the bits, of its token's decode step: a longer
         # tree goes in chunks, in order (a node's ancestors come before it, their K/V written by
@@ -207,13 +203,11 @@ class TreeDrafting:
         if masks:
             visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool, device=dev)
             visible[:, :n] = True
-            visible[:, n:] = tree_mask(tree.parents)
+            visible[:, n:] = tree_mask(verify.parents)
             tree_rows = {"visible": visible}
-        elif self.fused_level:
-            tree_rows = {"slot_map": verify.slot_map, "map_base": verify.map_base}
         else:
-            slot_map, map_base = tree_slot_map(tree.parents, tree.depths, n_t, self.shape.depth + 1)
-            tree_rows = {"slot_map": slot_map, "map_base": map_base}
+            tree_rows = {"slot_map": verify.slot_map, "map_base": verify.map_base}
+        ids, positions, slots = verify.ids, verify.positions, verify.slots
         outs = [model(ForwardBatch(ids[c:c + chunk], positions[c:c + chunk], start_pos=n, slots=slots[c:c + chunk],
                                    **{name: t[c:c + chunk] for name, t in tree_rows.items()}),
                       runner.kv, runner.aux_layer_ids)
@@ -222,50 +216,29 @@ class TreeDrafting:
         out = outs[0] if len(outs) == 1 else ForwardOutput(
             hidden=torch.cat([o.hidden for o in outs]),
             aux_hidden=None if outs[0].aux_hidden is None else torch.cat([o.aux_hidden for o in outs]))
+        # The walk (fixed shapes, no host read), then its bookkeeping: the step's result, the next
+        # root, n moved on, and the StepEnd below (in one launch for greedy steps with the kernels)
         depth = self.depth
-        if kind is None and self.fused_level and not masks:
-            # the walk and the bookkeeping below in one launch (it writes the step's result and
-            # moves n and the root on; nothing after it reads them)
+        if kind is None and fused:
             from speculative.kernels.tree_level import tree_accept
 
             end = tree_accept(logits.argmax(-1), target_tree.tokens, target_tree.parents, n_t, depth, self.result,
                               self.root)
-            kv = runner.kv
-            kv.k_all.index_copy_(1, end.dst, kv.k_all.index_select(1, end.src))
-            kv.v_all.index_copy_(1, end.dst, kv.v_all.index_select(1, end.src))
-            states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, end.rows)
-            d_logits, d_hidden = draft(end.window, end.ext_pos, states, True, parts.embed, parts.kv, start_pos=None,
-                                       last=end.count)
-            self.d_logits.copy_(d_logits)
-            self.d_hidden.copy_(d_hidden)
-            return
-        if kind is None:  # fixed shapes, no host read
-            path, count, next_token = greedy_tree_path(target_tree, logits.argmax(-1), depth)
         else:
-            probs = probabilities_t(logits, self.params, kind)
-            path, count, next_token = sampled_tree_path(target_tree, probs, self.u, self.e, depth)
-        # path (depth,): the accepted nodes from depth 1, the first `count` of them real; rows past
-        # them below copy onto themselves and pad the draft-extend (their K/V, past the accepted
-        # length, is rewritten before anything reads it)
-        index = torch.arange(depth, device=dev)
-        taken = index < count
+            if kind is None:
+                path, count, next_token = greedy_tree_path(target_tree, logits.argmax(-1), depth)
+            else:
+                probs = probabilities_t(logits, self.params, kind)
+                path, count, next_token = sampled_tree_path(target_tree, probs, self.u, self.e, depth)
+            end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
         kv = runner.kv  # the accepted nodes' K/V to positions n + 1 .. n + a
-        src, dst = n_t + 1 + torch.where(taken, path, index), n_t + 1 + index
-        kv.k_all.index_copy_(1, dst, kv.k_all.index_select(1, src))
-        kv.v_all.index_copy_(1, dst, kv.v_all.index_select(1, src))
-        accepted = target_tree.tokens.index_select(0, path.clamp_min(0))
-        # The draft-extend: row i pairs the target state of the path's row i (0: the root) with the
-        # token after it; its outputs are those of row `count`.
-        window = torch.cat([torch.where(taken, accepted, next_token), next_token.view(1)])
-        rows = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.where(taken, 1 + path, 0)])
-        states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, rows)
-        ext_pos = n_t + torch.arange(depth + 1, device=dev)
-        d_logits, d_hidden = draft(window, ext_pos, states, True, parts.embed, parts.kv, start_pos=n, last=count)
-        self.result.copy_(torch.cat([count.view(1), next_token.view(1), accepted]))
+        kv.k_all.index_copy_(1, end.dst, kv.k_all.index_select(1, end.src))
+        kv.v_all.index_copy_(1, end.dst, kv.v_all.index_select(1, end.src))
+        states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, end.rows)
+        d_logits, d_hidden = draft(end.window, end.ext_pos, states, True, parts.embed, parts.kv, start_pos=n,
+                                   last=end.count)
         self.d_logits.copy_(d_logits)
         self.d_hidden.copy_(d_hidden)
-        self.root.copy_(next_token.view(1))
-        self.n.add_(count + 1)
 
     def _grow(self, n: int | None):
         """The draft tree after the root, its tokens in the draft's vocabulary, from the draft's

@@ -21,7 +21,9 @@ Where grow.py takes torch.topk (a vocabulary over its SORT_LIMIT), the order dif
 the k-th and the next value tie; scores may differ from the torch ops' by a rounding.
 tree_level_ref is the same in torch ops (the tests' reference). Below, tree_select keeps the best
 candidates in verify order with the verify rows' inputs, and tree_accept walks a greedy step's
-tree along the target's choices and writes what follows: one launch each, each with its reference.
+tree along the target's choices and writes what follows: one launch each. Their references are
+the torch ops they replace, beside them (speculative/tree/grow.py verify_rows_ref,
+speculative/tree/accept.py step_end_ref).
 """
 
 from __future__ import annotations
@@ -318,7 +320,8 @@ class VerifyRows:
     """A grown tree's kept nodes and the verify step's inputs for them (tree_select): the tree
     (DraftTree fields: draft ids, parents, depths, scores) in verify order, and for its N + 1 rows
     (0 the root): ids (target ids), positions, slots (cache rows), slot_map (N + 1, width) int32
-    and map_base (N + 1,) int32, as tree_slot_map gives them."""
+    and map_base (N + 1,) int32, as tree_slot_map gives them (None where rows attend through
+    explicit masks: speculative/tree/grow.py verify_rows)."""
 
     tokens: torch.Tensor
     parents: torch.Tensor
@@ -327,8 +330,8 @@ class VerifyRows:
     ids: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
-    slot_map: torch.Tensor
-    map_base: torch.Tensor
+    slot_map: torch.Tensor | None
+    map_base: torch.Tensor | None
 
 
 def tree_select(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, scores: torch.Tensor, most: int,
@@ -355,19 +358,6 @@ def tree_select(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
                            count, T=T, CP=CP, D=depth, W=W, WP=next_pow2(W), TP=next_pow2(T + 1),
                            num_warps=4, **pdl_args(dev, pdl))
     return out
-
-
-def tree_select_ref(tokens, parents, depths, scores, most, d2t, n, root, depth) -> VerifyRows:
-    """tree_select in torch ops: grow.py's selection and tree_slot_map."""
-    from speculative.tree.grow import DraftTree, _kept, tree_slot_map
-
-    tree: DraftTree = _kept(tokens, parents, depths, scores, most)
-    slot_map, base = tree_slot_map(tree.parents, tree.depths, n, depth + 1)
-    N, dev = len(tree), tokens.device
-    return VerifyRows(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, scores=tree.scores,
-                      ids=torch.cat([root, tree.tokens + d2t[tree.tokens]]),
-                      positions=n + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.depths]),
-                      slots=n + torch.arange(N + 1, device=dev), slot_map=slot_map, map_base=base)
 
 
 @functools.cache
@@ -457,24 +447,4 @@ def tree_accept(choice: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
     _accept_kernel()[(1,)](choice, tokens, parents, n, root, result, end.count, end.src, end.dst, end.window,
                            end.rows, end.ext_pos, N, D=depth, NP=next_pow2(max(N, 1)), DP=next_pow2(depth),
                            num_warps=1, **pdl_args(dev, pdl))
-    return end
-
-
-def tree_accept_ref(choice, tokens, parents, depths, n, depth, result, root) -> StepEnd:
-    """tree_accept in torch ops (TreeDrafting's step before the kernel), from greedy_tree_path."""
-    from speculative.tree.accept import greedy_tree_path
-    from speculative.tree.grow import DraftTree
-
-    dev = tokens.device
-    path, count, next_token = greedy_tree_path(DraftTree(tokens, parents, depths, depths.float()), choice, depth)
-    index = torch.arange(depth, device=dev)
-    taken = index < count
-    accepted = tokens.index_select(0, path.clamp_min(0))
-    end = StepEnd(count=count, src=n + 1 + torch.where(taken, path, index), dst=n + 1 + index,
-                  window=torch.cat([torch.where(taken, accepted, next_token), next_token.view(1)]),
-                  rows=torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.where(taken, 1 + path, 0)]),
-                  ext_pos=n + torch.arange(depth + 1, device=dev))
-    result.copy_(torch.cat([count.view(1), next_token.view(1), accepted]))
-    root.copy_(next_token.view(1))
-    n.add_(count + 1)
     return end

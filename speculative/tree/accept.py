@@ -93,3 +93,36 @@ def sampled_tree_path(tree: DraftTree, target_probs: torch.Tensor, u: torch.Tens
     start = target_probs.index_select(0, row.view(1))[0]
     residual = torch.where(residual.sum() > 0, residual, start)
     return path, count, (residual / e).argmax()
+
+
+def step_end(path: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor, tokens: torch.Tensor,
+             n: torch.Tensor, depth: int, result: torch.Tensor, root: torch.Tensor):
+    """What a tree step does after its walk, in torch ops (kernels/tree_level.py's tree_accept
+    does a greedy step's in its launch): from the walk's path (D,), count and next token, and the
+    nodes' target ids, the StepEnd (the accepted rows' K/V sources and destinations, the
+    draft-extend's tokens, rows and positions); result gets [count, next token, the accepted
+    tokens], root the next token, and n moves on by count + 1. Rows past the path copy onto
+    themselves and pad the draft-extend (their K/V, past the accepted length, is rewritten before
+    anything reads it)."""
+    from speculative.kernels.tree_level import StepEnd
+
+    dev = tokens.device
+    index = torch.arange(depth, device=dev)
+    taken = index < count
+    accepted = tokens.index_select(0, path.clamp_min(0))
+    # row i of the draft-extend pairs the target state of the path's row i (0: the root) with the
+    # token after it; its outputs are those of row `count`
+    end = StepEnd(count=count, src=n + 1 + torch.where(taken, path, index), dst=n + 1 + index,
+                  window=torch.cat([torch.where(taken, accepted, next_token), next_token.view(1)]),
+                  rows=torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.where(taken, 1 + path, 0)]),
+                  ext_pos=n + torch.arange(depth + 1, device=dev))
+    result.copy_(torch.cat([count.view(1), next_token.view(1), accepted]))
+    root.copy_(next_token.view(1))
+    n.add_(count + 1)
+    return end
+
+
+def step_end_ref(choice, tokens, parents, depths, n, depth, result, root):
+    """tree_accept's reference: greedy_tree_path, then step_end."""
+    path, count, next_token = greedy_tree_path(DraftTree(tokens, parents, depths, depths.float()), choice, depth)
+    return step_end(path, count, next_token, tokens, n, depth, result, root)

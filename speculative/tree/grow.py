@@ -190,3 +190,24 @@ def tree_slot_map(parents: torch.Tensor, depths: torch.Tensor, root_slot: "int |
     slot_map = slot_map.to(torch.int32)
     base = root_slot if isinstance(root_slot, torch.Tensor) else torch.tensor(root_slot, device=device)
     return slot_map, base.to(torch.int32).expand(n + 1).contiguous()
+
+
+def verify_rows(tree: DraftTree, d2t: torch.Tensor, n: torch.Tensor, root: torch.Tensor, depth: int,
+                slot_map: bool = True):
+    """The verify step's inputs for a kept tree (draft ids), in torch ops: VerifyRows, as
+    kernels/tree_level.py's tree_select writes them (ids, positions and cache rows of the root and
+    each node, and the slot map tree_slot_map gives, depth + 1 wide; slot_map=False: none, for
+    explicit masks)."""
+    from speculative.kernels.tree_level import VerifyRows
+
+    N, dev = len(tree), tree.tokens.device
+    rows_map, base = tree_slot_map(tree.parents, tree.depths, n, depth + 1) if slot_map else (None, None)
+    return VerifyRows(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, scores=tree.scores,
+                      ids=torch.cat([root, tree.tokens + d2t[tree.tokens]]),
+                      positions=n + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.depths]),
+                      slots=n + torch.arange(N + 1, device=dev), slot_map=rows_map, map_base=base)
+
+
+def verify_rows_ref(tokens, parents, depths, scores, most, d2t, n, root, depth):
+    """tree_select's reference: grow_tree's selection, then verify_rows."""
+    return verify_rows(_kept(tokens, parents, depths, scores, most), d2t, n, root, depth)

@@ -196,7 +196,8 @@ def test_tree_select_equals_its_reference(device, shape):
     """The kept nodes in verify order and the verify rows' inputs (ids, positions, slots, slot map)
     from one launch: grow_tree's selection and tree_slot_map's, on trees grown from a random head
     (ties among the scores too: the lower index, the shallower, first)."""
-    from speculative.kernels.tree_level import tree_select, tree_select_ref
+    from speculative.kernels.tree_level import tree_select
+    from speculative.tree.grow import verify_rows_ref
 
     head = _RandomHead(300, shape.topk + shape.depth, device, torch.float32)
     g = torch.Generator().manual_seed(shape.tokens)
@@ -209,7 +210,7 @@ def test_tree_select_equals_its_reference(device, shape):
         n, root = torch.tensor(29, device=device), torch.tensor([7], device=device)
         got = tree_select(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, d2t, n, root,
                           shape.depth)
-        want = tree_select_ref(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, d2t, n, root,
+        want = verify_rows_ref(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, d2t, n, root,
                                shape.depth)
         for name in ("tokens", "parents", "depths", "scores", "ids", "positions", "slots", "slot_map", "map_base"):
             a, b = getattr(got, name), getattr(want, name)
@@ -222,7 +223,8 @@ def test_tree_accept_equals_its_reference(device, shape):
     """The greedy walk and the step's bookkeeping in one launch: greedy_tree_path and the torch
     ops' after it, for target choices that follow a path of each possible length (through later
     siblings too) and then leave the tree."""
-    from speculative.kernels.tree_level import tree_accept, tree_accept_ref
+    from speculative.kernels.tree_level import tree_accept
+    from speculative.tree.accept import step_end_ref
     from speculative.tree.grow import _kept
 
     head = _RandomHead(300, shape.topk * 3 + shape.depth, device, torch.float32)
@@ -243,10 +245,10 @@ def test_tree_accept_equals_its_reference(device, shape):
             row = m + 1
         choice = choice.to(device)
         outs = []
-        for accept in (tree_accept, tree_accept_ref):
+        for accept in (tree_accept, step_end_ref):
             n, root, result = (torch.tensor(50, device=device), torch.zeros(1, dtype=torch.long, device=device),
                                torch.zeros(2 + depth, dtype=torch.long, device=device))
-            args = (choice, tree.tokens, tree.parents) + ((tree.depths,) if accept is tree_accept_ref else ())
+            args = (choice, tree.tokens, tree.parents) + ((tree.depths,) if accept is step_end_ref else ())
             end = accept(*args, n, depth, result, root)
             outs.append((end, n.clone(), root.clone(), result.clone()))
         (end, n, root, result), (end_ref, n_ref, root_ref, result_ref) = outs
