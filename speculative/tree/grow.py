@@ -65,7 +65,10 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
     count = k + max(shape.depth - 1, 0) * k * k
     tokens = torch.empty(count, dtype=torch.int64, device=dev)
     scores = torch.empty(count, dtype=torch.float32, device=dev)
-    parents = torch.full((count,), -1, dtype=torch.int64, device=dev)
+    if fused:  # the kernels write every candidate's parent
+        parents = torch.empty(count, dtype=torch.int64, device=dev)
+    else:  # the torch ops leave the root's children at -1
+        parents = torch.full((count,), -1, dtype=torch.int64, device=dev)
     depths = _depths(k, shape.depth, dev)
     if fused:
         from speculative.kernels.tree_level import tree_level
