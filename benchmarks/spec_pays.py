@@ -37,10 +37,10 @@ def main() -> None:
     for draft in args.drafts.split(","):
         engine = Engine.load(args.model, draft=draft)
         runs = []
+        settings = spec_pays.draft_settings(engine)
         for _ in range(args.repeat):
             cache = Path(tempfile.mkdtemp()) / "speculation-calibration.json"  # never the user's cache
             began = time.perf_counter()
-            settings = spec_pays.draft_settings(engine)
             pays, reason = spec_pays.verdict(engine, settings, cache)
             seconds = time.perf_counter() - began
             entry = json.loads(cache.read_text())[spec_pays.cache_key(engine, settings)]

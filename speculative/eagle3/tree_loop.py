@@ -37,8 +37,10 @@ from engine.decode import plain_steps
 from engine.forward_batch import ForwardBatch
 from engine.kernels.gemv import MAX_ROWS
 from engine.model import ForwardOutput
+from engine.options import triton_interpreting
 from engine.sampling import SamplingTensors, filtered, probabilities_t
 
+from speculative.kernels.tree_level import LevelInputs, tree_accept, tree_select
 from speculative.tree.accept import greedy_tree_path, sampled_tree_path, step_end
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask, verify_rows
 from speculative.tree.shape import TreeShape
@@ -54,8 +56,6 @@ class TreeDrafting:
         # The step's bookkeeping in the tree kernels (KernelOptions.tree_level: a level of the
         # growth a launch, the kept nodes, a greedy step's walk): a GPU's, or the interpreter's in
         # tests.
-        from engine.options import triton_interpreting
-
         self.fused_level = (self.on_device and runner.model.ops.options.tree_level
                             and (dev.type == "cuda" or triton_interpreting()))
         # the state a step starts from, left by the step before (or set by iterations())
@@ -220,8 +220,6 @@ class TreeDrafting:
         # root, n moved on, and the StepEnd below (in one launch for greedy steps with the kernels)
         depth = self.depth
         if kind is None and fused:
-            from speculative.kernels.tree_level import tree_accept
-
             end = tree_accept(logits.argmax(-1), target_tree.tokens, target_tree.parents, n_t, depth, self.result,
                               self.root)
         else:
@@ -305,8 +303,6 @@ class TreeDrafting:
         also writes the next expansion's inputs (LevelInputs), so an expansion is the draft's
         forward, the gather of the states it continues from, and the store of its own. Then one
         launch keeps the best nodes in verify order with the verify rows' inputs (VerifyRows)."""
-        from speculative.kernels.tree_level import LevelInputs, tree_select
-
         parts, draft, shape = self.parts, self.parts.draft, self.shape
         root_logits, root_hidden, n_t = self.d_logits[0], self.d_hidden, self.n
         dev = root_logits.device
@@ -321,11 +317,11 @@ class TreeDrafting:
                              slot_map=torch.empty(k, max(1, shape.depth - 2), dtype=torch.int32, device=dev),
                              ids=torch.empty(k, **long), positions=torch.empty(k, **long), above=torch.empty(k, **long))
         base = n_t.to(torch.int32).expand(k).contiguous()
-        first = [True]
 
         def expand(frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:
-            hidden = root_hidden.expand(k, -1).contiguous() if first[0] else hidden_of.index_select(0, inputs.above)
-            first[0] = False
+            # depth 1 (the first k candidates grown) continues from the root's state
+            root_level = len(grown) == k
+            hidden = root_hidden.expand(k, -1).contiguous() if root_level else hidden_of.index_select(0, inputs.above)
             logits, out = draft(inputs.ids, inputs.positions, hidden, False, parts.embed, parts.kv, start_pos=None,
                                 slots=inputs.slots, slot_map=inputs.slot_map, map_base=base)
             hidden_of.index_copy_(0, frontier, out.to(hidden_of.dtype))

@@ -197,7 +197,7 @@ def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torc
     assert next_frontier.numel() >= min(k, rows * k)
     width = 1 if inputs is None else inputs.slot_map.shape[1]
     if inputs is not None:
-        assert rows * k >= k and 1 <= depth and depth - 1 <= width and inputs.slot_map.dtype == torch.int32
+        assert 1 <= depth and depth - 1 <= width and inputs.slot_map.dtype == torch.int32
         assert inputs.slot_map.is_contiguous() and inputs.slot_map.shape[0] == k
     io = inputs or LevelInputs(*([tokens] * 8))  # never read without NEXT
     _kernels()[(rows,)](logits, logits.stride(0), tokens if frontier is None else frontier, tokens, parents,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from speculative.kernels.tree_level import StepEnd
 from speculative.tree.grow import DraftTree
 
 
@@ -104,8 +105,6 @@ def step_end(path: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor, 
     tokens], root the next token, and n moves on by count + 1. Rows past the path copy onto
     themselves and pad the draft-extend (their K/V, past the accepted length, is rewritten before
     anything reads it)."""
-    from speculative.kernels.tree_level import StepEnd
-
     dev = tokens.device
     index = torch.arange(depth, device=dev)
     taken = index < count

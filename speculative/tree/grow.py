@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from speculative.kernels.tree_level import VerifyRows, tree_level
 from speculative.tree.shape import TreeShape
 
 
@@ -71,8 +72,6 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
         parents = torch.full((count,), -1, dtype=torch.int64, device=dev)
     depths = _depths(k, shape.depth, dev)
     if fused:
-        from speculative.kernels.tree_level import tree_level
-
         def next_inputs(depth: int):  # for the expansion of a frontier of this depth, if one follows
             return (inputs, depth) if inputs is not None and depth < shape.depth else (None, 0)
 
@@ -201,8 +200,6 @@ def verify_rows(tree: DraftTree, d2t: torch.Tensor, n: torch.Tensor, root: torch
     kernels/tree_level.py's tree_select writes them (ids, positions and cache rows of the root and
     each node, and the slot map tree_slot_map gives, depth + 1 wide; slot_map=False: none, for
     explicit masks)."""
-    from speculative.kernels.tree_level import VerifyRows
-
     N, dev = len(tree), tree.tokens.device
     rows_map, base = tree_slot_map(tree.parents, tree.depths, n, depth + 1) if slot_map else (None, None)
     return VerifyRows(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, scores=tree.scores,

@@ -47,7 +47,7 @@ def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties):
         if ties:
             logits[:, 10:20] = 4.0
         frontier = None if F == 1 else torch.randperm(20, generator=g)[:F]
-        got, want = _buffers(200, g, device), None
+        got = _buffers(200, g, device)
         want = tuple(b.clone() for b in got)
         nexts = [torch.full((k,), -1, dtype=torch.int64, device=device) for _ in range(2)]
         fr = None if frontier is None else frontier.to(device)
@@ -95,6 +95,7 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
     """With LevelInputs, each level's launch also writes what the next expansion reads (its
     scratch rows, slot map, target ids, positions, parents): the torch reference's, level by level."""
     import speculative.kernels.tree_level as TL
+    import speculative.tree.grow as grow_module
 
     head = _RandomHead(300, shape.depth, device, torch.float32)
     g = torch.Generator().manual_seed(shape.tokens)
@@ -103,7 +104,7 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
     candidates = k + (shape.depth - 1) * k * k
     seen = {}
     for name, level in (("kernel", TL.tree_level), ("reference", TL.tree_level_ref)):
-        monkeypatch.setattr(TL, "tree_level", level)  # what grow_tree's fused levels call
+        monkeypatch.setattr(grow_module, "tree_level", level)  # what grow_tree's fused levels call
         long = dict(dtype=torch.long, device=device)
         inputs = TL.LevelInputs(n=torch.tensor(37, device=device), d2t=d2t, slot_of=torch.full((candidates,), -9, **long),
                                 slots=torch.zeros(k, **long),
