@@ -13,6 +13,7 @@ graph (GreedyIteration.begin). JSON to OUT:
     python benchmarks/profile_iteration.py OUT.json --temperature 0.7
     LOCALCHAT_LEAN_DRAFT=0 python benchmarks/profile_iteration.py OUT.json   # the loop before the lean draft step
     LOCALCHAT_SPEC_ALTS=0 python benchmarks/profile_iteration.py OUT.json    # no runners-up verified
+    python benchmarks/profile_iteration.py OUT.json --tree 4,5,8             # a greedy tree step's graph
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--tree", default=None, help="TOPK,DEPTH,TOKENS: profile the greedy tree step of this shape")
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -43,23 +45,41 @@ def main() -> None:
     engine = Engine.load("demo", device="cuda")
     msgs, _ = chat_prompts_from(1)
     sampled = args.temperature > 0
+    shape = None
+    if args.tree:
+        from speculative.tree.shape import parse_tree
+
+        if sampled:
+            raise SystemExit("--tree profiles the greedy tree step: leave out --temperature")
+        shape = parse_tree(args.tree)
+        engine.set_tree(shape)
     params = SamplingParams(max_tokens=64, temperature=args.temperature, seed=1) if sampled else \
         SamplingParams(max_tokens=64)
     for _ in engine.stream_ids(engine.tokenizer.apply_chat_template(msgs[0]), params, speculative=True):
         pass
-    it = engine.speculator.sampled if sampled else engine.speculator.greedy
-    if it.graph is None:
-        raise SystemExit("the iteration has no captured graph (the answer ran step by step)")
-    # A sampled replay needs the host's draws first (SampledIteration._prepare), as in the engine.
-    prepare = it._prepare if sampled else (lambda: None)
+    if shape is not None:  # the tree step: its greedy graph, and its body eagerly
+        it = engine.speculator.tree_step(shape)
+        graph = it.graphs.get(None)
+        alts = []
 
-    def body():
-        prepare()
-        it._body(int(it.n))
+        def body():
+            it._body(None, None)
+    else:
+        it = engine.speculator.sampled if sampled else engine.speculator.greedy
+        graph, alts = it.graph, list(it.alts)
+        # A sampled replay needs the host's draws first (SampledIteration._prepare), as in the engine.
+        prepare = it._prepare if sampled else (lambda: None)
+
+        def body():
+            prepare()
+            it._body(int(it.n))
+    if graph is None:
+        raise SystemExit("the iteration has no captured graph (the answer ran step by step)")
 
     def replay():
-        prepare()
-        it.graph.replay()
+        if shape is None:
+            prepare()
+        graph.replay()
 
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -104,7 +124,8 @@ def main() -> None:
         summary = {"kernels": len(slots), "span_us": sum(r["us"] + r["gap_before_us"] for r in slots),
                    "busy_us": sum(r["us"] for r in slots),
                    "gaps_us": sum(max(r["gap_before_us"], 0.0) for r in slots)}
-    Path(args.out).write_text(json.dumps({"temperature": args.temperature, "alternatives": list(it.alts),
+    Path(args.out).write_text(json.dumps({"temperature": args.temperature, "tree": args.tree,
+                                          "alternatives": alts,
                                           "graph_iter_ms": graph_ms,
                                              "first_chain_graph_ms": first_ms, "kernel_sum_us": total,
                                              "launches": launches, "rows": rows, "graph_timeline": summary,

@@ -312,9 +312,11 @@ class TreeDrafting:
         # the frontier's inputs by the level before): no fills.
         hidden_of = root_hidden.new_empty(candidates, root_hidden.shape[-1])  # expanded node -> the state after it
         long = dict(dtype=torch.long, device=dev)
+        width = max(1, shape.depth - 2)
         inputs = LevelInputs(n=n_t, d2t=draft.d2t, slot_of=torch.empty(candidates, **long),
+                             map_of=torch.empty(candidates, width, dtype=torch.int32, device=dev),
                              slots=torch.empty(k, **long),
-                             slot_map=torch.empty(k, max(1, shape.depth - 2), dtype=torch.int32, device=dev),
+                             slot_map=torch.empty(k, width, dtype=torch.int32, device=dev),
                              ids=torch.empty(k, **long), positions=torch.empty(k, **long), above=torch.empty(k, **long))
         base = n_t.to(torch.int32).expand(k).contiguous()
 

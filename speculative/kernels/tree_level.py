@@ -14,9 +14,11 @@ ids, positions and parents.
 
 This is speculative/tree/grow.py's level (a log-softmax, a top-k with its ordering sorts, the
 candidates' scores and buffers, the selection's sort) and TreeDrafting._grow's inputs to the next
-expansion (some thirty launches in all) as one: F programs, one a frontier row (a pass for the
-logsumexp, then k passes each taking the best value after the one before), the last to finish
-choosing the next frontier from the scores the others wrote, and writing its inputs.
+expansion (some thirty launches in all) as one: F programs, one a frontier row (its logsumexp,
+then k passes each taking the best value after the one before: over the row held in registers
+where the draft's vocabulary is up to _ONE_LIMIT, else over the row read again in steps each
+pass), the last to finish choosing the next frontier from the scores the others wrote, and
+writing its inputs.
 Where grow.py takes torch.topk (a vocabulary over its SORT_LIMIT), the order differs only where
 the k-th and the next value tie; scores may differ from the torch ops' by a rounding.
 tree_level_ref is the same in torch ops (the tests' reference). Below, tree_select keeps the best
@@ -37,7 +39,8 @@ from engine.kernels import next_pow2, pdl_args
 
 triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 
-_BLOCK = 2048  # logits per loop step
+_BLOCK = 2048  # logits per loop step, where a row is read in steps
+_ONE_LIMIT = 16384  # a draft vocabulary up to this is one block, in registers (8 warps hold 64 values a thread)
 
 
 @functools.cache
@@ -48,59 +51,76 @@ def _kernels():
 
     @triton.jit
     def tree_level_kernel(logits_ptr, stride, frontier_ptr, tokens_ptr, parents_ptr, scores_ptr, next_ptr,
-                          count_ptr, n_ptr, d2t_ptr, slot_of_ptr, slots_ptr, map_ptr, ids_ptr, pos_ptr, above_ptr,
+                          count_ptr, n_ptr, d2t_ptr, slot_of_ptr, map_of_ptr, slots_ptr, map_ptr, ids_ptr, pos_ptr,
+                          above_ptr,
                           vocab, grown, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, ROOT: tl.constexpr,
                           NEXT: tl.constexpr, DEPTH: tl.constexpr, MAPW: tl.constexpr, MAPWP: tl.constexpr,
-                          BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+                          BLOCK: tl.constexpr, ONE: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         f = tl.program_id(0)
         rows = tl.num_programs(0)
         base = logits_ptr + f * stride
-        # the row's logsumexp: a running maximum and sum lane by lane, then across the lanes
-        m = tl.full([BLOCK], float("-inf"), tl.float32)
-        s = tl.zeros([BLOCK], tl.float32)
-        for v0 in range(0, vocab, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, x)
-            s = s * tl.exp(tl.where(m_new == float("-inf"), 0.0, m - m_new)) \
-                + tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
-            m = m_new
-        top = tl.max(m, axis=0)
-        lse = top + tl.log(tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - top)), axis=0))
+        lane = tl.arange(0, KP)
+        vals = tl.full([KP], float("-inf"), tl.float32)
+        idxs = tl.zeros([KP], tl.int32)
+        if ONE:
+            # the whole row in registers, read once: the logsumexp, then k passes each taking the
+            # best value left (ties: the lower index) and striking it out
+            offs = tl.arange(0, BLOCK)
+            inside = offs < vocab
+            x = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32)
+            top = tl.max(x, axis=0)
+            lse = top + tl.log(tl.sum(tl.where(inside, tl.exp(x - top), 0.0), axis=0))
+            alive = inside
+            for j in tl.static_range(K):
+                v = tl.max(tl.where(alive, x, float("-inf")), axis=0)
+                i = tl.min(tl.where(alive & (x == v), offs, BLOCK), axis=0)
+                vals = tl.where(lane == j, v, vals)
+                idxs = tl.where(lane == j, i, idxs)
+                alive = alive & (offs != i)
+        else:
+            # the row's logsumexp: a running maximum and sum lane by lane, then across the lanes
+            m = tl.full([BLOCK], float("-inf"), tl.float32)
+            s = tl.zeros([BLOCK], tl.float32)
+            for v0 in range(0, vocab, BLOCK):
+                offs = v0 + tl.arange(0, BLOCK)
+                x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+                m_new = tl.maximum(m, x)
+                s = s * tl.exp(tl.where(m_new == float("-inf"), 0.0, m - m_new)) \
+                    + tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
+                m = m_new
+            top = tl.max(m, axis=0)
+            lse = top + tl.log(tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - top)), axis=0))
+            # the top k in order: pass j takes the best value after pass j - 1's (value, index) in the
+            # order "higher value first, then the lower index"
+            last_v = tl.full([], float("inf"), tl.float32)
+            last_i = tl.full([], -1, tl.int32)
+            for j in tl.static_range(K):
+                best = tl.full([BLOCK], float("-inf"), tl.float32)
+                best_i = tl.full([BLOCK], vocab, tl.int32)
+                for v0 in range(0, vocab, BLOCK):
+                    offs = v0 + tl.arange(0, BLOCK)
+                    ok = offs < vocab
+                    x = tl.load(base + offs, mask=ok, other=float("-inf")).to(tl.float32)
+                    after = ok & ((x < last_v) | ((x == last_v) & (offs > last_i)))
+                    # a lane's first eligible value enters even at -inf; later ones only above
+                    better = after & ((x > best) | (best_i == vocab))
+                    best = tl.where(better, x, best)
+                    best_i = tl.where(better, offs, best_i)
+                v = tl.max(best, axis=0)
+                i = tl.min(tl.where((best == v) & (best_i < vocab), best_i, vocab), axis=0)
+                vals = tl.where(lane == j, v, vals)
+                idxs = tl.where(lane == j, i, idxs)
+                last_v = v
+                last_i = i
         if ROOT:
             parent = -1
             p_score = 0.0
         else:
             parent = tl.load(frontier_ptr + f)
             p_score = tl.load(scores_ptr + parent)
-        # the top k in order: pass j takes the best value after pass j - 1's (value, index) in the
-        # order "higher value first, then the lower index"
-        last_v = tl.full([], float("inf"), tl.float32)
-        last_i = tl.full([], -1, tl.int32)
-        lane = tl.arange(0, KP)
-        vals = tl.full([KP], float("-inf"), tl.float32)
-        idxs = tl.zeros([KP], tl.int32)
-        for j in tl.static_range(K):
-            best = tl.full([BLOCK], float("-inf"), tl.float32)
-            best_i = tl.full([BLOCK], vocab, tl.int32)
-            for v0 in range(0, vocab, BLOCK):
-                offs = v0 + tl.arange(0, BLOCK)
-                ok = offs < vocab
-                x = tl.load(base + offs, mask=ok, other=float("-inf")).to(tl.float32)
-                after = ok & ((x < last_v) | ((x == last_v) & (offs > last_i)))
-                # a lane's first eligible value enters even at -inf; later ones only above
-                better = after & ((x > best) | (best_i == vocab))
-                best = tl.where(better, x, best)
-                best_i = tl.where(better, offs, best_i)
-            v = tl.max(best, axis=0)
-            i = tl.min(tl.where((best == v) & (best_i < vocab), best_i, vocab), axis=0)
-            vals = tl.where(lane == j, v, vals)
-            idxs = tl.where(lane == j, i, idxs)
-            last_v = v
-            last_i = i
         out = grown + f * K + lane
         kept = lane < K
         tl.store(tokens_ptr + out, idxs.to(tokens_ptr.dtype.element_ty), mask=kept)
@@ -139,16 +159,19 @@ def _kernels():
                 tl.store(pos_ptr + lane, tl.zeros([KP], tl.int64) + n + (DEPTH - 1), mask=ok)
                 up = tl.load(parents_ptr + nodes, mask=ok, other=0, cache_modifier=".cg")
                 tl.store(above_ptr + lane, up, mask=ok)
-                # entry j: the row of the ancestor at depth j + 1; from DEPTH - 1 on, never read
+                # entry j: the row of the ancestor at depth j + 1 (from DEPTH - 1 on, 0 and never
+                # read): the parent's own map with the parent's row after it, kept for the children
                 col = tl.arange(0, MAPWP)
-                rows_map = tl.zeros([KP, MAPWP], tl.int32)
-                for step in tl.static_range(DEPTH - 1):
+                in_map = ok[:, None] & (col[None, :] < MAPW)
+                if DEPTH == 1:
+                    rows_map = tl.zeros([KP, MAPWP], tl.int32)
+                else:
+                    rows_map = tl.load(map_of_ptr + up[:, None] * MAPW + col[None, :], mask=in_map, other=0,
+                                       cache_modifier=".cg")
                     at = tl.load(slot_of_ptr + up, mask=ok, other=0, cache_modifier=".cg")
-                    rows_map = tl.where(col[None, :] == DEPTH - 2 - step, at.to(tl.int32)[:, None], rows_map)
-                    if step < DEPTH - 2:  # (the ancestor at depth 1 has no parent to read)
-                        up = tl.load(parents_ptr + up, mask=ok, other=0, cache_modifier=".cg")
-                tl.store(map_ptr + lane[:, None] * MAPW + col[None, :], rows_map,
-                         mask=ok[:, None] & (col[None, :] < MAPW))
+                    rows_map = tl.where(col[None, :] == DEPTH - 2, at.to(tl.int32)[:, None], rows_map)
+                tl.store(map_ptr + lane[:, None] * MAPW + col[None, :], rows_map, mask=in_map)
+                tl.store(map_of_ptr + nodes[:, None] * MAPW + col[None, :], rows_map, mask=in_map)
             tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
 
     return tree_level_kernel
@@ -166,7 +189,8 @@ class LevelInputs:
     """What the next expansion of a tree's frontier reads, written by the level before it (see
     TreeDrafting._grow): n () int64 the root's position; d2t (Dv,) int64 draft id -> target id
     less draft id; slot_of (candidates,) int64 each expanded node's scratch row in the draft's
-    cache; and for the k frontier nodes: slots (k,) int64 their scratch rows (n + k * (depth - 1)
+    cache, map_of (candidates, width) int32 its slot map (a child's is its parent's and the
+    parent's row: one read, not a walk up the tree); and for the k frontier nodes: slots (k,) int64 their scratch rows (n + k * (depth - 1)
     + r), slot_map (k, width) int32 (entry j: the row of the ancestor at depth j + 1), ids (k,)
     int64 their tokens in the target's ids, positions (k,) int64 (n + depth - 1), above (k,) int64
     their parents (-1 at depth 1)."""
@@ -174,6 +198,7 @@ class LevelInputs:
     n: torch.Tensor
     d2t: torch.Tensor
     slot_of: torch.Tensor
+    map_of: torch.Tensor
     slots: torch.Tensor
     slot_map: torch.Tensor
     ids: torch.Tensor
@@ -199,12 +224,14 @@ def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torc
     if inputs is not None:
         assert 1 <= depth and depth - 1 <= width and inputs.slot_map.dtype == torch.int32
         assert inputs.slot_map.is_contiguous() and inputs.slot_map.shape[0] == k
-    io = inputs or LevelInputs(*([tokens] * 8))  # never read without NEXT
+    io = inputs or LevelInputs(*([tokens] * 9))  # never read without NEXT
+    one = next_pow2(vocab) <= _ONE_LIMIT  # the row fits in registers: read once
+    block = next_pow2(vocab) if one else _BLOCK
     _kernels()[(rows,)](logits, logits.stride(0), tokens if frontier is None else frontier, tokens, parents,
-                        scores, next_frontier, _counter(logits.device), io.n, io.d2t, io.slot_of, io.slots,
+                        scores, next_frontier, _counter(logits.device), io.n, io.d2t, io.slot_of, io.map_of, io.slots,
                         io.slot_map, io.ids, io.positions, io.above, vocab, grown, K=k, KP=next_pow2(k),
                         CP=next_pow2(rows * k), ROOT=frontier is None, NEXT=inputs is not None, DEPTH=max(depth, 1),
-                        MAPW=width, MAPWP=next_pow2(width), BLOCK=min(_BLOCK, next_pow2(vocab)), num_warps=4,
+                        MAPW=width, MAPWP=next_pow2(width), BLOCK=block, ONE=one, num_warps=4 if block <= 4096 else 8,
                         **pdl_args(logits.device, pdl))
 
 
@@ -238,6 +265,7 @@ def tree_level_ref(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: 
     for j in range(depth - 2, -1, -1):  # the ancestor at depth j + 1
         inputs.slot_map[:, j] = inputs.slot_of[up].to(torch.int32)
         up = parents[up.clamp_min(0)]
+    inputs.map_of[best] = inputs.slot_map
 
 
 @functools.cache

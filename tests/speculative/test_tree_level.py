@@ -40,7 +40,12 @@ def _buffers(count, g, device):
     (50, 8, 8, torch.float32, True),  # ten equal logits a row: the lower index first
     (5, 5, 5, torch.float32, False),  # every token a child
 ])
-def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties):
+@pytest.mark.parametrize("in_steps", [False, True], ids=["row in registers", "row in steps"])
+def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties, in_steps, monkeypatch):
+    import speculative.kernels.tree_level as TL
+
+    if in_steps:  # the path of a draft vocabulary too wide for registers, on these rows
+        monkeypatch.setattr(TL, "_ONE_LIMIT", 0)
     g = torch.Generator().manual_seed(V + k)
     for trial in range(3):
         logits = (torch.randn(F, V, generator=g) * 3).to(dtype)
@@ -106,9 +111,11 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
     for name, level in (("kernel", TL.tree_level), ("reference", TL.tree_level_ref)):
         monkeypatch.setattr(grow_module, "tree_level", level)  # what grow_tree's fused levels call
         long = dict(dtype=torch.long, device=device)
+        width = max(1, shape.depth - 2)
         inputs = TL.LevelInputs(n=torch.tensor(37, device=device), d2t=d2t, slot_of=torch.full((candidates,), -9, **long),
+                                map_of=torch.full((candidates, width), -9, dtype=torch.int32, device=device),
                                 slots=torch.zeros(k, **long),
-                                slot_map=torch.zeros(k, max(1, shape.depth - 2), dtype=torch.int32, device=device),
+                                slot_map=torch.zeros(k, width, dtype=torch.int32, device=device),
                                 ids=torch.zeros(k, **long), positions=torch.zeros(k, **long), above=torch.zeros(k, **long))
         record = []
 
@@ -118,9 +125,10 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
             return head(frontier, grown)
 
         tree = grow_tree(head.table[5], expand, shape, fused=True, inputs=inputs)
-        seen[name] = (tree, record, inputs.slot_of.clone())
-    (tree, record, slot_of), (tree_ref, record_ref, slot_of_ref) = seen["kernel"], seen["reference"]
+        seen[name] = (tree, record, inputs.slot_of.clone(), inputs.map_of.clone())
+    (tree, record, slot_of, map_of), (tree_ref, record_ref, slot_of_ref, map_of_ref) = seen["kernel"], seen["reference"]
     assert torch.equal(tree.tokens, tree_ref.tokens) and torch.equal(slot_of, slot_of_ref)
+    assert torch.equal(map_of, map_of_ref)  # each expanded node's map, which its children's start from
     assert len(record) == len(record_ref) == shape.depth - 1
     for depth, (got, want) in enumerate(zip(record, record_ref), start=1):
         for name, a, b in zip(("slots", "slot_map", "ids", "positions", "above", "frontier"), got, want):
