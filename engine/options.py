@@ -123,9 +123,10 @@ class KernelOptions:
     # A draft tree's level (the frontier's top-k, the candidates' scores and buffers, the next
     # frontier and its expansion's inputs) as one launch (speculative/kernels/tree_level.py)
     # instead of some thirty torch ops, the kept nodes with the verify rows' inputs as one more
-    # (tree_select), and a greedy step's walk and bookkeeping as a third (tree_accept). Off until
-    # timed on a GPU. LOCALCHAT_TREE_LEVEL=1.
-    tree_level: bool = False
+    # (tree_select), and a greedy step's walk and bookkeeping as a third (tree_accept): trees
+    # 1.40x-1.48x over no draft where the torch ops gave 0.78x-1.05x (docs/performance.md).
+    # LOCALCHAT_TREE_LEVEL=0: the torch ops.
+    tree_level: bool = True
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -187,7 +188,7 @@ class KernelOptions:
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
             sampled_runners_up=_flag(env, "LOCALCHAT_SAMPLED_RUNNERS_UP", default=False),
-            tree_level=_flag(env, "LOCALCHAT_TREE_LEVEL", default=False),
+            tree_level=_flag(env, "LOCALCHAT_TREE_LEVEL"),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),

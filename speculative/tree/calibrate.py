@@ -5,8 +5,9 @@ The calibration times greedy speculation with chains and with each candidate tre
 few prompts (chat-style requests under the app's default system prompt, answers cut at
 CALIBRATION_TOKENS), one after the other, and keeps the fastest by tokens per second. The
 result is cached in the cache folder under the model, the draft, the device's name, torch's
-version and the contents of this file and of the tree step it times (eagle3/tree_loop.py), so
-later loads read it at once and a changed tree step is timed again. A CPU takes chains
+version, whether the tree kernels serve (KernelOptions.tree_level) and the contents of this
+file and of the tree step it times (eagle3/tree_loop.py, kernels/tree_level.py), so later loads
+read it at once and a changed tree step is timed again. A CPU takes chains
 without calibrating: there each verified row costs its arithmetic, and trees (13-25 rows a step)
 lost to the chain on the demo model (docs/performance.md).
 """
@@ -18,7 +19,9 @@ from pathlib import Path
 from engine.spec_pays import answer_tok_s, cache_key as measurement_key
 from speculative.tree.shape import TreeShape
 
-CANDIDATES = (TreeShape(2, 4, 8), TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(8, 6, 48))
+# the fastest trees on the demo with the tree kernels, from a shallow wide one to a deep one,
+# each verified in one forward (docs/performance.md)
+CANDIDATES = (TreeShape(4, 4, 8), TreeShape(3, 5, 8), TreeShape(4, 6, 12), TreeShape(6, 8, 15))
 CALIBRATION_TOKENS = 48
 PROMPTS = ("Explain in two sentences why the sky is blue.",
            "Write a short list of three tips for learning a new language.",
@@ -27,7 +30,9 @@ PROMPTS = ("Explain in two sentences why the sky is blue.",
 
 def cache_key(engine) -> str:
     here = Path(__file__)
-    return measurement_key(engine, "tree auto", (here, here.parents[1] / "eagle3" / "tree_loop.py"))
+    kernels = engine.runner.model.ops.options.tree_level
+    return measurement_key(engine, "tree auto" if kernels else "tree auto, torch ops",
+                           (here, here.parents[1] / "eagle3" / "tree_loop.py", here.parents[1] / "kernels" / "tree_level.py"))
 
 
 def _tok_s(engine, shape: TreeShape | None, prompts, tokens: int) -> float:

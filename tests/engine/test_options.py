@@ -35,8 +35,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert KernelOptions.from_env({"LOCALCHAT_SAMPLED_RUNNERS_UP": "1"}) == dataclasses.replace(default,
                                                                                              sampled_runners_up=True)
     # a tree level in one launch: off until timed on a GPU
-    assert default.tree_level is False and KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "0"}) == default
-    assert KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "1"}) == dataclasses.replace(default, tree_level=True)
+    assert default.tree_level is True and KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "1"}) == default
+    assert KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "0"}) == dataclasses.replace(default, tree_level=False)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     assert default.packed_prefill == "fused"

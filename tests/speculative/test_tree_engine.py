@@ -2,6 +2,8 @@
 plain decoding, with paths accepted through later siblings (the accepted nodes' K/V moved to their
 positions) and whole; sampled answers follow the target; the stats count the tree's rows."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -232,18 +234,22 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
 
     def timer(engine, shape, prompts, tokens):
         timed.append(str(shape))
-        return {None: 100.0, "3,3,12": 140.0, "4,5,24": 120.0}.get(None if shape is None else str(shape), 50.0)
+        return {None: 100.0, "3,5,8": 140.0, "6,8,15": 120.0}.get(None if shape is None else str(shape), 50.0)
 
     class Stub:
         device, model_name, draft_name = "cuda", "m", "d"
         shape = "unset"
+
+        def __init__(self, tree_level=True):
+            self.runner = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(
+                options=SimpleNamespace(tree_level=tree_level))))
 
         def set_tree(self, shape):
             self.shape = shape
 
     stub = Stub()
     best, speeds = cal.calibrate(stub, timer=timer)
-    assert best == TreeShape(3, 3, 12) and stub.shape == best and speeds["off"] == 100.0
+    assert best == TreeShape(3, 5, 8) and stub.shape == best and speeds["off"] == 100.0
     assert timed[:len(cal.CANDIDATES) + 1] == ["None"] + [str(c) for c in cal.CANDIDATES]  # warm-ups first
 
     cache = tmp_path / "calibration.json"
@@ -251,17 +257,19 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
     real = cal.calibrate
     try:
         cal.calibrate = lambda engine: (calls.append(1), real(engine, timer=timer))[1]
-        assert cal.auto_tree(stub, cache) == TreeShape(3, 3, 12) and calls == [1]
-        assert cal.auto_tree(Stub(), cache) == TreeShape(3, 3, 12) and calls == [1]  # from the cache
+        assert cal.auto_tree(stub, cache) == TreeShape(3, 5, 8) and calls == [1]
+        assert cal.auto_tree(Stub(), cache) == TreeShape(3, 5, 8) and calls == [1]  # from the cache
         other = Stub()
         other.draft_name = "another head"
         cal.auto_tree(other, cache)
         assert calls == [1, 1]  # another draft: calibrated anew
+        cal.auto_tree(Stub(tree_level=False), cache)
+        assert calls == [1, 1, 1]  # the tree step's torch ops, not its kernels: timed anew
         cache.write_text("{not json")
-        assert cal.auto_tree(Stub(), cache) == TreeShape(3, 3, 12) and calls == [1, 1, 1]
+        assert cal.auto_tree(Stub(), cache) == TreeShape(3, 5, 8) and calls == [1, 1, 1, 1]
         cpu = Stub()
         cpu.device = "cpu"
-        assert cal.auto_tree(cpu, cache) is None and calls == [1, 1, 1]  # chains, nothing timed
+        assert cal.auto_tree(cpu, cache) is None and calls == [1, 1, 1, 1]  # chains, nothing timed
     finally:
         cal.calibrate = real
 
