@@ -278,7 +278,6 @@ def _select_kernel():
     def tree_select_kernel(tokens_ptr, parents_ptr, depths_ptr, scores_ptr, d2t_ptr, n_ptr, root_ptr, rank_ptr,
                            index_ptr, out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_scores_ptr, ids_ptr,
                            pos_ptr, slots_ptr, map_ptr, base_ptr, count, T: tl.constexpr, CP: tl.constexpr,
-                           JB: tl.constexpr,
                            D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, TP: tl.constexpr,
                            USE_PDL: tl.constexpr):
         if USE_PDL:
@@ -290,25 +289,19 @@ def _select_kernel():
         d = tl.load(depths_ptr + i, mask=live, other=0)
         # rank: how many candidates come first (a higher score, or the same and a lower index,
         # which is the shallower: the index order is the depth order)
-        # (JB candidates a loop step, compared with every candidate at once: a step's loads are
-        # one vector, not JB dependent scalars)
         rank = tl.zeros([CP], tl.int32)
-        for j0 in range(0, count, JB):
-            j = j0 + tl.arange(0, JB)
-            sj = tl.load(scores_ptr + j, mask=j < count, other=float("-inf"))[None, :]
-            first = (j < count)[None, :] & ((sj > s[:, None]) | ((sj == s[:, None]) & (j[None, :] < i[:, None])))
-            rank += tl.sum(first.to(tl.int32), axis=1)
+        for j in range(0, count):
+            sj = tl.load(scores_ptr + j)
+            rank += ((sj > s) | ((sj == s) & (j < i))).to(tl.int32)
         kept = live & (rank < T)
         tl.store(rank_ptr + i, tl.where(kept, rank, CP + 1), mask=live)
         tl.debug_barrier()
         # verify order: by depth, then rank among the kept
         pos = tl.zeros([CP], tl.int32)
-        for j0 in range(0, count, JB):
-            j = j0 + tl.arange(0, JB)
-            rj = tl.load(rank_ptr + j, mask=j < count, other=CP + 1)[None, :]
-            dj = tl.load(depths_ptr + j, mask=j < count, other=0)[None, :]
-            ahead = (rj <= CP) & ((dj < d[:, None]) | ((dj == d[:, None]) & (rj < rank[:, None])))
-            pos += tl.sum(ahead.to(tl.int32), axis=1)
+        for j in range(0, count):
+            rj = tl.load(rank_ptr + j)
+            dj = tl.load(depths_ptr + j)
+            pos += ((rj <= CP) & ((dj < d) | ((dj == d) & (rj < rank)))).to(tl.int32)
         tl.store(index_ptr + i, tl.where(kept, pos, -1), mask=live)
         tl.debug_barrier()
         n = tl.load(n_ptr)
@@ -390,8 +383,7 @@ def tree_select(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     rank, index = _select_scratch(dev, CP)
     _select_kernel()[(1,)](tokens, parents, depths, scores, d2t, n, root, rank, index, out.tokens, out.parents,
                            out.depths, out.scores, out.ids, out.positions, out.slots, out.slot_map, out.map_base,
-                           count, T=T, CP=CP, JB=max(1, min(64, 8192 // CP)), D=depth, W=W, WP=next_pow2(W),
-                           TP=next_pow2(T + 1),
+                           count, T=T, CP=CP, D=depth, W=W, WP=next_pow2(W), TP=next_pow2(T + 1),
                            num_warps=4, **pdl_args(dev, pdl))
     return out
 

@@ -116,7 +116,7 @@ def _kernels():
         ("tree level in steps", tree_level._kernels(),
          dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=2048, ONE=False), 4,
          {**_TREE_POINTERS, "logits_ptr": "*fp32"}),
-        ("tree select", tree_level._select_kernel(), dict(T=12, CP=32, JB=64, D=3, W=4, WP=4, TP=16), 4,
+        ("tree select", tree_level._select_kernel(), dict(T=12, CP=32, D=3, W=4, WP=4, TP=16), 4,
          {**_TREE_POINTERS, "depths_ptr": "*i64", "root_ptr": "*i64", "rank_ptr": "*i32", "index_ptr": "*i32",
           "out_tokens_ptr": "*i64", "out_parents_ptr": "*i64", "out_depths_ptr": "*i64", "out_scores_ptr": "*fp32",
           "base_ptr": "*i32"}),
