@@ -40,8 +40,6 @@ ROWS = (
      UNSEEN + " --prompts 12 --runners-up on", "h200_demo_eagle3_gate_runners_up_on.json"),
     ("spec", "the same head at temperature 0.7, all 24 requests",
      UNSEEN + " --temperature 0.7 --prompts 24", "h200_demo_sampledft_t07.json"),
-    ("spec", "an earlier head (two fine-tunings back), drafting 3,3,12 trees (greedy), the same 12 requests",
-     UNSEEN + " --tree 3,3,12 --prompts 12", "h200_demo_share_sms_3-3-12.json"),
     ("spec", "greedy speculation, demo model + its 2 MTP layers (retrained on the request sets), k = 2, the "
      "first 8 of the requests",
      UNSEEN + " --draft demo-mtp --prompts 8", "h200_demo_share_sms_mtp.json"),
