@@ -123,8 +123,8 @@ class KernelOptions:
     # A draft tree's level (the frontier's top-k, the candidates' scores and buffers, the next
     # frontier and its expansion's inputs) as one launch (speculative/kernels/tree_level.py)
     # instead of some thirty torch ops, the kept nodes with the verify rows' inputs as one more
-    # (tree_select), and a greedy step's walk and bookkeeping as a third (tree_accept): trees
-    # 1.40x-1.48x over no draft where the torch ops gave 0.78x-1.05x (docs/performance.md).
+    # (tree_select), and a greedy step's walk and bookkeeping as a third (tree_accept): the demo's
+    # trees 1.18x-1.48x over no draft where the torch ops gave 0.77x-1.05x (docs/performance.md).
     # LOCALCHAT_TREE_LEVEL=0: the torch ops.
     tree_level: bool = True
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight

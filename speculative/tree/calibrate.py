@@ -7,9 +7,9 @@ CALIBRATION_TOKENS), one after the other, and keeps the fastest by tokens per se
 result is cached in the cache folder under the model, the draft, the device's name, torch's
 version, whether the tree kernels serve (KernelOptions.tree_level) and the contents of this
 file and of the tree step it times (eagle3/tree_loop.py, kernels/tree_level.py), so later loads
-read it at once and a changed tree step is timed again. A CPU takes chains
-without calibrating: there each verified row costs its arithmetic, and trees (13-25 rows a step)
-lost to the chain on the demo model (docs/performance.md).
+read it at once and a changed tree step is timed again. A CPU takes chains without calibrating:
+there each verified row costs its arithmetic, and trees (13-25 rows a step) lost to the chain on
+the demo model (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ PROMPTS = ("Explain in two sentences why the sky is blue.",
 def cache_key(engine) -> str:
     here = Path(__file__)
     kernels = engine.runner.model.ops.options.tree_level
-    return measurement_key(engine, "tree auto" if kernels else "tree auto, torch ops",
-                           (here, here.parents[1] / "eagle3" / "tree_loop.py", here.parents[1] / "kernels" / "tree_level.py"))
+    code = (here, here.parents[1] / "eagle3" / "tree_loop.py", here.parents[1] / "kernels" / "tree_level.py")
+    return measurement_key(engine, "tree auto" if kernels else "tree auto, torch ops", code)
 
 
 def _tok_s(engine, shape: TreeShape | None, prompts, tokens: int) -> float:

@@ -34,7 +34,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert default.sampled_runners_up is False and KernelOptions.from_env({"LOCALCHAT_SAMPLED_RUNNERS_UP": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_SAMPLED_RUNNERS_UP": "1"}) == dataclasses.replace(default,
                                                                                              sampled_runners_up=True)
-    # a tree level in one launch: off until timed on a GPU
+    # a tree level in one launch: on since timed on a GPU (LOCALCHAT_TREE_LEVEL=0 the torch ops)
     assert default.tree_level is True and KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "1"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "0"}) == dataclasses.replace(default, tree_level=False)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
