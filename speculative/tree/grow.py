@@ -66,12 +66,10 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
     count = k + max(shape.depth - 1, 0) * k * k
     tokens = torch.empty(count, dtype=torch.int64, device=dev)
     scores = torch.empty(count, dtype=torch.float32, device=dev)
-    if fused:  # the kernels write every candidate's parent
-        parents = torch.empty(count, dtype=torch.int64, device=dev)
-    else:  # the torch ops leave the root's children at -1
-        parents = torch.full((count,), -1, dtype=torch.int64, device=dev)
     depths = _depths(k, shape.depth, dev)
-    if fused:
+    if fused:  # each level one launch; the kernels write every candidate's parent
+        parents = torch.empty(count, dtype=torch.int64, device=dev)
+
         def next_inputs(depth: int):  # for the expansion of a frontier of this depth, if one follows
             return (inputs, depth) if inputs is not None and depth < shape.depth else (None, 0)
 
@@ -83,23 +81,22 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
             nxt = torch.empty(k, dtype=torch.int64, device=dev)  # expand has read frontier; the kernel reads it too
             tree_level(rows, frontier, tokens, parents, scores, grown, k, nxt, *next_inputs(depth))
             frontier, grown = nxt, grown + k * k
-        if not select:
-            return DraftTree(tokens, parents, depths, scores)
-        return _kept(tokens, parents, depths, scores, shape.tokens)
-    top = _top(root_logprobs.float(), k)
-    tokens[:k], scores[:k] = top.indices, top.values
-    frontier = torch.arange(k, device=dev)
-    grown = k
-    for _ in range(2, shape.depth + 1):
-        lp = expand(frontier, DraftTree(tokens[:grown], parents[:grown], depths[:grown], scores[:grown])).float()
-        child = _top(lp, k)  # (F, k)
-        width = frontier.shape[0] * k
-        cand = scores[grown:grown + width]
-        torch.add(scores.index_select(0, frontier)[:, None], child.values, out=cand.view(-1, k))
-        tokens[grown:grown + width] = child.indices.flatten()
-        parents[grown:grown + width] = frontier[:, None].expand(-1, k).flatten()
-        frontier = grown + _top(cand, min(k, width)).indices
-        grown += width
+    else:  # the torch ops leave the root's children at -1
+        parents = torch.full((count,), -1, dtype=torch.int64, device=dev)
+        top = _top(root_logprobs.float(), k)
+        tokens[:k], scores[:k] = top.indices, top.values
+        frontier = torch.arange(k, device=dev)
+        grown = k
+        for _ in range(2, shape.depth + 1):
+            lp = expand(frontier, DraftTree(tokens[:grown], parents[:grown], depths[:grown], scores[:grown])).float()
+            child = _top(lp, k)  # (F, k)
+            width = frontier.shape[0] * k
+            cand = scores[grown:grown + width]
+            torch.add(scores.index_select(0, frontier)[:, None], child.values, out=cand.view(-1, k))
+            tokens[grown:grown + width] = child.indices.flatten()
+            parents[grown:grown + width] = frontier[:, None].expand(-1, k).flatten()
+            frontier = grown + _top(cand, min(k, width)).indices
+            grown += width
     if not select:
         return DraftTree(tokens, parents, depths, scores)
     return _kept(tokens, parents, depths, scores, shape.tokens)
