@@ -40,19 +40,25 @@ def main() -> None:
 
     from benchmarks.harness.prompts import chat_prompts_from
     from engine.engine import Engine
+    from engine.errors import UserError
     from engine.types import SamplingParams
+    from speculative.tree.shape import TreeShape, parse_tree
 
-    engine = Engine.load("demo", device="cuda")
-    msgs, _ = chat_prompts_from(1)
     sampled = args.temperature > 0
     shape = None
-    if args.tree:
-        from speculative.tree.shape import parse_tree
-
-        if sampled:
-            raise SystemExit("--tree profiles the greedy tree step: leave out --temperature")
-        shape = parse_tree(args.tree)
+    try:  # bad input (or no GPU): one line
+        if args.tree:
+            if sampled:
+                raise UserError("--tree profiles the greedy tree step: leave out --temperature")
+            shape = parse_tree(args.tree)
+            if not isinstance(shape, TreeShape):
+                raise UserError(f"--tree {args.tree}: give a tree, TOPK,DEPTH,TOKENS")
+        engine = Engine.load("demo", device="cuda")
+    except UserError as e:
+        raise SystemExit(str(e)) from None
+    if shape is not None:
         engine.set_tree(shape)
+    msgs, _ = chat_prompts_from(1)
     params = SamplingParams(max_tokens=64, temperature=args.temperature, seed=1) if sampled else \
         SamplingParams(max_tokens=64)
     for _ in engine.stream_ids(engine.tokenizer.apply_chat_template(msgs[0]), params, speculative=True):
