@@ -65,10 +65,12 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
             o = attention_packed(q, k, v, batch.segment_lengths, self.scale).reshape(T, self.q_size)
             return self.o_proj(o)
-        by_position = batch.visible is None and batch.slot_map is None  # not a draft tree's rows
-        fused = self.ops.one_row_attention(T) if self.ops.rope_and_cache is not None and by_position else None
+        fused = None  # a draft tree's rows in an eager mask (visible) take the separate launches
+        if self.ops.rope_and_cache is not None and batch.visible is None:
+            fused = self.ops.one_row_attention(T, mapped=batch.slot_map is not None)
         if fused is not None:
-            o = fused(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, self.scale, batch.slots)
+            o = fused(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, self.scale, batch.slots,
+                      slot_map=batch.slot_map, map_base=batch.map_base)
             if project is not None:
                 return project(o.reshape(T, self.q_size), self.o_proj)
             return self.ops.row_linear(o.reshape(T, self.q_size), self.o_proj)

@@ -81,13 +81,17 @@ class Ops:
                                             silu_and_mul=bound(silu_and_mul, pdl=pdl)),
         )
 
-    def one_row_attention(self, num_rows: int) -> Callable | None:
+    def one_row_attention(self, num_rows: int, mapped: bool = False) -> Callable | None:
         """rope_attention for a step of num_rows unpacked rows where it applies (CUDA,
         rope_in_attention on: one row, or a batch-invariant verify step's rows with
-        rope_in_verify); None: rope_and_cache, then the attention kernel."""
+        rope_in_verify; mapped: a draft tree's rows read through a slot map, with rope_in_tree);
+        None: rope_and_cache, then the attention kernel."""
         o = self.options
-        if o.rope_in_attention and (num_rows == 1 or (
-                o.rope_in_verify and o.batch_invariant and 1 < num_rows <= MAX_INVARIANT_ROWS)):
+        if not o.rope_in_attention or self.rope_attention is None:
+            return None
+        if mapped:
+            return self.rope_attention if o.rope_in_tree and 1 <= num_rows <= MAX_INVARIANT_ROWS else None
+        if num_rows == 1 or (o.rope_in_verify and o.batch_invariant and 1 < num_rows <= MAX_INVARIANT_ROWS):
             return self.rope_attention
         return None
 
@@ -126,25 +130,32 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
                 each_row=route.each_row)
 
 
+def _tiles(options: KernelOptions, rows: int, mapped: bool) -> tuple[bool, bool]:
+    """(invariant, per_token) of an attention launch: one tile for every row count under batch
+    invariance; a draft tree's rows (mapped) on the per-row invariant tiles, the only ones that
+    read a map, so a draft's tree rows take them too."""
+    invariant = (options.batch_invariant or mapped) and rows <= MAX_INVARIANT_ROWS
+    return invariant, invariant and (options.token_attention or mapped)
+
+
 def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own_slots=None,
               slot_map=None, map_base=None) -> torch.Tensor:
-    """decode_attention, with one tile for every row count under batch invariance. slot_map and
-    map_base: a draft tree's rows (ForwardBatch.slot_map), on the per-row invariant tiles (the only
-    ones that read a map, so a draft's tree rows take them too)."""
-    invariant = (options.batch_invariant or slot_map is not None) and q.shape[0] <= MAX_INVARIANT_ROWS
-    per_token = invariant and (options.token_attention or slot_map is not None)
+    """decode_attention on the tiles _tiles picks. slot_map and map_base: a draft tree's rows
+    (ForwardBatch.slot_map)."""
+    invariant, per_token = _tiles(options, q.shape[0], slot_map is not None)
     return decode_attention(q, k_cache, v_cache, positions, scale, invariant=invariant, own_slots=own_slots,
                             pdl=options.pdl, per_token=per_token, slot_map=slot_map, map_base=map_base,
                             share_sms=options.share_sms)
 
 
 def rope_attention(options: KernelOptions, q, k, v, cos_sin, positions, k_cache, v_cache, scale,
-                   slots=None) -> torch.Tensor:
-    """rope_decode_attention (one row, or a verify step's rows), with the tile attention() picks."""
-    return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, scale,
-                                 invariant=options.batch_invariant, slots=slots, pdl=options.pdl,
-                                 per_token=options.batch_invariant and options.token_attention,
-                                 share_sms=options.share_sms)
+                   slots=None, slot_map=None, map_base=None) -> torch.Tensor:
+    """rope_decode_attention (one row, a verify step's rows, or a draft tree's rows read through a
+    slot map), on the tiles attention() picks, so with the bits of rope_and_cache then attention()."""
+    invariant, per_token = _tiles(options, q.shape[0], slot_map is not None)
+    return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, scale, invariant=invariant,
+                                 slots=slots, pdl=options.pdl, per_token=per_token, share_sms=options.share_sms,
+                                 slot_map=slot_map, map_base=map_base)
 
 
 def _has_triton() -> bool:

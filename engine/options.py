@@ -101,6 +101,10 @@ class KernelOptions:
     # With it, a batch-invariant verify step's rows (2 to 16) too: each split program writes the
     # step's keys it reads. LOCALCHAT_ROPE_IN_VERIFY=0: their RoPE launches apart.
     rope_in_verify: bool = True
+    # With it, a draft tree's rows, which read their ancestors through a slot map (the target's
+    # verify rows and the head's levels), too: one launch fewer a layer, the same bits (Triton's
+    # interpreter). Off until timed on a GPU: LOCALCHAT_ROPE_IN_TREE=1 turns it on.
+    rope_in_tree: bool = False
     # A verify step's per-row attention programs share about two waves over the SMs instead of each
     # row taking the one-row step's count (kernels/attention.py _split_programs); the same bits.
     # LOCALCHAT_SHARE_SMS=0: every row the one-row count.
@@ -111,6 +115,13 @@ class KernelOptions:
     # Within those, the lean step (ten launches a draft token) and the greedy loop's picks on the
     # device (1.07x). LOCALCHAT_LEAN_DRAFT=0: the fused step and the picks in torch ops.
     lean_draft: bool = True
+    # Within those, a draft step of several rows (a tree level's frontier, a draft-extend) on the
+    # tensor-core tiles of the batch-invariant set (routing.invariant_tile), its two norms carried
+    # by the projections around them (gemv_add_stats, gemv_rstd) and the activation by gate_up's
+    # epilogue, instead of the 16 x 256 tile with the norm and activation recomputed in every
+    # program (a demo tree level of 6 rows: gate_up, down and lm_head about 44 us of its 66 on an
+    # H200, against 11 for one row). Off until timed on a GPU: LOCALCHAT_DRAFT_ROWS=1 turns it on.
+    draft_rows: bool = False
     # Runners-up each draft gets as extra rows of a greedy verify step. None: the device's default
     # (GPU: as many as fill 16 rows, shaped; CPU: none, each row costs its arithmetic there); AUTO:
     # the shaped ones on any device; N: N for every draft; (A, B, ...): A for draft 1, B for draft 2,
@@ -184,8 +195,10 @@ class KernelOptions:
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
+            rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE", default=False),
             share_sms=_flag(env, "LOCALCHAT_SHARE_SMS"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
+            draft_rows=_flag(env, "LOCALCHAT_DRAFT_ROWS", default=False),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
             sampled_runners_up=_flag(env, "LOCALCHAT_SAMPLED_RUNNERS_UP", default=False),
             tree_level=_flag(env, "LOCALCHAT_TREE_LEVEL"),

@@ -5,7 +5,8 @@ the weight's shape. No tensors here: the layer code (layer_kernels.py, ops.py) a
 A projection on its own (linear_route), in a bf16 step:
     batch_invariant, up to 16 rows         our GEMV: invariant_tile(shape) on tensor cores, or with
                                            each_row a small weight's one-row route, row by row
-    a draft's step (DRAFT), up to 16 rows  our GEMV, its built-in tile
+    a draft's step (DRAFT), up to 16 rows  our GEMV, its built-in tile (with draft_rows, several
+                                           rows on invariant_tile)
     o_proj or down, one row                our GEMV, row_tile(K)
     qkv, one row of the ROW set            our GEMV, its built-in tile (qkv_gemv)
     anything else                          cuBLAS (nn.Linear)
@@ -157,7 +158,11 @@ def linear_route(options: KernelOptions, mode: str, role: str, rows: int, shape:
     every projection of a fused draft step (the same one-row tile)."""
     bf16 = dtype == torch.bfloat16
     if mode == DRAFT:
-        return Route(GEMV) if rows <= MAX_ROWS and bf16 else CUBLAS_ROUTE
+        if rows > MAX_ROWS or not bf16:
+            return CUBLAS_ROUTE
+        # several rows with draft_rows: the invariant set's tile (a draft's bits are of no concern,
+        # the tile is chosen for its speed at 1-16 rows)
+        return Route(GEMV, invariant_tile(shape), invariant=True) if rows > 1 and options.draft_rows else Route(GEMV)
     if is_invariant(options, rows, dtype):
         if not each_row_serves(options, shape, dtype):
             return Route(GEMV, invariant_tile(shape), invariant=True)

@@ -378,14 +378,8 @@ def decode_attention(
     (_split_programs) instead of each taking the one-row step's count; the same bits.
     """
     _check(q, k_cache, v_cache, positions)
-    mapping = None
-    if slot_map is not None:
-        assert invariant and per_token, "a slot map needs the per-token invariant tiles"
-        assert slot_map.dim() == 2 and slot_map.shape[0] == q.shape[0] and slot_map.is_contiguous()
-        assert map_base is not None and map_base.shape == (q.shape[0],)
-        mapping = (slot_map, map_base)
-    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl, per_token, mapping,
-                   share_sms)
+    return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl, per_token,
+                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms)
 
 
 def rope_decode_attention(
@@ -402,11 +396,18 @@ def rope_decode_attention(
     pdl: bool = True,
     per_token: bool = False,
     share_sms: bool = True,
+    slot_map: torch.Tensor | None = None,
+    map_base: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """rope_and_cache then decode_attention for a decode row or a verify step's T <=
     MAX_INVARIANT_ROWS rows, with the same bits, one launch fewer: the split kernel rotates q and
     the keys itself, writes the keys and values into the cache (at slots, or positions) and q into
-    a scratch row, and reads them back as decode_attention reads them. Returns (T, Hq, D)."""
+    a scratch row, and reads them back as decode_attention reads them. Returns (T, Hq, D).
+
+    slot_map, map_base (per_token, invariant): a draft tree's rows, as decode_attention reads
+    them. A program writes the step's rows whose positions lie in its splits before it reads any,
+    and a row's ancestors sit at their own positions (depth d at map_base + d), so the program
+    that reads an ancestor through the map has written it."""
     _check(q, k_cache, v_cache, positions)
     T = q.shape[0]
     assert 1 <= T <= MAX_INVARIANT_ROWS and k.shape == v.shape == (T, *k_cache.shape[1:])
@@ -414,7 +415,18 @@ def rope_decode_attention(
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
     return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl, per_token,
-                   None, share_sms)
+                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms)
+
+
+def _mapping(q: torch.Tensor, invariant: bool, per_token: bool, slot_map: torch.Tensor | None,
+             map_base: torch.Tensor | None) -> tuple | None:
+    """(slot_map, map_base) checked against q's rows, or None without a map."""
+    if slot_map is None:
+        return None
+    assert invariant and per_token, "a slot map needs the per-token invariant tiles"
+    assert slot_map.dim() == 2 and slot_map.shape[0] == q.shape[0] and slot_map.is_contiguous()
+    assert map_base is not None and map_base.shape == (q.shape[0],)
+    return slot_map, map_base
 
 
 def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on,

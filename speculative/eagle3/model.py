@@ -7,9 +7,9 @@ from torch import nn
 
 from engine.attention import attend
 from engine.layers import GatedMLP, RMSNorm
-from engine.kernels.gemv import MAX_ROWS
+from engine.kernels.gemv import MAX_ROWS, gemv_add_stats, gemv_rstd
 from engine.ops import Ops
-from engine.routing import ROW_TILE
+from engine.routing import ROW_TILE, invariant_tile
 from engine.rope import apply_rope, rope_cos_sin
 
 from speculative.eagle3.config import DraftConfig
@@ -119,6 +119,8 @@ class Eagle3Layer(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         o, residual = self._cached_attention(q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache,
                                              ops, last, tree)
+        if o.shape[0] > 1 and ops.options.draft_rows and o.dtype in (torch.bfloat16, torch.float32):
+            return self._rows_tail(o, residual, final_norm, lm_head, pdl)
         o_proj = self.self_attn.o_proj
         attn_out = (gemv(o, o_proj.weight, config=ROW_TILE, pdl=pdl) if o.shape[0] == 1
                     else fast.project(o, o_proj, "o_proj"))
@@ -128,6 +130,22 @@ class Eagle3Layer(nn.Module):
         logits, out = fast.norm_linear(mlp_out, h, final_norm, lm_head, "lm_head")
         return logits, out
 
+    def _rows_tail(self, o, residual, final_norm: RMSNorm, lm_head: nn.Linear, pdl: bool):
+        """lean_forward past the attention for several rows (KernelOptions.draft_rows): four
+        launches on the invariant set's tensor-core tiles. o_proj adds the residual and takes the
+        squares of the post-attention norm (gemv_add_stats), gate_up scales its dot by that norm's
+        1 / rms and takes the activation in its epilogue (gemv_rstd, gate), down does the same for
+        the final norm, and lm_head scales by it. Returns (logits, out) as lean_forward does."""
+        def tile(linear: nn.Linear):
+            return invariant_tile(tuple(linear.weight.shape))
+
+        o_proj, gate_up, down, post = (self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj,
+                                       self.post_attention_layernorm)
+        hg, h, sq = gemv_add_stats(o, o_proj.weight, o_proj.bias, residual, post.weight, config=tile(o_proj), pdl=pdl)
+        act = gemv_rstd(hg, sq, post.eps, gate_up.weight, gate_up.bias, config=tile(gate_up), pdl=pdl, gate=True)
+        hg, out, sq = gemv_add_stats(act, down.weight, down.bias, h, final_norm.weight, config=tile(down), pdl=pdl)
+        return gemv_rstd(hg, sq, final_norm.eps, lm_head.weight, lm_head.bias, config=tile(lm_head), pdl=pdl), out
+
     def _cached_attention(self, q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache, ops, last,
                           tree=None):
         """The attention of both GPU paths: RoPE with the cache write in one launch, attention over
@@ -136,11 +154,18 @@ class Eagle3Layer(nn.Module):
         row each with `last`."""
         T = q.shape[0]
         slots, slot_map, map_base = tree if tree is not None else (None, None, None)
-        q = ops.rope_and_cache(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
-                               v.view(T, self.num_kv_heads, self.head_dim), cos_sin_table, positions, k_cache, v_cache,
-                               slots)
-        o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention, slots, None, slot_map,
-                   map_base).reshape(T, self.q_size)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k, v = k.view(T, self.num_kv_heads, self.head_dim), v.view(T, self.num_kv_heads, self.head_dim)
+        # a tree's level (rows read through a map) with RoPE inside the attention launch where
+        # rope_in_tree says so; a chain's steps keep the two launches
+        fused = ops.one_row_attention(T, mapped=True) if tree is not None else None
+        if fused is not None:
+            o = fused(q, k, v, cos_sin_table, positions, k_cache, v_cache, self.scale, slots, slot_map=slot_map,
+                      map_base=map_base).reshape(T, self.q_size)
+        else:
+            q = ops.rope_and_cache(q, k, v, cos_sin_table, positions, k_cache, v_cache, slots)
+            o = attend(q, k_cache, v_cache, positions, start_pos, self.scale, ops.attention, slots, None, slot_map,
+                       map_base).reshape(T, self.q_size)
         if last is not None:
             o, residual = pick_row(o, last), pick_row(residual, last)
         return o, residual

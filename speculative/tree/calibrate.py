@@ -5,7 +5,8 @@ The calibration times greedy speculation with chains and with each candidate tre
 few prompts (chat-style requests under the app's default system prompt, answers cut at
 CALIBRATION_TOKENS), one after the other, and keeps the fastest by tokens per second. The
 result is cached in the cache folder under the model, the draft, the device's name, torch's
-version, whether the tree kernels serve (KernelOptions.tree_level) and the contents of this
+version, the kernel switches a tree step's cost depends on (KernelOptions.tree_level,
+rope_in_tree, draft_rows) and the contents of this
 file and of the tree step it times (eagle3/tree_loop.py, kernels/tree_level.py), so later loads
 read it at once and a changed tree step is timed again. A CPU takes chains without calibrating:
 there each verified row costs its arithmetic, and trees (13-25 rows a step) lost to the chain on
@@ -28,11 +29,17 @@ PROMPTS = ("Explain in two sentences why the sky is blue.",
            "What is the difference between a list and a tuple in Python?")
 
 
+# the kernel switches, besides tree_level, that change what a tree step costs
+TREE_SWITCHES = ("rope_in_tree", "draft_rows")
+
+
 def cache_key(engine) -> str:
     here = Path(__file__)
-    kernels = engine.runner.model.ops.options.tree_level
+    options = engine.runner.model.ops.options
+    settings = ["tree auto" if options.tree_level else "tree auto, torch ops"]
+    settings += [name for name in TREE_SWITCHES if getattr(options, name, False)]
     code = (here, here.parents[1] / "eagle3" / "tree_loop.py", here.parents[1] / "kernels" / "tree_level.py")
-    return measurement_key(engine, "tree auto" if kernels else "tree auto, torch ops", code)
+    return measurement_key(engine, ", ".join(settings), code)
 
 
 def _tok_s(engine, shape: TreeShape | None, prompts, tokens: int) -> float:

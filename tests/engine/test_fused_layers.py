@@ -390,3 +390,55 @@ def test_routed_projections_launch_what_routing_picks(monkeypatch):
     large = torch.nn.Linear(4096, 2048, bias=False).to(torch.bfloat16)  # 16 MiB: the tensor-core tile
     assert invariant.linear(x.expand(6, -1), large) == "gemv"
     assert calls[-1] == (routing.invariant_tile((2048, 4096)), True, False)
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+def test_tree_rows_with_rope_in_attention_equal_the_separate_launch(device, monkeypatch):
+    """A batch-invariant target's verify step over a draft tree's rows (read through slot maps):
+    with RoPE and the cache writes inside the attention launch (KernelOptions.rope_in_tree) it gives
+    the logits and the cache of the separate rope_and_cache launch bit for bit, one launch fewer
+    a layer."""
+    import engine.kernels.rope as rope_module
+    import engine.ops as ops_module
+
+    launches = []
+    real = rope_module.rope_and_cache
+    monkeypatch.setattr(ops_module, "rope_and_cache", lambda *a, **k: launches.append(1) or real(*a, **k))
+    cfg = model_config("llama", small=device == "cpu")
+    parents = [-1, 0, 0, 1, 1, 2, 4]  # depth 0..3 at positions PROMPT.. (the root: the last accepted token)
+    depth = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    rows, width = len(parents), max(depth) + 1
+    node_slot = [PROMPT + 20 + 3 * i for i in range(rows)]
+    slot_map = torch.zeros(rows, width, dtype=torch.int32)
+    for i in range(rows):
+        a = parents[i]
+        while a >= 0:
+            slot_map[i, depth[a]] = node_slot[a]
+            a = parents[a]
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, cfg.vocab_size, (PROMPT + rows,), generator=gen).to(device)
+    results = []
+    for rope_in_tree in (False, True):
+        ops = Ops.routed(KernelOptions(batch_invariant=True, rope_in_tree=rope_in_tree))
+        model = CausalLM(cfg, MAX_LEN, ops)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(1)
+            for name, p in model.named_parameters():
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
+                        else torch.randn(p.shape, generator=g) * (1.0 if "embed" in name else 0.04))
+        model = model.to(device, torch.bfloat16).eval().requires_grad_(False)
+        model.cos_sin = rope_cos_sin(cfg, MAX_LEN).to(device)
+        kv = new_cache(model, device)
+        step_logits(model, kv, ids[:PROMPT], 0)
+        batch = ForwardBatch(input_ids=ids[PROMPT:], positions=torch.tensor([PROMPT + d for d in depth], device=device),
+                             slots=torch.tensor(node_slot, device=device), slot_map=slot_map.to(device),
+                             map_base=torch.full((rows,), PROMPT, dtype=torch.int32, device=device))
+        launches.clear()
+        with torch.inference_mode():
+            logits = model.logits(model(batch, kv).hidden)
+        results.append((logits, torch.stack(kv.k), torch.stack(kv.v), len(launches)))
+    (apart, k_apart, v_apart, n_apart), (fused, k_fused, v_fused, n_fused) = results
+    assert n_apart == cfg.num_layers and n_fused == 0
+    assert torch.equal(fused, apart) and torch.equal(k_fused, k_apart) and torch.equal(v_fused, v_apart)

@@ -922,6 +922,53 @@ def test_tree_rows_read_through_a_slot_map_have_the_bits_of_their_decode_step(de
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree", ["7 nodes", "root only", "16 nodes across a split"])
+@pytest.mark.parametrize("programs", [None, 3], ids=["programs", "3_programs"])
+def test_rope_decode_attention_of_tree_rows_equals_rope_then_attention(device, tree, programs, monkeypatch):
+    """A draft tree's rows read through a slot map (KernelOptions.rope_in_tree), each node's K/V at a
+    scratch row of its own, with RoPE and the cache writes inside the attention kernel: exactly the
+    bits of rope_and_cache then decode_attention over the same map, output and caches. A row's
+    ancestors are rows of the same launch, written by the programs that read them."""
+    if programs == 3:
+        monkeypatch.setattr(attention_module, "_split_programs", _three_programs)
+    num_heads, num_kv_heads, head_dim, max_seq_len = 9, 3, 64, 300
+    parents = {"7 nodes": [-1, 0, 0, 1, 1, 2, 4], "root only": [-1],
+               "16 nodes across a split": [-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 5, 6, 8, 8, 9, 12]}[tree]
+    base = 61 if tree.startswith("16") else 70  # the first: depths 0..5 at positions 61..66 (a split at 64)
+    depth = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    rows, width = len(parents), max(depth) + 1
+    node_slot = [base + 100 + 5 * i for i in range(rows)]  # scattered past the prefix
+    slot_map = torch.zeros(rows, width, dtype=torch.int32)
+    for i in range(rows):
+        a = parents[i]
+        while a >= 0:
+            slot_map[i, depth[a]] = node_slot[a]
+            a = parents[a]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(rows + base)
+    _, _, _, cos_sin, caches = _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
+    qkv = torch.randn(rows, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(device, dtype)
+    q, k, v = (x.view(rows, -1, head_dim) for x in qkv.split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1))
+    positions = torch.tensor([base + d for d in depth], device=device)
+    slots = torch.tensor(node_slot, device=device)
+    slot_map, bases = slot_map.to(device), torch.full((rows,), base, dtype=torch.int32, device=device)
+    k_a, v_a = caches[0].clone(), caches[1].clone()
+    k_b, v_b = caches[0].clone(), caches[1].clone()
+    q_rot = rope_and_cache(q, k, v, cos_sin, positions, k_a, v_a, slots)
+    want = decode_attention(q_rot, k_a, v_a, positions, 0.125, invariant=True, own_slots=slots, per_token=True,
+                            slot_map=slot_map, map_base=bases)
+    got = rope_decode_attention(q, k, v, cos_sin, positions, k_b, v_b, 0.125, invariant=True, slots=slots,
+                                per_token=True, slot_map=slot_map, map_base=bases)
+    assert torch.equal(k_b, k_a) and torch.equal(v_b, v_a)
+    assert torch.equal(got, want)
+    ref = decode_attention_ref(q_rot, k_a, v_a, positions, 0.125, own_slots=slots, slot_map=slot_map, map_base=bases)
+    torch.testing.assert_close(got.float(), ref.float(), **tol(device, dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_heads,num_kv_heads,rows", [(9, 3, 6), (9, 3, 16), (32, 8, 11)])
 def test_rows_sharing_the_sms_keep_the_bits_of_the_one_row_step(device, num_heads, num_kv_heads, rows):
     """share_sms: a verify step's per-token rows run with fewer programs a kv head than the

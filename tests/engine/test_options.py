@@ -37,6 +37,10 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # a tree level in one launch: on since timed on a GPU (LOCALCHAT_TREE_LEVEL=0 the torch ops)
     assert default.tree_level is True and KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "1"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "0"}) == dataclasses.replace(default, tree_level=False)
+    # not yet timed on a GPU: off unless asked for
+    for name, field in {"LOCALCHAT_ROPE_IN_TREE": "rope_in_tree", "LOCALCHAT_DRAFT_ROWS": "draft_rows"}.items():
+        assert getattr(default, field) is False and KernelOptions.from_env({name: "0"}) == default
+        assert KernelOptions.from_env({name: "1"}) == dataclasses.replace(default, **{field: True}), name
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     assert default.packed_prefill == "fused"

@@ -79,6 +79,12 @@ def _kernels():
         ("attention split rope verify rows per token", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16,
                                                                 BLOCK_N=64, BLOCK_D=64, DOT_F32=False, EARLY_KV=False,
                                                                 FUSE_ROPE=True, PER_TOKEN=True, MAP_W=0, ROPE_ROWS=8), 4),
+        ("attention split rope tree rows", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
+                                                       BLOCK_D=64, DOT_F32=False, EARLY_KV=False, FUSE_ROPE=True,
+                                                       PER_TOKEN=True, MAP_W=8, ROPE_ROWS=16), 4),
+        ("attention split rope tree row", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
+                                                      BLOCK_D=64, DOT_F32=False, EARLY_KV=False, FUSE_ROPE=True,
+                                                      PER_TOKEN=True, MAP_W=8, ROPE_ROWS=1), 4),
         ("attention reduce trigger first", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64), 4),
         ("gemv rms_norm M=1", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8), 4),
         ("gemv rms_norm M=1 one pass", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8, NORM_MODE=1, K_POW2=4096), 4),
@@ -148,7 +154,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 40  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 42  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

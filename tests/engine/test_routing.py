@@ -71,14 +71,21 @@ def test_batch_invariant_steps_run_one_tile_for_every_row_count(rows, mode):
 
 def test_several_rows_without_invariance_and_drafts():
     """Several rows without batch invariance (a prefill's tail, a draft-extend) go to cuBLAS; a
-    draft's projections take our GEMV for up to 16 rows whatever the options, its bits being of no
-    concern to the output."""
+    draft's projections take our GEMV for up to 16 rows (several rows on the invariant tile with
+    draft_rows), its bits being of no concern to the output."""
     for role, shape in SMOLLM2.items():
         assert routing.linear_route(DEFAULT, ROW, role, 6, shape, BF16) == CUBLAS_ROUTE
         for options in (DEFAULT, INVARIANT_OPTIONS):
             assert routing.linear_route(options, DRAFT, role, 6, shape, BF16) == OUR_TABLE
             assert routing.linear_route(options, DRAFT, role, 17, shape, BF16) == CUBLAS_ROUTE
             assert routing.linear_route(options, DRAFT, role, 1, shape, F32) == CUBLAS_ROUTE
+        # with draft_rows, several rows take the invariant set's tile (one row keeps the built-in one)
+        rows_options = dataclasses.replace(DEFAULT, draft_rows=True)
+        for rows in (2, 6, 16):
+            assert routing.linear_route(rows_options, DRAFT, role, rows, shape, BF16) == Route(
+                GEMV, routing.invariant_tile(shape), invariant=True)
+        assert routing.linear_route(rows_options, DRAFT, role, 1, shape, BF16) == OUR_TABLE
+        assert routing.linear_route(rows_options, DRAFT, role, 17, shape, BF16) == CUBLAS_ROUTE
 
 
 def test_layer_mode():

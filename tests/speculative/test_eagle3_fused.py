@@ -52,12 +52,17 @@ def _assert_close_rel(got: torch.Tensor, want: torch.Tensor, rel: float) -> None
 
 @pytest.mark.parametrize("device,dtype,rel", CASES)
 @pytest.mark.parametrize("norm_before_residual", [False, True])
-@pytest.mark.parametrize("lean", [True, False], ids=["lean", "fused"])
+@pytest.mark.parametrize("path", ["lean", "lean_rows", "fused"])
 @pytest.mark.parametrize("narrow", [False, True], ids=["target-width", "narrow"])
-def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual, lean, narrow):
-    """Both GPU paths of a draft step (lean_forward, the default, and fused_forward) against the
-    torch layer: a prompt's extend, a verify window's, then single-token steps. narrow: a head
-    narrower than the target (its own embeddings; fc maps the target's states down)."""
+def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual, path, narrow):
+    """The GPU paths of a draft step (lean_forward, the default; lean_rows: with several rows on
+    the invariant tiles and a tree's RoPE in its attention launch, KernelOptions.draft_rows and
+    rope_in_tree; fused_forward) against the torch layer: a prompt's extend, a verify window's,
+    single-token steps, then two levels of a draft tree read through a slot map (a node kept at a
+    scratch row, then three children of it). narrow: a head narrower than the target (its own
+    embeddings; fc maps the target's states down)."""
+    lean = path != "fused"
+    options = {"lean": {}, "lean_rows": dict(draft_rows=True, rope_in_tree=True), "fused": dict(lean_draft=False)}
     dev = torch.device(device)
     cfg = head_config(TARGET, 256, (2, 15, 27))
     cfg["norm_before_residual"] = norm_before_residual
@@ -67,7 +72,7 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
     max_len = 256
     torch.manual_seed(0)
     drafts = []
-    for ops in (_ops(lean_draft=lean), None):
+    for ops in (_ops(**options[path]), None):
         d = Eagle3Draft(dc, TARGET, max_len, ops)
         drafts.append(d)
     with torch.no_grad():
@@ -111,14 +116,27 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
                 p = torch.tensor([26 + s], device=dev)
                 logits, hidden = d(tok, p, hidden[-1:], False, emb, kv, start_pos=26 + s)
                 steps.append((logits, hidden))
+            # a tree's node at position 29 kept at row 200, then three children at 30 (rows 201-203)
+            # reading it through their maps
+            tree_map = torch.tensor([[200, 0]], dtype=torch.int32, device=dev)
+            base = torch.tensor([29], dtype=torch.int32, device=dev)
+            logits, hidden = d(torch.tensor([7], device=dev), torch.tensor([29], device=dev), hidden[-1:], False, emb,
+                               kv, slots=torch.tensor([200], device=dev), slot_map=tree_map, map_base=base)
+            steps.append((logits, hidden))
+            steps.append(d(torch.tensor([8, 9, 10], device=dev), torch.full((3,), 30, device=dev),
+                           hidden.expand(3, -1).contiguous(), False, emb, kv,
+                           slots=torch.tensor([201, 202, 203], device=dev), slot_map=tree_map.expand(3, -1).contiguous(),
+                           map_base=base.expand(3).contiguous()))
             outs.append(steps)
     pairs = [(a, b) for sa, sb in zip(outs[0], outs[1]) for a, b in zip(sa, sb)]
-    pairs += [(caches[0].k[0][:29], caches[1].k[0][:29]), (caches[0].v[0][:29], caches[1].v[0][:29])]
+    pairs += [(caches[0].k[0][:29], caches[1].k[0][:29]), (caches[0].v[0][:29], caches[1].v[0][:29]),
+              (caches[0].k[0][200:204], caches[1].k[0][200:204]), (caches[0].v[0][200:204], caches[1].v[0][200:204])]
     if not truth:
         for got, want in pairs:
             _assert_close_rel(got, want, rel)
         return
-    exact = [b for sb in outs[2] for b in sb] + [caches[2].k[0][:29], caches[2].v[0][:29]]
+    exact = [b for sb in outs[2] for b in sb] + [caches[2].k[0][:29], caches[2].v[0][:29], caches[2].k[0][200:204],
+                                                 caches[2].v[0][200:204]]
     for (got, torch_bf16), want in zip(pairs, exact):
         _assert_close_rel(got, torch_bf16, 2 * rel)  # a gross error shows here
         scale = want.float().abs().max().item()

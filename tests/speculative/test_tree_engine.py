@@ -240,9 +240,9 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
         device, model_name, draft_name = "cuda", "m", "d"
         shape = "unset"
 
-        def __init__(self, tree_level=True):
+        def __init__(self, tree_level=True, **switches):
             self.runner = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(
-                options=SimpleNamespace(tree_level=tree_level))))
+                options=SimpleNamespace(tree_level=tree_level, **switches))))
 
         def set_tree(self, shape):
             self.shape = shape
@@ -265,11 +265,17 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
         assert calls == [1, 1]  # another draft: calibrated anew
         cal.auto_tree(Stub(tree_level=False), cache)
         assert calls == [1, 1, 1]  # the tree step's torch ops, not its kernels: timed anew
+        for n, switch in enumerate(cal.TREE_SWITCHES, start=4):  # each switch that changes a step's cost
+            cal.auto_tree(Stub(**{switch: True}), cache)
+            assert calls == [1] * n, switch
+        cal.auto_tree(Stub(**{switch: False for switch in cal.TREE_SWITCHES}), cache)
+        assert len(calls) == 3 + len(cal.TREE_SWITCHES)  # switched off: the default's key
         cache.write_text("{not json")
-        assert cal.auto_tree(Stub(), cache) == TreeShape(3, 5, 8) and calls == [1, 1, 1, 1]
+        calls.clear()
+        assert cal.auto_tree(Stub(), cache) == TreeShape(3, 5, 8) and calls == [1]
         cpu = Stub()
         cpu.device = "cpu"
-        assert cal.auto_tree(cpu, cache) is None and calls == [1, 1, 1, 1]  # chains, nothing timed
+        assert cal.auto_tree(cpu, cache) is None and calls == [1]  # chains, nothing timed
     finally:
         cal.calibrate = real
 
