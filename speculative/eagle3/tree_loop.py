@@ -300,9 +300,10 @@ class TreeDrafting:
 
     def _grow_fused(self):
         """_grow's tree with each level one launch (KernelOptions.tree_level): the level's kernel
-        also writes the next expansion's inputs (LevelInputs), so an expansion is the draft's
-        forward, the gather of the states it continues from, and the store of its own. Then one
-        launch keeps the best nodes in verify order with the verify rows' inputs (VerifyRows)."""
+        also writes the next expansion's inputs (LevelInputs), so an expansion is the gather of
+        the states it continues from (rows of the expansion before it) and the draft's forward.
+        Then one launch keeps the best nodes in verify order with the verify rows' inputs
+        (VerifyRows)."""
         parts, draft, shape = self.parts, self.parts.draft, self.shape
         root_logits, root_hidden, n_t = self.d_logits[0], self.d_hidden, self.n
         dev = root_logits.device
@@ -310,7 +311,6 @@ class TreeDrafting:
         candidates = k + max(shape.depth - 1, 0) * k * k
         # Every entry below is written before anything reads it (a node's row once it is expanded,
         # the frontier's inputs by the level before): no fills.
-        hidden_of = root_hidden.new_empty(candidates, root_hidden.shape[-1])  # expanded node -> the state after it
         long = dict(dtype=torch.long, device=dev)
         width = max(1, shape.depth - 2)
         inputs = LevelInputs(n=n_t, d2t=draft.d2t, slot_of=torch.empty(candidates, **long),
@@ -319,14 +319,12 @@ class TreeDrafting:
                              slot_map=torch.empty(k, width, dtype=torch.int32, device=dev),
                              ids=torch.empty(k, **long), positions=torch.empty(k, **long), above=torch.empty(k, **long))
         base = n_t.to(torch.int32).expand(k).contiguous()
+        states = [root_hidden]  # the states after the frontier the last level expanded (the root's first)
 
         def expand(frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:
-            # depth 1 (the first k candidates grown) continues from the root's state
-            root_level = len(grown) == k
-            hidden = root_hidden.expand(k, -1).contiguous() if root_level else hidden_of.index_select(0, inputs.above)
-            logits, out = draft(inputs.ids, inputs.positions, hidden, False, parts.embed, parts.kv, start_pos=None,
-                                slots=inputs.slots, slot_map=inputs.slot_map, map_base=base)
-            hidden_of.index_copy_(0, frontier, out.to(hidden_of.dtype))
+            hidden = states[0].index_select(0, inputs.above)  # each node's parent's row
+            logits, states[0] = draft(inputs.ids, inputs.positions, hidden, False, parts.embed, parts.kv,
+                                      start_pos=None, slots=inputs.slots, slot_map=inputs.slot_map, map_base=base)
             return logits
 
         grown = grow_tree(root_logits, expand, shape, fused=True, inputs=inputs, select=False)

@@ -147,8 +147,9 @@ def _kernels():
                 sel_i = i_sel
             if NEXT:
                 # the next expansion's inputs, for the new frontier (depth DEPTH): its scratch rows
-                # in the draft's cache, its tokens in the target's ids, their positions, the
-                # parents whose states they continue from, and each one's ancestors' rows
+                # in the draft's cache, its tokens in the target's ids, their positions, the rows
+                # of this level's frontier (their parents) whose states they continue from, and each
+                # one's ancestors' rows
                 ok = lane < K
                 n = tl.load(n_ptr)
                 slot = n + K * (DEPTH - 1) + lane
@@ -158,7 +159,7 @@ def _kernels():
                 tl.store(ids_ptr + lane, t + tl.load(d2t_ptr + t, mask=ok, other=0), mask=ok)
                 tl.store(pos_ptr + lane, tl.zeros([KP], tl.int64) + n + (DEPTH - 1), mask=ok)
                 up = tl.load(parents_ptr + nodes, mask=ok, other=0, cache_modifier=".cg")
-                tl.store(above_ptr + lane, up, mask=ok)
+                tl.store(above_ptr + lane, ((nodes - grown) // K).to(tl.int64), mask=ok)
                 # entry j: the row of the ancestor at depth j + 1 (from DEPTH - 1 on, 0 and never
                 # read): the parent's own map with the parent's row after it, kept for the children
                 col = tl.arange(0, MAPWP)
@@ -193,7 +194,9 @@ class LevelInputs:
     parent's row added: one read, not a walk up the tree); and for the k frontier nodes: slots
     (k,) int64 their scratch rows (n + k * (depth - 1) + r), slot_map (k, width) int32 (entry j:
     the row of the ancestor at depth j + 1), ids (k,) int64 their tokens in the target's ids,
-    positions (k,) int64 (n + depth - 1), above (k,) int64 their parents (-1 at depth 1)."""
+    positions (k,) int64 (n + depth - 1), above (k,) int64 each one's parent's row among the frontier
+    the level expanded (the root's row 0 at depth 1): the row of that expansion's output holding the
+    state it continues from, so that no state is kept by node."""
 
     n: torch.Tensor
     d2t: torch.Tensor
@@ -259,7 +262,7 @@ def tree_level_ref(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: 
     t = tokens[best]
     inputs.ids.copy_(t + inputs.d2t[t])
     inputs.positions.fill_(int(n) + depth - 1)
-    inputs.above.copy_(parents[best])
+    inputs.above.copy_(torch.div(best - grown, k, rounding_mode="floor"))
     inputs.slot_map.zero_()
     up = parents[best]
     for j in range(depth - 2, -1, -1):  # the ancestor at depth j + 1

@@ -9,6 +9,7 @@ answer parts from plain decoding there. benchmarks/find_difference.py locates su
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,9 @@ def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, varia
 
     requests = [line for line in PROMPTS.read_text().splitlines() if line.strip()]
     assert len(requests) >= 32
-    engine = Engine.load("demo", draft=draft, device="cuda", options=KernelOptions(mtp_graph=variant == "mtp graph"))
+    # the LOCALCHAT_* switches of the environment (a variant timed before it becomes the default)
+    options = dataclasses.replace(KernelOptions.from_env(), mtp_graph=variant == "mtp graph")
+    engine = Engine.load("demo", draft=draft, device="cuda", options=options)
     if variant == "mtp graph":
         assert engine.speculator.greedy.graph is not None
     if variant == "chain alone":
