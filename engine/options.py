@@ -138,6 +138,10 @@ class KernelOptions:
     # trees 1.18x-1.48x over no draft where the torch ops gave 0.77x-1.05x (docs/performance.md).
     # LOCALCHAT_TREE_LEVEL=0: the torch ops.
     tree_level: bool = True
+    # With it, a tree step's accepted nodes' K/V move to their positions in one launch for every
+    # layer's K and V (speculative/kernels/kv_rows.py) instead of an index_select and an index_copy
+    # each (four launches). Off until timed on a GPU: LOCALCHAT_TREE_KV_MOVE=1 turns it on.
+    tree_kv_move: bool = False
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -202,6 +206,7 @@ class KernelOptions:
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
             sampled_runners_up=_flag(env, "LOCALCHAT_SAMPLED_RUNNERS_UP", default=False),
             tree_level=_flag(env, "LOCALCHAT_TREE_LEVEL"),
+            tree_kv_move=_flag(env, "LOCALCHAT_TREE_KV_MOVE", default=False),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),

@@ -40,6 +40,7 @@ from engine.model import ForwardOutput
 from engine.options import triton_interpreting
 from engine.sampling import SamplingTensors, filtered, probabilities_t
 
+from speculative.kernels.kv_rows import move_kv_rows, move_kv_rows_ref
 from speculative.kernels.tree_level import LevelInputs, tree_accept, tree_select
 from speculative.tree.accept import greedy_tree_path, sampled_tree_path, step_end
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask, verify_rows
@@ -230,8 +231,10 @@ class TreeDrafting:
                 path, count, next_token = sampled_tree_path(target_tree, probs, self.u, self.e, depth)
             end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
         kv = runner.kv  # the accepted nodes' K/V to positions n + 1 .. n + a
-        kv.k_all.index_copy_(1, end.dst, kv.k_all.index_select(1, end.src))
-        kv.v_all.index_copy_(1, end.dst, kv.v_all.index_select(1, end.src))
+        if fused and model.ops.options.tree_kv_move:
+            move_kv_rows(kv.k_all, kv.v_all, end.src, end.dst, pdl=model.ops.options.pdl)
+        else:
+            move_kv_rows_ref(kv.k_all, kv.v_all, end.src, end.dst)
         states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, end.rows)
         d_logits, d_hidden = draft(end.window, end.ext_pos, states, True, parts.embed, parts.kv, start_pos=n,
                                    last=end.count)

@@ -39,6 +39,7 @@ def _kernels():
     import speculative.kernels.draft_pick as draft_pick
     import speculative.kernels.greedy_verify as greedy_verify
     import speculative.kernels.sampled_pick as sampled_pick
+    import speculative.kernels.kv_rows as kv_rows
     import speculative.kernels.tree_level as tree_level
 
     split, reduce = attention._kernels()
@@ -129,6 +130,8 @@ def _kernels():
         ("tree accept", tree_level._accept_kernel(), dict(D=5, NP=16, DP=8), 1,
          {"choice_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "root_ptr": "*i64",
           "count_ptr": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64", "rows_ptr": "*i64", "ext_pos_ptr": "*i64"}),
+        ("move kv rows", kv_rows._kernel(), dict(R=5, RP=8, BLOCK=256), 4,
+         {"src_ptr": "*i64", "dst_ptr": "*i64"}),
         ("gemv silu_mul M=16 split", dot_kernel,
          dict(dot_base, PROLOGUE=2, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512, EVEN_K=True), 4),
         ("gemv M=16 swap_ab", dot_kernel, dict(dot_base, PROLOGUE=0, BLOCK_M=16, BLOCK_N=64, SWAP_AB=True), 4),
@@ -154,7 +157,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 42  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 43  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

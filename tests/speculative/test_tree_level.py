@@ -139,16 +139,25 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
 
 
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
-@pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 4, 20)])
-def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, monkeypatch):
+@pytest.mark.parametrize("shape,kv_move", [(TreeShape(3, 3, 12), False), (TreeShape(4, 4, 20), False),
+                                           (TreeShape(4, 4, 20), True)], ids=["3,3,12", "4,4,20", "4,4,20 kv move"])
+def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv_move, monkeypatch):
     """The engine's tree step (the one a GPU captures: slot maps) with the tree kernels grows the
     trees the torch ops grow and answers as plain greedy decoding; sampled, it draws the torch
-    path's tokens from the same seed."""
+    path's tokens from the same seed. kv move: the accepted nodes' K/V moved in one launch
+    (KernelOptions.tree_kv_move)."""
     from speculative.eagle3.tree_loop import TreeDrafting
     from tests.speculative.heads import head_tensors, write_head
     from tests.speculative.test_tree_engine import _engine, _run, _set_tree
     from tests.tiny import make_tiny_model, read_config
 
+    monkeypatch.setenv("LOCALCHAT_TREE_KV_MOVE", "1" if kv_move else "0")
+    moves = []
+    if kv_move:
+        import speculative.eagle3.tree_loop as tree_loop
+
+        real_move = tree_loop.move_kv_rows
+        monkeypatch.setattr(tree_loop, "move_kv_rows", lambda *a, **kw: moves.append(1) or real_move(*a, **kw))
     target = make_tiny_model(tmp_path / "llama", "llama", num_layers=4, seed=3)
     cfg = read_config(target)
     e = _engine(target, write_head(tmp_path / "h0", cfg, "sglang",
@@ -167,6 +176,7 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, mo
         trees[fused] = (_run(e, True, n=48)[0], list(grown))
     (torch_ops, by_ops), (kernel, by_kernel) = trees[False], trees[True]
     assert torch_ops == kernel == plain and len(by_ops) == len(by_kernel) > 5
+    assert len(moves) == (len(by_kernel) if kv_move else 0)  # the kernels' steps only
     for a, b in zip(by_ops, by_kernel):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
         torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
