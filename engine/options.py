@@ -142,6 +142,10 @@ class KernelOptions:
     # layer's K and V (speculative/kernels/kv_rows.py) instead of an index_select and an index_copy
     # each (four launches). Off until timed on a GPU: LOCALCHAT_TREE_KV_MOVE=1 turns it on.
     tree_kv_move: bool = False
+    # With it, tree_select ranks the candidates by TOKENS passes over their scores in registers
+    # instead of a loop over every candidate for each (2 x 258 dependent steps for 6,8,15: 62 us of
+    # its step on an H200). Off until timed on a GPU: LOCALCHAT_TREE_SELECT_PASSES=1 turns it on.
+    tree_select_passes: bool = False
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -207,6 +211,7 @@ class KernelOptions:
             sampled_runners_up=_flag(env, "LOCALCHAT_SAMPLED_RUNNERS_UP", default=False),
             tree_level=_flag(env, "LOCALCHAT_TREE_LEVEL"),
             tree_kv_move=_flag(env, "LOCALCHAT_TREE_KV_MOVE", default=False),
+            tree_select_passes=_flag(env, "LOCALCHAT_TREE_SELECT_PASSES", default=False),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),

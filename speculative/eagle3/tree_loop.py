@@ -232,7 +232,7 @@ class TreeDrafting:
             end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
         kv = runner.kv  # the accepted nodes' K/V to positions n + 1 .. n + a
         if fused and model.ops.options.tree_kv_move:
-            move_kv_rows(kv.k_all, kv.v_all, end.src, end.dst, pdl=model.ops.options.pdl)
+            move_kv_rows(kv.k_all, kv.v_all, end.src, end.dst)
         else:
             move_kv_rows_ref(kv.k_all, kv.v_all, end.src, end.dst)
         states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, end.rows)
@@ -331,5 +331,6 @@ class TreeDrafting:
             return logits
 
         grown = grow_tree(root_logits, expand, shape, fused=True, inputs=inputs, select=False)
+        options = self.runner.model.ops.options
         return tree_select(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, draft.d2t, n_t,
-                           self.root, shape.depth)
+                           self.root, shape.depth, passes=options.tree_select_passes)

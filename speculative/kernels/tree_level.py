@@ -282,7 +282,7 @@ def _select_kernel():
                            index_ptr, out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_scores_ptr, ids_ptr,
                            pos_ptr, slots_ptr, map_ptr, base_ptr, count, T: tl.constexpr, CP: tl.constexpr,
                            D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, TP: tl.constexpr,
-                           USE_PDL: tl.constexpr):
+                           PASSES: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -291,20 +291,41 @@ def _select_kernel():
         s = tl.load(scores_ptr + i, mask=live, other=float("-inf"))
         d = tl.load(depths_ptr + i, mask=live, other=0)
         # rank: how many candidates come first (a higher score, or the same and a lower index,
-        # which is the shallower: the index order is the depth order)
-        rank = tl.zeros([CP], tl.int32)
-        for j in range(0, count):
-            sj = tl.load(scores_ptr + j)
-            rank += ((sj > s) | ((sj == s) & (j < i))).to(tl.int32)
-        kept = live & (rank < T)
-        tl.store(rank_ptr + i, tl.where(kept, rank, CP + 1), mask=live)
-        tl.debug_barrier()
-        # verify order: by depth, then rank among the kept
-        pos = tl.zeros([CP], tl.int32)
-        for j in range(0, count):
-            rj = tl.load(rank_ptr + j)
-            dj = tl.load(depths_ptr + j)
-            pos += ((rj <= CP) & ((dj < d) | ((dj == d) & (rj < rank)))).to(tl.int32)
+        # which is the shallower: the index order is the depth order); pos: the verify order, by
+        # depth, then rank among the kept
+        if PASSES:
+            # T passes over the scores in registers, each taking the best left (ties: the lower
+            # index): pass j's pick has rank j. Then the kept nodes' order among themselves. Some
+            # 2 T reductions over CP, where the loops below take 2 * count dependent steps.
+            lane = tl.arange(0, TP)
+            sel = tl.zeros([TP], tl.int32)
+            alive = live
+            for j in tl.static_range(T):
+                v = tl.max(tl.where(alive, s, float("-inf")), axis=0)
+                pick = tl.min(tl.where(alive & (s == v), i, CP), axis=0)
+                sel = tl.where(lane == j, pick, sel)
+                alive = alive & (i != pick)
+            on = lane < T
+            match = (i[:, None] == sel[None, :]) & on[None, :]  # (CP, TP): candidate i is pick j
+            rank = tl.min(tl.where(match, lane[None, :], CP + 1), axis=1)
+            d_sel = tl.load(depths_ptr + sel, mask=on, other=0)
+            ahead = on[None, :] & ((d_sel[None, :] < d_sel[:, None])
+                                   | ((d_sel[None, :] == d_sel[:, None]) & (lane[None, :] < lane[:, None])))
+            pos = tl.sum(tl.where(match, tl.sum(ahead.to(tl.int32), axis=1)[None, :], 0), axis=1)
+            kept = live & (rank < T)
+        else:
+            rank = tl.zeros([CP], tl.int32)
+            for j in range(0, count):
+                sj = tl.load(scores_ptr + j)
+                rank += ((sj > s) | ((sj == s) & (j < i))).to(tl.int32)
+            kept = live & (rank < T)
+            tl.store(rank_ptr + i, tl.where(kept, rank, CP + 1), mask=live)
+            tl.debug_barrier()
+            pos = tl.zeros([CP], tl.int32)
+            for j in range(0, count):
+                rj = tl.load(rank_ptr + j)
+                dj = tl.load(depths_ptr + j)
+                pos += ((rj <= CP) & ((dj < d) | ((dj == d) & (rj < rank)))).to(tl.int32)
         tl.store(index_ptr + i, tl.where(kept, pos, -1), mask=live)
         tl.debug_barrier()
         n = tl.load(n_ptr)
@@ -366,13 +387,16 @@ class VerifyRows:
 
 
 def tree_select(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, scores: torch.Tensor, most: int,
-                d2t: torch.Tensor, n: torch.Tensor, root: torch.Tensor, depth: int, pdl: bool = True) -> VerifyRows:
+                d2t: torch.Tensor, n: torch.Tensor, root: torch.Tensor, depth: int, pdl: bool = True,
+                passes: bool = False) -> VerifyRows:
     """The `most` best candidates (grow_tree's selection: by score, ties to the lower index), in
     verify order (by depth, then score), with the verify step's inputs: one launch, one program.
     tokens, parents, depths (int64) and scores (fp32): every candidate, in grow_tree's layout
     (index order is depth order); d2t (Dv,) int64; n () int64 the root's position; root (1,) int64
-    its token; depth: the tree shape's (the slot map is depth + 1 wide). CUDA (or the Triton
-    interpreter); no host sync."""
+    its token; depth: the tree shape's (the slot map is depth + 1 wide). passes: the ranks by `most`
+    passes over the scores held in registers instead of a loop over the candidates per candidate
+    (KernelOptions.tree_select_passes; the same outputs). CUDA (or the Triton interpreter); no host
+    sync."""
     count, dev = tokens.shape[0], tokens.device
     T = min(most, count)
     W = depth + 1
@@ -386,7 +410,7 @@ def tree_select(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     rank, index = _select_scratch(dev, CP)
     _select_kernel()[(1,)](tokens, parents, depths, scores, d2t, n, root, rank, index, out.tokens, out.parents,
                            out.depths, out.scores, out.ids, out.positions, out.slots, out.slot_map, out.map_base,
-                           count, T=T, CP=CP, D=depth, W=W, WP=next_pow2(W), TP=next_pow2(T + 1),
+                           count, T=T, CP=CP, D=depth, W=W, WP=next_pow2(W), TP=next_pow2(T + 1), PASSES=passes,
                            num_warps=4, **pdl_args(dev, pdl))
     return out
 

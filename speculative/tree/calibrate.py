@@ -5,10 +5,10 @@ The calibration times greedy speculation with chains and with each candidate tre
 few prompts (chat-style requests under the app's default system prompt, answers cut at
 CALIBRATION_TOKENS), one after the other, and keeps the fastest by tokens per second. The
 result is cached in the cache folder under the model, the draft, the device's name, torch's
-version, the kernel switches a tree step's cost depends on (KernelOptions.tree_level,
-rope_in_tree, draft_rows, tree_kv_move) and the contents of this
-file and of the tree step it times (eagle3/tree_loop.py, kernels/tree_level.py), so later loads
-read it at once and a changed tree step is timed again. A CPU takes chains without calibrating:
+version, the kernel switches a tree step's cost depends on (KernelOptions.tree_level and
+TREE_SWITCHES) and the contents of this file and of the tree step it times
+(eagle3/tree_loop.py, kernels/tree_level.py), so later loads read it at once and a changed tree
+step is timed again. A CPU takes chains without calibrating:
 there each verified row costs its arithmetic, and trees (13-25 rows a step) lost to the chain on
 the demo model (docs/performance.md).
 """
@@ -30,7 +30,7 @@ PROMPTS = ("Explain in two sentences why the sky is blue.",
 
 
 # the kernel switches, besides tree_level, that change what a tree step costs
-TREE_SWITCHES = ("rope_in_tree", "draft_rows", "tree_kv_move")
+TREE_SWITCHES = ("rope_in_tree", "draft_rows", "tree_kv_move", "tree_select_passes")
 
 
 def cache_key(engine) -> str:

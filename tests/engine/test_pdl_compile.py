@@ -22,6 +22,9 @@ POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_pt
             "u_ptr": "*fp32", "alt_ptr": "*i64", "u_alt_ptr": "*fp32", "mass_ptr": "*fp32"}
 _TREE_POINTERS = {"frontier_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "scores_ptr": "*fp32",
                   "d2t_ptr": "*i64", "slot_of_ptr": "*i64", "slots_ptr": "*i64", "above_ptr": "*i64"}
+_SELECT_POINTERS = {**_TREE_POINTERS, "depths_ptr": "*i64", "root_ptr": "*i64", "rank_ptr": "*i32", "index_ptr": "*i32",
+                    "out_tokens_ptr": "*i64", "out_parents_ptr": "*i64", "out_depths_ptr": "*i64",
+                    "out_scores_ptr": "*fp32", "base_ptr": "*i32"}
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 # Kernels that read what no kernel of the step writes just before them (positions, tables)
 # before their PDL wait.
@@ -123,10 +126,10 @@ def _kernels():
         ("tree level in steps", tree_level._kernels(),
          dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=2048, ONE=False), 4,
          {**_TREE_POINTERS, "logits_ptr": "*fp32"}),
-        ("tree select", tree_level._select_kernel(), dict(T=12, CP=32, D=3, W=4, WP=4, TP=16), 4,
-         {**_TREE_POINTERS, "depths_ptr": "*i64", "root_ptr": "*i64", "rank_ptr": "*i32", "index_ptr": "*i32",
-          "out_tokens_ptr": "*i64", "out_parents_ptr": "*i64", "out_depths_ptr": "*i64", "out_scores_ptr": "*fp32",
-          "base_ptr": "*i32"}),
+        ("tree select", tree_level._select_kernel(), dict(T=12, CP=32, D=3, W=4, WP=4, TP=16, PASSES=False), 4,
+         _SELECT_POINTERS),
+        ("tree select passes", tree_level._select_kernel(), dict(T=15, CP=512, D=8, W=9, WP=16, TP=16, PASSES=True), 4,
+         _SELECT_POINTERS),
         ("tree accept", tree_level._accept_kernel(), dict(D=5, NP=16, DP=8), 1,
          {"choice_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "root_ptr": "*i64",
           "count_ptr": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64", "rows_ptr": "*i64", "ext_pos_ptr": "*i64"}),
@@ -157,7 +160,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 43  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 44  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
