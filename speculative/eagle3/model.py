@@ -105,8 +105,9 @@ class Eagle3Layer(nn.Module):
         and their concatenation in one (embed_pair_norm); each later norm rides on the projection
         after it (rms_norm_gemv), SiLU-and-mul on the down projection (silu_mul_gemv). The GEMVs
         use their fast tiles, not the batch-invariant ones the target needs: a draft's last bits
-        do not matter to the output, only to which tokens it proposes. Returns (logits in the
-        weights' dtype, out)."""
+        do not matter to the output, only to which tokens it proposes. Several rows with
+        KernelOptions.draft_rows finish on the invariant tiles instead (_rows_tail). Returns (logits
+        in the weights' dtype, out)."""
         from engine.kernels.gemv import gemv
         from engine.kernels.norm import embed_pair_norm
 
@@ -149,7 +150,8 @@ class Eagle3Layer(nn.Module):
     def _cached_attention(self, q, k, v, residual, positions, start_pos, cos_sin_table, k_cache, v_cache, ops, last,
                           tree=None):
         """The attention of both GPU paths: RoPE with the cache write in one launch, attention over
-        the cache, then (with `last`) only that row of its output and of the residual. tree:
+        the cache (for a tree's rows with rope_in_tree, all in the attention's launch), then (with
+        `last`) only that row of its output and of the residual. tree:
         (slots, slot_map, map_base) of a draft tree's rows. Returns (o (T, q_size), residual), one
         row each with `last`."""
         T = q.shape[0]
