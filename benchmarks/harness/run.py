@@ -3,6 +3,7 @@ speculation off, speculation on, and transformers `generate`, in one process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import time
@@ -23,6 +24,16 @@ from benchmarks.harness.timing import copy_bandwidth, time_decode
 
 # What each setting is: its engine (the loaded one, or without_draft()) and whether it speculates.
 NO_DRAFT, DRAFT_OFF, SPEC = "no_draft", "plain", "spec"
+
+
+def changed_options(options) -> dict:
+    """The target's KernelOptions fields that differ from the defaults (the LOCALCHAT_* switches a
+    run was made under), less batch_invariant and spec_alts, which the engine sets for its draft."""
+    from engine.options import KernelOptions
+
+    default = KernelOptions()
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+            if f.name not in ("batch_invariant", "spec_alts") and getattr(options, f.name) != getattr(default, f.name)}
 
 
 def run_bench(args) -> int:
@@ -46,7 +57,8 @@ def run_bench(args) -> int:
                        "time; the same for every setting",
               "startup_s": startup_s,
               "startup_phases_s": getattr(engine, "load_phases", None),
-              "graphs": engine.runner.uses_graphs, "temperature": args.temperature}
+              "graphs": engine.runner.uses_graphs, "temperature": args.temperature,
+              "kernel_options": changed_options(engine.runner.model.ops.options)}
     bw = copy_bandwidth(dev)
     if dev.type == "cuda":  # peak_gpu_mem_GB: the engine's from here on, not the probe's 2 GiB of buffers
         torch.cuda.reset_peak_memory_stats(dev)

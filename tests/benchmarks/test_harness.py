@@ -36,6 +36,21 @@ def test_bench_force_accept_reports_that_length(tmp_path, tiny_models):
     assert r["spec"]["accept_hist"] == [0, 0, 4, 0, 0]
 
 
+def test_bench_reports_the_kernel_switches_it_ran_under(tmp_path, tiny_models, monkeypatch):
+    """The report names the options that differ from the defaults (the LOCALCHAT_* switches), so a
+    result file says what it measured; none under the defaults."""
+    args = ["bench", "--random-weights", str(tiny_models["llama"] / "config.json"), "--device", "cpu",
+            "--force-accept", "2", "--draft-steps", "3", "--prompts", "1", "--prompt-tokens", "12",
+            "--new-tokens", "5", "--no-peer", "--out"]
+    assert main(args + [str(tmp_path / "default.json")]) == 0
+    assert json.loads((tmp_path / "default.json").read_text())["kernel_options"] == {}
+    monkeypatch.setenv("LOCALCHAT_DRAFT_ROWS", "1")
+    monkeypatch.setenv("LOCALCHAT_ROW_STATS", "none")
+    assert main(args + [str(tmp_path / "switched.json")]) == 0
+    assert json.loads((tmp_path / "switched.json").read_text())["kernel_options"] == {"draft_rows": True,
+                                                                                      "row_stats": []}
+
+
 def test_bench_force_accept_past_the_verify_step_is_a_one_line_error(tiny_models, capsys):
     assert main(["bench", "--random-weights", str(tiny_models["llama"] / "config.json"), "--device", "cpu",
                  "--force-accept", "5", "--draft-steps", "3"]) == 2
