@@ -405,18 +405,12 @@ def test_tree_rows_with_rope_in_attention_equal_the_separate_launch(device, monk
     real = rope_module.rope_and_cache
     monkeypatch.setattr(ops_module, "rope_and_cache", lambda *a, **k: launches.append(1) or real(*a, **k))
     cfg = model_config("llama", small=device == "cpu")
+    from tests.tree_rows import tree_layout
+
     parents = [-1, 0, 0, 1, 1, 2, 4]  # depth 0..3 at positions PROMPT.. (the root: the last accepted token)
-    depth = []
-    for p in parents:
-        depth.append(0 if p < 0 else depth[p] + 1)
-    rows, width = len(parents), max(depth) + 1
+    rows = len(parents)
     node_slot = [PROMPT + 20 + 3 * i for i in range(rows)]
-    slot_map = torch.zeros(rows, width, dtype=torch.int32)
-    for i in range(rows):
-        a = parents[i]
-        while a >= 0:
-            slot_map[i, depth[a]] = node_slot[a]
-            a = parents[a]
+    depth, slot_map = tree_layout(parents, node_slot)
     gen = torch.Generator().manual_seed(7)
     ids = torch.randint(0, cfg.vocab_size, (PROMPT + rows,), generator=gen).to(device)
     results = []

@@ -34,6 +34,7 @@ from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 from speculative.chain_state import ChainState  # noqa: E402
 from speculative.kernels.draft_pick import argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref  # noqa: E402
 from speculative.kernels.greedy_verify import greedy_verify, greedy_verify_ref  # noqa: E402
+from tests.tree_rows import tree_layout  # noqa: E402
 
 DEVICES = [
     pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
@@ -889,21 +890,12 @@ def test_tree_rows_read_through_a_slot_map_have_the_bits_of_their_decode_step(de
     head_dim, max_seq_len, base = 32, 256, 70  # committed prefix: positions 0..69 (a split boundary inside)
     # a tree of 7 nodes: parent of each (-1: the root, at position base); depth = position - base
     parents = [-1, 0, 0, 1, 1, 2, 4]
-    depth = []
-    for p in parents:
-        depth.append(0 if p < 0 else depth[p] + 1)
-    width = max(depth) + 1
     node_slot = [base + 40 + 3 * i for i in range(len(parents))]  # scattered past the prefix
+    depth, slot_map = tree_layout(parents, node_slot)
     rows = len(parents)
     q = torch.randn(rows, num_heads, head_dim, generator=gen).to(device, dtype)
     k_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
     v_cache = torch.randn(max_seq_len, num_kv_heads, head_dim, generator=gen).to(device, dtype)
-    slot_map = torch.zeros(rows, width, dtype=torch.int32)
-    for i in range(rows):
-        a = parents[i]
-        while a >= 0:
-            slot_map[i, depth[a]] = node_slot[a]
-            a = parents[a]
     positions = torch.tensor([base + d for d in depth], device=device)
     own = torch.tensor(node_slot, device=device)
     bases = torch.full((rows,), base, dtype=torch.int32, device=device)
@@ -935,17 +927,9 @@ def test_rope_decode_attention_of_tree_rows_equals_rope_then_attention(device, t
     parents = {"7 nodes": [-1, 0, 0, 1, 1, 2, 4], "root only": [-1],
                "16 nodes across a split": [-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 5, 6, 8, 8, 9, 12]}[tree]
     base = 61 if tree.startswith("16") else 70  # the first: depths 0..5 at positions 61..66 (a split at 64)
-    depth = []
-    for p in parents:
-        depth.append(0 if p < 0 else depth[p] + 1)
-    rows, width = len(parents), max(depth) + 1
+    rows = len(parents)
     node_slot = [base + 100 + 5 * i for i in range(rows)]  # scattered past the prefix
-    slot_map = torch.zeros(rows, width, dtype=torch.int32)
-    for i in range(rows):
-        a = parents[i]
-        while a >= 0:
-            slot_map[i, depth[a]] = node_slot[a]
-            a = parents[a]
+    depth, slot_map = tree_layout(parents, node_slot)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     gen = torch.Generator().manual_seed(rows + base)
     _, _, _, cos_sin, caches = _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen)

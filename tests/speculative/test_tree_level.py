@@ -1,7 +1,8 @@
 """A draft tree's level in one launch, the kept nodes with the verify rows' inputs in one more, and
-a greedy step's walk with its bookkeeping in a third (speculative/kernels/tree_level.py): each
-kernel equals its torch reference, a tree grown level by level with them is the one grow_tree's
-torch ops grow, and tree speculation with them in the engine stays plain decoding.
+a greedy step's walk with its bookkeeping in a third (speculative/kernels/tree_level.py), and the
+accepted nodes' K/V moved in a fourth (speculative/kernels/kv_rows.py): each kernel equals its
+torch reference, a tree grown level by level with them is the one grow_tree's torch ops grow, and
+tree speculation with them in the engine stays plain decoding.
 
 The kernel runs on CUDA (marked gpu), and on the CPU through Triton's interpreter only with
 LOCALCHAT_TRITON_INTERPRET=1 (run this file alone then)."""
@@ -281,3 +282,33 @@ def test_tree_accept_equals_its_reference(device, shape):
             assert torch.equal(getattr(end, name), getattr(end_ref, name)), (trial, name)
         assert torch.equal(n, n_ref) and torch.equal(root, root_ref) and torch.equal(result, result_ref), trial
     assert len(seen) > 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("heads,dim", [(3, 64), (12, 128)], ids=["one block a row", "two blocks a row"])
+@pytest.mark.parametrize("moves", ["a path", "each row down one", "none taken"])
+def test_moved_kv_rows_equal_the_torch_ops(device, heads, dim, moves):
+    """The accepted nodes' K/V moved in one launch (speculative/kernels/kv_rows.py) equal the torch
+    ops' index_select and index_copy bit for bit, with src and dst as a greedy tree step writes them
+    (dst[d] = n + 1 + d; src[d] the accepted node's row, n + 1 + its index, or dst[d] past the
+    accepted path): a path through later siblings, a chain of rows each moving down by one (every
+    destination some other row's source), and no move at all."""
+    from speculative.kernels.kv_rows import move_kv_rows, move_kv_rows_ref
+
+    n, depth = 20, 5
+    src = {"a path": [2, 5, 9, 3, 4], "each row down one": [1, 2, 3, 4, 5], "none taken": [0, 1, 2, 3, 4]}[moves]
+    src = torch.tensor([n + 1 + i for i in src], device=device)
+    dst = torch.arange(n + 1, n + 1 + depth, device=device)
+    g = torch.Generator().manual_seed(heads)
+    k_all = torch.randn(3, 48, heads, dim, generator=g).to(device, torch.bfloat16)
+    v_all = torch.randn(3, 48, heads, dim, generator=g).to(device, torch.bfloat16)
+    before_k, before_v = k_all.clone(), v_all.clone()
+    want_k, want_v = k_all.clone(), v_all.clone()
+    move_kv_rows_ref(want_k, want_v, src, dst)
+    for d in range(depth):  # the reference: row src[d] as it was, now at dst[d]; the other rows untouched
+        assert torch.equal(want_k[:, n + 1 + d], before_k[:, int(src[d])])
+        assert torch.equal(want_v[:, n + 1 + d], before_v[:, int(src[d])])
+    assert torch.equal(want_k[:, :n + 1], before_k[:, :n + 1]) and torch.equal(want_k[:, n + 1 + depth:],
+                                                                             before_k[:, n + 1 + depth:])
+    move_kv_rows(k_all, v_all, src, dst)
+    assert torch.equal(k_all, want_k) and torch.equal(v_all, want_v)
