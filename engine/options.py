@@ -115,12 +115,13 @@ class KernelOptions:
     # Within those, the lean step (ten launches a draft token) and the greedy loop's picks on the
     # device (1.07x). LOCALCHAT_LEAN_DRAFT=0: the fused step and the picks in torch ops.
     lean_draft: bool = True
-    # Within those, a draft step of several rows (a tree level's frontier, a draft-extend) on the
-    # tensor-core tiles of the batch-invariant set (routing.invariant_tile), its two norms carried
-    # by the projections around them (gemv_add_stats, gemv_rstd) and the activation by gate_up's
-    # epilogue, instead of the 16 x 256 tile with the norm and activation recomputed in every
-    # program (a demo tree level of 6 rows: gate_up, down and lm_head about 44 us of its forward's 61
-    # on an H200, against 11 for one row). Off until timed on a GPU: LOCALCHAT_DRAFT_ROWS=1 turns it on.
+    # Within those, a draft step of several rows (a tree level's frontier; extends go on from one
+    # row) on the tensor-core tiles of the batch-invariant set (routing.invariant_tile), its two
+    # norms carried by the projections around them (gemv_add_stats, gemv_rstd) and the activation
+    # by gate_up's epilogue, instead of the 16 x 256 tile with the norm and activation recomputed
+    # in every program (a demo tree level of 6 rows: gate_up, down and lm_head about 44 us of its
+    # forward's 61 on an H200, against 11 for one row). Off until timed on a GPU:
+    # LOCALCHAT_DRAFT_ROWS=1 turns it on.
     draft_rows: bool = False
     # Runners-up each draft gets as extra rows of a greedy verify step. None: the device's default
     # (GPU: as many as fill 16 rows, shaped; CPU: none, each row costs its arithmetic there); AUTO:

@@ -125,8 +125,8 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
             steps.append((logits, hidden))
             steps.append(d(torch.tensor([8, 9, 10], device=dev), torch.full((3,), 30, device=dev),
                            hidden.expand(3, -1).contiguous(), False, emb, kv,
-                           slots=torch.tensor([201, 202, 203], device=dev), slot_map=tree_map.expand(3, -1).contiguous(),
-                           map_base=base.expand(3).contiguous()))
+                           slots=torch.tensor([201, 202, 203], device=dev),
+                           slot_map=tree_map.expand(3, -1).contiguous(), map_base=base.expand(3).contiguous()))
             outs.append(steps)
     pairs = [(a, b) for sa, sb in zip(outs[0], outs[1]) for a, b in zip(sa, sb)]
     pairs += [(caches[0].k[0][:29], caches[1].k[0][:29]), (caches[0].v[0][:29], caches[1].v[0][:29]),
