@@ -16,7 +16,7 @@ SCRIPT = str(ROOT / "benchmarks" / "tree_switches.py")
 @pytest.mark.parametrize("args,message", [
     (["--tree", "auto"], "--tree 'auto': give TOPK,DEPTH,TOKENS"),
     (["--tree", "4,x,8"], "--tree '4,x,8': give TOPK,DEPTH,TOKENS"),
-    (["--arms", "base,fast"], "--arms: unknown fast; use base, new, none, new+none"),
+    (["--arms", "base,fast"], "--arms: unknown fast; use base, new, none, new+none, draft_rows"),
     (["--prompts", "0"], "--prompts, --new-tokens and --timeout must be positive"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
