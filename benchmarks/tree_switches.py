@@ -6,10 +6,10 @@ one process for each arm and --tree shape, and one JSON of them all, written aft
 Arms (--arms, comma-separated), each a set of LOCALCHAT_* switches over the environment's:
   base      the defaults
   new       the tree step's switches that are off by default (KernelOptions.draft_rows,
-            rope_in_tree, tree_kv_move, tree_select_passes): NEW below
+            rope_in_tree, tree_kv_move, tree_select_passes, tree_level_keys): NEW below
   none      LOCALCHAT_ROW_STATS=none (down on the tensor-core tile for every row count)
   new+none  both
-  draft_rows, rope_in_tree, kv_move, select_passes
+  draft_rows, rope_in_tree, kv_move, select_passes, level_keys
             one of NEW's switches alone
 
     python benchmarks/tree_switches.py --out h200_tree_switches.json --tree 4,4,8 --tree 6,8,15 --tree off
@@ -30,12 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 NEW = {"LOCALCHAT_DRAFT_ROWS": "1", "LOCALCHAT_ROPE_IN_TREE": "1", "LOCALCHAT_TREE_KV_MOVE": "1",
-       "LOCALCHAT_TREE_SELECT_PASSES": "1"}
+       "LOCALCHAT_TREE_SELECT_PASSES": "1", "LOCALCHAT_TREE_LEVEL_KEYS": "1"}
 ARMS = {"base": {}, "new": NEW, "none": {"LOCALCHAT_ROW_STATS": "none"},
         "new+none": {**NEW, "LOCALCHAT_ROW_STATS": "none"},
         # one of NEW at a time, to tell their shares apart
         "draft_rows": {"LOCALCHAT_DRAFT_ROWS": "1"}, "rope_in_tree": {"LOCALCHAT_ROPE_IN_TREE": "1"},
-        "kv_move": {"LOCALCHAT_TREE_KV_MOVE": "1"}, "select_passes": {"LOCALCHAT_TREE_SELECT_PASSES": "1"}}
+        "kv_move": {"LOCALCHAT_TREE_KV_MOVE": "1"}, "select_passes": {"LOCALCHAT_TREE_SELECT_PASSES": "1"},
+        "level_keys": {"LOCALCHAT_TREE_LEVEL_KEYS": "1"}}
 PROMPTS = ROOT / "benchmarks" / "prompts" / "unseen_requests.txt"
 
 

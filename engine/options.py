@@ -147,6 +147,10 @@ class KernelOptions:
     # instead of a loop over every candidate for each (2 x 258 dependent steps for 6,8,15: 62 us of
     # its step on an H200). Off until timed on a GPU: LOCALCHAT_TREE_SELECT_PASSES=1 turns it on.
     tree_select_passes: bool = False
+    # With it, each of tree_level's picks is one reduction of a value and its index packed in an
+    # int64 key instead of two (a maximum, then the lowest index holding it): about half of a
+    # level launch's dependent reductions. Off until timed on a GPU: LOCALCHAT_TREE_LEVEL_KEYS=1.
+    tree_level_keys: bool = False
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -213,6 +217,7 @@ class KernelOptions:
             tree_level=_flag(env, "LOCALCHAT_TREE_LEVEL"),
             tree_kv_move=_flag(env, "LOCALCHAT_TREE_KV_MOVE", default=False),
             tree_select_passes=_flag(env, "LOCALCHAT_TREE_SELECT_PASSES", default=False),
+            tree_level_keys=_flag(env, "LOCALCHAT_TREE_LEVEL_KEYS", default=False),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),

@@ -330,7 +330,8 @@ class TreeDrafting:
                                       start_pos=None, slots=inputs.slots, slot_map=inputs.slot_map, map_base=base)
             return logits
 
-        grown = grow_tree(root_logits, expand, shape, fused=True, inputs=inputs, select=False)
         options = self.runner.model.ops.options
+        grown = grow_tree(root_logits, expand, shape, fused=True, inputs=inputs, select=False,
+                          keys=options.tree_level_keys)
         return tree_select(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, draft.d2t, n_t,
                            self.root, shape.depth, passes=options.tree_select_passes)

@@ -37,7 +37,7 @@ import torch
 
 from engine.kernels import next_pow2, pdl_args
 
-triton = tl = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = order_key = key_value = key_index = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 2048  # logits per loop step, where a row is read in steps
 _ONE_LIMIT = 16384  # a draft vocabulary up to this is one block, in registers (8 warps hold 64 values a thread)
@@ -45,9 +45,30 @@ _ONE_LIMIT = 16384  # a draft vocabulary up to this is one block, in registers (
 
 @functools.cache
 def _kernels():
-    global triton, tl  # module globals: the kernel reads them by name
+    global triton, tl, order_key, key_value, key_index  # module globals: the kernel reads them by name
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def _order_key(x, offs, ok):
+        """fp32 values with their indices as int64 keys that order as the picks go: the higher
+        value first, then the lower index (the value's bits made monotonic above, the index
+        reversed below). Not ok: below every key. x holds no -0.0 (it would sort below 0.0)."""
+        bits = x.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        key = (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - offs).to(tl.int64)
+        return tl.where(ok, key, tl.full(key.shape, -2147483648, tl.int64) << 32)
+
+    @triton.jit
+    def _key_value(key):
+        hi = (key >> 32).to(tl.int32)
+        return tl.where(hi >= 0, hi, hi ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _key_index(key):
+        return 0x7FFFFFFF - (key & 0x7FFFFFFF).to(tl.int32)
+
+    order_key, key_value, key_index = _order_key, _key_value, _key_index
 
     @triton.jit
     def tree_level_kernel(logits_ptr, stride, frontier_ptr, tokens_ptr, parents_ptr, scores_ptr, next_ptr,
@@ -55,7 +76,7 @@ def _kernels():
                           above_ptr,
                           vocab, grown, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, ROOT: tl.constexpr,
                           NEXT: tl.constexpr, DEPTH: tl.constexpr, MAPW: tl.constexpr, MAPWP: tl.constexpr,
-                          BLOCK: tl.constexpr, ONE: tl.constexpr, USE_PDL: tl.constexpr):
+                          BLOCK: tl.constexpr, ONE: tl.constexpr, KEYS: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -71,15 +92,29 @@ def _kernels():
             offs = tl.arange(0, BLOCK)
             inside = offs < vocab
             x = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32)
-            top = tl.max(x, axis=0)
-            lse = top + tl.log(tl.sum(tl.where(inside, tl.exp(x - top), 0.0), axis=0))
-            alive = inside
-            for j in tl.static_range(K):
-                v = tl.max(tl.where(alive, x, float("-inf")), axis=0)
-                i = tl.min(tl.where(alive & (x == v), offs, BLOCK), axis=0)
-                vals = tl.where(lane == j, v, vals)
-                idxs = tl.where(lane == j, i, idxs)
-                alive = alive & (offs != i)
+            if KEYS:
+                # one reduction a pick (of a value and its index as one key) instead of two; the
+                # first pick's value is the row's maximum
+                key = order_key(tl.where(x == 0.0, 0.0, x), offs, inside)
+                best = tl.max(key, axis=0)
+                top = key_value(best)
+                lse = top + tl.log(tl.sum(tl.where(inside, tl.exp(x - top), 0.0), axis=0))
+                for j in tl.static_range(K):
+                    if j > 0:
+                        best = tl.max(key, axis=0)
+                    vals = tl.where(lane == j, key_value(best), vals)
+                    idxs = tl.where(lane == j, key_index(best), idxs)
+                    key = tl.where(key == best, tl.full(key.shape, -2147483648, tl.int64) << 32, key)
+            else:
+                top = tl.max(x, axis=0)
+                lse = top + tl.log(tl.sum(tl.where(inside, tl.exp(x - top), 0.0), axis=0))
+                alive = inside
+                for j in tl.static_range(K):
+                    v = tl.max(tl.where(alive, x, float("-inf")), axis=0)
+                    i = tl.min(tl.where(alive & (x == v), offs, BLOCK), axis=0)
+                    vals = tl.where(lane == j, v, vals)
+                    idxs = tl.where(lane == j, i, idxs)
+                    alive = alive & (offs != i)
         else:
             # the row's logsumexp: a running maximum and sum lane by lane, then across the lanes
             m = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -134,17 +169,26 @@ def _kernels():
             width = rows * K
             cand = tl.load(scores_ptr + grown + c, mask=c < width, other=float("-inf"), cache_modifier=".cg")
             # (names of their own: a variable bound before this branch keeps its type in it)
-            sel_v = tl.full([], float("inf"), tl.float32)
-            sel_i = tl.full([], -1, tl.int32)
             nodes = tl.zeros([KP], tl.int32)
-            for j in tl.static_range(K):
-                after = (c < width) & ((cand < sel_v) | ((cand == sel_v) & (c > sel_i)))
-                v_sel = tl.max(tl.where(after, cand, float("-inf")), axis=0)
-                i_sel = tl.min(tl.where(after & (cand == v_sel), c, CP), axis=0)
-                tl.store(next_ptr + j, (grown + i_sel).to(next_ptr.dtype.element_ty), mask=j < width)
-                nodes = tl.where(lane == j, grown + i_sel, nodes)
-                sel_v = v_sel
-                sel_i = i_sel
+            if KEYS:
+                c_key = order_key(tl.where(cand == 0.0, 0.0, cand), c, c < width)
+                for j in tl.static_range(K):
+                    c_best = tl.max(c_key, axis=0)
+                    i_sel = key_index(c_best)
+                    tl.store(next_ptr + j, (grown + i_sel).to(next_ptr.dtype.element_ty), mask=j < width)
+                    nodes = tl.where(lane == j, grown + i_sel, nodes)
+                    c_key = tl.where(c_key == c_best, tl.full(c_key.shape, -2147483648, tl.int64) << 32, c_key)
+            else:
+                sel_v = tl.full([], float("inf"), tl.float32)
+                sel_i = tl.full([], -1, tl.int32)
+                for j in tl.static_range(K):
+                    after = (c < width) & ((cand < sel_v) | ((cand == sel_v) & (c > sel_i)))
+                    v_sel = tl.max(tl.where(after, cand, float("-inf")), axis=0)
+                    i_sel = tl.min(tl.where(after & (cand == v_sel), c, CP), axis=0)
+                    tl.store(next_ptr + j, (grown + i_sel).to(next_ptr.dtype.element_ty), mask=j < width)
+                    nodes = tl.where(lane == j, grown + i_sel, nodes)
+                    sel_v = v_sel
+                    sel_i = i_sel
             if NEXT:
                 # the next expansion's inputs, for the new frontier (depth DEPTH): its scratch rows
                 # in the draft's cache, its tokens in the target's ids, their positions, the rows
@@ -211,13 +255,15 @@ class LevelInputs:
 
 def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torch.Tensor, parents: torch.Tensor,
                scores: torch.Tensor, grown: int, k: int, next_frontier: torch.Tensor,
-               inputs: LevelInputs | None = None, depth: int = 0, pdl: bool = True) -> None:
+               inputs: LevelInputs | None = None, depth: int = 0, pdl: bool = True, keys: bool = False) -> None:
     """The module's docstring. logits (F, Dv) fp32 or bf16, last dim contiguous; frontier (F,)
     int64 or None (the root: F = 1, parent -1, score 0); tokens, parents (int64) and scores (fp32)
     the candidate buffers, written at grown .. grown + F * k; next_frontier (min(k, F * k),) int64.
     k at most Dv. inputs: the next expansion's (LevelInputs), for a frontier of `depth` (the
-    children's depth); None where no expansion follows. CUDA (or the Triton interpreter); no
-    host sync."""
+    children's depth); None where no expansion follows. keys (KernelOptions.tree_level_keys):
+    each pick one reduction of a value and its index packed in an int64 key, instead of a maximum
+    and then the lowest index holding it (the row held in registers, and the next frontier's
+    picks); the same outputs. CUDA (or the Triton interpreter); no host sync."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and 1 <= k <= vocab
     assert (rows == 1) if frontier is None else frontier.shape == (rows,)
@@ -234,14 +280,16 @@ def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torc
                         scores, next_frontier, _counter(logits.device), io.n, io.d2t, io.slot_of, io.map_of, io.slots,
                         io.slot_map, io.ids, io.positions, io.above, vocab, grown, K=k, KP=next_pow2(k),
                         CP=next_pow2(rows * k), ROOT=frontier is None, NEXT=inputs is not None, DEPTH=max(depth, 1),
-                        MAPW=width, MAPWP=next_pow2(width), BLOCK=block, ONE=one, num_warps=4 if block <= 4096 else 8,
+                        MAPW=width, MAPWP=next_pow2(width), BLOCK=block, ONE=one, KEYS=keys,
+                        num_warps=4 if block <= 4096 else 8,
                         **pdl_args(logits.device, pdl))
 
 
 def tree_level_ref(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torch.Tensor, parents: torch.Tensor,
                    scores: torch.Tensor, grown: int, k: int, next_frontier: torch.Tensor,
-                   inputs: LevelInputs | None = None, depth: int = 0) -> None:
-    """tree_level in torch ops: a stable sort gives the order (ties to the lower index)."""
+                   inputs: LevelInputs | None = None, depth: int = 0, keys: bool = False) -> None:
+    """tree_level in torch ops: a stable sort gives the order (ties to the lower index). keys: as
+    tree_level takes it (the same outputs either way)."""
     rows = logits.shape[0]
     lp = torch.log_softmax(logits.float(), dim=-1)
     order = torch.sort(lp, dim=-1, descending=True, stable=True)

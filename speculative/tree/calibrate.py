@@ -31,7 +31,7 @@ PROMPTS = ("Explain in two sentences why the sky is blue.",
 
 
 # the kernel switches, besides tree_level, that change what a tree step costs
-TREE_SWITCHES = ("rope_in_tree", "draft_rows", "tree_kv_move", "tree_select_passes")
+TREE_SWITCHES = ("rope_in_tree", "draft_rows", "tree_kv_move", "tree_select_passes", "tree_level_keys")
 
 
 def cache_key(engine) -> str:

@@ -40,7 +40,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # not yet timed on a GPU: off unless asked for
     for name, field in {"LOCALCHAT_ROPE_IN_TREE": "rope_in_tree", "LOCALCHAT_DRAFT_ROWS": "draft_rows",
                         "LOCALCHAT_TREE_KV_MOVE": "tree_kv_move",
-                        "LOCALCHAT_TREE_SELECT_PASSES": "tree_select_passes"}.items():
+                        "LOCALCHAT_TREE_SELECT_PASSES": "tree_select_passes",
+                        "LOCALCHAT_TREE_LEVEL_KEYS": "tree_level_keys"}.items():
         assert getattr(default, field) is False and KernelOptions.from_env({name: "0"}) == default
         assert KernelOptions.from_env({name: "1"}) == dataclasses.replace(default, **{field: True}), name
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False

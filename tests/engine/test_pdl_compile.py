@@ -115,17 +115,20 @@ def _kernels():
         ("sampled residual mass", sampled_pick._kernels()[3], dict(K=5, PARTS=8, CHUNK=6144, BLOCK=2048), 4,
          {"logits_ptr": "*fp32"}),
         ("tree level root", tree_level._kernels(),
-         dict(K=4, KP=4, CP=4, ROOT=True, NEXT=True, DEPTH=1, MAPW=3, MAPWP=4, BLOCK=8192, ONE=True), 8,
+         dict(K=4, KP=4, CP=4, ROOT=True, NEXT=True, DEPTH=1, MAPW=3, MAPWP=4, BLOCK=8192, ONE=True, KEYS=False), 8,
          _TREE_POINTERS),
         ("tree level", tree_level._kernels(),
-         dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=8192, ONE=True), 8,
+         dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=8192, ONE=True, KEYS=False), 8,
          {**_TREE_POINTERS, "logits_ptr": "*fp32"}),
         ("tree level last", tree_level._kernels(),
-         dict(K=8, KP=8, CP=64, ROOT=False, NEXT=False, DEPTH=1, MAPW=1, MAPWP=1, BLOCK=2048, ONE=False), 4,
+         dict(K=8, KP=8, CP=64, ROOT=False, NEXT=False, DEPTH=1, MAPW=1, MAPWP=1, BLOCK=2048, ONE=False, KEYS=False), 4,
          _TREE_POINTERS),
         ("tree level in steps", tree_level._kernels(),
-         dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=2048, ONE=False), 4,
+         dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=2048, ONE=False, KEYS=False), 4,
          {**_TREE_POINTERS, "logits_ptr": "*fp32"}),
+        ("tree level keys", tree_level._kernels(),
+         dict(K=6, KP=8, CP=64, ROOT=False, NEXT=True, DEPTH=4, MAPW=6, MAPWP=8, BLOCK=8192, ONE=True, KEYS=True), 8,
+         {**_TREE_POINTERS, "logits_ptr": "*bf16"}),
         ("tree select", tree_level._select_kernel(), dict(T=12, CP=32, D=3, W=4, WP=4, TP=16, PASSES=False), 4,
          _SELECT_POINTERS),
         ("tree select passes", tree_level._select_kernel(), dict(T=15, CP=512, D=8, W=9, WP=16, TP=16, PASSES=True), 4,
@@ -160,7 +163,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 44  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 45  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

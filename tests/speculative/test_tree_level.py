@@ -40,9 +40,13 @@ def _buffers(count, g, device):
     (6151, 4, 4, torch.bfloat16, False),  # several blocks a row; the lean draft's bf16 logits
     (50, 8, 8, torch.float32, True),  # ten equal logits a row: the lower index first
     (5, 5, 5, torch.float32, False),  # every token a child
+    (8, 8, 3, torch.float32, "zeros"),  # every token a child: zeros of both signs tie, then -inf ones
 ])
-@pytest.mark.parametrize("in_steps", [False, True], ids=["row in registers", "row in steps"])
-def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties, in_steps, monkeypatch):
+@pytest.mark.parametrize("in_steps,keys", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["row in registers", "row in steps", "registers, keys", "steps, keys"])
+def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties, in_steps, keys, monkeypatch):
+    """keys: each pick one reduction of a packed value and index (KernelOptions.tree_level_keys;
+    the row in steps keeps its passes, the next frontier's picks take the keys)."""
     import speculative.kernels.tree_level as TL
 
     if in_steps:  # the path of a draft vocabulary too wide for registers, on these rows
@@ -50,14 +54,18 @@ def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties, in_steps,
     g = torch.Generator().manual_seed(V + k)
     for trial in range(3):
         logits = (torch.randn(F, V, generator=g) * 3).to(dtype)
-        if ties:
+        if ties == "zeros":  # below zero, but -0.0 at 2 and 5 and 0.0 at 4 (equal), -inf at 0 and 7
+            logits = -logits.abs() - 1
+            logits[:, [2, 4, 5]] = torch.tensor([-0.0, 0.0, -0.0], dtype=dtype)
+            logits[:, [0, 7]] = float("-inf")
+        elif ties:
             logits[:, 10:20] = 4.0
         frontier = None if F == 1 else torch.randperm(20, generator=g)[:F]
         got = _buffers(200, g, device)
         want = tuple(b.clone() for b in got)
         nexts = [torch.full((k,), -1, dtype=torch.int64, device=device) for _ in range(2)]
         fr = None if frontier is None else frontier.to(device)
-        tree_level(logits.to(device), fr, *got, 40, k, nexts[0])
+        tree_level(logits.to(device), fr, *got, 40, k, nexts[0], keys=keys)
         tree_level_ref(logits.to(device), fr, *want, 40, k, nexts[1])
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), trial
         torch.testing.assert_close(got[2], want[2], atol=2e-6, rtol=1e-6)
@@ -142,12 +150,13 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
 @pytest.mark.parametrize("shape,kv_move", [(TreeShape(3, 3, 12), False), (TreeShape(4, 4, 20), False),
                                            (TreeShape(4, 4, 20), True)],
-                         ids=["3,3,12", "4,4,20", "4,4,20 kv move, select passes"])
+                         ids=["3,3,12", "4,4,20", "4,4,20 kv move, select passes, level keys"])
 def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv_move, monkeypatch):
     """The engine's tree step (the one a GPU captures: slot maps) with the tree kernels grows the
     trees the torch ops grow and answers as plain greedy decoding; sampled, it draws the torch
     path's tokens from the same seed. kv move: the accepted nodes' K/V moved in one launch
-    (KernelOptions.tree_kv_move), and the kept nodes ranked by passes (tree_select_passes)."""
+    (KernelOptions.tree_kv_move), the kept nodes ranked by passes (tree_select_passes) and the
+    levels' picks by packed keys (tree_level_keys)."""
     from speculative.eagle3.tree_loop import TreeDrafting
     from tests.speculative.heads import head_tensors, write_head
     from tests.speculative.test_tree_engine import _engine, _run, _set_tree
@@ -155,6 +164,7 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv
 
     monkeypatch.setenv("LOCALCHAT_TREE_KV_MOVE", "1" if kv_move else "0")
     monkeypatch.setenv("LOCALCHAT_TREE_SELECT_PASSES", "1" if kv_move else "0")
+    monkeypatch.setenv("LOCALCHAT_TREE_LEVEL_KEYS", "1" if kv_move else "0")
     moves = []
     if kv_move:
         import speculative.eagle3.tree_loop as tree_loop
