@@ -400,13 +400,12 @@ def test_tree_rows_with_rope_in_attention_equal_the_separate_launch(device, monk
     a layer."""
     import engine.kernels.rope as rope_module
     import engine.ops as ops_module
+    from tests.tree_rows import tree_layout
 
     launches = []
     real = rope_module.rope_and_cache
     monkeypatch.setattr(ops_module, "rope_and_cache", lambda *a, **k: launches.append(1) or real(*a, **k))
     cfg = model_config("llama", small=device == "cpu")
-    from tests.tree_rows import tree_layout
-
     parents = [-1, 0, 0, 1, 1, 2, 4]  # depth 0..3 at positions PROMPT.. (the root: the last accepted token)
     rows = len(parents)
     node_slot = [PROMPT + 20 + 3 * i for i in range(rows)]
