@@ -53,8 +53,8 @@ def _kernels():
     def _order_key(x, offs, ok):
         """fp32 values with their indices as int64 keys that order as the picks go: the higher
         value first, then the lower index (the value's bits made monotonic above, the index
-        reversed below). Not ok: below every key. x holds no -0.0 (it would sort below 0.0)."""
-        bits = x.to(tl.int32, bitcast=True)
+        reversed below). Not ok: below every key. -0.0 is taken as 0.0 (equal values: one key)."""
+        bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
         ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
         key = (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - offs).to(tl.int64)
         return tl.where(ok, key, tl.full(key.shape, -2147483648, tl.int64) << 32)
@@ -95,7 +95,7 @@ def _kernels():
             if KEYS:
                 # one reduction a pick (of a value and its index as one key) instead of two; the
                 # first pick's value is the row's maximum
-                key = order_key(tl.where(x == 0.0, 0.0, x), offs, inside)
+                key = order_key(x, offs, inside)
                 best = tl.max(key, axis=0)
                 top = key_value(best)
                 lse = top + tl.log(tl.sum(tl.where(inside, tl.exp(x - top), 0.0), axis=0))
@@ -171,7 +171,7 @@ def _kernels():
             # (names of their own: a variable bound before this branch keeps its type in it)
             nodes = tl.zeros([KP], tl.int32)
             if KEYS:
-                c_key = order_key(tl.where(cand == 0.0, 0.0, cand), c, c < width)
+                c_key = order_key(cand, c, c < width)
                 for j in tl.static_range(K):
                     c_best = tl.max(c_key, axis=0)
                     i_sel = key_index(c_best)
