@@ -5,14 +5,14 @@ one process for each arm and --tree shape, and one JSON of them all, written aft
 
 Arms (--arms, comma-separated), each a set of LOCALCHAT_* switches over the environment's:
   base      the defaults
-  new       the tree step's switches that are off by default (KernelOptions.draft_rows,
-            rope_in_tree, tree_kv_move, tree_select_passes, tree_level_keys): NEW below
-  none      LOCALCHAT_ROW_STATS=none (down on the tensor-core tile for every row count)
-  new+none  both
-  draft_rows, rope_in_tree, kv_move, select_passes, level_keys
-            one of NEW's switches alone
+  before    the tree step's switches off (KernelOptions.draft_rows, rope_in_tree, tree_kv_move,
+            tree_select_passes, tree_level_keys: SWITCHES below) and LOCALCHAT_ROW_STATS=down,
+            the defaults before they were timed
+  down      LOCALCHAT_ROW_STATS=down (a verify step's down on the one-row tile row by row)
+  no_draft_rows, no_rope_in_tree, no_kv_move, no_select_passes, no_level_keys
+            one of SWITCHES off
 
-    python benchmarks/tree_switches.py --out h200_tree_switches.json --tree 4,4,8 --tree 6,8,15 --tree off
+    python benchmarks/tree_switches.py --out h100_tree_switches.json --tree 4,4,8 --tree 4,8,15 --tree off
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-NEW = {"LOCALCHAT_DRAFT_ROWS": "1", "LOCALCHAT_ROPE_IN_TREE": "1", "LOCALCHAT_TREE_KV_MOVE": "1",
-       "LOCALCHAT_TREE_SELECT_PASSES": "1", "LOCALCHAT_TREE_LEVEL_KEYS": "1"}
-ARMS = {"base": {}, "new": NEW, "none": {"LOCALCHAT_ROW_STATS": "none"},
-        "new+none": {**NEW, "LOCALCHAT_ROW_STATS": "none"},
-        # one of NEW at a time, to tell their shares apart
-        "draft_rows": {"LOCALCHAT_DRAFT_ROWS": "1"}, "rope_in_tree": {"LOCALCHAT_ROPE_IN_TREE": "1"},
-        "kv_move": {"LOCALCHAT_TREE_KV_MOVE": "1"}, "select_passes": {"LOCALCHAT_TREE_SELECT_PASSES": "1"},
-        "level_keys": {"LOCALCHAT_TREE_LEVEL_KEYS": "1"}}
+SWITCHES = {"draft_rows": "LOCALCHAT_DRAFT_ROWS", "rope_in_tree": "LOCALCHAT_ROPE_IN_TREE",
+            "kv_move": "LOCALCHAT_TREE_KV_MOVE", "select_passes": "LOCALCHAT_TREE_SELECT_PASSES",
+            "level_keys": "LOCALCHAT_TREE_LEVEL_KEYS"}
+ARMS = {"base": {}, "before": {**{name: "0" for name in SWITCHES.values()}, "LOCALCHAT_ROW_STATS": "down"},
+        "down": {"LOCALCHAT_ROW_STATS": "down"},
+        # one of SWITCHES off at a time, to tell their shares apart
+        **{f"no_{arm}": {name: "0"} for arm, name in SWITCHES.items()}}
 PROMPTS = ROOT / "benchmarks" / "prompts" / "unseen_requests.txt"
 
 
@@ -50,7 +49,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="the JSON report")
     ap.add_argument("--tree", action="append", default=None,
                     help="a shape, TOPK,DEPTH,TOKENS or off (the chain); repeat it (default: 4,4,8, 6,8,15, off)")
-    ap.add_argument("--arms", default="base,new,new+none", help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--arms", default="base,before", help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--new-tokens", type=int, default=384)
     ap.add_argument("--timeout", type=int, default=120, help="seconds a run may take")
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             out["runs"].append(row)
             Path(a.out).write_text(json.dumps(out, indent=1))
             speed = f"{row['speedup']:.3f}x" if row["speedup"] else "-"
-            print(f"{tree:8s} {arm:9s} rc={rc} no draft {row['no_draft_tok_s']} spec {row['spec_tok_s']} ({speed}) "
+            print(f"{tree:8s} {arm:16s} rc={rc} no draft {row['no_draft_tok_s']} spec {row['spec_tok_s']} ({speed}) "
                   f"accepted {row['accept_len']} same {row['same_tokens_as_draft_off']}", flush=True)
 
 

@@ -102,9 +102,9 @@ class KernelOptions:
     # step's keys it reads. LOCALCHAT_ROPE_IN_VERIFY=0: their RoPE launches apart.
     rope_in_verify: bool = True
     # With it, a draft tree's rows, which read their ancestors through a slot map (the target's
-    # verify rows and the head's levels), too: one launch fewer a layer, the same bits (Triton's
-    # interpreter). Off until timed on a GPU: LOCALCHAT_ROPE_IN_TREE=1 turns it on.
-    rope_in_tree: bool = False
+    # verify rows and the head's levels), too: one launch fewer a layer, the same bits.
+    # LOCALCHAT_ROPE_IN_TREE=0: their RoPE launches apart.
+    rope_in_tree: bool = True
     # A verify step's per-row attention programs share about two waves over the SMs instead of each
     # row taking the one-row step's count (kernels/attention.py _split_programs); the same bits.
     # LOCALCHAT_SHARE_SMS=0: every row the one-row count.
@@ -120,9 +120,10 @@ class KernelOptions:
     # norms carried by the projections around them (gemv_add_stats, gemv_rstd) and the activation
     # by gate_up's epilogue, instead of the 16 x 256 tile with the norm and activation recomputed
     # in every program (a demo tree level of 6 rows: gate_up, down and lm_head about 44 us of its
-    # forward's 61 on an H200, against 11 for one row). Off until timed on a GPU:
-    # LOCALCHAT_DRAFT_ROWS=1 turns it on.
-    draft_rows: bool = False
+    # forward's 61 on an H200, against 11 for one row). With the four tree switches below and
+    # row_stats none, the demo's 4,8,15 trees 1.98x of no draft on an H100 against 1.62x without
+    # it (docs/performance.md). LOCALCHAT_DRAFT_ROWS=0: the 16 x 256 tile.
+    draft_rows: bool = True
     # Runners-up each draft gets as extra rows of a greedy verify step. None: the device's default
     # (GPU: as many as fill 16 rows, shaped; CPU: none, each row costs its arithmetic there); AUTO:
     # the shaped ones on any device; N: N for every draft; (A, B, ...): A for draft 1, B for draft 2,
@@ -141,16 +142,17 @@ class KernelOptions:
     tree_level: bool = True
     # With it, a tree step's accepted nodes' K/V move to their positions in one launch for every
     # layer's K and V (speculative/kernels/kv_rows.py) instead of an index_select and an index_copy
-    # each (four launches). Off until timed on a GPU: LOCALCHAT_TREE_KV_MOVE=1 turns it on.
-    tree_kv_move: bool = False
+    # each (four launches). LOCALCHAT_TREE_KV_MOVE=0: the torch ops.
+    tree_kv_move: bool = True
     # With it, tree_select ranks the candidates by TOKENS passes over their scores in registers
     # instead of a loop over every candidate for each (2 x 258 dependent steps for 6,8,15: 62 us of
-    # its step on an H200). Off until timed on a GPU: LOCALCHAT_TREE_SELECT_PASSES=1 turns it on.
-    tree_select_passes: bool = False
+    # its step on an H200; 6,8,15's select still takes 81 us on an H100 with them, 4,4,8's 5).
+    # LOCALCHAT_TREE_SELECT_PASSES=0: the loops.
+    tree_select_passes: bool = True
     # With it, each of tree_level's picks is one reduction of a value and its index packed in an
     # int64 key instead of two (a maximum, then the lowest index holding it): about half of a
-    # level launch's dependent reductions. Off until timed on a GPU: LOCALCHAT_TREE_LEVEL_KEYS=1.
-    tree_level_keys: bool = False
+    # level launch's dependent reductions. LOCALCHAT_TREE_LEVEL_KEYS=0: the two reductions.
+    tree_level_keys: bool = True
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -158,9 +160,11 @@ class KernelOptions:
     norm_stats: bool = True
     # Of those, the sublayer ends (o_proj, down) whose small weights (routing.EACH_ROW_MAX_BYTES)
     # run on the one-row kernel row by row instead of the tensor-core tile (routing.stats_route):
-    # one row as without a draft, each further row a re-read from L2. LOCALCHAT_ROW_STATS=
-    # down|o_proj,down|none.
-    row_stats: tuple[str, ...] = ("down",)
+    # one row as without a draft, each further row a re-read from L2. None by default: a verify
+    # step's 16 rows took 0.785 ms on an H200 against 0.928 with down, 6 rows 0.644 against 0.658,
+    # and only one row (plain decoding with the draft loaded, speculation toggled off) is faster
+    # with down (0.508 against 0.549). LOCALCHAT_ROW_STATS=none|down|o_proj,down.
+    row_stats: tuple[str, ...] = ()
     # Greedy MTP answers on a GPU as one CUDA graph an iteration (speculative/mtp/greedy_loop.py):
     # on an H200 the demo's MTP layers 0.99x of no draft, against 0.78x through the step-by-step
     # loop and its graphs per step (docs/performance.md). The CPU runs the same iteration eagerly
@@ -208,16 +212,16 @@ class KernelOptions:
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
-            rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE", default=False),
+            rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),
             share_sms=_flag(env, "LOCALCHAT_SHARE_SMS"),
             fused_draft=_flag(env, "LOCALCHAT_FUSED_DRAFT"), lean_draft=_flag(env, "LOCALCHAT_LEAN_DRAFT"),
-            draft_rows=_flag(env, "LOCALCHAT_DRAFT_ROWS", default=False),
+            draft_rows=_flag(env, "LOCALCHAT_DRAFT_ROWS"),
             spec_alts=parse_spec_alts(env.get("LOCALCHAT_SPEC_ALTS", "")),
             sampled_runners_up=_flag(env, "LOCALCHAT_SAMPLED_RUNNERS_UP", default=False),
             tree_level=_flag(env, "LOCALCHAT_TREE_LEVEL"),
-            tree_kv_move=_flag(env, "LOCALCHAT_TREE_KV_MOVE", default=False),
-            tree_select_passes=_flag(env, "LOCALCHAT_TREE_SELECT_PASSES", default=False),
-            tree_level_keys=_flag(env, "LOCALCHAT_TREE_LEVEL_KEYS", default=False),
+            tree_kv_move=_flag(env, "LOCALCHAT_TREE_KV_MOVE"),
+            tree_select_passes=_flag(env, "LOCALCHAT_TREE_SELECT_PASSES"),
+            tree_level_keys=_flag(env, "LOCALCHAT_TREE_LEVEL_KEYS"),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),
@@ -258,7 +262,7 @@ def _row_stats(value: str) -> tuple[str, ...]:
     if roles == ("none",):
         return ()
     if not roles or any(r not in ("o_proj", "down") for r in roles):
-        raise UserError(f"LOCALCHAT_ROW_STATS={value!r}: use down (the default), o_proj,down or none")
+        raise UserError(f"LOCALCHAT_ROW_STATS={value!r}: use none (the default), down or o_proj,down")
     return roles
 
 

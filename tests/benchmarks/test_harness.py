@@ -44,11 +44,11 @@ def test_bench_reports_the_kernel_switches_it_ran_under(tmp_path, tiny_models, m
             "--new-tokens", "5", "--no-peer", "--out"]
     assert main(args + [str(tmp_path / "default.json")]) == 0
     assert json.loads((tmp_path / "default.json").read_text())["kernel_options"] == {}
-    monkeypatch.setenv("LOCALCHAT_DRAFT_ROWS", "1")
-    monkeypatch.setenv("LOCALCHAT_ROW_STATS", "none")
+    monkeypatch.setenv("LOCALCHAT_DRAFT_ROWS", "0")
+    monkeypatch.setenv("LOCALCHAT_ROW_STATS", "down")
     assert main(args + [str(tmp_path / "switched.json")]) == 0
-    assert json.loads((tmp_path / "switched.json").read_text())["kernel_options"] == {"draft_rows": True,
-                                                                                      "row_stats": []}
+    assert json.loads((tmp_path / "switched.json").read_text())["kernel_options"] == {"draft_rows": False,
+                                                                                      "row_stats": ["down"]}
 
 
 def test_bench_force_accept_past_the_verify_step_is_a_one_line_error(tiny_models, capsys):

@@ -16,7 +16,7 @@ SCRIPT = str(ROOT / "benchmarks" / "tree_switches.py")
 @pytest.mark.parametrize("args,message", [
     (["--tree", "auto"], "--tree 'auto': give TOPK,DEPTH,TOKENS"),
     (["--tree", "4,x,8"], "--tree '4,x,8': give TOPK,DEPTH,TOKENS"),
-    (["--arms", "base,fast"], "--arms: unknown fast; use base, new, none, new+none, draft_rows"),
+    (["--arms", "base,fast"], "--arms: unknown fast; use base, before, down, no_draft_rows"),
     (["--prompts", "0"], "--prompts, --new-tokens and --timeout must be positive"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
@@ -30,25 +30,25 @@ def test_bad_input_is_one_line(tmp_path, args, message):
 
 def test_a_dry_run_lists_each_shape_and_arm(tmp_path):
     run = subprocess.run([sys.executable, SCRIPT, "--out", str(tmp_path / "s.json"), "--dry-run", "--tree", "4,4,8",
-                          "--tree", "off", "--arms", "base,new+none"], capture_output=True, text=True, timeout=120)
+                          "--tree", "off", "--arms", "base,before"], capture_output=True, text=True, timeout=120)
     lines = run.stdout.strip().splitlines()
     assert run.returncode == 0 and len(lines) == 4
-    assert [("--tree 4,4,8" in line, line.startswith("LOCALCHAT_DRAFT_ROWS=1")) for line in lines] == [
+    assert [("--tree 4,4,8" in line, line.startswith("LOCALCHAT_DRAFT_ROWS=0")) for line in lines] == [
         (True, False), (True, True), (False, False), (False, True)]
-    assert all("LOCALCHAT_ROW_STATS=none" in line for line in lines[1::2])
+    assert all("LOCALCHAT_ROW_STATS=down" in line for line in lines[1::2])
     assert not (tmp_path / "s.json").exists()
 
 
 @pytest.mark.slow  # real weights on the CPU
 def test_a_run_writes_a_row_for_each_shape_and_arm(demo_gguf, tmp_path):
     out = tmp_path / "switches.json"
-    run = subprocess.run([sys.executable, SCRIPT, "--out", str(out), "--tree", "2,2,3", "--arms", "base,new",
+    run = subprocess.run([sys.executable, SCRIPT, "--out", str(out), "--tree", "2,2,3", "--arms", "base,before",
                           "--prompts", "1", "--new-tokens", "8", "--timeout", "500"], cwd=ROOT, env=dict(os.environ),
                          capture_output=True, text=True, timeout=1100)
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert [(r["arm"], r["tree"], r["rc"]) for r in report["runs"]] == [("base", "2,2,3", 0), ("new", "2,2,3", 0)]
+    assert [(r["arm"], r["tree"], r["rc"]) for r in report["runs"]] == [("base", "2,2,3", 0), ("before", "2,2,3", 0)]
     for row in report["runs"]:
         assert row["no_draft_tok_s"] > 0 and row["spec_tok_s"] > 0 and row["accept_len"] >= 1
         assert row["report"]["spec"]["decode_tok_s"] == row["spec_tok_s"]
-    assert report["arms"]["new"]["LOCALCHAT_TREE_SELECT_PASSES"] == "1"
+    assert report["arms"]["before"]["LOCALCHAT_TREE_SELECT_PASSES"] == "0"

@@ -37,13 +37,13 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # a tree level in one launch: on since timed on a GPU (LOCALCHAT_TREE_LEVEL=0 the torch ops)
     assert default.tree_level is True and KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "1"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL": "0"}) == dataclasses.replace(default, tree_level=False)
-    # not yet timed on a GPU: off unless asked for
+    # the tree step's switches: on since timed on a GPU together (LOCALCHAT_*=0 turns each off)
     for name, field in {"LOCALCHAT_ROPE_IN_TREE": "rope_in_tree", "LOCALCHAT_DRAFT_ROWS": "draft_rows",
                         "LOCALCHAT_TREE_KV_MOVE": "tree_kv_move",
                         "LOCALCHAT_TREE_SELECT_PASSES": "tree_select_passes",
                         "LOCALCHAT_TREE_LEVEL_KEYS": "tree_level_keys"}.items():
-        assert getattr(default, field) is False and KernelOptions.from_env({name: "0"}) == default
-        assert KernelOptions.from_env({name: "1"}) == dataclasses.replace(default, **{field: True}), name
+        assert getattr(default, field) is True and KernelOptions.from_env({name: "1"}) == default
+        assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "qkv"}).qkv_gemv is True
     assert default.packed_prefill == "fused"
@@ -53,7 +53,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_INVARIANT_X": way}).packed_invariant_x == way
     for way in ("dequant", "fused", "torch"):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_PREFILL": way}).packed_prefill == way
-    assert default.row_stats == ("down",)
+    assert default.row_stats == ()
     for value, want in {"none": (), "down": ("down",), "o_proj, down": ("o_proj", "down")}.items():
         assert KernelOptions.from_env({"LOCALCHAT_ROW_STATS": value}).row_stats == want
     alts = {"": None, "auto": "auto", "0": 0, "3": 3, "2,1": (2, 1), " 2, 1, 0 ": (2, 1, 0)}
@@ -71,7 +71,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_PACKED_ROW_X": "fp8"}, "LOCALCHAT_PACKED_ROW_X='fp8': use int8 or bf16"),
                                       ({"LOCALCHAT_PACKED_INVARIANT_X": "int4"}, "LOCALCHAT_PACKED_INVARIANT_X='int4': use int8 or bf16"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
-                                      ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use down"),
+                                      ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use none"),
                                       ({"LOCALCHAT_ROW_STATS": ","}, "LOCALCHAT_ROW_STATS=','"),
                                       ({"LOCALCHAT_ROW_GEMV": "x"}, "use qkv .* or cublas"),
                                       ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'")])

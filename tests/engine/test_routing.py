@@ -72,15 +72,18 @@ def test_batch_invariant_steps_run_one_tile_for_every_row_count(rows, mode):
 def test_several_rows_without_invariance_and_drafts():
     """Several rows without batch invariance (a prefill's tail, a draft-extend) go to cuBLAS; a
     draft's projections take our GEMV for up to 16 rows (several rows on the invariant tile with
-    draft_rows), its bits being of no concern to the output."""
+    draft_rows, the default), its bits being of no concern to the output."""
     for role, shape in SMOLLM2.items():
         assert routing.linear_route(DEFAULT, ROW, role, 6, shape, BF16) == CUBLAS_ROUTE
         for options in (DEFAULT, INVARIANT_OPTIONS):
-            assert routing.linear_route(options, DRAFT, role, 6, shape, BF16) == OUR_TABLE
+            apart = dataclasses.replace(options, draft_rows=False)
+            assert routing.linear_route(apart, DRAFT, role, 6, shape, BF16) == OUR_TABLE
             assert routing.linear_route(options, DRAFT, role, 17, shape, BF16) == CUBLAS_ROUTE
             assert routing.linear_route(options, DRAFT, role, 1, shape, F32) == CUBLAS_ROUTE
-        # with draft_rows, several rows take the invariant set's tile (one row keeps the built-in one)
-        rows_options = dataclasses.replace(DEFAULT, draft_rows=True)
+        # with draft_rows (the default), several rows take the invariant set's tile (one row keeps
+        # the built-in one)
+        rows_options = DEFAULT
+        assert DEFAULT.draft_rows
         for rows in (2, 6, 16):
             assert routing.linear_route(rows_options, DRAFT, role, rows, shape, BF16) == Route(
                 GEMV, routing.invariant_tile(shape), invariant=True)
@@ -177,14 +180,15 @@ def test_invariant_tiles_by_shape():
 def test_small_sublayer_ends_may_run_their_stats_row_by_row():
     """stats_route: the invariant set's o_proj or down on the one-row tile row by row where its role
     is in row_stats and its weight is small (SmolLM2's), on its invariant tile otherwise (the 8B's,
-    a role left out, row_stats empty)."""
-    assert routing.stats_route(DEFAULT, "down", SMOLLM2["down"]) == (routing.row_tile(1536), True)
-    assert routing.stats_route(DEFAULT, "o_proj", SMOLLM2["o_proj"]) == (routing.invariant_tile(SMOLLM2["o_proj"]), False)
+    a role left out, row_stats empty: the default)."""
+    down = dataclasses.replace(DEFAULT, row_stats=("down",))
+    assert routing.stats_route(down, "down", SMOLLM2["down"]) == (routing.row_tile(1536), True)
+    assert routing.stats_route(down, "o_proj", SMOLLM2["o_proj"]) == (routing.invariant_tile(SMOLLM2["o_proj"]), False)
     both = dataclasses.replace(DEFAULT, row_stats=("o_proj", "down"))
     assert routing.stats_route(both, "o_proj", SMOLLM2["o_proj"]) == (routing.row_tile(576), True)
     for role in ("o_proj", "down"):
         assert routing.stats_route(both, role, LLAMA_8B[role]) == (routing.invariant_tile(LLAMA_8B[role]), False)
-        assert routing.stats_route(dataclasses.replace(DEFAULT, row_stats=()), role, SMOLLM2[role])[1] is False
+        assert routing.stats_route(DEFAULT, role, SMOLLM2[role])[1] is False  # none, the default
 
 
 def test_row_tiles_override_one_row_projections():
