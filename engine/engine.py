@@ -100,13 +100,15 @@ class Engine:
     def set_tree(self, shape, log=None) -> None:
         """Draft trees of `shape` (a TreeShape) from the next answer, or chains (None). Trees need an
         EAGLE-3 draft: anything else is a UserError. "auto": the shape that decodes fastest here,
-        calibrated once per model, draft and GPU (speculative/tree/calibrate.py); chains where
-        there is no EAGLE-3 head or on a CPU."""
+        calibrated once per model, draft and GPU (speculative/tree/calibrate.py), for greedy
+        answers (sampled ones keep the chain); chains where there is no EAGLE-3 head or on a CPU."""
         self._pays = {}  # measured again for the new shape when next asked
+        sampled = True
         if shape == "auto":
             if self.speculator is None or not hasattr(self.speculator, "auto_tree"):
                 return self.set_tree(None)
-            shape = self.speculator.auto_tree(self, log)
+            # timed greedily: sampled answers keep the chain (Eagle3Speculator.set_tree)
+            shape, sampled = self.speculator.auto_tree(self, log), False
         if shape is None:
             if hasattr(self.speculator, "set_tree"):
                 self.speculator.set_tree(None)
@@ -114,7 +116,7 @@ class Engine:
         if self.speculator is None or not hasattr(self.speculator, "set_tree"):
             what = "no draft is loaded" if self.speculator is None else "MTP layers draft chains only"
             raise UserError(f"--tree {shape} needs an EAGLE-3 draft head: {what}")
-        self.speculator.set_tree(shape)
+        self.speculator.set_tree(shape, sampled=sampled)
 
     def without_draft(self, if_fits: bool = False) -> "Engine | None":
         """This engine as a user gets it by unloading the draft, the baseline speculation is measured

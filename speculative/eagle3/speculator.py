@@ -94,6 +94,7 @@ class Eagle3Speculator:
         self.sampled = sampled_loop.SampledIteration(  # sampling without a penalty: the same
             self.parts, runner, runners_up=runner.model.ops.options.sampled_runners_up)
         self.tree: TreeShape | None = None  # a draft tree's shape (set_tree); None: chains of k
+        self.tree_sampled = True  # sampled answers draft trees too (set_tree)
         self._tree_steps: dict[TreeShape, TreeDrafting] = {}  # each shape's step, its graph kept
 
     def _greedy_for(self, alts: tuple[int, ...]) -> GreedyIteration:
@@ -124,10 +125,13 @@ class Eagle3Speculator:
         alts = self._shaped if on else (0,) * self.k
         self.greedy = self._greedy_for(alts)
 
-    def set_tree(self, shape: TreeShape | None) -> None:
+    def set_tree(self, shape: TreeShape | None, sampled: bool = True) -> None:
         """Draft trees of `shape` from the next answer (tree_loop.py), or (None) chains of k.
-        A repetition penalty keeps the chain."""
+        sampled=False: greedy answers only, sampled ones keep the chain (--tree auto's choice is
+        timed greedily, and a sampled tree step walks its tree on the host: 0.63x of no draft where
+        the chain gains; docs/performance.md). A repetition penalty keeps the chain."""
         self.tree = shape
+        self.tree_sampled = sampled
 
     def auto_tree(self, engine, log=None) -> TreeShape | None:
         """--tree auto for `engine` (this speculator's): the calibrated shape (tree/calibrate.py)."""
@@ -184,7 +188,8 @@ class Eagle3Speculator:
         d_logits, d_hidden = self.draft(ids, pos, target_states, True, self.embed, self.kv, start_pos=start, last=-1)
         self._seq = state.tokens[:state.kv_len + 1]
         self._capture_if_pending(state.kv_len)
-        if self.tree is not None and state.seen is None and self.whole_iterations:
+        if (self.tree is not None and state.seen is None and self.whole_iterations
+                and (self.tree_sampled or state.params.is_greedy)):
             yield from self.tree_step(self.tree).iterations(runner, state, d_logits, d_hidden, self._commit,
                                                             graphs=self.graphs is not None)
             return

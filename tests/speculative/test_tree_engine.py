@@ -297,3 +297,25 @@ def test_speculation_over_a_packed_quantized_target_equals_plain(tmp_path, monke
     e.speculator.set_tree(shape)
     spec, stats = _run(e, True, n=48)
     assert spec == plain and stats.verify_steps > 0
+
+
+def test_auto_trees_serve_greedy_answers_and_sampled_ones_keep_the_chain(tmp_path, target, monkeypatch):
+    """--tree auto's shape is timed greedily, and a sampled tree step is slower than the chain: under
+    auto, greedy answers draft trees and sampled ones chains; a shape the user names drafts trees
+    for both."""
+    from speculative.eagle3.speculator import Eagle3Speculator
+
+    cfg = read_config(target)
+    e = _engine(target, write_head(tmp_path / "h0", cfg, "sglang",
+                                   head_tensors(64, 64, 3, cfg["vocab_size"], 200, seed=1), 64, (1, 2, 3)))
+    shape = TreeShape(3, 3, 12)
+    monkeypatch.setattr(Eagle3Speculator, "auto_tree", lambda self, engine, log=None: shape)
+    e.set_tree("auto")
+    assert e.speculator.tree == shape
+    _, greedy = _run(e, True, n=32)
+    _, sampled = _run(e, True, n=32, temperature=0.8, seed=3)
+    assert greedy.verify_tokens == shape.tokens + 1
+    assert sampled.verify_steps > 0 and sampled.verify_tokens == e.speculator.k + 1
+    e.set_tree(shape)
+    _, sampled = _run(e, True, n=32, temperature=0.8, seed=3)
+    assert sampled.verify_tokens == shape.tokens + 1
