@@ -55,15 +55,20 @@ def _kernels():
 
     @triton.jit
     def embed_pair_norm_kernel(
-        ids_ptr, table_ptr, b_ptr, wa_ptr, wb_ptr, out_ptr,
+        ids_ptr, table_ptr, b_ptr, wa_ptr, wb_ptr, out_ptr, b_rows_ptr, b_out_ptr,
         hidden, stride_table, stride_b, stride_out, eps_a, eps_b,
-        BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK: tl.constexpr, B_ROWS: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         row, offs, ok, a = table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK)
-        b = tl.load(b_ptr + row * stride_b + offs, mask=ok, other=0.0)
+        if B_ROWS:  # b's row through an index, also written out as read (the caller's residual)
+            src = tl.load(b_rows_ptr + row).to(tl.int64)
+            b = tl.load(b_ptr + src * stride_b + offs, mask=ok, other=0.0)
+            tl.store(b_out_ptr + row * hidden + offs, b, mask=ok)
+        else:
+            b = tl.load(b_ptr + row * stride_b + offs, mask=ok, other=0.0)
         af, bf = a.to(tl.float32), b.to(tl.float32)
         inv_a = tl.rsqrt(tl.sum(af * af, axis=0) / hidden + eps_a)
         inv_b = tl.rsqrt(tl.sum(bf * bf, axis=0) / hidden + eps_b)
@@ -130,32 +135,41 @@ def add_rms_norm_ref(
 
 
 def embed_pair_norm(ids: torch.Tensor, table: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor,
-                    weight_b: torch.Tensor, eps_a: float, eps_b: float, pdl: bool = True) -> torch.Tensor:
+                    weight_b: torch.Tensor, eps_a: float, eps_b: float, pdl: bool = True,
+                    b_rows: torch.Tensor | None = None):
     """[rms_norm(table[ids]) * weight_a, rms_norm(b) * weight_b] side by side, (T, 2H), in one launch.
 
     ids (T,) row indices into table (V, H) (an embedding lookup); b (T, H). Each half is
     normed like add_rms_norm without a residual. The EAGLE-3 draft's input: the token's
     embedding and the incoming hidden state, each normed, concatenated for its attention.
-    CUDA (or the Triton interpreter); no host sync; one program per row.
+    b_rows (T,) int64: b's rows are b[b_rows] instead (b then any (R, H)), and the result is
+    (out, b[b_rows]): a tree level's parents' states, gathered in this launch rather than by a
+    torch index_select of their own before it. CUDA (or the Triton interpreter); no host sync;
+    one program per row.
     """
-    num_rows, hidden = b.shape
-    assert ids.shape == (num_rows,) and table.dim() == 2 and table.shape[1] == hidden and table.stride(1) == 1
+    num_rows, hidden = ids.shape[0], b.shape[1]
+    assert ids.dim() == 1 and (b_rows is not None or b.shape[0] == num_rows)
+    assert b_rows is None or (b_rows.shape == (num_rows,) and b_rows.dtype == torch.int64)
+    assert table.dim() == 2 and table.shape[1] == hidden and table.stride(1) == 1
     assert b.stride(1) == 1 and weight_a.shape == weight_b.shape == (hidden,) and table.dtype == b.dtype
     out = torch.empty((num_rows, 2 * hidden), dtype=b.dtype, device=b.device)
+    gathered = None if b_rows is None else torch.empty((num_rows, hidden), dtype=b.dtype, device=b.device)
     block = next_pow2(hidden)
     _kernels()[1][(num_rows,)](
-        ids, table, b, weight_a, weight_b, out,
+        ids, table, b, weight_a, weight_b, out, ids if b_rows is None else b_rows, out if gathered is None else gathered,
         hidden, table.stride(0), b.stride(0), out.stride(0), eps_a, eps_b,
-        BLOCK=block, num_warps=min(16, max(4, block // 256)), **pdl_args(b.device, pdl),
+        BLOCK=block, B_ROWS=b_rows is not None, num_warps=min(16, max(4, block // 256)), **pdl_args(b.device, pdl),
     )
-    return out
+    return out if gathered is None else (out, gathered)
 
 
-def embed_pair_norm_ref(ids, table, b, weight_a, weight_b, eps_a, eps_b) -> torch.Tensor:
-    """Reference and CPU path."""
+def embed_pair_norm_ref(ids, table, b, weight_a, weight_b, eps_a, eps_b, b_rows=None):
+    """Reference and CPU path (b_rows: as embed_pair_norm takes it)."""
     a = F.embedding(ids, table)
-    halves = add_rms_norm_ref(a, None, weight_a, eps_a)[0], add_rms_norm_ref(b, None, weight_b, eps_b)[0]
-    return torch.cat(halves, dim=-1)
+    rows = b if b_rows is None else b.index_select(0, b_rows)
+    halves = add_rms_norm_ref(a, None, weight_a, eps_a)[0], add_rms_norm_ref(rows, None, weight_b, eps_b)[0]
+    out = torch.cat(halves, dim=-1)
+    return out if b_rows is None else (out, rows)
 
 
 def embed_rows(ids: torch.Tensor, table: torch.Tensor, pdl: bool = True) -> torch.Tensor:

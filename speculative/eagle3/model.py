@@ -100,21 +100,24 @@ class Eagle3Layer(nn.Module):
 
     def lean_forward(self, input_ids, embed_weight, hidden, positions, start_pos, cos_sin_table, k_cache, v_cache,
                      ops, final_norm: RMSNorm, lm_head: nn.Linear, last=None,
-                     tree=None) -> tuple[torch.Tensor, torch.Tensor]:
+                     tree=None, hidden_rows=None) -> tuple[torch.Tensor, torch.Tensor]:
         """fused_forward plus the lm_head, in fewer launches: the embedding lookup, both input norms
         and their concatenation in one (embed_pair_norm); each later norm rides on the projection
         after it (rms_norm_gemv), SiLU-and-mul on the down projection (silu_mul_gemv). The GEMVs
         use their fast tiles, not the batch-invariant ones the target needs: a draft's last bits
         do not matter to the output, only to which tokens it proposes. Several rows with
-        KernelOptions.draft_rows finish on the invariant tiles instead (_rows_tail). Returns (logits
-        in the weights' dtype, out)."""
+        KernelOptions.draft_rows finish on the invariant tiles instead (_rows_tail). hidden_rows:
+        the rows' states are hidden[hidden_rows], gathered by embed_pair_norm's launch. Returns
+        (logits in the weights' dtype, out)."""
         from engine.kernels.gemv import gemv
         from engine.kernels.norm import embed_pair_norm
 
-        T, H = hidden.shape
+        H = hidden.shape[1]
         fast, pdl = ops.draft_kernels, ops.options.pdl  # fused norm / activation + GEMV where FUSED_TILES says it pays
         x = embed_pair_norm(input_ids, embed_weight, hidden, self.input_layernorm.weight, self.hidden_norm.weight,
-                            self.input_layernorm.eps, self.hidden_norm.eps, pdl=pdl)
+                            self.input_layernorm.eps, self.hidden_norm.eps, pdl=pdl, b_rows=hidden_rows)
+        if hidden_rows is not None:
+            x, hidden = x
         residual = x[:, H:] if self.norm_before_residual else hidden
         qkv = fast.project(x, self.self_attn.qkv_proj, "qkv")
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -196,7 +199,8 @@ class Eagle3Draft(nn.Module):
     def forward(self, input_ids, positions, hidden, is_extend: bool, embed: nn.Embedding, kv,
                 start_pos: int | None = None, fp32_logits: bool = True, last: int | torch.Tensor | None = None,
                 slots: torch.Tensor | None = None, visible: torch.Tensor | None = None,
-                slot_map: torch.Tensor | None = None, map_base: torch.Tensor | None = None):
+                slot_map: torch.Tensor | None = None, map_base: torch.Tensor | None = None,
+                hidden_rows: torch.Tensor | None = None):
         """input_ids: (T,) target ids; hidden: (T, extend_width) target states when is_extend,
         else (T, decode_width) the draft's previous outputs. Returns (logits (T, Vd), fp32 unless
         fp32_logits is False (then maybe the weights' dtype: enough for an argmax), out_hidden
@@ -205,7 +209,12 @@ class Eagle3Draft(nn.Module):
         writes its K/V; past the attention only that row is computed (a prompt's extend and a
         verify step's draft-extend continue from one row, the last accepted). slots, visible: a
         draft tree's nodes (Eagle3Layer.forward), on the plain torch layer; slots, slot_map,
-        map_base: the same nodes read through a map (ForwardBatch.slot_map), on any path."""
+        map_base: the same nodes read through a map (ForwardBatch.slot_map), on any path.
+        hidden_rows (T,): the rows' states are hidden[hidden_rows] (a tree level's parents in the
+        level before's output), gathered inside the lean step's first launch."""
+        lean = self.lean and input_ids.shape[0] <= MAX_ROWS and isinstance(embed, nn.Embedding)
+        if hidden_rows is not None and (is_extend or not lean):
+            hidden, hidden_rows = hidden.index_select(0, hidden_rows), None
         if is_extend and self.config.needs_fc:
             hidden = self.fc(hidden)
         if visible is not None:
@@ -216,10 +225,10 @@ class Eagle3Draft(nn.Module):
         tree = None if slot_map is None else (slots, slot_map, map_base)
         # the GEMV's limit (a prompt's extend runs fused_forward); the lean step reads the
         # embeddings' table itself, so a target's packed table (PackedEmbedding) goes the fused way
-        if self.lean and hidden.shape[0] <= MAX_ROWS and isinstance(embed, nn.Embedding):
+        if lean:
             logits, out = self.midlayer.lean_forward(input_ids, embed.weight, hidden, positions, start_pos,
                                                      self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, self.lm_head,
-                                                     last, tree)
+                                                     last, tree, hidden_rows)
             return (logits.float() if fp32_logits else logits), out
         if self.fused:
             normed, out = self.midlayer.fused_forward(embed(input_ids), hidden, positions, start_pos, self.cos_sin,

@@ -325,9 +325,12 @@ class TreeDrafting:
         states = [root_hidden]  # the states after the frontier the last level expanded (the root's first)
 
         def expand(frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:
-            hidden = states[0].index_select(0, inputs.above)  # each node's parent's row
-            logits, states[0] = draft(inputs.ids, inputs.positions, hidden, False, parts.embed, parts.kv,
-                                      start_pos=None, slots=inputs.slots, slot_map=inputs.slot_map, map_base=base)
+            # each node continues from its parent's row of the states before (inputs.above), read
+            # by the draft step's first launch; the logits stay in the weights' dtype, which
+            # tree_level widens as it reads them (the same fp32 values as a conversion before it)
+            logits, states[0] = draft(inputs.ids, inputs.positions, states[0], False, parts.embed, parts.kv,
+                                      start_pos=None, fp32_logits=False, slots=inputs.slots,
+                                      slot_map=inputs.slot_map, map_base=base, hidden_rows=inputs.above)
             return logits
 
         options = self.runner.model.ops.options

@@ -53,7 +53,8 @@ def _kernels():
     dot_base = dict(shared, DOT_F32=False, SWAP_AB=False, EPILOGUE=0, SQ_POW2=1, GATE=False)
     return [
         ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
-        ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024), 4),
+        ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024, B_ROWS=False), 4),
+        ("embed_pair_norm b_rows", norm._kernels()[1], dict(BLOCK=1024, B_ROWS=True), 4, {"b_rows_ptr": "*i64"}),
         ("embed_rows", norm._kernels()[2], dict(BLOCK=1024), 4),
         ("argmax_pick", draft_pick._kernels()[0], dict(HAS_OFFSETS=True, BLOCK=2048), 8),
         ("greedy_verify", greedy_verify._kernel(), dict(HAS_ALTS=False, BLOCK=2048, BLOCK_R=16), 8),
@@ -163,7 +164,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 45  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 46  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

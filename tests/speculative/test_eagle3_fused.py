@@ -59,8 +59,9 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
     the invariant tiles and a tree's RoPE in its attention launch, KernelOptions.draft_rows and
     rope_in_tree; fused_forward) against the torch layer: a prompt's extend, a verify window's,
     single-token steps, then two levels of a draft tree read through a slot map (a node kept at a
-    scratch row, then three children of it). narrow: a head narrower than the target (its own
-    embeddings; fc maps the target's states down)."""
+    scratch row, then three children of it, their parent's state read through hidden_rows).
+    narrow: a head narrower than the target (its own embeddings; fc maps the target's states
+    down)."""
     lean = path != "fused"
     options = {"lean": {}, "lean_rows": dict(draft_rows=True, rope_in_tree=True), "fused": dict(lean_draft=False)}
     dev = torch.device(device)
@@ -123,10 +124,11 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
             logits, hidden = d(torch.tensor([7], device=dev), torch.tensor([29], device=dev), hidden[-1:], False, emb,
                                kv, slots=torch.tensor([200], device=dev), slot_map=tree_map, map_base=base)
             steps.append((logits, hidden))
+            # their parent's state read through hidden_rows (row 0 of the step before's output)
             steps.append(d(torch.tensor([8, 9, 10], device=dev), torch.full((3,), 30, device=dev),
-                           hidden.expand(3, -1).contiguous(), False, emb, kv,
-                           slots=torch.tensor([201, 202, 203], device=dev),
-                           slot_map=tree_map.expand(3, -1).contiguous(), map_base=base.expand(3).contiguous()))
+                           hidden, False, emb, kv, slots=torch.tensor([201, 202, 203], device=dev),
+                           slot_map=tree_map.expand(3, -1).contiguous(), map_base=base.expand(3).contiguous(),
+                           hidden_rows=torch.zeros(3, dtype=torch.long, device=dev)))
             outs.append(steps)
     pairs = [(a, b) for sa, sb in zip(outs[0], outs[1]) for a, b in zip(sa, sb)]
     pairs += [(caches[0].k[0][:29], caches[1].k[0][:29]), (caches[0].v[0][:29], caches[1].v[0][:29]),
