@@ -3,6 +3,7 @@ graph), and the argmax helpers that the speculation kernels (speculative/kernels
 
     greedy_next(logits, next_token, ids, pos) the decode graph's greedy chaining: i = argmax;
                                               next_token[0] = ids[0] = i; pos[0] += 1
+    rows_argmax(logits)                       each row's argmax (a greedy tree step's verify rows)
     argmax_helpers()                          the @triton.jit argmax over a span of logits
 
 Ties go to the lowest index, as torch.argmax (which, unlike these, would pick a NaN).
@@ -79,7 +80,38 @@ def _kernels():
             tl.store(pos_ptr, tl.load(pos_ptr) + 1)
             tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
 
-    return greedy_next_kernel
+    @triton.jit
+    def rows_argmax_kernel(logits_ptr, stride, out_ptr, vocab, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        r = tl.program_id(0)
+        tl.store(out_ptr + r, span_best(logits_ptr + r.to(tl.int64) * stride, 0, vocab, BLOCK)[1].to(tl.int64))
+
+    return greedy_next_kernel, rows_argmax_kernel
+
+
+_ROWS_BLOCK = 4096  # rows_argmax: logits per loop step of a row's program
+
+
+def rows_argmax(logits: torch.Tensor, out: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
+    """Each row's argmax of logits (R, V) (fp32 or bf16, last dim contiguous; ties: the lowest
+    index; NaN never wins) as int64 (R,), into out if given: the target's choices over a greedy
+    tree step's verify rows, read from the lm_head's bf16 output by one program a row, where
+    torch widened them to fp32 (a copy) and then took its argmax (a reduction over every row). CUDA
+    (or the Triton interpreter); no host sync."""
+    assert logits.dim() == 2 and logits.stride(1) == 1
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
+    assert out.shape == (rows,) and out.dtype == torch.int64
+    _kernels()[1][(rows,)](logits, logits.stride(0), out, vocab, BLOCK=_ROWS_BLOCK, num_warps=8,
+                           **pdl_args(logits.device, pdl))
+    return out
+
+
+def rows_argmax_ref(logits: torch.Tensor) -> torch.Tensor:
+    """Reference and CPU path: torch's argmax (which, unlike rows_argmax, would pick a NaN)."""
+    return logits.float().argmax(-1)
 
 
 _NEXT_BLOCK = 2048  # greedy_next: logits per program and loop step
@@ -109,7 +141,7 @@ def greedy_next(logits: torch.Tensor, next_token: torch.Tensor, input_ids: torch
     chunk = _NEXT_BLOCK * -(-vocab // (_NEXT_BLOCK * _NEXT_MAX_PARTS))
     parts = -(-vocab // chunk)
     part_val, part_idx, count = _next_buffers(logits.device)
-    _kernels()[(parts,)](
+    _kernels()[0][(parts,)](
         logits, part_val, part_idx, count, next_token, input_ids, positions, vocab, parts,
         CHUNK=chunk, BLOCK=_NEXT_BLOCK, BLOCK_P=max(16, next_pow2(parts)), num_warps=8,
         **pdl_args(logits.device, pdl),

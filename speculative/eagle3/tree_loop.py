@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from engine.decode import plain_steps
 from engine.forward_batch import ForwardBatch
 from engine.kernels.gemv import MAX_ROWS
+from engine.kernels.pick import rows_argmax
 from engine.model import ForwardOutput
 from engine.options import triton_interpreting
 from engine.sampling import SamplingTensors, filtered, probabilities_t
@@ -213,16 +214,20 @@ class TreeDrafting:
                                    **{name: t[c:c + chunk] for name, t in tree_rows.items()}),
                       runner.kv, runner.aux_layer_ids)
                 for c in range(0, N + 1, chunk)]
-        logits = torch.cat([model.logits(o.hidden) for o in outs])  # lm_head by chunk too
+        # lm_head by chunk too; a greedy step with the kernels reads the weights' dtype (rows_argmax
+        # widens as it reads: no fp32 copy), one chunk without a concatenation's copy
+        greedy_kernels = kind is None and fused
+        logits = [model.logits(o.hidden, fp32=not greedy_kernels) for o in outs]
+        logits = logits[0] if len(logits) == 1 else torch.cat(logits)
         out = outs[0] if len(outs) == 1 else ForwardOutput(
             hidden=torch.cat([o.hidden for o in outs]),
             aux_hidden=None if outs[0].aux_hidden is None else torch.cat([o.aux_hidden for o in outs]))
         # The walk (fixed shapes, no host read), then its bookkeeping: the step's result, the next
         # root, n moved on, and the StepEnd below (in one launch for greedy steps with the kernels)
         depth = self.depth
-        if kind is None and fused:
-            end = tree_accept(logits.argmax(-1), target_tree.tokens, target_tree.parents, n_t, depth, self.result,
-                              self.root)
+        if greedy_kernels:
+            end = tree_accept(rows_argmax(logits, pdl=model.ops.options.pdl), target_tree.tokens,
+                              target_tree.parents, n_t, depth, self.result, self.root)
         else:
             if kind is None:
                 path, count, next_token = greedy_tree_path(target_tree, logits.argmax(-1), depth)

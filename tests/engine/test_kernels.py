@@ -29,7 +29,7 @@ from engine.kernels.attention import (decode_attention, decode_attention_ref, de
                                      rope_decode_attention)
 from engine.kernels.norm import (add_rms_norm, add_rms_norm_ref, embed_pair_norm, embed_pair_norm_ref,  # noqa: E402
                                  embed_rows, embed_rows_ref)
-from engine.kernels.pick import greedy_next, greedy_next_ref  # noqa: E402
+from engine.kernels.pick import greedy_next, greedy_next_ref, rows_argmax, rows_argmax_ref  # noqa: E402
 from engine.kernels.rope import rope_and_cache, rope_and_cache_ref  # noqa: E402
 from speculative.chain_state import ChainState  # noqa: E402
 from speculative.kernels.draft_pick import argmax_pick, argmax_pick_ref, draft_pick, draft_pick_ref  # noqa: E402
@@ -562,6 +562,39 @@ def test_argmax_pick(device, dtype, vocab, r):
             want = argmax_pick_ref(x[r:r + 1], offs, torch.full((1,), -1, dtype=torch.long, device=device))
             i = int(x[r].float().argmax())
             assert int(got) == int(want) == i + (int(offsets[i]) if offs is not None else 0), (case, offs is None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,vocab", [(1, 7), (9, 4096), (16, 4097), (5, 49152 + 5)])
+def test_rows_argmax(device, dtype, rows, vocab):
+    """A greedy tree step's target choices: each row's argmax as greedy_next takes it (ties to the
+    lowest index, also across the loop's blocks; all -inf; NaN ignored), read from a view with
+    rows apart by a longer stride; torch's argmax of the fp32 values where no NaN is present."""
+    gen = torch.Generator().manual_seed(rows * 131 + vocab)
+    wide = torch.randn(rows, vocab + 3, generator=gen).to(device, dtype)
+    x = wide[:, :vocab]
+    top = float(x.float().max()) + 1
+    x[0, vocab - 1] = top  # the last index
+    if rows > 2:
+        x[1, vocab // 3] = x[1, vocab - 1] = top  # a tie: the lower index
+        x[2] = float("-inf")  # all -inf: index 0
+    if rows > 4:
+        if vocab > 4096:
+            x[3, 4095] = x[3, 4096] = top  # a tie across the loop's first block edge
+        x[4, 0] = float("nan")
+        x[4, vocab // 2] = top
+    got = rows_argmax(x)
+    want = x.float().nan_to_num(nan=float("-inf")).argmax(-1)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    for r in range(rows):  # each row as the decode graph's pick takes it
+        nxt, ids = torch.zeros(1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device)
+        greedy_next(x[r:r + 1].contiguous(), nxt, ids, torch.zeros(1, dtype=torch.long, device=device))
+        assert int(nxt[0]) == int(got[r]), r
+    if rows <= 4:  # no NaN: torch's argmax agrees
+        assert torch.equal(rows_argmax_ref(x), got)
+    out = torch.full((rows,), -1, dtype=torch.long, device=device)
+    assert rows_argmax(x, out) is out and torch.equal(out, got)
 
 
 @pytest.mark.parametrize("device", DEVICES)

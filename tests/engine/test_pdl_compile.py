@@ -59,7 +59,8 @@ def _kernels():
         ("argmax_pick", draft_pick._kernels()[0], dict(HAS_OFFSETS=True, BLOCK=2048), 8),
         ("greedy_verify", greedy_verify._kernel(), dict(HAS_ALTS=False, BLOCK=2048, BLOCK_R=16), 8),
         ("greedy_verify alternatives", greedy_verify._kernel(), dict(HAS_ALTS=True, BLOCK=2048, BLOCK_R=16), 8),
-        ("greedy_next", pick._kernels(), dict(CHUNK=2048, BLOCK=2048, BLOCK_P=64), 8),
+        ("greedy_next", pick._kernels()[0], dict(CHUNK=2048, BLOCK=2048, BLOCK_P=64), 8),
+        ("rows_argmax", pick._kernels()[1], dict(BLOCK=4096), 8, {"out_ptr": "*i64"}),
         ("draft_pick", draft_pick._kernels()[1], dict(ALTS=3, HAS_OFFSETS=True, BLOCK=2048), 8,
          {"out_ptr": "*i64"}),
         ("take_alternative", alternative._kernels(), dict(OUT_ROWS=6, BLOCK=256, BLOCK_W=2048), 4),
@@ -164,7 +165,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 46  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 47  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
