@@ -241,8 +241,10 @@ class TreeDrafting:
         else:
             move_kv_rows_ref(kv.k_all, kv.v_all, end.src, end.dst)
         states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, end.rows)
+        # the logits as the head leaves them: the copy into the fp32 buffer widens them (one launch
+        # where a conversion and then a copy took two; the same values)
         d_logits, d_hidden = draft(end.window, end.ext_pos, states, True, parts.embed, parts.kv, start_pos=n,
-                                   last=end.count)
+                                   last=end.count, fp32_logits=False)
         self.d_logits.copy_(d_logits)
         self.d_hidden.copy_(d_hidden)
 
