@@ -11,6 +11,8 @@ Arms (--arms, comma-separated), each a set of LOCALCHAT_* switches over the envi
   down      LOCALCHAT_ROW_STATS=down (a verify step's down on the one-row tile row by row)
   no_draft_rows, no_rope_in_tree, no_kv_move, no_select_passes, no_level_keys
             one of SWITCHES off
+  select_blocks
+            LOCALCHAT_TREE_SELECT_BLOCKS=1 (tree_select comparing every pair, off until timed)
 
     python benchmarks/tree_switches.py --out h100_tree_switches.json --tree 4,4,8 --tree 4,8,15 --tree off
 """
@@ -35,7 +37,8 @@ SWITCHES = {"draft_rows": "LOCALCHAT_DRAFT_ROWS", "rope_in_tree": "LOCALCHAT_ROP
 ARMS = {"base": {}, "before": {**{name: "0" for name in SWITCHES.values()}, "LOCALCHAT_ROW_STATS": "down"},
         "down": {"LOCALCHAT_ROW_STATS": "down"},
         # one of SWITCHES off at a time, to tell their shares apart
-        **{f"no_{arm}": {name: "0"} for arm, name in SWITCHES.items()}}
+        **{f"no_{arm}": {name: "0"} for arm, name in SWITCHES.items()},
+        "select_blocks": {"LOCALCHAT_TREE_SELECT_BLOCKS": "1"}}
 PROMPTS = ROOT / "benchmarks" / "prompts" / "unseen_requests.txt"
 
 

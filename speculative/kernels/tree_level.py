@@ -330,7 +330,7 @@ def _select_kernel():
                            index_ptr, out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_scores_ptr, ids_ptr,
                            pos_ptr, slots_ptr, map_ptr, base_ptr, count, T: tl.constexpr, CP: tl.constexpr,
                            D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, TP: tl.constexpr,
-                           PASSES: tl.constexpr, USE_PDL: tl.constexpr):
+                           PASSES: tl.constexpr, BLOCKS: tl.constexpr, RB: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -341,7 +341,30 @@ def _select_kernel():
         # rank: how many candidates come first (a higher score, or the same and a lower index,
         # which is the shallower: the index order is the depth order); pos: the verify order, by
         # depth, then rank among the kept
-        if PASSES:
+        if BLOCKS:
+            # every pair compared, RB candidates j at a time against all i: count / RB steps that
+            # do not depend on each other's sums, where the loops below take 2 * count dependent
+            # steps and the passes 2 T dependent reductions
+            rank = tl.zeros([CP], tl.int32)
+            for j0 in range(0, count, RB):
+                j = j0 + tl.arange(0, RB)
+                jl = j < count
+                sj = tl.load(scores_ptr + j, mask=jl, other=float("-inf"))
+                first = (sj[None, :] > s[:, None]) | ((sj[None, :] == s[:, None]) & (j[None, :] < i[:, None]))
+                rank += tl.sum((jl[None, :] & first).to(tl.int32), axis=1)
+            kept = live & (rank < T)
+            tl.store(rank_ptr + i, tl.where(kept, rank, CP + 1), mask=live)
+            tl.debug_barrier()
+            pos = tl.zeros([CP], tl.int32)
+            for j0 in range(0, count, RB):
+                j = j0 + tl.arange(0, RB)
+                jl = j < count
+                rj = tl.load(rank_ptr + j, mask=jl, other=CP + 1)
+                dj = tl.load(depths_ptr + j, mask=jl, other=0)
+                before = (rj[None, :] <= CP) & ((dj[None, :] < d[:, None])
+                                                | ((dj[None, :] == d[:, None]) & (rj[None, :] < rank[:, None])))
+                pos += tl.sum((jl[None, :] & before).to(tl.int32), axis=1)
+        elif PASSES:
             # T passes over the scores in registers, each taking the best left (ties: the lower
             # index): pass j's pick has rank j. Then the kept nodes' order among themselves. Some
             # 2 T reductions over CP, where the loops below take 2 * count dependent steps.
@@ -409,6 +432,9 @@ def _select_kernel():
     return tree_select_kernel
 
 
+_SELECT_BLOCK = 32  # tree_select with blocks: candidates compared against all at a time
+
+
 @functools.cache
 def _select_scratch(device: torch.device, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     # each candidate's rank, then its verify index: written and read within one launch
@@ -436,15 +462,16 @@ class VerifyRows:
 
 def tree_select(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, scores: torch.Tensor, most: int,
                 d2t: torch.Tensor, n: torch.Tensor, root: torch.Tensor, depth: int, pdl: bool = True,
-                passes: bool = False) -> VerifyRows:
+                passes: bool = False, blocks: bool = False) -> VerifyRows:
     """The `most` best candidates (grow_tree's selection: by score, ties to the lower index), in
     verify order (by depth, then score), with the verify step's inputs: one launch, one program.
     tokens, parents, depths (int64) and scores (fp32): every candidate, in grow_tree's layout
     (index order is depth order); d2t (Dv,) int64; n () int64 the root's position; root (1,) int64
     its token; depth: the tree shape's (the slot map is depth + 1 wide). passes: the ranks by `most`
     passes over the scores held in registers instead of a loop over the candidates per candidate
-    (KernelOptions.tree_select_passes; the same outputs). CUDA (or the Triton interpreter); no host
-    sync."""
+    (KernelOptions.tree_select_passes; the same outputs). blocks: the ranks and the verify order by
+    comparing every pair of candidates, a block of them at a time (KernelOptions.tree_select_blocks;
+    the same outputs; before passes). CUDA (or the Triton interpreter); no host sync."""
     count, dev = tokens.shape[0], tokens.device
     T = min(most, count)
     W = depth + 1
@@ -459,7 +486,7 @@ def tree_select(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     _select_kernel()[(1,)](tokens, parents, depths, scores, d2t, n, root, rank, index, out.tokens, out.parents,
                            out.depths, out.scores, out.ids, out.positions, out.slots, out.slot_map, out.map_base,
                            count, T=T, CP=CP, D=depth, W=W, WP=next_pow2(W), TP=next_pow2(T + 1), PASSES=passes,
-                           num_warps=4, **pdl_args(dev, pdl))
+                           BLOCKS=blocks, RB=_SELECT_BLOCK, num_warps=4, **pdl_args(dev, pdl))
     return out
 
 

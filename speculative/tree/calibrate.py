@@ -31,7 +31,8 @@ PROMPTS = ("Explain in two sentences why the sky is blue.",
 
 
 # the kernel switches, besides tree_level, that change what a tree step costs
-TREE_SWITCHES = ("rope_in_tree", "draft_rows", "tree_kv_move", "tree_select_passes", "tree_level_keys")
+TREE_SWITCHES = ("rope_in_tree", "draft_rows", "tree_kv_move", "tree_select_passes", "tree_level_keys",
+                 "tree_select_blocks")
 
 
 def cache_key(engine) -> str:

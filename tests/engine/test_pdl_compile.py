@@ -131,10 +131,12 @@ def _kernels():
         ("tree level keys", tree_level._kernels(),
          dict(K=6, KP=8, CP=64, ROOT=False, NEXT=True, DEPTH=4, MAPW=6, MAPWP=8, BLOCK=8192, ONE=True, KEYS=True), 8,
          {**_TREE_POINTERS, "logits_ptr": "*bf16"}),
-        ("tree select", tree_level._select_kernel(), dict(T=12, CP=32, D=3, W=4, WP=4, TP=16, PASSES=False), 4,
-         _SELECT_POINTERS),
-        ("tree select passes", tree_level._select_kernel(), dict(T=15, CP=512, D=8, W=9, WP=16, TP=16, PASSES=True), 4,
-         _SELECT_POINTERS),
+        ("tree select", tree_level._select_kernel(),
+         dict(T=12, CP=32, D=3, W=4, WP=4, TP=16, PASSES=False, BLOCKS=False, RB=32), 4, _SELECT_POINTERS),
+        ("tree select passes", tree_level._select_kernel(),
+         dict(T=15, CP=512, D=8, W=9, WP=16, TP=16, PASSES=True, BLOCKS=False, RB=32), 4, _SELECT_POINTERS),
+        ("tree select blocks", tree_level._select_kernel(),
+         dict(T=15, CP=512, D=8, W=9, WP=16, TP=16, PASSES=False, BLOCKS=True, RB=32), 4, _SELECT_POINTERS),
         ("tree accept", tree_level._accept_kernel(), dict(D=5, NP=16, DP=8), 1,
          {"choice_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "root_ptr": "*i64",
           "count_ptr": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64", "rows_ptr": "*i64", "ext_pos_ptr": "*i64"}),
@@ -165,7 +167,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 47  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 48  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

@@ -150,13 +150,13 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
 @pytest.mark.parametrize("shape,kv_move", [(TreeShape(3, 3, 12), False), (TreeShape(4, 4, 20), False),
                                            (TreeShape(4, 4, 20), True)],
-                         ids=["3,3,12", "4,4,20", "4,4,20 kv move, select passes, level keys"])
+                         ids=["3,3,12", "4,4,20", "4,4,20 kv move, select blocks, level keys"])
 def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv_move, monkeypatch):
     """The engine's tree step (the one a GPU captures: slot maps) with the tree kernels grows the
     trees the torch ops grow and answers as plain greedy decoding; sampled, it draws the torch
     path's tokens from the same seed. kv move: the accepted nodes' K/V moved in one launch
-    (KernelOptions.tree_kv_move), the kept nodes ranked by passes (tree_select_passes) and the
-    levels' picks by packed keys (tree_level_keys)."""
+    (KernelOptions.tree_kv_move), the kept nodes ranked by every pair compared (tree_select_blocks,
+    which goes before tree_select_passes) and the levels' picks by packed keys (tree_level_keys)."""
     from speculative.eagle3.tree_loop import TreeDrafting
     from tests.speculative.heads import head_tensors, write_head
     from tests.speculative.test_tree_engine import _engine, _run, _set_tree
@@ -165,6 +165,7 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv
     monkeypatch.setenv("LOCALCHAT_TREE_KV_MOVE", "1" if kv_move else "0")
     monkeypatch.setenv("LOCALCHAT_TREE_SELECT_PASSES", "1" if kv_move else "0")
     monkeypatch.setenv("LOCALCHAT_TREE_LEVEL_KEYS", "1" if kv_move else "0")
+    monkeypatch.setenv("LOCALCHAT_TREE_SELECT_BLOCKS", "1" if kv_move else "0")
     moves = []
     if kv_move:
         import speculative.eagle3.tree_loop as tree_loop
@@ -224,12 +225,14 @@ def test_paths_through_later_siblings_with_the_level_kernel(tmp_path):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(8, 6, 48), TreeShape(2, 1, 2),
                                    TreeShape(3, 4, 30), TreeShape(6, 8, 15)])
-@pytest.mark.parametrize("passes", [False, True], ids=["loops", "passes"])
-def test_tree_select_equals_its_reference(device, shape, passes):
+@pytest.mark.parametrize("passes,blocks", [(False, False), (True, False), (False, True)],
+                         ids=["loops", "passes", "blocks"])
+def test_tree_select_equals_its_reference(device, shape, passes, blocks):
     """The kept nodes in verify order and the verify rows' inputs (ids, positions, slots, slot map)
     from one launch: grow_tree's selection and tree_slot_map's, on trees grown from a random head
     (ties among the scores too: the lower index, the shallower, first), with the ranks from loops
-    over the candidates or from passes over the scores (KernelOptions.tree_select_passes)."""
+    over the candidates, from passes over the scores (KernelOptions.tree_select_passes) or from
+    every pair compared a block at a time (tree_select_blocks)."""
     from speculative.kernels.tree_level import tree_select
     from speculative.tree.grow import verify_rows_ref
 
@@ -243,7 +246,7 @@ def test_tree_select_equals_its_reference(device, shape, passes):
                           fused=False, select=False)
         n, root = torch.tensor(29, device=device), torch.tensor([7], device=device)
         got = tree_select(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, d2t, n, root,
-                          shape.depth, passes=passes)
+                          shape.depth, passes=passes, blocks=blocks)
         want = verify_rows_ref(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, d2t, n, root,
                                shape.depth)
         for name in ("tokens", "parents", "depths", "scores", "ids", "positions", "slots", "slot_map", "map_base"):
