@@ -149,10 +149,10 @@ class KernelOptions:
     # its step on an H200; 6,8,15's select still takes 81 us on an H100 with them, 4,4,8's 5).
     # LOCALCHAT_TREE_SELECT_PASSES=0: the loops.
     tree_select_passes: bool = True
-    # Before those, tree_select compares every pair of candidates, a block of 32 at a time:
-    # count / 32 steps that do not wait on each other's sums instead of TOKENS dependent
-    # reductions (6,8,15's select took 81 us on an H100 with the passes). Off until timed on a GPU:
-    # LOCALCHAT_TREE_SELECT_BLOCKS=1 turns it on.
+    # With it (taking precedence over the passes), tree_select compares every pair of candidates,
+    # a block of 32 at a time: count / 32 steps that do not wait on each other's sums instead of
+    # TOKENS dependent reductions (6,8,15's select took 81 us on an H100 with the passes). Off until
+    # timed on a GPU: LOCALCHAT_TREE_SELECT_BLOCKS=1 turns it on.
     tree_select_blocks: bool = False
     # With it, each of tree_level's picks is one reduction of a value and its index packed in an
     # int64 key instead of two (a maximum, then the lowest index holding it): about half of a
