@@ -233,26 +233,27 @@ def main() -> None:
     greedy = answers(0.0, 0)
     report["greedy_answers"] = measure(teacher, draft, draft_ids, greedy, args.temperature, args.depth)
     sampled = [s for seed in range(args.samples) for s in answers(args.temperature, 1 + seed)]
-    report["sampled_answers"] = measure(teacher, draft, draft_ids, sampled, args.temperature, args.depth)
-    for field in ("greedy_accept_len_every_start", "greedy_accept_len_walked"):  # greedy answers' only
-        report["sampled_answers"].get("chain", {}).pop(field, None)
+    if sampled:  # --samples 0: greedy answers only
+        report["sampled_answers"] = measure(teacher, draft, draft_ids, sampled, args.temperature, args.depth)
+        for field in ("greedy_accept_len_every_start", "greedy_accept_len_walked"):  # greedy answers' only
+            report["sampled_answers"].get("chain", {}).pop(field, None)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     args.out.write_text(json.dumps(report, indent=1))
     cols = ("positions", "overlap", "kl", "outside", "entropy", "top1")
     print(f"{'answers':<16}" + "".join(f"{c:>10}" for c in cols))
-    for name in ("greedy_answers", "sampled_answers"):
+    for name in [n for n in ("greedy_answers", "sampled_answers") if n in report]:
         r = report[name]
         parts = [*((f"  pos {k}", v) for k, v in r["by_span"].items()),
                  *((f"  H {k}", v) for k, v in r["by_entropy"].items())]
         for label, s in [(name.split("_")[0], r), *parts]:
             print(f"{label:<16}" + "".join(f"{s[c]:>10}" for c in cols))
     if args.depth > 1:
-        for name in ("greedy_answers", "sampled_answers"):
+        for name in [n for n in ("greedy_answers", "sampled_answers") if n in report]:
             c = report[name]["chain"]
             walked_len = f"; greedy chains walked {c['greedy_accept_len_walked']}" if "greedy_accept_len_walked" in c else ""
             print(f"{name.split('_')[0]}: chains of {args.depth}: overlap by depth {c['overlap_by_depth']}, "
                   f"estimated accepted length at T {c['estimated_accept_len']}{walked_len}")
-    assert not math.isnan(report["sampled_answers"]["overlap"])
+    assert not math.isnan(report.get("sampled_answers", report["greedy_answers"])["overlap"])
 
 
 if __name__ == "__main__":
