@@ -287,8 +287,10 @@ def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torc
 
 def tree_level_ref(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torch.Tensor, parents: torch.Tensor,
                    scores: torch.Tensor, grown: int, k: int, next_frontier: torch.Tensor,
-                   inputs: LevelInputs | None = None, depth: int = 0) -> None:
-    """tree_level in torch ops: a stable sort gives the order (ties to the lower index)."""
+                   inputs: LevelInputs | None = None, depth: int = 0, keys: bool = False) -> None:
+    """tree_level in torch ops: a stable sort gives the order (ties to the lower index). keys is
+    accepted and has nothing to choose (tree_level gives the same outputs either way), so that the
+    reference stands in for tree_level wherever that is called (grow_tree's fused levels in tests)."""
     rows = logits.shape[0]
     lp = torch.log_softmax(logits.float(), dim=-1)
     order = torch.sort(lp, dim=-1, descending=True, stable=True)
