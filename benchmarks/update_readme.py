@@ -43,15 +43,18 @@ ROWS = (
     ("spec", "greedy speculation, demo model + its 2 MTP layers (retrained on the request sets), k = 2, the "
      "first 8 of the requests",
      UNSEEN + " --draft demo-mtp --prompts 8", "h200_demo_share_sms_mtp.json"),
-    ("spec", "H100: greedy speculation, demo model + its EAGLE-3 head, the 12 requests, `--tree auto` (its "
-     "calibration kept chains, k = 5; the first-load measurement kept the runners-up)",
-     UNSEEN + " --prompts 12 --tree auto", "h100_demo_tree_auto_defaults.json"),
+    ("spec", "H100: greedy speculation, demo model + its EAGLE-3 head, the 12 requests, chains (k = 5) with the "
+     "head's runners-up verified beside them", UNSEEN + " --prompts 12 --runners-up on", "h100_demo_runners_up_on.json"),
     ("spec", "H100: the same with draft trees 4,8,15 (16 rows verified a step)", UNSEEN + " --prompts 12 --tree 4,8,15",
-     "h100_demo_tree_4-8-15_defaults.json"),
+     "h100_demo_tree_4-8-15_cuts.json"),
     ("spec", "H100: the same with draft trees 4,4,8", UNSEEN + " --prompts 12 --tree 4,4,8",
-     "h100_demo_tree_4-4-8_defaults.json"),
-    ("spec", "H100: the same with chains (the first-load measurement: the chain alone, no runners-up)",
-     UNSEEN + " --prompts 12 --tree off", "h100_demo_tree_off_defaults.json"),
+     "h100_demo_tree_4-4-8_cuts.json"),
+    ("spec", "H100: the same with the chain alone", UNSEEN + " --prompts 12 --runners-up off",
+     "h100_demo_runners_up_off.json"),
+    ("spec", "H100: the chain at temperature 0.7, all 24 requests", UNSEEN + " --temperature 0.7 --prompts 24",
+     "h100_demo_t07_chain.json"),
+    ("spec", "H100: greedy speculation, demo model + its 2 MTP layers, k = 2, the first 8 of the requests",
+     UNSEEN + " --draft demo-mtp --prompts 8", "h100_demo_mtp.json"),
     ("spec", "8B shape, random head forced to a published EAGLE-3 head's spread (3.5 tokens per verify step on "
      "average), k = 5; runners-up chosen by measurement, as the app chooses them (the chain alone: the forced "
      "spread never takes a runner-up)",
