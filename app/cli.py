@@ -162,7 +162,12 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="an EAGLE-3 head (default) or chained MTP layers")
     p.add_argument("--data", default=None, help="JSONL conversations, or a local chitchat-dataset wheel (default: chitchat-dataset from PyPI)")
     p.add_argument("--draft-vocab", type=int, default=None,
-                   help="draft vocabulary size (default 8192, or --init's)")
+                   help="draft vocabulary size (default 8192, or --init's; with --init a larger size grows the "
+                        "head's vocabulary: its tokens keep their rows and the most frequent others join)")
+    p.add_argument("--int8-lm-head", action="store_true",
+                   help="EAGLE-3: save the head's lm_head as int8 rows with a scale each, half the bytes of bf16 "
+                        "(for a large draft vocabulary; such a head loads in localchat, not in tools that read "
+                        "bf16 tensors only)")
     p.add_argument("--draft-intermediate", type=int, default=None,
                    help="EAGLE-3: the head's MLP width (default: the target's intermediate size, or --init's)")
     p.add_argument("--init", default=None, metavar="HEAD",

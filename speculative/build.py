@@ -12,6 +12,7 @@ from engine.config_checks import read_json
 from engine.errors import ModelLoadError
 from engine.uninitialized import build_uninitialized
 from engine.ops import Ops
+from engine.weights.int8_rows import widen_int8_rows
 from engine.weights.load import load_weights
 
 from speculative.eagle3.config import DraftConfig
@@ -79,7 +80,7 @@ def build_eagle3(folder: Path, runner, target_cfg, draft_steps: int, target_name
 
     def tensors():
         nonlocal d2t_seen
-        for name, t in iter_tensors(files):
+        for name, t in widen_int8_rows(iter_tensors(files), folder.name):  # an lm_head kept as int8 rows
             if name == "d2t":
                 d2t_seen = True
                 if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:

@@ -16,7 +16,7 @@ from engine.errors import UserError
 
 from speculative.train.options import TrainOptions, command_line
 from speculative.train.progress import log as _log
-from speculative.train.prepare import choose_draft_vocab, prepare_data, reply_cache, vocab_coverage
+from speculative.train.prepare import choose_draft_vocab, grow_draft_vocab, prepare_data, reply_cache, vocab_coverage
 from speculative.train.target import start_run
 
 
@@ -34,6 +34,8 @@ def cmd_train(args) -> int:
                 if getattr(args, "init", None):
                     raise UserError("--init starts an EAGLE-3 head from another; MTP layers start from the target's "
                                     "last block")
+                if getattr(args, "int8_lm_head", False):
+                    raise UserError("--int8-lm-head stores an EAGLE-3 head's lm_head; MTP layers use the target's")
                 if getattr(args, "soft_temperature", None) is not None:
                     raise UserError("--soft-temperature sets an EAGLE-3 head's loss; MTP layers learn the target's "
                                     "top-64 probabilities as they are")
@@ -127,6 +129,9 @@ def _train_eagle3(args) -> int:
 
     if resume:
         draft_ids, coverage = resume["draft_ids"].to(dev), resume["coverage"]
+    elif init and opts.draft_vocab > init.draft_ids.numel():
+        draft_ids, coverage = grow_draft_vocab(text, gen, cfg.vocab_size, init.draft_ids.to(dev), opts.draft_vocab)
+        _log(f"growing the --init head's draft vocabulary from {init.draft_ids.numel()} to {opts.draft_vocab} tokens")
     elif init:
         draft_ids = init.draft_ids.to(dev)
         coverage = vocab_coverage(text, gen, cfg.vocab_size, draft_ids)
@@ -138,7 +143,7 @@ def _train_eagle3(args) -> int:
     if resume:
         draft.load_state_dict(resume["draft"])
     elif init:
-        init.load_into(draft)
+        init.load_into(draft, draft_ids)
         _log(f"starting from the head in {opts.init}")
 
     from speculative.train.loop import final_checks, train, val_rows, validate
@@ -163,7 +168,7 @@ def _train_eagle3(args) -> int:
     t = time.perf_counter()
     from speculative.train.export import head_readme, save_head, write_provenance
 
-    save_head(opts.out, config, draft, cfg.vocab_size)  # first: a failing check below loses nothing
+    save_head(opts.out, config, draft, cfg.vocab_size, opts.int8_lm_head)  # first: a failing check below loses nothing
     earlier = list(resume.get("parts") or []) if resume else []  # the parts before this one
     if res.interrupted:
         this_part = {"wall_s": round(time.perf_counter() - t_start, 1), "steps": ran}
@@ -188,7 +193,8 @@ def _train_eagle3(args) -> int:
         "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1) if dev.type == "cuda" else None, "phases_s": {k: round(v, 1) for k, v in phases.items()},
         "draft_vocab_size": opts.draft_vocab, "aux_layer_ids_input": list(aux_ids),
         "draft_vocab_coverage": coverage,
-        **({"init": {"head": opts.init, "sha256": init.sha256}} if init else {}),
+        **({"init": {"head": opts.init, "sha256": init.sha256, "draft_vocab_size": init.draft_ids.numel()}}
+           if init else {}),
         "data": data.provenance(),
         "train": {**{k: v for k, v in asdict(opts).items() if k not in ("out", "model", "data")},
                   "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
@@ -221,8 +227,10 @@ def _init_draft(loaded, aux_ids, draft_ids: torch.Tensor, opts: TrainOptions):
 
 
 def _shape_of_init(opts: TrainOptions, args) -> TrainOptions:
-    """With --init, the head's draft vocabulary and MLP width are the run's; a different one asked
-    for on the command line is refused (the weights could not carry over)."""
+    """With --init, the head's draft vocabulary and MLP width are the run's; a different MLP width
+    asked for on the command line is refused (the weights could not carry over), and so is a smaller
+    vocabulary. A larger --draft-vocab grows the head's: its tokens keep their rows, and the most
+    frequent others join (grow_draft_vocab; _Init.load_into)."""
     if not opts.init:
         return opts
     import dataclasses
@@ -239,11 +247,15 @@ def _shape_of_init(opts: TrainOptions, args) -> TrainOptions:
     if not isinstance(vocab, int) or not isinstance(width, int):
         raise UserError(f"--init {folder}: config.json names no draft_vocab_size and intermediate_size; "
                         "give the folder of an EAGLE-3 head")
-    for flag, asked, has in (("--draft-vocab", getattr(args, "draft_vocab", None), vocab),
-                             ("--draft-intermediate", getattr(args, "draft_intermediate", None), width)):
-        if asked is not None and asked != has:
-            raise UserError(f"{flag} {asked}: the --init head has {has}; leave {flag} out to keep it")
-    return dataclasses.replace(opts, draft_vocab=vocab, draft_intermediate=width, init=str(folder))
+    asked = getattr(args, "draft_vocab", None)
+    if asked is not None and asked < vocab:
+        raise UserError(f"--draft-vocab {asked}: the --init head has {vocab} tokens; a vocabulary can grow "
+                        "from there, not shrink (leave --draft-vocab out to keep it)")
+    asked_width = getattr(args, "draft_intermediate", None)
+    if asked_width is not None and asked_width != width:
+        raise UserError(f"--draft-intermediate {asked_width}: the --init head has {width}; "
+                        "leave --draft-intermediate out to keep it")
+    return dataclasses.replace(opts, draft_vocab=max(vocab, asked or 0), draft_intermediate=width, init=str(folder))
 
 
 def _init_folder(spec: str, model: str) -> Path:
@@ -273,10 +285,22 @@ class _Init:
     def __init__(self, folder: Path, tensors: dict, draft_ids: torch.Tensor, sha256: str):
         self.folder, self.tensors, self.draft_ids, self.sha256 = folder, tensors, draft_ids, sha256
 
-    def load_into(self, draft) -> None:
+    def load_into(self, draft, draft_ids: torch.Tensor) -> None:
+        """The head's weights into `draft`, whose draft vocabulary `draft_ids` holds the head's own
+        tokens, and where it was grown, more: a kept token's lm_head row is the head's, a new
+        token's the target's row (what `draft` starts with), scaled to the head's rows' mean norm."""
         from engine.weights.load import load_weights
 
-        load_weights(draft, ((k, v) for k, v in self.tensors.items() if k != "d2t"), f"--init {self.folder}")
+        tensors = {k: v for k, v in self.tensors.items() if k not in ("d2t", "t2d")}
+        if draft_ids.numel() != self.draft_ids.numel():
+            own = tensors["lm_head.weight"].float()
+            at = torch.searchsorted(draft_ids.cpu(), self.draft_ids)  # the head's tokens among the grown ones
+            rows = draft.lm_head.weight.detach().float().cpu()
+            scale = own.norm(dim=1).mean() / rows[at].norm(dim=1).mean().clamp_min(1e-12)
+            grown = rows * scale
+            grown[at] = own
+            tensors["lm_head.weight"] = grown
+        load_weights(draft, tensors.items(), f"--init {self.folder}")
 
 
 def _read_init(opts: TrainOptions, loaded, aux_ids, target_name: str) -> _Init:
@@ -287,6 +311,7 @@ def _read_init(opts: TrainOptions, loaded, aux_ids, target_name: str) -> _Init:
 
     from engine.errors import ModelLoadError
     from engine.weights.checkpoint import iter_tensors, weight_files
+    from engine.weights.int8_rows import widen_int8_rows
     from speculative.build import check_d2t
     from speculative.eagle3.config import DraftConfig
     from speculative.train.export import head_config
@@ -298,10 +323,11 @@ def _read_init(opts: TrainOptions, loaded, aux_ids, target_name: str) -> _Init:
         dc.check_fits(cfg, folder.name, target_name)
         files = weight_files(folder)
         # copies: a .bin tensor is a view of the file's mapping, and these are kept until the data is ready
-        tensors = {name: t.clone() for name, t in iter_tensors(files)}
+        tensors = {name: t.clone() for name, t in widen_int8_rows(iter_tensors(files), folder.name)}
     except ModelLoadError as e:
         raise UserError(f"--init: {e}") from None
-    want = DraftConfig.from_hf(head_config(cfg, opts.draft_vocab, aux_ids, opts.draft_intermediate), cfg)
+    # the vocabulary may grow (_shape_of_init): the rest of the head must be what this run builds
+    want = DraftConfig.from_hf(head_config(cfg, dc.draft_vocab_size, aux_ids, opts.draft_intermediate), cfg)
     differ = [f.name for f in dataclasses.fields(DraftConfig)
               if f.name != "format" and getattr(dc, f.name) != getattr(want, f.name)]
     if differ:

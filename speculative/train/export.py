@@ -52,8 +52,9 @@ def head_config(target: ModelConfig, draft_vocab: int, aux_layer_ids: tuple[int,
     return cfg
 
 
-def head_tensors(draft, target_vocab: int) -> dict[str, torch.Tensor]:
-    """Checkpoint names and bf16 tensors; fused qkv / gate_up split back into the Hub's names."""
+def head_tensors(draft, target_vocab: int, int8_lm_head: bool = False) -> dict[str, torch.Tensor]:
+    """Checkpoint names and bf16 tensors; fused qkv / gate_up split back into the Hub's names.
+    int8_lm_head: lm_head as int8 rows and their scales instead (engine/weights/int8_rows.py)."""
     sd = {k: v.detach() for k, v in draft.state_dict().items() if k not in ("d2t", "cos_sin")}
     out: dict[str, torch.Tensor] = {}
     layer = draft.midlayer
@@ -67,6 +68,10 @@ def head_tensors(draft, target_vocab: int) -> dict[str, torch.Tensor]:
         else:
             out[name] = t
     out = {k: v.to(torch.bfloat16).contiguous().cpu() for k, v in out.items()}
+    if int8_lm_head:
+        from engine.weights.int8_rows import SCALE, quantize_rows
+
+        out["lm_head.weight"], out["lm_head.weight" + SCALE] = (t.cpu() for t in quantize_rows(draft.lm_head.weight))
     d2t = draft.d2t.detach().cpu().long()
     out["d2t"] = d2t.contiguous()
     t2d = torch.zeros(target_vocab, dtype=torch.bool)
@@ -75,13 +80,14 @@ def head_tensors(draft, target_vocab: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_head(folder: Path, config: dict, draft, target_vocab: int) -> None:
+def save_head(folder: Path, config: dict, draft, target_vocab: int, int8_lm_head: bool = False) -> None:
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(head_tensors(draft, target_vocab), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(head_tensors(draft, target_vocab, int8_lm_head), str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
 
 
 def write_provenance(folder: Path, prov: dict, readme: str, log) -> None:
@@ -120,6 +126,11 @@ def head_readme(p: dict) -> str:
         f"aux states from target layers {p['aux_layer_ids_input']} (inputs of those layers; config.json "
         "stores them as output-of-layer ids, one less), reduced vocabulary of "
         f"{p['draft_vocab_size']} tokens (`d2t`: target = draft + d2t[draft]).",
+        *([] if not p["train"].get("int8_lm_head") else [
+            "",
+            "Its lm_head is stored as int8 rows (`lm_head.weight`) with a float32 scale each "
+            "(`lm_head.weight_scale`): localchat widens it on load; tools that read bf16 tensors only "
+            "cannot load this head."]),
         "",
         "## Data",
         "",
@@ -148,8 +159,12 @@ def _init_lines(p: dict) -> list[str]:
     init = p.get("init")
     if not init:
         return []
+    had = init.get("draft_vocab_size", p["draft_vocab_size"])
+    kept = ("its draft vocabulary and MLP width were kept." if had == p["draft_vocab_size"] else
+            f"its MLP width was kept, and its draft vocabulary of {had} tokens grown to {p['draft_vocab_size']} "
+            "(its tokens kept their rows; the new ones started from the target's, scaled to the head's).")
     lines = [f"- Started from the head in `{init['head']}` (model.safetensors sha256 {init['sha256']}), not a "
-             "fresh one; its draft vocabulary and MLP width were kept."]
+             f"fresh one; {kept}"]
     before = init.get("provenance")
     if before:
         lines.append(f"- That head was trained by `{before['command']}` in {before['wall_s']:.0f} s "

@@ -70,6 +70,9 @@ class TrainOptions:
     # instead of a fresh one: as given, then its folder (command._shape_of_init); a string so that
     # the provenance and a checkpoint's settings keep it.
     init: str | None = None
+    # --int8-lm-head: the saved head's lm_head as int8 rows with a scale each (engine/weights/int8_rows.py),
+    # half the bytes of bf16, for a draft vocabulary too large to fit a bounded size otherwise
+    int8_lm_head: bool = False
 
     def __post_init__(self) -> None:
         for name in ("draft_vocab", "steps", "seq_len", "batch_tokens", "ttt_steps", "mtp_layers"):
@@ -131,7 +134,8 @@ class TrainOptions:
                    reply_temperature=float(opt("reply_temperature", 0.7, 0.7)),
                    instruct_frac=float(opt("instruct_frac", 0.4, 0.4)),
                    prompt_sets=parse_sets(getattr(args, "prompt_sets", None)),
-                   init=str(args.init).strip() or None if getattr(args, "init", None) else None)
+                   init=str(args.init).strip() or None if getattr(args, "init", None) else None,
+                   int8_lm_head=bool(getattr(args, "int8_lm_head", False)))
 
 
 def feature_cache_bytes(opts: TrainOptions, device: torch.device) -> TrainOptions:
@@ -162,6 +166,8 @@ def command_line(args, resume: bool | None = None) -> str:
             continue  # flags the other kind ignores
         if value is not None:
             parts += [f"--{name.replace('_', '-')}", str(value)]
+    if getattr(args, "int8_lm_head", False) and getattr(args, "kind", None) != "mtp":
+        parts.append("--int8-lm-head")
     if (getattr(args, "resume", False) if resume is None else resume):
         parts.append("--resume")
     return " ".join(parts)

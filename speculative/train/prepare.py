@@ -219,6 +219,18 @@ def choose_draft_vocab(text: list[Sequence], gen: list[Sequence], vocab: int, si
     return chosen.to(dev), _coverage(c_text, c_gen if gen else None, chosen)
 
 
+def grow_draft_vocab(text: list[Sequence], gen: list[Sequence], vocab: int, kept: torch.Tensor, size: int):
+    """An --init head's draft vocabulary `kept` grown to `size`: its tokens, and the most frequent
+    others as choose_draft_vocab counts them, sorted by id. Returns (ids on kept's device, coverage
+    figures)."""
+    c_text, c_gen = _counts(text, False, vocab), _counts(gen, True, vocab)
+    count = c_text + 4 * c_gen
+    count[kept.cpu()] = -1.0  # below any token's count: never chosen again
+    extra = torch.topk(count, size - kept.numel()).indices
+    chosen = torch.cat([kept.cpu(), extra]).sort().values
+    return chosen.to(kept.device), _coverage(c_text, c_gen if gen else None, chosen)
+
+
 def vocab_coverage(text: list[Sequence], gen: list[Sequence], vocab: int, chosen: torch.Tensor) -> dict:
     """The coverage figures of a draft vocabulary chosen before (an --init head's)."""
     return _coverage(_counts(text, False, vocab), _counts(gen, True, vocab) if gen else None, chosen.cpu())

@@ -640,7 +640,8 @@ def test_init_starts_from_a_head(tmp_path):
                                    "draft_vocab": None, "draft_intermediate": None, **changes}))
         assert not (tmp_path / "bad").exists()
 
-    refused(r"--draft-vocab 128: the --init head has 96", draft_vocab=128)
+    refused(r"--draft-vocab 64: the --init head has 96 tokens; a vocabulary can grow from there, not shrink",
+            draft_vocab=64)
     refused(r"--draft-intermediate 64: the --init head has 40", draft_intermediate=64)
     refused("no such file or folder", init=str(tmp_path / "nowhere"))
     refused("MTP layers start from the target's last block", kind="mtp")
@@ -664,6 +665,53 @@ def test_init_starts_from_a_head(tmp_path):
     tensors["d2t"][1] = tensors["d2t"][0] - 1  # draft token 1 now stands for draft token 0's target
     save_file(tensors, str(twice / "model.safetensors"))
     refused("maps two draft tokens to the same target token", init=str(twice))
+
+
+def test_init_grows_the_draft_vocabulary_and_keeps_an_int8_lm_head(tmp_path):
+    """--init HEAD --draft-vocab N (N above the head's): the head's tokens keep their rows, the most
+    frequent others join with the target's rows scaled to the head's; --int8-lm-head saves the
+    lm_head as int8 rows with a scale each, which the engine widens on load (the run's own check
+    decodes with it, lossless); the README and provenance say both."""
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl", n=60)
+    first = tmp_path / "first"
+    args = Namespace(model=str(target), out=str(first), kind="eagle3", data=str(data), draft_vocab=96, steps=3,
+                     device="cpu", seq_len=128, batch_tokens=512, gen=2, prompt_sets="instruct", gen_tokens=12,
+                     eval_every=0, eval_prompts=0, lr=2e-3, time_budget=None, draft_intermediate=40)
+    assert cmd_train(args) == 0
+    grown = tmp_path / "grown"
+    assert cmd_train(Namespace(**{**vars(args), "out": str(grown), "init": str(first), "draft_vocab": 160,
+                                  "draft_intermediate": None, "steps": 1, "lr": 1e-12, "eval_prompts": 1,
+                                  "int8_lm_head": True})) == 0
+    with safe_open(str(first / "model.safetensors"), framework="pt") as a, \
+            safe_open(str(grown / "model.safetensors"), framework="pt") as b:
+        old_ids = a.get_tensor("d2t") + torch.arange(96)
+        new_ids = b.get_tensor("d2t") + torch.arange(160)
+        old_rows, q, scale = (a.get_tensor("lm_head.weight").float(), b.get_tensor("lm_head.weight"),
+                              b.get_tensor("lm_head.weight_scale"))
+        for name in a.keys():  # the rest of the head carries over as it was
+            if name not in ("d2t", "t2d", "lm_head.weight"):
+                assert torch.equal(a.get_tensor(name), b.get_tensor(name)), name
+        assert int(b.get_tensor("t2d").sum()) == 160
+    assert q.dtype == torch.int8 and q.shape == (160, old_rows.shape[1]) and scale.shape == (160,)
+    assert bool(torch.isin(old_ids, new_ids).all()) and bool((new_ids.diff() > 0).all())
+    at = torch.searchsorted(new_ids, old_ids)
+    rows = q.float() * scale[:, None]
+    assert (rows[at] - old_rows).abs().max() <= scale[at].max() / 2 + 1e-2 * old_rows.abs().max()
+    new = torch.ones(160, dtype=torch.bool)
+    new[at] = False
+    ratio = rows[new].norm(dim=1).mean() / old_rows.norm(dim=1).mean()
+    assert 0.9 < float(ratio) < 1.1  # the target's rows scaled to the head's
+    prov = json.loads((grown / "provenance.json").read_text())
+    assert prov["draft_vocab_size"] == 160 and prov["init"]["draft_vocab_size"] == 96
+    assert "--draft-vocab 160" in prov["command"] and "--int8-lm-head" in prov["command"]
+    assert prov["final_eval"]["speculator"]["identical"] == prov["final_eval"]["speculator"]["prompts"] == 1
+    readme = (grown / "README.md").read_text()
+    assert "grown to 160" in readme and "int8 rows" in readme
+    assert json.loads((grown / "config.json").read_text())["draft_vocab_size"] == 160
+    with pytest.raises(UserError, match="--int8-lm-head stores an EAGLE-3 head's lm_head"):
+        cmd_train(Namespace(**{**vars(args), "kind": "mtp", "int8_lm_head": True, "draft_intermediate": None,
+                               "out": str(tmp_path / "bad")}))
 
 
 @pytest.mark.slow  # loads the demo model on the CPU
