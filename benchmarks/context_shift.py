@@ -24,7 +24,9 @@ tokens) and reports each depth's overlap and top-1, and over chains started at e
 position: the greedy chain's accepted length, exact on greedy answers (walked from the first
 position as the engine steps), and on either kind an estimate at T, 1 + the sum over depths of
 the product of the overlaps so far. Neither depends on a random draw, so two heads compare
-without the noise of a sampled bench run.
+without the noise of a sampled bench run. It also reports the share of answer tokens outside the
+head's draft vocabulary, and the greedy chains' accepted length with each of those counted as
+drafted: a bound on what a larger draft vocabulary (train-draft --init --draft-vocab) could give.
 
     python benchmarks/context_shift.py --requests 16 --new-tokens 192 --out shift.json
     python benchmarks/context_shift.py --requests 12 --new-tokens 256 --depth 5 --head HEAD --out chains.json
@@ -132,7 +134,9 @@ def measure(teacher, draft, draft_ids, seqs, temperature: float, depth: int = 1)
     estimated accepted length at `temperature`, and the greedy chain's exact one, walked."""
     model = teacher.model
     rows = {name: [] for name in ("overlap", "kl", "outside", "entropy", "top1", "pos")}
-    chains = {name: [] for name in ("overlap", "top1", "estimate", "greedy")}
+    chains = {name: [] for name in ("overlap", "top1", "estimate", "greedy", "oov", "greedy_oov_drafted")}
+    in_vocab = torch.zeros(model.lm_head.weight.shape[0], dtype=torch.bool)
+    in_vocab[draft_ids.cpu()] = True
     walks = [0, 0.0]
     inv = 1.0 / temperature
     for i, seq in enumerate(seqs):
@@ -151,6 +155,11 @@ def measure(teacher, draft, draft_ids, seqs, temperature: float, depth: int = 1)
             chains["estimate"].append(chain_acceptance(overlap, depth))
             exact = chain_acceptance(top1, depth)
             chains["greedy"].append(exact)
+            # what the tokens outside the head's vocabulary cost: the same chains with every such
+            # token counted as drafted (a bound on what a larger draft vocabulary could give)
+            oov = ~in_vocab[greedy.cpu()]
+            chains["oov"].append(oov.float())
+            chains["greedy_oov_drafted"].append(chain_acceptance(torch.maximum(top1, oov.float()[None]), depth))
             steps, made = walked(exact)
             walks[0] += steps
             walks[1] += made
@@ -189,6 +198,11 @@ def measure(teacher, draft, draft_ids, seqs, temperature: float, depth: int = 1)
             # the target's greedy tokens are the answer's only in greedy answers
             "greedy_accept_len_every_start": round(float(torch.cat(chains["greedy"]).mean()), 4),
             "greedy_accept_len_walked": round(walks[1] / max(walks[0], 1), 4),
+            "outside_vocab_share": round(float(torch.cat(chains["oov"]).mean()), 4),
+            "greedy_accept_len_every_start_outside_drafted": round(float(torch.cat(chains["greedy_oov_drafted"]).mean()), 4),
+            "top1_by_depth_inside_vocab": [round(float(x), 4) for x in
+                                           (t1 * (1 - torch.cat(chains["oov"]))[None]).sum(1)
+                                           / (1 - torch.cat(chains["oov"])).sum().clamp_min(1)],
         }
     return out
 

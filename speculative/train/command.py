@@ -285,14 +285,14 @@ class _Init:
     def __init__(self, folder: Path, tensors: dict, draft_ids: torch.Tensor, sha256: str):
         self.folder, self.tensors, self.draft_ids, self.sha256 = folder, tensors, draft_ids, sha256
 
-    def load_into(self, draft, draft_ids: torch.Tensor) -> None:
+    def load_into(self, draft, draft_ids: torch.Tensor | None = None) -> None:
         """The head's weights into `draft`, whose draft vocabulary `draft_ids` holds the head's own
         tokens, and where it was grown, more: a kept token's lm_head row is the head's, a new
         token's the target's row (what `draft` starts with), scaled to the head's rows' mean norm."""
         from engine.weights.load import load_weights
 
         tensors = {k: v for k, v in self.tensors.items() if k not in ("d2t", "t2d")}
-        if draft_ids.numel() != self.draft_ids.numel():
+        if draft_ids is not None and draft_ids.numel() != self.draft_ids.numel():
             own = tensors["lm_head.weight"].float()
             at = torch.searchsorted(draft_ids.cpu(), self.draft_ids)  # the head's tokens among the grown ones
             rows = draft.lm_head.weight.detach().float().cpu()
