@@ -162,7 +162,7 @@ def _init_lines(p: dict) -> list[str]:
     had = init.get("draft_vocab_size", p["draft_vocab_size"])
     kept = ("its draft vocabulary and MLP width were kept." if had == p["draft_vocab_size"] else
             f"its MLP width was kept, and its draft vocabulary of {had} tokens grown to {p['draft_vocab_size']} "
-            "(its tokens kept their rows; the new ones started from the target's, scaled to the head's).")
+            "(its tokens kept their rows; the new ones started from the target's, at a tenth of the head's norm).")
     lines = [f"- Started from the head in `{init['head']}` (model.safetensors sha256 {init['sha256']}), not a "
              f"fresh one; {kept}"]
     before = init.get("provenance")
