@@ -38,6 +38,7 @@ def _buffers(count, g, device):
     (200, 3, 1, torch.float32, False),  # the root
     (200, 3, 3, torch.float32, False),
     (6151, 4, 4, torch.bfloat16, False),  # several blocks a row; the lean draft's bf16 logits
+    (15360, 4, 4, torch.bfloat16, False),  # a grown draft vocabulary: the largest row held in registers
     (50, 8, 8, torch.float32, True),  # ten equal logits a row: the lower index first
     (5, 5, 5, torch.float32, False),  # every token a child
     (8, 8, 3, torch.float32, "zeros"),  # every token a child: zeros of both signs tie, then -inf ones
