@@ -48,18 +48,19 @@ def _tree(text: str):
 
 
 def _model_options(p: argparse.ArgumentParser,
-                   no_spec_help: str = "decode without speculation; no draft is loaded") -> None:
+                   no_spec_help: str = "decode without speculation; no draft is loaded", tree_default: str = "auto") -> None:
     p.add_argument("--model", default="demo", help="Hub repo id, local folder, .gguf file, or 'demo' (default)")
     p.add_argument("--draft", default=None, help="draft model (EAGLE-3 head or MTP); 'none' disables the default")
     p.add_argument("--no-spec", action="store_true", help=no_spec_help)
     p.add_argument("--draft-steps", type=int, default=None, help="draft tokens per step, k (default 5)")
-    p.add_argument("--tree", type=_tree, default=None, metavar="off|auto|TOPK,DEPTH,TOKENS",
+    # argparse converts a string default with type=, so the default is "auto" or None (off)
+    p.add_argument("--tree", type=_tree, default=tree_default, metavar="off|auto|TOPK,DEPTH,TOKENS",
                    help="an EAGLE-3 head drafts a tree: the TOPK best tokens after each of the TOPK best nodes, "
                         "DEPTH levels, the best TOKENS nodes verified at once (e.g. 4,5,24); greedy answers are "
                         "plain decoding's, and a GPU runs each tree step as one CUDA graph. auto: the fastest of "
-                        "chains and a few trees, timed once "
-                        "for this model, draft and GPU and remembered (chains on a CPU). off (default): chains "
-                        "of --draft-steps")
+                        "chains and a few trees for greedy answers, timed once for this model, draft and GPU and "
+                        "remembered (chains on a CPU, and for sampled answers). off: chains of --draft-steps "
+                        f"(default: {tree_default})")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="context length to allocate (default: the model's, at most 8192)")
@@ -116,7 +117,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     """`localchat bench`: the model and what to time."""
     from benchmarks.harness.counts import FULL_BENCH, QUICK_BENCH  # light: the harness loads when bench runs
 
-    _model_options(p, no_spec_help="time plain decoding only, with no draft and with the draft loaded")
+    # bench times what it is told: chains unless --tree names a shape or auto
+    _model_options(p, no_spec_help="time plain decoding only, with no draft and with the draft loaded",
+                   tree_default="off")
     p.add_argument("--quick", action="store_true",
                    help=f"a first look in a minute: {QUICK_BENCH['prompts']} prompt, "
                         f"{QUICK_BENCH['new_tokens']} new tokens ({QUICK_BENCH['prompt_tokens']}-token prompts "

@@ -178,6 +178,43 @@ def test_a_download_that_breaks_off_is_status_1_from_run_and_download(hub_env, f
     assert download[0] == run[0] == 1 and "connection dropped" in run[1]
 
 
+def test_tree_auto_is_the_default_where_a_user_meets_it(monkeypatch):
+    """The app, run and serve start with --tree auto (a GPU times chains and a few trees once and
+    keeps the fastest for greedy answers; a CPU takes chains); bench times what it is told, chains
+    unless --tree says otherwise; --tree off is chains anywhere. The app hands auto to the engine."""
+    parser = build_parser()
+    assert parser.parse_args([]).tree == "auto"
+    assert parser.parse_args(["run", "hi"]).tree == "auto"
+    assert parser.parse_args(["serve"]).tree == "auto"
+    assert parser.parse_args(["bench"]).tree is None
+    assert parser.parse_args(["bench", "--tree", "auto"]).tree == "auto"
+    assert parser.parse_args(["run", "--tree", "off", "hi"]).tree is None
+    import app.tui as tui
+
+    seen = {}
+
+    class Engine:
+        speculator = SimpleNamespace(set_tree=lambda *a, **k: None)
+
+        @classmethod
+        def load(cls, model, **kwargs):
+            return cls()
+
+        def set_tree(self, tree, log=None):
+            seen["tree"] = tree
+
+    import engine as engine_package
+
+    monkeypatch.setattr(engine_package, "Engine", Engine)
+    import gc
+
+    try:
+        tui._load_engine("demo", tree=parser.parse_args([]).tree)(lambda text, fraction: None)
+    finally:
+        gc.unfreeze()  # the loader freezes the heap it leaves behind
+    assert seen["tree"] == "auto"
+
+
 def test_run_with_a_draft_tree(tmp_path, tiny_models, capsys):
     """`run --tree TOPK,DEPTH,TOKENS`: the same greedy tokens as chains, each verify step running
     the root and TOKENS nodes (verify_tokens in --json); bad shapes, auto and MTP are one line."""
