@@ -600,13 +600,9 @@ def test_draft_intermediate_sets_the_heads_mlp_and_reaches_the_command(tmp_path)
         cmd_train(Namespace(**{**vars(args), "kind": "mtp", "out": str(tmp_path / "bad")}))
 
 
-def test_init_starts_from_a_head(tmp_path):
-    """--init HEAD: the run starts from that head's weights and draft vocabulary (a step at a
-    negligible learning rate writes the same bf16 weights back), takes its shape, records it in
-    the provenance and the command; a head of another shape or kind, or a conflicting
-    --draft-vocab, gets a one-line error before any work."""
-    import shutil
-
+def _first_head(tmp_path):
+    """(the run's args, its data file, its head folder): a small head trained on a tiny target, for
+    the --init tests (96 draft tokens, MLP width 40)."""
     target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
     data = _write_data(tmp_path / "data.jsonl", n=60)
     first = tmp_path / "first"
@@ -614,6 +610,17 @@ def test_init_starts_from_a_head(tmp_path):
                      device="cpu", seq_len=128, batch_tokens=512, gen=2, prompt_sets="instruct", gen_tokens=12,
                      eval_every=0, eval_prompts=0, lr=2e-3, time_budget=None, draft_intermediate=40)
     assert cmd_train(args) == 0
+    return args, data, first
+
+
+def test_init_starts_from_a_head(tmp_path):
+    """--init HEAD: the run starts from that head's weights and draft vocabulary (a step at a
+    negligible learning rate writes the same bf16 weights back), takes its shape, records it in
+    the provenance and the command; a head of another shape or kind, or a conflicting
+    --draft-vocab, gets a one-line error before any work."""
+    import shutil
+
+    args, data, first = _first_head(tmp_path)
     again = tmp_path / "again"
     assert cmd_train(Namespace(**{**vars(args), "out": str(again), "init": str(first), "draft_vocab": None,
                                   "draft_intermediate": None, "steps": 1, "lr": 1e-12, "data": str(data)})) == 0
@@ -672,13 +679,7 @@ def test_init_grows_the_draft_vocabulary_and_keeps_an_int8_lm_head(tmp_path):
     frequent others join with the target's rows at a tenth of the head's norm; --int8-lm-head saves the
     lm_head as int8 rows with a scale each, which the engine widens on load (the run's own check
     decodes with it, lossless); the README and provenance say both."""
-    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
-    data = _write_data(tmp_path / "data.jsonl", n=60)
-    first = tmp_path / "first"
-    args = Namespace(model=str(target), out=str(first), kind="eagle3", data=str(data), draft_vocab=96, steps=3,
-                     device="cpu", seq_len=128, batch_tokens=512, gen=2, prompt_sets="instruct", gen_tokens=12,
-                     eval_every=0, eval_prompts=0, lr=2e-3, time_budget=None, draft_intermediate=40)
-    assert cmd_train(args) == 0
+    args, data, first = _first_head(tmp_path)
     grown = tmp_path / "grown"
     assert cmd_train(Namespace(**{**vars(args), "out": str(grown), "init": str(first), "draft_vocab": 160,
                                   "draft_intermediate": None, "steps": 1, "lr": 1e-12, "eval_prompts": 1,
