@@ -4,7 +4,7 @@ A draft head with a large draft vocabulary keeps its lm_head this way on disk (`
 --int8-lm-head`): half the bytes of bf16, so that a head whose vocabulary covers more of what
 the target writes still fits where its size is bounded (the project's own heads in assets/). The
 loader widens such a weight back to floating point, so it runs as any other head; a tensor
-`NAME` of dtype int8 is read with `NAME_scale`, of shape (rows,)."""
+`NAME` of dtype int8 is read with `NAME_scale`, of shape (rows,) or (rows, 1)."""
 
 from __future__ import annotations
 
@@ -40,14 +40,14 @@ def widen_int8_rows(tensors: Iterable[tuple[str, torch.Tensor]], source: str) ->
         if t.dtype == torch.int8 and t.dim() == 2:
             base = name
             weights[name] = t
-        elif name.endswith(SCALE) and t.dim() == 1 and t.is_floating_point():
+        elif name.endswith(SCALE) and t.is_floating_point() and (t.dim() == 1 or (t.dim() == 2 and t.shape[1] == 1)):
             base = name[:-len(SCALE)]
-            scales[base] = t
+            scales[base] = t  # (rows,) or (rows, 1), as channel-wise int8 checkpoints keep it
         else:
             yield name, t
             continue
         if base in weights and base in scales:
-            q, scale = weights.pop(base), scales.pop(base)
+            q, scale = weights.pop(base), scales.pop(base).reshape(-1)
             if scale.shape[0] != q.shape[0]:
                 raise ModelLoadError(f"{source}: {base}{SCALE} holds {scale.shape[0]} scales for {q.shape[0]} "
                                      "int8 rows")

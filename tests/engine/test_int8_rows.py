@@ -24,9 +24,11 @@ def test_widening_pairs_a_weight_with_its_scale_in_either_order():
     for order in ([("a.weight", q), ("a.weight_scale", scale)], [("a.weight_scale", scale), ("a.weight", q)]):
         out = dict(widen_int8_rows([("b", other), *order], "head"))
         assert set(out) == {"a.weight", "b"} and torch.equal(out["a.weight"], dequantize_rows(q, scale))
+    column = dict(widen_int8_rows([("a.weight", q), ("a.weight_scale", scale[:, None])], "head"))
+    assert torch.equal(column["a.weight"], dequantize_rows(q, scale))  # a (rows, 1) scale, channel-wise
     # another format's scale (no int8 weight beside it) passes through for the loader to judge
-    fp8 = dict(widen_int8_rows([("c.weight", w.to(torch.bfloat16)), ("c.weight_scale", scale)], "head"))
-    assert set(fp8) == {"c.weight", "c.weight_scale"}
+    fp8 = dict(widen_int8_rows([("c.weight", w.to(torch.bfloat16)), ("c.weight_scale", scale[:, None])], "head"))
+    assert set(fp8) == {"c.weight", "c.weight_scale"} and fp8["c.weight_scale"].shape == (6, 1)
 
 
 @pytest.mark.parametrize("tensors,says", [
