@@ -151,9 +151,14 @@ class KernelOptions:
     tree_select_passes: bool = True
     # With it (taking precedence over the passes), tree_select compares every pair of candidates,
     # a block of 32 at a time: count / 32 steps that do not wait on each other's sums instead of
-    # TOKENS dependent reductions (6,8,15's select took 81 us on an H100 with the passes). Off until
-    # timed on a GPU: LOCALCHAT_TREE_SELECT_BLOCKS=1 turns it on.
+    # TOKENS dependent reductions. Timed on an H100, it lost: 6,8,15 1.73x against 1.95x with the
+    # passes, 4,8,15 the same. Off: LOCALCHAT_TREE_SELECT_BLOCKS=1 turns it on.
     tree_select_blocks: bool = False
+    # With it, a sampled tree step's walk (each row's children tried in turn) and its bookkeeping
+    # are one launch (speculative/kernels/tree_level.py tree_accept_sampled) instead of some ten
+    # torch ops a try and the step_end's after them (a 4,8,15 step at temperature 0.7 took 2.4 ms
+    # on an H100 against 0.95 greedy). Off until timed on a GPU: LOCALCHAT_SAMPLED_TREE_ACCEPT=1.
+    sampled_tree_accept: bool = False
     # With it, each of tree_level's picks is one reduction of a value and its index packed in an
     # int64 key instead of two (a maximum, then the lowest index holding it): about half of a
     # level launch's dependent reductions. LOCALCHAT_TREE_LEVEL_KEYS=0: the two reductions.
@@ -227,6 +232,7 @@ class KernelOptions:
             tree_kv_move=_flag(env, "LOCALCHAT_TREE_KV_MOVE"),
             tree_select_passes=_flag(env, "LOCALCHAT_TREE_SELECT_PASSES"),
             tree_select_blocks=_flag(env, "LOCALCHAT_TREE_SELECT_BLOCKS", default=False),
+            sampled_tree_accept=_flag(env, "LOCALCHAT_SAMPLED_TREE_ACCEPT", default=False),
             tree_level_keys=_flag(env, "LOCALCHAT_TREE_LEVEL_KEYS"),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""

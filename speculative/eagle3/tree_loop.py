@@ -42,7 +42,7 @@ from engine.options import triton_interpreting
 from engine.sampling import SamplingTensors, filtered, probabilities_t
 
 from speculative.kernels.kv_rows import move_kv_rows, move_kv_rows_ref
-from speculative.kernels.tree_level import LevelInputs, tree_accept, tree_select
+from speculative.kernels.tree_level import LevelInputs, tree_accept, tree_accept_sampled, tree_select
 from speculative.tree.accept import greedy_tree_path, sampled_tree_path, step_end
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask, verify_rows
 from speculative.tree.shape import TreeShape
@@ -231,10 +231,15 @@ class TreeDrafting:
         else:
             if kind is None:
                 path, count, next_token = greedy_tree_path(target_tree, logits.argmax(-1), depth)
+                end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
+            elif fused and model.ops.options.sampled_tree_accept:  # the walk and its bookkeeping in one launch
+                end = tree_accept_sampled(probabilities_t(logits, self.params, kind).contiguous(), self.u, self.e,
+                                          target_tree.tokens, target_tree.parents, n_t, depth, self.result,
+                                          self.root, pdl=model.ops.options.pdl)
             else:
                 probs = probabilities_t(logits, self.params, kind)
                 path, count, next_token = sampled_tree_path(target_tree, probs, self.u, self.e, depth)
-            end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
+                end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
         kv = runner.kv  # the accepted nodes' K/V to positions n + 1 .. n + a
         if fused and model.ops.options.tree_kv_move:
             move_kv_rows(kv.k_all, kv.v_all, end.src, end.dst)

@@ -546,6 +546,98 @@ def _accept_kernel():
     return tree_accept_kernel
 
 
+@functools.cache
+def _sampled_accept_kernel():
+    global triton, tl  # module globals: the kernel reads them by name
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def tree_accept_sampled_kernel(probs_ptr, sums_ptr, u_ptr, e_ptr, tokens_ptr, parents_ptr, n_ptr, root_ptr,
+                                   result_ptr, count_ptr, src_ptr, dst_ptr, window_ptr, rows_ptr, ext_pos_ptr, N, V,
+                                   D: tl.constexpr, K: tl.constexpr, NP: tl.constexpr, DP: tl.constexpr,
+                                   KP: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        i = tl.arange(0, NP)
+        live = i < N
+        par = tl.load(parents_ptr + i, mask=live, other=-2)
+        tok = tl.load(tokens_ptr + i, mask=live, other=-1)
+        d = tl.arange(0, DP)
+        ks = tl.arange(0, KP)
+        first = tl.load(tokens_ptr)  # what the torch path's clamped gather gives past the path's end
+        path = tl.full([DP], -1, tl.int64)
+        acc = tl.zeros([DP], tl.int64) + first
+        row = tl.full([], 0, tl.int32)  # where the walk is: 0 the root, m + 1 node m
+        count = tl.full([], 0, tl.int32)
+        walking = tl.full([], 1, tl.int1)
+        left = tl.load(sums_ptr)  # the residual's mass: the row's sum less the refused children's
+        refused = tl.full([KP], -1, tl.int64)  # the current row's refused tokens (zeroed for the last draw)
+        for step in tl.static_range(D):
+            # the row's children in verify order (best score first): rank among those under it
+            under = live & (par == (row - 1).to(tl.int64))
+            rank = tl.cumsum(under.to(tl.int32), axis=0) - 1
+            stepped = tl.full([], -1, tl.int32)
+            for s in tl.static_range(K):
+                child = tl.min(tl.where(under & (rank == s), i, NP), axis=0)
+                exists = child < NP
+                token = tl.sum(tl.where(i == child, tok, 0), axis=0)
+                tried = walking & exists & (stepped < 0)
+                mass = tl.load(probs_ptr + row.to(tl.int64) * V + token, mask=tried, other=0.0)
+                take = tried & (tl.load(u_ptr + step * K + s) * left < mass)
+                stepped = tl.where(take, child, stepped)
+                refuse = tried & (take == 0)
+                left = tl.where(refuse, left - mass, left)
+                refused = tl.where(refuse & (ks == s), token, refused)
+            moved = stepped >= 0
+            node = tl.maximum(stepped, 0)
+            path = tl.where((d == step) & moved, stepped.to(tl.int64), path)
+            acc = tl.where((d == step) & moved, tl.sum(tl.where(i == node, tok, 0), axis=0), acc)
+            row = tl.where(moved, stepped + 1, row)
+            left = tl.where(moved, tl.load(sums_ptr + row), left)
+            refused = tl.where(moved, -1, refused)
+            count += moved.to(tl.int32)
+            walking = walking & moved
+        # the last draw: argmax of r / e (an exponential race over r normalized), r the row's
+        # probabilities with the refused children's zeroed; all of them where nothing is left
+        keep = left > 0
+        best_v = tl.full([BLOCK], -1.0, tl.float32)
+        best_i = tl.full([BLOCK], 0, tl.int32)
+        base = probs_ptr + row.to(tl.int64) * V
+        for v0 in range(0, V, BLOCK):
+            v = v0 + tl.arange(0, BLOCK)
+            ok = v < V
+            r = tl.load(base + v, mask=ok, other=0.0)
+            out = tl.sum(tl.where(refused[None, :] == v.to(tl.int64)[:, None], 1, 0), axis=1) > 0
+            r = tl.where(out, tl.where(keep, 0.0, r), r)
+            q = tl.where(ok, r / tl.load(e_ptr + v, mask=ok, other=1.0), -1.0)
+            better = q > best_v  # the first of equals keeps its place: the lowest index, as argmax
+            best_i = tl.where(better, v, best_i)
+            best_v = tl.where(better, q, best_v)
+        top = tl.max(best_v, axis=0)
+        nxt = tl.min(tl.where(best_v == top, best_i, V), axis=0).to(tl.int64)
+        n = tl.load(n_ptr)
+        on = d < D
+        taken = d < count
+        tl.store(src_ptr + d, n + 1 + tl.where(taken, path, d.to(tl.int64)), mask=on)
+        tl.store(dst_ptr + d, n + 1 + d, mask=on)
+        tl.store(window_ptr + d, tl.where(taken, acc, nxt), mask=on)
+        tl.store(window_ptr + D, nxt)
+        tl.store(rows_ptr, 0)
+        tl.store(rows_ptr + 1 + d, tl.where(taken, 1 + path, 0), mask=on)
+        e = tl.arange(0, 2 * DP)
+        tl.store(ext_pos_ptr + e, n + e, mask=e < D + 1)
+        tl.store(result_ptr, count.to(tl.int64))
+        tl.store(result_ptr + 1, nxt)
+        tl.store(result_ptr + 2 + d, acc, mask=on)
+        tl.store(count_ptr, count.to(tl.int64))
+        tl.store(root_ptr, nxt)
+        tl.store(n_ptr, n + count + 1)
+
+    return tree_accept_sampled_kernel
+
+
 @dataclass(frozen=True)
 class StepEnd:
     """What a greedy tree step does after its verify forward, from tree_accept: count () the
@@ -578,4 +670,32 @@ def tree_accept(choice: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
     _accept_kernel()[(1,)](choice, tokens, parents, n, root, result, end.count, end.src, end.dst, end.window,
                            end.rows, end.ext_pos, N, D=depth, NP=next_pow2(max(N, 1)), DP=next_pow2(depth),
                            num_warps=1, **pdl_args(dev, pdl))
+    return end
+
+
+def tree_accept_sampled(probs: torch.Tensor, u: torch.Tensor, e: torch.Tensor, tokens: torch.Tensor,
+                        parents: torch.Tensor, n: torch.Tensor, depth: int, result: torch.Tensor, root: torch.Tensor,
+                        pdl: bool = True) -> StepEnd:
+    """The sampled walk (speculative/tree/accept.py sampled_tree_path: each row's children tried
+    best first, child c taken with probability r(c) / sum(r), r the row's probabilities less the
+    refused children's; the next token drawn from r by the exponential race over e) and the step's
+    bookkeeping, as tree_accept does it for greedy steps, in one launch where the torch ops take
+    some ten a try. probs (N + 1, V) fp32 the target's at each verify row; u (D, K) a uniform for
+    each try; e (V,) Exp(1) variates. The residual's sum is kept as the row's sum less the refused
+    masses (the torch path sums the zeroed row again), so a draw within rounding of a threshold may
+    go the other way; the rule is the same. CUDA (or the Triton interpreter); no host sync."""
+    N, dev = tokens.shape[0], tokens.device
+    V = probs.shape[1]
+    assert probs.shape[0] == N + 1 and probs.dtype == torch.float32 and probs.is_contiguous()
+    assert u.shape[0] == depth and u.dtype == torch.float32 and u.is_contiguous() and e.shape == (V,)
+    assert result.shape == (2 + depth,)
+    long = dict(dtype=torch.int64, device=dev)
+    end = StepEnd(count=torch.empty((), **long), src=torch.empty(depth, **long), dst=torch.empty(depth, **long),
+                  window=torch.empty(depth + 1, **long), rows=torch.empty(depth + 1, **long),
+                  ext_pos=torch.empty(depth + 1, **long))
+    k = u.shape[1]
+    _sampled_accept_kernel()[(1,)](probs, probs.sum(-1), u, e, tokens, parents, n, root, result, end.count, end.src,
+                                   end.dst, end.window, end.rows, end.ext_pos, N, V, D=depth, K=k,
+                                   NP=next_pow2(max(N, 1)), DP=next_pow2(depth), KP=next_pow2(k), BLOCK=1024,
+                                   num_warps=4, **pdl_args(dev, pdl))
     return end

@@ -140,6 +140,10 @@ def _kernels():
         ("tree accept", tree_level._accept_kernel(), dict(D=5, NP=16, DP=8), 1,
          {"choice_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "root_ptr": "*i64",
           "count_ptr": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64", "rows_ptr": "*i64", "ext_pos_ptr": "*i64"}),
+        ("tree accept sampled", tree_level._sampled_accept_kernel(), dict(D=8, K=4, NP=16, DP=8, KP=4, BLOCK=1024), 4,
+         {"probs_ptr": "*fp32", "sums_ptr": "*fp32", "u_ptr": "*fp32", "e_ptr": "*fp32", "tokens_ptr": "*i64",
+          "parents_ptr": "*i64", "root_ptr": "*i64", "count_ptr": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64",
+          "rows_ptr": "*i64", "ext_pos_ptr": "*i64"}),
         ("move kv rows", kv_rows._kernel(), dict(R=5, RP=8, BLOCK=256), 4,
          {"src_ptr": "*i64", "dst_ptr": "*i64"}),
         ("gemv silu_mul M=16 split", dot_kernel,
@@ -167,7 +171,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 48  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 49  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

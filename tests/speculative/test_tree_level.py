@@ -151,13 +151,14 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
 @pytest.mark.parametrize("shape,kv_move", [(TreeShape(3, 3, 12), False), (TreeShape(4, 4, 20), False),
                                            (TreeShape(4, 4, 20), True)],
-                         ids=["3,3,12", "4,4,20", "4,4,20 kv move, select blocks, level keys"])
+                         ids=["3,3,12", "4,4,20", "4,4,20 kv move, select blocks, level keys, sampled accept"])
 def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv_move, monkeypatch):
     """The engine's tree step (the one a GPU captures: slot maps) with the tree kernels grows the
     trees the torch ops grow and answers as plain greedy decoding; sampled, it draws the torch
     path's tokens from the same seed. kv move: the accepted nodes' K/V moved in one launch
     (KernelOptions.tree_kv_move), the kept nodes ranked by every pair compared (tree_select_blocks,
-    which goes before tree_select_passes) and the levels' picks by packed keys (tree_level_keys)."""
+    which goes before tree_select_passes), the levels' picks by packed keys (tree_level_keys) and
+    a sampled step's walk in one launch (sampled_tree_accept)."""
     from speculative.eagle3.tree_loop import TreeDrafting
     from tests.speculative.heads import head_tensors, write_head
     from tests.speculative.test_tree_engine import _engine, _run, _set_tree
@@ -167,10 +168,13 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv
     monkeypatch.setenv("LOCALCHAT_TREE_SELECT_PASSES", "1" if kv_move else "0")
     monkeypatch.setenv("LOCALCHAT_TREE_LEVEL_KEYS", "1" if kv_move else "0")
     monkeypatch.setenv("LOCALCHAT_TREE_SELECT_BLOCKS", "1" if kv_move else "0")
-    moves = []
-    if kv_move:
-        import speculative.eagle3.tree_loop as tree_loop
+    monkeypatch.setenv("LOCALCHAT_SAMPLED_TREE_ACCEPT", "1" if kv_move else "0")
+    moves, walks = [], []
+    import speculative.eagle3.tree_loop as tree_loop
 
+    real_walk = tree_loop.tree_accept_sampled
+    monkeypatch.setattr(tree_loop, "tree_accept_sampled", lambda *a, **kw: walks.append(1) or real_walk(*a, **kw))
+    if kv_move:
         real_move = tree_loop.move_kv_rows
         monkeypatch.setattr(tree_loop, "move_kv_rows", lambda *a, **kw: moves.append(1) or real_move(*a, **kw))
     target = make_tiny_model(tmp_path / "llama", "llama", num_layers=4, seed=3)
@@ -201,6 +205,7 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv
         e.speculator.tree_step(shape).fused_level = fused
         sampled.append(_run(e, True, n=48, temperature=0.8, seed=11)[0])
     assert sampled[0] == sampled[1] and len(sampled[0]) == 48
+    assert (len(walks) > 5) if kv_move else not walks  # the kernel's sampled steps only, with its switch
 
 
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
@@ -253,6 +258,64 @@ def test_tree_select_equals_its_reference(device, shape, passes, blocks):
         for name in ("tokens", "parents", "depths", "scores", "ids", "positions", "slots", "slot_map", "map_base"):
             a, b = getattr(got, name), getattr(want, name)
             assert a.dtype == b.dtype and torch.equal(a, b), (trial, name, a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,V", [(TreeShape(3, 3, 12), 40), (TreeShape(4, 8, 15), 64), (TreeShape(4, 5, 24), 2500),
+                                     (TreeShape(2, 1, 2), 40)])
+def test_sampled_tree_accept_equals_its_reference(device, shape, V):
+    """The sampled walk and the step's bookkeeping in one launch (tree_accept_sampled): the torch
+    path's (sampled_tree_path, then step_end) on every output, for trees grown as the engine grows
+    them and probabilities in sixteenths of small counts, whose sums are exact in any order (the
+    kernel keeps the residual's sum as the row's less the refused masses: rounding could otherwise
+    move a draw at a threshold). The probabilities favour the tree's tokens, so that walks of
+    several lengths, refusals and leaves all occur; a row's mass all on refused children falls back
+    to its whole row (V 2500: the last draw over several blocks)."""
+    from speculative.kernels.tree_level import tree_accept_sampled
+    from speculative.tree.accept import sampled_tree_path, step_end
+    from speculative.tree.grow import _kept
+
+    head = _RandomHead(V, shape.topk * 3 + shape.depth, device, torch.float32)
+    grown = grow_tree(torch.log_softmax(head.table[5], -1), lambda f, t: torch.log_softmax(head(f, t), -1), shape,
+                      select=False)
+    tree = _kept(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens)
+    N, depth, k = len(tree), min(shape.depth, shape.tokens), shape.topk
+    g = torch.Generator().manual_seed(V + shape.tokens)
+    lengths, refusals = set(), 0
+    for trial in range(16):
+        counts = torch.randint(0, 3, (N + 1, V), generator=g).float()
+        for m in range(N):  # the tree's tokens weigh more under their parents
+            counts[int(tree.parents[m]) + 1, int(tree.tokens[m])] += float(torch.randint(0, 40, (1,), generator=g))
+        if trial == 3:  # a row whose whole mass sits on its children: all refused, the whole row is drawn from
+            kids = [m for m in range(N) if int(tree.parents[m]) == -1]
+            counts[0] = 0.0
+            counts[0, [int(tree.tokens[m]) for m in kids]] = 1.0
+        probs = (counts / 16).to(device)
+        u = torch.rand(depth, k, generator=g)
+        if trial == 3:  # u = 1 (a uniform never quite is): every child refused, nothing left
+            u[0] = 1.0
+        u = u.to(device)
+        e = torch.empty(V).exponential_(generator=g).to(device)
+        outs = []
+        for fused in (True, False):
+            n, root, result = (torch.tensor(50, device=device), torch.zeros(1, dtype=torch.long, device=device),
+                               torch.zeros(2 + depth, dtype=torch.long, device=device))
+            if fused:
+                end = tree_accept_sampled(probs, u, e, tree.tokens, tree.parents, n, depth, result, root)
+            else:
+                path, count, nxt = sampled_tree_path(tree, probs, u, e, depth)
+                end = step_end(path, count, nxt, tree.tokens, n, depth, result, root)
+            outs.append((end, n.clone(), root.clone(), result.clone()))
+        (end, n, root, result), (end_ref, n_ref, root_ref, result_ref) = outs
+        for name in ("count", "src", "dst", "window", "rows", "ext_pos"):
+            assert torch.equal(getattr(end, name), getattr(end_ref, name)), (trial, name, getattr(end, name),
+                                                                             getattr(end_ref, name))
+        assert torch.equal(n, n_ref) and torch.equal(root, root_ref) and torch.equal(result, result_ref), trial
+        lengths.add(int(end.count))
+        refusals += int(end.count) < depth
+        if trial == 3:
+            assert int(end.count) == 0
+    assert len(lengths) > 1 and refusals
 
 
 @pytest.mark.parametrize("device", DEVICES)
