@@ -491,40 +491,36 @@ def tree_select(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     return out
 
 
+walk_start = write_step_end = None  # bound by _step_end(): the kernels below read them by name
+
+
 @functools.cache
-def _accept_kernel():
-    global triton, tl  # module globals: the kernel reads them by name
+def _step_end():
+    """Binds walk_start (a tree walk's starting values) and write_step_end (what a tree step writes
+    after its walk: StepEnd, the result, the root, n, from the walk's path and accepted tokens
+    (DP,), count and next token), shared by the greedy and the sampled accept kernels."""
+    global triton, tl, walk_start, write_step_end
     import triton
     import triton.language as tl
 
     @triton.jit
-    def tree_accept_kernel(choice_ptr, tokens_ptr, parents_ptr, n_ptr, root_ptr, result_ptr, count_ptr, src_ptr,
-                           dst_ptr, window_ptr, rows_ptr, ext_pos_ptr, N, D: tl.constexpr, NP: tl.constexpr,
-                           DP: tl.constexpr, USE_PDL: tl.constexpr):
-        if USE_PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+    def walk_start(tokens_ptr, parents_ptr, N, NP: tl.constexpr, DP: tl.constexpr):
+        """A walk's start: node indices i (NP,), live, parents and tokens; depths d (DP,), the path
+        (-1s), its tokens (the first node's token: what the torch path's clamped gather gives past
+        the path's end), the row (0: the root; m + 1 node m) and the count."""
         i = tl.arange(0, NP)
         live = i < N
         par = tl.load(parents_ptr + i, mask=live, other=-2)
         tok = tl.load(tokens_ptr + i, mask=live, other=-1)
         d = tl.arange(0, DP)
-        first = tl.load(tokens_ptr)  # what the torch path's clamped gather gives past the path's end
         path = tl.full([DP], -1, tl.int64)
-        acc = tl.zeros([DP], tl.int64) + first
-        row = tl.full([], 0, tl.int32)  # where the walk is: 0 the root, m + 1 node m
-        count = tl.full([], 0, tl.int32)
-        for step in tl.static_range(D):
-            want = tl.load(choice_ptr + row)
-            # (where a step finds no child the walk stays put, and so every later step finds none)
-            hit = live & (par == (row - 1).to(tl.int64)) & (tok == want)
-            node = tl.min(tl.where(hit, i, NP), axis=0)  # siblings hold distinct tokens: one at most
-            found = node < NP
-            path = tl.where((d == step) & found, node.to(tl.int64), path)
-            acc = tl.where((d == step) & found, want, acc)
-            row = tl.where(found, node + 1, row)
-            count += found.to(tl.int32)
-        nxt = tl.load(choice_ptr + row)
+        acc = tl.zeros([DP], tl.int64) + tl.load(tokens_ptr)
+        return i, live, par, tok, d, path, acc, tl.full([], 0, tl.int32), tl.full([], 0, tl.int32)
+
+    @triton.jit
+    def write_step_end(n_ptr, root_ptr, result_ptr, count_ptr, src_ptr, dst_ptr, window_ptr, rows_ptr, ext_pos_ptr,
+                       path, acc, count, nxt, D: tl.constexpr, DP: tl.constexpr):
+        d = tl.arange(0, DP)
         n = tl.load(n_ptr)
         on = d < D
         taken = d < count
@@ -543,12 +539,43 @@ def _accept_kernel():
         tl.store(root_ptr, nxt)
         tl.store(n_ptr, n + count + 1)
 
+
+@functools.cache
+def _accept_kernel():
+    global triton, tl  # module globals: the kernel reads them by name
+    _step_end()
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def tree_accept_kernel(choice_ptr, tokens_ptr, parents_ptr, n_ptr, root_ptr, result_ptr, count_ptr, src_ptr,
+                           dst_ptr, window_ptr, rows_ptr, ext_pos_ptr, N, D: tl.constexpr, NP: tl.constexpr,
+                           DP: tl.constexpr, USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        i, live, par, tok, d, path, acc, row, count = walk_start(tokens_ptr, parents_ptr, N, NP, DP)
+        for step in tl.static_range(D):
+            want = tl.load(choice_ptr + row)
+            # (where a step finds no child the walk stays put, and so every later step finds none)
+            hit = live & (par == (row - 1).to(tl.int64)) & (tok == want)
+            node = tl.min(tl.where(hit, i, NP), axis=0)  # siblings hold distinct tokens: one at most
+            found = node < NP
+            path = tl.where((d == step) & found, node.to(tl.int64), path)
+            acc = tl.where((d == step) & found, want, acc)
+            row = tl.where(found, node + 1, row)
+            count += found.to(tl.int32)
+        nxt = tl.load(choice_ptr + row)
+        write_step_end(n_ptr, root_ptr, result_ptr, count_ptr, src_ptr, dst_ptr, window_ptr, rows_ptr, ext_pos_ptr,
+                       path, acc, count, nxt, D, DP)
+
     return tree_accept_kernel
 
 
 @functools.cache
 def _sampled_accept_kernel():
     global triton, tl  # module globals: the kernel reads them by name
+    _step_end()
     import triton
     import triton.language as tl
 
@@ -560,17 +587,8 @@ def _sampled_accept_kernel():
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        i = tl.arange(0, NP)
-        live = i < N
-        par = tl.load(parents_ptr + i, mask=live, other=-2)
-        tok = tl.load(tokens_ptr + i, mask=live, other=-1)
-        d = tl.arange(0, DP)
+        i, live, par, tok, d, path, acc, row, count = walk_start(tokens_ptr, parents_ptr, N, NP, DP)
         ks = tl.arange(0, KP)
-        first = tl.load(tokens_ptr)  # what the torch path's clamped gather gives past the path's end
-        path = tl.full([DP], -1, tl.int64)
-        acc = tl.zeros([DP], tl.int64) + first
-        row = tl.full([], 0, tl.int32)  # where the walk is: 0 the root, m + 1 node m
-        count = tl.full([], 0, tl.int32)
         walking = tl.full([], 1, tl.int1)
         left = tl.load(sums_ptr)  # the residual's mass: the row's sum less the refused children's
         refused = tl.full([KP], -1, tl.int64)  # the current row's refused tokens (zeroed for the last draw)
@@ -617,23 +635,8 @@ def _sampled_accept_kernel():
             best_v = tl.where(better, q, best_v)
         top = tl.max(best_v, axis=0)
         nxt = tl.min(tl.where(best_v == top, best_i, V), axis=0).to(tl.int64)
-        n = tl.load(n_ptr)
-        on = d < D
-        taken = d < count
-        tl.store(src_ptr + d, n + 1 + tl.where(taken, path, d.to(tl.int64)), mask=on)
-        tl.store(dst_ptr + d, n + 1 + d, mask=on)
-        tl.store(window_ptr + d, tl.where(taken, acc, nxt), mask=on)
-        tl.store(window_ptr + D, nxt)
-        tl.store(rows_ptr, 0)
-        tl.store(rows_ptr + 1 + d, tl.where(taken, 1 + path, 0), mask=on)
-        e = tl.arange(0, 2 * DP)
-        tl.store(ext_pos_ptr + e, n + e, mask=e < D + 1)
-        tl.store(result_ptr, count.to(tl.int64))
-        tl.store(result_ptr + 1, nxt)
-        tl.store(result_ptr + 2 + d, acc, mask=on)
-        tl.store(count_ptr, count.to(tl.int64))
-        tl.store(root_ptr, nxt)
-        tl.store(n_ptr, n + count + 1)
+        write_step_end(n_ptr, root_ptr, result_ptr, count_ptr, src_ptr, dst_ptr, window_ptr, rows_ptr, ext_pos_ptr,
+                       path, acc, count, nxt, D, DP)
 
     return tree_accept_sampled_kernel
 
