@@ -676,6 +676,9 @@ def tree_accept(choice: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
     return end
 
 
+_DRAW_BLOCK = 4096  # the last draw's loads in flight: 12 steps over a 49,152-token row
+
+
 def tree_accept_sampled(probs: torch.Tensor, u: torch.Tensor, e: torch.Tensor, tokens: torch.Tensor,
                         parents: torch.Tensor, n: torch.Tensor, depth: int, result: torch.Tensor, root: torch.Tensor,
                         pdl: bool = True) -> StepEnd:
@@ -699,6 +702,6 @@ def tree_accept_sampled(probs: torch.Tensor, u: torch.Tensor, e: torch.Tensor, t
     k = u.shape[1]
     _sampled_accept_kernel()[(1,)](probs, probs.sum(-1), u, e, tokens, parents, n, root, result, end.count, end.src,
                                    end.dst, end.window, end.rows, end.ext_pos, N, V, D=depth, K=k,
-                                   NP=next_pow2(max(N, 1)), DP=next_pow2(depth), KP=next_pow2(k), BLOCK=1024,
-                                   num_warps=4, **pdl_args(dev, pdl))
+                                   NP=next_pow2(max(N, 1)), DP=next_pow2(depth), KP=next_pow2(k),
+                                   BLOCK=_DRAW_BLOCK, num_warps=8, **pdl_args(dev, pdl))
     return end

@@ -140,7 +140,7 @@ def _kernels():
         ("tree accept", tree_level._accept_kernel(), dict(D=5, NP=16, DP=8), 1,
          {"choice_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "root_ptr": "*i64",
           "count_ptr": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64", "rows_ptr": "*i64", "ext_pos_ptr": "*i64"}),
-        ("tree accept sampled", tree_level._sampled_accept_kernel(), dict(D=8, K=4, NP=16, DP=8, KP=4, BLOCK=1024), 4,
+        ("tree accept sampled", tree_level._sampled_accept_kernel(), dict(D=8, K=4, NP=16, DP=8, KP=4, BLOCK=4096), 8,
          {"probs_ptr": "*fp32", "sums_ptr": "*fp32", "u_ptr": "*fp32", "e_ptr": "*fp32", "tokens_ptr": "*i64",
           "parents_ptr": "*i64", "root_ptr": "*i64", "count_ptr": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64",
           "rows_ptr": "*i64", "ext_pos_ptr": "*i64"}),
