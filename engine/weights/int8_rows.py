@@ -26,7 +26,8 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.to(torch.int8).contiguous(), scale.contiguous()
 
 
-def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def widen_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(N, K) float32 from q (N, K) int8 and scale (N,): the weight q stands for."""
     return q.float() * scale.float()[:, None]
 
 
@@ -51,7 +52,7 @@ def widen_int8_rows(tensors: Iterable[tuple[str, torch.Tensor]], source: str) ->
             if scale.shape[0] != q.shape[0]:
                 raise ModelLoadError(f"{source}: {base}{SCALE} holds {scale.shape[0]} scales for {q.shape[0]} "
                                      "int8 rows")
-            yield base, dequantize_rows(q, scale)
+            yield base, widen_rows(q, scale)
     for base in weights:
         raise ModelLoadError(f"{source}: {base} is int8 without its {base}{SCALE}")
     for base, scale in scales.items():

@@ -223,23 +223,23 @@ class TreeDrafting:
             hidden=torch.cat([o.hidden for o in outs]),
             aux_hidden=None if outs[0].aux_hidden is None else torch.cat([o.aux_hidden for o in outs]))
         # The walk (fixed shapes, no host read), then its bookkeeping: the step's result, the next
-        # root, n moved on, and the StepEnd below (in one launch for greedy steps with the kernels)
+        # root, n moved on, and the StepEnd below (in one launch with the kernels: greedy steps, and
+        # sampled ones with sampled_tree_accept)
         depth = self.depth
         if greedy_kernels:
             end = tree_accept(rows_argmax(logits, pdl=model.ops.options.pdl), target_tree.tokens,
                               target_tree.parents, n_t, depth, self.result, self.root)
+        elif kind is not None and fused and model.ops.options.sampled_tree_accept:  # the same, sampled
+            end = tree_accept_sampled(probabilities_t(logits, self.params, kind), self.u, self.e, target_tree.tokens,
+                                      target_tree.parents, n_t, depth, self.result, self.root,
+                                      pdl=model.ops.options.pdl)
         else:
             if kind is None:
                 path, count, next_token = greedy_tree_path(target_tree, logits.argmax(-1), depth)
-                end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
-            elif fused and model.ops.options.sampled_tree_accept:  # the walk and its bookkeeping in one launch
-                end = tree_accept_sampled(probabilities_t(logits, self.params, kind).contiguous(), self.u, self.e,
-                                          target_tree.tokens, target_tree.parents, n_t, depth, self.result,
-                                          self.root, pdl=model.ops.options.pdl)
             else:
                 probs = probabilities_t(logits, self.params, kind)
                 path, count, next_token = sampled_tree_path(target_tree, probs, self.u, self.e, depth)
-                end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
+            end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
         kv = runner.kv  # the accepted nodes' K/V to positions n + 1 .. n + a
         if fused and model.ops.options.tree_kv_move:
             move_kv_rows(kv.k_all, kv.v_all, end.src, end.dst)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.errors import ModelLoadError
-from engine.weights.int8_rows import dequantize_rows, quantize_rows, widen_int8_rows
+from engine.weights.int8_rows import widen_rows, quantize_rows, widen_int8_rows
 
 
 def test_rows_round_trip_within_half_a_step():
@@ -12,7 +12,7 @@ def test_rows_round_trip_within_half_a_step():
     w[7] = 0.0  # a row of zeros stays zeros
     q, scale = quantize_rows(w)
     assert q.dtype == torch.int8 and scale.shape == (40,) and int(q.abs().max()) == 127
-    back = dequantize_rows(q, scale)
+    back = widen_rows(q, scale)
     assert ((back - w).abs() <= scale[:, None] / 2 + 1e-6).all()
     assert torch.equal(back[7], torch.zeros(24))
 
@@ -23,9 +23,9 @@ def test_widening_pairs_a_weight_with_its_scale_in_either_order():
     other = torch.ones(3)
     for order in ([("a.weight", q), ("a.weight_scale", scale)], [("a.weight_scale", scale), ("a.weight", q)]):
         out = dict(widen_int8_rows([("b", other), *order], "head"))
-        assert set(out) == {"a.weight", "b"} and torch.equal(out["a.weight"], dequantize_rows(q, scale))
+        assert set(out) == {"a.weight", "b"} and torch.equal(out["a.weight"], widen_rows(q, scale))
     column = dict(widen_int8_rows([("a.weight", q), ("a.weight_scale", scale[:, None])], "head"))
-    assert torch.equal(column["a.weight"], dequantize_rows(q, scale))  # a (rows, 1) scale, channel-wise
+    assert torch.equal(column["a.weight"], widen_rows(q, scale))  # a (rows, 1) scale, channel-wise
     # another format's scale (no int8 weight beside it) passes through for the loader to judge
     fp8 = dict(widen_int8_rows([("c.weight", w.to(torch.bfloat16)), ("c.weight_scale", scale[:, None])], "head"))
     assert set(fp8) == {"c.weight", "c.weight_scale"} and fp8["c.weight_scale"].shape == (6, 1)
