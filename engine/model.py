@@ -11,7 +11,7 @@ from engine.forward_batch import ForwardBatch
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.layers import GatedMLP, RMSNorm
-from engine.kernels.attention import MAX_INVARIANT_ROWS
+from engine.kernels.attention import MAX_INVARIANT_ROWS, MAX_TREE_ROWS
 from engine.layer_kernels import Normed, rows_of
 from engine import routing
 from engine.packed_linear import is_packed_layer, projection_device, share_packed
@@ -101,6 +101,11 @@ class DecoderLayer(nn.Module):
         self.shapes = tuple(tuple(m.weight.shape) for m in (self.self_attn.qkv_proj, self.self_attn.o_proj,
                                                             self.mlp.gate_up_proj, self.mlp.down_proj))
 
+    def is_packed(self) -> bool:
+        """Whether a projection of this layer is quantized (PackedLinear): the unfused set serves it."""
+        return is_packed_layer(self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj,
+                               self.mlp.down_proj)
+
     def forward(self, x, residual, batch, cos_sin, k_cache, v_cache, cos_sin_table, stream_in: list | None = None,
                 then=None):
         """x: the last sublayer's output, residual: the stream before it (None at layer 0); x may
@@ -111,9 +116,7 @@ class DecoderLayer(nn.Module):
         may run in its last program (the output is then a Normed: LayerKernels.ending)."""
         rows = rows_of(x)
         each_row = routing.each_row_layer(self.ops.options, self.shapes, rows.dtype)
-        packed = is_packed_layer(self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj,
-                                 self.mlp.down_proj)
-        kernels = self.ops.layer_kernels(rows, batch, each_row, packed)  # fused norm + projection launches, or not
+        kernels = self.ops.layer_kernels(rows, batch, each_row, self.is_packed())  # fused norm + projection launches, or not
         qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, role="qkv")
         if stream_in is not None:
             stream_in.append(residual)
@@ -146,13 +149,18 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("cos_sin", rope_cos_sin(cfg, max_len).to(torch.get_default_device()), persistent=False)
 
+    def any_packed_layer(self) -> bool:
+        """Whether a decoder layer has quantized projections (their kernels take up to 16 rows)."""
+        return any(layer.is_packed() for layer in self.model.layers)
+
     def forward(self, batch: ForwardBatch, kv: KVCache, aux_layer_ids: tuple[int, ...] = ()) -> ForwardOutput:
         """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream)."""
         fused_rope = self.ops.rope_and_cache is not None and not batch.is_packed
         cos_sin = None if fused_rope else self.cos_sin.index_select(0, batch.positions)
         ids = batch.input_ids
         embed = self.model.embed_tokens
-        if (self.ops.embed is not None and ids.shape[0] <= MAX_INVARIANT_ROWS and not batch.is_packed
+        most = MAX_TREE_ROWS if batch.slot_map is not None else MAX_INVARIANT_ROWS
+        if (self.ops.embed is not None and ids.shape[0] <= most and not batch.is_packed
                 and isinstance(embed, nn.Embedding)):
             x = self.ops.embed(ids, embed.weight)
         else:

@@ -11,7 +11,7 @@ import torch
 
 from engine import routing
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
-from engine.kernels.attention import MAX_INVARIANT_ROWS, decode_attention, rope_decode_attention
+from engine.kernels.attention import MAX_INVARIANT_ROWS, MAX_TREE_ROWS, decode_attention, rope_decode_attention
 from engine.kernels.gemv import gemv
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
 from engine.kernels.pick import greedy_next
@@ -90,7 +90,7 @@ class Ops:
         if not o.rope_in_attention or self.rope_attention is None:
             return None
         if mapped:
-            return self.rope_attention if o.rope_in_tree and 1 <= num_rows <= MAX_INVARIANT_ROWS else None
+            return self.rope_attention if o.rope_in_tree and 1 <= num_rows <= MAX_TREE_ROWS else None
         if num_rows == 1 or (o.rope_in_verify and o.batch_invariant and 1 < num_rows <= MAX_INVARIANT_ROWS):
             return self.rope_attention
         return None
@@ -104,7 +104,8 @@ class Ops:
         (routing.each_row_layer)."""
         if self.fused_row is None or packed:
             return self._unfused
-        mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row)
+        mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row,
+                                  tree=batch.slot_map is not None)
         if mode == routing.ROW:
             return self.fused_row
         return self.fused_invariant if mode == routing.INVARIANT else self._unfused
@@ -134,7 +135,7 @@ def _tiles(options: KernelOptions, rows: int, mapped: bool) -> tuple[bool, bool]
     """(invariant, per_token) of an attention launch: one tile for every row count under batch
     invariance; a draft tree's rows (mapped) on the per-row invariant tiles, the only ones that
     read a map, so a draft's tree rows take them too."""
-    invariant = (options.batch_invariant or mapped) and rows <= MAX_INVARIANT_ROWS
+    invariant = (options.batch_invariant or mapped) and rows <= (MAX_TREE_ROWS if mapped else MAX_INVARIANT_ROWS)
     return invariant, invariant and (options.token_attention or mapped)
 
 

@@ -4,7 +4,8 @@ the weight's shape. No tensors here: the layer code (layer_kernels.py, ops.py) a
 
 A projection on its own (linear_route), in a bf16 step:
     batch_invariant, up to 16 rows         our GEMV: invariant_tile(shape) on tensor cores, or with
-                                           each_row a small weight's one-row route, row by row
+    (a draft tree's in the INVARIANT set:  each_row a small weight's one-row route, row by row
+    up to 64, in 16-row tiles)
     a draft's step (DRAFT), up to 16 rows  our GEMV, its built-in tile (with draft_rows, several
                                            rows on invariant_tile)
     o_proj or down, one row                our GEMV, row_tile(K)
@@ -12,7 +13,7 @@ A projection on its own (linear_route), in a bf16 step:
     anything else                          cuBLAS (nn.Linear)
 Fused launches (layer_kernels.py) of the ROW set (one bf16 row, no draft; or, with each_row, up
 to 16 rows of a small layer, row by row; layer_mode) and the INVARIANT set (up to 16 bf16 rows
-with batch_invariant):
+with batch_invariant, a draft tree's verify step up to 64: tree_rows):
     norm + qkv, norm + gate_up             rms_norm_gemv with FUSED_TILES' tile, or apart (UNFUSED)
     ROW: gate_up + activation              gated_gemv (gated_mlp), then down on its own
     INVARIANT: norm + gate_up + activation gemv_rstd(gate=True) after a Scaled stream (gated_mlp)
@@ -30,13 +31,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.kernels.gemv import MAX_ROWS, GemvConfig
+from engine.kernels.gemv import MAX_INVARIANT_ROWS, MAX_ROWS, GemvConfig
 from engine.options import CUBLAS, KernelOptions
 
 # Kernel sets (modes): which kernels a decoder layer's step runs (layer_mode).
 UNFUSED = "unfused"  # add_rms_norm and silu_and_mul apart, projections routed one by one
 ROW = "row"  # one bf16 row without a draft: the fused one-row kernels
-INVARIANT = "invariant"  # up to 16 bf16 rows with batch_invariant: the fused invariant kernels
+INVARIANT = "invariant"  # up to 16 bf16 rows (a tree's 64) with batch_invariant: the fused invariant kernels
 DRAFT = "draft"  # a draft's step: our GEMV for up to 16 rows, bits of no concern to the output
 
 GEMV = "gemv"  # Route.kernel: our GEMV (CUBLAS: nn.Linear)
@@ -132,18 +133,34 @@ FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
 }
 
 
-def is_invariant(options: KernelOptions, rows: int, dtype: torch.dtype) -> bool:
-    """Whether a step of `rows` rows runs the batch-invariant tiles."""
-    return options.batch_invariant and rows <= MAX_ROWS and dtype == torch.bfloat16
+def is_invariant(options: KernelOptions, rows: int, dtype: torch.dtype, tree: bool = False) -> bool:
+    """Whether a step of `rows` rows runs the batch-invariant tiles: up to MAX_ROWS rows, or with
+    tree (a draft tree's verify step on the INVARIANT set: tree_rows) up to MAX_INVARIANT_ROWS."""
+    return (options.batch_invariant and rows <= (MAX_INVARIANT_ROWS if tree else MAX_ROWS)
+            and dtype == torch.bfloat16)
+
+
+def tree_rows(options: KernelOptions, packed: bool) -> int:
+    """The most rows one verify forward of a draft tree takes on a batch-invariant target: all of a
+    tree's nodes and its root where the INVARIANT set serves them (its tiles, in 16-row blocks,
+    and the per-row attention keep every row's bits at any row count), else MAX_ROWS (the one-row
+    set row by row, unfused or packed layers: their kernels take up to 16 rows), a longer tree
+    going in chunks."""
+    if options.fuse and options.fuse_invariant and not options.each_row and not packed:
+        return MAX_INVARIANT_ROWS
+    return MAX_ROWS
 
 
 def layer_mode(options: KernelOptions, rows: int, dtype: torch.dtype, packed: bool,
-               each_row: bool = False) -> str:
+               each_row: bool = False, tree: bool = False) -> str:
     """The kernel set of a decoder layer's step on CUDA: INVARIANT, ROW or UNFUSED (prefill,
     packed forwards, other dtypes, fusion off). each_row: the layer's weights are small enough for
-    the one-row set row by row (each_row_layer); a batch-invariant step of 1 to 16 rows runs ROW."""
+    the one-row set row by row (each_row_layer); a batch-invariant step of 1 to 16 rows runs ROW.
+    tree: a draft tree's verify rows (up to tree_rows)."""
     if not options.fuse or packed:
         return UNFUSED
+    if rows > MAX_ROWS and tree and not each_row and is_invariant(options, rows, dtype, tree=True):
+        return INVARIANT if options.fuse_invariant else UNFUSED
     if is_invariant(options, rows, dtype):
         if not options.fuse_invariant:
             return UNFUSED
@@ -163,7 +180,7 @@ def linear_route(options: KernelOptions, mode: str, role: str, rows: int, shape:
         # several rows with draft_rows: the invariant set's tile (a draft's bits are of no concern,
         # the tile is chosen for its speed at 1-16 rows)
         return Route(GEMV, invariant_tile(shape), invariant=True) if rows > 1 and options.draft_rows else Route(GEMV)
-    if is_invariant(options, rows, dtype):
+    if is_invariant(options, rows, dtype, tree=mode == INVARIANT):  # INVARIANT: a tree's rows too
         if not each_row_serves(options, shape, dtype):
             return Route(GEMV, invariant_tile(shape), invariant=True)
         one = linear_route(replace(options, batch_invariant=False), mode, role, 1, shape, dtype)
@@ -262,7 +279,7 @@ def carries_stats(options: KernelOptions, rows: int, dtype: torch.dtype, next_ro
     projection after the norm (qkv or gate_up, on plain weights) runs it after its dot (gemv_rstd)
     instead of a norm launch apart. Not before lm_head: the final norm's output is the model's
     hidden state, read by drafts too."""
-    return (options.norm_stats and is_invariant(options, rows, dtype) and next_role in ("qkv", "gate_up")
+    return (options.norm_stats and is_invariant(options, rows, dtype, tree=True) and next_role in ("qkv", "gate_up")
             and plain_weight(next_linear, dtype))
 
 

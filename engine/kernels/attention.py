@@ -335,6 +335,9 @@ def _kernels():
 
 
 MAX_INVARIANT_ROWS = 16  # the longest verify step (15 draft tokens + 1) of batch-invariant mode
+# A draft tree's verify step (per-token tiles through a slot map: one program column a row, so any
+# row count keeps the bits): its 63 nodes and its root at most.
+MAX_TREE_ROWS = 64
 
 
 def decode_attention(
@@ -400,7 +403,7 @@ def rope_decode_attention(
     map_base: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """rope_and_cache then decode_attention for a decode row or a verify step's T <=
-    MAX_INVARIANT_ROWS rows, with the same bits, one launch fewer: the split kernel rotates q and
+    MAX_INVARIANT_ROWS rows (a draft tree's, MAX_TREE_ROWS), with the same bits, one launch fewer: the split kernel rotates q and
     the keys itself, writes the keys and values into the cache (at slots, or positions) and q into
     a scratch row, and reads them back as decode_attention reads them. Returns (T, Hq, D).
 
@@ -410,7 +413,8 @@ def rope_decode_attention(
     that reads an ancestor through the map has written it."""
     _check(q, k_cache, v_cache, positions)
     T = q.shape[0]
-    assert 1 <= T <= MAX_INVARIANT_ROWS and k.shape == v.shape == (T, *k_cache.shape[1:])
+    assert 1 <= T <= (MAX_TREE_ROWS if slot_map is not None else MAX_INVARIANT_ROWS)
+    assert k.shape == v.shape == (T, *k_cache.shape[1:])
     assert q.dtype == k.dtype == v.dtype
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0

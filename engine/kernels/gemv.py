@@ -39,7 +39,11 @@ triton = tl = prefetch_rows = sum_splits = None  # bound by _kernels(): Triton i
 
 NONE, RMS_NORM, SILU_MUL = 0, 1, 2  # prologue kinds
 ADD_STATS, RSTD = 1, 2  # the invariant tile's epilogues (gemv_add_stats, gemv_rstd)
-MAX_ROWS = 16
+MAX_ROWS = 16  # rows of one launch, and of the invariant tile (its rows padded to 16)
+# Rows of one invariant launch: tiles of MAX_ROWS rows along the grid's third axis, each running
+# the instructions a launch of up to MAX_ROWS rows runs, so that every row keeps its bits (a draft
+# tree's verify step of up to 63 nodes and its root in one forward).
+MAX_INVARIANT_ROWS = 64
 PREFETCH_LINES = 16  # with PDL: 128-byte lines of each weight row requested before the wait (2 KB)
 _MAX_TILES = 1 << 16  # split-K counters per device
 # How the RMS_NORM prologue gets the row's mean square (norm_mode):
@@ -321,7 +325,8 @@ def _kernels():
         silu_and_mul, bit for bit."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
-        rows = tl.arange(0, BLOCK_M)
+        pid_m = tl.program_id(2)  # the tile of BLOCK_M rows (invariant launches of more rows)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < num_rows
         if GATE:
             cols = tl.arange(0, BLOCK_N)
@@ -398,7 +403,8 @@ def _kernels():
         if SPLIT_K > 1:
             # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
             part = part_ptr + rows[:, None] * N + offs_n[None, :]
-            last, acc = sum_splits(acc, part, pid_k, count_ptr + pid_n, num_rows, N, out_mask, SPLIT_K)
+            last, acc = sum_splits(acc, part, pid_k, count_ptr + pid_m * tl.num_programs(0) + pid_n, num_rows, N,
+                                   out_mask, SPLIT_K)
             if last:
                 if HAS_BIAS:
                     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -449,7 +455,10 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     (invariant, no split-K, not ADD_STATS): weight is [gate; up] and the launch returns
     silu(gate) * up of the projection, from the same tile's dots (dot_kernel's GATE)."""
     num_rows = x.shape[0]
-    assert 1 <= num_rows <= MAX_ROWS and x.stride(1) == 1, "x: (M <= 16, K), last dim contiguous"
+    # invariant launches and the one-row kernel row by row (one program column a row) take up to 64
+    # rows; the others, and the norm tail's per-row counters, 16
+    most = MAX_INVARIANT_ROWS if invariant or (each_row and not (gated or tail)) else MAX_ROWS
+    assert 1 <= num_rows <= most and x.stride(1) == 1, f"x: (M <= {most}, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
     assert bias is None or bias.shape == (weight.shape[0],)
     assert not (invariant and (each_row or gated or tail)), "the tensor-core tile runs no each_row, gated or tail"
@@ -494,8 +503,9 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
         assert cfg.split_k == 1, "a gated tile needs whole columns in one program"
     tiles = -(-n // (block_n // 2 if gate else block_n))
     k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
+    row_tiles = -(-num_rows // MAX_ROWS) if invariant else 1
     if cfg.split_k > 1:
-        assert tiles <= _MAX_TILES
+        assert tiles * row_tiles <= _MAX_TILES
         part = torch.empty((cfg.split_k, num_rows, n), dtype=torch.float32, device=x.device)
         counters = _tile_counters(x.device)
     elif tail:
@@ -522,7 +532,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     else:
         block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
         sq_arg = sq if sq is not None else out
-        dot_kernel[(tiles, cfg.split_k)](*args, sq_arg, sq.shape[1] if sq is not None else 1, sq_arg.stride(0),
+        dot_kernel[(tiles, cfg.split_k, row_tiles)](*args, sq_arg, sq.shape[1] if sq is not None else 1, sq_arg.stride(0),
                                          DOT_F32=x.dtype == torch.float32 or interpreting, BLOCK_M=block_m,
                                          SWAP_AB=cfg.swap_ab, EPILOGUE=epilogue,
                                          SQ_POW2=next_pow2(sq.shape[1]) if epilogue == RSTD else 1, GATE=gate,

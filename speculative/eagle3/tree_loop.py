@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from engine.decode import plain_steps
 from engine.forward_batch import ForwardBatch
-from engine.kernels.gemv import MAX_ROWS
+from engine import routing
 from engine.kernels.pick import rows_argmax
 from engine.model import ForwardOutput
 from engine.options import triton_interpreting
@@ -60,6 +60,8 @@ class TreeDrafting:
         # tests.
         self.fused_level = (self.on_device and runner.model.ops.options.tree_level
                             and (dev.type == "cuda" or triton_interpreting()))
+        # the most rows a verify forward takes (routing.tree_rows): the whole tree, or 16-row chunks
+        self.verify_rows = routing.tree_rows(runner.model.ops.options, runner.model.any_packed_layer())
         # the state a step starts from, left by the step before (or set by iterations())
         self.n = torch.zeros((), dtype=torch.long, device=dev)  # the root's position: the target's cache length
         self.root = torch.zeros(1, dtype=torch.long, device=dev)  # the token at n
@@ -196,12 +198,12 @@ class TreeDrafting:
                                  slot_map=not masks)
         target_tree = DraftTree(verify.ids[1:], verify.parents, verify.depths, verify.scores)
         N = len(target_tree)
-        # The decode kernel verifies at most MAX_ROWS rows a forward, so that on a batch-invariant
+        # A verify forward takes at most routing.tree_rows rows, so that on a batch-invariant
         # target every row runs the kernels, and has the bits, of its token's decode step: a longer
         # tree goes in chunks, in order (a node's ancestors come before it, their K/V written by
         # then). Its rows read their ancestors through a slot map; with masks, SDPA sees them all.
         model = runner.model
-        chunk = N + 1 if masks or model.ops.attention is None else MAX_ROWS
+        chunk = N + 1 if masks or model.ops.attention is None else self.verify_rows
         if masks:
             visible = torch.zeros(N + 1, n + N + 1, dtype=torch.bool, device=dev)
             visible[:, :n] = True

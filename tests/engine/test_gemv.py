@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -386,3 +387,60 @@ def test_add_stats_and_rstd_rows_equal_single_row_bits(hid, k, n, each_row):
         out, sq = both(0, m)
         assert torch.equal(out, torch.cat([s[0] for s in singles[:m]])), m
         assert torch.equal(sq, torch.cat([s[1] for s in singles[:m]])), m
+
+
+# A draft tree's verify step in one forward: 17 to 64 rows in 16-row tiles along the grid's third
+# axis. (rows, N, K, tile): SmolLM2's qkv on its invariant tile, and forced split-K tiles (the
+# counters of every row tile) over odd sizes.
+TREE_ROWS_CASES = [(25, 960, 576, None), (64, 100, 300, GemvConfig(16, 64, 3, 4, 2)),
+                   (17, 37, 200, GemvConfig(32, 64, 2, 4, 2))]
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("rows,n,k,config", TREE_ROWS_CASES)
+def test_invariant_launches_over_16_rows_equal_their_16_row_chunks(device, rows, n, k, config):
+    """Every invariant op of a tree's verify rows (gemv, the norm and activation prologues, the
+    stats epilogue on the tile and row by row, the scaled and gated consumer) gives each row the
+    bits the same op gives it in launches of at most 16 rows (the tiles and their rows sit alike),
+    values as the references, and leaves the split-K counters at zero. On a GPU, each row also
+    equals its one-row launch (test_invariant_rows_equal_single_row_bits' property)."""
+    from engine.kernels.gemv import MAX_INVARIANT_ROWS, MAX_ROWS, gemv_add_stats, gemv_rstd
+    from engine.routing import invariant_tile, row_tile
+
+    assert MAX_ROWS < rows <= MAX_INVARIANT_ROWS
+    gen, x, w, bias = make(rows, n, k, device, rows + n)
+    res = torch.randn(rows, k, generator=gen).to(device, torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
+    gu = torch.randn(rows, 2 * k, generator=gen).to(device, torch.bfloat16)
+    stream = torch.randn(rows, n, generator=gen).to(device, torch.bfloat16)
+    g = (1 + 0.1 * torch.randn(n, generator=gen)).to(device, torch.bfloat16)
+    w_up = (torch.randn(2 * 64, n, generator=gen) / n**0.5).to(device, torch.bfloat16)
+    cfg = config or invariant_tile((n, k))
+
+    def stats(a, b, each_row):
+        tile = replace(row_tile(k) if each_row else cfg, split_k=1)  # an epilogue needs whole columns
+        hg, h, sq = gemv_add_stats(x[a:b], w, bias, stream[a:b], g, config=tile, each_row=each_row)
+        rstd = gemv_rstd(hg, sq, 1e-5, w_up, config=invariant_tile((2 * 64, n)), gate=True)
+        return torch.cat([hg, h, rstd], 1)
+
+    ops = {  # each over rows a .. b - 1
+        "gemv": lambda a, b: gemv(x[a:b], w, bias, config=cfg, invariant=True),
+        "rms_norm_gemv": lambda a, b: torch.cat(rms_norm_gemv(x[a:b], res[a:b], nw, 1e-5, w, config=cfg,
+                                                              invariant=True), 1),
+        "silu_mul_gemv": lambda a, b: silu_mul_gemv(gu[a:b], w, config=cfg, invariant=True),
+        "stats, rstd": lambda a, b: stats(a, b, False),
+        "stats row by row, rstd": lambda a, b: stats(a, b, True),
+    }
+    for name, op in ops.items():
+        whole = op(0, rows)
+        assert torch.equal(whole, torch.cat([op(a, min(a + MAX_ROWS, rows)) for a in range(0, rows, MAX_ROWS)])), name
+        if device == "cuda":
+            assert torch.equal(whole, torch.cat([op(i, i + 1) for i in range(rows)])), name
+    torch.testing.assert_close(ops["gemv"](0, rows), gemv_ref(x, w, bias), **tol(device))
+    torch.testing.assert_close(ops["rms_norm_gemv"](0, rows)[:, :n], rms_norm_gemv_ref(x, res, nw, 1e-5, w)[0],
+                               **tol(device))
+    assert int(gemv_module._tile_counters(x.device).sum().item()) == 0
+    with pytest.raises(AssertionError):
+        gemv(torch.zeros(MAX_INVARIANT_ROWS + 1, k, dtype=torch.bfloat16, device=device), w, invariant=True)
+    with pytest.raises(AssertionError):  # the kernels of other launches keep their 16 rows
+        gemv(x[:MAX_ROWS + 1], w)

@@ -47,11 +47,14 @@ def test_one_row_projections_without_a_draft(shapes, o_proj_tile, down_tile):
 def test_batch_invariant_steps_run_one_tile_for_every_row_count(rows, mode):
     """With a draft loaded, every projection of a step of up to 16 bf16 rows runs one kernel and
     tile whatever the row count and kernel set: the 8B's (and the demo's lm_head) the tensor-core
-    tile, the demo's layers the one-row route row by row; 17 rows or fp32 go to cuBLAS."""
+    tile, the demo's layers the one-row route row by row; 17 rows (outside a tree's INVARIANT set)
+    or fp32 go to cuBLAS."""
     for role, shape in LLAMA_8B.items():
         want = Route(GEMV, routing.invariant_tile(shape), invariant=True)
         assert routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, BF16) == want
-        assert routing.linear_route(INVARIANT_OPTIONS, mode, role, 17, shape, BF16) == CUBLAS_ROUTE
+        # 17 rows: cuBLAS, except in the INVARIANT set (only a draft tree's verify rows get there)
+        assert routing.linear_route(INVARIANT_OPTIONS, mode, role, 17, shape, BF16) == (
+            want if mode == INVARIANT else CUBLAS_ROUTE)
         assert routing.linear_route(INVARIANT_OPTIONS, mode, role, rows, shape, F32) == CUBLAS_ROUTE
     for role, shape in SMOLLM2.items():
         want = Route(GEMV, routing.invariant_tile(shape), invariant=True)  # each_row off (the default)
@@ -102,6 +105,28 @@ def test_layer_mode():
     apart = KernelOptions(batch_invariant=True, fuse_invariant=False)
     assert routing.layer_mode(apart, 6, BF16, False) == routing.layer_mode(apart, 1, BF16, False) == UNFUSED
     assert routing.layer_mode(KernelOptions(fuse=False), 1, BF16, False) == UNFUSED
+
+
+def test_a_trees_verify_rows_run_the_invariant_set_in_one_forward():
+    """A draft tree's rows (up to 64) keep the INVARIANT set, its projections the invariant tile
+    and its sublayer ends the stats epilogue, where a prefill of as many rows stays unfused on
+    cuBLAS; where the INVARIANT set does not serve (fusion off, the one-row set row by row, packed
+    layers), a tree verifies 16 rows a forward."""
+    tree = [routing.layer_mode(INVARIANT_OPTIONS, m, BF16, False, tree=True) for m in (16, 17, 25, 64, 65)]
+    assert tree == [INVARIANT] * 4 + [UNFUSED]
+    assert routing.layer_mode(INVARIANT_OPTIONS, 25, BF16, False) == UNFUSED  # a prefill's rows
+    assert routing.layer_mode(DEFAULT, 25, BF16, False, tree=True) == UNFUSED  # no draft: no invariance
+    for role, shape in SMOLLM2.items():
+        if role == "lm_head":
+            continue
+        route = routing.linear_route(INVARIANT_OPTIONS, INVARIANT, role, 25, shape, BF16)
+        assert route == Route(GEMV, routing.invariant_tile(shape), invariant=True), role
+        assert routing.linear_route(INVARIANT_OPTIONS, UNFUSED, role, 25, shape, BF16) == CUBLAS_ROUTE
+    assert routing.tree_rows(INVARIANT_OPTIONS, packed=False) == 64
+    for options, packed in [(INVARIANT_OPTIONS, True), (EACH_ROW_OPTIONS, False),
+                            (KernelOptions(batch_invariant=True, fuse_invariant=False), False),
+                            (KernelOptions(batch_invariant=True, fuse=False), False)]:
+        assert routing.tree_rows(options, packed) == 16, (options, packed)
 
 
 def test_fused_norms_and_activations():
