@@ -287,6 +287,14 @@ def handler_for(command: str | None) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
+# What an out-of-memory error suggests, by command: what takes the memory there.
+OOM_HINTS = {
+    None: "a smaller --max-seq-len or model",
+    "train-draft": "a smaller --batch-tokens (tokens a step; each holds the draft vocabulary's logits for every "
+                   "unrolled step) or --draft-vocab",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     from app.stop_signals import describe, exit_status, interrupt_on_stop_signals
 
@@ -310,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         name = type(e).__name__
         msg = str(e).strip().splitlines()[0] if str(e).strip() else name
         if "out of memory" in msg.lower():
-            msg = f"out of GPU memory ({msg}); try a smaller --max-seq-len or model"
+            msg = f"out of GPU memory ({msg}); try {OOM_HINTS.get(args.command, OOM_HINTS[None])}"
         print(f"localchat: error: {name}: {msg}", file=sys.stderr)
         return 1
 

@@ -240,3 +240,19 @@ def test_run_with_a_draft_tree(tmp_path, tiny_models, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
+
+
+@pytest.mark.parametrize("argv,hint", [(["train-draft", "--model", "demo", "--out", "x"], "--batch-tokens"),
+                                       (["run", "--model", "demo", "hi"], "--max-seq-len")])
+def test_out_of_gpu_memory_is_one_line_naming_what_to_lower(monkeypatch, capsys, argv, hint):
+    """A command that runs out of GPU memory says so in one line and names the setting that takes
+    the memory there: train-draft's tokens a step, the other commands' context."""
+    import app.cli
+
+    def oom(args):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 960.00 MiB.\nmore detail")
+
+    monkeypatch.setattr(app.cli, "handler_for", lambda command: oom)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "out of GPU memory" in err and hint in err
