@@ -973,7 +973,7 @@ def test_tree_rows_read_through_a_slot_map_have_the_bits_of_their_decode_step(de
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tree", ["7 nodes", "root only", "16 nodes across a split"])
+@pytest.mark.parametrize("tree", ["7 nodes", "root only", "16 nodes across a split", "25 nodes across a split"])
 @pytest.mark.parametrize("programs", [None, 3], ids=["programs", "3_programs"])
 def test_rope_decode_attention_of_tree_rows_equals_rope_then_attention(device, tree, programs, monkeypatch):
     """A draft tree's rows read through a slot map (KernelOptions.rope_in_tree), each node's K/V at a
@@ -984,8 +984,10 @@ def test_rope_decode_attention_of_tree_rows_equals_rope_then_attention(device, t
         monkeypatch.setattr(attention_module, "_split_programs", _three_programs)
     num_heads, num_kv_heads, head_dim, max_seq_len = 9, 3, 64, 300
     parents = {"7 nodes": [-1, 0, 0, 1, 1, 2, 4], "root only": [-1],
-               "16 nodes across a split": [-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 5, 6, 8, 8, 9, 12]}[tree]
-    base = 61 if tree.startswith("16") else 70  # the first: depths 0..5 at positions 61..66 (a split at 64)
+               "16 nodes across a split": [-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 5, 6, 8, 8, 9, 12],
+               # more rows than a chain's verify step: a tree's in one launch (routing.tree_rows)
+               "25 nodes across a split": [-1] + [(i - 1) // 4 for i in range(1, 25)]}[tree]
+    base = 70 if tree.startswith(("7", "root")) else 61  # depths from 61: a split at 64
     rows = len(parents)
     node_slot = [base + 100 + 5 * i for i in range(rows)]  # scattered past the prefix
     depth, slot_map = tree_layout(parents, node_slot)
