@@ -116,7 +116,8 @@ class DecoderLayer(nn.Module):
         may run in its last program (the output is then a Normed: LayerKernels.ending)."""
         rows = rows_of(x)
         each_row = routing.each_row_layer(self.ops.options, self.shapes, rows.dtype)
-        kernels = self.ops.layer_kernels(rows, batch, each_row, self.is_packed())  # fused norm + projection launches, or not
+        # fused norm + projection launches, or not
+        kernels = self.ops.layer_kernels(rows, batch, each_row, self.is_packed())
         qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, role="qkv")
         if stream_in is not None:
             stream_in.append(residual)

@@ -3,9 +3,8 @@ as pure functions of the options, the kernel set (mode), the projection's role, 
 the weight's shape. No tensors here: the layer code (layer_kernels.py, ops.py) asks and launches.
 
 A projection on its own (linear_route), in a bf16 step:
-    batch_invariant, up to 16 rows         our GEMV: invariant_tile(shape) on tensor cores, or with
-    (a draft tree's in the INVARIANT set:  each_row a small weight's one-row route, row by row
-    up to 64, in 16-row tiles)
+    batch_invariant, up to 16 rows (a      our GEMV: invariant_tile(shape) on tensor cores, or with
+    draft tree's INVARIANT set: up to 64)  each_row a small weight's one-row route, row by row
     a draft's step (DRAFT), up to 16 rows  our GEMV, its built-in tile (with draft_rows, several
                                            rows on invariant_tile)
     o_proj or down, one row                our GEMV, row_tile(K)

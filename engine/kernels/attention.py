@@ -403,9 +403,10 @@ def rope_decode_attention(
     map_base: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """rope_and_cache then decode_attention for a decode row or a verify step's T <=
-    MAX_INVARIANT_ROWS rows (a draft tree's, MAX_TREE_ROWS), with the same bits, one launch fewer: the split kernel rotates q and
-    the keys itself, writes the keys and values into the cache (at slots, or positions) and q into
-    a scratch row, and reads them back as decode_attention reads them. Returns (T, Hq, D).
+    MAX_INVARIANT_ROWS rows (a draft tree's, MAX_TREE_ROWS), with the same bits, one launch fewer:
+    the split kernel rotates q and the keys itself, writes the keys and values into the cache (at
+    slots, or positions) and q into a scratch row, and reads them back as decode_attention reads
+    them. Returns (T, Hq, D).
 
     slot_map, map_base (per_token, invariant): a draft tree's rows, as decode_attention reads
     them. A program writes the step's rows whose positions lie in its splits before it reads any,

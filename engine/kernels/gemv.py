@@ -1,4 +1,5 @@
-"""Skinny matmul out = x @ weight.T for M = 1..16 rows (decode/verify), with fused prologues.
+"""Skinny matmul out = x @ weight.T for M = 1..16 rows (decode/verify; invariant launches up to 64),
+with fused prologues.
 
 Three ops, each beside its plain-torch reference:
   gemv(x, weight, bias)                              out = x @ W.T (+ bias)
@@ -447,7 +448,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     """Picks the kernel: row_kernel for one row, or for several with each_row (each row's bits as
     if it came alone, with the one-row tile); otherwise dot_kernel, with invariant one compiled
     kernel and tile for every row count (the tensor-core path over MAX_ROWS rows, the config of a
-    MAX_ROWS-row call), so row i's result does not depend on how many rows came with it either.
+    MAX_ROWS-row call; up to MAX_INVARIANT_ROWS rows as blocks of MAX_ROWS, each computed as a
+    launch of its rows alone), so row i's result does not depend on how many rows came with it.
     gated and tail (gemv_add_norm: residual and norm_weight go to the epilogue; returns (normed, h))
     run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl). epilogue
     (no split-K; on row_kernel ADD_STATS only): ADD_STATS (residual, norm_weight: see gemv_add_stats; sq gets the
@@ -532,11 +534,10 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     else:
         block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
         sq_arg = sq if sq is not None else out
-        dot_kernel[(tiles, cfg.split_k, row_tiles)](*args, sq_arg, sq.shape[1] if sq is not None else 1, sq_arg.stride(0),
-                                         DOT_F32=x.dtype == torch.float32 or interpreting, BLOCK_M=block_m,
-                                         SWAP_AB=cfg.swap_ab, EPILOGUE=epilogue,
-                                         SQ_POW2=next_pow2(sq.shape[1]) if epilogue == RSTD else 1, GATE=gate,
-                                         **common)
+        dot_kernel[(tiles, cfg.split_k, row_tiles)](
+            *args, sq_arg, sq.shape[1] if sq is not None else 1, sq_arg.stride(0),
+            DOT_F32=x.dtype == torch.float32 or interpreting, BLOCK_M=block_m, SWAP_AB=cfg.swap_ab, EPILOGUE=epilogue,
+            SQ_POW2=next_pow2(sq.shape[1]) if epilogue == RSTD else 1, GATE=gate, **common)
     return out, new_res
 
 
