@@ -173,7 +173,8 @@ def _train_eagle3(args) -> int:
     if res.interrupted:
         this_part = {"wall_s": round(time.perf_counter() - t_start, 1), "steps": ran}
         train_checkpoint.save(opts.out, draft, res, draft_ids, coverage, run_settings, [*earlier, this_part])
-        _log(f"to train on along the same schedule: {command_line(args, resume=True)}")
+        if not res.out_of_memory:  # below: what to do instead
+            _log(f"to train on along the same schedule: {command_line(args, resume=True)}")
     else:
         train_checkpoint.discard(opts.out)
     final, failed = final_checks(
@@ -199,11 +200,17 @@ def _train_eagle3(args) -> int:
         "train": {**{k: v for k, v in asdict(opts).items() if k not in ("out", "model", "data")},
                   "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
                   "last_loss": round(res.last_loss, 4), "tokens_per_s": round(res.entries / max(res.train_s, 1e-9))},
-        "interrupted": res.interrupted, "resumed_at_step": resume["step"] if resume else None,
+        "interrupted": res.interrupted, "out_of_memory": res.out_of_memory,
+        "resumed_at_step": resume["step"] if resume else None,
         "validation_history": res.history,
         "final_eval": final,
     }
     write_provenance(opts.out, prov, head_readme(prov), _log)
+    if res.out_of_memory:  # --resume keeps the settings that ran out; --init starts anew from this head
+        _log(f"the GPU ran out of memory; the head trained so far is in {opts.out}: go on from it with a smaller "
+             f"--batch-tokens (--init {opts.out} --batch-tokens {max(opts.batch_tokens // 2, 1)} --out NEW), or "
+             "with --resume once the memory is free")
+        return 1
     return 130 if res.interrupted else 1 if failed else 0
 
 

@@ -181,7 +181,8 @@ def validation_lines(p: dict, unit: str) -> list[str]:
              f"- Top-1 agreement with the target's greedy token, per {unit}: {ev.get('step_acc')}",
              f"- Estimated tokens per verify step (k = {ev.get('k')}): {ev.get('accept_len_estimate')}"]
     if p.get("interrupted"):
-        lines.append(f"- Stopped with Ctrl+C ({ev.get('skipped')}): the final checks were skipped.")
+        how = "when the GPU ran out of memory" if p.get("out_of_memory") else "with Ctrl+C"
+        lines.append(f"- Stopped {how} ({ev.get('skipped')}): the final checks were skipped.")
     if spec:
         lines.append(f"- Real speculator, greedy, {spec['prompts']} held-out prompts, k = {spec['k']}: mean "
                      f"accepted length {spec['accept_len_mean']:.2f}; output identical to plain decoding "

@@ -26,7 +26,8 @@ class LoopResult:
     first_loss: float = float("nan")
     last_loss: float = float("nan")
     history: list[dict] = field(default_factory=list)  # validation points
-    interrupted: bool = False  # stopped by Ctrl+C: the steps done are kept and saved
+    interrupted: bool = False  # stopped by Ctrl+C (or out of memory): the steps done are kept and saved
+    out_of_memory: bool = False  # stopped because the GPU's memory ran out
     # The schedule, for a checkpoint: training seconds it spans (None: by steps) and has used,
     # counting a resumed run's earlier part; the optimizer's state.
     schedule_s: float | None = None
@@ -43,12 +44,23 @@ def on_ctrl_c(res: LoopResult, step: int, log) -> None:
     log(f"interrupted after {step} steps: saving the head trained so far (a second Ctrl+C, 2 s or more later, aborts)")
 
 
+def on_out_of_memory(res: LoopResult, step: int, error: BaseException, log) -> None:
+    """Running out of GPU memory during training keeps what the finished steps learned, as Ctrl+C
+    does (the caller saves it and a checkpoint); before the first step there is nothing to keep,
+    and the error goes on."""
+    if step == 0:
+        raise error
+    res.interrupted = res.out_of_memory = True
+    log(f"out of GPU memory after {step} steps: saving the head trained so far")
+
+
 def final_checks(res: LoopResult, validation, speculator, log) -> tuple[dict, str | None]:
     """After training: the held-out figures (validation()) and the real speculator's check
     (speculator(), or None to skip it), or a note that Ctrl+C skipped both. Returns (figures,
     failure message or None); a failure is recorded, not raised, since the weights are saved."""
     if res.interrupted:
-        return {"skipped": f"interrupted after {res.steps_done} steps"}, None
+        why = "out of GPU memory" if res.out_of_memory else "interrupted"
+        return {"skipped": f"{why} after {res.steps_done} steps"}, None
     final: dict = {}
     try:
         final = validation()
@@ -259,6 +271,8 @@ def train(draft, teacher: Teacher, pools: dict[str, list[Sequence]], val_seqs: l
                     f"{v['accept_len_estimate']} (k={v['k']})")
     except KeyboardInterrupt:
         on_ctrl_c(res, step - first, log)
+    except torch.OutOfMemoryError as e:
+        on_out_of_memory(res, step - first, e, log)
     finally:
         bar.close()
     res.steps_done = step

@@ -16,7 +16,7 @@ from speculative.mtp.config import MTPConfig
 from speculative.train.mtp_unroll import TOP_K, chain_accept_len, mtp_loss, unroll, valid
 from speculative.train.progress import ProgressBar
 from speculative.train.teacher import Teacher
-from speculative.train.loop import (Batcher, LoopResult, _autocast, features_batch, final_checks, lr_at, on_ctrl_c,
+from speculative.train.loop import (Batcher, LoopResult, _autocast, features_batch, final_checks, lr_at, on_ctrl_c, on_out_of_memory,
                                     show_step, val_rows)
 from speculative.train.ttt import TTTBatch
 
@@ -128,6 +128,9 @@ def train(draft, target: _Target, teacher: Teacher, pools, val, opts, deadline, 
     except KeyboardInterrupt:
         bar.close()
         on_ctrl_c(res, step, log)
+    except torch.OutOfMemoryError as e:
+        bar.close()
+        on_out_of_memory(res, step, e, log)
     finally:
         bar.close()
     res.steps_done = step
@@ -183,8 +186,12 @@ def cmd_train_mtp(args) -> int:
         "train": {**{k: v for k, v in asdict(opts).items() if k not in skip}, "top_k": TOP_K,
                   "steps_done": res.steps_done, "entries": res.entries, "first_loss": round(res.first_loss, 4),
                   "last_loss": round(res.last_loss, 4), "tokens_per_s": round(res.entries / max(res.train_s, 1e-9))},
-        "interrupted": res.interrupted, "validation_history": res.history,
+        "interrupted": res.interrupted, "out_of_memory": res.out_of_memory, "validation_history": res.history,
         "final_eval": final,
     }
     write_provenance(opts.out, prov, layers_readme(prov), _log)
+    if res.out_of_memory:
+        _log(f"the GPU ran out of memory; the layers trained so far are in {opts.out}: a new run with a smaller "
+             "--batch-tokens fits")
+        return 1
     return 130 if res.interrupted else 1 if failed else 0

@@ -230,6 +230,50 @@ def test_ctrl_c_saves_what_is_trained(tmp_path, monkeypatch, kind):
     assert not (tmp_path / "none" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_running_out_of_gpu_memory_saves_what_is_trained(tmp_path, monkeypatch, kind, capsys):
+    """Out of GPU memory during training: the head (or layers) trained so far is saved and loads,
+    with a checkpoint; the run says so and how to go on (a smaller --batch-tokens), and exits with
+    1. Before the first step the error goes on: nothing to save."""
+    import speculative.train.ttt as ttt
+
+    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
+    data = _write_data(tmp_path / "data.jsonl")
+    calls = {"n": 0}
+    real = ttt.TTTBatch.from_rows
+
+    def fail_at(n):
+        def from_rows(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 960.00 MiB.")
+            return real(*a, **kw)
+        return classmethod(lambda cls, *a, **kw: from_rows(*a, **kw))
+
+    def args(out):
+        return Namespace(model=str(target), out=str(out), kind=kind, data=str(data), draft_vocab=128, steps=40,
+                         device="cpu", seq_len=128, batch_tokens=512, gen=0, gen_tokens=16, eval_every=0,
+                         eval_prompts=1, lr=2e-3, time_budget=None, mtp_layers=2)
+
+    monkeypatch.setattr(ttt.TTTBatch, "from_rows", fail_at(4))
+    out = tmp_path / "head"
+    assert cmd_train(args(out)) == 1
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["out_of_memory"] and prov["interrupted"] and prov["train"]["steps_done"] == 3
+    assert prov["final_eval"] == {"skipped": "out of GPU memory after 3 steps"}
+    assert "ran out of memory" in (out / "README.md").read_text()
+    logged = capsys.readouterr()
+    assert "--batch-tokens" in logged.out + logged.err
+    engine = Engine.load(str(target), draft=str(out), device="cpu", draft_steps=2)
+    assert engine.generate([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=8)).token_ids
+
+    calls["n"] = 0
+    monkeypatch.setattr(ttt.TTTBatch, "from_rows", fail_at(1))
+    with pytest.raises(torch.OutOfMemoryError):
+        cmd_train(args(tmp_path / "none"))
+    assert not (tmp_path / "none" / "model.safetensors").exists()
+
+
 def test_a_second_run_reuses_the_replies(tmp_path, monkeypatch):
     """The target's replies are kept (speculative/train/reply_cache.py): a second run for the same
     target takes them from the cache and generates nothing; another target does not see them."""
