@@ -189,10 +189,9 @@ def test_instruct_prompts_split_and_mix():
     assert counts == {"instruct": len(train)} and len(out) == len(train) + 5
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
-def test_ctrl_c_saves_what_is_trained(tmp_path, monkeypatch, kind):
-    """Ctrl+C during training stops it, saves the head (or layers) trained so far, which loads,
-    records the interruption, and exits with 130; before the first step it just stops."""
+def _stopped_run(tmp_path, monkeypatch, kind, error):
+    """(args(out): a short training run's arguments for `kind`; stop_at(n): from now on, the run's
+    n-th training batch raises `error`; the target's folder)."""
     import speculative.train.ttt as ttt
 
     target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
@@ -200,20 +199,29 @@ def test_ctrl_c_saves_what_is_trained(tmp_path, monkeypatch, kind):
     calls = {"n": 0}
     real = ttt.TTTBatch.from_rows
 
-    def interrupt_at(n):
+    def stop_at(n):
         def from_rows(*a, **kw):
             calls["n"] += 1
             if calls["n"] == n:
-                raise KeyboardInterrupt
+                raise error
             return real(*a, **kw)
-        return classmethod(lambda cls, *a, **kw: from_rows(*a, **kw))
+        calls["n"] = 0
+        monkeypatch.setattr(ttt.TTTBatch, "from_rows", classmethod(lambda cls, *a, **kw: from_rows(*a, **kw)))
 
     def args(out):
         return Namespace(model=str(target), out=str(out), kind=kind, data=str(data), draft_vocab=128, steps=40,
                          device="cpu", seq_len=128, batch_tokens=512, gen=0, gen_tokens=16, eval_every=0,
                          eval_prompts=1, lr=2e-3, time_budget=None, mtp_layers=2)
 
-    monkeypatch.setattr(ttt.TTTBatch, "from_rows", interrupt_at(6))
+    return args, stop_at, target
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_ctrl_c_saves_what_is_trained(tmp_path, monkeypatch, kind):
+    """Ctrl+C during training stops it, saves the head (or layers) trained so far, which loads,
+    records the interruption, and exits with 130; before the first step it just stops."""
+    args, stop_at, target = _stopped_run(tmp_path, monkeypatch, kind, KeyboardInterrupt)
+    stop_at(6)
     out = tmp_path / "head"
     assert cmd_train(args(out)) == 130
     prov = json.loads((out / "provenance.json").read_text())
@@ -223,8 +231,7 @@ def test_ctrl_c_saves_what_is_trained(tmp_path, monkeypatch, kind):
     engine = Engine.load(str(target), draft=str(out), device="cpu", draft_steps=2)
     assert engine.generate([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=8)).token_ids
 
-    calls["n"] = 0
-    monkeypatch.setattr(ttt.TTTBatch, "from_rows", interrupt_at(1))
+    stop_at(1)
     with pytest.raises(KeyboardInterrupt):
         cmd_train(args(tmp_path / "none"))
     assert not (tmp_path / "none" / "model.safetensors").exists()
@@ -235,27 +242,9 @@ def test_running_out_of_gpu_memory_saves_what_is_trained(tmp_path, monkeypatch, 
     """Out of GPU memory during training: the head (or layers) trained so far is saved and loads,
     with a checkpoint; the run says so and how to go on (a smaller --batch-tokens), and exits with
     1. Before the first step the error goes on: nothing to save."""
-    import speculative.train.ttt as ttt
-
-    target = make_tiny_model(tmp_path / "target", "llama", num_layers=4)
-    data = _write_data(tmp_path / "data.jsonl")
-    calls = {"n": 0}
-    real = ttt.TTTBatch.from_rows
-
-    def fail_at(n):
-        def from_rows(*a, **kw):
-            calls["n"] += 1
-            if calls["n"] == n:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 960.00 MiB.")
-            return real(*a, **kw)
-        return classmethod(lambda cls, *a, **kw: from_rows(*a, **kw))
-
-    def args(out):
-        return Namespace(model=str(target), out=str(out), kind=kind, data=str(data), draft_vocab=128, steps=40,
-                         device="cpu", seq_len=128, batch_tokens=512, gen=0, gen_tokens=16, eval_every=0,
-                         eval_prompts=1, lr=2e-3, time_budget=None, mtp_layers=2)
-
-    monkeypatch.setattr(ttt.TTTBatch, "from_rows", fail_at(4))
+    args, stop_at, target = _stopped_run(tmp_path, monkeypatch, kind,
+                                         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 960.00 MiB."))
+    stop_at(4)
     out = tmp_path / "head"
     assert cmd_train(args(out)) == 1
     prov = json.loads((out / "provenance.json").read_text())
@@ -267,8 +256,7 @@ def test_running_out_of_gpu_memory_saves_what_is_trained(tmp_path, monkeypatch, 
     engine = Engine.load(str(target), draft=str(out), device="cpu", draft_steps=2)
     assert engine.generate([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=8)).token_ids
 
-    calls["n"] = 0
-    monkeypatch.setattr(ttt.TTTBatch, "from_rows", fail_at(1))
+    stop_at(1)
     with pytest.raises(torch.OutOfMemoryError):
         cmd_train(args(tmp_path / "none"))
     assert not (tmp_path / "none" / "model.safetensors").exists()
