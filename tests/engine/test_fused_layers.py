@@ -108,7 +108,7 @@ def test_norm_tail_choice(monkeypatch):
 
 def test_epilogue_norm_choice():
     """The invariant set's o_proj and down end with the next norm's squares (a Scaled for the
-    projection after it) for 1 to 16 bf16 rows of a batch-invariant target, before qkv or gate_up
+    projection after it) for 1 to 64 bf16 rows of a batch-invariant target, before qkv or gate_up
     on plain bf16 weights; not before lm_head (its input is the hidden state drafts read), not
     before a packed projection, not with LOCALCHAT_NORM_STATS=0, not on the one-row set."""
     from engine.layers import RMSNorm
@@ -117,10 +117,10 @@ def test_epilogue_norm_choice():
     qkv = torch.nn.Linear(64, 192, bias=False).to(torch.bfloat16)
     options = KernelOptions(batch_invariant=True)
     inv = FusedLayerKernels(options, invariant=True, project=None)
-    for rows in (1, 6, 16):
+    for rows in (1, 6, 16, 17, 64):  # past 16: a draft tree's verify rows (routing.tree_rows)
         assert callable(inv.ending(_bf16(rows), (norm, qkv, "qkv")))
         assert callable(inv.ending(_bf16(rows), (norm, qkv, "gate_up")))
-    assert inv.ending(_bf16(17), (norm, qkv, "qkv")) is None
+    assert inv.ending(_bf16(65), (norm, qkv, "qkv")) is None
     assert inv.ending(_bf16(1), (norm, qkv, "lm_head")) is None
     assert inv.ending(_bf16(1, torch.float32), (norm, qkv, "qkv")) is None
     assert inv.ending(_bf16(1), (norm, torch.nn.Linear(64, 192), "qkv")) is None  # fp32 weight
