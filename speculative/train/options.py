@@ -141,13 +141,18 @@ class TrainOptions:
 def feature_cache_bytes(opts: TrainOptions, device: torch.device) -> TrainOptions:
     """opts with the bytes of target features to keep on the device, set once the target is
     loaded: on CUDA the free memory less what a training step needs (about 12 GiB at 16,384
-    tokens a step, so 16 GiB per 16,384 are kept back); 2 GiB elsewhere. The features of the
-    default demo run (16.5 M tokens of prompts and the target's replies, 2.2 M of conversations,
-    4.6 KB each) take about 86 GB; a cache that cannot hold them recomputes the rest at every
-    step, at about half the speed. Generation runs before the cache fills and frees its K/V."""
+    tokens a step with 8,192 draft tokens and 5 unrolled steps, so 16 GiB per 16,384 are kept
+    back, more in proportion to a larger draft vocabulary times unrolled steps: each step's
+    logits and their log-softmax are tokens x draft vocabulary); 2 GiB elsewhere. The features
+    of the default demo run (16.5 M tokens of prompts and the target's replies, 2.2 M of
+    conversations, 4.6 KB each) take about 86 GB; a cache that cannot hold them recomputes the
+    rest at every step, at about half the speed. Generation runs before the cache fills and
+    frees its K/V. (The cache fills as training reaches new sequences: a step that needs more
+    than was kept back runs out of memory only then, hundreds of steps in.)"""
     if device.type != "cuda":
         return replace(opts, cache_bytes=2 << 30)
-    keep = (16 << 30) * max(1.0, opts.batch_tokens / 16384)
+    logits = max(1.0, opts.draft_vocab * opts.ttt_steps / (8192 * 5))
+    keep = (16 << 30) * max(1.0, opts.batch_tokens / 16384) * logits
     return replace(opts, cache_bytes=int(max(1 << 30, torch.cuda.mem_get_info(device)[0] - keep)))
 
 

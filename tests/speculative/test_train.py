@@ -590,9 +590,10 @@ def test_greedy_weight_and_gen_frac_reach_the_run(tmp_path):
 
 
 def test_feature_cache_takes_the_free_memory_less_a_steps_working_set(monkeypatch):
-    """Set after the target is loaded: free memory less 16 GiB per 16,384 tokens a step (the
-    demo run's features, about 86 GB, fit on a 141 GB GPU; the old cap of 64 GiB made every
-    later step recompute about a quarter of them)."""
+    """Set after the target is loaded: free memory less 16 GiB per 16,384 tokens a step at 8,192
+    draft tokens and 5 unrolled steps, in proportion above (the demo run's features, about 86 GB,
+    fit on a 141 GB GPU; the old cap of 64 GiB made every later step recompute about a quarter of
+    them)."""
     from speculative.train.options import TrainOptions, feature_cache_bytes
 
     opts = TrainOptions.from_args(Namespace(model="m", out="o"), torch.device("cpu"))
@@ -602,6 +603,10 @@ def test_feature_cache_takes_the_free_memory_less_a_steps_working_set(monkeypatc
     gpu = replace(opts, batch_tokens=16384)
     assert feature_cache_bytes(gpu, torch.device("cuda")).cache_bytes == 114 << 30
     assert feature_cache_bytes(replace(gpu, batch_tokens=32768), torch.device("cuda")).cache_bytes == 98 << 30
+    # a grown draft vocabulary: its logits take 15,360 / 8,192 times the room (the demo head grown
+    # to 15,360 tokens ran out of an H100's memory 1,050 steps in, once the cache had filled)
+    assert feature_cache_bytes(replace(gpu, draft_vocab=15360), torch.device("cuda")).cache_bytes == 100 << 30
+    assert feature_cache_bytes(replace(gpu, ttt_steps=8), torch.device("cuda")).cache_bytes == int((130 - 25.6) * (1 << 30))
     free["b"] = 10 << 30  # a small card: still a little cache
     assert feature_cache_bytes(gpu, torch.device("cuda")).cache_bytes == 1 << 30
 
