@@ -128,8 +128,8 @@ class Eagle3Speculator:
     def set_tree(self, shape: TreeShape | None, sampled: bool = True) -> None:
         """Draft trees of `shape` from the next answer (tree_loop.py), or (None) chains of k.
         sampled=False: greedy answers only, sampled ones keep the chain (--tree auto's choice is
-        timed greedily; at 0.7 a 4,4,8 tree, its walk in one launch, runs as fast as the chain and
-        wider trees slower: docs/performance.md). A repetition penalty keeps the chain."""
+        timed greedily; at 0.7 a 4,4,8 tree, its walk in one launch, runs as fast as the chain, no
+        faster: docs/performance.md). A repetition penalty keeps the chain."""
         self.tree = shape
         self.tree_sampled = sampled
 
