@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from engine import routing
-from engine.kernels.gemv import (gated_gemv, gemv_add_norm, gemv_add_stats, gemv_rstd, rms_norm_gated_gemv,
+from engine.kernels.gemv import (MAX_ROWS, gated_gemv, gemv_add_norm, gemv_add_stats, gemv_rstd, rms_norm_gated_gemv,
                                  rms_norm_gemv, silu_mul_gemv)
 from engine.options import KernelOptions
 from engine.routing import INVARIANT, ROW, UNFUSED
@@ -198,6 +198,11 @@ class FusedLayerKernels(LayerKernels):
     def mlp_down(self, gate_up, mlp):
         down = mlp.down_proj
         tile = routing.down_tile(self.options, self.mode, gate_up.shape[0], tuple(down.weight.shape), self.each_row)
+        if (tile == UNFUSED and self.invariant and gate_up.shape[0] > MAX_ROWS and mlp.silu_and_mul is not None
+                and routing.plain_weight(down, gate_up.dtype)):
+            # a draft tree's rows (routing.tree_rows): apart on this set's route, which row_linear's
+            # is up to 16 rows
+            return self.project(mlp.silu_and_mul(gate_up), down, "down")
         if tile == UNFUSED:
             return super().mlp_down(gate_up, mlp)
         return silu_mul_gemv(gate_up, down.weight, down.bias, tile, self.invariant, pdl=self.options.pdl,

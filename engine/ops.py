@@ -40,6 +40,11 @@ class Ops:
     # (x, linear) -> linear(x) for the other projections and lm_head: cuBLAS, or with
     # batch_invariant the GEMV that gives each of up to 16 rows the same bits whatever the row count.
     linear: Callable = _nn_linear
+    # (x, linear, role) -> linear(x) on the INVARIANT set's routes, for the projections of a draft
+    # tree's verify rows that run outside that set (o_proj without the stats epilogue, lm_head):
+    # up to 64 rows on the invariant tiles, the routes of row_linear and linear up to 16; None:
+    # those two.
+    tree_project: Callable | None = None
     # (ids, table) -> table[ids] for a decode or verify step (up to 16 rows); None: nn.Embedding
     embed: Callable | None = None
     # (q, k, v, cos_sin, positions, k_cache, v_cache, scale, slots) -> attention output of one decode
@@ -71,7 +76,8 @@ class Ops:
         return cls(
             options, bound(add_rms_norm, pdl=pdl), bound(silu_and_mul, pdl=pdl), bound(rope_and_cache, pdl=pdl),
             bound(attention, options), row_linear=bound(project, UNFUSED, role="o_proj"),
-            linear=bound(project, UNFUSED, role="lm_head"), embed=bound(embed_rows, pdl=pdl),
+            linear=bound(project, UNFUSED, role="lm_head"), tree_project=bound(project, routing.INVARIANT),
+            embed=bound(embed_rows, pdl=pdl),
             rope_attention=bound(rope_attention, options), greedy_next=bound(greedy_next, pdl=pdl),
             fused_row=FusedLayerKernels(options, False, bound(project, routing.ROW),
                                         each_row=options.batch_invariant and options.each_row),

@@ -140,12 +140,14 @@ def is_invariant(options: KernelOptions, rows: int, dtype: torch.dtype, tree: bo
 
 
 def tree_rows(options: KernelOptions, packed: bool) -> int:
-    """The most rows one verify forward of a draft tree takes on a batch-invariant target: all of a
-    tree's nodes and its root where the INVARIANT set serves them (its tiles, in 16-row blocks,
-    and the per-row attention keep every row's bits at any row count), else MAX_ROWS (the one-row
-    set row by row, unfused or packed layers: their kernels take up to 16 rows), a longer tree
-    going in chunks."""
-    if options.fuse and options.fuse_invariant and not options.each_row and not packed:
+    """The most rows one verify forward of a draft tree takes on a batch-invariant target: with
+    tree_one_forward, all of a tree's nodes and its root where the INVARIANT set serves them (its
+    tiles, in 16-row blocks, and the per-row attention keep every row's bits at any row count;
+    the projections outside the set take the INVARIANT routes for a tree's rows: Ops.tree_project);
+    else MAX_ROWS (the one-row set row by row, unfused or packed layers: their kernels take up to
+    16 rows), a longer tree going in chunks."""
+    if (options.tree_one_forward and options.fuse and options.fuse_invariant and not options.each_row
+            and not packed):
         return MAX_INVARIANT_ROWS
     return MAX_ROWS
 

@@ -219,7 +219,7 @@ class TreeDrafting:
         # lm_head by chunk too; a greedy step with the kernels reads the weights' dtype (rows_argmax
         # widens as it reads: no fp32 copy), one chunk without a concatenation's copy
         greedy_kernels = kind is None and fused
-        logits = [model.logits(o.hidden, fp32=not greedy_kernels) for o in outs]
+        logits = [model.logits(o.hidden, fp32=not greedy_kernels, tree=True) for o in outs]
         logits = logits[0] if len(logits) == 1 else torch.cat(logits)
         out = outs[0] if len(outs) == 1 else ForwardOutput(
             hidden=torch.cat([o.hidden for o in outs]),

@@ -435,3 +435,53 @@ def test_tree_rows_with_rope_in_attention_equal_the_separate_launch(device, monk
     (apart, k_apart, v_apart, n_apart), (fused, k_fused, v_fused, n_fused) = results
     assert n_apart == cfg.num_layers and n_fused == 0
     assert torch.equal(fused, apart) and torch.equal(k_fused, k_apart) and torch.equal(v_fused, v_apart)
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("norm_stats", [True, False], ids=["epilogue_norms", "norm_launches"])
+def test_a_trees_rows_in_one_forward_equal_its_16_row_chunks(device, norm_stats, monkeypatch):
+    """KernelOptions.tree_one_forward: a batch-invariant target's verify step over a draft tree of
+    25 rows (read through slot maps) in one forward gives the logits (Ops.tree_project's lm_head)
+    and the caches that the same tree verified in forwards of 16 and 9 rows gives, bit for bit,
+    with the invariant set's norms in the epilogues or launched apart (o_proj on its own), and the
+    activation apart from down, as FUSED_TILES keeps the demo's."""
+    from tests.tree_rows import tree_layout
+
+    cfg = model_config("llama", small=device == "cpu")
+    apart = {(routing.INVARIANT, "silu_mul_gemv", cfg.hidden_size, cfg.intermediate_size): routing.UNFUSED}
+    monkeypatch.setattr(routing, "FUSED_TILES", {**routing.FUSED_TILES, **apart})
+    parents = [-1] + [(i - 1) // 4 for i in range(1, 25)]  # depths 0..3, each node after its parent
+    rows = len(parents)
+    node_slot = [PROMPT + 4 + i for i in range(rows)]
+    depth, slot_map = tree_layout(parents, node_slot)
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, cfg.vocab_size, (PROMPT + rows,), generator=gen).to(device)
+    options = KernelOptions(batch_invariant=True, tree_one_forward=True, norm_stats=norm_stats)
+    assert routing.tree_rows(options, packed=False) == 64
+    model = CausalLM(cfg, MAX_LEN, Ops.routed(options))
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
+                    else torch.randn(p.shape, generator=g) * (1.0 if "embed" in name else 0.04))
+    model = model.to(device, torch.bfloat16).eval().requires_grad_(False)
+    model.cos_sin = rope_cos_sin(cfg, MAX_LEN).to(device)
+    positions = torch.tensor([PROMPT + d for d in depth], device=device)
+    slots = torch.tensor(node_slot, device=device)
+    bases = torch.full((rows,), PROMPT, dtype=torch.int32, device=device)
+    slot_map = slot_map.to(device)
+    results = []
+    for chunk in (rows, 16):
+        kv = new_cache(model, device)
+        step_logits(model, kv, ids[:PROMPT], 0)
+        logits = []
+        with torch.inference_mode():
+            for c in range(0, rows, chunk):
+                part = slice(c, c + chunk)
+                batch = ForwardBatch(input_ids=ids[PROMPT:][part], positions=positions[part], slots=slots[part],
+                                     slot_map=slot_map[part], map_base=bases[part])
+                logits.append(model.logits(model(batch, kv).hidden, tree=True))
+        results.append((torch.cat(logits), torch.stack(kv.k), torch.stack(kv.v)))
+    (whole, k_whole, v_whole), (chunks, k_chunks, v_chunks) = results
+    assert whole.shape == (rows, cfg.vocab_size)
+    assert torch.equal(whole, chunks) and torch.equal(k_whole, k_chunks) and torch.equal(v_whole, v_chunks)
