@@ -240,9 +240,11 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
         device, model_name, draft_name = "cuda", "m", "d"
         shape = "unset"
 
-        def __init__(self, tree_level=True, **switches):
-            self.runner = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(
-                options=SimpleNamespace(tree_level=tree_level, **switches))))
+        def __init__(self, tree_level=True, packed=False, **switches):
+            options = SimpleNamespace(tree_level=tree_level, fuse=True, fuse_invariant=True, each_row=False,
+                                      **{"tree_one_forward": False, **switches})
+            self.runner = SimpleNamespace(model=SimpleNamespace(ops=SimpleNamespace(options=options),
+                                                                any_packed_layer=lambda: packed))
 
         def set_tree(self, shape):
             self.shape = shape
@@ -256,7 +258,7 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
     calls = []
     real = cal.calibrate
     try:
-        cal.calibrate = lambda engine: (calls.append(1), real(engine, timer=timer))[1]
+        cal.calibrate = lambda engine, candidates: (calls.append(1), real(engine, candidates, timer=timer))[1]
         assert cal.auto_tree(stub, cache) == TreeShape(3, 5, 8) and calls == [1]
         assert cal.auto_tree(Stub(), cache) == TreeShape(3, 5, 8) and calls == [1]  # from the cache
         other = Stub()
@@ -278,6 +280,13 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
         assert cal.auto_tree(cpu, cache) is None and calls == [1]  # chains, nothing timed
     finally:
         cal.calibrate = real
+    # trees of more than 15 nodes are candidates only where one forward verifies them
+    assert cal.candidates_for(Stub()) == cal.CANDIDATES
+    assert cal.candidates_for(Stub(tree_one_forward=True)) == cal.CANDIDATES + (TreeShape(4, 8, 24),)
+    assert cal.candidates_for(Stub(tree_one_forward=True, packed=True)) == cal.CANDIDATES
+    timed.clear()
+    cal.calibrate(Stub(tree_one_forward=True), cal.candidates_for(Stub(tree_one_forward=True)), timer=timer)
+    assert "4,8,24" in timed
 
 
 @pytest.mark.parametrize("shape", [None, TreeShape(3, 3, 12)], ids=["chain", "tree"])
