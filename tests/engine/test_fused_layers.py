@@ -392,6 +392,20 @@ def test_routed_projections_launch_what_routing_picks(monkeypatch):
     assert calls[-1] == (routing.invariant_tile((2048, 4096)), True, False)
 
 
+def routed_model(cfg: ModelConfig, device: str, options: KernelOptions) -> CausalLM:
+    """A bf16 model of random weights (seed 1) on Ops.routed(options): every kernel of the CUDA
+    path (on the CPU in Triton's interpreter)."""
+    model = CausalLM(cfg, MAX_LEN, Ops.routed(options))
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
+                    else torch.randn(p.shape, generator=g) * (1.0 if "embed" in name else 0.04))
+    model = model.to(device, torch.bfloat16).eval().requires_grad_(False)
+    model.cos_sin = rope_cos_sin(cfg, MAX_LEN).to(device)
+    return model
+
+
 @pytest.mark.parametrize("device", [CUDA, CPU])
 def test_tree_rows_with_rope_in_attention_equal_the_separate_launch(device, monkeypatch):
     """A batch-invariant target's verify step over a draft tree's rows (read through slot maps):
@@ -414,15 +428,7 @@ def test_tree_rows_with_rope_in_attention_equal_the_separate_launch(device, monk
     ids = torch.randint(0, cfg.vocab_size, (PROMPT + rows,), generator=gen).to(device)
     results = []
     for rope_in_tree in (False, True):
-        ops = Ops.routed(KernelOptions(batch_invariant=True, rope_in_tree=rope_in_tree))
-        model = CausalLM(cfg, MAX_LEN, ops)
-        with torch.no_grad():
-            g = torch.Generator().manual_seed(1)
-            for name, p in model.named_parameters():
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
-                        else torch.randn(p.shape, generator=g) * (1.0 if "embed" in name else 0.04))
-        model = model.to(device, torch.bfloat16).eval().requires_grad_(False)
-        model.cos_sin = rope_cos_sin(cfg, MAX_LEN).to(device)
+        model = routed_model(cfg, device, KernelOptions(batch_invariant=True, rope_in_tree=rope_in_tree))
         kv = new_cache(model, device)
         step_logits(model, kv, ids[:PROMPT], 0)
         batch = ForwardBatch(input_ids=ids[PROMPT:], positions=torch.tensor([PROMPT + d for d in depth], device=device),
@@ -458,14 +464,7 @@ def test_a_trees_rows_in_one_forward_equal_its_16_row_chunks(device, norm_stats,
     ids = torch.randint(0, cfg.vocab_size, (PROMPT + rows,), generator=gen).to(device)
     options = KernelOptions(batch_invariant=True, tree_one_forward=True, norm_stats=norm_stats)
     assert routing.tree_rows(options, packed=False) == 64
-    model = CausalLM(cfg, MAX_LEN, Ops.routed(options))
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for name, p in model.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
-                    else torch.randn(p.shape, generator=g) * (1.0 if "embed" in name else 0.04))
-    model = model.to(device, torch.bfloat16).eval().requires_grad_(False)
-    model.cos_sin = rope_cos_sin(cfg, MAX_LEN).to(device)
+    model = routed_model(cfg, device, options)
     positions = torch.tensor([PROMPT + d for d in depth], device=device)
     slots = torch.tensor(node_slot, device=device)
     bases = torch.full((rows,), PROMPT, dtype=torch.int32, device=device)
