@@ -3,8 +3,9 @@ its EAGLE-3 head, its no-draft twin over the same weights (Engine.without_draft)
 the same engine with speculation off, then each --tree shape (off: the chain), every setting on
 every prompt, alternating per prompt (the order rotating from one prompt to the next), each timed
 answer after an uncounted 8-token warm-up of its own (a shape's first answer captures its graph).
-Answers end at EOS, as in the app; tokens/s as `localchat bench` sums them. One load instead of
-one a shape: a sweep of ten shapes takes about a minute on the demo model.
+Answers end at EOS, as in the app; tokens/s as `localchat bench` sums them. One load, one
+no-draft baseline and one Triton warm-up for the whole sweep, where a `localchat bench` each
+pays them for every shape.
 
     python benchmarks/tree_shapes.py --model demo --tree 4,8,15 --tree 4,8,24 --tree off --out FILE
 
