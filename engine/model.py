@@ -12,7 +12,6 @@ from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.layers import GatedMLP, RMSNorm
 from engine.kernels.attention import MAX_INVARIANT_ROWS, MAX_TREE_ROWS
-from engine.kernels.gemv import MAX_ROWS
 from engine.layer_kernels import Normed, rows_of
 from engine import routing
 from engine.packed_linear import is_packed_layer, projection_device, share_packed
@@ -90,10 +89,11 @@ class Attention(nn.Module):
         return self._o_proj(o, batch)
 
     def _o_proj(self, o: torch.Tensor, batch) -> torch.Tensor:
-        """o_proj on its own: more than 16 rows of a draft tree (routing.tree_rows) on the invariant
-        routes, which row_linear's are up to 16 rows; other steps' on row_linear's, or the nn.Linear."""
-        if batch.slot_map is not None and o.shape[0] > MAX_ROWS and self.ops.tree_project is not None:
-            return self.ops.tree_project(o, self.o_proj, "o_proj")
+        """o_proj on its own: a draft tree's rows by Ops.tree_project, other steps' on row_linear's
+        route, or the nn.Linear."""
+        out = self.ops.tree_project(o, self.o_proj, "o_proj") if batch.slot_map is not None else None
+        if out is not None:
+            return out
         return self.ops.row_linear(o, self.o_proj) if self.ops.row_linear else self.o_proj(o)
 
 
@@ -209,9 +209,8 @@ class CausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor, fp32: bool = True, tree: bool = False) -> torch.Tensor:
         """(T, H) -> (T, V) fp32 (fp32 False: in the weights' dtype, enough for an argmax). tree: a
         draft tree's verify rows, more than 16 on the invariant route (Ops.tree_project)."""
-        if tree and hidden.shape[0] > MAX_ROWS and self.ops.tree_project is not None:
-            out = self.ops.tree_project(hidden, self.lm_head, "lm_head")
-        else:
+        out = self.ops.tree_project(hidden, self.lm_head, "lm_head") if tree else None
+        if out is None:
             out = self.ops.linear(hidden, self.lm_head)
         return out.float() if fp32 else out
 

@@ -12,7 +12,7 @@ import torch
 from engine import routing
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from engine.kernels.attention import MAX_INVARIANT_ROWS, MAX_TREE_ROWS, decode_attention, rope_decode_attention
-from engine.kernels.gemv import gemv
+from engine.kernels.gemv import MAX_ROWS, gemv
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
 from engine.kernels.pick import greedy_next
 from engine.kernels.rope import rope_and_cache
@@ -40,11 +40,6 @@ class Ops:
     # (x, linear) -> linear(x) for the other projections and lm_head: cuBLAS, or with
     # batch_invariant the GEMV that gives each of up to 16 rows the same bits whatever the row count.
     linear: Callable = _nn_linear
-    # (x, linear, role) -> linear(x) on the INVARIANT set's routes, for the projections of a draft
-    # tree's verify rows that run outside that set (o_proj without the stats epilogue, lm_head):
-    # up to 64 rows on the invariant tiles, the routes of row_linear and linear up to 16; None:
-    # those two.
-    tree_project: Callable | None = None
     # (ids, table) -> table[ids] for a decode or verify step (up to 16 rows); None: nn.Embedding
     embed: Callable | None = None
     # (q, k, v, cos_sin, positions, k_cache, v_cache, scale, slots) -> attention output of one decode
@@ -76,8 +71,7 @@ class Ops:
         return cls(
             options, bound(add_rms_norm, pdl=pdl), bound(silu_and_mul, pdl=pdl), bound(rope_and_cache, pdl=pdl),
             bound(attention, options), row_linear=bound(project, UNFUSED, role="o_proj"),
-            linear=bound(project, UNFUSED, role="lm_head"), tree_project=bound(project, routing.INVARIANT),
-            embed=bound(embed_rows, pdl=pdl),
+            linear=bound(project, UNFUSED, role="lm_head"), embed=bound(embed_rows, pdl=pdl),
             rope_attention=bound(rope_attention, options), greedy_next=bound(greedy_next, pdl=pdl),
             fused_row=FusedLayerKernels(options, False, bound(project, routing.ROW),
                                         each_row=options.batch_invariant and options.each_row),
@@ -86,6 +80,15 @@ class Ops:
                                             add_rms_norm=bound(add_rms_norm, pdl=pdl),
                                             silu_and_mul=bound(silu_and_mul, pdl=pdl)),
         )
+
+    def tree_project(self, x: torch.Tensor, linear: torch.nn.Linear, role: str) -> torch.Tensor | None:
+        """linear(x) for more than 16 verify rows of a draft tree (routing.tree_rows) that a
+        projection runs outside the INVARIANT set (lm_head, o_proj without the stats epilogue), on
+        that set's route: row_linear's and linear's take up to 16 rows. None for fewer rows or
+        without the GPU kernels: row_linear's or linear's route then."""
+        if x.shape[0] <= MAX_ROWS or self.fused_invariant is None:
+            return None
+        return self.fused_invariant.project(x, linear, role)
 
     def one_row_attention(self, num_rows: int, mapped: bool = False) -> Callable | None:
         """rope_attention for a step of num_rows unpacked rows where it applies (CUDA,

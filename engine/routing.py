@@ -143,9 +143,9 @@ def tree_rows(options: KernelOptions, packed: bool) -> int:
     """The most rows one verify forward of a draft tree takes on a batch-invariant target: with
     tree_one_forward, all of a tree's nodes and its root where the INVARIANT set serves them (its
     tiles, in 16-row blocks, and the per-row attention keep every row's bits at any row count;
-    the projections outside the set take the INVARIANT routes for a tree's rows: Ops.tree_project);
-    else MAX_ROWS (the one-row set row by row, unfused or packed layers: their kernels take up to
-    16 rows), a longer tree going in chunks."""
+    the projections outside the set take its routes for a tree's rows: Ops.tree_project and
+    FusedLayerKernels.mlp_down); else MAX_ROWS (the one-row set row by row, unfused or packed
+    layers: their kernels take up to 16 rows), a longer tree going in chunks."""
     if (options.tree_one_forward and options.fuse and options.fuse_invariant and not options.each_row
             and not packed):
         return MAX_INVARIANT_ROWS
@@ -160,9 +160,7 @@ def layer_mode(options: KernelOptions, rows: int, dtype: torch.dtype, packed: bo
     tree: a draft tree's verify rows (up to tree_rows)."""
     if not options.fuse or packed:
         return UNFUSED
-    if rows > MAX_ROWS and tree and not each_row and is_invariant(options, rows, dtype, tree=True):
-        return INVARIANT if options.fuse_invariant else UNFUSED
-    if is_invariant(options, rows, dtype):
+    if is_invariant(options, rows, dtype, tree=tree and not each_row):
         if not options.fuse_invariant:
             return UNFUSED
         return ROW if each_row else INVARIANT
