@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
               "model": engine.model_name, "draft": engine.draft_name, "prompts_file": args.prompts_file,
               "prompts": len(prompts), "new_tokens": args.new_tokens, "temperature": args.temperature,
               "system_prompt": system[0]["content"],
+              # the LOCALCHAT_* switches the run was given (KernelOptions.from_env)
+              "switches": {k: v for k, v in sorted(os.environ.items())
+                           if k.startswith("LOCALCHAT_") and k not in ("LOCALCHAT_HOME", "LOCALCHAT_TEST_HOME")},
               "settings": time_shapes(engine, args.shapes, prompts, args.new_tokens, args.temperature)}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(table(report))

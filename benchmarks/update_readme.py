@@ -17,6 +17,8 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 # these flags repeat what their commands did then.
 BEFORE = " --ignore-eos --system ''"
 BENCH_8B = "localchat bench --random-weights llama-8b --prompts 2"
+TREE_SHAPES = ("python benchmarks/tree_shapes.py --model demo --tree 4,8,15 --tree 4,8,20 --tree 4,8,24 "
+               "--tree 4,10,24 --tree 5,8,24 --tree off --out FILE")
 
 PACKED = "localchat bench --random-weights llama-8b --random-quant Q4_K_M --no-spec --prompts 2 --new-tokens 128 --no-peer"
 QWEN = ("localchat bench --random-weights benchmarks/configs/qwen2.5-7b.json --random-quant Q4_K_M --no-spec "
@@ -49,6 +51,10 @@ ROWS = (
      "h100_demo_tree_4-8-15_cuts.json"),
     ("spec", "H100: the same with draft trees 4,4,8", UNSEEN + " --prompts 12 --tree 4,4,8",
      "h100_demo_tree_4-4-8_cuts.json"),
+    ("tree:4,8,15", "greedy speculation, demo model + its EAGLE-3 head, the 12 requests, draft trees 4,8,15 (16 rows "
+     "verified a step), shapes timed in one process", TREE_SHAPES, "h200_tree_one_forward.json"),
+    ("tree:4,8,24", "the same run, draft trees 4,8,24 (25 rows verified in one forward)", TREE_SHAPES,
+     "h200_tree_one_forward.json"),
     ("spec", "H100: the same with the chain alone", UNSEEN + " --prompts 12 --runners-up off",
      "h100_demo_runners_up_off.json"),
     ("spec", "H100: the chain at temperature 0.7, all 24 requests", UNSEEN + " --temperature 0.7 --prompts 24",
@@ -170,6 +176,13 @@ def row(kind: str, label: str, command: str, name: str) -> str:
                       f"{s['speedup_vs_draft_off']:.2f}x)")
         else:  # written before bench measured against an engine with no draft loaded
             versus = f"plain decode, draft loaded, {b['plain']['decode_tok_s']:.0f} tok/s: {s['speedup']:.2f}x"
+    elif kind.startswith("tree:"):  # one shape of a benchmarks/tree_shapes.py sweep
+        settings = b["settings"]
+        s, nd, off = settings[kind[len("tree:"):]], settings["no_draft"], settings["draft_off"]
+        result = f"{_tok_s(s['decode_tok_s'])} tok/s, accepted length {s['accept_len_mean']:.2f}"
+        versus = (f"no draft loaded, {_tok_s(nd['decode_tok_s'])} tok/s: {s['decode_tok_s'] / nd['decode_tok_s']:.2f}x "
+                  f"(draft loaded, speculation off, {_tok_s(off['decode_tok_s'])} tok/s: "
+                  f"{s['decode_tok_s'] / off['decode_tok_s']:.2f}x)")
     elif kind == "no_draft":
         nd, off = b["no_draft"], b["plain"]
         result = f"{nd['decode_tok_s']:.0f} tok/s"

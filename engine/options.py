@@ -167,9 +167,9 @@ class KernelOptions:
     tree_level_keys: bool = True
     # With it, a draft tree of more than 15 nodes is verified in one forward (the invariant tiles
     # in 16-row blocks, up to 64 rows: routing.tree_rows) instead of 16-row chunks, each a forward
-    # of its own (on an H100, 4,8,20 trees ran 1.34x of no draft in two forwards, 4,8,15 2.10x in
-    # one). Off until timed and checked token for token on a GPU: LOCALCHAT_TREE_ONE_FORWARD=1.
-    tree_one_forward: bool = False
+    # of its own: on an H200, 4,8,24 trees ran 1.85x of no draft in one forward against 1.31x in
+    # two, every greedy answer the same. LOCALCHAT_TREE_ONE_FORWARD=0: 16-row forwards.
+    tree_one_forward: bool = True
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -241,7 +241,7 @@ class KernelOptions:
             tree_select_blocks=_flag(env, "LOCALCHAT_TREE_SELECT_BLOCKS", default=False),
             sampled_tree_accept=_flag(env, "LOCALCHAT_SAMPLED_TREE_ACCEPT", default=True),
             tree_level_keys=_flag(env, "LOCALCHAT_TREE_LEVEL_KEYS"),
-            tree_one_forward=_flag(env, "LOCALCHAT_TREE_ONE_FORWARD", default=False),
+            tree_one_forward=_flag(env, "LOCALCHAT_TREE_ONE_FORWARD"),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 
-triton = tl = prefetch_rows = sum_splits = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = prefetch_rows = sum_splits = tile_rstd = tile_operand = tile_dot = tile_store = None  # bound by _kernels()
 
 NONE, RMS_NORM, SILU_MUL = 0, 1, 2  # prologue kinds
 ADD_STATS, RSTD = 1, 2  # the invariant tile's epilogues (gemv_add_stats, gemv_rstd)
@@ -115,7 +115,7 @@ def _tail_counter(device: torch.device) -> torch.Tensor:
 
 @functools.cache
 def _kernels():
-    global triton, tl, prefetch_rows, sum_splits
+    global triton, tl, prefetch_rows, sum_splits, tile_rstd, tile_operand, tile_dot, tile_store
     import triton
     import triton.language as tl
 
@@ -307,105 +307,75 @@ def _kernels():
                 tl.atomic_xchg(count_ptr + m, 0)  # ready for the next launch
 
     @triton.jit
-    def dot_kernel(
-        x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
-        num_rows, N, K, stride_x, stride_res, stride_new_res, stride_w, stride_out, eps,
-        sq_ptr, num_sq, stride_sq,
-        PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
-        SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWAP_AB: tl.constexpr,
-        EPILOGUE: tl.constexpr, SQ_POW2: tl.constexpr, GATE: tl.constexpr,
-    ):
-        """Tensor-core tiles over BLOCK_M (>= 16) padded rows: each row's result comes from the
-        same dot instructions whatever the other rows hold. EPILOGUE (no split-K): ADD_STATS or
-        RSTD (gemv_add_stats, gemv_rstd). GATE (no split-K, no ADD_STATS): the weight is [gate; up]
-        (2N rows) and the program's BLOCK_N tile columns alternate gate row j and up row j, for
-        BLOCK_N / 2 outputs j, silu(gate) * up stored after the dot; each column is the dot the
-        plain tile takes for that weight row, so the outputs are those of gate_up then
-        silu_and_mul, bit for bit."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        pid_m = tl.program_id(2)  # the tile of BLOCK_M rows (invariant launches of more rows)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < num_rows
-        if GATE:
-            cols = tl.arange(0, BLOCK_N)
-            offs_n = pid_n * (BLOCK_N // 2) + cols // 2  # the output each column feeds
-            n_ok = offs_n < N
-            w_rows = tl.where(n_ok, offs_n + (cols % 2) * N, 0)  # even: gate row j, odd: up row j
+    def tile_rstd(x_ptr, res_ptr, rows, row_ok, stride_x, stride_res, K, eps,
+                  HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """1 / rms of a tile's rows (x + residual): the RMS_NORM prologue's pass over K (L2-resident)."""
+        sq = tl.zeros([BLOCK_M], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask = row_ok[:, None] & (offs_k < K)[None, :]
+            h = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
+            if HAS_RESIDUAL:
+                res = tl.load(res_ptr + rows[:, None] * stride_res + offs_k[None, :], mask=mask, other=0.0)
+                h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
+            sq += tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=1)
+        return tl.rsqrt(sq / K + eps)
+
+    @triton.jit
+    def tile_operand(x_ptr, res_ptr, nw_ptr, new_res_ptr, rows, row_ok, offs_k, k_ok, inv_rms, pid_n,
+                     stride_x, stride_res, stride_new_res, K,
+                     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+        """A tile's (BLOCK_M, BLOCK_K) fp32 left operand after the prologue, rounded at each step as
+        the references round."""
+        mask = row_ok[:, None] & k_ok[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
+        if PROLOGUE == 1:  # RMS_NORM, rounded like rms_norm_gemv_ref at each step
+            h = x
+            if HAS_RESIDUAL:
+                res = tl.load(res_ptr + rows[:, None] * stride_res + offs_k[None, :], mask=mask, other=0.0)
+                h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+                if pid_n == 0:  # column tile 0 writes the new residual stream
+                    tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_k[None, :], h, mask=mask)
+            nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
+            a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
+        elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
+            up = tl.load(x_ptr + rows[:, None] * stride_x + K + offs_k[None, :], mask=mask, other=0.0)
+            gate = x.to(tl.float32)
+            act = (gate * tl.sigmoid(gate)).to(x.dtype).to(tl.float32)
+            a = (act * up.to(tl.float32)).to(x.dtype).to(tl.float32)
         else:
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < N
-            w_rows = tl.where(n_ok, offs_n, 0)
-        k_start = pid_k * K_PER_SPLIT
-        if USE_PDL:
-            prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, False, LINE, PREFETCH_LINES)
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        inv_rms = tl.zeros([BLOCK_M], tl.float32)
-        if PROLOGUE == 1:
-            # The norm needs the whole row's mean square first: a pass over K (L2-resident).
-            sq = tl.zeros([BLOCK_M], tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                mask = row_ok[:, None] & (offs_k < K)[None, :]
-                h = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
-                if HAS_RESIDUAL:
-                    res = tl.load(res_ptr + rows[:, None] * stride_res + offs_k[None, :], mask=mask, other=0.0)
-                    h = (h.to(tl.float32) + res.to(tl.float32)).to(h.dtype)
-                sq += tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=1)
-            inv_rms = tl.rsqrt(sq / K + eps)
+            a = x.to(tl.float32)
+        return a
+
+    @triton.jit
+    def tile_dot(acc, a, w, SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr):
+        """One K step of a tile: acc (BLOCK_M, BLOCK_N), or (BLOCK_N, BLOCK_M) with SWAP_AB."""
         if SWAP_AB:
-            acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            if DOT_F32:
+                acc += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
+            else:
+                acc += tl.dot(w, tl.trans(a.to(w.dtype)))
         else:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for kk in range(0, K_PER_SPLIT, BLOCK_K):
-            offs_k = k_start + kk + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                k_ok = offs_k < K_PER_SPLIT * SPLIT_K
-                w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
+            if DOT_F32:
+                acc += tl.dot(a, tl.trans(w.to(tl.float32)), input_precision="ieee")
             else:
-                k_ok = offs_k < K
-                w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :], other=0.0)
-            # a: the (BLOCK_M, BLOCK_K) fp32 left operand after the prologue
-            mask = row_ok[:, None] & k_ok[None, :]
-            x = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
-            if PROLOGUE == 1:  # RMS_NORM, rounded like rms_norm_gemv_ref at each step
-                h = x
-                if HAS_RESIDUAL:
-                    res = tl.load(res_ptr + rows[:, None] * stride_res + offs_k[None, :], mask=mask, other=0.0)
-                    h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
-                    if pid_n == 0:  # column tile 0 writes the new residual stream
-                        tl.store(new_res_ptr + rows[:, None] * stride_new_res + offs_k[None, :], h, mask=mask)
-                nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                normed = (h.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)
-                a = (normed * nw[None, :]).to(x.dtype).to(tl.float32)
-            elif PROLOGUE == 2:  # SILU_MUL: x is gate, up sits K columns further
-                up = tl.load(x_ptr + rows[:, None] * stride_x + K + offs_k[None, :], mask=mask, other=0.0)
-                gate = x.to(tl.float32)
-                act = (gate * tl.sigmoid(gate)).to(x.dtype).to(tl.float32)
-                a = (act * up.to(tl.float32)).to(x.dtype).to(tl.float32)
-            else:
-                a = x.to(tl.float32)
-            if SWAP_AB:
-                if DOT_F32:
-                    acc_t += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
-                else:
-                    acc_t += tl.dot(w, tl.trans(a.to(w.dtype)))
-            else:
-                if DOT_F32:
-                    acc += tl.dot(a, tl.trans(w.to(tl.float32)), input_precision="ieee")
-                else:
-                    acc += tl.dot(a.to(w.dtype), tl.trans(w))
-        if SWAP_AB:
-            acc = tl.trans(acc_t)
+                acc += tl.dot(a.to(w.dtype), tl.trans(w))
+        return acc
+
+    @triton.jit
+    def tile_store(acc, rows, row_ok, offs_n, n_ok, w_rows, pid_n, pid_k, counter,
+                   res_ptr, nw_ptr, new_res_ptr, bias_ptr, out_ptr, part_ptr, sq_ptr,
+                   num_rows, N, K, eps, num_sq, stride_res, stride_new_res, stride_out, stride_sq,
+                   HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EPILOGUE: tl.constexpr,
+                   SQ_POW2: tl.constexpr, GATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """A tile's (BLOCK_M, BLOCK_N) fp32 sums to its outputs: split K's partials added in split
+        order by the last program of the tile to arrive (its counter), the bias, the epilogue."""
         out_mask = row_ok[:, None] & n_ok[None, :]
         if SPLIT_K > 1:
             # part: (SPLIT_K, BLOCK_M rows of num_rows, N) fp32
             part = part_ptr + rows[:, None] * N + offs_n[None, :]
-            last, acc = sum_splits(acc, part, pid_k, count_ptr + pid_m * tl.num_programs(0) + pid_n, num_rows, N,
-                                   out_mask, SPLIT_K)
+            last, acc = sum_splits(acc, part, pid_k, counter, num_rows, N, out_mask, SPLIT_K)
             if last:
                 if HAS_BIAS:
                     acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -437,6 +407,72 @@ def _kernels():
                 tl.store(sq_ptr + rows * stride_sq + pid_n, tl.sum(hf * hf, axis=1), mask=row_ok)
             else:
                 tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(dtype), mask=out_mask)
+
+    @triton.jit
+    def dot_kernel(
+        x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
+        num_rows, N, K, stride_x, stride_res, stride_new_res, stride_w, stride_out, eps,
+        sq_ptr, num_sq, stride_sq,
+        PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
+        SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+        LINE: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWAP_AB: tl.constexpr,
+        EPILOGUE: tl.constexpr, SQ_POW2: tl.constexpr, GATE: tl.constexpr,
+    ):
+        """Tensor-core tiles over BLOCK_M (>= 16) padded rows: each row's result comes from the
+        same dot instructions whatever the other rows hold; a launch of more rows runs one tile a
+        program along the grid's third axis (a program looping over several tiles on a weight tile
+        loaded once was slower: docs/performance.md). EPILOGUE (no split-K): ADD_STATS or RSTD
+        (gemv_add_stats, gemv_rstd). GATE (no split-K, no ADD_STATS): the weight is [gate; up]
+        (2N rows) and the program's BLOCK_N tile columns alternate gate row j and up row j, for
+        BLOCK_N / 2 outputs j, silu(gate) * up stored after the dot; each column is the dot the
+        plain tile takes for that weight row, so the outputs are those of gate_up then
+        silu_and_mul, bit for bit."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)  # the tile of BLOCK_M rows (invariant launches of more rows)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < num_rows
+        if GATE:
+            cols = tl.arange(0, BLOCK_N)
+            offs_n = pid_n * (BLOCK_N // 2) + cols // 2  # the output each column feeds
+            n_ok = offs_n < N
+            w_rows = tl.where(n_ok, offs_n + (cols % 2) * N, 0)  # even: gate row j, odd: up row j
+        else:
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < N
+            w_rows = tl.where(n_ok, offs_n, 0)
+        k_start = pid_k * K_PER_SPLIT
+        if USE_PDL:
+            prefetch_rows(w_ptr, w_rows, stride_w, k_start, K, N, False, LINE, PREFETCH_LINES)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        inv_rms = tl.zeros([BLOCK_M], tl.float32)
+        if PROLOGUE == 1:  # the norm needs the whole row's mean square first
+            inv_rms = tile_rstd(x_ptr, res_ptr, rows, row_ok, stride_x, stride_res, K, eps, HAS_RESIDUAL,
+                                BLOCK_M, BLOCK_K)
+        if SWAP_AB:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for kk in range(0, K_PER_SPLIT, BLOCK_K):
+            offs_k = k_start + kk + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                k_ok = offs_k < K_PER_SPLIT * SPLIT_K
+                w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :])
+            else:
+                k_ok = offs_k < K
+                w = tl.load(w_ptr + w_rows[:, None] * stride_w + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+            a = tile_operand(x_ptr, res_ptr, nw_ptr, new_res_ptr, rows, row_ok, offs_k, k_ok, inv_rms, pid_n,
+                             stride_x, stride_res, stride_new_res, K, PROLOGUE, HAS_RESIDUAL)
+            acc = tile_dot(acc, a, w, SWAP_AB, DOT_F32)
+        if SWAP_AB:
+            acc = tl.trans(acc)
+        tile_store(acc, rows, row_ok, offs_n, n_ok, w_rows, pid_n, pid_k,
+                   count_ptr + pid_m * tl.num_programs(0) + pid_n,
+                   res_ptr, nw_ptr, new_res_ptr, bias_ptr, out_ptr, part_ptr, sq_ptr, num_rows, N, K, eps, num_sq,
+                   stride_res, stride_new_res, stride_out, stride_sq, HAS_BIAS, SPLIT_K, EPILOGUE, SQ_POW2, GATE,
+                   BLOCK_M, BLOCK_N)
 
     return row_kernel, dot_kernel
 

@@ -24,12 +24,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                ("demo-mtp", None, ""), ("demo-mtp", None, "mtp graph"),
                                                ("demo-eagle3", "3,3,12", ""), ("demo-eagle3", "4,5,24", ""),
                                                ("demo-eagle3", "4,8,15", ""), ("demo-eagle3", "4,8,24", ""),
-                                               ("demo-eagle3", "4,8,24", "one forward")])
+                                               ("demo-eagle3", "4,8,24", "two forwards")])
 def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, variant, demo_gguf):
     """Chains of the EAGLE-3 head (with its runners-up, and the chain alone) and of the MTP layers
     (step by step, and one graph an iteration), and the head's draft trees (13, 16 and 25 verify
-    rows a step; 25 in two forwards, and with tree_one_forward in one, the invariant tiles over
-    16-row blocks)."""
+    rows a step; 25 in one forward, the invariant tiles over 16-row blocks, and with
+    tree_one_forward off in two)."""
     from app.settings import Settings
     from engine.engine import Engine
     from engine.options import KernelOptions
@@ -40,7 +40,7 @@ def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, varia
     assert len(requests) >= 32
     # the LOCALCHAT_* switches of the environment (a variant timed before it becomes the default)
     options = dataclasses.replace(KernelOptions.from_env(), mtp_graph=variant == "mtp graph",
-                                  **({"tree_one_forward": True} if variant == "one forward" else {}))
+                                  **({"tree_one_forward": False} if variant == "two forwards" else {}))
     engine = Engine.load("demo", draft=draft, device="cuda", options=options)
     if variant == "mtp graph":
         assert engine.speculator.greedy.graph is not None
