@@ -105,13 +105,19 @@ def time_shapes(engine, shapes: dict, prompts: list[list[int]], new_tokens: int,
     return out
 
 
+def step_ms(setting: dict) -> float:
+    """The wall time of one step, ms: a verify step (its accepted tokens at the setting's speed),
+    or a plain setting's token."""
+    return 1000.0 * setting.get("accept_len_mean", 1.0) / setting["decode_tok_s"]
+
+
 def table(report: dict) -> str:
-    lines = [f"{'setting':12s} {'tok/s':>8s} {'vs none':>8s} {'accepted':>8s} {'rows':>5s} {'same':>5s}"]
+    lines = [f"{'setting':12s} {'tok/s':>8s} {'vs none':>8s} {'accepted':>8s} {'rows':>5s} {'ms/step':>7s} {'same':>5s}"]
     for name, s in report["settings"].items():
         same = s.get("same_tokens_as_draft_off")
         spec = f"{s['accept_len_mean']:8.2f} {s['verify_tokens']:5.1f}" if "accept_len_mean" in s else " " * 14
         lines.append(f"{name:12s} {s['decode_tok_s']:8.1f} {s.get('speedup_vs_no_draft', 1.0):7.3f}x {spec} "
-                     f"{'' if same is None else same:>5}")
+                     f"{step_ms(s):7.3f} {'' if same is None else same:>5}")
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.tree_shapes import DRAFT_OFF, NO_DRAFT, table, time_shapes
+from benchmarks.tree_shapes import DRAFT_OFF, NO_DRAFT, step_ms, table, time_shapes
 from speculative.tree.shape import TreeShape
 # the tree tests' tiny target and a head ranking its tokens
 from tests.speculative.test_tree_engine import A, B, C, PROMPT, _engine, _ranked_draft, chained, target  # noqa: F401
@@ -33,6 +33,10 @@ def test_a_sweep_times_each_shape_against_no_draft_and_stays_lossless(target, ch
     assert "accept_len_mean" not in out[NO_DRAFT]
     text = table({"settings": out})
     assert len(text.splitlines()) == 1 + len(out) and "3,3,12" in text
+    tree = out["3,3,12"]  # a verify step's time: its accepted tokens at the shape's speed
+    assert step_ms(tree) == pytest.approx(1000 * tree["accept_len_mean"] / tree["decode_tok_s"])
+    assert step_ms(out[NO_DRAFT]) == pytest.approx(1000 / out[NO_DRAFT]["decode_tok_s"])
+    assert f"{step_ms(tree):7.3f}" in next(line for line in text.splitlines() if line.startswith("3,3,12"))
     json.dumps(out)  # the report is JSON
 
 
