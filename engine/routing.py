@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.kernels.gemv import MAX_INVARIANT_ROWS, MAX_ROWS, GemvConfig
+from engine.kernels.gemv import MAX_ROWS, MAX_TREE_ROWS, GemvConfig
 from engine.options import CUBLAS, KernelOptions
 
 # Kernel sets (modes): which kernels a decoder layer's step runs (layer_mode).
@@ -134,8 +134,8 @@ FUSED_TILES: dict[tuple[str, str, int, int], GemvConfig | str] = {
 
 def is_invariant(options: KernelOptions, rows: int, dtype: torch.dtype, tree: bool = False) -> bool:
     """Whether a step of `rows` rows runs the batch-invariant tiles: up to MAX_ROWS rows, or with
-    tree (a draft tree's verify step on the INVARIANT set: tree_rows) up to MAX_INVARIANT_ROWS."""
-    return (options.batch_invariant and rows <= (MAX_INVARIANT_ROWS if tree else MAX_ROWS)
+    tree (a draft tree's verify step on the INVARIANT set: tree_rows) up to MAX_TREE_ROWS."""
+    return (options.batch_invariant and rows <= (MAX_TREE_ROWS if tree else MAX_ROWS)
             and dtype == torch.bfloat16)
 
 
@@ -148,7 +148,7 @@ def tree_rows(options: KernelOptions, packed: bool) -> int:
     layers: their kernels take up to 16 rows), a longer tree going in chunks."""
     if (options.tree_one_forward and options.fuse and options.fuse_invariant and not options.each_row
             and not packed):
-        return MAX_INVARIANT_ROWS
+        return MAX_TREE_ROWS
     return MAX_ROWS
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
+from engine.kernels.gemv import MAX_TREE_ROWS
 
 triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
@@ -336,8 +337,7 @@ def _kernels():
 
 MAX_INVARIANT_ROWS = 16  # the longest verify step (15 draft tokens + 1) of batch-invariant mode
 # A draft tree's verify step (per-token tiles through a slot map: one program column a row, so any
-# row count keeps the bits): its 63 nodes and its root at most.
-MAX_TREE_ROWS = 64
+# row count keeps the bits) takes MAX_TREE_ROWS, the projections' limit (gemv.py).
 
 
 def decode_attention(

@@ -43,8 +43,8 @@ ADD_STATS, RSTD = 1, 2  # the invariant tile's epilogues (gemv_add_stats, gemv_r
 MAX_ROWS = 16  # rows of one launch, and of the invariant tile (its rows padded to 16)
 # Rows of one invariant launch: tiles of MAX_ROWS rows along the grid's third axis, each running
 # the instructions a launch of up to MAX_ROWS rows runs, so that every row keeps its bits (a draft
-# tree's verify step of up to 63 nodes and its root in one forward).
-MAX_INVARIANT_ROWS = 64
+# tree's verify step of up to 63 nodes and its root in one forward; the attention's limit too).
+MAX_TREE_ROWS = 64
 PREFETCH_LINES = 16  # with PDL: 128-byte lines of each weight row requested before the wait (2 KB)
 _MAX_TILES = 1 << 16  # split-K counters per device
 # How the RMS_NORM prologue gets the row's mean square (norm_mode):
@@ -484,7 +484,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     """Picks the kernel: row_kernel for one row, or for several with each_row (each row's bits as
     if it came alone, with the one-row tile); otherwise dot_kernel, with invariant one compiled
     kernel and tile for every row count (the tensor-core path over MAX_ROWS rows, the config of a
-    MAX_ROWS-row call; up to MAX_INVARIANT_ROWS rows as blocks of MAX_ROWS, each computed as a
+    MAX_ROWS-row call; up to MAX_TREE_ROWS rows as blocks of MAX_ROWS, each computed as a
     launch of its rows alone), so row i's result does not depend on how many rows came with it.
     gated and tail (gemv_add_norm: residual and norm_weight go to the epilogue; returns (normed, h))
     run on row_kernel only. pdl: programmatic dependent launch (KernelOptions.pdl). epilogue
@@ -495,7 +495,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
     num_rows = x.shape[0]
     # invariant launches and the one-row kernel row by row (one program column a row) take up to 64
     # rows; the others, and the norm tail's per-row counters, 16
-    most = MAX_INVARIANT_ROWS if invariant or (each_row and not (gated or tail)) else MAX_ROWS
+    most = MAX_TREE_ROWS if invariant or (each_row and not (gated or tail)) else MAX_ROWS
     assert 1 <= num_rows <= most and x.stride(1) == 1, f"x: (M <= {most}, K), last dim contiguous"
     assert weight.dim() == 2 and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
     assert bias is None or bias.shape == (weight.shape[0],)

@@ -16,8 +16,8 @@ from speculative.mtp.config import MTPConfig
 from speculative.train.mtp_unroll import TOP_K, chain_accept_len, mtp_loss, unroll, valid
 from speculative.train.progress import ProgressBar
 from speculative.train.teacher import Teacher
-from speculative.train.loop import (Batcher, LoopResult, _autocast, features_batch, final_checks, lr_at, on_ctrl_c, on_out_of_memory,
-                                    show_step, val_rows)
+from speculative.train.loop import (Batcher, LoopResult, _autocast, features_batch, final_checks, lr_at, on_ctrl_c,
+                                    on_out_of_memory, show_step, val_rows)
 from speculative.train.ttt import TTTBatch
 
 

@@ -404,10 +404,10 @@ def test_invariant_launches_over_16_rows_equal_their_16_row_chunks(device, rows,
     bits the same op gives it in launches of at most 16 rows (the tiles and their rows sit alike),
     values as the references, and leaves the split-K counters at zero. On a GPU, each row also
     equals its one-row launch (test_invariant_rows_equal_single_row_bits' property)."""
-    from engine.kernels.gemv import MAX_INVARIANT_ROWS, MAX_ROWS, gemv_add_stats, gemv_rstd
+    from engine.kernels.gemv import MAX_ROWS, MAX_TREE_ROWS, gemv_add_stats, gemv_rstd
     from engine.routing import invariant_tile, row_tile
 
-    assert MAX_ROWS < rows <= MAX_INVARIANT_ROWS
+    assert MAX_ROWS < rows <= MAX_TREE_ROWS
     gen, x, w, bias = make(rows, n, k, device, rows + n)
     res = torch.randn(rows, k, generator=gen).to(device, torch.bfloat16)
     nw = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
@@ -441,6 +441,6 @@ def test_invariant_launches_over_16_rows_equal_their_16_row_chunks(device, rows,
                                **tol(device))
     assert int(gemv_module._tile_counters(x.device).sum().item()) == 0
     with pytest.raises(AssertionError):
-        gemv(torch.zeros(MAX_INVARIANT_ROWS + 1, k, dtype=torch.bfloat16, device=device), w, invariant=True)
+        gemv(torch.zeros(MAX_TREE_ROWS + 1, k, dtype=torch.bfloat16, device=device), w, invariant=True)
     with pytest.raises(AssertionError):  # the kernels of other launches keep their 16 rows
         gemv(x[:MAX_ROWS + 1], w)

@@ -12,6 +12,7 @@ from engine import routing
 from engine.kernels.gemv import GemvConfig
 from engine.options import CUBLAS, KernelOptions
 from engine.routing import DRAFT, GEMV, INVARIANT, ROW, UNFUSED, Route
+from speculative.tree.shape import MAX_TOKENS
 
 BF16, F32 = torch.bfloat16, torch.float32
 DEFAULT, INVARIANT_OPTIONS = KernelOptions(), KernelOptions(batch_invariant=True)
@@ -122,7 +123,7 @@ def test_a_trees_verify_rows_run_the_invariant_set_in_one_forward():
         assert routing.linear_route(INVARIANT_OPTIONS, UNFUSED, role, 25, shape, BF16) == CUBLAS_ROUTE
     one = INVARIANT_OPTIONS
     assert one.tree_one_forward  # the default
-    assert routing.tree_rows(one, packed=False) == 64
+    assert routing.tree_rows(one, packed=False) == 64 == MAX_TOKENS + 1  # the largest tree and its root
     for options, packed in [(one, True), (EACH_ROW_OPTIONS, False),
                             (dataclasses.replace(one, tree_one_forward=False), False),
                             (dataclasses.replace(one, fuse_invariant=False), False),
