@@ -165,6 +165,11 @@ class KernelOptions:
     # int64 key instead of two (a maximum, then the lowest index holding it): about half of a
     # level launch's dependent reductions. LOCALCHAT_TREE_LEVEL_KEYS=0: the two reductions.
     tree_level_keys: bool = True
+    # With it, tree_level splits each row of a level's logits into parts of a program each (at
+    # least 1,024 logits, at most 16 parts a row: 6 for the demo head's 6,144 tokens, 15 for
+    # 15,360), merged by the launch's last program, instead of one program reading a whole row:
+    # the same picks, scores within a rounding. LOCALCHAT_TREE_LEVEL_SPLIT=1 turns it on.
+    tree_level_split: bool = False
     # With it, a draft tree of more than 15 nodes is verified in one forward (the invariant tiles
     # in 16-row blocks, up to 64 rows: routing.tree_rows) instead of 16-row chunks, each a forward
     # of its own: on an H200, 4,8,24 trees ran 1.85x of no draft in one forward against 1.31x in
@@ -241,6 +246,7 @@ class KernelOptions:
             tree_select_blocks=_flag(env, "LOCALCHAT_TREE_SELECT_BLOCKS", default=False),
             sampled_tree_accept=_flag(env, "LOCALCHAT_SAMPLED_TREE_ACCEPT", default=True),
             tree_level_keys=_flag(env, "LOCALCHAT_TREE_LEVEL_KEYS"),
+            tree_level_split=_flag(env, "LOCALCHAT_TREE_LEVEL_SPLIT", default=False),
             tree_one_forward=_flag(env, "LOCALCHAT_TREE_ONE_FORWARD"),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""

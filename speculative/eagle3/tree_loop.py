@@ -349,7 +349,7 @@ class TreeDrafting:
 
         options = self.runner.model.ops.options
         grown = grow_tree(root_logits, expand, shape, fused=True, inputs=inputs, select=False,
-                          keys=options.tree_level_keys)
+                          keys=options.tree_level_keys, split=options.tree_level_split)
         return tree_select(grown.tokens, grown.parents, grown.depths, grown.scores, shape.tokens, draft.d2t, n_t,
                            self.root, shape.depth, passes=options.tree_select_passes,
                            blocks=options.tree_select_blocks)

@@ -73,10 +73,11 @@ def _kernels():
     @triton.jit
     def tree_level_kernel(logits_ptr, stride, frontier_ptr, tokens_ptr, parents_ptr, scores_ptr, next_ptr,
                           count_ptr, n_ptr, d2t_ptr, slot_of_ptr, map_of_ptr, slots_ptr, map_ptr, ids_ptr, pos_ptr,
-                          above_ptr,
+                          above_ptr, part_max_ptr, part_sum_ptr, part_keys_ptr,
                           vocab, grown, K: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, ROOT: tl.constexpr,
                           NEXT: tl.constexpr, DEPTH: tl.constexpr, MAPW: tl.constexpr, MAPWP: tl.constexpr,
-                          BLOCK: tl.constexpr, ONE: tl.constexpr, KEYS: tl.constexpr, USE_PDL: tl.constexpr):
+                          BLOCK: tl.constexpr, ONE: tl.constexpr, KEYS: tl.constexpr, SPLIT: tl.constexpr,
+                          FP: tl.constexpr, SP: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -86,7 +87,71 @@ def _kernels():
         lane = tl.arange(0, KP)
         vals = tl.full([KP], float("-inf"), tl.float32)
         idxs = tl.zeros([KP], tl.int32)
-        if ONE:
+        if SPLIT:
+            # program (f, s) takes BLOCK logits of row f: its maximum, its sum of exponentials
+            # after that maximum, and its k best keys (value and index) go to the part buffers;
+            # the last program of the launch merges every row's parts
+            s = tl.program_id(1)
+            parts = tl.num_programs(1)
+            offs = s * BLOCK + tl.arange(0, BLOCK)
+            inside = offs < vocab
+            x = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32)
+            key = order_key(x, offs, inside)
+            best = tl.max(key, axis=0)
+            top = key_value(best)
+            # an all -inf block adds nothing (not exp(-inf - -inf))
+            total = tl.sum(tl.where(inside & (x != float("-inf")), tl.exp(x - top), 0.0), axis=0)
+            picks = tl.full([KP], -2147483648, tl.int64) << 32
+            for j in tl.static_range(K):
+                if j > 0:
+                    best = tl.max(key, axis=0)
+                picks = tl.where(lane == j, best, picks)
+                key = tl.where(key == best, tl.full(key.shape, -2147483648, tl.int64) << 32, key)
+            part_at = f * parts + s
+            tl.store(part_max_ptr + part_at, top)
+            tl.store(part_sum_ptr + part_at, total)
+            tl.store(part_keys_ptr + part_at * KP + lane, picks)
+            tl.debug_barrier()  # the parts are written before the counter moves
+            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+            last = arrived == rows * parts - 1
+            if last:
+                tl.debug_barrier()
+                fr = tl.arange(0, FP)
+                sc = tl.arange(0, SP)
+                live = fr < rows
+                in_parts = live[:, None] & (sc[None, :] < parts)
+                part_m = tl.load(part_max_ptr + fr[:, None] * parts + sc[None, :], mask=in_parts, other=float("-inf"),
+                            cache_modifier=".cg")
+                part_t = tl.load(part_sum_ptr + fr[:, None] * parts + sc[None, :], mask=in_parts, other=0.0,
+                            cache_modifier=".cg")
+                row_top = tl.max(part_m, axis=1)
+                lse2 = row_top + tl.log(tl.sum(tl.where(part_m != float("-inf"),
+                                                        part_t * tl.exp(part_m - row_top[:, None]), 0.0), axis=1))
+                kcol = tl.arange(0, SP * KP)
+                in_keys = live[:, None] & ((kcol[None, :] // KP) < parts) & ((kcol[None, :] % KP) < K)
+                keys2 = tl.load(part_keys_ptr + fr[:, None] * (parts * KP) + kcol[None, :], mask=in_keys,
+                                other=tl.full([], -2147483648, tl.int64) << 32, cache_modifier=".cg")
+                vals2 = tl.full([FP, KP], float("-inf"), tl.float32)
+                idxs2 = tl.zeros([FP, KP], tl.int32)
+                for j in tl.static_range(K):
+                    b2 = tl.max(keys2, axis=1)
+                    vals2 = tl.where(lane[None, :] == j, key_value(b2)[:, None], vals2)
+                    idxs2 = tl.where(lane[None, :] == j, key_index(b2)[:, None], idxs2)
+                    keys2 = tl.where(keys2 == b2[:, None], tl.full(keys2.shape, -2147483648, tl.int64) << 32, keys2)
+                if ROOT:
+                    parent2 = tl.full([FP], -1, tl.int64)
+                    p_score2 = tl.zeros([FP], tl.float32)
+                else:
+                    parent2 = tl.load(frontier_ptr + fr, mask=live, other=0)
+                    p_score2 = tl.load(scores_ptr + parent2, mask=live, other=0.0)
+                out2 = grown + fr[:, None] * K + lane[None, :]
+                kept2 = live[:, None] & (lane[None, :] < K)
+                tl.store(tokens_ptr + out2, idxs2.to(tokens_ptr.dtype.element_ty), mask=kept2)
+                tl.store(parents_ptr + out2, tl.zeros([FP, KP], tl.int64) + parent2.to(tl.int64)[:, None],
+                         mask=kept2)
+                tl.store(scores_ptr + out2, p_score2[:, None] + (vals2 - lse2[:, None]), mask=kept2)
+                tl.debug_barrier()  # read back below, by other threads of this program
+        elif ONE:
             # the whole row in registers, read once: the logsumexp, then k passes each taking the
             # best value left (ties: the lower index) and striking it out
             offs = tl.arange(0, BLOCK)
@@ -150,21 +215,24 @@ def _kernels():
                 idxs = tl.where(lane == j, i, idxs)
                 last_v = v
                 last_i = i
-        if ROOT:
-            parent = -1
-            p_score = 0.0
-        else:
-            parent = tl.load(frontier_ptr + f)
-            p_score = tl.load(scores_ptr + parent)
-        out = grown + f * K + lane
-        kept = lane < K
-        tl.store(tokens_ptr + out, idxs.to(tokens_ptr.dtype.element_ty), mask=kept)
-        tl.store(parents_ptr + out, tl.full([KP], 0, tl.int64) + parent, mask=kept)
-        tl.store(scores_ptr + out, p_score + (vals - lse), mask=kept)
-        tl.debug_barrier()  # the row's candidates are written before the counter moves
-        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == rows - 1:  # the last row to finish: the next frontier from every row's
-            tl.debug_barrier()
+        if not SPLIT:
+            if ROOT:
+                parent = -1
+                p_score = 0.0
+            else:
+                parent = tl.load(frontier_ptr + f)
+                p_score = tl.load(scores_ptr + parent)
+            out = grown + f * K + lane
+            kept = lane < K
+            tl.store(tokens_ptr + out, idxs.to(tokens_ptr.dtype.element_ty), mask=kept)
+            tl.store(parents_ptr + out, tl.full([KP], 0, tl.int64) + parent, mask=kept)
+            tl.store(scores_ptr + out, p_score + (vals - lse), mask=kept)
+            tl.debug_barrier()  # the row's candidates are written before the counter moves
+            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+            last = arrived == rows - 1
+            if last:
+                tl.debug_barrier()
+        if last:  # the last program to finish: the next frontier from every row's candidates
             c = tl.arange(0, CP)
             width = rows * K
             cand = tl.load(scores_ptr + grown + c, mask=c < width, other=float("-inf"), cache_modifier=".cg")
@@ -229,6 +297,24 @@ def _counter(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
 
 
+_SPLIT_BLOCK = 1024  # logits a program where a level's rows are split (at least; see _split_block)
+_MAX_PARTS = 16  # parts a row at most: the merge holds rows x parts x k keys in one program
+
+
+def _split_block(vocab: int) -> int:
+    return max(_SPLIT_BLOCK, next_pow2(-(-vocab // _MAX_PARTS)))
+
+
+@functools.cache
+def _parts(device: torch.device, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # each part's maximum, sum of exponentials and k best keys (k up to 16 here; tree_level takes
+    # a buffer of its own for more). Written and read within one launch; the launches that share
+    # them run one after another on one stream, like the counter's.
+    return (torch.empty(count, dtype=torch.float32, device=device),
+            torch.empty(count, dtype=torch.float32, device=device),
+            torch.empty(count * 16, dtype=torch.int64, device=device))
+
+
 @dataclass(frozen=True)
 class LevelInputs:
     """What the next expansion of a tree's frontier reads, written by the level before it (see
@@ -255,7 +341,8 @@ class LevelInputs:
 
 def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torch.Tensor, parents: torch.Tensor,
                scores: torch.Tensor, grown: int, k: int, next_frontier: torch.Tensor,
-               inputs: LevelInputs | None = None, depth: int = 0, pdl: bool = True, keys: bool = False) -> None:
+               inputs: LevelInputs | None = None, depth: int = 0, pdl: bool = True, keys: bool = False,
+               split: bool = False) -> None:
     """The module's docstring. logits (F, Dv) fp32 or bf16, last dim contiguous; frontier (F,)
     int64 or None (the root: F = 1, parent -1, score 0); tokens, parents (int64) and scores (fp32)
     the candidate buffers, written at grown .. grown + F * k; next_frontier (min(k, F * k),) int64.
@@ -263,7 +350,12 @@ def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torc
     children's depth); None where no expansion follows. keys (KernelOptions.tree_level_keys):
     each pick one reduction of a value and its index packed in an int64 key, instead of a maximum
     and then the lowest index holding it (the row held in registers, and the next frontier's
-    picks); the same outputs. CUDA (or the Triton interpreter); no host sync."""
+    picks); the same outputs. split (KernelOptions.tree_level_split): each row's logits in parts of
+    a program each (at least 1,024 logits, at most 16 parts a row), each part's maximum, sum of
+    exponentials and top k by packed keys, merged by the launch's last program: F x parts programs
+    where F programs each read a whole row; the same tokens, parents and next frontier, scores
+    within a rounding (the logsumexp summed by parts). CUDA (or the Triton interpreter); no host
+    sync."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and 1 <= k <= vocab
     assert (rows == 1) if frontier is None else frontier.shape == (rows,)
@@ -276,21 +368,31 @@ def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torc
     io = inputs or LevelInputs(*([tokens] * 9))  # never read without NEXT
     one = next_pow2(vocab) <= _ONE_LIMIT  # the row fits in registers: read once
     block = next_pow2(vocab) if one else _BLOCK
-    _kernels()[(rows,)](logits, logits.stride(0), tokens if frontier is None else frontier, tokens, parents,
-                        scores, next_frontier, _counter(logits.device), io.n, io.d2t, io.slot_of, io.map_of, io.slots,
-                        io.slot_map, io.ids, io.positions, io.above, vocab, grown, K=k, KP=next_pow2(k),
-                        CP=next_pow2(rows * k), ROOT=frontier is None, NEXT=inputs is not None, DEPTH=max(depth, 1),
-                        MAPW=width, MAPWP=next_pow2(width), BLOCK=block, ONE=one, KEYS=keys,
-                        num_warps=4 if block <= 4096 else 8,
-                        **pdl_args(logits.device, pdl))
+    parts = 1
+    if split and -(-vocab // _split_block(vocab)) > 1:  # one part: the row in one program, as without
+        block = _split_block(vocab)
+        parts = -(-vocab // block)
+    count = rows * parts
+    bufs = _parts(logits.device, max(64, next_pow2(count)))
+    if parts > 1 and next_pow2(k) > 16:  # more keys a part than the shared buffer holds
+        bufs = bufs[:2] + (torch.empty(count * next_pow2(k), dtype=torch.int64, device=logits.device),)
+    _kernels()[(rows, parts)](logits, logits.stride(0), tokens if frontier is None else frontier, tokens, parents,
+                              scores, next_frontier, _counter(logits.device), io.n, io.d2t, io.slot_of, io.map_of,
+                              io.slots, io.slot_map, io.ids, io.positions, io.above, *bufs, vocab, grown, K=k,
+                              KP=next_pow2(k), CP=next_pow2(rows * k), ROOT=frontier is None,
+                              NEXT=inputs is not None, DEPTH=max(depth, 1), MAPW=width, MAPWP=next_pow2(width),
+                              BLOCK=block, ONE=one, KEYS=keys, SPLIT=parts > 1, FP=next_pow2(rows),
+                              SP=next_pow2(parts), num_warps=4 if block <= 4096 else 8,
+                              **pdl_args(logits.device, pdl))
 
 
 def tree_level_ref(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torch.Tensor, parents: torch.Tensor,
                    scores: torch.Tensor, grown: int, k: int, next_frontier: torch.Tensor,
-                   inputs: LevelInputs | None = None, depth: int = 0, keys: bool = False) -> None:
-    """tree_level in torch ops: a stable sort gives the order (ties to the lower index). keys is
-    accepted and has nothing to choose (tree_level gives the same outputs either way), so that the
-    reference stands in for tree_level wherever that is called (grow_tree's fused levels in tests)."""
+                   inputs: LevelInputs | None = None, depth: int = 0, keys: bool = False, split: bool = False) -> None:
+    """tree_level in torch ops: a stable sort gives the order (ties to the lower index). keys and
+    split are accepted and have nothing to choose (tree_level gives the same picks either way), so
+    that the reference stands in for tree_level wherever that is called (grow_tree's fused levels
+    in tests)."""
     rows = logits.shape[0]
     lp = torch.log_softmax(logits.float(), dim=-1)
     order = torch.sort(lp, dim=-1, descending=True, stable=True)

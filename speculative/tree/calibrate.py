@@ -36,7 +36,7 @@ PROMPTS = ("Explain in two sentences why the sky is blue.",
 
 # the kernel switches, besides tree_level, that change what a tree step costs
 TREE_SWITCHES = ("rope_in_tree", "draft_rows", "tree_kv_move", "tree_select_passes", "tree_level_keys",
-                 "tree_select_blocks", "tree_one_forward")
+                 "tree_select_blocks", "tree_one_forward", "tree_level_split")
 
 
 def candidates_for(engine) -> tuple[TreeShape, ...]:

@@ -48,7 +48,7 @@ Expand = Callable[[torch.Tensor, "DraftTree"], torch.Tensor]
 
 
 def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fused: bool = False,
-              inputs=None, select: bool = True, keys: bool = False) -> DraftTree:
+              inputs=None, select: bool = True, keys: bool = False, split: bool = False) -> DraftTree:
     """root_logprobs: (V,) the draft's log-probabilities for the token after the root.
     expand(frontier, grown): (F, V) the draft's log-probabilities for the token after each of the
     frontier nodes (indices into `grown`, the candidates so far, whose paths they extend; all of
@@ -59,7 +59,7 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
     their depth order. fused: each level is one launch (speculative/kernels/tree_level.py; CUDA
     or Triton's interpreter), and the root's and expand's rows may be logits as well (a row's
     log-softmax is taken inside); with `inputs` (its LevelInputs) each level also writes the
-    next expansion's inputs there, before expand is called (keys: tree_level's). select=False:
+    next expansion's inputs there, before expand is called (keys, split: tree_level's). select=False:
     every candidate, in their layout (for kernels/tree_level.py's tree_select), instead of the
     best shape.tokens."""
     k = min(shape.topk, root_logprobs.shape[-1])
@@ -76,12 +76,13 @@ def grow_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape, fus
 
         frontier = torch.empty(k, dtype=torch.int64, device=dev)
         tree_level(root_logprobs.reshape(1, -1), None, tokens, parents, scores, 0, k, frontier, *next_inputs(1),
-                   keys=keys)
+                   keys=keys, split=split)
         grown = k
         for depth in range(2, shape.depth + 1):
             rows = expand(frontier, DraftTree(tokens[:grown], parents[:grown], depths[:grown], scores[:grown]))
             nxt = torch.empty(k, dtype=torch.int64, device=dev)  # expand has read frontier; the kernel reads it too
-            tree_level(rows, frontier, tokens, parents, scores, grown, k, nxt, *next_inputs(depth), keys=keys)
+            tree_level(rows, frontier, tokens, parents, scores, grown, k, nxt, *next_inputs(depth), keys=keys,
+                       split=split)
             frontier, grown = nxt, grown + k * k
     else:  # the torch ops leave the root's children at -1
         parents = torch.full((count,), -1, dtype=torch.int64, device=dev)

@@ -46,6 +46,9 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
     # not yet timed on a GPU: off unless asked for
     assert default.tree_select_blocks is False and KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "0"}) == default
+    assert default.tree_level_split is False and KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL_SPLIT": "0"}) == default
+    assert KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL_SPLIT": "1"}) == dataclasses.replace(default,
+                                                                                          tree_level_split=True)
     assert KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "1"}) == dataclasses.replace(default,
                                                                                             tree_select_blocks=True)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False

@@ -21,7 +21,8 @@ POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_pt
             "q_ptr": "*fp32", "tok_ptr": "*i64", "stats_ptr": "*fp32", "drafts_ptr": "*i64", "to_draft_ptr": "*i32",
             "u_ptr": "*fp32", "alt_ptr": "*i64", "u_alt_ptr": "*fp32", "mass_ptr": "*fp32"}
 _TREE_POINTERS = {"frontier_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "scores_ptr": "*fp32",
-                  "d2t_ptr": "*i64", "slot_of_ptr": "*i64", "slots_ptr": "*i64", "above_ptr": "*i64"}
+                  "d2t_ptr": "*i64", "slot_of_ptr": "*i64", "slots_ptr": "*i64", "above_ptr": "*i64",
+                  "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "part_keys_ptr": "*i64"}
 _SELECT_POINTERS = {**_TREE_POINTERS, "depths_ptr": "*i64", "root_ptr": "*i64", "rank_ptr": "*i32", "index_ptr": "*i32",
                     "out_tokens_ptr": "*i64", "out_parents_ptr": "*i64", "out_depths_ptr": "*i64",
                     "out_scores_ptr": "*fp32", "base_ptr": "*i32"}
@@ -117,20 +118,26 @@ def _kernels():
         ("sampled residual mass", sampled_pick._kernels()[3], dict(K=5, PARTS=8, CHUNK=6144, BLOCK=2048), 4,
          {"logits_ptr": "*fp32"}),
         ("tree level root", tree_level._kernels(),
-         dict(K=4, KP=4, CP=4, ROOT=True, NEXT=True, DEPTH=1, MAPW=3, MAPWP=4, BLOCK=8192, ONE=True, KEYS=False), 8,
+         dict(K=4, KP=4, CP=4, ROOT=True, NEXT=True, DEPTH=1, MAPW=3, MAPWP=4, BLOCK=8192, ONE=True, KEYS=False, SPLIT=False, FP=1, SP=1), 8,
          _TREE_POINTERS),
         ("tree level", tree_level._kernels(),
-         dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=8192, ONE=True, KEYS=False), 8,
+         dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=8192, ONE=True, KEYS=False, SPLIT=False, FP=1, SP=1), 8,
          {**_TREE_POINTERS, "logits_ptr": "*fp32"}),
         ("tree level last", tree_level._kernels(),
-         dict(K=8, KP=8, CP=64, ROOT=False, NEXT=False, DEPTH=1, MAPW=1, MAPWP=1, BLOCK=2048, ONE=False, KEYS=False), 4,
+         dict(K=8, KP=8, CP=64, ROOT=False, NEXT=False, DEPTH=1, MAPW=1, MAPWP=1, BLOCK=2048, ONE=False, KEYS=False, SPLIT=False, FP=1, SP=1), 4,
          _TREE_POINTERS),
         ("tree level in steps", tree_level._kernels(),
-         dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=2048, ONE=False, KEYS=False), 4,
+         dict(K=3, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=4, MAPW=3, MAPWP=4, BLOCK=2048, ONE=False, KEYS=False, SPLIT=False, FP=1, SP=1), 4,
          {**_TREE_POINTERS, "logits_ptr": "*fp32"}),
         ("tree level keys", tree_level._kernels(),
-         dict(K=6, KP=8, CP=64, ROOT=False, NEXT=True, DEPTH=4, MAPW=6, MAPWP=8, BLOCK=8192, ONE=True, KEYS=True), 8,
+         dict(K=6, KP=8, CP=64, ROOT=False, NEXT=True, DEPTH=4, MAPW=6, MAPWP=8, BLOCK=8192, ONE=True, KEYS=True, SPLIT=False, FP=1, SP=1), 8,
          {**_TREE_POINTERS, "logits_ptr": "*bf16"}),
+        ("tree level split", tree_level._kernels(),
+         dict(K=4, KP=4, CP=16, ROOT=False, NEXT=True, DEPTH=6, MAPW=6, MAPWP=8, BLOCK=1024, ONE=True, KEYS=True,
+              SPLIT=True, FP=4, SP=16), 4, {**_TREE_POINTERS, "logits_ptr": "*bf16"}),
+        ("tree level split root", tree_level._kernels(),
+         dict(K=4, KP=4, CP=4, ROOT=True, NEXT=True, DEPTH=1, MAPW=6, MAPWP=8, BLOCK=1024, ONE=True, KEYS=True,
+              SPLIT=True, FP=1, SP=8), 4, {**_TREE_POINTERS, "logits_ptr": "*bf16"}),
         ("tree select", tree_level._select_kernel(),
          dict(T=12, CP=32, D=3, W=4, WP=4, TP=16, PASSES=False, BLOCKS=False, RB=32), 4, _SELECT_POINTERS),
         ("tree select passes", tree_level._select_kernel(),
@@ -171,7 +178,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 49  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 51  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

@@ -43,15 +43,22 @@ def _buffers(count, g, device):
     (5, 5, 5, torch.float32, False),  # every token a child
     (8, 8, 3, torch.float32, "zeros"),  # every token a child: zeros of both signs tie, then -inf ones
 ])
-@pytest.mark.parametrize("in_steps,keys", [(False, False), (True, False), (False, True), (True, True)],
-                         ids=["row in registers", "row in steps", "registers, keys", "steps, keys"])
-def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties, in_steps, keys, monkeypatch):
+@pytest.mark.parametrize("in_steps,keys,split", [(False, False, False), (True, False, False), (False, True, False),
+                                                 (True, True, False), (False, True, True), (False, False, True)],
+                         ids=["row in registers", "row in steps", "registers, keys", "steps, keys", "split, keys",
+                              "split"])
+def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties, in_steps, keys, split, monkeypatch):
     """keys: each pick one reduction of a packed value and index (KernelOptions.tree_level_keys;
-    the row in steps keeps its passes, the next frontier's picks take the keys)."""
+    the row in steps keeps its passes, the next frontier's picks take the keys). split
+    (KernelOptions.tree_level_split): each row in parts of a program each, merged by the last;
+    parts of 4 logits at least here, so that the small rows split too (5 and 8 tokens: parts with
+    fewer tokens than k, a part of one)."""
     import speculative.kernels.tree_level as TL
 
     if in_steps:  # the path of a draft vocabulary too wide for registers, on these rows
         monkeypatch.setattr(TL, "_ONE_LIMIT", 0)
+    if split and V < 1024:
+        monkeypatch.setattr(TL, "_SPLIT_BLOCK", 4)
     g = torch.Generator().manual_seed(V + k)
     for trial in range(3):
         logits = (torch.randn(F, V, generator=g) * 3).to(dtype)
@@ -66,7 +73,7 @@ def test_tree_level_equals_its_reference(device, V, k, F, dtype, ties, in_steps,
         want = tuple(b.clone() for b in got)
         nexts = [torch.full((k,), -1, dtype=torch.int64, device=device) for _ in range(2)]
         fr = None if frontier is None else frontier.to(device)
-        tree_level(logits.to(device), fr, *got, 40, k, nexts[0], keys=keys)
+        tree_level(logits.to(device), fr, *got, 40, k, nexts[0], keys=keys, split=split)
         tree_level_ref(logits.to(device), fr, *want, 40, k, nexts[1])
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), trial
         torch.testing.assert_close(got[2], want[2], atol=2e-6, rtol=1e-6)
@@ -92,13 +99,18 @@ class _RandomHead:
 @pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(8, 6, 48), TreeShape(1, 4, 4),
                                    TreeShape(2, 1, 2)])
 @pytest.mark.parametrize("V", [300, 6151])
-def test_a_tree_grown_with_the_kernel_is_grow_trees(device, shape, V):
+@pytest.mark.parametrize("split", [False, True], ids=["rows whole", "rows split"])
+def test_a_tree_grown_with_the_kernel_is_grow_trees(device, shape, V, split, monkeypatch):
     """Level by level with the kernel (logits in, log-softmax inside) against grow_tree's torch
-    ops (log-probabilities in): the same tokens, parents and depths, scores to a rounding."""
+    ops (log-probabilities in): the same tokens, parents and depths, scores to a rounding. Rows
+    split: in parts of 32 logits (300 tokens: 10 parts) or 1,024 (6,151: 7)."""
+    import speculative.kernels.tree_level as TL
+
+    monkeypatch.setattr(TL, "_SPLIT_BLOCK", 32 if V < 1024 else 1024)
     head = _RandomHead(V, shape.topk * 10 + shape.depth, device, torch.float32)
     root = head.table[5]
     want = grow_tree(torch.log_softmax(root, -1), lambda f, t: torch.log_softmax(head(f, t), -1), shape)
-    got = grow_tree(root, head, shape, fused=True)
+    got = grow_tree(root, head, shape, fused=True, split=split)
     assert torch.equal(got.tokens, want.tokens) and torch.equal(got.parents, want.parents)
     assert torch.equal(got.depths, want.depths) and len(got) == min(shape.tokens, len(want))
     torch.testing.assert_close(got.scores, want.scores, atol=1e-5, rtol=1e-5)
@@ -106,11 +118,15 @@ def test_a_tree_grown_with_the_kernel_is_grow_trees(device, shape, V):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [TreeShape(3, 3, 12), TreeShape(4, 5, 24), TreeShape(2, 6, 10), TreeShape(3, 2, 6)])
-def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch):
+@pytest.mark.parametrize("split", [False, True], ids=["rows whole", "rows split"])
+def test_each_level_writes_the_next_expansions_inputs(device, shape, split, monkeypatch):
     """With LevelInputs, each level's launch also writes what the next expansion reads (its
-    scratch rows, slot map, target ids, positions, parents): the torch reference's, level by level."""
+    scratch rows, slot map, target ids, positions, parents): the torch reference's, level by level.
+    Rows split: 300 tokens in 10 parts, the last program of the launch writing the inputs."""
     import speculative.kernels.tree_level as TL
     import speculative.tree.grow as grow_module
+
+    monkeypatch.setattr(TL, "_SPLIT_BLOCK", 32)
 
     head = _RandomHead(300, shape.depth, device, torch.float32)
     g = torch.Generator().manual_seed(shape.tokens)
@@ -134,7 +150,7 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
                                                inputs.above, frontier)])
             return head(frontier, grown)
 
-        tree = grow_tree(head.table[5], expand, shape, fused=True, inputs=inputs)
+        tree = grow_tree(head.table[5], expand, shape, fused=True, inputs=inputs, split=split)
         seen[name] = (tree, record, inputs.slot_of.clone(), inputs.map_of.clone())
     (tree, record, slot_of, map_of), (tree_ref, record_ref, slot_of_ref, map_of_ref) = seen["kernel"], seen["reference"]
     assert torch.equal(tree.tokens, tree_ref.tokens) and torch.equal(slot_of, slot_of_ref)
@@ -151,14 +167,18 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, monkeypatch
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
 @pytest.mark.parametrize("shape,kv_move", [(TreeShape(3, 3, 12), False), (TreeShape(4, 4, 20), False),
                                            (TreeShape(4, 4, 20), True)],
-                         ids=["3,3,12", "4,4,20", "4,4,20 kv move, select blocks, level keys, sampled accept"])
+                         ids=["3,3,12", "4,4,20", "4,4,20 kv move, select blocks, level keys, split, sampled accept"])
 def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv_move, monkeypatch):
     """The engine's tree step (the one a GPU captures: slot maps) with the tree kernels grows the
     trees the torch ops grow and answers as plain greedy decoding; sampled, it draws the torch
     path's tokens from the same seed. kv move: the accepted nodes' K/V moved in one launch
     (KernelOptions.tree_kv_move), the kept nodes ranked by every pair compared (tree_select_blocks,
-    which goes before tree_select_passes), the levels' picks by packed keys (tree_level_keys) and
-    a sampled step's walk in one launch (sampled_tree_accept)."""
+    which goes before tree_select_passes), the levels' picks by packed keys (tree_level_keys) with
+    each row in parts (tree_level_split: the head's 200 tokens in 7 parts of 32) and a sampled
+    step's walk in one launch (sampled_tree_accept)."""
+    import speculative.kernels.tree_level as TL
+    import speculative.tree.grow as grow_module
+
     from speculative.eagle3.tree_loop import TreeDrafting
     from tests.speculative.heads import head_tensors, write_head
     from tests.speculative.test_tree_engine import _engine, _run, _set_tree
@@ -169,6 +189,11 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv
     monkeypatch.setenv("LOCALCHAT_TREE_LEVEL_KEYS", "1" if kv_move else "0")
     monkeypatch.setenv("LOCALCHAT_TREE_SELECT_BLOCKS", "1" if kv_move else "0")
     monkeypatch.setenv("LOCALCHAT_SAMPLED_TREE_ACCEPT", "1" if kv_move else "0")
+    monkeypatch.setenv("LOCALCHAT_TREE_LEVEL_SPLIT", "1" if kv_move else "0")
+    monkeypatch.setattr(TL, "_SPLIT_BLOCK", 32)
+    splits = []
+    real_level = TL.tree_level
+    monkeypatch.setattr(grow_module, "tree_level", lambda *a, **kw: splits.append(kw["split"]) or real_level(*a, **kw))
     moves, walks = [], []
     import speculative.eagle3.tree_loop as tree_loop
 
@@ -206,6 +231,7 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv
         sampled.append(_run(e, True, n=48, temperature=0.8, seed=11)[0])
     assert sampled[0] == sampled[1] and len(sampled[0]) == 48
     assert (len(walks) > 5) if kv_move else not walks  # the kernel's sampled steps only, with its switch
+    assert splits and set(splits) == {kv_move}
 
 
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
