@@ -165,10 +165,12 @@ class KernelOptions:
     # int64 key instead of two (a maximum, then the lowest index holding it): about half of a
     # level launch's dependent reductions. LOCALCHAT_TREE_LEVEL_KEYS=0: the two reductions.
     tree_level_keys: bool = True
-    # With it, tree_level splits each row of a level's logits into parts of a program each (at
-    # least 1,024 logits, at most 16 parts a row: 6 for the demo head's 6,144 tokens, 15 for
-    # 15,360), merged by the launch's last program, instead of one program reading a whole row:
-    # the same picks, scores within a rounding. LOCALCHAT_TREE_LEVEL_SPLIT=1 turns it on.
+    # With it, a tree step's reductions over a vocabulary split each row into parts of a program
+    # each, merged by the launch's last program, instead of one program reading a whole row:
+    # tree_level's rows (parts of 1,024 logits at least, at most 16 a row: 6 for the demo head's
+    # 6,144 tokens, 15 for 15,360; the same picks, scores within a rounding) and the verify rows'
+    # argmax (rows_argmax: 12 parts of the demo's 49,152; the same choices).
+    # LOCALCHAT_TREE_LEVEL_SPLIT=1 turns it on.
     tree_level_split: bool = False
     # With it, a draft tree of more than 15 nodes is verified in one forward (the invariant tiles
     # in 16-row blocks, up to 64 rows: routing.tree_rows) instead of 16-row chunks, each a forward

@@ -88,22 +88,76 @@ def _kernels():
         r = tl.program_id(0)
         tl.store(out_ptr + r, span_best(logits_ptr + r.to(tl.int64) * stride, 0, vocab, BLOCK)[1].to(tl.int64))
 
-    return greedy_next_kernel, rows_argmax_kernel
+    @triton.jit
+    def rows_argmax_parts_kernel(logits_ptr, stride, out_ptr, part_val_ptr, part_idx_ptr, count_ptr, vocab,
+                                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, RP: tl.constexpr, PP: tl.constexpr,
+                                 USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        r = tl.program_id(0)
+        p = tl.program_id(1)
+        rows = tl.num_programs(0)
+        parts = tl.num_programs(1)
+        top, where = span_best(logits_ptr + r.to(tl.int64) * stride, p * CHUNK,
+                               tl.minimum(p * CHUNK + CHUNK, vocab), BLOCK)
+        tl.store(part_val_ptr + r * parts + p, top)
+        tl.store(part_idx_ptr + r * parts + p, where)
+        tl.debug_barrier()  # the part is written before the counter moves
+        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == rows * parts - 1:  # the last program: each row's best of its parts' best
+            tl.debug_barrier()
+            rr = tl.arange(0, RP)
+            pp = tl.arange(0, PP)
+            ok = (rr[:, None] < rows) & (pp[None, :] < parts)
+            at = rr[:, None] * parts + pp[None, :]
+            val = tl.load(part_val_ptr + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            idx = tl.load(part_idx_ptr + at, mask=ok, other=vocab, cache_modifier=".cg")
+            # the lowest index among the parts holding the row's best (each part's is its lowest)
+            win = tl.min(tl.where(ok & (val == tl.max(val, axis=1)[:, None]), idx, vocab), axis=1)
+            tl.store(out_ptr + rr, win.to(tl.int64), mask=rr < rows)
+            tl.atomic_xchg(count_ptr, 0)  # ready for the next launch
+
+    return greedy_next_kernel, rows_argmax_kernel, rows_argmax_parts_kernel
 
 
 _ROWS_BLOCK = 4096  # rows_argmax: logits per loop step of a row's program
+_ROWS_CHUNK = 4096  # rows_argmax in parts: logits a program (at least; at most _ROWS_MAX_PARTS a row)
+_ROWS_MAX_PARTS = 16
+_ROWS_MAX_PROGRAMS = 4096
 
 
-def rows_argmax(logits: torch.Tensor, out: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
+@functools.cache
+def _rows_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # each part's best value and index, and the arrival counter (zeroed once, left at zero by each
+    # launch). Launches must not run concurrently on two streams.
+    return (torch.empty(_ROWS_MAX_PROGRAMS, dtype=torch.float32, device=device),
+            torch.empty(_ROWS_MAX_PROGRAMS, dtype=torch.int32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device))
+
+
+def rows_argmax(logits: torch.Tensor, out: torch.Tensor | None = None, pdl: bool = True,
+                parts: bool = False) -> torch.Tensor:
     """Each row's argmax of logits (R, V) (fp32 or bf16, last dim contiguous; ties: the lowest
     index; NaN never wins) as int64 (R,), into out if given: the target's choices over a greedy
     tree step's verify rows, read from the lm_head's bf16 output by one program a row, where
-    torch widened them to fp32 (a copy) and then took its argmax (a reduction over every row). CUDA
-    (or the Triton interpreter); no host sync."""
+    torch widened them to fp32 (a copy) and then took its argmax (a reduction over every row).
+    parts (KernelOptions.tree_level_split): each row in parts of a program each (at least 4,096
+    logits, at most 16 parts a row; 12 for a 49,152-token vocabulary), the launch's last program
+    taking each row's best of its parts: the same choices. CUDA (or the Triton interpreter); no
+    host sync."""
     assert logits.dim() == 2 and logits.stride(1) == 1
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
     assert out.shape == (rows,) and out.dtype == torch.int64
+    chunk = max(_ROWS_CHUNK, next_pow2(-(-vocab // _ROWS_MAX_PARTS)))
+    count = -(-vocab // chunk)
+    if parts and count > 1 and rows * count <= _ROWS_MAX_PROGRAMS:
+        part_val, part_idx, counter = _rows_buffers(logits.device)
+        _kernels()[2][(rows, count)](logits, logits.stride(0), out, part_val, part_idx, counter, vocab, CHUNK=chunk,
+                                     BLOCK=min(chunk, 1024), RP=next_pow2(rows), PP=next_pow2(count), num_warps=4,
+                                     **pdl_args(logits.device, pdl))
+        return out
     _kernels()[1][(rows,)](logits, logits.stride(0), out, vocab, BLOCK=_ROWS_BLOCK, num_warps=8,
                            **pdl_args(logits.device, pdl))
     return out

@@ -229,8 +229,8 @@ class TreeDrafting:
         # sampled ones with sampled_tree_accept)
         depth = self.depth
         if greedy_kernels:
-            end = tree_accept(rows_argmax(logits, pdl=model.ops.options.pdl), target_tree.tokens,
-                              target_tree.parents, n_t, depth, self.result, self.root)
+            choices = rows_argmax(logits, pdl=model.ops.options.pdl, parts=model.ops.options.tree_level_split)
+            end = tree_accept(choices, target_tree.tokens, target_tree.parents, n_t, depth, self.result, self.root)
         elif kind is not None and fused and model.ops.options.sampled_tree_accept:  # the same, sampled
             end = tree_accept_sampled(probabilities_t(logits, self.params, kind), self.u, self.e, target_tree.tokens,
                                       target_tree.parents, n_t, depth, self.result, self.root,

@@ -567,10 +567,16 @@ def test_argmax_pick(device, dtype, vocab, r):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,vocab", [(1, 7), (9, 4096), (16, 4097), (5, 49152 + 5)])
-def test_rows_argmax(device, dtype, rows, vocab):
+@pytest.mark.parametrize("parts", [False, True], ids=["a program a row", "rows in parts"])
+def test_rows_argmax(device, dtype, rows, vocab, parts, monkeypatch):
     """A greedy tree step's target choices: each row's argmax as greedy_next takes it (ties to the
     lowest index, also across the loop's blocks; all -inf; NaN ignored), read from a view with
-    rows apart by a longer stride; torch's argmax of the fp32 values where no NaN is present."""
+    rows apart by a longer stride; torch's argmax of the fp32 values where no NaN is present.
+    Rows in parts (KernelOptions.tree_level_split): parts of 1,024 logits here (4096 + 1: a last
+    part of one; 49,157: 13 parts of 4,096), the ties above across parts' edges."""
+    import engine.kernels.pick as pick
+
+    monkeypatch.setattr(pick, "_ROWS_CHUNK", 1024)
     gen = torch.Generator().manual_seed(rows * 131 + vocab)
     wide = torch.randn(rows, vocab + 3, generator=gen).to(device, dtype)
     x = wide[:, :vocab]
@@ -584,7 +590,7 @@ def test_rows_argmax(device, dtype, rows, vocab):
             x[3, 4095] = x[3, 4096] = top  # a tie across the loop's first block edge
         x[4, 0] = float("nan")
         x[4, vocab // 2] = top
-    got = rows_argmax(x)
+    got = rows_argmax(x, parts=parts)
     want = x.float().nan_to_num(nan=float("-inf")).argmax(-1)
     assert got.dtype == torch.int64 and torch.equal(got, want)
     for r in range(rows):  # each row as the decode graph's pick takes it
@@ -594,7 +600,7 @@ def test_rows_argmax(device, dtype, rows, vocab):
     if rows <= 4:  # no NaN: torch's argmax agrees
         assert torch.equal(rows_argmax_ref(x), got)
     out = torch.full((rows,), -1, dtype=torch.long, device=device)
-    assert rows_argmax(x, out) is out and torch.equal(out, got)
+    assert rows_argmax(x, out, parts=parts) is out and torch.equal(out, got)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -62,6 +62,8 @@ def _kernels():
         ("greedy_verify alternatives", greedy_verify._kernel(), dict(HAS_ALTS=True, BLOCK=2048, BLOCK_R=16), 8),
         ("greedy_next", pick._kernels()[0], dict(CHUNK=2048, BLOCK=2048, BLOCK_P=64), 8),
         ("rows_argmax", pick._kernels()[1], dict(BLOCK=4096), 8, {"out_ptr": "*i64"}),
+        ("rows_argmax in parts", pick._kernels()[2], dict(CHUNK=4096, BLOCK=1024, RP=16, PP=16), 4,
+         {"out_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "count_ptr": "*i32"}),
         ("draft_pick", draft_pick._kernels()[1], dict(ALTS=3, HAS_OFFSETS=True, BLOCK=2048), 8,
          {"out_ptr": "*i64"}),
         ("take_alternative", alternative._kernels(), dict(OUT_ROWS=6, BLOCK=256, BLOCK_W=2048), 4),
@@ -178,7 +180,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 51  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 52  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
