@@ -41,14 +41,12 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     for name, field in {"LOCALCHAT_ROPE_IN_TREE": "rope_in_tree", "LOCALCHAT_DRAFT_ROWS": "draft_rows",
                         "LOCALCHAT_TREE_KV_MOVE": "tree_kv_move",
                         "LOCALCHAT_TREE_SELECT_PASSES": "tree_select_passes",
-                        "LOCALCHAT_TREE_LEVEL_KEYS": "tree_level_keys"}.items():
+                        "LOCALCHAT_TREE_LEVEL_KEYS": "tree_level_keys",
+                        "LOCALCHAT_TREE_LEVEL_SPLIT": "tree_level_split"}.items():
         assert getattr(default, field) is True and KernelOptions.from_env({name: "1"}) == default
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
     # not yet timed on a GPU: off unless asked for
     assert default.tree_select_blocks is False and KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "0"}) == default
-    assert default.tree_level_split is False and KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL_SPLIT": "0"}) == default
-    assert KernelOptions.from_env({"LOCALCHAT_TREE_LEVEL_SPLIT": "1"}) == dataclasses.replace(default,
-                                                                                          tree_level_split=True)
     assert KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "1"}) == dataclasses.replace(default,
                                                                                             tree_select_blocks=True)
     assert KernelOptions.from_env({"LOCALCHAT_ROW_GEMV": "cublas"}).qkv_gemv is False
