@@ -29,6 +29,7 @@ concurrently on different streams.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -45,6 +46,11 @@ MAX_ROWS = 16  # rows of one launch, and of the invariant tile (its rows padded 
 # the instructions a launch of up to MAX_ROWS rows runs, so that every row keeps its bits (a draft
 # tree's verify step of up to 63 nodes and its root in one forward; the attention's limit too).
 MAX_TREE_ROWS = 64
+# The rows of one tile in an invariant launch of more than MAX_ROWS rows (a benchmark instrument:
+# LOCALCHAT_TREE_TILE_ROWS=32 or 64 gives such launches wider tiles, each weight tile loaded once
+# for up to that many rows, which keeps a row's bits only where the wider dot's instructions give
+# each output what the 16-row dot gives it: the GPU tests of over-16-row launches say).
+TREE_TILE_ROWS = int(os.environ.get("LOCALCHAT_TREE_TILE_ROWS", "16"))
 PREFETCH_LINES = 16  # with PDL: 128-byte lines of each weight row requested before the wait (2 KB)
 _MAX_TILES = 1 << 16  # split-K counters per device
 # How the RMS_NORM prologue gets the row's mean square (norm_mode):
@@ -541,7 +547,8 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
         assert cfg.split_k == 1, "a gated tile needs whole columns in one program"
     tiles = -(-n // (block_n // 2 if gate else block_n))
     k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
-    row_tiles = -(-num_rows // MAX_ROWS) if invariant else 1
+    tile_rows = MAX_ROWS if num_rows <= MAX_ROWS else TREE_TILE_ROWS
+    row_tiles = -(-num_rows // tile_rows) if invariant else 1
     if cfg.split_k > 1:
         assert tiles * row_tiles <= _MAX_TILES
         part = torch.empty((cfg.split_k, num_rows, n), dtype=torch.float32, device=x.device)
@@ -568,7 +575,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
                                          GATED=gated, NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1,
                                          sq_ptr=sq_arg, stride_sq=sq_arg.stride(0), EPILOGUE=epilogue, **common)
     else:
-        block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
+        block_m = tile_rows if invariant else max(16, next_pow2(num_rows))
         sq_arg = sq if sq is not None else out
         dot_kernel[(tiles, cfg.split_k, row_tiles)](
             *args, sq_arg, sq.shape[1] if sq is not None else 1, sq_arg.stride(0),
