@@ -128,11 +128,12 @@ _ROWS_MAX_PROGRAMS = 4096
 
 
 @functools.cache
-def _rows_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # each part's best value and index, and the arrival counter (zeroed once, left at zero by each
-    # launch). Launches must not run concurrently on two streams.
-    return (torch.empty(_ROWS_MAX_PROGRAMS, dtype=torch.float32, device=device),
-            torch.empty(_ROWS_MAX_PROGRAMS, dtype=torch.int32, device=device),
+def _part_buffers(device: torch.device, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # (each part's best value, its index, the arrival counter) for launches of up to `count`
+    # parts: the counter is zeroed once and each launch leaves it at zero again. Launches must not
+    # run concurrently on two streams.
+    return (torch.empty(count, dtype=torch.float32, device=device),
+            torch.empty(count, dtype=torch.int32, device=device),
             torch.zeros(1, dtype=torch.int32, device=device))
 
 
@@ -153,7 +154,7 @@ def rows_argmax(logits: torch.Tensor, out: torch.Tensor | None = None, pdl: bool
     chunk = max(_ROWS_CHUNK, next_pow2(-(-vocab // _ROWS_MAX_PARTS)))
     count = -(-vocab // chunk)
     if parts and count > 1 and rows * count <= _ROWS_MAX_PROGRAMS:
-        part_val, part_idx, counter = _rows_buffers(logits.device)
+        part_val, part_idx, counter = _part_buffers(logits.device, _ROWS_MAX_PROGRAMS)
         _kernels()[2][(rows, count)](logits, logits.stride(0), out, part_val, part_idx, counter, vocab, CHUNK=chunk,
                                      BLOCK=min(chunk, 1024), RP=next_pow2(rows), PP=next_pow2(count), num_warps=4,
                                      **pdl_args(logits.device, pdl))
@@ -172,15 +173,6 @@ _NEXT_BLOCK = 2048  # greedy_next: logits per program and loop step
 _NEXT_MAX_PARTS = 512
 
 
-@functools.cache
-def _next_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # (each chunk's best value, its index, the arrival counter): the counter is zeroed once and
-    # each launch leaves it at zero again. Launches must not run concurrently on two streams.
-    return (torch.empty(_NEXT_MAX_PARTS, dtype=torch.float32, device=device),
-            torch.empty(_NEXT_MAX_PARTS, dtype=torch.int32, device=device),
-            torch.zeros(1, dtype=torch.int32, device=device))
-
-
 def greedy_next(logits: torch.Tensor, next_token: torch.Tensor, input_ids: torch.Tensor,
                 positions: torch.Tensor, pdl: bool = True) -> None:
     """The greedy chaining of a one-token decode graph, in one launch: i = argmax(logits[0])
@@ -194,7 +186,7 @@ def greedy_next(logits: torch.Tensor, next_token: torch.Tensor, input_ids: torch
     vocab = logits.shape[1]
     chunk = _NEXT_BLOCK * -(-vocab // (_NEXT_BLOCK * _NEXT_MAX_PARTS))
     parts = -(-vocab // chunk)
-    part_val, part_idx, count = _next_buffers(logits.device)
+    part_val, part_idx, count = _part_buffers(logits.device, _NEXT_MAX_PARTS)
     _kernels()[0][(parts,)](
         logits, part_val, part_idx, count, next_token, input_ids, positions, vocab, parts,
         CHUNK=chunk, BLOCK=_NEXT_BLOCK, BLOCK_P=max(16, next_pow2(parts)), num_warps=8,
