@@ -29,13 +29,13 @@ concurrently on different streams.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
+from engine.options import tree_tile_rows
 
 triton = tl = prefetch_rows = sum_splits = tile_rstd = tile_operand = tile_dot = tile_store = None  # bound by _kernels()
 
@@ -46,11 +46,6 @@ MAX_ROWS = 16  # rows of one launch, and of the invariant tile (its rows padded 
 # the instructions a launch of up to MAX_ROWS rows runs, so that every row keeps its bits (a draft
 # tree's verify step of up to 63 nodes and its root in one forward; the attention's limit too).
 MAX_TREE_ROWS = 64
-# The rows of one tile in an invariant launch of more than MAX_ROWS rows (a benchmark instrument:
-# LOCALCHAT_TREE_TILE_ROWS=32 or 64 gives such launches wider tiles, each weight tile loaded once
-# for up to that many rows, which keeps a row's bits only where the wider dot's instructions give
-# each output what the 16-row dot gives it: the GPU tests of over-16-row launches say).
-TREE_TILE_ROWS = int(os.environ.get("LOCALCHAT_TREE_TILE_ROWS", "16"))
 PREFETCH_LINES = 16  # with PDL: 128-byte lines of each weight row requested before the wait (2 KB)
 _MAX_TILES = 1 << 16  # split-K counters per device
 # How the RMS_NORM prologue gets the row's mean square (norm_mode):
@@ -547,7 +542,9 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
         assert cfg.split_k == 1, "a gated tile needs whole columns in one program"
     tiles = -(-n // (block_n // 2 if gate else block_n))
     k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
-    tile_rows = MAX_ROWS if num_rows <= MAX_ROWS else TREE_TILE_ROWS
+    # an invariant launch of more rows: tiles of MAX_ROWS, or wider ones where
+    # LOCALCHAT_TREE_TILE_ROWS says (engine.options.tree_tile_rows, a benchmark instrument)
+    tile_rows = MAX_ROWS if num_rows <= MAX_ROWS else tree_tile_rows()
     row_tiles = -(-num_rows // tile_rows) if invariant else 1
     if cfg.split_k > 1:
         assert tiles * row_tiles <= _MAX_TILES
