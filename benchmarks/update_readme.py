@@ -19,6 +19,7 @@ BEFORE = " --ignore-eos --system ''"
 BENCH_8B = "localchat bench --random-weights llama-8b --prompts 2"
 TREE_SHAPES = ("python benchmarks/tree_shapes.py --model demo --tree 4,8,15 --tree 4,8,20 --tree 4,8,24 "
                "--tree 4,10,24 --tree 5,8,24 --tree off --out FILE")
+TREE_SHAPES_SPLIT = "python benchmarks/tree_shapes.py --model demo --tree 4,8,15 --tree 4,8,20 --tree 4,8,24 --tree off --out FILE"
 
 PACKED = "localchat bench --random-weights llama-8b --random-quant Q4_K_M --no-spec --prompts 2 --new-tokens 128 --no-peer"
 QWEN = ("localchat bench --random-weights benchmarks/configs/qwen2.5-7b.json --random-quant Q4_K_M --no-spec "
@@ -55,6 +56,9 @@ ROWS = (
      "verified a step), shapes timed in one process", TREE_SHAPES, "h200_tree_one_forward.json"),
     ("tree:4,8,24", "the same run, draft trees 4,8,24 (25 rows verified in one forward)", TREE_SHAPES,
      "h200_tree_one_forward.json"),
+    ("tree:4,8,15", "H100: trees 4,8,15, a level's rows and the verify rows' argmax read in parts (the default "
+     "since)", TREE_SHAPES_SPLIT, "h100_tree_split_on.json"),
+    ("tree:4,8,24", "H100: the same run, trees 4,8,24", TREE_SHAPES_SPLIT, "h100_tree_split_on.json"),
     ("spec", "H100: the same with the chain alone", UNSEEN + " --prompts 12 --runners-up off",
      "h100_demo_runners_up_off.json"),
     ("spec", "H100: the chain at temperature 0.7, all 24 requests", UNSEEN + " --temperature 0.7 --prompts 24",
