@@ -120,10 +120,9 @@ def _kernels():
                 sc = tl.arange(0, SP)
                 live = fr < rows
                 in_parts = live[:, None] & (sc[None, :] < parts)
-                part_m = tl.load(part_max_ptr + fr[:, None] * parts + sc[None, :], mask=in_parts, other=float("-inf"),
-                            cache_modifier=".cg")
-                part_t = tl.load(part_sum_ptr + fr[:, None] * parts + sc[None, :], mask=in_parts, other=0.0,
-                            cache_modifier=".cg")
+                at2 = fr[:, None] * parts + sc[None, :]
+                part_m = tl.load(part_max_ptr + at2, mask=in_parts, other=float("-inf"), cache_modifier=".cg")
+                part_t = tl.load(part_sum_ptr + at2, mask=in_parts, other=0.0, cache_modifier=".cg")
                 row_top = tl.max(part_m, axis=1)
                 lse2 = row_top + tl.log(tl.sum(tl.where(part_m != float("-inf"),
                                                         part_t * tl.exp(part_m - row_top[:, None]), 0.0), axis=1))
