@@ -305,13 +305,12 @@ def _split_block(vocab: int) -> int:
 
 
 @functools.cache
-def _parts(device: torch.device, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # each part's maximum, sum of exponentials and k best keys (k up to 16 here; tree_level takes
-    # a buffer of its own for more). Written and read within one launch; the launches that share
-    # them run one after another on one stream, like the counter's.
+def _parts(device: torch.device, count: int, keys: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # each part's maximum, sum of exponentials and `keys` best keys. Written and read within one
+    # launch; the launches that share them run one after another on one stream, like the counter's.
     return (torch.empty(count, dtype=torch.float32, device=device),
             torch.empty(count, dtype=torch.float32, device=device),
-            torch.empty(count * 16, dtype=torch.int64, device=device))
+            torch.empty(count * keys, dtype=torch.int64, device=device))
 
 
 @dataclass(frozen=True)
@@ -368,13 +367,10 @@ def tree_level(logits: torch.Tensor, frontier: torch.Tensor | None, tokens: torc
     one = next_pow2(vocab) <= _ONE_LIMIT  # the row fits in registers: read once
     block = next_pow2(vocab) if one else _BLOCK
     parts = 1
-    if split and -(-vocab // _split_block(vocab)) > 1:  # one part: the row in one program, as without
+    if split and vocab > _split_block(vocab):  # one part: the row in one program, as without
         block = _split_block(vocab)
         parts = -(-vocab // block)
-    count = rows * parts
-    bufs = _parts(logits.device, max(64, next_pow2(count)))
-    if parts > 1 and next_pow2(k) > 16:  # more keys a part than the shared buffer holds
-        bufs = bufs[:2] + (torch.empty(count * next_pow2(k), dtype=torch.int64, device=logits.device),)
+    bufs = _parts(logits.device, max(64, next_pow2(rows * parts)), next_pow2(k))
     _kernels()[(rows, parts)](logits, logits.stride(0), tokens if frontier is None else frontier, tokens, parents,
                               scores, next_frontier, _counter(logits.device), io.n, io.d2t, io.slot_of, io.map_of,
                               io.slots, io.slot_map, io.ids, io.positions, io.above, *bufs, vocab, grown, K=k,
