@@ -222,8 +222,6 @@ class KernelOptions:
         """The defaults, with the LOCALCHAT_* switches set in `environ` (the process's by default).
         A value it cannot read stops with a UserError naming the variable."""
         env = os.environ if environ is None else environ
-        if environ is None:
-            tree_tile_rows()  # the kernels read it when they launch: a bad value stops here, with the switches
         return cls(
             pdl=_flag(env, "LOCALCHAT_PDL"), fuse=_flag(env, "LOCALCHAT_FUSE"),
             fuse_invariant=_flag(env, "LOCALCHAT_FUSE_INVARIANT"), each_row=_flag(env, "LOCALCHAT_EACH_ROW", default=False),
@@ -319,18 +317,6 @@ def triton_interpreting() -> bool:
 
 
 # Other settings the engine takes from the process environment, read here and nowhere else.
-
-@functools.cache
-def tree_tile_rows() -> int:
-    """LOCALCHAT_TREE_TILE_ROWS: the rows of one tile in a batch-invariant launch of more than 16
-    rows (16, the default; 32 or 64: each weight tile read once for that many rows). A benchmark
-    instrument: a wider tile keeps a row's bits only where the wider dot gives each output what
-    the 16-row dot gives it, which the GPU tests of over-16-row launches check."""
-    value = os.environ.get("LOCALCHAT_TREE_TILE_ROWS", "").strip() or "16"
-    if value not in ("16", "32", "64"):
-        raise UserError(f"LOCALCHAT_TREE_TILE_ROWS={value!r}: use 16, 32 or 64")
-    return int(value)
-
 
 def cpu_spec_setting() -> str:
     """LOCALCHAT_CPU_SPEC: "measure" (the default: whether speculation pays on a CPU is measured

@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
-from engine.options import tree_tile_rows
 
 triton = tl = prefetch_rows = sum_splits = tile_rstd = tile_operand = tile_dot = tile_store = None  # bound by _kernels()
 
@@ -542,10 +541,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
         assert cfg.split_k == 1, "a gated tile needs whole columns in one program"
     tiles = -(-n // (block_n // 2 if gate else block_n))
     k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
-    # an invariant launch of more rows: tiles of MAX_ROWS, or wider ones where
-    # LOCALCHAT_TREE_TILE_ROWS says (engine.options.tree_tile_rows, a benchmark instrument)
-    tile_rows = MAX_ROWS if num_rows <= MAX_ROWS else tree_tile_rows()
-    row_tiles = -(-num_rows // tile_rows) if invariant else 1
+    row_tiles = -(-num_rows // MAX_ROWS) if invariant else 1
     if cfg.split_k > 1:
         assert tiles * row_tiles <= _MAX_TILES
         part = torch.empty((cfg.split_k, num_rows, n), dtype=torch.float32, device=x.device)
@@ -572,7 +568,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, k, config, in
                                          GATED=gated, NORM_TAIL=tail, N_POW2=next_pow2(n) if tail else 1,
                                          sq_ptr=sq_arg, stride_sq=sq_arg.stride(0), EPILOGUE=epilogue, **common)
     else:
-        block_m = tile_rows if invariant else max(16, next_pow2(num_rows))
+        block_m = MAX_ROWS if invariant else max(16, next_pow2(num_rows))
         sq_arg = sq if sq is not None else out
         dot_kernel[(tiles, cfg.split_k, row_tiles)](
             *args, sq_arg, sq.shape[1] if sq is not None else 1, sq_arg.stride(0),

@@ -112,21 +112,3 @@ def test_the_target_gets_batch_invariance_exactly_when_a_draft_comes(tiny_models
     assert with_draft.runner.model.ops.options == KernelOptions(spec_alts=1, batch_invariant=True)
     assert with_draft.speculator.draft.ops.options == KernelOptions(spec_alts=1)
     assert with_draft.speculator.alts == (1,) * with_draft.speculator.k
-
-
-def test_tree_tile_rows_is_read_and_checked_with_the_switches(monkeypatch):
-    """LOCALCHAT_TREE_TILE_ROWS (a benchmark instrument the GEMV launches read): 16 unless set, 32
-    or 64 where set; anything else stops the engine's options in one line naming it."""
-    from engine.options import tree_tile_rows
-
-    for value, want in (("", 16), ("32", 32), ("64", 64)):
-        monkeypatch.setenv("LOCALCHAT_TREE_TILE_ROWS", value)
-        tree_tile_rows.cache_clear()
-        assert tree_tile_rows() == want
-    monkeypatch.setenv("LOCALCHAT_TREE_TILE_ROWS", "24")
-    tree_tile_rows.cache_clear()
-    with pytest.raises(UserError, match="LOCALCHAT_TREE_TILE_ROWS='24': use 16, 32 or 64"):
-        KernelOptions.from_env()
-    monkeypatch.delenv("LOCALCHAT_TREE_TILE_ROWS")
-    tree_tile_rows.cache_clear()
-    assert tree_tile_rows() == 16
