@@ -20,6 +20,7 @@ BENCH_8B = "localchat bench --random-weights llama-8b --prompts 2"
 TREE_SHAPES = ("python benchmarks/tree_shapes.py --model demo --tree 4,8,15 --tree 4,8,20 --tree 4,8,24 "
                "--tree 4,10,24 --tree 5,8,24 --tree off --out FILE")
 TREE_SHAPES_SPLIT = "python benchmarks/tree_shapes.py --model demo --tree 4,8,15 --tree 4,8,20 --tree 4,8,24 --tree off --out FILE"
+TREE_SHAPES_SPLIT_24 = "python benchmarks/tree_shapes.py --model demo --prompts 24 --tree 4,8,15 --tree 4,8,24 --tree off --out FILE"
 
 PACKED = "localchat bench --random-weights llama-8b --random-quant Q4_K_M --no-spec --prompts 2 --new-tokens 128 --no-peer"
 QWEN = ("localchat bench --random-weights benchmarks/configs/qwen2.5-7b.json --random-quant Q4_K_M --no-spec "
@@ -61,6 +62,10 @@ ROWS = (
     ("tree:4,8,24", "H100: the same run, trees 4,8,24", TREE_SHAPES_SPLIT, "h100_tree_split_on.json"),
     ("spec", "H100: the same with the chain alone", UNSEEN + " --prompts 12 --runners-up off",
      "h100_demo_runners_up_off.json"),
+    ("tree:4,8,15", "H100: all 24 requests (the second 12 accept less), trees 4,8,15", TREE_SHAPES_SPLIT_24,
+     "h100_tree_split_on_24.json"),
+    ("tree:off", "H100: the same run, the chain with its runners-up", TREE_SHAPES_SPLIT_24,
+     "h100_tree_split_on_24.json"),
     ("spec", "H100: the chain at temperature 0.7, all 24 requests", UNSEEN + " --temperature 0.7 --prompts 24",
      "h100_demo_t07_chain.json"),
     ("spec", "H100: greedy speculation, demo model + its 2 MTP layers, k = 2, the first 8 of the requests",
