@@ -91,15 +91,19 @@ def record_growths(engine, shape_k: int, depth: int, prompts: list[list[int]], n
     return out
 
 
-def accepted(growth, cont: list[int], depth: int, tokens: int) -> int:
-    """Drafts a step accepts with the shape (topk of the growth, depth, tokens): the deepest node
-    of the kept ones whose path spells cont's first tokens."""
+def _kept(growth, depth: int, tokens: int) -> set[int]:
+    """The nodes a shape keeps: the best `tokens` by score of those at most `depth` deep, ties to
+    the earlier (shallower) node, as grow_tree keeps them."""
     _, ids, parents, depths, scores = growth
     inside = [i for i in range(len(ids)) if depths[i] <= depth]
-    # the best `tokens` by score, ties to the earlier (shallower) node, as grow_tree keeps them
-    kept = set(sorted(inside, key=lambda i: (-scores[i], i))[:tokens])
+    return set(sorted(inside, key=lambda i: (-scores[i], i))[:tokens])
+
+
+def _follow(growth, kept: set[int], cont: list[int], most: int) -> int:
+    """How many of cont's first tokens (at most `most`) a path of kept nodes spells."""
+    _, ids, parents, _, _ = growth
     at, count = -1, 0
-    while count < min(depth, len(cont)):
+    while count < min(most, len(cont)):
         nxt = [i for i in kept if parents[i] == at and ids[i] == cont[count]]
         if not nxt:
             break
@@ -107,9 +111,45 @@ def accepted(growth, cont: list[int], depth: int, tokens: int) -> int:
     return count
 
 
-def walk_steps(seq: list[int], growths: list, depth: int, tokens: int) -> tuple[int, int]:
+def accepted(growth, cont: list[int], depth: int, tokens: int) -> int:
+    """Drafts a step accepts with the shape (topk of the growth, depth, tokens): the deepest node
+    of the kept ones whose path spells cont's first tokens."""
+    return _follow(growth, _kept(growth, depth, tokens), cont, depth)
+
+
+LOOKUP_GRAMS = (3, 2, 1)  # the longest suffix of the context found earlier in it wins
+
+
+def lookup(context: list[int], length: int) -> list[int]:
+    """A prompt-lookup proposal: the `length` tokens that followed the latest earlier occurrence
+    of the context's last 3 tokens (else 2, else 1), in the prompt or the answer so far; [] if
+    none occurs."""
+    end = len(context)
+    for g in LOOKUP_GRAMS:
+        if end <= g:
+            continue
+        tail = context[end - g:]
+        for j in range(end - g - 1, -1, -1):  # the occurrence ending just before the tail's own
+            if context[j:j + g] == tail:
+                return context[j + g:j + g + length]
+    return []
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def walk_steps(seq: list[int], growths: list, depth: int, tokens: int, lookup_len: int = 0,
+               rows: list | None = None, in_place: bool = False) -> tuple[int, int]:
     """(verify steps, tokens they gave) for the shape's own run over one answer: from the first
-    root, each step's accepted drafts plus the target's token."""
+    root, each step's accepted drafts plus the target's token. lookup_len: beside the tree, a
+    chain of up to that many prompt-lookup tokens (`lookup`) is verified too, and the step
+    accepts the longer of its two paths; `rows` then gets each step's lookup nodes that the tree's
+    kept nodes do not already hold (the verify rows the chain adds). in_place: those nodes take
+    the places of the tree's lowest-scored ones, so that a step verifies `tokens` nodes in all."""
     by_n = {g[0]: g for g in growths}
     if not by_n:
         return 0, 0
@@ -117,7 +157,25 @@ def walk_steps(seq: list[int], growths: list, depth: int, tokens: int) -> tuple[
     while n in by_n and n + 1 < end:
         # the drafts past the sequence's end are unknown (EOS, or the answer cut at --new-tokens):
         # the last step counts what it accepted of the tokens there are, and the target's one
-        a = accepted(by_n[n], seq[n + 1:n + 1 + depth], depth, tokens)
+        growth = by_n[n]
+        kept = _kept(growth, depth, tokens)
+        proposal = lookup(seq[:n + 1], lookup_len) if lookup_len else []
+        added = len(proposal) - _follow(growth, kept, proposal, len(proposal))
+        if in_place and added:
+            # the tree's best nodes less those the chain adds, so that both come to `tokens` (the
+            # best nodes of a tree hold every kept node's parent: scores fall along a path)
+            proposal, m = proposal[:tokens], tokens
+            while True:
+                kept = _kept(growth, depth, m)
+                added = len(proposal) - _follow(growth, kept, proposal, len(proposal))
+                if m + added <= tokens:
+                    break
+                m = tokens - added  # fewer tree nodes may share less of the chain: again
+        a = _follow(growth, kept, seq[n + 1:n + 1 + depth], depth)
+        if lookup_len:
+            a = max(a, common_prefix(proposal, seq[n + 1:n + 1 + lookup_len]))
+            if rows is not None:
+                rows.append(added)
         steps, made, n = steps + 1, made + a + 1, n + a + 1
     return steps, made
 
@@ -132,6 +190,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS))
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=192)
+    ap.add_argument("--lookup", type=int, nargs="*", default=[],
+                    help="also walk each shape with a prompt-lookup chain of up to L tokens beside the tree")
     ap.add_argument("--prompts-file", default=str(Path(__file__).parent / "prompts" / "unseen_requests.txt"))
     ap.add_argument("--system", default="You are a helpful assistant.")
     ap.add_argument("--out", required=True)
@@ -168,24 +228,38 @@ def main() -> None:
                     steps, made = steps + s, made + m
                 shapes[f"{k},{d},{n_tok}"] = {"topk": k, "depth": d, "tokens": n_tok, "verify_rows": n_tok + 1,
                                               "steps": steps, "accept_len": round(made / max(steps, 1), 4)}
+                for length in args.lookup:
+                    for in_place in (False, True):
+                        steps = made = 0
+                        added: list[int] = []
+                        for seq, growths in recorded:
+                            s, m = walk_steps(seq, growths, d, n_tok, length, added, in_place)
+                            steps, made = steps + s, made + m
+                        # the verify rows a step needs: the tree's, and the most the chain adds (in
+                        # place: none, the chain's nodes replace the tree's last)
+                        shapes[f"{k},{d},{n_tok}{'~' if in_place else '+'}lookup{length}"] = {
+                            "topk": k, "depth": d, "tokens": n_tok, "lookup": length, "in_place": in_place,
+                            "verify_rows": n_tok + 1 + (0 if in_place else length),
+                            "lookup_rows_mean": round(sum(added) / max(len(added), 1), 3),
+                            "steps": steps, "accept_len": round(made / max(steps, 1), 4)}
         runs[str(k)] = {"seconds": round(time.perf_counter() - t0, 1), "shapes": shapes}
         print(f"topk {k}: {time.perf_counter() - t0:.0f} s", flush=True)
 
     result = {
         "model": args.model, "draft": args.draft or "the model's own", "device": args.device,
         "torch": torch.__version__, "dtype": str(engine.runner.dtype),
-        "requests": len(prompts), "new_tokens": args.new_tokens, "system": args.system,
+        "requests": len(prompts), "new_tokens": args.new_tokens, "system": args.system, "lookup": args.lookup,
         "prompts_file": Path(args.prompts_file).name,
         "answer_tokens": sum(len(s) - len(p) for s, p in zip(answers, prompts)),
         "seconds": round(time.perf_counter() - t_start, 1), "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     # the best shape for each row budget (one 16-row forward: tokens <= 15), and the chains
-    print(f"{'shape':>10} {'rows':>5} {'accepted length':>16}")
-    every = [s for run in runs.values() for s in run["shapes"].values()]
-    for rows in sorted({s["verify_rows"] for s in every}):
-        best = max((s for s in every if s["verify_rows"] == rows), key=lambda s: s["accept_len"])
-        print(f"{best['topk']},{best['depth']},{best['tokens']:>3} {rows:>5} {best['accept_len']:>16.3f}")
+    print(f"{'shape':>18} {'rows':>5} {'accepted length':>16}")
+    every = [(name, s) for run in runs.values() for name, s in run["shapes"].items()]
+    for rows in sorted({s["verify_rows"] for _, s in every}):
+        name, best = max(((n, s) for n, s in every if s["verify_rows"] == rows), key=lambda ns: ns[1]["accept_len"])
+        print(f"{name:>18} {rows:>5} {best['accept_len']:>16.3f}")
 
 
 if __name__ == "__main__":

@@ -54,3 +54,39 @@ def test_the_shapes_steps_equal_the_engines_run_of_that_shape(engine, shape):
     steps, made = walk_steps(seq, growths, shape.depth, shape.tokens)
     assert steps == events[-1].stats.verify_steps > 0
     assert made == round(events[-1].stats.accept_len_mean * steps)
+
+
+def test_lookup_proposes_what_followed_the_latest_earlier_occurrence():
+    from benchmarks.tree_acceptance import lookup
+
+    # the last 3 tokens (7, 8, 9) occurred at 1..3 and at 5..7 (the latest: 10, 11 followed)
+    ctx = [0, 7, 8, 9, 1, 7, 8, 9, 10, 11, 2, 7, 8, 9]
+    assert lookup(ctx, 2) == [10, 11] and lookup(ctx, 9) == [10, 11, 2, 7, 8, 9]
+    assert lookup([5, 6, 1, 2, 6], 3) == [1, 2, 6]  # no earlier (2, 6) or (1, 2, 6): the last token alone
+    assert lookup([1, 2, 3], 4) == [] and lookup([4], 4) == []
+
+
+def test_the_walk_with_lookup_takes_the_longer_path_and_counts_the_rows_it_adds():
+    # the answer repeats its first tokens: 1 2 3 4 | 1 2 3 4 5; the tree holds only the next token
+    seq = [9, 1, 2, 3, 4, 1, 2, 3, 4, 5]
+    growths = [(n, [seq[n + 1] if n + 1 < len(seq) else 0], [-1], [1], [-0.1]) for n in range(0, 9)]
+    assert walk_steps(seq, growths, 1, 1) == (5, 10)  # 0 -> 2 -> 4 -> 6 -> 8 -> 10 (the last past the end)
+    rows: list[int] = []
+    # 0 -> 2 -> 4 -> 6 on the tree's one draft (nothing in the context repeats yet); at 6 the
+    # context ends 1 2, seen at 1: lookup proposes 3 4 1 2, accepting 3 4 (then 1 is not 5) -> 9
+    steps, made = walk_steps(seq, growths, 1, 1, lookup_len=4, rows=rows)
+    assert (steps, made) == (4, 9) and len(rows) == steps
+    assert rows[-1] == 4 - 1  # the proposal's first token is the tree's kept node: 3 rows added
+
+
+def test_lookup_in_place_takes_the_lowest_scored_nodes_places():
+    # a tree of 3 kept nodes at the root: 5 (-0.1), 6 (-0.2), 7 (-0.3), and the context 1 2 8 1
+    # proposing 2 8 (what followed the earlier 1): in place, the chain's 2 nodes take 6's and 7's
+    growth = (3, [5, 6, 7], [-1, -1, -1], [1, 1, 1], [-0.1, -0.2, -0.3])
+    seq = [1, 2, 8, 1, 2, 8]
+    rows: list[int] = []
+    assert walk_steps(seq, [growth], 2, 3, lookup_len=2, rows=rows, in_place=True) == (1, 3)
+    assert rows == [2]
+    seq = [1, 2, 8, 1, 6, 8]  # the tree's 6 would have been taken, but its place went to the chain
+    assert walk_steps(seq, [growth], 2, 3, lookup_len=2, in_place=True) == (1, 1)
+    assert walk_steps(seq, [growth], 2, 3, lookup_len=2) == (1, 2)  # beside the tree: 6 stays
