@@ -191,7 +191,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=192)
     ap.add_argument("--lookup", type=int, nargs="*", default=[],
-                    help="also walk each shape with a prompt-lookup chain of up to L tokens beside the tree")
+                    help="also walk each shape with a prompt-lookup chain of up to L tokens: beside the tree "
+                         "(SHAPE+lookupL) and in the places of its lowest-scored nodes (SHAPE~lookupL)")
     ap.add_argument("--prompts-file", default=str(Path(__file__).parent / "prompts" / "unseen_requests.txt"))
     ap.add_argument("--system", default="You are a helpful assistant.")
     ap.add_argument("--out", required=True)
