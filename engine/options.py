@@ -178,6 +178,13 @@ class KernelOptions:
     # of its own: on an H200, 4,8,24 trees ran 1.85x of no draft in one forward against 1.31x in
     # two, every greedy answer the same. LOCALCHAT_TREE_ONE_FORWARD=0: 16-row forwards.
     tree_one_forward: bool = True
+    # A greedy tree step puts up to this many prompt-lookup tokens (what followed the latest earlier
+    # occurrence of the context's last tokens) into the kept tree, in the places of its
+    # lowest-scored nodes (speculative/tree/lookup.py): on the CPU, over answers of up to 384
+    # tokens, 4,8,15 trees accepted 3.93 tokens a step with 8 against 3.75 without, 4,8,20 4.12
+    # against 3.86 (docs/performance.md). Not yet timed on a GPU, where it runs as torch ops: 0
+    # (off) by default. LOCALCHAT_TREE_LOOKUP=N (0-16).
+    tree_lookup: int = 0
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -251,6 +258,7 @@ class KernelOptions:
             tree_level_keys=_flag(env, "LOCALCHAT_TREE_LEVEL_KEYS"),
             tree_level_split=_flag(env, "LOCALCHAT_TREE_LEVEL_SPLIT"),
             tree_one_forward=_flag(env, "LOCALCHAT_TREE_ONE_FORWARD"),
+            tree_lookup=_count(env, "LOCALCHAT_TREE_LOOKUP", 16),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),
@@ -274,6 +282,16 @@ def _flag(env: Mapping[str, str], name: str, default: bool = True) -> bool:
         raise UserError(f"{name}={value!r}: use 1 (on{', the default' if default else ''}) or 0 "
                         f"(off{'' if default else ', the default'})")
     return default if value == "" else value == "1"
+
+
+def _count(env: Mapping[str, str], name: str, most: int) -> int:
+    """A count from 0 to `most` (unset: 0)."""
+    value = env.get(name, "").strip()
+    if value == "":
+        return 0
+    if not value.isdigit() or int(value) > most:
+        raise UserError(f"{name}={value!r}: use a count from 0 (off, the default) to {most}")
+    return int(value)
 
 
 def _row_gemv(value: str) -> bool:

@@ -45,6 +45,7 @@ from speculative.kernels.kv_rows import move_kv_rows, move_kv_rows_ref
 from speculative.kernels.tree_level import LevelInputs, tree_accept, tree_accept_sampled, tree_select
 from speculative.tree.accept import greedy_tree_path, sampled_tree_path, step_end
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask, verify_rows
+from speculative.tree.lookup import lookup_proposal, merge_lookup
 from speculative.tree.shape import TreeShape
 
 
@@ -83,6 +84,14 @@ class TreeDrafting:
         # row d: d, k times (an expansion's positions past n: every node of a level has one depth)
         self._level_offsets = torch.arange(shape.depth, device=dev)[:, None].expand(-1, k).contiguous()
         self._rows = torch.arange(k, device=dev)
+        # Greedy steps' prompt-lookup chain (KernelOptions.tree_lookup; speculative/tree/lookup.py):
+        # no longer than the walk goes deep or the tree has nodes. It searches the conversation's
+        # tokens, kept on the device (each step writes its accepted ones, so a replay needs none
+        # from the host); the rows a step's write may reach past the cache's end included.
+        self.lookup = min(runner.model.ops.options.tree_lookup, self.depth, shape.tokens)
+        self.history = torch.zeros(runner.max_len + self.depth + 2 if self.lookup else 1, dtype=torch.long,
+                                   device=dev)
+        self._written = torch.arange(self.depth + 1, device=dev)
 
     def rows_needed(self) -> int:
         """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""
@@ -123,6 +132,8 @@ class TreeDrafting:
         with torch.inference_mode():
             self.n.fill_(state.kv_len)
             self.root.fill_(state.tokens[state.kv_len])
+            if self.lookup:  # the conversation up to the root
+                self.history[:state.kv_len + 1].copy_(torch.as_tensor(state.tokens[:state.kv_len + 1]))
             self.d_logits.copy_(d_logits[-1:])
             self.d_hidden.copy_(d_hidden[-1:])
         if graph:
@@ -196,6 +207,9 @@ class TreeDrafting:
         else:
             verify = verify_rows(self._grow(n if masks else None), draft.d2t, n_t, self.root, self.shape.depth,
                                  slot_map=not masks)
+        lookup = self.lookup and kind is None
+        if lookup:  # the lookup chain in the places of the kept tree's lowest-scored nodes
+            verify = merge_lookup(verify, *lookup_proposal(self.history, n_t, self.lookup), n_t)
         target_tree = DraftTree(verify.ids[1:], verify.parents, verify.depths, verify.scores)
         N = len(target_tree)
         # A verify forward takes at most routing.tree_rows rows, so that on a batch-invariant
@@ -242,6 +256,10 @@ class TreeDrafting:
                 probs = probabilities_t(logits, self.params, kind)
                 path, count, next_token = sampled_tree_path(target_tree, probs, self.u, self.e, depth)
             end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
+        if lookup:  # the accepted tokens and the next one at n + 1 .. n + a + 1 (n has moved on by a + 1)
+            a, path = self.result[0], self.result[2:]
+            tokens = torch.where(self._written < a, torch.cat([path, self.result[1:2]]), self.result[1])
+            self.history.index_copy_(0, n_t - a + self._written, tokens)
         kv = runner.kv  # the accepted nodes' K/V to positions n + 1 .. n + a
         if fused and model.ops.options.tree_kv_move:
             move_kv_rows(kv.k_all, kv.v_all, end.src, end.dst)

@@ -79,11 +79,18 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use none"),
                                       ({"LOCALCHAT_ROW_STATS": ","}, "LOCALCHAT_ROW_STATS=','"),
                                       ({"LOCALCHAT_ROW_GEMV": "x"}, "use qkv .* or cublas"),
-                                      ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'")])
+                                      ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'"),
+                                      ({"LOCALCHAT_TREE_LOOKUP": "17"}, "LOCALCHAT_TREE_LOOKUP='17': use a count from 0"),
+                                      ({"LOCALCHAT_TREE_LOOKUP": "-1"}, "LOCALCHAT_TREE_LOOKUP='-1': use a count from 0")])
 def test_a_bad_switch_is_one_line(env, says):
     with pytest.raises(UserError, match=says) as e:
         KernelOptions.from_env(env)
     assert "\n" not in str(e.value)
+
+
+def test_tree_lookup_is_a_count():
+    assert KernelOptions.from_env({}).tree_lookup == 0
+    assert KernelOptions.from_env({"LOCALCHAT_TREE_LOOKUP": "8"}).tree_lookup == 8
 
 
 def test_fields_are_validated_and_frozen():
