@@ -182,8 +182,9 @@ class KernelOptions:
     # occurrence of the context's last tokens) into the kept tree, in the places of its
     # lowest-scored nodes (speculative/tree/lookup.py): on the CPU, over answers of up to 384
     # tokens, 4,8,15 trees accepted 3.93 tokens a step with 8 against 3.75 without, 4,8,20 4.12
-    # against 3.86 (docs/performance.md). Not yet timed on a GPU, where it runs as torch ops: 0
-    # (off) by default. LOCALCHAT_TREE_LOOKUP=N (0-16).
+    # against 3.86 (docs/performance.md). On a GPU one launch after tree_select
+    # (speculative/kernels/tree_lookup.py). Not yet timed there: 0 (off) by default.
+    # LOCALCHAT_TREE_LOOKUP=N (0-16).
     tree_lookup: int = 0
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by

@@ -43,6 +43,7 @@ from engine.sampling import SamplingTensors, filtered, probabilities_t
 
 from speculative.kernels.kv_rows import move_kv_rows, move_kv_rows_ref
 from speculative.kernels.tree_level import LevelInputs, tree_accept, tree_accept_sampled, tree_select
+from speculative.kernels.tree_lookup import tree_lookup
 from speculative.tree.accept import greedy_tree_path, sampled_tree_path, step_end
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask, verify_rows
 from speculative.tree.lookup import lookup_proposal, merge_lookup
@@ -208,7 +209,9 @@ class TreeDrafting:
             verify = verify_rows(self._grow(n if masks else None), draft.d2t, n_t, self.root, self.shape.depth,
                                  slot_map=not masks)
         lookup = self.lookup and kind is None
-        if lookup:  # the lookup chain in the places of the kept tree's lowest-scored nodes
+        if lookup and fused:  # the lookup chain in the places of the kept tree's lowest-scored nodes
+            verify = tree_lookup(self.history, verify, n_t, self.lookup, pdl=runner.model.ops.options.pdl)
+        elif lookup:  # the same in torch ops
             verify = merge_lookup(verify, *lookup_proposal(self.history, n_t, self.lookup), n_t)
         target_tree = DraftTree(verify.ids[1:], verify.parents, verify.depths, verify.scores)
         N = len(target_tree)

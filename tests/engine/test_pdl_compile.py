@@ -45,6 +45,7 @@ def _kernels():
     import speculative.kernels.sampled_pick as sampled_pick
     import speculative.kernels.kv_rows as kv_rows
     import speculative.kernels.tree_level as tree_level
+    import speculative.kernels.tree_lookup as tree_lookup
 
     split, reduce = attention._kernels()
     row_kernel, dot_kernel = gemv._kernels()
@@ -151,6 +152,12 @@ def _kernels():
          dict(T=15, CP=512, D=8, W=9, WP=16, TP=16, PASSES=True, BLOCKS=False, RB=32), 4, _SELECT_POINTERS),
         ("tree select blocks", tree_level._select_kernel(),
          dict(T=15, CP=512, D=8, W=9, WP=16, TP=16, PASSES=False, BLOCKS=True, RB=32), 4, _SELECT_POINTERS),
+        ("tree lookup", tree_lookup._kernel(),
+         dict(N=15, NP=16, L=8, LP=8, D=8, W=9, WP=16, BLOCK=1024), 4,
+         {**_SELECT_POINTERS, "hist_ptr": "*i64", "out_ids_ptr": "*i64"}),
+        ("tree lookup 24", tree_lookup._kernel(),
+         dict(N=24, NP=32, L=4, LP=4, D=8, W=9, WP=16, BLOCK=1024), 4,
+         {**_SELECT_POINTERS, "hist_ptr": "*i64", "out_ids_ptr": "*i64"}),
         ("tree accept", tree_level._accept_kernel(), dict(D=5, NP=16, DP=8), 1,
          {"choice_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "root_ptr": "*i64",
           "count_ptr": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64", "rows_ptr": "*i64", "ext_pos_ptr": "*i64"}),
@@ -185,7 +192,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 52  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 54  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

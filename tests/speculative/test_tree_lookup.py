@@ -13,7 +13,7 @@ from speculative.tree.grow import DraftTree, tree_slot_map, verify_rows
 from speculative.tree.lookup import lookup_proposal, merge_lookup
 from speculative.tree.shape import TreeShape
 from tests.speculative.test_tree_engine import A, B, C, _engine, _ranked_draft, _run, _set_tree, chained, target  # noqa: F401
-from tests.speculative.test_tree_level import INTERPRET
+from tests.speculative.test_tree_level import DEVICES, INTERPRET
 from tests.tiny import read_config
 
 
@@ -164,9 +164,14 @@ def _prompt():
 
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
 def test_lookup_after_the_tree_kernels_stays_lossless(tmp_path, target, chained, monkeypatch):
-    """The step a GPU captures, with the tree kernels (tree_select's kept nodes, tree_accept's walk):
-    the chain merged between them gives plain decoding's answer, and the accepted lengths of the
-    torch ops' step."""
+    """The step a GPU captures, with the tree kernels (tree_select's kept nodes, tree_lookup's
+    chain, tree_accept's walk): plain decoding's answer, and the accepted lengths of the torch ops'
+    step."""
+    import speculative.eagle3.tree_loop as tree_loop
+
+    launches = []
+    real = tree_loop.tree_lookup
+    monkeypatch.setattr(tree_loop, "tree_lookup", lambda *a, **kw: launches.append(1) or real(*a, **kw))
     cfg = read_config(target)
     shape = TreeShape(2, 4, 7)
     monkeypatch.setenv("LOCALCHAT_TREE_LOOKUP", "4")
@@ -180,3 +185,35 @@ def test_lookup_after_the_tree_kernels_stays_lossless(tmp_path, target, chained,
     (ops, ops_stats), (kernels, kernel_stats) = runs
     assert ops == kernels == plain
     assert ops_stats.accept_hist == kernel_stats.accept_hist and kernel_stats.accept_len_mean > 2.5
+    assert len(launches) == kernel_stats.verify_steps  # the kernels' steps, each with the one launch
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", range(12))
+def test_the_lookup_kernel_writes_the_torch_ops_rows(device, seed):
+    """tree_lookup (one launch) against lookup_proposal and merge_lookup: the same rows, ids,
+    positions, parents and the slot map's entries a row reads (those below its depth), over random
+    kept trees and conversations of a few tokens (many repeats), a history longer than a scan block."""
+    from speculative.kernels.tree_lookup import _BLOCK, tree_lookup
+
+    rng = random.Random(seed)
+    nodes, vocab = rng.randrange(3, 40), rng.randrange(2, 6)
+    depth = 8
+    tree = _tree(rng, nodes, vocab)
+    while int(tree.depths.max()) > depth:
+        tree = _tree(rng, nodes, vocab)
+    n = rng.randrange(1, 2 * _BLOCK + 50) if seed % 3 == 0 else rng.randrange(0, 40)
+    history = torch.tensor([rng.randrange(vocab) for _ in range(n + 1 + depth + 2)])
+    length = rng.randrange(1, min(depth, nodes) + 1)
+    n_t = torch.tensor(n)
+    verify = verify_rows(tree, torch.zeros(vocab, dtype=torch.long), n_t, torch.tensor([7]), depth)
+    want = merge_lookup(verify, *lookup_proposal(history, n_t, length), n_t)
+    on = lambda t: t.to(device)  # noqa: E731
+    got = tree_lookup(on(history), type(verify)(*[None if f is None else on(f) for f in (
+        verify.tokens, verify.parents, verify.depths, verify.scores, verify.ids, verify.positions, verify.slots,
+        verify.slot_map, verify.map_base)]), on(n_t), length, pdl=False)
+    for name in ("tokens", "parents", "depths", "scores", "ids", "positions", "slots", "map_base"):
+        assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), name
+    depths = [0] + want.depths.tolist()
+    for r, d in enumerate(depths):  # the entries a row reads: its ancestors', depth 0 to its own less one
+        assert got.slot_map[r, :max(d, 1)].cpu().tolist() == want.slot_map[r, :max(d, 1)].tolist(), r

@@ -1,0 +1,170 @@
+"""A greedy tree step's prompt-lookup chain in one launch (no host sync: safe to capture in a CUDA
+graph):
+
+    tree_lookup(history, verify, n, length) -> VerifyRows
+
+speculative/tree/lookup.py's lookup_proposal and merge_lookup (some hundreds of small torch ops
+for a chain of 8) as one program: it scans the conversation's tokens for the latest earlier
+occurrence of the context's last 3 (else 2, else 1) tokens, ranks the kept nodes by score, walks
+the proposal down them, gives the chain's new tokens the rows of the lowest-scored nodes, and
+writes the rows in depth order with their ids, positions and slot map, as tree_select writes them
+(a slot map's entries from a row's own depth on are 0). The same rows as the torch ops, which are
+its reference in the tests.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.kernels import next_pow2, pdl_args
+from speculative.kernels.tree_level import VerifyRows
+
+triton = tl = _pick = None  # bound by _kernel(): the kernel reads them by name
+_BLOCK = 1024  # history positions scanned a loop step
+
+
+@functools.cache
+def _kernel():
+    global triton, tl, _pick  # module globals: the kernel calls the helper by name
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def pick(vec, lanes, at):
+        """Element `at` (a scalar or a vector of lanes) of the register vector `vec`."""
+        return tl.sum(tl.where(lanes[None, :] == at[:, None], vec[None, :], 0), axis=1)
+
+    _pick = pick
+
+    @triton.jit
+    def tree_lookup_kernel(hist_ptr, H, n_ptr, tokens_ptr, parents_ptr, depths_ptr, scores_ptr, ids_ptr,
+                           out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_scores_ptr, out_ids_ptr, pos_ptr,
+                           slots_ptr, map_ptr, base_ptr, N: tl.constexpr, NP: tl.constexpr, L: tl.constexpr,
+                           LP: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+                           BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        n = tl.load(n_ptr)
+        # the proposal: the latest start p of the context's last g tokens before their own place
+        last1 = tl.load(hist_ptr + n)
+        last2 = tl.load(hist_ptr + tl.maximum(n - 1, 0))
+        last3 = tl.load(hist_ptr + tl.maximum(n - 2, 0))
+        best1 = tl.full([], -1, tl.int64)
+        best2 = tl.full([], -1, tl.int64)
+        best3 = tl.full([], -1, tl.int64)
+        for p0 in range(0, n, BLOCK):
+            p = p0 + tl.arange(0, BLOCK).to(tl.int64)
+            h0 = tl.load(hist_ptr + p, mask=p < n, other=-1)
+            h1 = tl.load(hist_ptr + p + 1, mask=p + 1 < n, other=-1)
+            h2 = tl.load(hist_ptr + p + 2, mask=p + 2 < n, other=-1)
+            m1 = (p <= n - 1) & (h0 == last1)
+            m2 = (p <= n - 2) & (n >= 2) & (h0 == last2) & (h1 == last1)
+            m3 = (p <= n - 3) & (n >= 3) & (h0 == last3) & (h1 == last2) & (h2 == last1)
+            best1 = tl.maximum(best1, tl.max(tl.where(m1, p, -1), axis=0))
+            best2 = tl.maximum(best2, tl.max(tl.where(m2, p, -1), axis=0))
+            best3 = tl.maximum(best3, tl.max(tl.where(m3, p, -1), axis=0))
+        j = tl.where(best3 >= 0, best3, tl.where(best2 >= 0, best2, best1))
+        g = tl.where(best3 >= 0, 3, tl.where(best2 >= 0, 2, 1))
+        start = j + g
+        count = tl.where(j >= 0, tl.minimum(tl.maximum(n - start + 1, 0), L), 0)
+        lt = tl.arange(0, LP)
+        prop = tl.load(hist_ptr + tl.minimum(tl.maximum(start + lt, 0), H - 1), mask=lt < count, other=-1)
+
+        # the kept nodes, ranked by score (ties: the earlier row)
+        i = tl.arange(0, NP)
+        live = i < N
+        s = tl.load(scores_ptr + i, mask=live, other=float("-inf"))
+        tok = tl.load(tokens_ptr + i, mask=live, other=-1)
+        par = tl.load(parents_ptr + i, mask=live, other=-2)
+        dep = tl.load(depths_ptr + i, mask=live, other=0)
+        ids = tl.load(ids_ptr + 1 + i, mask=live, other=-1)
+        first = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & (i[None, :] < i[:, None]))
+        rank = tl.sum((live[None, :] & first).to(tl.int32), axis=1)
+
+        # keep the best m, so that m + the chain's new nodes = N (fewer kept nodes may spell less of
+        # the chain: again until it holds)
+        m = tl.full([], N, tl.int32)
+        shared = tl.full([], 0, tl.int32)
+        at = tl.full([], -1, tl.int64)
+        for again in tl.static_range(L + 2):
+            kept = live & (rank < m)
+            at = tl.full([], -1, tl.int64)
+            shared = tl.full([], 0, tl.int32)
+            walking = tl.full([], 1, tl.int1)
+            for t in tl.static_range(L):
+                want = tl.sum(tl.where(lt == t, prop, 0), axis=0)
+                child = kept & (par == at) & (ids == want)
+                hit = walking & (tl.max(child.to(tl.int32), axis=0) > 0) & (t < count)
+                node = tl.min(tl.where(child, i, NP), axis=0).to(tl.int64)
+                at = tl.where(hit, node, at)
+                shared += hit.to(tl.int32)
+                walking = hit
+            if again < L + 1:  # the last pass only recomputes the walk for the final m
+                added = count.to(tl.int32) - shared
+                m = tl.where(m + added > N, N - added, m)
+        dropped = live & (rank >= m)
+        k = tl.cumsum(dropped.to(tl.int32), axis=0) - 1  # a dropped row's place in the chain's tail
+        t_of = tl.minimum(tl.maximum(shared + k, 0), L - 1)
+        new_ids = tl.where(dropped, _pick(prop, lt, t_of), ids)
+        pred = tl.sum(tl.where(dropped[None, :] & (k[None, :] == k[:, None] - 1), i[None, :], 0), axis=1)
+        new_par = tl.where(dropped, tl.where(k == 0, at, pred.to(tl.int64)), par)
+        new_dep = tl.where(dropped, (t_of + 1).to(tl.int64), dep)
+        new_tok = tl.where(dropped, -1, tok)
+
+        # depth order, rows of one depth as they were
+        before = live[None, :] & ((new_dep[None, :] < new_dep[:, None])
+                                  | ((new_dep[None, :] == new_dep[:, None]) & (i[None, :] < i[:, None])))
+        pos = tl.sum(before.to(tl.int32), axis=1)
+        up_pos = _pick(pos, i, tl.maximum(new_par, 0))
+        tl.store(out_tokens_ptr + pos, new_tok, mask=live)
+        tl.store(out_parents_ptr + pos, tl.where(new_par >= 0, up_pos.to(tl.int64), -1), mask=live)
+        tl.store(out_depths_ptr + pos, new_dep, mask=live)
+        tl.store(out_scores_ptr + pos, s, mask=live)
+        tl.store(out_ids_ptr + 1 + pos, new_ids, mask=live)
+        tl.store(pos_ptr + 1 + pos, n + new_dep, mask=live)
+        # the slot map: entry e of a row the cache row of its ancestor at depth e (0: the root, row
+        # n; node at row r, n + 1 + r), entries from its own depth on 0
+        col = tl.arange(0, WP)
+        rows_map = tl.where((col[None, :] == 0) & live[:, None], (n + tl.zeros([NP, WP], tl.int64)).to(tl.int32), 0)
+        cur = new_par
+        for step in tl.static_range(D - 1):
+            at_depth = new_dep - 1 - step  # the depth of `cur`, where it is a node
+            real = live & (at_depth >= 1) & (cur >= 0)
+            row = n + 1 + _pick(pos, i, tl.maximum(cur, 0))
+            rows_map = tl.where((col[None, :] == at_depth[:, None]) & real[:, None], row.to(tl.int32)[:, None],
+                                rows_map)
+            cur = tl.where(real, _pick(new_par, i, tl.maximum(cur, 0)), -1)
+        tl.store(map_ptr + (1 + pos)[:, None] * W + col[None, :], rows_map, mask=live[:, None] & (col[None, :] < W))
+        # row 0, the root
+        tl.store(map_ptr + col, tl.where(col == 0, n, 0).to(tl.int32), mask=col < W)
+        tl.store(out_ids_ptr, tl.load(ids_ptr))
+        tl.store(pos_ptr, n)
+        r = tl.arange(0, 2 * NP)
+        tl.store(slots_ptr + r, n + r, mask=r < N + 1)
+        tl.store(base_ptr + r, (n + tl.zeros([2 * NP], tl.int64)).to(tl.int32), mask=r < N + 1)
+
+    return tree_lookup_kernel
+
+
+def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, length: int,
+                pdl: bool = True) -> VerifyRows:
+    """speculative/tree/lookup.py's merge_lookup(verify, *lookup_proposal(history, n, length), n)
+    in one launch: history (H,) int64 the conversation's tokens (valid to n, the root's position),
+    verify tree_select's rows (with a slot map). CUDA (or the Triton interpreter); no host sync."""
+    N, W = verify.parents.shape[0], verify.slot_map.shape[1]
+    assert 1 <= length <= N and length <= W - 1, "a chain no longer than the tree's nodes and depth"
+    dev = verify.parents.device
+    long = dict(dtype=torch.int64, device=dev)
+    out = VerifyRows(tokens=torch.empty(N, **long), parents=torch.empty(N, **long), depths=torch.empty(N, **long),
+                     scores=torch.empty(N, dtype=verify.scores.dtype, device=dev), ids=torch.empty(N + 1, **long),
+                     positions=torch.empty(N + 1, **long), slots=torch.empty(N + 1, **long),
+                     slot_map=torch.empty(N + 1, W, dtype=torch.int32, device=dev),
+                     map_base=torch.empty(N + 1, dtype=torch.int32, device=dev))
+    _kernel()[(1,)](history, history.shape[0], n, verify.tokens, verify.parents, verify.depths, verify.scores,
+                    verify.ids, out.tokens, out.parents, out.depths, out.scores, out.ids, out.positions, out.slots,
+                    out.slot_map, out.map_base, N=N, NP=next_pow2(N), L=length, LP=next_pow2(length), D=W - 1, W=W,
+                    WP=next_pow2(W), BLOCK=_BLOCK, num_warps=4, **pdl_args(dev, pdl))
+    return out
