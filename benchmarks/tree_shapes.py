@@ -47,6 +47,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=12, help="the file's first N requests")
     ap.add_argument("--new-tokens", type=int, default=384, help="the longest answer")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--lookup", type=int, default=0,
+                    help="also each tree shape with a prompt-lookup chain of up to N tokens in its last nodes' "
+                         "places (SHAPE~lookupN; greedy)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", required=True, help="the JSON report")
     a = ap.parse_args(argv)
@@ -62,6 +65,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.shapes = shapes
     if a.prompts < 1 or a.new_tokens < 1:
         fail("--prompts and --new-tokens must be 1 or more")
+    if not 0 <= a.lookup <= 16:
+        fail(f"--lookup {a.lookup}: give 0 (none) to 16")
+    if a.lookup:
+        shapes.update({f"{name}~lookup{a.lookup}": (shape, a.lookup) for name, shape in list(shapes.items())
+                       if shape is not None})
     if not 0 <= a.temperature <= 2:
         fail(f"--temperature {a.temperature}: give 0 to 2")
     if not Path(a.prompts_file).is_file():
@@ -71,11 +79,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def settings(engine, shapes: dict) -> list[tuple[str, object, bool, object]]:
-    """(name, engine, speculative, tree shape) of each setting: no draft, speculation off, then a
-    shape each (None: the chain)."""
-    return ([(NO_DRAFT, engine.without_draft(), False, None), (DRAFT_OFF, engine, False, None)]
-            + [(name, engine, True, shape) for name, shape in shapes.items()])
+def settings(engine, shapes: dict) -> list[tuple[str, object, bool, object, int]]:
+    """(name, engine, speculative, tree shape, lookup chain) of each setting: no draft, speculation
+    off, then a shape each (None: the chain; a (shape, N) pair: the shape with lookup chains of N)."""
+    return ([(NO_DRAFT, engine.without_draft(), False, None, 0), (DRAFT_OFF, engine, False, None, 0)]
+            + [(name, engine, True, *(shape if isinstance(shape, tuple) else (shape, 0)))
+               for name, shape in shapes.items()])
 
 
 def time_shapes(engine, shapes: dict, prompts: list[list[int]], new_tokens: int, temperature: float) -> dict:
@@ -88,9 +97,11 @@ def time_shapes(engine, shapes: dict, prompts: list[list[int]], new_tokens: int,
     order = settings(engine, shapes)
     runs: dict[str, list[dict]] = {name: [] for name, *_ in order}
     for i, ids in enumerate(prompts):
-        for name, eng, speculative, shape in order[i % len(order):] + order[:i % len(order)]:
+        for name, eng, speculative, shape, lookup in order[i % len(order):] + order[:i % len(order)]:
             if speculative:
                 eng.set_tree(shape)
+                if shape is not None:
+                    eng.speculator.tree_step(shape).set_lookup(lookup)
             time_decode(eng, ids, 8, speculative, temperature)
             runs[name].append(time_decode(eng, ids, new_tokens, speculative, temperature, ignore_eos=False))
     # a step gives at most depth + 1 tokens (16 + 1)
@@ -112,11 +123,11 @@ def step_ms(setting: dict) -> float:
 
 
 def table(report: dict) -> str:
-    lines = [f"{'setting':12s} {'tok/s':>8s} {'vs none':>8s} {'accepted':>8s} {'rows':>5s} {'ms/step':>7s} {'same':>5s}"]
+    lines = [f"{'setting':16s} {'tok/s':>8s} {'vs none':>8s} {'accepted':>8s} {'rows':>5s} {'ms/step':>7s} {'same':>5s}"]
     for name, s in report["settings"].items():
         same = s.get("same_tokens_as_draft_off")
         spec = f"{s['accept_len_mean']:8.2f} {s['verify_tokens']:5.1f}" if "accept_len_mean" in s else " " * 14
-        lines.append(f"{name:12s} {s['decode_tok_s']:8.1f} {s.get('speedup_vs_no_draft', 1.0):7.3f}x {spec} "
+        lines.append(f"{name:16s} {s['decode_tok_s']:8.1f} {s.get('speedup_vs_no_draft', 1.0):7.3f}x {spec} "
                      f"{step_ms(s):7.3f} {'' if same is None else same:>5}")
     return "\n".join(lines)
 

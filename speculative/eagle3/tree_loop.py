@@ -79,20 +79,26 @@ class TreeDrafting:
         self.u = torch.full((self.depth, k), 0.5, dtype=torch.float32, device=dev)
         self.e = torch.ones(runner.config.vocab_size, dtype=torch.float32, device=dev)
         self.generator: torch.Generator | None = None
-        # the captured steps by kind: None greedy; False sampling with temperature alone, True
-        # with top-k / top-p / min-p cuts (probabilities_t's sorting pass)
-        self.graphs: dict[bool | None, torch.cuda.CUDAGraph] = {}
+        # the captured steps by kind (None greedy; False sampling with temperature alone, True
+        # with top-k / top-p / min-p cuts: probabilities_t's sorting pass) and lookup chain length
+        self.graphs: dict[tuple[bool | None, int], torch.cuda.CUDAGraph] = {}
         # row d: d, k times (an expansion's positions past n: every node of a level has one depth)
         self._level_offsets = torch.arange(shape.depth, device=dev)[:, None].expand(-1, k).contiguous()
         self._rows = torch.arange(k, device=dev)
         # Greedy steps' prompt-lookup chain (KernelOptions.tree_lookup; speculative/tree/lookup.py):
-        # no longer than the walk goes deep or the tree has nodes. It searches the conversation's
-        # tokens, kept on the device (each step writes its accepted ones, so a replay needs none
-        # from the host); the rows a step's write may reach past the cache's end included.
-        self.lookup = min(runner.model.ops.options.tree_lookup, self.depth, shape.tokens)
-        self.history = torch.zeros(runner.max_len + self.depth + 2 if self.lookup else 1, dtype=torch.long,
-                                   device=dev)
+        # no longer than the walk goes deep or the tree has nodes (set_lookup). It searches the
+        # conversation's tokens, kept on the device (each step writes its accepted ones, so a
+        # replay needs none from the host); the rows a step's write may reach past the cache's end
+        # included.
+        self.lookup = 0
+        self.set_lookup(runner.model.ops.options.tree_lookup)
+        self.history = torch.zeros(runner.max_len + self.depth + 2, dtype=torch.long, device=dev)
         self._written = torch.arange(self.depth + 1, device=dev)
+
+    def set_lookup(self, length: int) -> None:
+        """Greedy steps' lookup chains of up to `length` tokens from the next answer (0: none); a
+        step of each length is captured once."""
+        self.lookup = max(0, min(length, self.depth, self.shape.tokens))
 
     def rows_needed(self) -> int:
         """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""
@@ -108,7 +114,7 @@ class TreeDrafting:
         """Captures the step of `kind` (None greedy, else whether the sampling cuts) as a CUDA
         graph (once), if its warm-ups leave a conversation of kv_len cached tokens alone;
         False: steps run eagerly."""
-        if kind in self.graphs:
+        if (kind, self.lookup) in self.graphs:
             return True
         if not self.on_device or self.runner.device.type != "cuda" or kv_len + self.rows_needed() >= self.scratch():
             return False
@@ -116,7 +122,7 @@ class TreeDrafting:
 
         with torch.inference_mode():
             self.n.fill_(self.scratch())
-            self.graphs[kind], _ = capture(lambda: self._body(None, kind), torch.cuda.graph_pool_handle())
+            self.graphs[kind, self.lookup], _ = capture(lambda: self._body(None, kind), torch.cuda.graph_pool_handle())
         return True
 
     def iterations(self, runner, state, d_logits, d_hidden, commit, graphs: bool = True) -> Iterator[list[int]]:
@@ -169,7 +175,7 @@ class TreeDrafting:
         rows, advance, n = self.rows_needed(), self.depth + 1, state.kv_len
         if n + rows > runner.max_len:
             return
-        graph = self.graphs[kind]
+        graph = self.graphs[kind, self.lookup]
 
         def replay() -> None:
             self._prepare(kind)

@@ -40,11 +40,30 @@ def test_a_sweep_times_each_shape_against_no_draft_and_stays_lossless(target, ch
     json.dumps(out)  # the report is JSON
 
 
+def test_a_shape_with_lookup_chains_is_a_setting_of_its_own(target, chained, tmp_path):
+    """SHAPE~lookupN (--lookup N): the same shape with prompt-lookup chains, timed beside it in the
+    same sweep; lossless, and here (the target repeats a, b) accepting more; the plain shape keeps
+    none."""
+    from benchmarks.tree_shapes import parse
+
+    args = parse(["--tree", "2,4,7", "--tree", "off", "--lookup", "4", "--out", str(tmp_path / "x.json")])
+    assert list(args.shapes) == ["2,4,7", "off", "2,4,7~lookup4"]
+    e = _engine(chained, _ranked_draft(tmp_path, read_config(target), [C, A, B]))
+    ids = e.tokenizer.apply_chat_template(PROMPT)
+    out = time_shapes(e, args.shapes, [ids, ids[:-1]], 32, 0.0)
+    plain, lookup = out["2,4,7"], out["2,4,7~lookup4"]
+    assert plain["same_tokens_as_draft_off"] == lookup["same_tokens_as_draft_off"] == 2
+    assert lookup["accept_len_mean"] > plain["accept_len_mean"] + 0.5
+    assert lookup["verify_tokens"] == plain["verify_tokens"] == 8
+    assert e.speculator.tree_step(TreeShape(2, 4, 7)).lookup in (0, 4)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--tree", "4,x"], "tree_shapes.py: --tree '4,x': use off, auto, or TOPK,DEPTH,TOKENS"),
     (["--tree", "auto"], "tree_shapes.py: --tree auto: give shapes"),
     (["--tree", "4,4,8", "--prompts", "0"], "tree_shapes.py: --prompts and --new-tokens must be 1 or more"),
     (["--tree", "4,4,8", "--prompts-file", "/nonexistent"], "tree_shapes.py: --prompts-file /nonexistent: no such"),
+    (["--tree", "4,4,8", "--lookup", "17"], "tree_shapes.py: --lookup 17: give 0 (none) to 16"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     out = tmp_path / "shapes.json"
