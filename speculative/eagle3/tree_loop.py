@@ -90,7 +90,7 @@ class TreeDrafting:
         # conversation's tokens, kept on the device (each step writes its accepted ones, so a
         # replay needs none from the host); the rows a step's write may reach past the cache's end
         # included.
-        self.lookup = 0
+        self.lookup, self._kept = 0, min(shape.tokens, k + max(shape.depth - 1, 0) * k * k)  # the nodes a step keeps
         self.set_lookup(runner.model.ops.options.tree_lookup)
         self.history = torch.zeros(runner.max_len + self.depth + 2, dtype=torch.long, device=dev)
         self._written = torch.arange(self.depth + 1, device=dev)
@@ -98,7 +98,7 @@ class TreeDrafting:
     def set_lookup(self, length: int) -> None:
         """Greedy steps' lookup chains of up to `length` tokens from the next answer (0: none); a
         step of each length is captured once."""
-        self.lookup = max(0, min(length, self.depth, self.shape.tokens))
+        self.lookup = max(0, min(length, self.depth, self._kept))
 
     def rows_needed(self) -> int:
         """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""
