@@ -9,7 +9,8 @@ occurrence of the context's last 3 (else 2, else 1) tokens, ranks the kept nodes
 the proposal down them, gives the chain's new tokens the rows of the lowest-scored nodes, and
 writes the rows in depth order with their ids, positions and slot map, as tree_select writes them
 (a slot map's entries from a row's own depth on are 0). The same rows as the torch ops, which are
-its reference in the tests.
+its reference in the tests. One warp: its vectors are a tree's few dozen nodes, and the walk's
+many small reductions stay within the warp.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _kernel():
             shared = tl.full([], 0, tl.int32)
             walking = tl.full([], 1, tl.int1)
             for t in tl.static_range(L):
-                want = tl.sum(tl.where(lt == t, prop, 0), axis=0)
+                want = tl.load(hist_ptr + tl.minimum(tl.maximum(start + t, 0), H - 1))  # prop[t] (t < count)
                 child = kept & (par == at) & (ids == want)
                 hit = walking & (tl.max(child.to(tl.int32), axis=0) > 0) & (t < count)
                 node = tl.min(tl.where(child, i, NP), axis=0).to(tl.int64)
@@ -166,5 +167,5 @@ def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, leng
     _kernel()[(1,)](history, history.shape[0], n, verify.tokens, verify.parents, verify.depths, verify.scores,
                     verify.ids, out.tokens, out.parents, out.depths, out.scores, out.ids, out.positions, out.slots,
                     out.slot_map, out.map_base, N=N, NP=next_pow2(N), L=length, LP=next_pow2(length), D=W - 1, W=W,
-                    WP=next_pow2(W), BLOCK=_BLOCK, num_warps=4, **pdl_args(dev, pdl))
+                    WP=next_pow2(W), BLOCK=_BLOCK, num_warps=1, **pdl_args(dev, pdl))
     return out
