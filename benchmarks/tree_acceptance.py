@@ -117,15 +117,14 @@ def accepted(growth, cont: list[int], depth: int, tokens: int) -> int:
     return _follow(growth, _kept(growth, depth, tokens), cont, depth)
 
 
-LOOKUP_GRAMS = (3, 2, 1)  # the longest suffix of the context found earlier in it wins
-
-
 def lookup(context: list[int], length: int) -> list[int]:
     """A prompt-lookup proposal: the `length` tokens that followed the latest earlier occurrence
     of the context's last 3 tokens (else 2, else 1), in the prompt or the answer so far; [] if
     none occurs."""
     end = len(context)
-    for g in LOOKUP_GRAMS:
+    from speculative.tree.lookup import GRAMS  # the engine's rule: the longest first
+
+    for g in GRAMS:
         if end <= g:
             continue
         tail = context[end - g:]

@@ -81,9 +81,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def settings(engine, shapes: dict) -> list[tuple[str, object, bool, object, int]]:
     """(name, engine, speculative, tree shape, lookup chain) of each setting: no draft, speculation
-    off, then a shape each (None: the chain; a (shape, N) pair: the shape with lookup chains of N)."""
+    off, then a shape each (None: the chain; a (shape, N) pair: the shape with lookup chains of N;
+    a shape alone: the engine's own, LOCALCHAT_TREE_LOOKUP's)."""
+    own = engine.runner.model.ops.options.tree_lookup
     return ([(NO_DRAFT, engine.without_draft(), False, None, 0), (DRAFT_OFF, engine, False, None, 0)]
-            + [(name, engine, True, *(shape if isinstance(shape, tuple) else (shape, 0)))
+            + [(name, engine, True, *(shape if isinstance(shape, tuple) else (shape, own)))
                for name, shape in shapes.items()])
 
 

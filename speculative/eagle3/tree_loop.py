@@ -85,20 +85,23 @@ class TreeDrafting:
         # row d: d, k times (an expansion's positions past n: every node of a level has one depth)
         self._level_offsets = torch.arange(shape.depth, device=dev)[:, None].expand(-1, k).contiguous()
         self._rows = torch.arange(k, device=dev)
-        # Greedy steps' prompt-lookup chain (KernelOptions.tree_lookup; speculative/tree/lookup.py):
-        # no longer than the walk goes deep or the tree has nodes (set_lookup). It searches the
-        # conversation's tokens, kept on the device (each step writes its accepted ones, so a
-        # replay needs none from the host); the rows a step's write may reach past the cache's end
-        # included.
+        # Greedy steps' prompt-lookup chain (KernelOptions.tree_lookup; speculative/tree/lookup.py),
+        # set_lookup's; its buffers made with the first chain
         self.lookup, self._kept = 0, min(shape.tokens, k + max(shape.depth - 1, 0) * k * k)  # the nodes a step keeps
+        self.history: torch.Tensor | None = None
         self.set_lookup(runner.model.ops.options.tree_lookup)
-        self.history = torch.zeros(runner.max_len + self.depth + 2, dtype=torch.long, device=dev)
-        self._written = torch.arange(self.depth + 1, device=dev)
 
     def set_lookup(self, length: int) -> None:
-        """Greedy steps' lookup chains of up to `length` tokens from the next answer (0: none); a
-        step of each length is captured once."""
+        """Greedy steps' lookup chains of up to `length` tokens from the next answer (0: none), no
+        longer than the walk goes deep or the tree has nodes; a step of each length is captured
+        once. The chain searches the conversation's tokens, kept on the device (each step writes
+        its accepted ones, so a replay needs none from the host), with room for the rows a step's
+        write may reach past the cache's end."""
         self.lookup = max(0, min(length, self.depth, self._kept))
+        if self.lookup and self.history is None:
+            dev = self.runner.device
+            self.history = torch.zeros(self.runner.max_len + self.depth + 2, dtype=torch.long, device=dev)
+            self._written = torch.arange(self.depth + 1, device=dev)
 
     def rows_needed(self) -> int:
         """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.tree_shapes import DRAFT_OFF, NO_DRAFT, step_ms, table, time_shapes
+from benchmarks.tree_shapes import DRAFT_OFF, NO_DRAFT, settings, step_ms, table, time_shapes
 from speculative.tree.shape import TreeShape
 # the tree tests' tiny target and a head ranking its tokens
 from tests.speculative.test_tree_engine import A, B, C, PROMPT, _engine, _ranked_draft, chained, target  # noqa: F401
@@ -49,6 +49,8 @@ def test_a_shape_with_lookup_chains_is_a_setting_of_its_own(target, chained, tmp
     args = parse(["--tree", "2,4,7", "--tree", "off", "--lookup", "4", "--out", str(tmp_path / "x.json")])
     assert list(args.shapes) == ["2,4,7", "off", "2,4,7~lookup4"]
     e = _engine(chained, _ranked_draft(tmp_path, read_config(target), [C, A, B]))
+    # a shape alone keeps the engine's own chains (LOCALCHAT_TREE_LOOKUP's, none here)
+    assert [s[4] for s in settings(e, args.shapes)] == [0, 0, 0, 0, 4]
     ids = e.tokenizer.apply_chat_template(PROMPT)
     out = time_shapes(e, args.shapes, [ids, ids[:-1]], 32, 0.0)
     plain, lookup = out["2,4,7"], out["2,4,7~lookup4"]
