@@ -46,7 +46,7 @@ from speculative.kernels.tree_level import LevelInputs, tree_accept, tree_accept
 from speculative.kernels.tree_lookup import tree_lookup
 from speculative.tree.accept import greedy_tree_path, sampled_tree_path, step_end
 from speculative.tree.grow import DraftTree, grow_tree, tree_mask, verify_rows
-from speculative.tree.lookup import lookup_proposal, merge_lookup
+from speculative.tree.lookup import lookup_proposal, merge_lookup, record_step
 from speculative.tree.shape import TreeShape
 
 
@@ -94,14 +94,13 @@ class TreeDrafting:
     def set_lookup(self, length: int) -> None:
         """Greedy steps' lookup chains of up to `length` tokens from the next answer (0: none), no
         longer than the walk goes deep or the tree has nodes; a step of each length is captured
-        once. The chain searches the conversation's tokens, kept on the device (each step writes
-        its accepted ones, so a replay needs none from the host), with room for the rows a step's
+        once. The chain searches the conversation's tokens, kept on the device (each step first
+        writes the accepted ones of the step before, so a replay needs none from the host), with room for the rows a step's
         write may reach past the cache's end."""
         self.lookup = max(0, min(length, self.depth, self._kept))
         if self.lookup and self.history is None:
             dev = self.runner.device
             self.history = torch.zeros(self.runner.max_len + self.depth + 2, dtype=torch.long, device=dev)
-            self._written = torch.arange(self.depth + 1, device=dev)
 
     def rows_needed(self) -> int:
         """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""
@@ -142,8 +141,10 @@ class TreeDrafting:
         with torch.inference_mode():
             self.n.fill_(state.kv_len)
             self.root.fill_(state.tokens[state.kv_len])
-            if self.lookup:  # the conversation up to the root
+            if self.lookup:  # the conversation up to the root; the first step records only the root again
                 self.history[:state.kv_len + 1].copy_(torch.as_tensor(state.tokens[:state.kv_len + 1]))
+                self.result[0] = 0
+                self.result[1] = state.tokens[state.kv_len]
             self.d_logits.copy_(d_logits[-1:])
             self.d_hidden.copy_(d_hidden[-1:])
         if graph:
@@ -218,9 +219,13 @@ class TreeDrafting:
             verify = verify_rows(self._grow(n if masks else None), draft.d2t, n_t, self.root, self.shape.depth,
                                  slot_map=not masks)
         lookup = self.lookup and kind is None
-        if lookup and fused:  # the lookup chain in the places of the kept tree's lowest-scored nodes
-            verify = tree_lookup(self.history, verify, n_t, self.lookup, pdl=runner.model.ops.options.pdl)
+        # the step before's tokens into the history, then the lookup chain in the places of the kept
+        # tree's lowest-scored nodes
+        if lookup and fused:
+            verify = tree_lookup(self.history, verify, n_t, self.lookup, self.result,
+                                 pdl=runner.model.ops.options.pdl)
         elif lookup:  # the same in torch ops
+            record_step(self.history, self.result, n_t)
             verify = merge_lookup(verify, *lookup_proposal(self.history, n_t, self.lookup), n_t)
         target_tree = DraftTree(verify.ids[1:], verify.parents, verify.depths, verify.scores)
         N = len(target_tree)
@@ -268,10 +273,6 @@ class TreeDrafting:
                 probs = probabilities_t(logits, self.params, kind)
                 path, count, next_token = sampled_tree_path(target_tree, probs, self.u, self.e, depth)
             end = step_end(path, count, next_token, target_tree.tokens, n_t, depth, self.result, self.root)
-        if lookup:  # the accepted tokens and the next one at n + 1 .. n + a + 1 (n has moved on by a + 1)
-            a, path = self.result[0], self.result[2:]
-            tokens = torch.where(self._written < a, torch.cat([path, self.result[1:2]]), self.result[1])
-            self.history.index_copy_(0, n_t - a + self._written, tokens)
         kv = runner.kv  # the accepted nodes' K/V to positions n + 1 .. n + a
         if fused and model.ops.options.tree_kv_move:
             move_kv_rows(kv.k_all, kv.v_all, end.src, end.dst)

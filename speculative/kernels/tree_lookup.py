@@ -1,16 +1,17 @@
 """A greedy tree step's prompt-lookup chain in one launch (no host sync: safe to capture in a CUDA
 graph):
 
-    tree_lookup(history, verify, n, length) -> VerifyRows
+    tree_lookup(history, verify, n, length, last) -> VerifyRows
 
-speculative/tree/lookup.py's lookup_proposal and merge_lookup (some hundreds of small torch ops
-for a chain of 8) as one program: it scans the conversation's tokens for the latest earlier
-occurrence of the context's last 3 (else 2, else 1) tokens, ranks the kept nodes by score, walks
-the proposal down them, gives the chain's new tokens the rows of the lowest-scored nodes, and
-writes the rows in depth order with their ids, positions and slot map, as tree_select writes them
-(a slot map's entries from a row's own depth on are 0). The same rows as the torch ops, which are
-its reference in the tests. One warp: its vectors are a tree's few dozen nodes, and the walk's
-many small reductions stay within the warp.
+speculative/tree/lookup.py's record_step, lookup_proposal and merge_lookup (some hundreds of small
+torch ops for a chain of 8) as one program: it writes the step before's accepted tokens into the
+conversation's, scans those for the latest earlier occurrence of the context's last 3 (else 2,
+else 1) tokens, ranks the kept nodes by score, walks the proposal down the tree once, keeps the
+most best-ranked nodes that leave room for the chain's new tokens, gives those the rows of the
+lowest-scored nodes, and writes the rows in depth order with their ids, positions and slot map, as
+tree_select writes them (a slot map's entries from a row's own depth on are 0). The same rows as
+the torch ops, which are its reference in the tests. One warp: its vectors are a tree's few dozen
+nodes, and its many small reductions stay within the warp.
 """
 
 from __future__ import annotations
@@ -40,15 +41,22 @@ def _kernel():
     _pick = pick
 
     @triton.jit
-    def tree_lookup_kernel(hist_ptr, H, n_ptr, tokens_ptr, parents_ptr, depths_ptr, scores_ptr, ids_ptr,
+    def tree_lookup_kernel(hist_ptr, H, n_ptr, last_ptr, tokens_ptr, parents_ptr, depths_ptr, scores_ptr, ids_ptr,
                            out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_scores_ptr, out_ids_ptr, pos_ptr,
                            slots_ptr, map_ptr, base_ptr, N: tl.constexpr, NP: tl.constexpr, L: tl.constexpr,
-                           LP: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+                           LP: tl.constexpr, MP: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
                            BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         n = tl.load(n_ptr)
+        # the step before's accepted tokens and the root (its next token) at n - a .. n
+        a = tl.load(last_ptr)
+        w = tl.arange(0, RP)
+        recent = tl.load(last_ptr + 2 + w, mask=w < tl.minimum(a, R - 1), other=0)
+        recent = tl.where(w < a, recent, tl.load(last_ptr + 1))
+        tl.store(hist_ptr + n - a + w, recent, mask=w < R)
+        tl.debug_barrier()  # the scan below reads them from other lanes
         # the proposal: the latest start p of the context's last g tokens before their own place
         last1 = tl.load(hist_ptr + n)
         last2 = tl.load(hist_ptr + tl.maximum(n - 1, 0))
@@ -70,7 +78,7 @@ def _kernel():
         j = tl.where(best3 >= 0, best3, tl.where(best2 >= 0, best2, best1))
         g = tl.where(best3 >= 0, 3, tl.where(best2 >= 0, 2, 1))
         start = j + g
-        count = tl.where(j >= 0, tl.minimum(tl.maximum(n - start + 1, 0), L), 0)
+        count = tl.where(j >= 0, tl.minimum(tl.maximum(n - start + 1, 0), L), 0).to(tl.int32)
         lt = tl.arange(0, LP)
         prop = tl.load(hist_ptr + tl.minimum(tl.maximum(start + lt, 0), H - 1), mask=lt < count, other=-1)
 
@@ -85,27 +93,30 @@ def _kernel():
         first = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & (i[None, :] < i[:, None]))
         rank = tl.sum((live[None, :] & first).to(tl.int32), axis=1)
 
-        # keep the best m, so that m + the chain's new nodes = N (fewer kept nodes may spell less of
-        # the chain: again until it holds)
-        m = tl.full([], N, tl.int32)
-        shared = tl.full([], 0, tl.int32)
+        # The chain's path through the whole tree (siblings are distinct tokens: one child at
+        # most), each of its nodes with the worst rank on the path down to it: keeping the best m
+        # nodes keeps the path's first t nodes while that rank is under m.
+        path = tl.full([LP], -1, tl.int64)
+        worst = tl.full([LP], 2 * NP, tl.int32)  # past the path: never kept
         at = tl.full([], -1, tl.int64)
-        for again in tl.static_range(L + 2):
-            kept = live & (rank < m)
-            at = tl.full([], -1, tl.int64)
-            shared = tl.full([], 0, tl.int32)
-            walking = tl.full([], 1, tl.int1)
-            for t in tl.static_range(L):
-                want = tl.load(hist_ptr + tl.minimum(tl.maximum(start + t, 0), H - 1))  # prop[t] (t < count)
-                child = kept & (par == at) & (ids == want)
-                hit = walking & (tl.max(child.to(tl.int32), axis=0) > 0) & (t < count)
-                node = tl.min(tl.where(child, i, NP), axis=0).to(tl.int64)
-                at = tl.where(hit, node, at)
-                shared += hit.to(tl.int32)
-                walking = hit
-            if again < L + 1:  # the last pass only recomputes the walk for the final m
-                added = count.to(tl.int32) - shared
-                m = tl.where(m + added > N, N - added, m)
+        worst_so_far = tl.full([], -1, tl.int32)
+        walking = tl.full([], 1, tl.int1)
+        for t in tl.static_range(L):
+            child = live & (par == at) & (ids == tl.sum(tl.where(lt == t, prop, 0), axis=0))
+            hit = walking & (tl.max(child.to(tl.int32), axis=0) > 0) & (t < count)
+            node = tl.min(tl.where(child, i, NP), axis=0).to(tl.int64)
+            worst_so_far = tl.maximum(worst_so_far, tl.max(tl.where(i == node, rank, -1), axis=0))
+            path = tl.where(hit & (lt == t), node, path)
+            worst = tl.where(hit & (lt == t), worst_so_far, worst)
+            at = tl.where(hit, node, at)
+            walking = hit
+        # keep the most nodes m that leave room for the chain's new ones: m + count - shared(m) <= N
+        # (speculative/tree/lookup.py's loop reaches the same m: the largest that holds)
+        mm = tl.arange(0, MP)
+        shared_of = tl.sum((worst[None, :] < mm[:, None]).to(tl.int32), axis=1)
+        m = tl.max(tl.where((mm <= N) & (mm + count - shared_of <= N), mm, -1), axis=0)
+        shared = tl.sum((worst < m).to(tl.int32), axis=0)
+        at = tl.where(shared > 0, tl.sum(tl.where(lt == shared - 1, path, 0), axis=0), -1)
         dropped = live & (rank >= m)
         k = tl.cumsum(dropped.to(tl.int32), axis=0) - 1  # a dropped row's place in the chain's tail
         t_of = tl.minimum(tl.maximum(shared + k, 0), L - 1)
@@ -150,11 +161,13 @@ def _kernel():
     return tree_lookup_kernel
 
 
-def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, length: int,
+def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, length: int, last: torch.Tensor,
                 pdl: bool = True) -> VerifyRows:
-    """speculative/tree/lookup.py's merge_lookup(verify, *lookup_proposal(history, n, length), n)
-    in one launch: history (H,) int64 the conversation's tokens (valid to n, the root's position),
-    verify tree_select's rows (with a slot map). CUDA (or the Triton interpreter); no host sync."""
+    """speculative/tree/lookup.py's record_step(history, last, n) and then
+    merge_lookup(verify, *lookup_proposal(history, n, length), n) in one launch: history (H,) int64
+    the conversation's tokens (valid to n, the root's position, once the step before's are
+    written), verify tree_select's rows (with a slot map), last the step before's result
+    [a, next token, path...]. CUDA (or the Triton interpreter); no host sync."""
     N, W = verify.parents.shape[0], verify.slot_map.shape[1]
     assert 1 <= length <= N and length <= W - 1, "a chain no longer than the tree's nodes and depth"
     dev = verify.parents.device
@@ -164,8 +177,10 @@ def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, leng
                      positions=torch.empty(N + 1, **long), slots=torch.empty(N + 1, **long),
                      slot_map=torch.empty(N + 1, W, dtype=torch.int32, device=dev),
                      map_base=torch.empty(N + 1, dtype=torch.int32, device=dev))
-    _kernel()[(1,)](history, history.shape[0], n, verify.tokens, verify.parents, verify.depths, verify.scores,
+    R = last.shape[0] - 1  # the positions a step's record writes: its path's and the next token's
+    _kernel()[(1,)](history, history.shape[0], n, last, verify.tokens, verify.parents, verify.depths, verify.scores,
                     verify.ids, out.tokens, out.parents, out.depths, out.scores, out.ids, out.positions, out.slots,
-                    out.slot_map, out.map_base, N=N, NP=next_pow2(N), L=length, LP=next_pow2(length), D=W - 1, W=W,
-                    WP=next_pow2(W), BLOCK=_BLOCK, num_warps=1, **pdl_args(dev, pdl))
+                    out.slot_map, out.map_base, N=N, NP=next_pow2(N), L=length, LP=next_pow2(length),
+                    MP=next_pow2(N + 1), R=R, RP=next_pow2(R), D=W - 1, W=W, WP=next_pow2(W), BLOCK=_BLOCK,
+                    num_warps=1, **pdl_args(dev, pdl))
     return out

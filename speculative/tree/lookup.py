@@ -1,14 +1,14 @@
 """Prompt-lookup tokens in a greedy draft tree's last places.
 
-Answers repeat their own phrases and the prompt's. Before a verify step, `lookup_proposal` takes
-the tokens that followed the latest earlier occurrence of the context's last 3 tokens (else 2,
+Answers repeat their own phrases and the prompt's. Before a verify step, `record_step` adds the
+step before's accepted tokens to the conversation's, `lookup_proposal` takes the tokens that followed the latest earlier occurrence of the context's last 3 tokens (else 2,
 else 1) in the conversation so far, and `merge_lookup` puts them into the kept tree as a chain:
 the chain's first tokens that a path of kept nodes already spells cost nothing, and the rest take
 the places of the tree's lowest-scored nodes, so that the step verifies as many rows as before.
 The greedy walk then accepts the longer of the tree's paths and the chain. Lookup tokens are the
 target's ids, so they may lie outside the draft's vocabulary.
 
-Both are tensor operations of fixed shapes over device tensors (no host read), so a captured tree
+All are tensor operations of fixed shapes over device tensors (no host read), so a captured tree
 step runs them. `benchmarks/tree_acceptance.py --lookup` measures the same rule over recorded
 trees (docs/performance.md, "Prompt-lookup tokens beside the tree").
 """
@@ -21,6 +21,18 @@ from speculative.kernels.tree_level import VerifyRows
 from speculative.tree.grow import tree_slot_map
 
 GRAMS = (3, 2, 1)  # the longest of the context's last tokens found earlier in it wins
+
+
+def record_step(history: torch.Tensor, last: torch.Tensor, n: torch.Tensor) -> None:
+    """Writes the step before's tokens into the history: last is its result [a, next token,
+    path...] (a of the path's tokens accepted, then the next token, the root at n), so they go to
+    n - a .. n; the rest of the path's places past n get the root too (never read: the context
+    ends at n). A first step's `last` is [0, root, ...]."""
+    R = last.shape[0] - 1
+    w = torch.arange(R, device=history.device)
+    a = last[0]
+    tokens = torch.where(w < a, last[2:].index_select(0, w.clamp_max(R - 2)), last[1])
+    history.index_copy_(0, n - a + w, tokens)
 
 
 def lookup_proposal(history: torch.Tensor, n: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:

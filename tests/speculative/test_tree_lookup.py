@@ -10,7 +10,7 @@ import torch
 from benchmarks.tree_acceptance import lookup, walk_steps
 from speculative.tree.accept import greedy_tree_path
 from speculative.tree.grow import DraftTree, tree_slot_map, verify_rows
-from speculative.tree.lookup import lookup_proposal, merge_lookup
+from speculative.tree.lookup import lookup_proposal, merge_lookup, record_step
 from speculative.tree.shape import TreeShape
 from tests.speculative.test_tree_engine import A, B, C, _engine, _ranked_draft, _run, _set_tree, chained, target  # noqa: F401
 from tests.speculative.test_tree_level import DEVICES, INTERPRET
@@ -189,11 +189,12 @@ def test_lookup_after_the_tree_kernels_stays_lossless(tmp_path, target, chained,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(48))
 def test_the_lookup_kernel_writes_the_torch_ops_rows(device, seed):
-    """tree_lookup (one launch) against lookup_proposal and merge_lookup: the same rows, ids,
-    positions, parents and the slot map's entries a row reads (those below its depth), over random
-    kept trees and conversations of a few tokens (many repeats), a history longer than a scan block."""
+    """tree_lookup (one launch) against record_step, lookup_proposal and merge_lookup: the same
+    history, rows, ids, positions, parents and the slot map's entries a row reads (those below its
+    depth), over random kept trees and conversations of a few tokens (many repeats), a history
+    longer than a scan block, and a step before that accepted up to the whole depth."""
     from speculative.kernels.tree_lookup import _BLOCK, tree_lookup
 
     rng = random.Random(seed)
@@ -206,12 +207,19 @@ def test_the_lookup_kernel_writes_the_torch_ops_rows(device, seed):
     history = torch.tensor([rng.randrange(vocab) for _ in range(n + 1 + depth + 2)])
     length = rng.randrange(1, min(depth, nodes) + 1)
     n_t = torch.tensor(n)
+    accepted = rng.randrange(min(n, depth) + 1)
+    last = torch.tensor([accepted] + [rng.randrange(vocab) for _ in range(depth + 1)])
     verify = verify_rows(tree, torch.zeros(vocab, dtype=torch.long), n_t, torch.tensor([7]), depth)
-    want = merge_lookup(verify, *lookup_proposal(history, n_t, length), n_t)
     on = lambda t: t.to(device)  # noqa: E731
-    got = tree_lookup(on(history), type(verify)(*[None if f is None else on(f) for f in (
+    history_got = on(history)
+    want_history = history.clone()
+    record_step(want_history, last, n_t)
+    assert want_history[n - accepted:n].tolist() == last[2:2 + accepted].tolist() and want_history[n] == last[1]
+    want = merge_lookup(verify, *lookup_proposal(want_history, n_t, length), n_t)
+    got = tree_lookup(history_got, type(verify)(*[None if f is None else on(f) for f in (
         verify.tokens, verify.parents, verify.depths, verify.scores, verify.ids, verify.positions, verify.slots,
-        verify.slot_map, verify.map_base)]), on(n_t), length, pdl=False)
+        verify.slot_map, verify.map_base)]), on(n_t), length, on(last), pdl=False)
+    assert torch.equal(history_got.cpu(), want_history)
     for name in ("tokens", "parents", "depths", "scores", "ids", "positions", "slots", "map_base"):
         assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), name
     depths = [0] + want.depths.tolist()
