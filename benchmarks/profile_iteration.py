@@ -65,7 +65,7 @@ def main() -> None:
         pass
     if shape is not None:  # the tree step: its greedy graph, and its body eagerly
         it = engine.speculator.tree_step(shape)
-        graph = it.graphs.get(None)
+        graph = it.graphs.get((None, it.lookup))  # the greedy step, with the options' lookup chain
         alts = []
 
         def body():

@@ -47,9 +47,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=12, help="the file's first N requests")
     ap.add_argument("--new-tokens", type=int, default=384, help="the longest answer")
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--lookup", type=int, default=0,
+    ap.add_argument("--lookup", type=int, default=None,
                     help="also each tree shape with a prompt-lookup chain of up to N tokens in its last nodes' "
-                         "places (SHAPE~lookupN; greedy)")
+                         "places (SHAPE~lookupN; greedy; 0: none), beside the engine's own (LOCALCHAT_TREE_LOOKUP)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", required=True, help="the JSON report")
     a = ap.parse_args(argv)
@@ -65,9 +65,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.shapes = shapes
     if a.prompts < 1 or a.new_tokens < 1:
         fail("--prompts and --new-tokens must be 1 or more")
-    if not 0 <= a.lookup <= 16:
+    if a.lookup is not None and not 0 <= a.lookup <= 16:
         fail(f"--lookup {a.lookup}: give 0 (none) to 16")
-    if a.lookup:
+    if a.lookup is not None:
         shapes.update({f"{name}~lookup{a.lookup}": (shape, a.lookup) for name, shape in list(shapes.items())
                        if shape is not None})
     if not 0 <= a.temperature <= 2:

@@ -180,12 +180,12 @@ class KernelOptions:
     tree_one_forward: bool = True
     # A greedy tree step puts up to this many prompt-lookup tokens (what followed the latest earlier
     # occurrence of the context's last tokens) into the kept tree, in the places of its
-    # lowest-scored nodes (speculative/tree/lookup.py): on the CPU, over answers of up to 384
-    # tokens, 4,8,15 trees accepted 3.93 tokens a step with 8 against 3.75 without, 4,8,20 4.12
-    # against 3.86 (docs/performance.md). On a GPU one launch after tree_select
-    # (speculative/kernels/tree_lookup.py). Not yet timed there: 0 (off) by default.
-    # LOCALCHAT_TREE_LOOKUP=N (0-16).
-    tree_lookup: int = 0
+    # lowest-scored nodes (speculative/tree/lookup.py; on a GPU one launch after tree_select,
+    # speculative/kernels/tree_lookup.py). On an H100, the demo model and its head, 24 unseen
+    # requests: 4,8,15 trees accept 3.88 tokens a step with 8 against 3.63 without, for 1% longer
+    # steps, 2.11x over no draft against 2.00x; 4,7,24 4.11 against 3.79 (docs/performance.md).
+    # LOCALCHAT_TREE_LOOKUP=N (0-16; 0 none).
+    tree_lookup: int = 8
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -259,7 +259,7 @@ class KernelOptions:
             tree_level_keys=_flag(env, "LOCALCHAT_TREE_LEVEL_KEYS"),
             tree_level_split=_flag(env, "LOCALCHAT_TREE_LEVEL_SPLIT"),
             tree_one_forward=_flag(env, "LOCALCHAT_TREE_ONE_FORWARD"),
-            tree_lookup=_count(env, "LOCALCHAT_TREE_LOOKUP", 16),
+            tree_lookup=_count(env, "LOCALCHAT_TREE_LOOKUP", 16, default=8),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),
@@ -285,13 +285,13 @@ def _flag(env: Mapping[str, str], name: str, default: bool = True) -> bool:
     return default if value == "" else value == "1"
 
 
-def _count(env: Mapping[str, str], name: str, most: int) -> int:
-    """A count from 0 to `most` (unset: 0)."""
+def _count(env: Mapping[str, str], name: str, most: int, default: int = 0) -> int:
+    """A count from 0 to `most` (unset: the default)."""
     value = env.get(name, "").strip()
     if value == "":
-        return 0
+        return default
     if not value.isdigit() or int(value) > most:
-        raise UserError(f"{name}={value!r}: use a count from 0 (off, the default) to {most}")
+        raise UserError(f"{name}={value!r}: use a count from 0 (off) to {most} (unset: {default})")
     return int(value)
 
 

@@ -10,8 +10,9 @@ else 1) tokens, ranks the kept nodes by score, walks the proposal down the tree 
 most best-ranked nodes that leave room for the chain's new tokens, gives those the rows of the
 lowest-scored nodes, and writes the rows in depth order with their ids, positions and slot map, as
 tree_select writes them (a slot map's entries from a row's own depth on are 0). The same rows as
-the torch ops, which are its reference in the tests. One warp: its vectors are a tree's few dozen
-nodes, and its many small reductions stay within the warp.
+the torch ops, which are its reference in the tests. Four warps: its node-by-node matrices (ranks,
+depth order, the slot map's ancestors) are a few hundred to a thousand entries, and one warp alone
+runs their dependent reductions back to back without hiding their latency (2-4x as long).
 """
 
 from __future__ import annotations
@@ -162,12 +163,13 @@ def _kernel():
 
 
 def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, length: int, last: torch.Tensor,
-                pdl: bool = True) -> VerifyRows:
+                pdl: bool = True, num_warps: int = 4) -> VerifyRows:
     """speculative/tree/lookup.py's record_step(history, last, n) and then
     merge_lookup(verify, *lookup_proposal(history, n, length), n) in one launch: history (H,) int64
     the conversation's tokens (valid to n, the root's position, once the step before's are
     written), verify tree_select's rows (with a slot map), last the step before's result
-    [a, next token, path...]. CUDA (or the Triton interpreter); no host sync."""
+    [a, next token, path...]. CUDA (or the Triton interpreter); no host sync. num_warps: the
+    program's (benchmarks/tree_lookup_launch.py times the others)."""
     N, W = verify.parents.shape[0], verify.slot_map.shape[1]
     assert 1 <= length <= N and length <= W - 1, "a chain no longer than the tree's nodes and depth"
     dev = verify.parents.device
@@ -182,5 +184,5 @@ def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, leng
                     verify.ids, out.tokens, out.parents, out.depths, out.scores, out.ids, out.positions, out.slots,
                     out.slot_map, out.map_base, N=N, NP=next_pow2(N), L=length, LP=next_pow2(length),
                     MP=next_pow2(N + 1), R=R, RP=next_pow2(R), D=W - 1, W=W, WP=next_pow2(W), BLOCK=_BLOCK,
-                    num_warps=1, **pdl_args(dev, pdl))
+                    num_warps=num_warps, **pdl_args(dev, pdl))
     return out

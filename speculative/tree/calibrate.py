@@ -6,8 +6,9 @@ few prompts (chat-style requests under the app's default system prompt, answers 
 CALIBRATION_TOKENS), one after the other, and keeps the fastest by tokens per second. The
 result is cached in the cache folder under the model, the draft, the device's name, torch's
 version, the kernel switches a tree step's cost depends on (KernelOptions.tree_level and
-TREE_SWITCHES) and the contents of this file and of the tree step it times
-(eagle3/tree_loop.py, kernels/tree_level.py), so later loads read it at once and a changed tree
+TREE_SWITCHES, the lookup chain's length with them) and the contents of this file and of the
+tree step it times (eagle3/tree_loop.py, kernels/tree_level.py and tree_lookup.py, lookup.py), so
+later loads read it at once and a changed tree
 step is timed again. A CPU takes chains without calibrating:
 there each verified row costs its arithmetic, and trees (13-25 rows a step) lost to the chain on
 the demo model (docs/performance.md).
@@ -25,9 +26,10 @@ from speculative.tree.shape import TreeShape
 # CPU's walk with levels of 4 rows instead of 6
 CANDIDATES = (TreeShape(4, 4, 8), TreeShape(3, 5, 8), TreeShape(4, 6, 12), TreeShape(6, 8, 15), TreeShape(4, 8, 15))
 # and where a tree of more than 15 nodes is verified in one forward (routing.tree_rows), one that
-# accepts more: 4,8,24 accepted 4.10 tokens a step where 4,8,15 accepted 3.88 (on the demo, an
-# H200, it ran 1.85x of no draft against 2.01x: a target whose verify rows cost less may differ)
-WIDE_CANDIDATES = (TreeShape(4, 8, 24),)
+# accepts more: with the prompt-lookup chain, on the demo and an H100 over 24 requests, 4,7,24
+# accepted 4.11 tokens a step where 4,8,15 accepted 3.88, and ran 2.00x of no draft against 2.11x
+# (4,8,24: 4.15, 1.96x); a target whose verify rows cost less may differ
+WIDE_CANDIDATES = (TreeShape(4, 7, 24),)
 CALIBRATION_TOKENS = 48
 PROMPTS = ("Explain in two sentences why the sky is blue.",
            "Write a short list of three tips for learning a new language.",
@@ -36,7 +38,7 @@ PROMPTS = ("Explain in two sentences why the sky is blue.",
 
 # the kernel switches, besides tree_level, that change what a tree step costs
 TREE_SWITCHES = ("rope_in_tree", "draft_rows", "tree_kv_move", "tree_select_passes", "tree_level_keys",
-                 "tree_select_blocks", "tree_one_forward", "tree_level_split")
+                 "tree_select_blocks", "tree_one_forward", "tree_level_split", "tree_lookup")
 
 
 def candidates_for(engine) -> tuple[TreeShape, ...]:
@@ -53,8 +55,12 @@ def cache_key(engine) -> str:
     here = Path(__file__)
     options = engine.runner.model.ops.options
     settings = ["tree auto" if options.tree_level else "tree auto, torch ops"]
-    settings += [name for name in TREE_SWITCHES if getattr(options, name, False)]
-    code = (here, here.parents[1] / "eagle3" / "tree_loop.py", here.parents[1] / "kernels" / "tree_level.py")
+    for name in TREE_SWITCHES:  # a switch by its name, a count (tree_lookup's) with its value
+        value = getattr(options, name, False)
+        if value:
+            settings.append(name if value is True else f"{name}={value}")
+    code = (here, here.parents[1] / "eagle3" / "tree_loop.py", here.parents[1] / "kernels" / "tree_level.py",
+            here.parents[1] / "kernels" / "tree_lookup.py", here.parent / "lookup.py")
     return measurement_key(engine, ", ".join(settings), code)
 
 

@@ -40,11 +40,13 @@ def test_a_sweep_times_each_shape_against_no_draft_and_stays_lossless(target, ch
     json.dumps(out)  # the report is JSON
 
 
-def test_a_shape_with_lookup_chains_is_a_setting_of_its_own(target, chained, tmp_path):
+def test_a_shape_with_lookup_chains_is_a_setting_of_its_own(target, chained, tmp_path, monkeypatch):
     """SHAPE~lookupN (--lookup N): the same shape with prompt-lookup chains, timed beside it in the
     same sweep; lossless, and here (the target repeats a, b) accepting more; the plain shape keeps
-    none."""
+    the engine's own (none here)."""
     from benchmarks.tree_shapes import parse
+
+    monkeypatch.setenv("LOCALCHAT_TREE_LOOKUP", "0")
 
     args = parse(["--tree", "2,4,7", "--tree", "off", "--lookup", "4", "--out", str(tmp_path / "x.json")])
     assert list(args.shapes) == ["2,4,7", "off", "2,4,7~lookup4"]

@@ -89,8 +89,9 @@ def test_a_bad_switch_is_one_line(env, says):
 
 
 def test_tree_lookup_is_a_count():
-    assert KernelOptions.from_env({}).tree_lookup == 0
-    assert KernelOptions.from_env({"LOCALCHAT_TREE_LOOKUP": "8"}).tree_lookup == 8
+    assert KernelOptions.from_env({}).tree_lookup == 8
+    assert KernelOptions.from_env({"LOCALCHAT_TREE_LOOKUP": "0"}).tree_lookup == 0
+    assert KernelOptions.from_env({"LOCALCHAT_TREE_LOOKUP": "12"}).tree_lookup == 12
 
 
 def test_fields_are_validated_and_frozen():

@@ -25,13 +25,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                ("demo-eagle3", "3,3,12", ""), ("demo-eagle3", "4,5,24", ""),
                                                ("demo-eagle3", "4,8,15", ""), ("demo-eagle3", "4,8,24", ""),
                                                ("demo-eagle3", "4,8,24", "two forwards"),
-                                               ("demo-eagle3", "4,8,15", "lookup 8"),
-                                               ("demo-eagle3", "4,8,24", "lookup 8")])
+                                               ("demo-eagle3", "4,8,15", "no lookup"),
+                                               ("demo-eagle3", "4,7,24", "")])
 def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, variant, demo_gguf):
     """Chains of the EAGLE-3 head (with its runners-up, and the chain alone) and of the MTP layers
     (step by step, and one graph an iteration), and the head's draft trees (13, 16 and 25 verify
     rows a step; 25 in one forward, the invariant tiles over 16-row blocks, and with
-    tree_one_forward off in two; with a prompt-lookup chain of 8 in the tree's last places)."""
+    tree_one_forward off in two), each with the default prompt-lookup chain of 8 in the tree's last
+    places, and 4,8,15 without one."""
     from app.settings import Settings
     from engine.engine import Engine
     from engine.options import KernelOptions
@@ -43,7 +44,7 @@ def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, varia
     # the LOCALCHAT_* switches of the environment (a variant timed before it becomes the default)
     options = dataclasses.replace(KernelOptions.from_env(), mtp_graph=variant == "mtp graph",
                                   **({"tree_one_forward": False} if variant == "two forwards" else {}),
-                                  **({"tree_lookup": 8} if variant == "lookup 8" else {}))
+                                  **({"tree_lookup": 0} if variant == "no lookup" else {}))
     engine = Engine.load("demo", draft=draft, device="cuda", options=options)
     if variant == "mtp graph":
         assert engine.speculator.greedy.graph is not None
@@ -53,7 +54,7 @@ def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, varia
         assert not engine.speculator.runners_up
     if tree is not None:
         engine.set_tree(parse_tree(tree))
-        assert engine.speculator.tree_step(parse_tree(tree)).lookup == (8 if variant == "lookup 8" else 0)
+        assert engine.speculator.tree_step(parse_tree(tree)).lookup == min(options.tree_lookup, parse_tree(tree).depth)
     params = SamplingParams(max_tokens=512)
     system = [{"role": "system", "content": Settings().system_prompt}]
     differing, spec_steps = [], 0

@@ -272,6 +272,10 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
             assert calls == [1] * n, switch
         cal.auto_tree(Stub(**{switch: False for switch in cal.TREE_SWITCHES}), cache)
         assert len(calls) == 3 + len(cal.TREE_SWITCHES)  # switched off: the default's key
+        cal.auto_tree(Stub(tree_lookup=4), cache)
+        assert len(calls) == 4 + len(cal.TREE_SWITCHES)  # another lookup chain's length: timed anew
+        cal.auto_tree(Stub(tree_lookup=4), cache)
+        assert len(calls) == 4 + len(cal.TREE_SWITCHES)
         cache.write_text("{not json")
         calls.clear()
         assert cal.auto_tree(Stub(), cache) == TreeShape(3, 5, 8) and calls == [1]
@@ -282,11 +286,11 @@ def test_auto_picks_the_fastest_shape_and_remembers_it(tmp_path):
         cal.calibrate = real
     # trees of more than 15 nodes are candidates only where one forward verifies them
     assert cal.candidates_for(Stub()) == cal.CANDIDATES
-    assert cal.candidates_for(Stub(tree_one_forward=True)) == cal.CANDIDATES + (TreeShape(4, 8, 24),)
+    assert cal.candidates_for(Stub(tree_one_forward=True)) == cal.CANDIDATES + (TreeShape(4, 7, 24),)
     assert cal.candidates_for(Stub(tree_one_forward=True, packed=True)) == cal.CANDIDATES
     timed.clear()
     cal.calibrate(Stub(tree_one_forward=True), cal.candidates_for(Stub(tree_one_forward=True)), timer=timer)
-    assert "4,8,24" in timed
+    assert "4,7,24" in timed
 
 
 @pytest.mark.parametrize("shape", [None, TreeShape(3, 3, 12)], ids=["chain", "tree"])
