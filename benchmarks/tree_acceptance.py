@@ -119,8 +119,8 @@ def accepted(growth, cont: list[int], depth: int, tokens: int) -> int:
 
 def lookup(context: list[int], length: int) -> list[int]:
     """A prompt-lookup proposal: the `length` tokens that followed the latest earlier occurrence
-    of the context's last 3 tokens (else 2, else 1), in the prompt or the answer so far; [] if
-    none occurs."""
+    of the context's last tokens (4, else 3, else 2: the engine's GRAMS), in the prompt or the
+    answer so far; [] if none occurs."""
     end = len(context)
     from speculative.tree.lookup import GRAMS  # the engine's rule: the longest first
 

@@ -5,8 +5,8 @@ graph):
 
 speculative/tree/lookup.py's record_step, lookup_proposal and merge_lookup (some hundreds of small
 torch ops for a chain of 8) as one program: it writes the step before's accepted tokens into the
-conversation's, scans those for the latest earlier occurrence of the context's last 3 (else 2,
-else 1) tokens, ranks the kept nodes by score, walks the proposal down the tree once, keeps the
+conversation's, scans those for the latest earlier occurrence of the context's last 4 (else 3,
+else 2: GRAMS) tokens, ranks the kept nodes by score, walks the proposal down the tree once, keeps the
 most best-ranked nodes that leave room for the chain's new tokens, gives those the rows of the
 lowest-scored nodes, and writes the rows in depth order with their ids, positions and slot map, as
 tree_select writes them (a slot map's entries from a row's own depth on are 0). The same rows as
@@ -23,6 +23,7 @@ import torch
 
 from engine.kernels import next_pow2, pdl_args
 from speculative.kernels.tree_level import VerifyRows
+from speculative.tree.lookup import GRAMS
 
 triton = tl = _pick = None  # bound by _kernel(): the kernel reads them by name
 _BLOCK = 1024  # history positions scanned a loop step
@@ -45,7 +46,8 @@ def _kernel():
     def tree_lookup_kernel(hist_ptr, H, n_ptr, last_ptr, tokens_ptr, parents_ptr, depths_ptr, scores_ptr, ids_ptr,
                            out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_scores_ptr, out_ids_ptr, pos_ptr,
                            slots_ptr, map_ptr, base_ptr, N: tl.constexpr, NP: tl.constexpr, L: tl.constexpr,
-                           LP: tl.constexpr, MP: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+                           LP: tl.constexpr, GMIN: tl.constexpr, GMAX: tl.constexpr, MP: tl.constexpr,
+                           R: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
                            BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
@@ -59,25 +61,42 @@ def _kernel():
         tl.store(hist_ptr + n - a + w, recent, mask=w < R)
         tl.debug_barrier()  # the scan below reads them from other lanes
         # the proposal: the latest start p of the context's last g tokens before their own place
+        # (the grams GMIN .. GMAX, at most 4: speculative/tree/lookup.py's GRAMS)
         last1 = tl.load(hist_ptr + n)
         last2 = tl.load(hist_ptr + tl.maximum(n - 1, 0))
         last3 = tl.load(hist_ptr + tl.maximum(n - 2, 0))
+        last4 = tl.load(hist_ptr + tl.maximum(n - 3, 0))
         best1 = tl.full([], -1, tl.int64)
         best2 = tl.full([], -1, tl.int64)
         best3 = tl.full([], -1, tl.int64)
+        best4 = tl.full([], -1, tl.int64)
         for p0 in range(0, n, BLOCK):
             p = p0 + tl.arange(0, BLOCK).to(tl.int64)
             h0 = tl.load(hist_ptr + p, mask=p < n, other=-1)
             h1 = tl.load(hist_ptr + p + 1, mask=p + 1 < n, other=-1)
-            h2 = tl.load(hist_ptr + p + 2, mask=p + 2 < n, other=-1)
             m1 = (p <= n - 1) & (h0 == last1)
             m2 = (p <= n - 2) & (n >= 2) & (h0 == last2) & (h1 == last1)
-            m3 = (p <= n - 3) & (n >= 3) & (h0 == last3) & (h1 == last2) & (h2 == last1)
             best1 = tl.maximum(best1, tl.max(tl.where(m1, p, -1), axis=0))
             best2 = tl.maximum(best2, tl.max(tl.where(m2, p, -1), axis=0))
-            best3 = tl.maximum(best3, tl.max(tl.where(m3, p, -1), axis=0))
-        j = tl.where(best3 >= 0, best3, tl.where(best2 >= 0, best2, best1))
-        g = tl.where(best3 >= 0, 3, tl.where(best2 >= 0, 2, 1))
+            if GMAX >= 3:
+                h2 = tl.load(hist_ptr + p + 2, mask=p + 2 < n, other=-1)
+                m3 = (p <= n - 3) & (n >= 3) & (h0 == last3) & (h1 == last2) & (h2 == last1)
+                best3 = tl.maximum(best3, tl.max(tl.where(m3, p, -1), axis=0))
+                if GMAX >= 4:
+                    h3 = tl.load(hist_ptr + p + 3, mask=p + 3 < n, other=-1)
+                    m4 = (p <= n - 4) & (n >= 4) & (h0 == last4) & (h1 == last3) & (h2 == last2) & (h3 == last1)
+                    best4 = tl.maximum(best4, tl.max(tl.where(m4, p, -1), axis=0))
+        # the longest gram found wins
+        j = tl.full([], -1, tl.int64)
+        g = tl.full([], 0, tl.int64)
+        if GMIN <= 1:
+            j, g = tl.where(best1 >= 0, best1, j), tl.where(best1 >= 0, 1, g)
+        if GMIN <= 2:
+            j, g = tl.where(best2 >= 0, best2, j), tl.where(best2 >= 0, 2, g)
+        if GMIN <= 3 and GMAX >= 3:
+            j, g = tl.where(best3 >= 0, best3, j), tl.where(best3 >= 0, 3, g)
+        if GMAX >= 4:
+            j, g = tl.where(best4 >= 0, best4, j), tl.where(best4 >= 0, 4, g)
         start = j + g
         count = tl.where(j >= 0, tl.minimum(tl.maximum(n - start + 1, 0), L), 0).to(tl.int32)
         lt = tl.arange(0, LP)
@@ -180,9 +199,11 @@ def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, leng
                      slot_map=torch.empty(N + 1, W, dtype=torch.int32, device=dev),
                      map_base=torch.empty(N + 1, dtype=torch.int32, device=dev))
     R = last.shape[0] - 1  # the positions a step's record writes: its path's and the next token's
+    gmin, gmax = min(GRAMS), max(GRAMS)
+    assert sorted(GRAMS) == list(range(gmin, gmax + 1)) and 1 <= gmin and gmax <= 4, "grams of 1 to 4, no gaps"
     _kernel()[(1,)](history, history.shape[0], n, last, verify.tokens, verify.parents, verify.depths, verify.scores,
                     verify.ids, out.tokens, out.parents, out.depths, out.scores, out.ids, out.positions, out.slots,
-                    out.slot_map, out.map_base, N=N, NP=next_pow2(N), L=length, LP=next_pow2(length),
-                    MP=next_pow2(N + 1), R=R, RP=next_pow2(R), D=W - 1, W=W, WP=next_pow2(W), BLOCK=_BLOCK,
+                    out.slot_map, out.map_base, N=N, NP=next_pow2(N), L=length, LP=next_pow2(length), GMIN=gmin,
+                    GMAX=gmax, MP=next_pow2(N + 1), R=R, RP=next_pow2(R), D=W - 1, W=W, WP=next_pow2(W), BLOCK=_BLOCK,
                     num_warps=num_warps, **pdl_args(dev, pdl))
     return out

@@ -66,7 +66,9 @@ def test_lookup_proposes_what_followed_the_latest_earlier_occurrence():
     # the last 3 tokens (7, 8, 9) occurred at 1..3 and at 5..7 (the latest: 10, 11 followed)
     ctx = [0, 7, 8, 9, 1, 7, 8, 9, 10, 11, 2, 7, 8, 9]
     assert lookup(ctx, 2) == [10, 11] and lookup(ctx, 9) == [10, 11, 2, 7, 8, 9]
-    assert lookup([5, 6, 1, 2, 6], 3) == [1, 2, 6]  # no earlier (2, 6) or (1, 2, 6): the last token alone
+    assert lookup([5, 6, 1, 2, 6], 3) == []  # no earlier (2, 6): a single token's match proposes nothing
+    # 4 tokens first: (1, 2, 3, 4) at 0 wins over the later (2, 3, 4) at 6
+    assert lookup([1, 2, 3, 4, 9, 5, 2, 3, 4, 8, 1, 2, 3, 4], 2) == [9, 5]
     assert lookup([1, 2, 3], 4) == [] and lookup([4], 4) == []
 
 
@@ -84,13 +86,13 @@ def test_the_walk_with_lookup_takes_the_longer_path_and_counts_the_rows_it_adds(
 
 
 def test_lookup_in_place_takes_the_lowest_scored_nodes_places():
-    # a tree of 3 kept nodes at the root: 5 (-0.1), 6 (-0.2), 7 (-0.3), and the context 1 2 8 1
-    # proposing 2 8 (what followed the earlier 1): in place, the chain's 2 nodes take 6's and 7's
-    growth = (3, [5, 6, 7], [-1, -1, -1], [1, 1, 1], [-0.1, -0.2, -0.3])
-    seq = [1, 2, 8, 1, 2, 8]
+    # a tree of 3 kept nodes at the root: 5 (-0.1), 6 (-0.2), 7 (-0.3), and the context 1 2 8 1 2
+    # proposing 8 1 (what followed the earlier 1 2): in place, the chain's 2 nodes take 6's and 7's
+    growth = (4, [5, 6, 7], [-1, -1, -1], [1, 1, 1], [-0.1, -0.2, -0.3])
+    seq = [1, 2, 8, 1, 2, 8, 1]
     rows: list[int] = []
     assert walk_steps(seq, [growth], 2, 3, lookup_len=2, rows=rows, in_place=True) == (1, 3)
     assert rows == [2]
-    seq = [1, 2, 8, 1, 6, 8]  # the tree's 6 would have been taken, but its place went to the chain
+    seq = [1, 2, 8, 1, 2, 6, 1]  # the tree's 6 would have been taken, but its place went to the chain
     assert walk_steps(seq, [growth], 2, 3, lookup_len=2, in_place=True) == (1, 1)
     assert walk_steps(seq, [growth], 2, 3, lookup_len=2) == (1, 2)  # beside the tree: 6 stays
