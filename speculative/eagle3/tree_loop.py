@@ -95,8 +95,8 @@ class TreeDrafting:
         """Greedy steps' lookup chains of up to `length` tokens from the next answer (0: none), no
         longer than the walk goes deep or the tree has nodes; a step of each length is captured
         once. The chain searches the conversation's tokens, kept on the device (each step first
-        writes the accepted ones of the step before, so a replay needs none from the host), with room for the rows a step's
-        write may reach past the cache's end."""
+        writes the accepted ones of the step before, so a replay needs none from the host), with
+        room for the rows a step's write may reach past the cache's end."""
         self.lookup = max(0, min(length, self.depth, self._kept))
         if self.lookup and self.history is None:
             dev = self.runner.device

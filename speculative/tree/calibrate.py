@@ -8,10 +8,9 @@ result is cached in the cache folder under the model, the draft, the device's na
 version, the kernel switches a tree step's cost depends on (KernelOptions.tree_level and
 TREE_SWITCHES, the lookup chain's length with them) and the contents of this file and of the
 tree step it times (eagle3/tree_loop.py, kernels/tree_level.py and tree_lookup.py, lookup.py), so
-later loads read it at once and a changed tree
-step is timed again. A CPU takes chains without calibrating:
-there each verified row costs its arithmetic, and trees (13-25 rows a step) lost to the chain on
-the demo model (docs/performance.md).
+later loads read it at once and a changed tree step is timed again. A CPU takes chains without
+calibrating: there each verified row costs its arithmetic, and trees (13-25 rows a step) lost to
+the chain on the demo model (docs/performance.md).
 """
 
 from __future__ import annotations
