@@ -184,8 +184,8 @@ class KernelOptions:
     # speculative/kernels/tree_lookup.py). On an H100, the demo model and its head, 24 unseen
     # requests: 4,8,15 trees accept 3.88 tokens a step with 8 against 3.63 without, for 1% longer
     # steps, 2.11x over no draft against 2.00x; 4,7,24 4.11 against 3.79 (docs/performance.md;
-    # timed when a proposal matched 3, 2 or 1 tokens, now 4, 3 or 2). LOCALCHAT_TREE_LOOKUP=N
-    # (0-16; 0 none).
+    # timed when a proposal matched 3, 2 or 1 tokens, now 4, 3 or 2). A chain may go deeper than
+    # the tree: the walk then goes as deep. LOCALCHAT_TREE_LOOKUP=N (0-16; 0 none).
     tree_lookup: int = 8
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by

@@ -69,14 +69,13 @@ class TreeDrafting:
         self.root = torch.zeros(1, dtype=torch.long, device=dev)  # the token at n
         self.d_logits = torch.zeros(1, draft.config.draft_vocab_size, dtype=torch.float32, device=dev)
         self.d_hidden = torch.zeros(1, draft.config.decode_width, dtype=runner.dtype, device=dev)
-        self.depth = min(shape.depth, shape.tokens)  # the deepest a kept node can be
-        self.result = torch.zeros(2 + self.depth, dtype=torch.long, device=dev)  # [a, next token, path...]
+        self.tree_depth = min(shape.depth, shape.tokens)  # the deepest a kept node can be
         k = min(shape.topk, draft.config.draft_vocab_size)
         # Sampling: the request's parameters as device tensors and, drawn from its generator
-        # before each step, a uniform for each try of a child and Exp(1) variates for the last draw
-        # (sampled_tree_path), so one graph serves every request of a kind and a seed repeats.
+        # before each step, a uniform for each try of a child (self.u, set_depth's) and Exp(1)
+        # variates for the last draw (sampled_tree_path), so one graph serves every request of a
+        # kind and a seed repeats.
         self.params = SamplingTensors(dev)
-        self.u = torch.full((self.depth, k), 0.5, dtype=torch.float32, device=dev)
         self.e = torch.ones(runner.config.vocab_size, dtype=torch.float32, device=dev)
         self.generator: torch.Generator | None = None
         # the captured steps by kind (None greedy; False sampling with temperature alone, True
@@ -89,18 +88,30 @@ class TreeDrafting:
         # set_lookup's; its buffers made with the first chain
         self.lookup, self._kept = 0, min(shape.tokens, k + max(shape.depth - 1, 0) * k * k)  # the nodes a step keeps
         self.history: torch.Tensor | None = None
+        self.depth = 0
         self.set_lookup(runner.model.ops.options.tree_lookup)
 
     def set_lookup(self, length: int) -> None:
         """Greedy steps' lookup chains of up to `length` tokens from the next answer (0: none), no
-        longer than the walk goes deep or the tree has nodes; a step of each length is captured
-        once. The chain searches the conversation's tokens, kept on the device (each step first
-        writes the accepted ones of the step before, so a replay needs none from the host), with
-        room for the rows a step's write may reach past the cache's end."""
-        self.lookup = max(0, min(length, self.depth, self._kept))
+        more than the tree keeps nodes; a step of each length is captured once. A chain deeper
+        than the tree deepens the walk (set_depth). The chain searches the conversation's tokens,
+        kept on the device (each step first writes the accepted ones of the step before, so a
+        replay needs none from the host)."""
+        self.lookup = max(0, min(length, self._kept))
+        self.set_depth(max(self.tree_depth, self.lookup))
+
+    def set_depth(self, depth: int) -> None:
+        """The most drafts a step accepts (the tree's depth, or a deeper lookup chain's), and the
+        buffers it sizes: the step's result, the sampled walk's uniforms, the conversation's
+        tokens (with room for the rows a step's write may reach past the cache's end). Steps
+        captured for another depth are dropped: their buffers are gone."""
+        dev, k = self.runner.device, min(self.shape.topk, self.parts.draft.config.draft_vocab_size)
+        if depth != self.depth:
+            self.depth, self.graphs, self.history = depth, {}, None
+            self.result = torch.zeros(2 + depth, dtype=torch.long, device=dev)  # [a, next token, path...]
+            self.u = torch.full((depth, k), 0.5, dtype=torch.float32, device=dev)
         if self.lookup and self.history is None:
-            dev = self.runner.device
-            self.history = torch.zeros(self.runner.max_len + self.depth + 2, dtype=torch.long, device=dev)
+            self.history = torch.zeros(self.runner.max_len + depth + 2, dtype=torch.long, device=dev)
 
     def rows_needed(self) -> int:
         """Cache rows a step uses past n: the target's root and nodes, the draft's scratch rows."""
@@ -221,12 +232,14 @@ class TreeDrafting:
         lookup = self.lookup and kind is None
         # the step before's tokens into the history, then the lookup chain in the places of the kept
         # tree's lowest-scored nodes
+        # (a slot map as wide as the walk goes deep: a chain may go deeper than the tree)
         if lookup and fused:
-            verify = tree_lookup(self.history, verify, n_t, self.lookup, self.result,
+            verify = tree_lookup(self.history, verify, n_t, self.lookup, self.result, width=self.depth + 1,
                                  pdl=runner.model.ops.options.pdl)
         elif lookup:  # the same in torch ops
             record_step(self.history, self.result, n_t)
-            verify = merge_lookup(verify, *lookup_proposal(self.history, n_t, self.lookup), n_t)
+            verify = merge_lookup(verify, *lookup_proposal(self.history, n_t, self.lookup), n_t,
+                                  width=self.depth + 1)
         target_tree = DraftTree(verify.ids[1:], verify.parents, verify.depths, verify.scores)
         N = len(target_tree)
         # A verify forward takes at most routing.tree_rows rows, so that on a batch-invariant

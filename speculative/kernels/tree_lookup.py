@@ -182,14 +182,16 @@ def _kernel():
 
 
 def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, length: int, last: torch.Tensor,
-                pdl: bool = True, num_warps: int = 4) -> VerifyRows:
+                width: int | None = None, pdl: bool = True, num_warps: int = 4) -> VerifyRows:
     """speculative/tree/lookup.py's record_step(history, last, n) and then
     merge_lookup(verify, *lookup_proposal(history, n, length), n) in one launch: history (H,) int64
     the conversation's tokens (valid to n, the root's position, once the step before's are
     written), verify tree_select's rows (with a slot map), last the step before's result
-    [a, next token, path...]. CUDA (or the Triton interpreter); no host sync. num_warps: the
-    program's (benchmarks/tree_lookup_launch.py times the others)."""
-    N, W = verify.parents.shape[0], verify.slot_map.shape[1]
+    [a, next token, path...]; width the slot map's entries a row (the walk's depth + 1, by
+    default verify's: a chain may go deeper than the tree). CUDA (or the Triton interpreter); no
+    host sync. num_warps: the program's (benchmarks/tree_lookup_launch.py times the others)."""
+    N, W = verify.parents.shape[0], width or verify.slot_map.shape[1]
+    assert W >= verify.slot_map.shape[1], "a slot map no narrower than the tree's"
     assert 1 <= length <= N and length <= W - 1, "a chain no longer than the tree's nodes and depth"
     dev = verify.parents.device
     long = dict(dtype=torch.int64, device=dev)

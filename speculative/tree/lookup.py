@@ -82,14 +82,16 @@ def _shared(ids, parents, kept, proposal, count):
     return shared, at
 
 
-def merge_lookup(verify: VerifyRows, proposal: torch.Tensor, count: torch.Tensor, n: torch.Tensor) -> VerifyRows:
+def merge_lookup(verify: VerifyRows, proposal: torch.Tensor, count: torch.Tensor, n: torch.Tensor,
+                 width: int | None = None) -> VerifyRows:
     """The kept tree of `verify` with the proposal's first `count` tokens as a chain from the root:
     its tokens that kept nodes already spell (a path from the root) stay those nodes, and the rest
     hang below them, in the rows of the tree's lowest-scored nodes (by score, ties to the later
     row: leaves, so that what is kept stays a tree). The rows come back in depth order (parents
-    first), with their ids, positions and slot map (where `verify` has one); cache rows are
-    n + 1 + row as before. The proposal is at most as long as the tree has nodes and as deep as its
-    walk goes. A chain node's draft token is -1 and its score the node's it replaced: the greedy
+    first), with their ids, positions and slot map (where `verify` has one: `width` entries a row,
+    the walk's depth + 1, by default verify's); cache rows are n + 1 + row as before. The proposal
+    is at most as long as the tree has nodes and as deep as the walk goes, which may be deeper than
+    the tree. A chain node's draft token is -1 and its score the node's it replaced: the greedy
     walk reads neither."""
     ids, parents, depths, scores = verify.ids[1:], verify.parents, verify.depths, verify.scores
     N, L, dev = ids.shape[0], proposal.shape[0], ids.device
@@ -124,7 +126,7 @@ def merge_lookup(verify: VerifyRows, proposal: torch.Tensor, count: torch.Tensor
     zero = torch.zeros(1, dtype=torch.long, device=dev)
     slot_map = map_base = None
     if verify.slot_map is not None:
-        slot_map, map_base = tree_slot_map(parents_out, depths_out, n, verify.slot_map.shape[1])
+        slot_map, map_base = tree_slot_map(parents_out, depths_out, n, width or verify.slot_map.shape[1])
     return VerifyRows(tokens=new_tokens.index_select(0, order), parents=parents_out, depths=depths_out,
                       scores=scores.index_select(0, order),
                       ids=torch.cat([verify.ids[:1], new_ids.index_select(0, order)]),

@@ -130,13 +130,14 @@ def test_lookup_accepts_the_repeats_the_tree_misses_and_stays_lossless(tmp_path,
     cfg = read_config(target)
     shape = TreeShape(2, 4, 7)
     runs = {}
-    for lookup_len in (0, 4):
+    for lookup_len in (0, 4, 6):  # 6: a chain deeper than the tree's 4 levels
         monkeypatch.setenv("LOCALCHAT_TREE_LOOKUP", str(lookup_len))
         e = _engine(chained, _ranked_draft(tmp_path / str(lookup_len), cfg, [C, A, B]))
         plain, _ = _run(e, False, n=40)
         k_plain, v_plain = e.runner.kv.k_all.clone(), e.runner.kv.v_all.clone()
         _set_tree(e, shape, on_device)
         assert e.speculator.tree_step(shape).lookup == lookup_len
+        assert e.speculator.tree_step(shape).depth == max(shape.depth, lookup_len)
         spec, stats = _run(e, True, n=40)
         assert spec == plain and plain[:4] == [A, B, A, B]
         rows = len(e.tokenizer.apply_chat_template(_prompt())) + len(plain) - 1
@@ -155,6 +156,37 @@ def test_lookup_accepts_the_repeats_the_tree_misses_and_stays_lossless(tmp_path,
             assert made == round(stats.accept_len_mean * steps)
     # the latest earlier b, a, b is two tokens back: a proposal of two (what followed it up to the root)
     assert runs[0].accept_len_mean < 2 and runs[4].accept_len_mean > 2.5, (runs[0].accept_hist, runs[4].accept_hist)
+    # a walk of 6 under a tree of 4 levels (its chains here two long: the pattern's period)
+    assert runs[6].accept_hist == runs[4].accept_hist
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["masks", "slot_maps"])
+def test_a_chain_deeper_than_the_tree_is_accepted_whole(tmp_path, target, chained, on_device, monkeypatch):
+    """A tree one level deep (2,1,2) with chains of 2: steps accept two drafts, more than the tree
+    holds, the answer and the cache plain decoding's, the steps the benchmark's walk's."""
+    from benchmarks.tree_acceptance import record_growths
+
+    cfg = read_config(target)
+    shape = TreeShape(2, 1, 2)
+    monkeypatch.setenv("LOCALCHAT_TREE_LOOKUP", "2")
+    e = _engine(chained, _ranked_draft(tmp_path / "e", cfg, [C, A, B]))
+    plain, _ = _run(e, False, n=40)
+    k_plain = e.runner.kv.k_all.clone()
+    _set_tree(e, shape, on_device)
+    step = e.speculator.tree_step(shape)
+    assert (step.lookup, step.depth, step.tree_depth) == (2, 2, 1)
+    spec, stats = _run(e, True, n=40)
+    assert spec == plain
+    rows = len(e.tokenizer.apply_chat_template(_prompt())) + len(plain) - 1
+    torch.testing.assert_close(e.runner.kv.k_all[:, :rows], k_plain[:, :rows], atol=1e-5, rtol=1e-4)
+    assert len(stats.accept_hist) == 4 and stats.accept_hist[3] > stats.verify_steps // 2, stats.accept_hist
+    monkeypatch.setenv("LOCALCHAT_TREE_LOOKUP", "0")
+    probe = _engine(chained, _ranked_draft(tmp_path / "probe", cfg, [C, A, B]))
+    _set_tree(probe, shape, False)
+    [(seq, growths)] = record_growths(probe, shape.topk, shape.depth, [probe.tokenizer.apply_chat_template(_prompt())],
+                                      40, log=lambda text: None)
+    steps, made = walk_steps(seq, growths, shape.depth, shape.tokens, 2, in_place=True)
+    assert steps == stats.verify_steps and made == min(round(stats.accept_len_mean * steps), stats.generated_tokens)
 
 
 def _prompt():
@@ -163,7 +195,8 @@ def _prompt():
 
 
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
-def test_lookup_after_the_tree_kernels_stays_lossless(tmp_path, target, chained, monkeypatch):
+@pytest.mark.parametrize("lookup_len", [4, 6])
+def test_lookup_after_the_tree_kernels_stays_lossless(tmp_path, target, chained, monkeypatch, lookup_len):
     """The step a GPU captures, with the tree kernels (tree_select's kept nodes, tree_lookup's
     chain, tree_accept's walk): plain decoding's answer, and the accepted lengths of the torch ops'
     step."""
@@ -174,7 +207,7 @@ def test_lookup_after_the_tree_kernels_stays_lossless(tmp_path, target, chained,
     monkeypatch.setattr(tree_loop, "tree_lookup", lambda *a, **kw: launches.append(1) or real(*a, **kw))
     cfg = read_config(target)
     shape = TreeShape(2, 4, 7)
-    monkeypatch.setenv("LOCALCHAT_TREE_LOOKUP", "4")
+    monkeypatch.setenv("LOCALCHAT_TREE_LOOKUP", str(lookup_len))  # 6: deeper than the tree's 4 levels
     e = _engine(chained, _ranked_draft(tmp_path, cfg, [C, A, B]))
     plain, _ = _run(e, False, n=40)
     runs = []
@@ -194,7 +227,8 @@ def test_the_lookup_kernel_writes_the_torch_ops_rows(device, seed):
     """tree_lookup (one launch) against record_step, lookup_proposal and merge_lookup: the same
     history, rows, ids, positions, parents and the slot map's entries a row reads (those below its
     depth), over random kept trees and conversations of a few tokens (many repeats), a history
-    longer than a scan block, and a step before that accepted up to the whole depth."""
+    longer than a scan block, a step before that accepted up to the whole depth, and walks (and
+    chains) deeper than the tree."""
     from speculative.kernels.tree_lookup import _BLOCK, tree_lookup
 
     rng = random.Random(seed)
@@ -204,21 +238,24 @@ def test_the_lookup_kernel_writes_the_torch_ops_rows(device, seed):
     while int(tree.depths.max()) > depth:
         tree = _tree(rng, nodes, vocab)
     n = rng.randrange(1, 2 * _BLOCK + 50) if seed % 3 == 0 else rng.randrange(0, 40)
-    history = torch.tensor([rng.randrange(vocab) for _ in range(n + 1 + depth + 2)])
-    length = rng.randrange(1, min(depth, nodes) + 1)
+    walk = depth + (rng.randrange(1, 9) if seed % 2 else 0)  # odd seeds: a walk (and chain) deeper than the tree
+    history = torch.tensor([rng.randrange(vocab) for _ in range(n + 1 + walk + 2)])
+    length = rng.randrange(1, min(walk, nodes) + 1)
     n_t = torch.tensor(n)
-    accepted = rng.randrange(min(n, depth) + 1)
-    last = torch.tensor([accepted] + [rng.randrange(vocab) for _ in range(depth + 1)])
+    accepted = rng.randrange(min(n, walk) + 1)
+    last = torch.tensor([accepted] + [rng.randrange(vocab) for _ in range(walk + 1)])
     verify = verify_rows(tree, torch.zeros(vocab, dtype=torch.long), n_t, torch.tensor([7]), depth)
     on = lambda t: t.to(device)  # noqa: E731
     history_got = on(history)
     want_history = history.clone()
     record_step(want_history, last, n_t)
     assert want_history[n - accepted:n].tolist() == last[2:2 + accepted].tolist() and want_history[n] == last[1]
-    want = merge_lookup(verify, *lookup_proposal(want_history, n_t, length), n_t)
+    want = merge_lookup(verify, *lookup_proposal(want_history, n_t, length), n_t, width=walk + 1)
+    assert want.slot_map.shape == (nodes + 1, walk + 1)
     got = tree_lookup(history_got, type(verify)(*[None if f is None else on(f) for f in (
         verify.tokens, verify.parents, verify.depths, verify.scores, verify.ids, verify.positions, verify.slots,
-        verify.slot_map, verify.map_base)]), on(n_t), length, on(last), pdl=False)
+        verify.slot_map, verify.map_base)]), on(n_t), length, on(last), width=walk + 1, pdl=False)
+    assert got.slot_map.shape == want.slot_map.shape
     assert torch.equal(history_got.cpu(), want_history)
     for name in ("tokens", "parents", "depths", "scores", "ids", "positions", "slots", "map_base"):
         assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), name
