@@ -31,6 +31,8 @@ def fail(message: str) -> None:
 def random_tree(rng: random.Random, nodes: int, vocab: int, depth: int):
     """A kept tree in verify order: each node under the root or an earlier node of depth < `depth`
     with a token its siblings lack, scores falling along each path."""
+    import torch
+
     from speculative.tree.grow import DraftTree
 
     parents, depths, scores, tokens = [], [], [], []
@@ -45,7 +47,6 @@ def random_tree(rng: random.Random, nodes: int, vocab: int, depth: int):
         tokens.append(rng.choice([t for t in range(vocab) if t not in taken]))
     order = sorted(range(nodes), key=lambda i: (depths[i], i))
     where = {old: new for new, old in enumerate(order)}
-    import torch
     return DraftTree(torch.tensor([tokens[i] for i in order]),
                      torch.tensor([where[parents[i]] if parents[i] >= 0 else -1 for i in order]),
                      torch.tensor([depths[i] for i in order]), torch.tensor([scores[i] for i in order]))

@@ -231,8 +231,8 @@ class TreeDrafting:
                                  slot_map=not masks)
         lookup = self.lookup and kind is None
         # the step before's tokens into the history, then the lookup chain in the places of the kept
-        # tree's lowest-scored nodes
-        # (a slot map as wide as the walk goes deep: a chain may go deeper than the tree)
+        # tree's lowest-scored nodes, its rows' slot map as wide as the walk goes deep (a chain may
+        # go deeper than the tree)
         if lookup and fused:
             verify = tree_lookup(self.history, verify, n_t, self.lookup, self.result, width=self.depth + 1,
                                  pdl=runner.model.ops.options.pdl)
