@@ -36,6 +36,7 @@ def fail(message: str) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     from engine.errors import UserError
+    from engine.options import TREE_LOOKUP_MOST
     from speculative.tree.shape import parse_tree
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -65,8 +66,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.shapes = shapes
     if a.prompts < 1 or a.new_tokens < 1:
         fail("--prompts and --new-tokens must be 1 or more")
-    if a.lookup is not None and not 0 <= a.lookup <= 16:
-        fail(f"--lookup {a.lookup}: give 0 (none) to 16")
+    if a.lookup is not None and not 0 <= a.lookup <= TREE_LOOKUP_MOST:
+        fail(f"--lookup {a.lookup}: give 0 (none) to {TREE_LOOKUP_MOST}")
     if a.lookup is not None:
         shapes.update({f"{name}~lookup{a.lookup}": (shape, a.lookup) for name, shape in list(shapes.items())
                        if shape is not None})

@@ -12,6 +12,7 @@ from engine.errors import UserError
 
 CUBLAS = "cublas"  # a row_tiles entry that sends that shape to nn.Linear (cuBLAS) instead of our GEMV
 AUTO = "auto"  # spec_alts: the GPU's shaped alternatives on any device
+TREE_LOOKUP_MOST = 15  # the longest prompt-lookup chain (KernelOptions.tree_lookup says why)
 # A row_tiles tile: an engine.kernels.gemv.GemvConfig (duck-typed here, so that this module imports no
 # kernel code), or CUBLAS.
 Tile = object
@@ -179,14 +180,16 @@ class KernelOptions:
     # two, every greedy answer the same. LOCALCHAT_TREE_ONE_FORWARD=0: 16-row forwards.
     tree_one_forward: bool = True
     # A greedy tree step puts up to this many prompt-lookup tokens (what followed the latest earlier
-    # occurrence of the context's last tokens) into the kept tree, in the places of its
-    # lowest-scored nodes (speculative/tree/lookup.py; on a GPU one launch after tree_select,
-    # speculative/kernels/tree_lookup.py). On an H100, the demo model and its head, 24 unseen
-    # requests: 4,8,15 trees accept 3.88 tokens a step with 8 against 3.63 without, for 1% longer
-    # steps, 2.11x over no draft against 2.00x; 4,7,24 4.11 against 3.79 (docs/performance.md;
-    # timed when a proposal matched 3, 2 or 1 tokens, now 4, 3 or 2). A chain may go deeper than
-    # the tree: the walk then goes as deep. LOCALCHAT_TREE_LOOKUP=N (0-16; 0 none).
-    tree_lookup: int = 8
+    # occurrence of the context's last 4, else 3, else 2 tokens) into the kept tree, in the places
+    # of its lowest-scored nodes (speculative/tree/lookup.py; on a GPU one launch after
+    # tree_select, speculative/kernels/tree_lookup.py). A chain may go deeper than the tree: the
+    # walk then goes as deep. On an H100, the demo model and its head, 24 unseen requests, in one
+    # run: 4,8,15 trees accept 4.02 tokens a step with 12, 3.97 with 8, 3.93 with 15 and 3.63
+    # without, 2.17x over no draft with 12 against 2.00x without (docs/performance.md). At most
+    # TREE_LOOKUP_MOST: a walk 16 deep makes the draft-extend 17 rows, past the draft's 16-row
+    # kernels (engine/routing.py DRAFT), and 4,7,24's step took 1.33 ms against 1.07 with 15.
+    # LOCALCHAT_TREE_LOOKUP=N (0 none).
+    tree_lookup: int = 12
     # The batch-invariant set's o_proj and down end with the residual add, the next norm's weight
     # and the squares of its 1 / rms, and the qkv or gate_up projection after it scales its dot by
     # that 1 / rms: no norm launches between them (kernels/gemv.py gemv_add_stats, gemv_rstd).
@@ -260,7 +263,7 @@ class KernelOptions:
             tree_level_keys=_flag(env, "LOCALCHAT_TREE_LEVEL_KEYS"),
             tree_level_split=_flag(env, "LOCALCHAT_TREE_LEVEL_SPLIT"),
             tree_one_forward=_flag(env, "LOCALCHAT_TREE_ONE_FORWARD"),
-            tree_lookup=_count(env, "LOCALCHAT_TREE_LOOKUP", 16, default=8),
+            tree_lookup=_count(env, "LOCALCHAT_TREE_LOOKUP", TREE_LOOKUP_MOST, default=12),
             mtp_graph=_flag(env, "LOCALCHAT_MTP_GRAPH"), norm_stats=_flag(env, "LOCALCHAT_NORM_STATS"),
             **({} if env.get("LOCALCHAT_ROW_STATS", "").strip() == ""
                else {"row_stats": _row_stats(env["LOCALCHAT_ROW_STATS"])}),

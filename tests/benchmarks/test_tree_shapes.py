@@ -67,7 +67,7 @@ def test_a_shape_with_lookup_chains_is_a_setting_of_its_own(target, chained, tmp
     (["--tree", "auto"], "tree_shapes.py: --tree auto: give shapes"),
     (["--tree", "4,4,8", "--prompts", "0"], "tree_shapes.py: --prompts and --new-tokens must be 1 or more"),
     (["--tree", "4,4,8", "--prompts-file", "/nonexistent"], "tree_shapes.py: --prompts-file /nonexistent: no such"),
-    (["--tree", "4,4,8", "--lookup", "17"], "tree_shapes.py: --lookup 17: give 0 (none) to 16"),
+    (["--tree", "4,4,8", "--lookup", "16"], "tree_shapes.py: --lookup 16: give 0 (none) to 15"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     out = tmp_path / "shapes.json"

@@ -80,7 +80,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_ROW_STATS": ","}, "LOCALCHAT_ROW_STATS=','"),
                                       ({"LOCALCHAT_ROW_GEMV": "x"}, "use qkv .* or cublas"),
                                       ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'"),
-                                      ({"LOCALCHAT_TREE_LOOKUP": "17"}, "LOCALCHAT_TREE_LOOKUP='17': use a count from 0"),
+                                      ({"LOCALCHAT_TREE_LOOKUP": "16"}, "LOCALCHAT_TREE_LOOKUP='16': use a count from 0 .off. to 15"),
                                       ({"LOCALCHAT_TREE_LOOKUP": "-1"}, "LOCALCHAT_TREE_LOOKUP='-1': use a count from 0")])
 def test_a_bad_switch_is_one_line(env, says):
     with pytest.raises(UserError, match=says) as e:
@@ -89,7 +89,7 @@ def test_a_bad_switch_is_one_line(env, says):
 
 
 def test_tree_lookup_is_a_count():
-    assert KernelOptions.from_env({}).tree_lookup == 8
+    assert KernelOptions.from_env({}).tree_lookup == 12
     assert KernelOptions.from_env({"LOCALCHAT_TREE_LOOKUP": "0"}).tree_lookup == 0
     assert KernelOptions.from_env({"LOCALCHAT_TREE_LOOKUP": "12"}).tree_lookup == 12
 
