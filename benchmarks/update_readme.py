@@ -21,8 +21,8 @@ TREE_SHAPES = ("python benchmarks/tree_shapes.py --model demo --tree 4,8,15 --tr
                "--tree 4,10,24 --tree 5,8,24 --tree off --out FILE")
 TREE_SHAPES_SPLIT = "python benchmarks/tree_shapes.py --model demo --tree 4,8,15 --tree 4,8,20 --tree 4,8,24 --tree off --out FILE"
 TREE_SHAPES_SPLIT_24 = "python benchmarks/tree_shapes.py --model demo --prompts 24 --tree 4,8,15 --tree 4,8,24 --tree off --out FILE"
-TREE_LOOKUP_24 = ("python benchmarks/tree_shapes.py --model demo --prompts 24 --tree 4,8,15 --tree 4,7,24 --tree off "
-                  "--lookup 0 --out FILE")
+TREE_SHALLOW_24 = ("python benchmarks/tree_shapes.py --model demo --prompts 24 --tree 4,4,15 --tree 4,7,15 --tree 4,5,24 "
+                   "--tree off --lookup 0 --out FILE")
 
 PACKED = "localchat bench --random-weights llama-8b --random-quant Q4_K_M --no-spec --prompts 2 --new-tokens 128 --no-peer"
 QWEN = ("localchat bench --random-weights benchmarks/configs/qwen2.5-7b.json --random-quant Q4_K_M --no-spec "
@@ -68,14 +68,19 @@ ROWS = (
      "h100_tree_split_on_24.json"),
     ("tree:off", "H100: the same run, the chain with its runners-up", TREE_SHAPES_SPLIT_24,
      "h100_tree_split_on_24.json"),
-    ("tree:4,8,15", "H100: all 24 requests, trees 4,8,15 with up to 12 prompt-lookup tokens in their last places "
-     "(the default since)", TREE_LOOKUP_24, "h100_tree_lookup12_default_24.json"),
-    ("tree:4,7,24", "H100: the same run, trees 4,7,24 (25 rows verified a step) with the lookup tokens",
-     TREE_LOOKUP_24, "h100_tree_lookup12_default_24.json"),
-    ("tree:4,8,15~lookup0", "H100: the same run, trees 4,8,15 without them", TREE_LOOKUP_24,
-     "h100_tree_lookup12_default_24.json"),
-    ("tree:off", "H100: the same run, the chain with its runners-up", TREE_LOOKUP_24,
-     "h100_tree_lookup12_default_24.json"),
+    ("tree:4,4,15", "H100: all 24 requests, trees 4,4,15 with up to 12 prompt-lookup tokens in their last places, "
+     "a chain that may reach past the tree's 4 levels (the shape `--tree auto` picks here)", TREE_SHALLOW_24,
+     "h100_tree_shallow_default_24.json"),
+    ("tree:4,7,15", "H100: the same run, trees 4,7,15", TREE_SHALLOW_24, "h100_tree_shallow_default_24.json"),
+    ("tree:4,5,24", "H100: the same run, trees 4,5,24 (25 rows verified a step)", TREE_SHALLOW_24,
+     "h100_tree_shallow_default_24.json"),
+    ("tree:4,4,15~lookup0", "H100: the same run, trees 4,4,15 without the lookup tokens", TREE_SHALLOW_24,
+     "h100_tree_shallow_default_24.json"),
+    ("tree:off", "H100: the same run, the chain with its runners-up", TREE_SHALLOW_24,
+     "h100_tree_shallow_default_24.json"),
+    ("spec", "H100: `--tree auto`, as the app runs greedy answers, all 24 requests (16 rows and 3.88 tokens a step: "
+     "4,4,15's)",
+     UNSEEN + " --prompts 24 --tree auto", "h100_tree_auto_24.json"),
     ("spec", "H100: the chain at temperature 0.7, all 24 requests", UNSEEN + " --temperature 0.7 --prompts 24",
      "h100_demo_t07_chain.json"),
     ("spec", "H100: greedy speculation, demo model + its 2 MTP layers, k = 2, the first 8 of the requests",

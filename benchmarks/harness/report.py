@@ -101,7 +101,8 @@ def _table(r: dict) -> str:
         if len(spans.get("accept_len") or []) > 1:
             rows.append((f"accept len per {spans['span_tokens']} tokens", _span_line(spans)))
         if s.get("verify_tokens"):
-            tree = f" (draft tree {r['tree']})" if r.get("tree") else ""
+            used = f": {r['tree_used']}" if r.get("tree_used") and r.get("tree_used") != r.get("tree") else ""
+            tree = f" (draft tree {r['tree']}{used})" if r.get("tree") else ""
             rows.append(("tokens verified per step", f"{s['verify_tokens']:.1f}{tree}"))
         chose = r.get("runners_up")
         by = f" ({chose['by']})" if chose else ""

@@ -51,6 +51,8 @@ def run_bench(args) -> int:
                           "cpu_threads": torch.get_num_threads()},
               "model": engine.model_name, "draft": engine.draft_name, "draft_steps": args.draft_steps,
               "tree": str(args.tree) if getattr(args, "tree", None) else None,
+              # the shape greedy answers ran: --tree's, or the one auto calibrated (None: chains)
+              "tree_used": str(engine.speculator.tree) if getattr(engine.speculator, "tree", None) else None,
               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "quick": bool(getattr(args, "quick", False)),
               "ignore_eos": args.ignore_eos, "system_prompt": system,
               "tok_s": "decode tokens after each answer's first, summed over the prompts, over their summed decode "

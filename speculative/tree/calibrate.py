@@ -21,14 +21,16 @@ from engine.spec_pays import answer_tok_s, cache_key as measurement_key
 from speculative.tree.shape import TreeShape
 
 # the fastest trees on the demo with the tree kernels, from a shallow wide one to a deep one,
-# each verified in one forward (docs/performance.md); 4,8,15 accepts what 6,8,15 does on the
-# CPU's walk with levels of 4 rows instead of 6
-CANDIDATES = (TreeShape(4, 4, 8), TreeShape(3, 5, 8), TreeShape(4, 6, 12), TreeShape(6, 8, 15), TreeShape(4, 8, 15))
+# each verified in one forward (docs/performance.md). With the prompt-lookup chain (12 deep) the
+# shallow 16-row trees win: on an H100 over 24 requests 4,4,15 ran 2.45x of no draft (3.88 tokens
+# a step), 4,5,15 2.40x (3.95), 4,7,15 2.26x (4.01), 4,8,15 2.19x (4.02); each level less saves
+# some 32 us a step and the chain takes over the depth
+CANDIDATES = (TreeShape(4, 4, 8), TreeShape(3, 5, 8), TreeShape(4, 6, 12), TreeShape(4, 4, 15), TreeShape(4, 5, 15),
+              TreeShape(4, 8, 15))
 # and where a tree of more than 15 nodes is verified in one forward (routing.tree_rows), one that
-# accepts more: with the prompt-lookup chain, on the demo and an H100 over 24 requests, 4,7,24
-# accepted 4.11 tokens a step where 4,8,15 accepted 3.88, and ran 2.00x of no draft against 2.11x
-# (4,8,24: 4.15, 1.96x); a target whose verify rows cost less may differ
-WIDE_CANDIDATES = (TreeShape(4, 7, 24),)
+# accepts more: on the same runs 4,5,24 accepted 4.16 at 2.14x (4,4,24 4.05 at 2.16x, 4,7,24 4.26
+# at 2.05x); a target whose verify rows cost less may differ
+WIDE_CANDIDATES = (TreeShape(4, 5, 24),)
 CALIBRATION_TOKENS = 48
 PROMPTS = ("Explain in two sentences why the sky is blue.",
            "Write a short list of three tips for learning a new language.",

@@ -57,6 +57,21 @@ def test_bench_reports_no_draft_draft_off_speculation_and_the_peer(tmp_path, tin
     assert spec["accept_len_by_span"]["steps"] == [sum(hist)] == [spec["per_prompt"][0]["accept_by_span"][0][0]]
     assert spec["accept_len_by_span"]["accept_len"] == [round(spec["accept_len_mean"], 3)]
     assert r["draft_alternatives"] is None and "runners-up" not in table  # the CPU verifies the chain alone
+    assert r["tree"] is None and r["tree_used"] is None  # bench times chains unless told
+
+
+def test_bench_reports_the_tree_it_ran(tmp_path, tiny_models, capsys):
+    out = tmp_path / "r.json"
+    code = main(["bench", "--model", str(tiny_models["llama"]), "--draft", str(_head(tmp_path, tiny_models["llama"])),
+                 "--device", "cpu", "--prompts", "1", "--new-tokens", "8", "--no-peer", "--tree", "2,2,3",
+                 "--out", str(out)])
+    assert code == 0
+    r = json.loads(out.read_text())
+    assert r["tree"] == r["tree_used"] == "2,2,3" and r["spec"]["verify_tokens"] == 4.0
+    assert "(draft tree 2,2,3)" in capsys.readouterr().out
+    from benchmarks.harness.report import _table
+
+    assert "(draft tree auto: 2,2,3)" in _table({**r, "tree": "auto"})  # what --tree auto picked
 
 
 def test_bench_without_a_draft_times_one_setting(tmp_path, tiny_models, capsys):

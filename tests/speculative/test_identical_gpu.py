@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                ("demo-eagle3", "4,8,15", ""), ("demo-eagle3", "4,8,24", ""),
                                                ("demo-eagle3", "4,8,24", "two forwards"),
                                                ("demo-eagle3", "4,8,15", "no lookup"),
-                                               ("demo-eagle3", "4,7,24", "")])
+                                               ("demo-eagle3", "4,4,15", "")])
 def test_greedy_speculation_is_plain_decoding_token_for_token(draft, tree, variant, demo_gguf):
     """Chains of the EAGLE-3 head (with its runners-up, and the chain alone) and of the MTP layers
     (step by step, and one graph an iteration), and the head's draft trees (13, 16 and 25 verify
