@@ -117,10 +117,10 @@ def accepted(growth, cont: list[int], depth: int, tokens: int) -> int:
     return _follow(growth, _kept(growth, depth, tokens), cont, depth)
 
 
-def lookup(context: list[int], length: int) -> list[int]:
+def lookup(context: list[int], length: int, caps: dict[int, int] | None = None) -> list[int]:
     """A prompt-lookup proposal: the `length` tokens that followed the latest earlier occurrence
     of the context's last tokens (4, else 3, else 2: the engine's GRAMS), in the prompt or the
-    answer so far; [] if none occurs."""
+    answer so far; [] if none occurs. caps: a match of g tokens proposes at most caps[g]."""
     end = len(context)
     from speculative.tree.lookup import GRAMS  # the engine's rule: the longest first
 
@@ -130,7 +130,7 @@ def lookup(context: list[int], length: int) -> list[int]:
         tail = context[end - g:]
         for j in range(end - g - 1, -1, -1):  # the occurrence ending just before the tail's own
             if context[j:j + g] == tail:
-                return context[j + g:j + g + length]
+                return context[j + g:j + g + (length if caps is None else min(length, caps.get(g, 0)))]
     return []
 
 
@@ -142,13 +142,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def walk_steps(seq: list[int], growths: list, depth: int, tokens: int, lookup_len: int = 0,
-               rows: list | None = None, in_place: bool = False) -> tuple[int, int]:
+               rows: list | None = None, in_place: bool = False,
+               caps: dict[int, int] | None = None) -> tuple[int, int]:
     """(verify steps, tokens they gave) for the shape's own run over one answer: from the first
     root, each step's accepted drafts plus the target's token. lookup_len: beside the tree, a
     chain of up to that many prompt-lookup tokens (`lookup`) is verified too, and the step
     accepts the longer of its two paths; `rows` then gets each step's lookup nodes that the tree's
     kept nodes do not already hold (the verify rows the chain adds). in_place: those nodes take
-    the places of the tree's lowest-scored ones, so that a step verifies `tokens` nodes in all."""
+    the places of the tree's lowest-scored ones, so that a step verifies `tokens` nodes in all.
+    caps: the chain's length by the tokens its match took (`lookup`)."""
     by_n = {g[0]: g for g in growths}
     if not by_n:
         return 0, 0
@@ -158,7 +160,7 @@ def walk_steps(seq: list[int], growths: list, depth: int, tokens: int, lookup_le
         # the last step counts what it accepted of the tokens there are, and the target's one
         growth = by_n[n]
         kept = _kept(growth, depth, tokens)
-        proposal = lookup(seq[:n + 1], lookup_len) if lookup_len else []
+        proposal = lookup(seq[:n + 1], lookup_len, caps) if lookup_len else []
         added = len(proposal) - _follow(growth, kept, proposal, len(proposal))
         if in_place and added:
             # the tree's best nodes less those the chain adds, so that both come to `tokens` (the
@@ -179,6 +181,15 @@ def walk_steps(seq: list[int], growths: list, depth: int, tokens: int, lookup_le
     return steps, made
 
 
+def _caps(spec: str) -> dict[int, int]:
+    """"14/12/6": a chain of up to 14 tokens after a 4-token match, 12 after 3, 6 after 2."""
+    parts = spec.split("/")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or not any(int(p) for p in parts):
+        raise SystemExit(f"tree_acceptance.py: --lookup-caps {spec!r}: give A/B/C, the chain's length after "
+                         "a match of 4, 3 and 2 tokens (e.g. 14/12/6)")
+    return dict(zip((4, 3, 2), map(int, parts)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="demo")
@@ -192,10 +203,14 @@ def main() -> None:
     ap.add_argument("--lookup", type=int, nargs="*", default=[],
                     help="also walk each shape with a prompt-lookup chain of up to L tokens: beside the tree "
                          "(SHAPE+lookupL) and in the places of its lowest-scored nodes (SHAPE~lookupL)")
+    ap.add_argument("--lookup-caps", nargs="*", default=[], metavar="A/B/C",
+                    help="also walk each shape with a chain in place whose length follows its match: up to A "
+                         "tokens after a 4-token match, B after 3, C after 2 (SHAPE~capsA/B/C)")
     ap.add_argument("--prompts-file", default=str(Path(__file__).parent / "prompts" / "unseen_requests.txt"))
     ap.add_argument("--system", default="You are a helpful assistant.")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    caps = {spec: _caps(spec) for spec in args.lookup_caps}
 
     from engine.engine import Engine
 
@@ -242,6 +257,14 @@ def main() -> None:
                             "verify_rows": n_tok + 1 + (0 if in_place else length),
                             "lookup_rows_mean": round(sum(added) / max(len(added), 1), 3),
                             "steps": steps, "accept_len": round(made / max(steps, 1), 4)}
+                for spec, by_gram in caps.items():
+                    steps = made = 0
+                    for seq, growths in recorded:
+                        s, m = walk_steps(seq, growths, d, n_tok, max(by_gram.values()), None, True, by_gram)
+                        steps, made = steps + s, made + m
+                    shapes[f"{k},{d},{n_tok}~caps{spec}"] = {
+                        "topk": k, "depth": d, "tokens": n_tok, "lookup_caps": by_gram, "in_place": True,
+                        "verify_rows": n_tok + 1, "steps": steps, "accept_len": round(made / max(steps, 1), 4)}
         runs[str(k)] = {"seconds": round(time.perf_counter() - t0, 1), "shapes": shapes}
         print(f"topk {k}: {time.perf_counter() - t0:.0f} s", flush=True)
 
@@ -249,6 +272,7 @@ def main() -> None:
         "model": args.model, "draft": args.draft or "the model's own", "device": args.device,
         "torch": torch.__version__, "dtype": str(engine.runner.dtype),
         "requests": len(prompts), "new_tokens": args.new_tokens, "system": args.system, "lookup": args.lookup,
+        "lookup_caps": args.lookup_caps,
         "prompts_file": Path(args.prompts_file).name,
         "answer_tokens": sum(len(s) - len(p) for s, p in zip(answers, prompts)),
         "seconds": round(time.perf_counter() - t_start, 1), "runs": runs,

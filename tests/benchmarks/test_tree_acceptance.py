@@ -70,6 +70,21 @@ def test_lookup_proposes_what_followed_the_latest_earlier_occurrence():
     # 4 tokens first: (1, 2, 3, 4) at 0 wins over the later (2, 3, 4) at 6
     assert lookup([1, 2, 3, 4, 9, 5, 2, 3, 4, 8, 1, 2, 3, 4], 2) == [9, 5]
     assert lookup([1, 2, 3], 4) == [] and lookup([4], 4) == []
+    # caps: the chain's length by its match's; a match whose cap is 0 proposes nothing
+    assert lookup(ctx, 9, {4: 9, 3: 3, 2: 1}) == [10, 11, 2]
+    assert lookup([1, 2, 3, 4, 9, 5, 2, 3, 4, 8, 1, 2, 3, 4], 9, {4: 1, 3: 9, 2: 9}) == [9]
+    assert lookup([0, 5, 6, 1, 2, 5, 6], 4, {4: 4, 3: 4, 2: 0}) == []
+    assert lookup([0, 5, 6, 1, 2, 5, 6], 4, {4: 4, 3: 4, 2: 2}) == [1, 2]
+
+
+def test_lookup_caps_parse_or_fail_in_one_line():
+    from benchmarks.tree_acceptance import _caps
+
+    assert _caps("14/12/6") == {4: 14, 3: 12, 2: 6}
+    for bad in ("14/12", "a/b/c", "0/0/0", "4/-1/2"):
+        with pytest.raises(SystemExit, match="--lookup-caps") as e:
+            _caps(bad)
+        assert "\n" not in str(e.value)
 
 
 def test_the_walk_with_lookup_takes_the_longer_path_and_counts_the_rows_it_adds():
