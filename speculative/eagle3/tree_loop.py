@@ -70,7 +70,7 @@ class TreeDrafting:
         self.d_logits = torch.zeros(1, draft.config.draft_vocab_size, dtype=torch.float32, device=dev)
         self.d_hidden = torch.zeros(1, draft.config.decode_width, dtype=runner.dtype, device=dev)
         self.tree_depth = min(shape.depth, shape.tokens)  # the deepest a kept node can be
-        k = min(shape.topk, draft.config.draft_vocab_size)
+        k = self._topk = min(shape.topk, draft.config.draft_vocab_size)  # the children a node expands
         # Sampling: the request's parameters as device tensors and, drawn from its generator
         # before each step, a uniform for each try of a child (self.u, set_depth's) and Exp(1)
         # variates for the last draw (sampled_tree_path), so one graph serves every request of a
@@ -105,11 +105,11 @@ class TreeDrafting:
         buffers it sizes: the step's result, the sampled walk's uniforms, the conversation's
         tokens (with room for the rows a step's write may reach past the cache's end). Steps
         captured for another depth are dropped: their buffers are gone."""
-        dev, k = self.runner.device, min(self.shape.topk, self.parts.draft.config.draft_vocab_size)
+        dev = self.runner.device
         if depth != self.depth:
             self.depth, self.graphs, self.history = depth, {}, None
             self.result = torch.zeros(2 + depth, dtype=torch.long, device=dev)  # [a, next token, path...]
-            self.u = torch.full((depth, k), 0.5, dtype=torch.float32, device=dev)
+            self.u = torch.full((depth, self._topk), 0.5, dtype=torch.float32, device=dev)
         if self.lookup and self.history is None:
             self.history = torch.zeros(self.runner.max_len + depth + 2, dtype=torch.long, device=dev)
 

@@ -25,6 +25,10 @@ from engine.kernels import next_pow2, pdl_args
 from speculative.kernels.tree_level import VerifyRows
 from speculative.tree.lookup import GRAMS
 
+# the kernel scans matches of GMIN .. GMAX tokens, the longest found first
+_GMIN, _GMAX = min(GRAMS), max(GRAMS)
+assert sorted(GRAMS) == list(range(_GMIN, _GMAX + 1)) and 1 <= _GMIN and _GMAX <= 4, "grams of 1 to 4, no gaps"
+
 triton = tl = _pick = None  # bound by _kernel(): the kernel reads them by name
 _BLOCK = 1024  # history positions scanned a loop step
 
@@ -201,11 +205,9 @@ def tree_lookup(history: torch.Tensor, verify: VerifyRows, n: torch.Tensor, leng
                      slot_map=torch.empty(N + 1, W, dtype=torch.int32, device=dev),
                      map_base=torch.empty(N + 1, dtype=torch.int32, device=dev))
     R = last.shape[0] - 1  # the positions a step's record writes: its path's and the next token's
-    gmin, gmax = min(GRAMS), max(GRAMS)
-    assert sorted(GRAMS) == list(range(gmin, gmax + 1)) and 1 <= gmin and gmax <= 4, "grams of 1 to 4, no gaps"
     _kernel()[(1,)](history, history.shape[0], n, last, verify.tokens, verify.parents, verify.depths, verify.scores,
                     verify.ids, out.tokens, out.parents, out.depths, out.scores, out.ids, out.positions, out.slots,
-                    out.slot_map, out.map_base, N=N, NP=next_pow2(N), L=length, LP=next_pow2(length), GMIN=gmin,
-                    GMAX=gmax, MP=next_pow2(N + 1), R=R, RP=next_pow2(R), D=W - 1, W=W, WP=next_pow2(W), BLOCK=_BLOCK,
+                    out.slot_map, out.map_base, N=N, NP=next_pow2(N), L=length, LP=next_pow2(length), GMIN=_GMIN,
+                    GMAX=_GMAX, MP=next_pow2(N + 1), R=R, RP=next_pow2(R), D=W - 1, W=W, WP=next_pow2(W), BLOCK=_BLOCK,
                     num_warps=num_warps, **pdl_args(dev, pdl))
     return out
