@@ -15,6 +15,7 @@ from engine.errors import UserError
 from speculative.testing import ForcedEagle3Speculator
 
 from benchmarks.harness.counts import apply_counts
+from benchmarks.harness.limits import decode_bytes
 from benchmarks.harness.peer import time_transformers
 from benchmarks.harness.prompts import bench_prompts, read_prompts_file, system_prompt
 from benchmarks.harness.report import _table, summary
@@ -64,9 +65,12 @@ def run_bench(args) -> int:
     bw = copy_bandwidth(dev)
     if dev.type == "cuda":  # peak_gpu_mem_GB: the engine's from here on, not the probe's 2 GiB of buffers
         torch.cuda.reset_peak_memory_stats(dev)
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters()) + packed_bytes(engine)
-    report.update(copy_bandwidth_GBps=bw / 1e9, weight_bytes=weight_bytes,
-                  bandwidth_limit_tok_s=bw / weight_bytes if bw else None)
+    model = engine.runner.model
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) + packed_bytes(engine)
+    # the limit: the bytes one decode step reads (an untied embedding table gives one row of itself)
+    step_bytes = decode_bytes(model)
+    report.update(copy_bandwidth_GBps=bw / 1e9, weight_bytes=weight_bytes, decode_bytes=step_bytes,
+                  bandwidth_limit_tok_s=bw / step_bytes if bw else None)
     prompts, report["prompt_set"] = bench_prompts(engine, args, system, file_prompts)
     report["prompts"] = len(prompts)
     if not args.no_spec:

@@ -4,6 +4,7 @@ gets and the accepted length it asks for, from the harness and from `localchat b
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +171,66 @@ def test_each_timed_answer_is_warmed_up_at_its_own_temperature(monkeypatch):
                      ("engine", 50, True, 0.7), ("engine", 8, True, 0.7), ("engine", 50, True, 0.7),
                      ("twin", 8, False, 0.7), ("twin", 50, False, 0.7)]
     assert runs == {"no_draft": [{"n": 50}] * 2, "spec": [{"n": 50}] * 2}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_bandwidth_limit_counts_what_a_decode_step_reads(tmp_path, tied):
+    """An untied embedding table gives a decode step one row of itself, so the limit counts that
+    row, not the table (which would lower the limit by the table's size); a tied one is the
+    lm_head's weight, read whole. Packed tables the same: an untied one a row, a tied one whole."""
+    import torch
+
+    from benchmarks.harness.random_packed import random_gguf
+    from benchmarks.harness.limits import decode_bytes
+    from engine.packed_linear import PackedEmbedding, PackedLinear
+    from engine.weights.grouped import grouped_blocks
+
+    config = json.loads((Path(__file__).parents[2] / "benchmarks/configs/smollm2-135m.json").read_text())
+    config.update(num_hidden_layers=2, vocab_size=1024, tie_word_embeddings=tied)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = random_engine(str(tmp_path / "config.json"), "cpu", 64, use_graphs=False).runner.model
+    every = sum(p.numel() * p.element_size() for p in model.parameters())
+    table = model.model.embed_tokens.weight
+    row = table.shape[1] * table.element_size()
+    assert decode_bytes(model) == (every if tied else every - table.numel() * table.element_size() + row)
+
+    gen = torch.Generator().manual_seed(0)
+    packed = PackedEmbedding(grouped_blocks([random_gguf("Q8_0", 1024, 576, "cpu", gen)])[0], torch.float32)
+    model.model.embed_tokens = packed
+    if tied:
+        model.lm_head = packed.as_linear()
+    others = sum(p.numel() * p.element_size() for p in model.parameters())
+    lm_head = model.lm_head.nbytes if tied else 0
+    assert decode_bytes(model) == others + (lm_head if tied else packed.nbytes // 1024)
+    assert isinstance(model.lm_head, PackedLinear) == tied
+
+
+def test_older_reports_limits_leave_out_the_table_they_counted():
+    """Reports written before decode_bytes: a bf16, AWQ or FP8 8B counted its bf16 embedding table
+    (1.05 GB), a GGUF layout its packed table not at all; a report with decode_bytes is taken as
+    it is, and one of an unknown model is refused."""
+    from benchmarks.harness.limits import step_bytes, step_limit_tok_s
+
+    table = 128256 * 4096 * 2
+    old = {"model": "random llama-8b", "weight_bytes": 16_060_522_496, "copy_bandwidth_GBps": 4233.648819953465}
+    assert step_bytes(old) == 16_060_522_496 - table + 4096 * 2
+    assert step_limit_tok_s(old) == pytest.approx(282.06, abs=0.01)  # not the 263.6 the report held
+    assert step_bytes(dict(old, model="random llama-8b AWQ")) == step_bytes(old)
+    assert step_bytes(dict(old, model="random llama-8b Q4_K_M")) == 16_060_522_496
+    assert step_bytes(dict(old, decode_bytes=123)) == 123
+    with pytest.raises(ValueError, match="no decode_bytes"):
+        step_bytes(dict(old, model="random Qwen2ForCausalLM"))
+
+
+def test_step_limits_prints_each_files_corrected_fraction(tmp_path):
+    """benchmarks/step_limits.py: a stored bf16 8B report's 94.6% becomes 88.4% of the limit from
+    the bytes a step reads; a file it cannot read is one line and status 1."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    script, stored = root / "benchmarks/step_limits.py", root / "benchmarks/results/h200_8b_plain_final_session17.json"
+    run = subprocess.run([sys.executable, str(script), str(stored)], capture_output=True, text=True)
+    assert run.returncode == 0 and "| 263.6 | 282.1 (15.010 GB) | 88.4% |" in run.stdout
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "none.json")], capture_output=True, text=True)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
