@@ -25,6 +25,8 @@ from engine.uninitialized import build_uninitialized
 class ForwardOutput:
     hidden: torch.Tensor  # (T, H) after the final norm: what lm_head reads
     aux_hidden: torch.Tensor | None  # (T, num_aux * H): inputs of the chosen layers, concatenated
+    # those inputs apart, (T, H) each, where the caller gathers rows of them itself (concat_aux=False)
+    aux_parts: tuple[torch.Tensor, ...] | None = None
 
 
 class Attention(nn.Module):
@@ -162,8 +164,11 @@ class CausalLM(nn.Module):
         """Whether a decoder layer has quantized projections (their kernels take up to 16 rows)."""
         return any(layer.is_packed() for layer in self.model.layers)
 
-    def forward(self, batch: ForwardBatch, kv: KVCache, aux_layer_ids: tuple[int, ...] = ()) -> ForwardOutput:
-        """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream)."""
+    def forward(self, batch: ForwardBatch, kv: KVCache, aux_layer_ids: tuple[int, ...] = (),
+                concat_aux: bool = True) -> ForwardOutput:
+        """aux_layer_ids: capture the inputs of these layers (id == num_layers: the final stream),
+        concatenated as aux_hidden, or (concat_aux False) apart as aux_parts, for a caller that
+        needs only some rows of them (a tree step's accepted path: speculative/kernels/states.py)."""
         fused_rope = self.ops.rope_and_cache is not None and not batch.is_packed
         cos_sin = None if fused_rope else self.cos_sin.index_select(0, batch.positions)
         ids = batch.input_ids
@@ -191,6 +196,8 @@ class CausalLM(nn.Module):
             hidden = x.normed
         else:
             hidden, _ = self.model.norm.add_forward(x, residual)
+        if aux_layer_ids and not concat_aux:
+            return ForwardOutput(hidden=hidden, aux_hidden=None, aux_parts=tuple(captured[i] for i in aux_layer_ids))
         aux = torch.cat([captured[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
         return ForwardOutput(hidden=hidden, aux_hidden=aux)
 

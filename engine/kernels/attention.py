@@ -105,7 +105,7 @@ def _kernels():
         q_ptr, k_ptr, v_ptr, pos_ptr, own_ptr, part_o_ptr, part_lse_ptr,
         k_new_ptr, v_new_ptr, cos_sin_ptr,  # FUSE_ROPE: the step's unrotated k and v, the RoPE table
         q_rot_ptr, stride_qrt, stride_qrh,  # the rotated q: q itself, or (FUSE_ROPE) where it is written
-        map_ptr, map_base_ptr,  # MAP_W: (T, MAP_W) cache rows of positions map_base[t] .., (T,) map_base
+        map_ptr, map_base_ptr, stride_mb,  # MAP_W: (T, MAP_W) cache rows of positions map_base[t] .., (T,) map_base
         num_rows, num_splits,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_kn_t, stride_knh, stride_vn_t, stride_vnh, stride_cs,
@@ -141,7 +141,7 @@ def _kernels():
         map_row = map_ptr + map_t * MAP_W
         map_base = 0
         if MAP_W > 0:
-            map_base = tl.load(map_base_ptr + map_t).to(tl.int32)
+            map_base = tl.load(map_base_ptr + map_t * stride_mb).to(tl.int32)
         # EARLY_KV, one query row (a decode step): the cache rows its tile reads, below its position,
         # were written by earlier steps, and the positions before this step's first kernel; only the
         # kernel just before (RoPE + cache write: q and the row's own K/V) may still run. So the
@@ -371,10 +371,11 @@ def decode_attention(
     (its K/V re-read from L2 by every row), the same for every row count too, and as fast as the
     one-row step for one row.
 
-    slot_map (T, W) int32 with map_base (T,) (per_token only): row t's keys and values for
-    positions map_base[t] .. map_base[t] + W - 1 (those below positions[t]) sit in cache rows
-    slot_map[t] instead, e.g. a tree node's ancestors, wherever the tree put them. The row then
-    reads them in the order and blocks of the rows a plain decode step would read at those
+    slot_map (T, W) int32 with map_base (T,) int32 or int64, any stride (a tree level's rows share
+    one: a 0-stride view of the cache length, no launch to make it) (per_token only): row t's keys
+    and values for positions map_base[t] .. map_base[t] + W - 1 (those below positions[t]) sit in
+    cache rows slot_map[t] instead, e.g. a tree node's ancestors, wherever the tree put them. The
+    row then reads them in the order and blocks of the rows a plain decode step would read at those
     positions, so it computes exactly what that step computes.
 
     share_sms (per_token, T > 1): the rows share about two waves of programs
@@ -459,7 +460,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
     split_kernel[(num_kv_heads, programs, num_rows if per_token else 1)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
         k_new, v_new, cos_sin, q_rot, q_rot.stride(0), q_rot.stride(1),
-        *(mapping if mapping is not None else (positions, positions)),
+        *(mapping if mapping is not None else (positions, positions)), 0 if mapping is None else mapping[1].stride(0),
         num_rows, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         k_new.stride(0) if rope is not None else 0, k_new.stride(-2),

@@ -42,6 +42,7 @@ from engine.options import triton_interpreting
 from engine.sampling import SamplingTensors, filtered, probabilities_t
 
 from speculative.kernels.kv_rows import move_kv_rows, move_kv_rows_ref
+from speculative.kernels.states import gather_states
 from speculative.kernels.tree_level import LevelInputs, tree_accept, tree_accept_sampled, tree_select
 from speculative.kernels.tree_lookup import tree_lookup
 from speculative.tree.accept import greedy_tree_path, sampled_tree_path, step_end
@@ -256,9 +257,12 @@ class TreeDrafting:
         else:
             tree_rows = {"slot_map": verify.slot_map, "map_base": verify.map_base}
         ids, positions, slots = verify.ids, verify.positions, verify.slots
+        # one forward with the kernels: the draft-extend's states are gathered from the aux layers'
+        # inputs in one launch (gather_states), not concatenated whole and then gathered
+        gather = fused and chunk >= N + 1 and bool(runner.aux_layer_ids) and draft.config.use_aux_hidden_state
         outs = [model(ForwardBatch(ids[c:c + chunk], positions[c:c + chunk], start_pos=n, slots=slots[c:c + chunk],
                                    **{name: t[c:c + chunk] for name, t in tree_rows.items()}),
-                      runner.kv, runner.aux_layer_ids)
+                      runner.kv, runner.aux_layer_ids, concat_aux=not gather)
                 for c in range(0, N + 1, chunk)]
         # lm_head by chunk too; a greedy step with the kernels reads the weights' dtype (rows_argmax
         # widens as it reads: no fp32 copy), one chunk without a concatenation's copy
@@ -291,7 +295,10 @@ class TreeDrafting:
             move_kv_rows(kv.k_all, kv.v_all, end.src, end.dst)
         else:
             move_kv_rows_ref(kv.k_all, kv.v_all, end.src, end.dst)
-        states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, end.rows)
+        if gather:
+            states = gather_states(out.aux_parts, end.rows, pdl=model.ops.options.pdl)
+        else:
+            states = parts.target_states(out.aux_hidden, out.hidden).index_select(0, end.rows)
         # the logits as the head leaves them: the copy into the fp32 buffer widens them (one launch
         # where a conversion and then a copy took two; the same values)
         d_logits, d_hidden = draft(end.window, end.ext_pos, states, True, parts.embed, parts.kv, start_pos=n,
@@ -379,7 +386,7 @@ class TreeDrafting:
                              slots=torch.empty(k, **long),
                              slot_map=torch.empty(k, width, dtype=torch.int32, device=dev),
                              ids=torch.empty(k, **long), positions=torch.empty(k, **long), above=torch.empty(k, **long))
-        base = n_t.to(torch.int32).expand(k).contiguous()
+        base = n_t.expand(k)  # every frontier node's map starts at n: a view, read at stride 0 (no launch)
         states = [root_hidden]  # the states after the frontier the last level expanded (the root's first)
 
         def expand(frontier: torch.Tensor, grown: DraftTree) -> torch.Tensor:

@@ -1015,6 +1015,12 @@ def test_rope_decode_attention_of_tree_rows_equals_rope_then_attention(device, t
                                 per_token=True, slot_map=slot_map, map_base=bases)
     assert torch.equal(k_b, k_a) and torch.equal(v_b, v_a)
     assert torch.equal(got, want)
+    # the map's start as a tree level passes it: the cache length (int64) viewed at stride 0
+    shared = torch.tensor(base, device=device).expand(rows)
+    k_c, v_c = caches[0].clone(), caches[1].clone()
+    got_shared = rope_decode_attention(q, k, v, cos_sin, positions, k_c, v_c, 0.125, invariant=True, slots=slots,
+                                       per_token=True, slot_map=slot_map, map_base=shared)
+    assert shared.stride(0) == 0 and torch.equal(got_shared, want) and torch.equal(k_c, k_a) and torch.equal(v_c, v_a)
     ref = decode_attention_ref(q_rot, k_a, v_a, positions, 0.125, own_slots=slots, slot_map=slot_map, map_base=bases)
     torch.testing.assert_close(got.float(), ref.float(), **tol(device, dtype))
 

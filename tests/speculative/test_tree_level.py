@@ -164,6 +164,28 @@ def test_each_level_writes_the_next_expansions_inputs(device, shape, split, monk
         assert bool((record[-1][1][:, 0] >= 37).all() and (record[-1][1][:, 0] < 37 + k).all())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("count,width,rows", [(3, 64, [4, 0, 7]), (3, 576, [2, 2, 9, 1]), (4, 2304, [5]),
+                                              (1, 96, [0, 3]), (5, 64, [1, 3])],
+                         ids=["three parts", "a row twice", "two blocks a row", "one part", "five: torch"])
+def test_gathered_states_equal_the_concatenation_gathered(device, count, width, rows):
+    """The draft-extend's states in one launch (speculative/kernels/states.py) equal the aux
+    parts concatenated and then gathered, bit for bit: parts read at their row strides (views into
+    a wider tensor), a row taken twice, rows wider than a program's block; more parts than a launch
+    takes go the torch way, with the same result."""
+    from speculative.kernels.states import gather_states, gather_states_ref
+
+    g = torch.Generator().manual_seed(count * width)
+    wide = torch.randn(10, width + 32, count, generator=g).to(device, torch.bfloat16)
+    parts = tuple(wide[:, 16:16 + width, j] if j % 2 else wide[:, :width, j].contiguous() for j in range(count))
+    index = torch.tensor(rows, device=device)
+    got = gather_states(parts, index)
+    want = gather_states_ref(parts, index)
+    assert got.shape == (len(rows), count * width) and torch.equal(got, want)
+    for r, row in enumerate(rows):
+        assert torch.equal(got[r, :width], parts[0][row]) and torch.equal(got[r, -width:], parts[-1][row])
+
+
 @pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1 (needs triton)")
 @pytest.mark.parametrize("shape,kv_move", [(TreeShape(3, 3, 12), False), (TreeShape(4, 4, 20), False),
                                            (TreeShape(4, 4, 20), True)],
@@ -199,6 +221,9 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv
 
     real_walk = tree_loop.tree_accept_sampled
     monkeypatch.setattr(tree_loop, "tree_accept_sampled", lambda *a, **kw: walks.append(1) or real_walk(*a, **kw))
+    gathers = []
+    real_gather = tree_loop.gather_states
+    monkeypatch.setattr(tree_loop, "gather_states", lambda *a, **kw: gathers.append(1) or real_gather(*a, **kw))
     if kv_move:
         real_move = tree_loop.move_kv_rows
         monkeypatch.setattr(tree_loop, "move_kv_rows", lambda *a, **kw: moves.append(1) or real_move(*a, **kw))
@@ -221,6 +246,7 @@ def test_tree_speculation_with_the_level_kernel_equals_plain(tmp_path, shape, kv
     (torch_ops, by_ops), (kernel, by_kernel) = trees[False], trees[True]
     assert torch_ops == kernel == plain and len(by_ops) == len(by_kernel) > 5
     assert len(moves) == (len(by_kernel) if kv_move else 0)  # the kernels' steps only
+    assert len(gathers) == len(by_kernel)  # the states gathered in one launch: the kernels' steps
     for a, b in zip(by_ops, by_kernel):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
         torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
