@@ -234,3 +234,13 @@ def test_step_limits_prints_each_files_corrected_fraction(tmp_path):
     assert run.returncode == 0 and "| 263.6 | 282.1 (15.010 GB) | 88.4% |" in run.stdout
     bad = subprocess.run([sys.executable, str(script), str(tmp_path / "none.json")], capture_output=True, text=True)
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_split_programs_without_its_counts_is_one_line():
+    """benchmarks/split_programs.py needs F and W before tree_shapes.py's arguments."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[2] / "benchmarks/split_programs.py"
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert run.returncode == 1 and run.stderr.strip() == "usage: python benchmarks/split_programs.py F W TREE_SHAPES_ARGS..."
