@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
-from benchmarks.harness.limits import step_limit_tok_s
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's harness, installed or not
+
+from benchmarks.harness.limits import step_limit_tok_s  # noqa: E402
+
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 # Rows written before `localchat bench` kept EOS and put the app's system prompt over its prompts:
