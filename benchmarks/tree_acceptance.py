@@ -117,10 +117,18 @@ def accepted(growth, cont: list[int], depth: int, tokens: int) -> int:
     return _follow(growth, _kept(growth, depth, tokens), cont, depth)
 
 
-def lookup(context: list[int], length: int, caps: dict[int, int] | None = None) -> list[int]:
+def lookup(context: list[int], length: int, caps: dict[int, int] | None = None,
+           earlier: list[int] | None = None, fallback: bool = False) -> list[int]:
     """A prompt-lookup proposal: the `length` tokens that followed the latest earlier occurrence
     of the context's last tokens (4, else 3, else 2: the engine's GRAMS), in the prompt or the
-    answer so far; [] if none occurs. caps: a match of g tokens proposes at most caps[g]."""
+    answer so far; [] if none occurs. caps: a match of g tokens proposes at most caps[g].
+    earlier: other conversations' answers too (each after a -1, which no token matches), searched
+    before the context, so that the context's own occurrences come first; fallback: only where
+    the context alone has none."""
+    if earlier is not None:
+        own = lookup(context, length, caps) if fallback else []
+        found = own or lookup(earlier + [-1] + context, length, caps)
+        return found[:found.index(-1)] if -1 in found else found  # no proposal runs past an answer's end
     end = len(context)
     from speculative.tree.lookup import GRAMS  # the engine's rule: the longest first
 
@@ -143,14 +151,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def walk_steps(seq: list[int], growths: list, depth: int, tokens: int, lookup_len: int = 0,
                rows: list | None = None, in_place: bool = False,
-               caps: dict[int, int] | None = None) -> tuple[int, int]:
+               caps: dict[int, int] | None = None, earlier: list[int] | None = None,
+               fallback: bool = False) -> tuple[int, int]:
     """(verify steps, tokens they gave) for the shape's own run over one answer: from the first
     root, each step's accepted drafts plus the target's token. lookup_len: beside the tree, a
     chain of up to that many prompt-lookup tokens (`lookup`) is verified too, and the step
     accepts the longer of its two paths; `rows` then gets each step's lookup nodes that the tree's
     kept nodes do not already hold (the verify rows the chain adds). in_place: those nodes take
     the places of the tree's lowest-scored ones, so that a step verifies `tokens` nodes in all.
-    caps: the chain's length by the tokens its match took (`lookup`)."""
+    caps: the chain's length by the tokens its match took (`lookup`); earlier, fallback: other
+    conversations' answers searched too (`lookup`)."""
     by_n = {g[0]: g for g in growths}
     if not by_n:
         return 0, 0
@@ -160,7 +170,7 @@ def walk_steps(seq: list[int], growths: list, depth: int, tokens: int, lookup_le
         # the last step counts what it accepted of the tokens there are, and the target's one
         growth = by_n[n]
         kept = _kept(growth, depth, tokens)
-        proposal = lookup(seq[:n + 1], lookup_len, caps) if lookup_len else []
+        proposal = lookup(seq[:n + 1], lookup_len, caps, earlier, fallback) if lookup_len else []
         added = len(proposal) - _follow(growth, kept, proposal, len(proposal))
         if in_place and added:
             # the tree's best nodes less those the chain adds, so that both come to `tokens` (the
@@ -206,6 +216,10 @@ def main() -> None:
     ap.add_argument("--lookup-caps", nargs="*", default=[], metavar="A/B/C",
                     help="also walk each shape with a chain in place whose length follows its match: up to A "
                          "tokens after a 4-token match, B after 3, C after 2 (SHAPE~capsA/B/C)")
+    ap.add_argument("--lookup-earlier", action="store_true",
+                    help="also walk each shape with a chain in place that searches the answers to the requests "
+                         "before it too (SHAPE~lookupL+earlier), and one that searches them only where its own "
+                         "conversation has no match (SHAPE~lookupL+fallback)")
     ap.add_argument("--prompts-file", default=str(Path(__file__).parent / "prompts" / "unseen_requests.txt"))
     ap.add_argument("--system", default="You are a helpful assistant.")
     ap.add_argument("--out", required=True)
@@ -257,6 +271,18 @@ def main() -> None:
                             "verify_rows": n_tok + 1 + (0 if in_place else length),
                             "lookup_rows_mean": round(sum(added) / max(len(added), 1), 3),
                             "steps": steps, "accept_len": round(made / max(steps, 1), 4)}
+                    for mode in ("earlier", "fallback") if args.lookup_earlier else ():
+                        steps = made = 0
+                        prior: list[int] = []
+                        for (seq, growths), prompt in zip(recorded, prompts):  # the requests in order
+                            s, m = walk_steps(seq, growths, d, n_tok, length, None, True, None, prior,
+                                              mode == "fallback")
+                            steps, made = steps + s, made + m
+                            prior = prior + [-1] + seq[len(prompt):]
+                        shapes[f"{k},{d},{n_tok}~lookup{length}+{mode}"] = {
+                            "topk": k, "depth": d, "tokens": n_tok, "lookup": length, "in_place": True,
+                            "earlier_answers": mode, "verify_rows": n_tok + 1, "steps": steps,
+                            "accept_len": round(made / max(steps, 1), 4)}
                 for spec, by_gram in caps.items():
                     steps = made = 0
                     for seq, growths in recorded:
@@ -272,7 +298,7 @@ def main() -> None:
         "model": args.model, "draft": args.draft or "the model's own", "device": args.device,
         "torch": torch.__version__, "dtype": str(engine.runner.dtype),
         "requests": len(prompts), "new_tokens": args.new_tokens, "system": args.system, "lookup": args.lookup,
-        "lookup_caps": args.lookup_caps,
+        "lookup_caps": args.lookup_caps, "lookup_earlier": args.lookup_earlier,
         "prompts_file": Path(args.prompts_file).name,
         "answer_tokens": sum(len(s) - len(p) for s, p in zip(answers, prompts)),
         "seconds": round(time.perf_counter() - t_start, 1), "runs": runs,

@@ -77,6 +77,25 @@ def test_lookup_proposes_what_followed_the_latest_earlier_occurrence():
     assert lookup([0, 5, 6, 1, 2, 5, 6], 4, {4: 4, 3: 4, 2: 2}) == [1, 2]
 
 
+def test_lookup_over_earlier_answers_prefers_the_conversations_own():
+    """earlier: other conversations' answers (each after a -1) searched as if before the context,
+    the context's own occurrences first; fallback: they only where the context has none."""
+    from benchmarks.tree_acceptance import lookup
+
+    earlier = [-1, 3, 4, 5, 6, 7, -1, 8, 4, 5, 9]
+    assert lookup([1, 4, 5], 2) == []  # nothing earlier in the conversation
+    assert lookup([1, 4, 5], 2, earlier=earlier) == [9]  # the second answer's 4, 5: its chain ends with it
+    assert lookup([1, 4, 5], 2, earlier=earlier, fallback=True) == [9]
+    assert lookup([1, 4, 5], 3, earlier=earlier[:6]) == [6, 7]  # the latest occurrence, up to its answer's end
+    own = [4, 5, 2, 0, 4, 5]  # the conversation's own (4, 5) comes first either way
+    assert lookup(own, 2, earlier=earlier) == [2, 0] == lookup(own, 2, earlier=earlier, fallback=True)
+    # the context's own (6, 4) against an earlier answer's (5, 6, 4): the longer match wins, unless
+    # earlier answers are only the fallback
+    ctx = [6, 4, 3, 1, 5, 6, 4]
+    assert lookup(ctx, 1, earlier=[-1, 5, 6, 4, 8]) == [8]
+    assert lookup(ctx, 1, earlier=[-1, 5, 6, 4, 8], fallback=True) == [3] == lookup(ctx, 1)
+
+
 def test_lookup_caps_parse_or_fail_in_one_line():
     from benchmarks.tree_acceptance import _caps
 
