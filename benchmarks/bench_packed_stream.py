@@ -32,7 +32,7 @@ from engine.kernels.packed_gemv import (  # noqa: E402
 )
 
 
-def run_projection(x, blocks, out, programs: int, prefetch: bool = True, pdl: bool = False):
+def run_projection(x, blocks, out, programs: int, prefetch: bool = True, pdl: bool = False, regs: int = 0):
     """One projection's one-row step as the engine runs it (two blocks in one launch where they
     fit), int8 x."""
     if blocks_fit_one_launch(blocks):
@@ -43,20 +43,26 @@ def run_projection(x, blocks, out, programs: int, prefetch: bool = True, pdl: bo
     start = 0
     for b in blocks:
         stop = start + b.shape[0]
-        tile = dataclasses.replace(row_tile_for(b), programs=programs, prefetch=prefetch, pdl=pdl)
+        tile = dataclasses.replace(row_tile_for(b), programs=programs, prefetch=prefetch, pdl=pdl,
+                                   max_registers=regs if b.shape[1] <= 4096 else 0)
         packed_row_gemv(x, b, None, tile, out=out[:, start:stop], int8_x=True)
         start = stop
     return out
 
 
 def variants(programs: list[int]) -> list[dict]:
-    out = [dict(name="a program a tile", programs=0, prefetch=True, pdl=False)]
+    """A program a tile, then persistent launches: prefetching or not, with PDL, and capped at 96
+    registers a thread where K is one step (the loop keeps more live than a program a tile)."""
+    out = [dict(name="a program a tile", programs=0, prefetch=True, pdl=False, regs=0)]
     for p in programs:
-        out.append(dict(name=f"{p}/SM prefetch", programs=p, prefetch=True, pdl=False))
+        out.append(dict(name=f"{p}/SM prefetch", programs=p, prefetch=True, pdl=False, regs=0))
     mid = programs[len(programs) // 2]
-    out.append(dict(name=f"{mid}/SM no prefetch", programs=mid, prefetch=False, pdl=False))
-    for p in programs:
-        out.append(dict(name=f"{p}/SM prefetch pdl", programs=p, prefetch=True, pdl=True))
+    out.append(dict(name=f"{mid}/SM no prefetch", programs=mid, prefetch=False, pdl=False, regs=0))
+    for p in programs[1:]:
+        out.append(dict(name=f"{p}/SM prefetch pdl", programs=p, prefetch=True, pdl=True, regs=0))
+    for p in programs[1:]:
+        out.append(dict(name=f"{p}/SM prefetch r96", programs=p, prefetch=True, pdl=False, regs=96))
+    out.append(dict(name=f"{mid}/SM prefetch pdl r96", programs=mid, prefetch=True, pdl=True, regs=96))
     return out
 
 
@@ -89,15 +95,15 @@ def main() -> None:
             want = run_projection(x1, blocks, out1.clone(), 0)
             rows = []
             for v in vs:
-                got = run_projection(x1, blocks, out1.clone(), v["programs"], v["prefetch"], v["pdl"])
+                got = run_projection(x1, blocks, out1.clone(), v["programs"], v["prefetch"], v["pdl"], v["regs"])
                 us = time_graph(lambda i: run_projection(x1, sets[i % copies], out1, v["programs"], v["prefetch"],
-                                                         v["pdl"]), args.iters, args.calls)
+                                                         v["pdl"], v["regs"]), args.iters, args.calls)
                 rows.append({"variant": v["name"], "us": us, "of_copy_bandwidth": nbytes / us / 1e3 / (bw / 1e9),
                              "equal": bool(torch.equal(got, want))})
             entry["roles"][role] = {"bytes": nbytes, "variants": rows}
             base = rows[0]["us"]
             for r in rows:
-                print(f"{layout:6s} {role:8s} {r['variant']:22s} {r['us']:8.2f} us {100 * r['of_copy_bandwidth']:5.1f}%"
+                print(f"{layout:6s} {role:8s} {r['variant']:24s} {r['us']:8.2f} us {100 * r['of_copy_bandwidth']:5.1f}%"
                       f" of copy  x{base / r['us']:.3f}  equal {r['equal']}", flush=True)
         # a layer's four projections in order, in one graph
         copies = min(len(s) for s, _ in sets_of.values())
@@ -108,12 +114,12 @@ def main() -> None:
             def step(i, v=v):
                 for role, (n, k) in SHAPES.items():
                     run_projection(x16[:1, :k], sets_of[role][0][i % copies], outs[role], v["programs"],
-                                   v["prefetch"], v["pdl"])
+                                   v["prefetch"], v["pdl"], v["regs"])
             us = time_graph(step, args.iters, args.calls)
             layer.append({"variant": v["name"], "us": us, "of_copy_bandwidth": layer_bytes / us / 1e3 / (bw / 1e9)})
         entry["layer"] = {"bytes": layer_bytes, "variants": layer}
         for r in layer:
-            print(f"{layout:6s} layer    {r['variant']:22s} {r['us']:8.2f} us {100 * r['of_copy_bandwidth']:5.1f}% of copy"
+            print(f"{layout:6s} layer    {r['variant']:24s} {r['us']:8.2f} us {100 * r['of_copy_bandwidth']:5.1f}% of copy"
                   f"  x{layer[0]['us'] / r['us']:.3f}", flush=True)
         del sets_of
         torch.cuda.empty_cache()

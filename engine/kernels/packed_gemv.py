@@ -211,6 +211,8 @@ class RowTile:
     programs: int = 0
     prefetch: bool = True
     pdl: bool = False
+    # the most registers a thread (0: the compiler's choice): a looping program keeps more live
+    max_registers: int = 0
 
 
 def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
@@ -862,8 +864,10 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
                 high_mask=((1 << high) - 1) << (low + 4), XQ=int8_x and weight.kind in INT8_X_KINDS,
                 ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k,
                 K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec)
-    return (tiles, tile.split_k), args, dict(num_warps=tile.num_warps,
-                                             num_stages=1 if triton_interpreting() else tile.num_stages)
+    launch = dict(num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
+    if tile.max_registers and not triton_interpreting():
+        launch["maxnreg"] = tile.max_registers
+    return (tiles, tile.split_k), args, launch
 
 
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
