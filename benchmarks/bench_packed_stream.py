@@ -32,13 +32,13 @@ from engine.kernels.packed_gemv import (  # noqa: E402
 )
 
 
-def run_projection(x, blocks, out, programs: int, prefetch: bool = True, pdl: bool = False, regs: int = 0):
+def run_projection(x, blocks, out, programs: int, prefetch: int = 1, pdl: bool = False, regs: int = 0):
     """One projection's one-row step as the engine runs it (two blocks in one launch where they
     fit), int8 x."""
     if blocks_fit_one_launch(blocks):
         cut = blocks[0].shape[0]
         packed_row_gemv_blocks(x, blocks, [None, None], [out[:, :cut], out[:, cut:]], int8_x=True,
-                               programs=programs, pdl=pdl)
+                               programs=programs, pdl=pdl, prefetch=prefetch)
         return out
     start = 0
     for b in blocks:
@@ -50,19 +50,22 @@ def run_projection(x, blocks, out, programs: int, prefetch: bool = True, pdl: bo
     return out
 
 
+PREFETCH_NAMES = {0: "no prefetch", 1: "lines", 2: "bulk"}
+
+
 def variants(programs: list[int]) -> list[dict]:
-    """A program a tile, then persistent launches: prefetching or not, with PDL, and capped at 96
-    registers a thread where K is one step (the loop keeps more live than a program a tile)."""
-    out = [dict(name="a program a tile", programs=0, prefetch=True, pdl=False, regs=0)]
-    for p in programs:
-        out.append(dict(name=f"{p}/SM prefetch", programs=p, prefetch=True, pdl=False, regs=0))
+    """A program a tile, then persistent launches: prefetching each next tile a line at a time,
+    in bulk or not at all, with PDL, and capped at 96 registers a thread where K is one step (the
+    loop keeps more live than a program a tile)."""
+    def v(p, prefetch, pdl=False, regs=0):
+        name = f"{p}/SM {PREFETCH_NAMES[prefetch]}" + (" pdl" if pdl else "") + (f" r{regs}" if regs else "")
+        return dict(name=name, programs=p, prefetch=prefetch, pdl=pdl, regs=regs)
+
     mid = programs[len(programs) // 2]
-    out.append(dict(name=f"{mid}/SM no prefetch", programs=mid, prefetch=False, pdl=False, regs=0))
-    for p in programs[1:]:
-        out.append(dict(name=f"{p}/SM prefetch pdl", programs=p, prefetch=True, pdl=True, regs=0))
-    for p in programs[1:]:
-        out.append(dict(name=f"{p}/SM prefetch r96", programs=p, prefetch=True, pdl=False, regs=96))
-    out.append(dict(name=f"{mid}/SM prefetch pdl r96", programs=mid, prefetch=True, pdl=True, regs=96))
+    out = [dict(name="a program a tile", programs=0, prefetch=1, pdl=False, regs=0)]
+    out += [v(p, 1) for p in programs] + [v(p, 2) for p in programs[1:]] + [v(mid, 0)]
+    out += [v(p, 2, pdl=True) for p in programs[1:3]] + [v(p, 2, regs=96) for p in programs[2:]]
+    out += [v(mid, 2, pdl=True, regs=96)]
     return out
 
 

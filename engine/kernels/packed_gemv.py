@@ -205,11 +205,12 @@ class RowTile:
     vec: int = 16  # bytes of packed weights a thread loads at once
     # Persistent launch: `programs` a multiprocessor, each looping over column tiles (and K shares),
     # 0 for a program a tile. prefetch: each loop step requests its next tile's weights into L2
-    # first, so that a program's next bytes are on their way while it decodes these. pdl: with
-    # programmatic dependent launch, the first tile's are requested before the wait for the
-    # previous kernel. A tile's sums are the same either way: only which program runs it changes.
+    # first, so that a program's next bytes are on their way while it decodes these (1: a
+    # prefetch a 128-byte line; 2: one bulk prefetch a row; 0: none). pdl: with programmatic
+    # dependent launch, the first tile's are requested before the wait for the previous kernel.
+    # A tile's sums are the same either way: only which program runs it changes.
     programs: int = 0
-    prefetch: bool = True
+    prefetch: int = 1
     pdl: bool = False
     # the most registers a thread (0: the compiler's choice): a looping program keeps more live
     max_registers: int = 0
@@ -291,7 +292,7 @@ def row_kernel_k(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_body, prefetch_tile, tl
+    global x_pair, dp4a, spread1, spread2, row_body, prefetch_tile, bulk_prefetch, tl
     import triton
     import triton.language as tl
 
@@ -636,34 +637,67 @@ def _row_kernel():
                          BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b)
 
     @triton.jit
+    def bulk_prefetch(first, second, nbytes, rows):
+        """Threads 0 .. rows - 1 of the program each request one row's bytes into L2 in one bulk
+        prefetch: row t from first + t * (second - first), nbytes long (widened to 16-byte bounds)."""
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b32 t, n; .reg .b64 a, d, o, e;"
+            " mov.u32 t, %tid.x; setp.lt.u32 p, t, $4; sub.s64 d, $2, $1; cvt.u64.u32 o, t;"
+            " mul.lo.s64 o, o, d; add.s64 a, $1, o; cvt.u64.u32 e, $3; add.s64 e, a, e; add.s64 e, e, 15;"
+            " and.b64 e, e, -16; and.b64 a, a, -16; sub.s64 e, e, a; cvt.u32.u64 n, e;"
+            " @p cp.async.bulk.prefetch.L2.global [a], n; mov.u32 $0, 0; }",
+            "=r,l,l,r,r", [first, second, nbytes, rows], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def prefetch_tile(pid_n, pid_k, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h, stride_s,
                       HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr, ONE_BYTE: tl.constexpr,
                       K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-                      PF_LINES: tl.constexpr, PF_LINES_H: tl.constexpr, ASM: tl.constexpr):
-        """The 128-byte lines of tile (pid_n, pid_k)'s weights requested into L2 (its packed bytes,
-        its plane of high bits, the first line of each row's scales and offsets): prefetches, so no
+                      PF_LINES: tl.constexpr, PF_LINES_H: tl.constexpr, ASM: tl.constexpr, MODE: tl.constexpr):
+        """Tile (pid_n, pid_k)'s weights requested into L2 (its packed bytes, its plane of high
+        bits, its rows' scales and offsets): MODE 1 a prefetch a 128-byte line (only each row's
+        first line of scales and offsets), 2 a bulk prefetch a row and tensor. Prefetches, so no
         result depends on them (and Triton's interpreter, which has no PTX, skips them)."""
         if not ASM:
             return
-        rows = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
         BYTES: tl.constexpr = K_PER_SPLIT if ONE_BYTE else K_PER_SPLIT // 2
-        lines = tl.minimum(tl.arange(0, PF_LINES) * 128, BYTES - 1)
+        BYTES_H: tl.constexpr = K_PER_SPLIT * HIGH // 8
+        GROUPS: tl.constexpr = K_PER_SPLIT // G if K_PER_SPLIT >= G else 1
         qb = q_ptr.to(tl.pointer_type(tl.uint8))
-        ptrs = qb + rows[:, None] * stride_q + pid_k * BYTES + lines[None, :]
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-        if HIGH > 0:
-            BYTES_H: tl.constexpr = K_PER_SPLIT * HIGH // 8
-            lines_h = tl.minimum(tl.arange(0, PF_LINES_H) * 128, BYTES_H - 1)
-            hptrs = qh_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * stride_h + pid_k * BYTES_H + lines_h[None, :]
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [hptrs], dtype=tl.int32,
-                                      is_pure=False, pack=1)
         g0 = pid_k * (K_PER_SPLIT // G) * SG
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [s_ptr + rows * stride_s + g0],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-        if HAS_OFFSET:
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [o_ptr + rows * stride_s + g0],
+        if MODE == 2:
+            row0 = pid_n * BLOCK_N
+            rows = tl.minimum(N - row0, BLOCK_N)
+            first = qb + row0 * stride_q + pid_k * BYTES
+            bulk_prefetch(first, first + stride_q, BYTES, rows)
+            if HIGH > 0:
+                hb = qh_ptr.to(tl.pointer_type(tl.uint8)) + row0 * stride_h + pid_k * BYTES_H
+                bulk_prefetch(hb, hb + stride_h, BYTES_H, rows)
+            # the scales' bytes: from the share's first group to just past its last
+            SPAN: tl.constexpr = (GROUPS - 1) * SG + 1  # elements
+            sa = s_ptr + row0 * stride_s + g0
+            bulk_prefetch(sa.to(tl.pointer_type(tl.uint8)), (sa + stride_s).to(tl.pointer_type(tl.uint8)),
+                          SPAN * (s_ptr.dtype.element_ty.primitive_bitwidth // 8), rows)
+            if HAS_OFFSET:
+                oa = o_ptr + row0 * stride_s + g0
+                bulk_prefetch(oa.to(tl.pointer_type(tl.uint8)), (oa + stride_s).to(tl.pointer_type(tl.uint8)),
+                              SPAN * (o_ptr.dtype.element_ty.primitive_bitwidth // 8), rows)
+        else:
+            rows = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+            lines = tl.minimum(tl.arange(0, PF_LINES) * 128, BYTES - 1)
+            ptrs = qb + rows[:, None] * stride_q + pid_k * BYTES + lines[None, :]
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+            if HIGH > 0:
+                lines_h = tl.minimum(tl.arange(0, PF_LINES_H) * 128, BYTES_H - 1)
+                hptrs = (qh_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * stride_h + pid_k * BYTES_H
+                         + lines_h[None, :])
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [hptrs], dtype=tl.int32,
+                                          is_pure=False, pack=1)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [s_ptr + rows * stride_s + g0],
                                       dtype=tl.int32, is_pure=False, pack=1)
+            if HAS_OFFSET:
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [o_ptr + rows * stride_s + g0],
+                                          dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def packed_row_kernel_p(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
@@ -681,14 +715,14 @@ def _row_kernel():
         nprog = tl.num_programs(0)
         if USE_PDL:  # the weights are never written by a kernel: the first tile's requested early
             prefetch_tile(pid % TILES, pid // TILES, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h, stride_s,
-                          HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES, PF_LINES_H, ASM)
+                          HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES, PF_LINES_H, ASM, PREFETCH)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         for t in range(pid, TOTAL, nprog):
             if PREFETCH:
                 nt = tl.minimum(t + nprog, TOTAL - 1)
                 prefetch_tile(nt % TILES, nt // TILES, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h, stride_s,
-                              HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES, PF_LINES_H, ASM)
+                              HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES, PF_LINES_H, ASM, PREFETCH)
             row_body(t % TILES, t // TILES, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
                      out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                      ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
@@ -720,11 +754,11 @@ def _row_kernel():
         if USE_PDL:
             if pid % TILES < TILES_A:
                 prefetch_tile(pid % TILES, pid // TILES, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h,
-                              stride_s, HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES, PF_LINES_H, ASM)
+                              stride_s, HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES, PF_LINES_H, ASM, PREFETCH)
             else:
                 prefetch_tile(pid % TILES - TILES_A, pid // TILES, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, N_b,
                               stride_q_b, stride_h_b, stride_s_b, HAS_OFFSET_b, HIGH_b, ONE_BYTE_b, K_PER_SPLIT_b,
-                              BLOCK_N_b, G_b, SG_b, PF_LINES_b, PF_LINES_H_b, ASM)
+                              BLOCK_N_b, G_b, SG_b, PF_LINES_b, PF_LINES_H_b, ASM, PREFETCH)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         for t in range(pid, TOTAL, nprog):
@@ -736,12 +770,12 @@ def _row_kernel():
                     if nt // TILES < SPLIT_K:
                         prefetch_tile(nt % TILES, nt // TILES, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h,
                                       stride_s, HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES,
-                                      PF_LINES_H, ASM)
+                                      PF_LINES_H, ASM, PREFETCH)
                 else:
                     if nt // TILES < SPLIT_K_b:
                         prefetch_tile(nt % TILES - TILES_A, nt // TILES, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, N_b,
                                       stride_q_b, stride_h_b, stride_s_b, HAS_OFFSET_b, HIGH_b, ONE_BYTE_b,
-                                      K_PER_SPLIT_b, BLOCK_N_b, G_b, SG_b, PF_LINES_b, PF_LINES_H_b, ASM)
+                                      K_PER_SPLIT_b, BLOCK_N_b, G_b, SG_b, PF_LINES_b, PF_LINES_H_b, ASM, PREFETCH)
             if p < TILES_A:
                 if pid_k < SPLIT_K:
                     row_body(p, pid_k, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
@@ -761,7 +795,7 @@ def _row_kernel():
 
 def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
                     tile: RowTile | None = None, out: torch.Tensor | None = None,
-                    int8_x: bool = False, programs: int = 0, pdl: bool = False) -> torch.Tensor:
+                    int8_x: bool = False, programs: int = 0, pdl: bool = False, prefetch: int = 1) -> torch.Tensor:
     """One row: x (1, K) -> (1, N), the weight decoded on CUDA cores and summed per lane (no
     tensor-core padding to 16 rows). Not batch-invariant with packed_gemv (another summation
     order): the path of an engine with no draft loaded, whose rows never need a verify step's
@@ -769,11 +803,11 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     int8_x: every kind but FP8 multiplies x rounded to int8 (one scale per 16-32 inputs) by
     integer dot products (dp4a), as llama.cpp's kernels do: the weights' exact values times that
     x, within x's rounding of the reference.
-    programs, pdl: the default tile's persistent launch (RowTile.programs, RowTile.pdl) where no
-    tile is given; the same values."""
+    programs, pdl, prefetch: the default tile's persistent launch (RowTile.programs, .pdl,
+    .prefetch) where no tile is given; the same values."""
     if out is None:
         out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
-    tile = tile or dataclasses.replace(row_tile_for(weight), programs=programs, pdl=pdl)
+    tile = tile or dataclasses.replace(row_tile_for(weight), programs=programs, pdl=pdl, prefetch=prefetch)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
     kernels = _row_kernel()
     if tile.programs:
@@ -788,11 +822,11 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
 
 def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases: list, outs: list[torch.Tensor],
                            int8_x: bool = False, tiles: tuple | None = None, programs: int = 0,
-                           pdl: bool = False) -> None:
+                           pdl: bool = False, prefetch: int = 1) -> None:
     """packed_row_gemv of two blocks of one projection (each its own kind and tile: `tiles`, or
     each block's default) in one launch, writing outs[i] = x @ blocks[i].T (+ biases[i]): the same
     programs as two launches, so the same values (blocks_fit_one_launch says when it applies).
-    programs, pdl: a persistent launch (RowTile.programs, RowTile.pdl)."""
+    programs, pdl, prefetch: a persistent launch (RowTile.programs, .pdl, .prefetch)."""
     assert len(blocks) == len(biases) == len(outs) == 2
     tiles = tiles or (None, None)
     grid_a, args_a, launch_a = _row_args(x, blocks[0], biases[0], tiles[0], outs[0], int8_x)
@@ -811,7 +845,7 @@ def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases:
     if programs:
         lines_b = _prefetch_lines(blocks[1], args_b)
         kernels[3][(min(tiles_ab * splits, programs * num_sms(x.device)),)](
-            x, **args, TILES_A=grid_a[0], TILES=tiles_ab, TOTAL=tiles_ab * splits, PREFETCH=True,
+            x, **args, TILES_A=grid_a[0], TILES=tiles_ab, TOTAL=tiles_ab * splits, PREFETCH=prefetch,
             **_prefetch_lines(blocks[0], args_a), **{f"{k}_b": v for k, v in lines_b.items()},
             **pdl_args(x.device, pdl), **launch_a)
     else:

@@ -298,7 +298,7 @@ def test_a_persistent_row_launch_gives_the_bits_of_a_program_a_tile(device, kind
     # (the interpreter runs programs one by one: a few cases, each with programs left over)
     cases = [(RowTile(2, 512, num_warps=1, vec=8), True, 1, True),
              (RowTile(2, 512, split_k=2, num_warps=1, vec=8), False, 1, False),
-             (RowTile(2, 512, split_k=2, num_warps=1, vec=8), True, 2, True)]
+             (RowTile(2, 512, split_k=2, num_warps=1, vec=8), True, 2, 2)]
     for tile, int8_x, programs, prefetch in cases:
         want = packed_row_gemv(x, g, bias, tile, int8_x=int8_x)
         got = packed_row_gemv(x, g, bias, replace(tile, programs=programs, prefetch=prefetch), int8_x=int8_x)
@@ -488,8 +488,9 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
 
     class Recording(PackedLinear):
         def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
-                    row_programs=0, row_pdl=False):
-            asked.append((one_row, int8_x, int8_rows, one_launch) + ((row_programs, row_pdl) if row_programs else ()))
+                    row_programs=0, row_pdl=False, row_prefetch=1):
+            asked.append((one_row, int8_x, int8_rows, one_launch)
+                         + ((row_programs, row_pdl, row_prefetch) if row_programs else ()))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
@@ -500,10 +501,11 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           (KernelOptions(packed_row_x="bf16"), (True, False, False, True)),
                           (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True)),
                           (KernelOptions(packed_one_launch=False), (True, True, False, False)),
-                          (KernelOptions(packed_row_programs=4), (True, True, False, True, 4, False)),
-                          (KernelOptions(packed_row_programs=2, packed_row_pdl=True), (True, True, False, True, 2, True)),
+                          (KernelOptions(packed_row_programs=4), (True, True, False, True, 4, False, 1)),
+                          (KernelOptions(packed_row_programs=2, packed_row_pdl=True, packed_row_prefetch=2),
+                           (True, True, False, True, 2, True, 2)),
                           (KernelOptions(packed_row_programs=2, packed_row_pdl=True, pdl=False),
-                           (True, True, False, True, 2, False))):
+                           (True, True, False, True, 2, False, 1))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 
