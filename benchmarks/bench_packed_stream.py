@@ -74,6 +74,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layouts", default="AWQ,Q4_K_M")
     ap.add_argument("--programs", default="1,2,4,8")
+    ap.add_argument("--few", action="store_true", help="only the default launch, 2, 4 and 8 a multiprocessor "
+                    "with bulk prefetch, and 4 by lines, with PDL or capped at 96 registers")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calls", type=int, default=8)
     args = ap.parse_args()
@@ -82,6 +84,10 @@ def main() -> None:
     bw = copy_bandwidth(dev)
     x16 = torch.randn(16, 14336, device=dev, dtype=torch.bfloat16)
     vs = variants([int(p) for p in args.programs.split(",")])
+    if args.few:
+        keep = {"a program a tile", "4/SM lines", "2/SM bulk", "4/SM bulk", "8/SM bulk", "4/SM bulk pdl",
+                "4/SM bulk r96"}
+        vs = [v for v in vs if v["name"] in keep]
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_GBps": bw / 1e9,
               "variants": vs, "layouts": {}}
     for layout in args.layouts.split(","):
