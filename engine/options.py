@@ -96,16 +96,6 @@ class KernelOptions:
     # values. 8B Q4_K_M on an H200: 459.0 against 455.0 tok/s. LOCALCHAT_PACKED_ONE_LAUNCH=0: a
     # launch a block.
     packed_one_launch: bool = True
-    # There, the one-row kernel launched persistent: this many programs a multiprocessor, each
-    # running column tiles in turn and requesting its next tile's weights into L2 before it
-    # decodes the current one (0: a program a tile). The same values either way.
-    # LOCALCHAT_PACKED_ROW_PROGRAMS=N. packed_row_pdl: those launches with PDL (the first tile's
-    # weights requested before the wait). LOCALCHAT_PACKED_ROW_PDL=1|0. packed_row_prefetch: how
-    # the next tile is requested (RowTile.prefetch: 0 not, 1 by lines, 2 in bulk).
-    # LOCALCHAT_PACKED_ROW_PREFETCH=0|1|2.
-    packed_row_programs: int = 0
-    packed_row_pdl: bool = False
-    packed_row_prefetch: int = 1
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -257,9 +247,6 @@ class KernelOptions:
             packed_invariant_x=_choice(env, "LOCALCHAT_PACKED_INVARIANT_X", ("int8", "bf16"), "bf16"),
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
-            packed_row_programs=_count(env, "LOCALCHAT_PACKED_ROW_PROGRAMS", 32),
-            packed_row_pdl=_flag(env, "LOCALCHAT_PACKED_ROW_PDL", default=False),
-            packed_row_prefetch=_count(env, "LOCALCHAT_PACKED_ROW_PREFETCH", 2, default=1),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

@@ -96,14 +96,12 @@ class PackedLinear(nn.Module):
         return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 
     def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "fused",
-                int8_x: bool = False, int8_rows: bool = False, one_launch: bool = False, row_programs: int = 0,
-                row_pdl: bool = False, row_prefetch: int = 1) -> torch.Tensor:
+                int8_x: bool = False, int8_rows: bool = False, one_launch: bool = False) -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not a
         batch-invariant kernel; int8_x: there with x rounded to int8 (every kind but FP8);
         one_launch: there a projection's two blocks in one launch (packed_row_gemv_blocks).
         int8_rows: the batch-invariant steps on packed_rows_gemv (kernel_for). prefill: how a
-        longer step runs on the GPU (PREFILL_WAYS). row_programs, row_pdl, row_prefetch: the one-row
-        kernel's persistent launch (KernelOptions.packed_row_programs, _pdl, _prefetch)."""
+        longer step runs on the GPU (PREFILL_WAYS)."""
         from engine.kernels.packed_gemv import blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
         from engine.kernels.packed_rows import nibble_order, packed_rows_gemv, quantize_rows
 
@@ -115,8 +113,7 @@ class PackedLinear(nn.Module):
             def gemv(x, block, bias, out=None):
                 kernel = kernel_for(block, x.shape[0], one_row, int8_rows)
                 if kernel is packed_row_gemv:
-                    return kernel(x, block, bias, out=out, int8_x=int8_x, programs=row_programs, pdl=row_pdl,
-                                  prefetch=row_prefetch)
+                    return kernel(x, block, bias, out=out, int8_x=int8_x)
                 if kernel is packed_rows_gemv:
                     order = nibble_order(block)
                     if order not in rounded:
@@ -132,8 +129,7 @@ class PackedLinear(nn.Module):
                 out = torch.empty((1, self.out_features), dtype=rows.dtype, device=rows.device)
                 cut = blocks[0].shape[0]
                 biases = [None, None] if self.bias is None else [self.bias[:cut], self.bias[cut:]]
-                packed_row_gemv_blocks(rows, blocks, biases, [out[:, :cut], out[:, cut:]], int8_x=int8_x,
-                                       programs=row_programs, pdl=row_pdl, prefetch=row_prefetch)
+                packed_row_gemv_blocks(rows, blocks, biases, [out[:, :cut], out[:, cut:]], int8_x=int8_x)
             else:
                 out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
                 start = 0

@@ -20,7 +20,6 @@ for a prefill of any length; dequantize_packed, the weight decoded into a dense 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
+from engine.kernels import triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
 from engine.weights.grouped import (
     BITS5, BITS6, FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_BITS5, SIGNED_BITS6, SIGNED_NIBBLES, ZERO, GroupedWeight,
@@ -203,17 +202,6 @@ class RowTile:
     num_warps: int = 4
     num_stages: int = 3
     vec: int = 16  # bytes of packed weights a thread loads at once
-    # Persistent launch: `programs` a multiprocessor, each looping over column tiles (and K shares),
-    # 0 for a program a tile. prefetch: each loop step requests its next tile's weights into L2
-    # first, so that a program's next bytes are on their way while it decodes these (1: a
-    # prefetch a 128-byte line; 2: one bulk prefetch a row; 0: none). pdl: with programmatic
-    # dependent launch, the first tile's are requested before the wait for the previous kernel.
-    # A tile's sums are the same either way: only which program runs it changes.
-    programs: int = 0
-    prefetch: int = 1
-    pdl: bool = False
-    # the most registers a thread (0: the compiler's choice): a looping program keeps more live
-    max_registers: int = 0
 
 
 def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
@@ -292,7 +280,7 @@ def row_kernel_k(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_body, prefetch_tile, bulk_prefetch, tl
+    global x_pair, dp4a, spread1, spread2, row_body, tl
     import triton
     import triton.language as tl
 
@@ -636,197 +624,31 @@ def _row_kernel():
                          ONE_BYTE_b, FP8_b, XQ_b, ASM, HAS_BIAS_b, X_KIND, SPLIT_K_b, K_PER_SPLIT_b, BLOCK_N_b,
                          BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b)
 
-    @triton.jit
-    def bulk_prefetch(first, second, nbytes, rows):
-        """Threads 0 .. rows - 1 of the program each request one row's bytes into L2 in one bulk
-        prefetch: row t from first + t * (second - first), nbytes long (widened to 16-byte bounds)."""
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b32 t, n; .reg .b64 a, d, o, e;"
-            " mov.u32 t, %tid.x; setp.lt.u32 p, t, $4; sub.s64 d, $2, $1; cvt.u64.u32 o, t;"
-            " mul.lo.s64 o, o, d; add.s64 a, $1, o; cvt.u64.u32 e, $3; add.s64 e, a, e; add.s64 e, e, 15;"
-            " and.b64 e, e, -16; and.b64 a, a, -16; sub.s64 e, e, a; cvt.u32.u64 n, e;"
-            " @p cp.async.bulk.prefetch.L2.global [a], n; mov.u32 $0, 0; }",
-            "=r,l,l,r,r", [first, second, nbytes, rows], dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
-    def prefetch_tile(pid_n, pid_k, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h, stride_s,
-                      HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr, ONE_BYTE: tl.constexpr,
-                      K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-                      PF_LINES: tl.constexpr, PF_LINES_H: tl.constexpr, ASM: tl.constexpr, MODE: tl.constexpr):
-        """Tile (pid_n, pid_k)'s weights requested into L2 (its packed bytes, its plane of high
-        bits, its rows' scales and offsets): MODE 1 a prefetch a 128-byte line (only each row's
-        first line of scales and offsets), 2 a bulk prefetch a row and tensor. Prefetches, so no
-        result depends on them (and Triton's interpreter, which has no PTX, skips them)."""
-        if not ASM:
-            return
-        BYTES: tl.constexpr = K_PER_SPLIT if ONE_BYTE else K_PER_SPLIT // 2
-        BYTES_H: tl.constexpr = K_PER_SPLIT * HIGH // 8
-        GROUPS: tl.constexpr = K_PER_SPLIT // G if K_PER_SPLIT >= G else 1
-        qb = q_ptr.to(tl.pointer_type(tl.uint8))
-        g0 = pid_k * (K_PER_SPLIT // G) * SG
-        if MODE == 2:
-            row0 = pid_n * BLOCK_N
-            rows = tl.minimum(N - row0, BLOCK_N)
-            first = qb + row0 * stride_q + pid_k * BYTES
-            bulk_prefetch(first, first + stride_q, BYTES, rows)
-            if HIGH > 0:
-                hb = qh_ptr.to(tl.pointer_type(tl.uint8)) + row0 * stride_h + pid_k * BYTES_H
-                bulk_prefetch(hb, hb + stride_h, BYTES_H, rows)
-            # the scales' bytes: from the share's first group to just past its last
-            SPAN: tl.constexpr = (GROUPS - 1) * SG + 1  # elements
-            sa = s_ptr + row0 * stride_s + g0
-            bulk_prefetch(sa.to(tl.pointer_type(tl.uint8)), (sa + stride_s).to(tl.pointer_type(tl.uint8)),
-                          SPAN * (s_ptr.dtype.element_ty.primitive_bitwidth // 8), rows)
-            if HAS_OFFSET:
-                oa = o_ptr + row0 * stride_s + g0
-                bulk_prefetch(oa.to(tl.pointer_type(tl.uint8)), (oa + stride_s).to(tl.pointer_type(tl.uint8)),
-                              SPAN * (o_ptr.dtype.element_ty.primitive_bitwidth // 8), rows)
-        else:
-            rows = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-            lines = tl.minimum(tl.arange(0, PF_LINES) * 128, BYTES - 1)
-            ptrs = qb + rows[:, None] * stride_q + pid_k * BYTES + lines[None, :]
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-            if HIGH > 0:
-                lines_h = tl.minimum(tl.arange(0, PF_LINES_H) * 128, BYTES_H - 1)
-                hptrs = (qh_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * stride_h + pid_k * BYTES_H
-                         + lines_h[None, :])
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [hptrs], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [s_ptr + rows * stride_s + g0],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-            if HAS_OFFSET:
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [o_ptr + rows * stride_s + g0],
-                                          dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
-    def packed_row_kernel_p(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
-                            count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
-                            ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
-                            HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
-                            ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
-                            SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
-                            UG: tl.constexpr, PAIRED: tl.constexpr, TILES, TOTAL, PREFETCH: tl.constexpr,
-                            PF_LINES: tl.constexpr, PF_LINES_H: tl.constexpr, USE_PDL: tl.constexpr):
-        # packed_row_kernel's programs, run by fewer programs in turn: tile t is column tile
-        # t % TILES of K share t // TILES
-        pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
-        if USE_PDL:  # the weights are never written by a kernel: the first tile's requested early
-            prefetch_tile(pid % TILES, pid // TILES, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h, stride_s,
-                          HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES, PF_LINES_H, ASM, PREFETCH)
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        for t in range(pid, TOTAL, nprog):
-            if PREFETCH:
-                nt = tl.minimum(t + nprog, TOTAL - 1)
-                prefetch_tile(nt % TILES, nt // TILES, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h, stride_s,
-                              HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES, PF_LINES_H, ASM, PREFETCH)
-            row_body(t % TILES, t // TILES, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
-                     out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
-                     ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                     K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED)
-
-    @triton.jit
-    def packed_row_kernel2_p(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
-                             count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
-                             ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
-                             HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
-                             ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
-                             SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
-                             UG: tl.constexpr, PAIRED: tl.constexpr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b,
-                             su_ptr_b, ou_ptr_b, b_ptr_b, out_ptr_b, part_ptr_b, count_ptr_b, N_b, stride_q_b,
-                             stride_h_b, stride_s_b, stride_u_b, low_mask_b, high_mask_b, ZERO_b: tl.constexpr,
-                             G_b: tl.constexpr, UNIT_b: tl.constexpr, HAS_OFFSET_b: tl.constexpr,
-                             HIGH_b: tl.constexpr, ONE_BYTE_b: tl.constexpr, FP8_b: tl.constexpr,
-                             XQ_b: tl.constexpr, HAS_BIAS_b: tl.constexpr, SPLIT_K_b: tl.constexpr,
-                             K_PER_SPLIT_b: tl.constexpr, BLOCK_N_b: tl.constexpr, BLOCK_K_b: tl.constexpr,
-                             CHUNK_b: tl.constexpr, VEC_b: tl.constexpr, SG_b: tl.constexpr, UG_b: tl.constexpr,
-                             PAIRED_b: tl.constexpr, TILES_A: tl.constexpr, TILES, TOTAL, PREFETCH: tl.constexpr,
-                             PF_LINES: tl.constexpr, PF_LINES_H: tl.constexpr, PF_LINES_b: tl.constexpr,
-                             PF_LINES_H_b: tl.constexpr, USE_PDL: tl.constexpr):
-        # packed_row_kernel2's programs (TILES = both blocks' column tiles, the larger split of K),
-        # run by fewer programs in turn, as packed_row_kernel_p
-        pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
-        if USE_PDL:
-            if pid % TILES < TILES_A:
-                prefetch_tile(pid % TILES, pid // TILES, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h,
-                              stride_s, HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES, PF_LINES_H, ASM, PREFETCH)
-            else:
-                prefetch_tile(pid % TILES - TILES_A, pid // TILES, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, N_b,
-                              stride_q_b, stride_h_b, stride_s_b, HAS_OFFSET_b, HIGH_b, ONE_BYTE_b, K_PER_SPLIT_b,
-                              BLOCK_N_b, G_b, SG_b, PF_LINES_b, PF_LINES_H_b, ASM, PREFETCH)
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        for t in range(pid, TOTAL, nprog):
-            p = t % TILES
-            pid_k = t // TILES
-            if PREFETCH:
-                nt = tl.minimum(t + nprog, TOTAL - 1)
-                if nt % TILES < TILES_A:
-                    if nt // TILES < SPLIT_K:
-                        prefetch_tile(nt % TILES, nt // TILES, q_ptr, qh_ptr, s_ptr, o_ptr, N, stride_q, stride_h,
-                                      stride_s, HAS_OFFSET, HIGH, ONE_BYTE, K_PER_SPLIT, BLOCK_N, G, SG, PF_LINES,
-                                      PF_LINES_H, ASM, PREFETCH)
-                else:
-                    if nt // TILES < SPLIT_K_b:
-                        prefetch_tile(nt % TILES - TILES_A, nt // TILES, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, N_b,
-                                      stride_q_b, stride_h_b, stride_s_b, HAS_OFFSET_b, HIGH_b, ONE_BYTE_b,
-                                      K_PER_SPLIT_b, BLOCK_N_b, G_b, SG_b, PF_LINES_b, PF_LINES_H_b, ASM, PREFETCH)
-            if p < TILES_A:
-                if pid_k < SPLIT_K:
-                    row_body(p, pid_k, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
-                             part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
-                             ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                             K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED)
-            else:
-                if pid_k < SPLIT_K_b:
-                    row_body(p - TILES_A, pid_k, x_ptr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, su_ptr_b, ou_ptr_b,
-                             b_ptr_b, out_ptr_b, part_ptr_b, count_ptr_b, N_b, stride_q_b, stride_h_b, stride_s_b,
-                             stride_u_b, low_mask_b, high_mask_b, ZERO_b, G_b, UNIT_b, HAS_OFFSET_b, HIGH_b,
-                             ONE_BYTE_b, FP8_b, XQ_b, ASM, HAS_BIAS_b, X_KIND, SPLIT_K_b, K_PER_SPLIT_b, BLOCK_N_b,
-                             BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b)
-
-    return packed_row_kernel, packed_row_kernel2, packed_row_kernel_p, packed_row_kernel2_p
+    return packed_row_kernel, packed_row_kernel2
 
 
 def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
                     tile: RowTile | None = None, out: torch.Tensor | None = None,
-                    int8_x: bool = False, programs: int = 0, pdl: bool = False, prefetch: int = 1) -> torch.Tensor:
+                    int8_x: bool = False) -> torch.Tensor:
     """One row: x (1, K) -> (1, N), the weight decoded on CUDA cores and summed per lane (no
     tensor-core padding to 16 rows). Not batch-invariant with packed_gemv (another summation
     order): the path of an engine with no draft loaded, whose rows never need a verify step's
     bits. Values within rounding of packed_gemv_ref.
     int8_x: every kind but FP8 multiplies x rounded to int8 (one scale per 16-32 inputs) by
     integer dot products (dp4a), as llama.cpp's kernels do: the weights' exact values times that
-    x, within x's rounding of the reference.
-    programs, pdl, prefetch: the default tile's persistent launch (RowTile.programs, .pdl,
-    .prefetch) where no tile is given; the same values."""
+    x, within x's rounding of the reference."""
     if out is None:
         out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
-    tile = tile or dataclasses.replace(row_tile_for(weight), programs=programs, pdl=pdl, prefetch=prefetch)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
-    kernels = _row_kernel()
-    if tile.programs:
-        total = grid[0] * grid[1]
-        kernels[2][(min(total, tile.programs * num_sms(x.device)),)](
-            x, **args, **launch, TILES=grid[0], TOTAL=total, PREFETCH=tile.prefetch, **_prefetch_lines(weight, args),
-            **pdl_args(x.device, tile.pdl))
-    else:
-        kernels[0][grid](x, **args, **launch)
+    _row_kernel()[0][grid](x, **args, **launch)
     return out
 
 
 def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases: list, outs: list[torch.Tensor],
-                           int8_x: bool = False, tiles: tuple | None = None, programs: int = 0,
-                           pdl: bool = False, prefetch: int = 1) -> None:
+                           int8_x: bool = False, tiles: tuple | None = None) -> None:
     """packed_row_gemv of two blocks of one projection (each its own kind and tile: `tiles`, or
     each block's default) in one launch, writing outs[i] = x @ blocks[i].T (+ biases[i]): the same
-    programs as two launches, so the same values (blocks_fit_one_launch says when it applies).
-    programs, pdl, prefetch: a persistent launch (RowTile.programs, .pdl, .prefetch)."""
+    programs as two launches, so the same values (blocks_fit_one_launch says when it applies)."""
     assert len(blocks) == len(biases) == len(outs) == 2
     tiles = tiles or (None, None)
     grid_a, args_a, launch_a = _row_args(x, blocks[0], biases[0], tiles[0], outs[0], int8_x)
@@ -839,26 +661,8 @@ def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases:
         args_b["count_ptr"] = args_b["count_ptr"][grid_a[0]:]
     shared = ("ASM", "X_KIND")
     assert all(args_a[k] == args_b[k] for k in shared)
-    args = dict(args_a, **{f"{k}_b": v for k, v in args_b.items() if k not in shared})
-    kernels = _row_kernel()
-    tiles_ab, splits = grid_a[0] + grid_b[0], max(grid_a[1], grid_b[1])
-    if programs:
-        lines_b = _prefetch_lines(blocks[1], args_b)
-        kernels[3][(min(tiles_ab * splits, programs * num_sms(x.device)),)](
-            x, **args, TILES_A=grid_a[0], TILES=tiles_ab, TOTAL=tiles_ab * splits, PREFETCH=prefetch,
-            **_prefetch_lines(blocks[0], args_a), **{f"{k}_b": v for k, v in lines_b.items()},
-            **pdl_args(x.device, pdl), **launch_a)
-    else:
-        kernels[1][(tiles_ab, splits)](x, **args, TILES_A=grid_a[0], **launch_a)
-
-
-def _prefetch_lines(weight: GroupedWeight, args: dict) -> dict:
-    """The persistent kernel's PF_LINES and PF_LINES_H: 128-byte lines of a row's share of the
-    packed bytes and of the high bits, rounded up to a power of two."""
-    share = args["K_PER_SPLIT"]
-    packed = share if weight.kind in (INT8, FP8) else share // 2
-    high = share * HIGH_BITS.get(weight.kind, 0) // 8
-    return dict(PF_LINES=next_pow2(max(1, -(-packed // 128))), PF_LINES_H=next_pow2(max(1, -(-high // 128))))
+    _row_kernel()[1][(grid_a[0] + grid_b[0], max(grid_a[1], grid_b[1]))](
+        x, **args_a, **{f"{k}_b": v for k, v in args_b.items() if k not in shared}, TILES_A=grid_a[0], **launch_a)
 
 
 def blocks_fit_one_launch(blocks: list[GroupedWeight]) -> bool:
@@ -898,10 +702,8 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
                 high_mask=((1 << high) - 1) << (low + 4), XQ=int8_x and weight.kind in INT8_X_KINDS,
                 ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k,
                 K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec)
-    launch = dict(num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
-    if tile.max_registers and not triton_interpreting():
-        launch["maxnreg"] = tile.max_registers
-    return (tiles, tile.split_k), args, launch
+    return (tiles, tile.split_k), args, dict(num_warps=tile.num_warps,
+                                             num_stages=1 if triton_interpreting() else tile.num_stages)
 
 
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,

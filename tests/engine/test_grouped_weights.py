@@ -282,38 +282,6 @@ def test_two_blocks_in_one_row_launch_give_the_bits_of_two_launches(device, n_a,
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
-@pytest.mark.parametrize("kind", ["AWQ", "Q4_K", "Q6_K", "Q8_0"])
-def test_a_persistent_row_launch_gives_the_bits_of_a_program_a_tile(device, kind):
-    """The one-row kernel launched persistent (fewer programs than tiles, each looping over them
-    and prefetching the next one's weights), K split or not, int8 x or not, with a bias: the bits
-    of a program a tile. Two blocks in one launch too."""
-    from engine.kernels.packed_gemv import RowTile, packed_row_gemv, packed_row_gemv_blocks
-
-    n, k = 280, 1024  # 140 tiles of 2 columns (280 with K split): more than 132 programs
-    g = from_packed([_int4("awq", n, k, 128) if kind == "AWQ" else _gguf(kind, n, k, 13)]).to(device)
-    gen = torch.Generator().manual_seed(5)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    x = torch.randn(1, k, generator=gen).to(device, dtype)
-    bias = torch.randn(n, generator=gen).to(device, dtype)
-    # (the interpreter runs programs one by one: a few cases, each with programs left over)
-    cases = [(RowTile(2, 512, num_warps=1, vec=8), True, 1, True),
-             (RowTile(2, 512, split_k=2, num_warps=1, vec=8), False, 1, False),
-             (RowTile(2, 512, split_k=2, num_warps=1, vec=8), True, 2, 2)]
-    for tile, int8_x, programs, prefetch in cases:
-        want = packed_row_gemv(x, g, bias, tile, int8_x=int8_x)
-        got = packed_row_gemv(x, g, bias, replace(tile, programs=programs, prefetch=prefetch), int8_x=int8_x)
-        assert torch.equal(got, want), (tile, int8_x, programs, prefetch)
-    if kind == "Q4_K":
-        b = from_packed([_gguf("Q6_K", 40, k, 3)]).to(device)
-        tiles = (RowTile(2, 512, split_k=2, num_warps=1, vec=8), RowTile(2, 512, num_warps=1, vec=8))
-        for programs in (0, 1):
-            out = torch.full((1, n + 40), float("nan"), dtype=dtype, device=device)
-            packed_row_gemv_blocks(x, [g, b], [None, None], [out[:, :n], out[:, n:]], tiles=tiles, programs=programs)
-            assert torch.equal(out[:, :n], packed_row_gemv(x, g, None, tiles[0]))
-            assert torch.equal(out[:, n:], packed_row_gemv(x, b, None, tiles[1]))
-
-
-@pytest.mark.parametrize("device", [CUDA, CPU])
 def test_int8_default_row_tile_passes_k_end(device):
     """int8's default one-row tile, 8 rows over steps of 4,096 inputs, on a K of 6,144 (its last
     step half past K's end) and 12 rows (the last program's rows clamped): == the dequantized
@@ -487,10 +455,8 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     asked = []
 
     class Recording(PackedLinear):
-        def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
-                    row_programs=0, row_pdl=False, row_prefetch=1):
-            asked.append((one_row, int8_x, int8_rows, one_launch)
-                         + ((row_programs, row_pdl, row_prefetch) if row_programs else ()))
+        def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False):
+            asked.append((one_row, int8_x, int8_rows, one_launch))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
@@ -500,12 +466,7 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           (KernelOptions(packed_row=False), (False, True, False, True)),
                           (KernelOptions(packed_row_x="bf16"), (True, False, False, True)),
                           (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True)),
-                          (KernelOptions(packed_one_launch=False), (True, True, False, False)),
-                          (KernelOptions(packed_row_programs=4), (True, True, False, True, 4, False, 1)),
-                          (KernelOptions(packed_row_programs=2, packed_row_pdl=True, packed_row_prefetch=2),
-                           (True, True, False, True, 2, True, 2)),
-                          (KernelOptions(packed_row_programs=2, packed_row_pdl=True, pdl=False),
-                           (True, True, False, True, 2, False, 1))):
+                          (KernelOptions(packed_one_launch=False), (True, True, False, False))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 

@@ -26,8 +26,6 @@ _TREE_POINTERS = {"frontier_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "
 _SELECT_POINTERS = {**_TREE_POINTERS, "depths_ptr": "*i64", "root_ptr": "*i64", "rank_ptr": "*i32", "index_ptr": "*i32",
                     "out_tokens_ptr": "*i64", "out_parents_ptr": "*i64", "out_depths_ptr": "*i64",
                     "out_scores_ptr": "*fp32", "base_ptr": "*i32"}
-_PACKED_POINTERS = {"q_ptr": "*u8", "qh_ptr": "*u8", "s_ptr": "*fp16", "o_ptr": "*fp32", "su_ptr": "*fp16",
-                    "ou_ptr": "*fp16", "b_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 # Kernels that read what no kernel of the step writes just before them (positions, tables)
 # before their PDL wait.
@@ -49,12 +47,6 @@ def _kernels():
     import speculative.kernels.tree_level as tree_level
     import speculative.kernels.tree_lookup as tree_lookup
 
-    import engine.kernels.packed_gemv as packed_gemv
-
-    packed_p = packed_gemv._row_kernel()[2]
-    packed_base = dict(ZERO=0, HAS_OFFSET=True, HIGH=0, ONE_BYTE=False, FP8=False, XQ=True, ASM=True, HAS_BIAS=False,
-                       X_KIND=0, SPLIT_K=1, K_PER_SPLIT=4096, BLOCK_N=4, BLOCK_K=4096, VEC=4, PREFETCH=True,
-                       PF_LINES=16, PF_LINES_H=1)
     split, reduce = attention._kernels()
     row_kernel, dot_kernel = gemv._kernels()
     shared = dict(HAS_RESIDUAL=True, HAS_BIAS=False, SPLIT_K=1, K_PER_SPLIT=768, EVEN_K=False, BLOCK_K=256, LINE=64,
@@ -178,12 +170,6 @@ def _kernels():
         ("gemv silu_mul M=16 split", dot_kernel,
          dict(dot_base, PROLOGUE=2, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512, EVEN_K=True), 4),
         ("gemv M=16 swap_ab", dot_kernel, dict(dot_base, PROLOGUE=0, BLOCK_M=16, BLOCK_N=64, SWAP_AB=True), 4),
-        # the one-row packed kernel's persistent launch (AWQ's constants, then Q4_K's paired factors)
-        ("gemv packed row persistent", packed_p, dict(packed_base, G=128, UNIT=0, CHUNK=128, SG=1, UG=1,
-                                                      PAIRED=False), 4, _PACKED_POINTERS),
-        ("gemv packed row persistent paired", packed_p, dict(packed_base, G=32, UNIT=8, CHUNK=32, SG=2, UG=2,
-                                                             PAIRED=True), 4,
-         {**_PACKED_POINTERS, "s_ptr": "*u8", "o_ptr": "*u8"}),
     ]
 
 
@@ -206,7 +192,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 56  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 54  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
