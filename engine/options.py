@@ -96,6 +96,10 @@ class KernelOptions:
     # values. 8B Q4_K_M on an H200: 459.0 against 455.0 tok/s. LOCALCHAT_PACKED_ONE_LAUNCH=0: a
     # launch a block.
     packed_one_launch: bool = True
+    # The one-row packed kernel with programmatic dependent launch: its weights' first lines
+    # requested before the wait, and the next kernel launched right after the wait (1) or after
+    # this kernel's stores (2); 0 launches it without. LOCALCHAT_PACKED_ROW_PDL=0|1|2.
+    packed_row_pdl: int = 0
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -247,6 +251,7 @@ class KernelOptions:
             packed_invariant_x=_choice(env, "LOCALCHAT_PACKED_INVARIANT_X", ("int8", "bf16"), "bf16"),
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
+            packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

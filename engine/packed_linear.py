@@ -96,12 +96,14 @@ class PackedLinear(nn.Module):
         return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 
     def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "fused",
-                int8_x: bool = False, int8_rows: bool = False, one_launch: bool = False) -> torch.Tensor:
+                int8_x: bool = False, int8_rows: bool = False, one_launch: bool = False,
+                row_pdl: int = 0) -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not a
         batch-invariant kernel; int8_x: there with x rounded to int8 (every kind but FP8);
         one_launch: there a projection's two blocks in one launch (packed_row_gemv_blocks).
         int8_rows: the batch-invariant steps on packed_rows_gemv (kernel_for). prefill: how a
-        longer step runs on the GPU (PREFILL_WAYS)."""
+        longer step runs on the GPU (PREFILL_WAYS). row_pdl: the one-row kernel's PDL
+        (KernelOptions.packed_row_pdl)."""
         from engine.kernels.packed_gemv import blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
         from engine.kernels.packed_rows import nibble_order, packed_rows_gemv, quantize_rows
 
@@ -113,7 +115,7 @@ class PackedLinear(nn.Module):
             def gemv(x, block, bias, out=None):
                 kernel = kernel_for(block, x.shape[0], one_row, int8_rows)
                 if kernel is packed_row_gemv:
-                    return kernel(x, block, bias, out=out, int8_x=int8_x)
+                    return kernel(x, block, bias, out=out, int8_x=int8_x, pdl=row_pdl)
                 if kernel is packed_rows_gemv:
                     order = nibble_order(block)
                     if order not in rounded:
@@ -129,7 +131,7 @@ class PackedLinear(nn.Module):
                 out = torch.empty((1, self.out_features), dtype=rows.dtype, device=rows.device)
                 cut = blocks[0].shape[0]
                 biases = [None, None] if self.bias is None else [self.bias[:cut], self.bias[cut:]]
-                packed_row_gemv_blocks(rows, blocks, biases, [out[:, :cut], out[:, cut:]], int8_x=int8_x)
+                packed_row_gemv_blocks(rows, blocks, biases, [out[:, :cut], out[:, cut:]], int8_x=int8_x, pdl=row_pdl)
             else:
                 out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
                 start = 0

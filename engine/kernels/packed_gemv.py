@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import triton_interpreting
+from engine.kernels import next_pow2, pdl_args, triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, _tile_counters
 from engine.weights.grouped import (
     BITS5, BITS6, FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_BITS5, SIGNED_BITS6, SIGNED_NIBBLES, ZERO, GroupedWeight,
@@ -280,7 +280,7 @@ def row_kernel_k(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_body, tl
+    global x_pair, dp4a, spread1, spread2, row_body, pdl_enter, tl
     import triton
     import triton.language as tl
 
@@ -331,6 +331,22 @@ def _row_kernel():
                 else:
                     r += ((a >> (8 * i)) & 0xFF) * ((b << (24 - 8 * i)) >> 24)
         return r
+
+    @triton.jit
+    def pdl_enter(pid_n, pid_k, q_ptr, N, stride_q, ONE_BYTE: tl.constexpr, K_PER_SPLIT: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PF_LINES: tl.constexpr, PDL: tl.constexpr):
+        """A PDL launch's start: the program's packed bytes requested into L2 (a kernel never
+        writes weights), the wait for the previous kernel, and with PDL 1 the early launch of the
+        next one (PDL 2 launches it after this program's stores instead)."""
+        BYTES: tl.constexpr = K_PER_SPLIT if ONE_BYTE else K_PER_SPLIT // 2
+        rows = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+        lines = tl.minimum(tl.arange(0, PF_LINES) * 128, BYTES - 1)
+        ptrs = q_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * stride_q + pid_k * BYTES + lines[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+        tl.extra.cuda.gdc_wait()
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
     def row_body(pid_n, pid_k, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
@@ -582,11 +598,16 @@ def _row_kernel():
                           ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
-                          UG: tl.constexpr, PAIRED: tl.constexpr):
+                          UG: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1):
+        if PDL > 0:
+            pdl_enter(tl.program_id(0), tl.program_id(1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
+                      PF_LINES, PDL)
         row_body(tl.program_id(0), tl.program_id(1), x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
                  out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                  ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
                  K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED)
+        if PDL == 2:
+            tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
     def packed_row_kernel2(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
@@ -604,12 +625,20 @@ def _row_kernel():
                            XQ_b: tl.constexpr, HAS_BIAS_b: tl.constexpr, SPLIT_K_b: tl.constexpr,
                            K_PER_SPLIT_b: tl.constexpr, BLOCK_N_b: tl.constexpr, BLOCK_K_b: tl.constexpr,
                            CHUNK_b: tl.constexpr, VEC_b: tl.constexpr, SG_b: tl.constexpr, UG_b: tl.constexpr,
-                           PAIRED_b: tl.constexpr, TILES_A: tl.constexpr):
+                           PAIRED_b: tl.constexpr, TILES_A: tl.constexpr, PDL: tl.constexpr = 0,
+                           PF_LINES: tl.constexpr = 1, PF_LINES_b: tl.constexpr = 1):
         # Two blocks of one projection (a Q4_K_M file's Q4_K q and k and Q6_K v) in one launch:
         # programs 0 .. TILES_A - 1 take the first block's column tiles, the rest the second's,
         # each block with its own kind, tile and split of K (the grid's K axis is the larger split)
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
+        if PDL > 0:
+            if pid < TILES_A:
+                pdl_enter(pid, tl.minimum(pid_k, SPLIT_K - 1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
+                          PF_LINES, PDL)
+            else:
+                pdl_enter(pid - TILES_A, tl.minimum(pid_k, SPLIT_K_b - 1), q_ptr_b, N_b, stride_q_b, ONE_BYTE_b,
+                          K_PER_SPLIT_b, BLOCK_N_b, PF_LINES_b, PDL)
         if pid < TILES_A:
             if pid_k < SPLIT_K:
                 row_body(pid, pid_k, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
@@ -623,29 +652,44 @@ def _row_kernel():
                          stride_u_b, low_mask_b, high_mask_b, ZERO_b, G_b, UNIT_b, HAS_OFFSET_b, HIGH_b,
                          ONE_BYTE_b, FP8_b, XQ_b, ASM, HAS_BIAS_b, X_KIND, SPLIT_K_b, K_PER_SPLIT_b, BLOCK_N_b,
                          BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b)
+        if PDL == 2:
+            tl.extra.cuda.gdc_launch_dependents()
 
     return packed_row_kernel, packed_row_kernel2
 
 
 def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
                     tile: RowTile | None = None, out: torch.Tensor | None = None,
-                    int8_x: bool = False) -> torch.Tensor:
+                    int8_x: bool = False, pdl: int = 0) -> torch.Tensor:
     """One row: x (1, K) -> (1, N), the weight decoded on CUDA cores and summed per lane (no
     tensor-core padding to 16 rows). Not batch-invariant with packed_gemv (another summation
     order): the path of an engine with no draft loaded, whose rows never need a verify step's
     bits. Values within rounding of packed_gemv_ref.
     int8_x: every kind but FP8 multiplies x rounded to int8 (one scale per 16-32 inputs) by
     integer dot products (dp4a), as llama.cpp's kernels do: the weights' exact values times that
-    x, within x's rounding of the reference."""
+    x, within x's rounding of the reference.
+    pdl: programmatic dependent launch (row_pdl_args); the same values."""
     if out is None:
         out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
-    _row_kernel()[0][grid](x, **args, **launch)
+    _row_kernel()[0][grid](x, **args, **launch, **row_pdl_args(x.device, pdl, weight, args))
     return out
 
 
+def row_pdl_args(device, pdl: int, weight: GroupedWeight, args: dict, suffix: str = "") -> dict:
+    """The one-row kernel's PDL arguments: PDL 1 (the next kernel launched right after the wait),
+    2 (after this program's stores) or 0, where the device supports it; and the 128-byte lines of
+    a row's share requested before the wait."""
+    if not pdl or "launch_pdl" not in pdl_args(device, True):
+        return {}
+    share = args["K_PER_SPLIT"]
+    packed = share if weight.kind in (INT8, FP8) else share // 2
+    lines = {f"PF_LINES{suffix}": min(16, next_pow2(max(1, -(-packed // 128))))}
+    return lines if suffix else dict(PDL=pdl, launch_pdl=True, **lines)
+
+
 def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases: list, outs: list[torch.Tensor],
-                           int8_x: bool = False, tiles: tuple | None = None) -> None:
+                           int8_x: bool = False, tiles: tuple | None = None, pdl: int = 0) -> None:
     """packed_row_gemv of two blocks of one projection (each its own kind and tile: `tiles`, or
     each block's default) in one launch, writing outs[i] = x @ blocks[i].T (+ biases[i]): the same
     programs as two launches, so the same values (blocks_fit_one_launch says when it applies)."""
@@ -662,7 +706,8 @@ def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases:
     shared = ("ASM", "X_KIND")
     assert all(args_a[k] == args_b[k] for k in shared)
     _row_kernel()[1][(grid_a[0] + grid_b[0], max(grid_a[1], grid_b[1]))](
-        x, **args_a, **{f"{k}_b": v for k, v in args_b.items() if k not in shared}, TILES_A=grid_a[0], **launch_a)
+        x, **args_a, **{f"{k}_b": v for k, v in args_b.items() if k not in shared}, TILES_A=grid_a[0], **launch_a,
+        **row_pdl_args(x.device, pdl, blocks[0], args_a), **row_pdl_args(x.device, pdl, blocks[1], args_b, "_b"))
 
 
 def blocks_fit_one_launch(blocks: list[GroupedWeight]) -> bool:

@@ -455,8 +455,9 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     asked = []
 
     class Recording(PackedLinear):
-        def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False):
-            asked.append((one_row, int8_x, int8_rows, one_launch))
+        def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
+                    row_pdl=0):
+            asked.append((one_row, int8_x, int8_rows, one_launch) + ((row_pdl,) if row_pdl else ()))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
@@ -466,7 +467,9 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           (KernelOptions(packed_row=False), (False, True, False, True)),
                           (KernelOptions(packed_row_x="bf16"), (True, False, False, True)),
                           (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True)),
-                          (KernelOptions(packed_one_launch=False), (True, True, False, False))):
+                          (KernelOptions(packed_one_launch=False), (True, True, False, False)),
+                          (KernelOptions(packed_row_pdl=2), (True, True, False, True, 2)),
+                          (KernelOptions(packed_row_pdl=2, pdl=False), (True, True, False, True))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 
