@@ -96,10 +96,14 @@ class KernelOptions:
     # values. 8B Q4_K_M on an H200: 459.0 against 455.0 tok/s. LOCALCHAT_PACKED_ONE_LAUNCH=0: a
     # launch a block.
     packed_one_launch: bool = True
-    # The one-row packed kernel with programmatic dependent launch: its weights' first lines
-    # requested before the wait, and the next kernel launched right after the wait (1) or after
-    # this kernel's stores (2); 0 launches it without. LOCALCHAT_PACKED_ROW_PDL=0|1|2.
-    packed_row_pdl: int = 0
+    # The one-row packed kernel with programmatic dependent launch (where `pdl` is on): its
+    # weights' first lines requested before the wait, and the next kernel launched after this
+    # kernel's stores (2) or right after the wait (1); 0 launches it without. Launched right after
+    # the wait, the next kernel's waiting programs take the slots this one's last programs need.
+    # 8B on an H100: AWQ 422.0 and 421.4 tok/s with 2 against 414.9 and 415.4 without, 403.3 with
+    # 1; Q4_K_M 405.3 and 405.4 against 402.9 and 403.4 (docs/performance.md).
+    # LOCALCHAT_PACKED_ROW_PDL=0|1|2.
+    packed_row_pdl: int = 2
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -251,7 +255,7 @@ class KernelOptions:
             packed_invariant_x=_choice(env, "LOCALCHAT_PACKED_INVARIANT_X", ("int8", "bf16"), "bf16"),
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
-            packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2),
+            packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

@@ -457,19 +457,21 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     class Recording(PackedLinear):
         def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
                     row_pdl=0):
-            asked.append((one_row, int8_x, int8_rows, one_launch) + ((row_pdl,) if row_pdl else ()))
+            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
     x = torch.zeros(1, linear.in_features)
-    for options, want in ((KernelOptions(), (True, True, False, True)),
-                          (KernelOptions(batch_invariant=True), (False, True, False, True)),
-                          (KernelOptions(packed_row=False), (False, True, False, True)),
-                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True)),
-                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True)),
-                          (KernelOptions(packed_one_launch=False), (True, True, False, False)),
-                          (KernelOptions(packed_row_pdl=2), (True, True, False, True, 2)),
-                          (KernelOptions(packed_row_pdl=2, pdl=False), (True, True, False, True))):
+    for options, want in ((KernelOptions(), (True, True, False, True, 2)),
+                          (KernelOptions(batch_invariant=True), (False, True, False, True, 2)),
+                          (KernelOptions(packed_row=False), (False, True, False, True, 2)),
+                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True, 2)),
+                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True, 2)),
+                          (KernelOptions(packed_one_launch=False), (True, True, False, False, 2)),
+                          (KernelOptions(packed_row_pdl=1), (True, True, False, True, 1)),
+                          (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0)),
+                          # no PDL anywhere: none for the row kernel either
+                          (KernelOptions(pdl=False), (True, True, False, True, 0))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 

@@ -58,6 +58,10 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_INVARIANT_X": way}).packed_invariant_x == way
     for way in ("dequant", "fused", "torch"):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_PREFILL": way}).packed_prefill == way
+    # the one-row packed kernel's PDL: the next kernel launched after its stores (2) by default
+    assert default.packed_row_pdl == 2
+    for value in (0, 1, 2):
+        assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PDL": str(value)}).packed_row_pdl == value
     assert default.row_stats == ()
     for value, want in {"none": (), "down": ("down",), "o_proj, down": ("o_proj", "down")}.items():
         assert KernelOptions.from_env({"LOCALCHAT_ROW_STATS": value}).row_stats == want
@@ -74,6 +78,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_PACKED_PREFILL": "cublas"}, "LOCALCHAT_PACKED_PREFILL='cublas': use fused or dequant or torch"),
                                       ({"LOCALCHAT_PACKED_ROW": "yes"}, r"LOCALCHAT_PACKED_ROW=.yes.: use 1 \(on, the default\)"),
                                       ({"LOCALCHAT_PACKED_ROW_X": "fp8"}, "LOCALCHAT_PACKED_ROW_X='fp8': use int8 or bf16"),
+                                      ({"LOCALCHAT_PACKED_ROW_PDL": "late"}, "LOCALCHAT_PACKED_ROW_PDL='late': use a count from 0"),
+                                      ({"LOCALCHAT_PACKED_ROW_PDL": "3"}, "LOCALCHAT_PACKED_ROW_PDL='3': use a count from 0"),
                                       ({"LOCALCHAT_PACKED_INVARIANT_X": "int4"}, "LOCALCHAT_PACKED_INVARIANT_X='int4': use int8 or bf16"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
                                       ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use none"),

@@ -223,3 +223,54 @@ def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
     assert (trigger < wait) == name.endswith("trigger first"), name
     off = _compile(fn, constexprs, warps, pdl=False, pointers=pointers[0] if pointers else None)
     assert "griddepcontrol" not in off.asm["ptx"], name
+
+
+@pytest.mark.parametrize("pdl", [1, 2])
+@pytest.mark.parametrize("two_blocks", [False, True])
+def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks):
+    """The one-row packed kernel with PDL (KernelOptions.packed_row_pdl): its weights' lines
+    requested and then the wait before any load; the next kernel launched right after the wait
+    (1) or after the last store (2); with PDL off, no grid-dependency instruction. AWQ's
+    constants (one block), or AWQ then Q4_K's paired factors (two blocks in one launch)."""
+    import engine.kernels.packed_gemv as packed_gemv
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    one, two = packed_gemv._row_kernel()
+    awq = dict(ZERO=0, G=128, UNIT=0, HAS_OFFSET=True, HIGH=0, ONE_BYTE=False, FP8=False, XQ=True, ASM=True,
+               HAS_BIAS=False, X_KIND=0, SPLIT_K=1, K_PER_SPLIT=4096, BLOCK_N=4, BLOCK_K=4096, CHUNK=128, VEC=4,
+               SG=1, UG=1, PAIRED=False, PF_LINES=16)
+    fn, consts = one, dict(awq)
+    types = {"q_ptr": "*u8", "qh_ptr": "*u8", "s_ptr": "*fp16", "o_ptr": "*fp32", "su_ptr": "*fp16",
+             "ou_ptr": "*fp16", "part_ptr": "*fp32", "count_ptr": "*i32"}
+    if two_blocks:
+        q4k = dict(awq, G=32, UNIT=8, CHUNK=32, SG=2, UG=2, PAIRED=True)
+        shared = ("ASM", "X_KIND")
+        fn = two
+        consts.update({f"{k}_b": v for k, v in q4k.items() if k not in shared}, TILES_A=8)
+        types.update({f"{k[:-4]}_ptr_b": v for k, v in types.items()}, s_ptr_b="*u8", o_ptr_b="*u8")
+
+    def build(mode):
+        c = dict(consts, PDL=mode)
+        sig = {name: "constexpr" if name in c else types.get(name, "*bf16" if name.endswith("_ptr") or "_ptr_" in name
+                                                             else "i32") for name in fn.arg_names}
+        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4, **({"launch_pdl": True} if mode else {})})
+
+    try:
+        on = build(pdl)
+    except (ImportError, RuntimeError) as e:
+        if "ptxas" in str(e) or isinstance(e, ImportError):
+            pytest.skip(f"Triton cannot compile for CUDA here: {e}")
+        raise
+    ptx = on.asm["ptx"]
+    body = ptx[ptx.index("{", ptx.index(".entry")):]
+    wait = body.find("griddepcontrol.wait")
+    assert 0 <= body.find("prefetch.global.L2") < wait < body.find("ld.global")
+    trigger = body.find("griddepcontrol.launch_dependents")
+    if pdl == 1:
+        assert wait < trigger < body.find("ld.global")
+    else:
+        assert body.rfind("st.global") < trigger
+    assert "griddepcontrol" not in build(0).asm["ptx"]
