@@ -139,3 +139,43 @@ def test_an_fp8_checkpoint_without_a_draft_runs_the_row_kernel(tmp_path, per_cha
         for i in range(4):
             torch.testing.assert_close(a(x[i:i + 1], one_row=True).float(), want[i:i + 1], **tol)
             torch.testing.assert_close(a(x[i:i + 1], one_row=False).float(), want[i:i + 1], **tol)
+
+
+@pytest.mark.parametrize("layout,role", [("AWQ", "o_proj"), ("AWQ", "qkv"), ("Q4_K_M", "o_proj"), ("Q4_K_M", "qkv")])
+def test_the_row_kernel_under_pdl_reads_what_the_kernel_before_it_wrote(layout, role):
+    """A PDL norm writes x, then the one-row kernel reads it (one block, or Q4_K_M's two in one
+    launch), 32 times in one CUDA graph: with PDL 1 and 2 (KernelOptions.packed_row_pdl) every
+    output has the bits of the launch without PDL, so the kernel waits before it reads x."""
+    from benchmarks.bench_packed import blocks_for
+    from engine.kernels.norm import add_rms_norm
+    from engine.kernels.packed_gemv import blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
+
+    dev = torch.device("cuda")
+    blocks = blocks_for(layout, role, dev, torch.Generator(device=dev).manual_seed(0))
+    k, n = blocks[0].shape[1], sum(b.shape[0] for b in blocks)
+    xs = [torch.randn(1, k, device=dev, dtype=torch.bfloat16) for _ in range(32)]
+    norm_weight = torch.ones(k, device=dev, dtype=torch.bfloat16)
+    got = {}
+    for mode in (0, 1, 2):
+        outs = [torch.empty(1, n, device=dev, dtype=torch.bfloat16) for _ in xs]
+
+        def step():
+            for x, o in zip(xs, outs):
+                y, _ = add_rms_norm(x, None, norm_weight, 1e-5)
+                if blocks_fit_one_launch(blocks):
+                    cut = blocks[0].shape[0]
+                    packed_row_gemv_blocks(y, blocks, [None, None], [o[:, :cut], o[:, cut:]], int8_x=True, pdl=mode)
+                else:
+                    packed_row_gemv(y, blocks[0], None, out=o, int8_x=True, pdl=mode)
+
+        step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        for o in outs:
+            o.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        got[mode] = torch.cat(outs)
+    assert torch.equal(got[1], got[0]) and torch.equal(got[2], got[0])
