@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import next_pow2, pdl_args, triton_interpreting
-from engine.kernels.gemv import _MAX_TILES, _tile_counters
+from engine.kernels import pdl_args, triton_interpreting
+from engine.kernels.gemv import _MAX_TILES, PREFETCH_LINES, _tile_counters
 from engine.weights.grouped import (
     BITS5, BITS6, FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_BITS5, SIGNED_BITS6, SIGNED_NIBBLES, ZERO, GroupedWeight,
     dequantize_grouped, is_paired,
@@ -626,7 +626,7 @@ def _row_kernel():
                            K_PER_SPLIT_b: tl.constexpr, BLOCK_N_b: tl.constexpr, BLOCK_K_b: tl.constexpr,
                            CHUNK_b: tl.constexpr, VEC_b: tl.constexpr, SG_b: tl.constexpr, UG_b: tl.constexpr,
                            PAIRED_b: tl.constexpr, TILES_A: tl.constexpr, PDL: tl.constexpr = 0,
-                           PF_LINES: tl.constexpr = 1, PF_LINES_b: tl.constexpr = 1):
+                           PF_LINES: tl.constexpr = 1):
         # Two blocks of one projection (a Q4_K_M file's Q4_K q and k and Q6_K v) in one launch:
         # programs 0 .. TILES_A - 1 take the first block's column tiles, the rest the second's,
         # each block with its own kind, tile and split of K (the grid's K axis is the larger split)
@@ -638,7 +638,7 @@ def _row_kernel():
                           PF_LINES, PDL)
             else:
                 pdl_enter(pid - TILES_A, tl.minimum(pid_k, SPLIT_K_b - 1), q_ptr_b, N_b, stride_q_b, ONE_BYTE_b,
-                          K_PER_SPLIT_b, BLOCK_N_b, PF_LINES_b, PDL)
+                          K_PER_SPLIT_b, BLOCK_N_b, PF_LINES, PDL)
         if pid < TILES_A:
             if pid_k < SPLIT_K:
                 row_body(pid, pid_k, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
@@ -672,20 +672,18 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     if out is None:
         out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
-    _row_kernel()[0][grid](x, **args, **launch, **row_pdl_args(x.device, pdl, weight, args))
+    _row_kernel()[0][grid](x, **args, **launch, **row_pdl_args(x.device, pdl))
     return out
 
 
-def row_pdl_args(device, pdl: int, weight: GroupedWeight, args: dict, suffix: str = "") -> dict:
-    """The one-row kernel's PDL arguments: PDL 1 (the next kernel launched right after the wait),
-    2 (after this program's stores) or 0, where the device supports it; and the 128-byte lines of
-    a row's share requested before the wait."""
+def row_pdl_args(device, pdl: int) -> dict:
+    """The one-row kernels' PDL arguments: PDL 1 (the next kernel launched right after the wait),
+    2 (after this program's stores) or 0, where the device supports it; before the wait each row's
+    first PREFETCH_LINES 128-byte lines of its share are requested, as the bf16 GEMV does (a share
+    shorter than that requests its last line again)."""
     if not pdl or "launch_pdl" not in pdl_args(device, True):
         return {}
-    share = args["K_PER_SPLIT"]
-    packed = share if weight.kind in (INT8, FP8) else share // 2
-    lines = {f"PF_LINES{suffix}": min(16, next_pow2(max(1, -(-packed // 128))))}
-    return lines if suffix else dict(PDL=pdl, launch_pdl=True, **lines)
+    return dict(PDL=pdl, launch_pdl=True, PF_LINES=PREFETCH_LINES)
 
 
 def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases: list, outs: list[torch.Tensor],
@@ -707,7 +705,7 @@ def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases:
     assert all(args_a[k] == args_b[k] for k in shared)
     _row_kernel()[1][(grid_a[0] + grid_b[0], max(grid_a[1], grid_b[1]))](
         x, **args_a, **{f"{k}_b": v for k, v in args_b.items() if k not in shared}, TILES_A=grid_a[0], **launch_a,
-        **row_pdl_args(x.device, pdl, blocks[0], args_a), **row_pdl_args(x.device, pdl, blocks[1], args_b, "_b"))
+        **row_pdl_args(x.device, pdl))
 
 
 def blocks_fit_one_launch(blocks: list[GroupedWeight]) -> bool:

@@ -248,7 +248,7 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks):
         q4k = dict(awq, G=32, UNIT=8, CHUNK=32, SG=2, UG=2, PAIRED=True)
         shared = ("ASM", "X_KIND")
         fn = two
-        consts.update({f"{k}_b": v for k, v in q4k.items() if k not in shared}, TILES_A=8)
+        consts.update({f"{k}_b": v for k, v in q4k.items() if k not in shared + ("PF_LINES",)}, TILES_A=8)
         types.update({f"{k[:-4]}_ptr_b": v for k, v in types.items()}, s_ptr_b="*u8", o_ptr_b="*u8")
 
     def build(mode):
