@@ -22,9 +22,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.kernel = add_rms_norm  # the Triton kernel on CUDA; None: plain torch
-        # the next projection's packed weights, which a one-row step's norm requests into L2
-        # (KernelOptions.l2_prefetch; DecoderLayer sets it)
-        self.prefetch: tuple = ()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
@@ -32,8 +29,6 @@ class RMSNorm(nn.Module):
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (norm(x + residual), x + residual); the sum is the new residual stream."""
         if self.kernel is not None:
-            if self.prefetch and x.shape[0] == 1:
-                return self.kernel(x, residual, self.weight, self.eps, prefetch=self.prefetch)
             return self.kernel(x, residual, self.weight, self.eps)
         h = x if residual is None else x + residual
         return rms_norm(h, self.weight, self.eps), h
@@ -51,7 +46,6 @@ class GatedMLP(nn.Module):
         self.linear = linear  # Ops.linear: batch-invariant projections in a target a draft verifies with
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias, device=projection_device())
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias, device=projection_device())
-        self.prefetch_down: tuple = ()  # down's packed weights, as RMSNorm.prefetch
 
     # checkpoint module name -> (row offset, rows) inside gate_up_proj
     def packed_shards(self) -> dict[str, tuple[str, int, int]]:
@@ -65,10 +59,7 @@ class GatedMLP(nn.Module):
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """(T, 2I) [gate | up] -> down_proj(silu(gate) * up)."""
         if self.silu_and_mul is not None:
-            if self.prefetch_down and gate_up.shape[0] == 1:
-                act = self.silu_and_mul(gate_up, prefetch=self.prefetch_down)
-            else:
-                act = self.silu_and_mul(gate_up)
+            act = self.silu_and_mul(gate_up)
             return self.row_linear(act, self.down_proj) if self.row_linear else self.down_proj(act)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

@@ -14,7 +14,7 @@ from engine.layers import GatedMLP, RMSNorm
 from engine.kernels.attention import MAX_INVARIANT_ROWS, MAX_TREE_ROWS
 from engine.layer_kernels import Normed, rows_of
 from engine import routing
-from engine.packed_linear import PackedLinear, is_packed_layer, projection_device, share_packed
+from engine.packed_linear import is_packed_layer, projection_device, share_packed
 from engine.ops import Ops
 from engine.options import KernelOptions
 from engine.rope import apply_rope, rope_cos_sin
@@ -72,7 +72,7 @@ class Attention(nn.Module):
             fused = self.ops.one_row_attention(T, mapped=batch.slot_map is not None)
         if fused is not None:
             o = fused(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, self.scale, batch.slots,
-                      slot_map=batch.slot_map, map_base=batch.map_base, **self._prefetch(T))
+                      slot_map=batch.slot_map, map_base=batch.map_base)
             if project is not None:
                 return project(o.reshape(T, self.q_size), self.o_proj)
             return self._o_proj(o.reshape(T, self.q_size), batch)
@@ -89,13 +89,6 @@ class Attention(nn.Module):
         if project is not None:
             return project(o, self.o_proj)
         return self._o_proj(o, batch)
-
-    def _prefetch(self, rows: int) -> dict:
-        """The fused attention's prefetch argument: o_proj's packed bytes, where o_proj is packed and
-        a one-row step may request them into L2 (KernelOptions.l2_prefetch, read by the launcher)."""
-        if rows != 1 or not isinstance(self.o_proj, PackedLinear):
-            return {}
-        return {"prefetch": self.o_proj.regions()}
 
     def _o_proj(self, o: torch.Tensor, batch) -> torch.Tensor:
         """o_proj on its own: a draft tree's rows by Ops.tree_project, other steps' on row_linear's
@@ -118,21 +111,6 @@ class DecoderLayer(nn.Module):
         self.shapes = tuple(tuple(m.weight.shape) for m in (self.self_attn.qkv_proj, self.self_attn.o_proj,
                                                             self.mlp.gate_up_proj, self.mlp.down_proj))
 
-    _linked = False
-
-    def _link_prefetch(self, device) -> None:
-        """Each norm requests the packed projection after it into L2, and the activation down's
-        (KernelOptions.l2_prefetch 2): at most half of L2 each, since a projection larger than that
-        would push its own first rows out before it reads them."""
-        limit = torch.cuda.get_device_properties(device).L2_cache_size // 2
-        pairs = ((self.input_layernorm, "prefetch", self.self_attn.qkv_proj),
-                 (self.post_attention_layernorm, "prefetch", self.mlp.gate_up_proj),
-                 (self.mlp, "prefetch_down", self.mlp.down_proj))
-        for module, name, linear in pairs:
-            if isinstance(linear, PackedLinear):
-                setattr(module, name, linear.regions(limit))
-        self._linked = True
-
     def is_packed(self) -> bool:
         """Whether a projection of this layer is quantized (PackedLinear): the unfused set serves it."""
         return is_packed_layer(self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj,
@@ -147,8 +125,6 @@ class DecoderLayer(nn.Module):
         layer and the projection after it, (norm, linear, role), which the MLP's down projection
         may run in its last program (the output is then a Normed: LayerKernels.ending)."""
         rows = rows_of(x)
-        if rows.shape[0] == 1 and rows.is_cuda and self.ops.options.l2_prefetch >= 2 and not self._linked:
-            self._link_prefetch(rows.device)
         each_row = routing.each_row_layer(self.ops.options, self.shapes, rows.dtype)
         # fused norm + projection launches, or not
         kernels = self.ops.layer_kernels(rows, batch, each_row, self.is_packed())

@@ -159,15 +159,13 @@ def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own
 
 
 def rope_attention(options: KernelOptions, q, k, v, cos_sin, positions, k_cache, v_cache, scale,
-                   slots=None, slot_map=None, map_base=None, prefetch: tuple = ()) -> torch.Tensor:
+                   slots=None, slot_map=None, map_base=None) -> torch.Tensor:
     """rope_decode_attention (one row, a verify step's rows, or a draft tree's rows read through a
     slot map), on the tiles attention() picks, so with the bits of rope_and_cache then attention()."""
     invariant, per_token = _tiles(options, q.shape[0], slot_map is not None)
     return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, scale, invariant=invariant,
                                  slots=slots, pdl=options.pdl, per_token=per_token, share_sms=options.share_sms,
-                                 slot_map=slot_map, map_base=map_base,
-                                 prefetch=prefetch if options.l2_prefetch and q.shape[0] == 1 and slot_map is None
-                                 else ())
+                                 slot_map=slot_map, map_base=map_base)
 
 
 def _has_triton() -> bool:

@@ -104,11 +104,6 @@ class KernelOptions:
     # 1; Q4_K_M 405.3 and 405.4 against 402.9 and 403.4 (docs/performance.md).
     # LOCALCHAT_PACKED_ROW_PDL=0|1|2.
     packed_row_pdl: int = 2
-    # A one-row step's small kernels request the next packed projection's weights into L2 (bulk
-    # prefetches by the copy engine, each program its share) while they run and the memory would
-    # idle (engine/kernels/prefetch.py): 1 the attention o_proj's; 2 also each norm the projection
-    # after it (qkv, gate_up up to half of L2) and the activation down's. LOCALCHAT_L2_PREFETCH=0|1|2.
-    l2_prefetch: int = 0
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -261,7 +256,6 @@ class KernelOptions:
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
-            l2_prefetch=_count(env, "LOCALCHAT_L2_PREFETCH", 2, default=0),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

@@ -88,24 +88,6 @@ class PackedLinear(nn.Module):
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.blocks)
 
-    def regions(self, limit: int | None = None) -> tuple[torch.Tensor, ...]:
-        """The memory the one-row kernels read, largest first: each distinct storage of the blocks'
-        tensors (a paired scale and offset are views of one) as one flat uint8 tensor. limit: at
-        most about that many bytes in all, the same leading share of each (their first rows: the
-        rows the first programs read)."""
-        seen = {}
-        for block in self.blocks:
-            for t in block.tensors():
-                if t is not None:
-                    storage = t.untyped_storage()
-                    seen.setdefault(storage.data_ptr(),
-                                    torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage))
-        regions = sorted(seen.values(), key=lambda t: -t.numel())
-        total = sum(t.numel() for t in regions)
-        if limit is not None and total > limit:
-            regions = [t[:-(-t.numel() * limit // total)] for t in regions]
-        return tuple(regions)
-
     def shared(self) -> "PackedLinear":
         """Another module over the same tensors (a model's twin under other kernel options)."""
         return PackedLinear(self.blocks, self.bias)

@@ -8,29 +8,21 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import pdl_args
-from engine.kernels.prefetch import bulk_l2_helper, prefetch_args
 
-triton = tl = request_regions = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 1024  # output columns per program
 
 
 @functools.cache
 def _kernels():
-    global triton, tl, request_regions
+    global triton, tl
     import triton
     import triton.language as tl
 
-    request_regions = bulk_l2_helper()[1]
-
     @triton.jit
     def silu_and_mul_kernel(gate_up_ptr, out_ptr, inter, stride_in, stride_out, BLOCK: tl.constexpr,
-                            USE_PDL: tl.constexpr, pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes,
-                            PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 128):
-        # the next projection's weights into L2 (engine/kernels/prefetch.py), before the wait
-        request_regions(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes,
-                        tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
-                        tl.num_programs(0) * tl.num_programs(1), PF, PF_LANES)
+                            USE_PDL: tl.constexpr):
         if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -46,9 +38,8 @@ def _kernels():
     return silu_and_mul_kernel
 
 
-def silu_and_mul(gate_up: torch.Tensor, pdl: bool = True, prefetch: tuple = ()) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor, pdl: bool = True) -> torch.Tensor:
     """gate_up: (T, 2I) = [gate | up], last dim contiguous -> (T, I) in its dtype.
-    prefetch: up to three tensors (the next projection's weights) requested into L2 first.
 
     CUDA (or the Triton interpreter); no host sync.
     """
@@ -58,7 +49,7 @@ def silu_and_mul(gate_up: torch.Tensor, pdl: bool = True, prefetch: tuple = ()) 
     out = torch.empty((num_rows, inter), dtype=gate_up.dtype, device=gate_up.device)
     kernel[(num_rows, -(-inter // _BLOCK))](
         gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=_BLOCK, num_warps=4,
-        **pdl_args(gate_up.device, pdl), **prefetch_args(prefetch, out, 128),
+        **pdl_args(gate_up.device, pdl),
     )
     return out
 

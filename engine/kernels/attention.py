@@ -19,9 +19,8 @@ import torch.nn.functional as F
 
 from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 from engine.kernels.gemv import MAX_TREE_ROWS
-from engine.kernels.prefetch import prefetch_args
 
-triton = tl = kv_block = attend_block = rotate = request_regions = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
 
 def _split_size(max_seq_len: int) -> int:
@@ -54,15 +53,13 @@ def _check(q, k_cache, v_cache, positions) -> None:
 
 @functools.cache
 def _kernels():
-    global triton, tl, kv_block, attend_block, rotate, request_regions  # module globals: split_kernel calls the helpers by name
+    global triton, tl, kv_block, attend_block, rotate  # module globals: split_kernel calls the helpers by name
     import triton
     import triton.language as tl
 
-    from engine.kernels.prefetch import bulk_l2_helper
     from engine.kernels.rope import rotate_helper
 
     rotate = rotate_helper()
-    request_regions = bulk_l2_helper()[1]
 
     @triton.jit
     def kv_block(k_ptr, v_ptr, n0, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -117,8 +114,6 @@ def _kernels():
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, EARLY_KV: tl.constexpr, FUSE_ROPE: tl.constexpr,
         PER_TOKEN: tl.constexpr, MAP_W: tl.constexpr, ROPE_ROWS: tl.constexpr,
-        pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes,  # PF: the next kernel's weights, into L2
-        PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 128,
     ):
         # ROPE_ROWS (FUSE_ROPE): a power of two >= num_rows; above 1, a verify step's rows
         kv_head = tl.program_id(0)
@@ -135,9 +130,6 @@ def _kernels():
             t = offs_m // GROUP
             row_ok = t < num_rows
         start = first * SPLIT_SIZE
-        # the next kernel's weights (never written by a kernel) requested before any wait
-        request_regions(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes, kv_head * stride + first,
-                        tl.num_programs(0) * stride, PF, PF_LANES)
         if USE_PDL and not EARLY_KV:  # wait for the previous kernel's writes, then let the next one launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -410,7 +402,6 @@ def rope_decode_attention(
     share_sms: bool = True,
     slot_map: torch.Tensor | None = None,
     map_base: torch.Tensor | None = None,
-    prefetch: tuple = (),
 ) -> torch.Tensor:
     """rope_and_cache then decode_attention for a decode row or a verify step's T <=
     MAX_INVARIANT_ROWS rows (a draft tree's, MAX_TREE_ROWS), with the same bits, one launch fewer:
@@ -421,10 +412,7 @@ def rope_decode_attention(
     slot_map, map_base (per_token, invariant): a draft tree's rows, as decode_attention reads
     them. A program writes the step's rows whose positions lie in its splits before it reads any,
     and a row's ancestors sit at their own positions (depth d at map_base + d), so the program
-    that reads an ancestor through the map has written it.
-
-    prefetch: up to three tensors (the next kernel's weights, which no kernel writes) that the
-    programs request into L2, each its share, before anything else; a hint (CUDA only)."""
+    that reads an ancestor through the map has written it."""
     _check(q, k_cache, v_cache, positions)
     T = q.shape[0]
     assert 1 <= T <= (MAX_TREE_ROWS if slot_map is not None else MAX_INVARIANT_ROWS)
@@ -433,7 +421,7 @@ def rope_decode_attention(
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
     return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl, per_token,
-                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms, prefetch)
+                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms)
 
 
 def _mapping(q: torch.Tensor, invariant: bool, per_token: bool, slot_map: torch.Tensor | None,
@@ -448,8 +436,7 @@ def _mapping(q: torch.Tensor, invariant: bool, per_token: bool, slot_map: torch.
 
 
 def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on,
-            per_token: bool = False, mapping: tuple | None = None, share_sms: bool = True,
-            prefetch: tuple = ()) -> torch.Tensor:
+            per_token: bool = False, mapping: tuple | None = None, share_sms: bool = True) -> torch.Tensor:
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     split_kernel, reduce_kernel = _kernels()
     num_rows, num_heads, head_dim = q.shape
@@ -470,7 +457,6 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
     q_rot = torch.empty((num_rows, num_heads, head_dim), dtype=q.dtype, device=q.device) if rope is not None else q
     programs = _split_programs(num_splits, num_kv_heads, num_sms(q.device),
                                num_rows if per_token and share_sms else 1)
-    num_warps = 4 if block_m <= 32 else 8
     split_kernel[(num_kv_heads, programs, num_rows if per_token else 1)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
         k_new, v_new, cos_sin, q_rot, q_rot.stride(0), q_rot.stride(1),
@@ -485,8 +471,7 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
         DOT_F32=dot_f32, EARLY_KV=num_rows == 1 and mapping is None, FUSE_ROPE=rope is not None,
         PER_TOKEN=per_token, MAP_W=0 if mapping is None else mapping[0].shape[1],
         ROPE_ROWS=1 if rope is None or num_rows == 1 else next_pow2(num_rows),
-        **prefetch_args(prefetch, part_o, 32 * num_warps),
-        num_warps=num_warps,
+        num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
         **pdl,
     )

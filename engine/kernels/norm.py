@@ -8,30 +8,22 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import next_pow2, pdl_args
-from engine.kernels.prefetch import bulk_l2_helper, prefetch_args
 
-triton = tl = table_row = request_regions = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = table_row = None  # bound by _kernels(): Triton is imported on first use only
 
 
 @functools.cache
 def _kernels():
-    global triton, tl, table_row, request_regions  # module globals: the kernels below call these by name
+    global triton, tl, table_row  # module globals: the kernels below call table_row by name
     import triton
     import triton.language as tl
-
-    request_regions = bulk_l2_helper()[1]
 
     @triton.jit
     def add_rms_norm_kernel(
         x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
         hidden, stride_x, stride_res, stride_out, stride_new_res, eps,
         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
-        pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes,  # PF: the next projection's weights
-        PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 128,
     ):
-        # the next projection's weights into L2 (engine/kernels/prefetch.py), before the wait
-        request_regions(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes, tl.program_id(0),
-                        tl.num_programs(0), PF, PF_LANES)
         if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -106,10 +98,8 @@ def add_rms_norm(
     weight: torch.Tensor,  # (H,)
     eps: float,
     pdl: bool = True,  # programmatic dependent launch (KernelOptions.pdl)
-    prefetch: tuple = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (normed, new_residual), both (T, H) in x's dtype.
-    prefetch: up to three tensors (the next projection's weights) requested into L2 first.
 
     new_residual = x + residual (rounded to x's dtype), or x itself when residual is None;
     normed = (h.float() * rsqrt(mean(h.float()^2) + eps)).to(dtype) * weight.
@@ -125,12 +115,11 @@ def add_rms_norm(
         assert residual.shape == x.shape and residual.stride(1) == 1
         res, new_res = residual, torch.empty_like(out)
     block = next_pow2(hidden)
-    warps = min(16, max(4, block // 256))
     kernel[(num_rows,)](
         x, res, weight, out, new_res,
         hidden, x.stride(0), res.stride(0), out.stride(0), new_res.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=warps, **pdl_args(x.device, pdl), **prefetch_args(prefetch, x, 32 * warps),
+        num_warps=min(16, max(4, block // 256)), **pdl_args(x.device, pdl),
     )
     return out, new_res
 
