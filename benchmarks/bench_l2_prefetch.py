@@ -22,97 +22,125 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_packed import blocks_for
-from engine.kernels.packed_gemv import packed_row_gemv
+from benchmarks.bench_packed import blocks_for  # noqa: E402
+from engine.kernels.packed_gemv import packed_row_gemv  # noqa: E402
+
+LANES = 128  # threads a prefetch program (four warps), one request each
+STRETCHES_US = (0, 3, 6)  # the idle stretch the stand-in spins for
+# (mode, programs): bulk requests from 1 to 132 programs, line requests from 132 and 528
+WAYS = (("bulk", 1), ("bulk", 8), ("bulk", 64), ("bulk", 132), ("line", 132), ("line", 528))
+REPS = 50
+
 
 @triton.jit
-def bulk_pf(base, nbytes, CHUNK, PER: tl.constexpr):
-    # program p: chunks p*PER .. p*PER+PER-1 of CHUNK bytes, one a thread
+def bulk_prefetch(base, nbytes, chunk, PER: tl.constexpr):
+    """Program p requests chunks p * PER .. p * PER + PER - 1 of `chunk` bytes into L2, one a thread
+    (each a multiple of 16 bytes; past nbytes, none)."""
     i = tl.program_id(0) * PER + tl.arange(0, PER)
-    off = i.to(tl.int64) * CHUNK.to(tl.int64)
-    n = tl.minimum(nbytes - off, CHUNK)
+    off = i.to(tl.int64) * chunk.to(tl.int64)
+    n = tl.minimum(nbytes - off, chunk)
     n = tl.where(n > 0, (n + 15) // 16 * 16, 0).to(tl.int32)
-    p = base.to(tl.pointer_type(tl.uint8)) + off
-    tl.inline_asm_elementwise("{ .reg .pred q; setp.gt.s32 q, $2, 0; @q cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                              "=r,l,r", [p, n], dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred q; setp.gt.s32 q, $2, 0; @q cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [base.to(tl.pointer_type(tl.uint8)) + off, n], dtype=tl.int32, is_pure=False, pack=1)
+
 
 @triton.jit
-def line_pf(base, nbytes, PER: tl.constexpr):
+def line_prefetch(base, nbytes, PER: tl.constexpr):
+    """Program p requests lines p * PER .. p * PER + PER - 1 (128 bytes each) into L2."""
     i = tl.program_id(0) * PER + tl.arange(0, PER)
-    off = i.to(tl.int64) * 128
-    p = base.to(tl.pointer_type(tl.uint8)) + tl.minimum(off, nbytes - 1)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [p], dtype=tl.int32, is_pure=False, pack=1)
+    off = tl.minimum(i.to(tl.int64) * 128, nbytes - 1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [base.to(tl.pointer_type(tl.uint8)) + off],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
-def prefetch(tensors, mode, programs):
+
+def prefetch(tensors, mode: str, programs: int) -> None:
+    """Each tensor's bytes requested into L2 by about `programs` programs."""
     for t in tensors:
-        nb = t.numel() * t.element_size()
+        nbytes = t.numel() * t.element_size()
         if mode == "bulk":
-            chunk = max(16, -(-nb // (programs * 128)) // 16 * 16 + 16)
-            per = 128
-            grid = -(-nb // (chunk * per))
-            bulk_pf[(grid,)](t, nb, CHUNK=chunk, PER=per, num_warps=4)
+            chunk = max(16, -(-nbytes // (programs * LANES)) // 16 * 16 + 16)
+            bulk_prefetch[(-(-nbytes // (chunk * LANES)),)](t, nbytes, chunk, PER=LANES, num_warps=4)
         else:
-            lines = -(-nb // 128)
-            per = -(-lines // programs)
-            per = triton.next_power_of_2(per)
-            line_pf[(-(-lines // per),)](t, nb, PER=per, num_warps=4)
+            lines = -(-nbytes // 128)
+            per = triton.next_power_of_2(-(-lines // programs))
+            line_prefetch[(-(-lines // per),)](t, nbytes, PER=per, num_warps=4)
 
-def timed(fn, reps, copies):
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(2): fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        for i in range(copies): fn(i)
-    g.replay(); torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps): g.replay()
-    b.record(); torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1e3 / (reps * copies)
 
-def main():
+def timed(fn, copies: int) -> float:
+    """Microseconds a call of fn(i), from a CUDA graph of fn(0) .. fn(copies - 1) replayed REPS times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(2):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPS):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (REPS * copies)
+
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     dev = "cuda"
-    gen = torch.Generator(device=dev); gen.manual_seed(0)
-    clock_mhz = torch.cuda.get_device_properties(0).clock_rate / 1e3 if hasattr(torch.cuda.get_device_properties(0), "clock_rate") else 1755
-    res = {"device": torch.cuda.get_device_name(), "cases": []}
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    clock_mhz = props.clock_rate / 1e3 if hasattr(props, "clock_rate") else 1755  # the stand-in's cycles a us
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "cases": []}
     x = torch.randn(1, 4096, device=dev, dtype=torch.bfloat16)
-    for role, copies in (("o_proj", 16), ("qkv", 10), ("gate_up", 4)):
+    for role, copies in (("o_proj", 16), ("qkv", 10), ("gate_up", 4)):  # copies: more bytes than L2
         sets = [blocks_for("AWQ", role, dev, gen) for _ in range(copies)]
         n = sum(b.shape[0] for b in sets[0])
         out = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
         mb = sum(b.nbytes for b in sets[0]) / 1e6
+
         def gemv(i):
             start = 0
             for b in sets[i]:
                 packed_row_gemv(x, b, None, None, out=out[:, start:start + b.shape[0]], int8_x=True, pdl=2)
                 start += b.shape[0]
+
         def tensors(i):
             return [t for b in sets[i] for t in b.tensors() if t is not None]
-        for T in (0, 3, 6):
-            cyc = int(T * clock_mhz)
-            def sleep():
-                if cyc: torch.cuda._sleep(cyc)
-            t_sleep = timed(lambda i: sleep(), 50, copies) if T else 0.0
-            base = timed(lambda i: (sleep(), gemv(i)), 50, copies)
-            row = {"role": role, "MB": round(mb, 2), "T_us": T, "sleep_us": round(t_sleep, 2), "base_us": round(base, 2)}
-            for mode, programs in (("bulk", 1), ("bulk", 8), ("bulk", 64), ("bulk", 132), ("line", 132), ("line", 528)):
-                if T == 0 and programs not in (132,):
+
+        for stretch in STRETCHES_US:
+            cycles = int(stretch * clock_mhz)
+
+            def stand_in():
+                if cycles:
+                    torch.cuda._sleep(cycles)
+
+            row = {"role": role, "MB": round(mb, 2), "T_us": stretch,
+                   "sleep_us": round(timed(lambda i: stand_in(), copies), 2) if stretch else 0.0,
+                   "base_us": round(timed(lambda i: (stand_in(), gemv(i)), copies), 2)}
+            for mode, programs in WAYS:
+                if stretch == 0 and programs != 132:
                     continue
-                pf = timed(lambda i: (prefetch(tensors(i), mode, programs), sleep(), gemv(i)), 50, copies)
-                pf_only = timed(lambda i: (prefetch(tensors(i), mode, programs), sleep()), 50, copies)
-                row[f"{mode}{programs}"] = round(pf, 2)
-                row[f"{mode}{programs}_alone"] = round(pf_only, 2)
+                both = timed(lambda i: (prefetch(tensors(i), mode, programs), stand_in(), gemv(i)), copies)
+                alone = timed(lambda i: (prefetch(tensors(i), mode, programs), stand_in()), copies)
+                row[f"{mode}{programs}"] = round(both, 2)
+                row[f"{mode}{programs}_alone"] = round(alone, 2)
             res["cases"].append(row)
             print(json.dumps(row), flush=True)
-        warm = timed(lambda i: gemv(0), 50, copies)
-        print(json.dumps({"role": role, "warm_same_copy_us": round(warm, 2)}), flush=True)
-        res["cases"].append({"role": role, "warm_same_copy_us": round(warm, 2)})
-        del sets; torch.cuda.empty_cache()
+        warm = {"role": role, "warm_same_copy_us": round(timed(lambda i: gemv(0), copies), 2)}
+        res["cases"].append(warm)
+        print(json.dumps(warm), flush=True)
+        del sets
+        torch.cuda.empty_cache()
     args.out.write_text(json.dumps(res, indent=1))
 
 
