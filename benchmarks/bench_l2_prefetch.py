@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_gemv import time_graph  # noqa: E402
 from benchmarks.bench_packed import blocks_for  # noqa: E402
 from engine.kernels.packed_gemv import packed_row_gemv  # noqa: E402
 
@@ -69,25 +70,7 @@ def prefetch(tensors, mode: str, programs: int) -> None:
 
 def timed(fn, copies: int) -> float:
     """Microseconds a call of fn(i), from a CUDA graph of fn(0) .. fn(copies - 1) replayed REPS times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(2):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(copies):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (REPS * copies)
+    return time_graph(fn, REPS, copies)
 
 
 def main() -> None:
