@@ -56,7 +56,7 @@ class ModelConfig:
     sliding_window: int | None = None  # recorded, not applied: contexts we serve are shorter
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    quantization: QuantConfig | None = None  # AWQ, GPTQ or FP8 weights (config.json's quantization_config)
+    quantization: QuantConfig | None = None  # AWQ, GPTQ, FP8 or compressed-tensors weights (quantization_config)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -156,11 +156,19 @@ class ModelConfig:
             sliding_window=window,
             bos_token_id=bos[0] if bos else None,
             eos_token_ids=token_ids(cfg.get("eos_token_id"), "eos_token_id", where),
-            quantization=(None if cfg.get("quantization_config") is None
-                          else QuantConfig.from_hf(cfg["quantization_config"], where)),
+            quantization=_quantization(cfg, where),
             **size,
         )
 
     @classmethod
     def from_file(cls, path: Path) -> "ModelConfig":
         return cls.from_hf(read_json(path), f"{Path(path).parent.name}/config.json")
+
+
+def _quantization(cfg: dict, where: str) -> QuantConfig | None:
+    """config.json's quantization_config, or compression_config, where older compressed-tensors
+    checkpoints keep it."""
+    for key in ("quantization_config", "compression_config"):
+        if cfg.get(key) is not None:
+            return QuantConfig.from_hf(cfg[key], where)
+    return None

@@ -108,19 +108,19 @@ def gguf_one_row_share(reader) -> float:
 
 
 def quant_one_row_share(cfg: ModelConfig, fp8: bool = True) -> float:
-    """The same for a folder's quantization_config: AWQ, GPTQ and FP8 quantize every projection, so
+    """The same for a folder's quantization_config: AWQ, GPTQ, FP8 and compressed-tensors quantize every projection, so
     the share of their projections' weights whose K (hidden, attention or MLP width) fills the
     kernel's steps. fp8: whether the GPU keeps FP8 packed (fp8_gpu); without, FP8 runs none."""
     from engine.kernels.packed_gemv import row_kernel_k, tile_group
 
     q = cfg.quantization
-    if q is None or (q.method == "fp8" and not fp8):
+    if q is None or (q.all_fp8 and not fp8):
         return 0.0
     h, i = cfg.hidden_size, cfg.intermediate_size
     # (weights, K): qkv and gate_up over the hidden size, o_proj over the heads, down over the MLP
     parts = [(h * (cfg.q_size + 2 * cfg.kv_size + 2 * i), h), (cfg.q_size * h, cfg.q_size), (i * h, i)]
-    per_row = q.method == "fp8" or q.group_size == -1  # one scale a row
-    served = sum(n for n, k in parts if row_kernel_k(k, tile_group(k, k) if per_row else q.group_size))
+    group = q.row_group
+    served = sum(n for n, k in parts if row_kernel_k(k, tile_group(k, k) if group == -1 else group))
     return served / sum(n for n, _ in parts)
 
 
@@ -168,14 +168,15 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, max_len:
                              "a .gguf file, a Hub repo id or 'demo'")
     cfg = ModelConfig.from_file(folder / "config.json")
     files = weight_files(folder)
-    cfg.check_tensors(tensor_shapes(files), folder.name)
+    shapes = tensor_shapes(files)
+    cfg.check_tensors(shapes, folder.name)
     max_len = max_len or min(cfg.max_position_embeddings, 8192)
     matrices: Counter = Counter()
     tensors = _counting_matrices(iter_tensors(files), matrices)
     packed = cfg.quantization is not None and packs_weights(device, dtype, options, cfg, max_len,
                                                             quant_one_row_share(cfg, fp8_gpu(device)))
     if cfg.quantization is not None:
-        tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name), _keep(device) if packed else None)
+        tensors = dequantized(packed_linears(tensors, cfg.quantization, folder.name, shapes), _keep(device) if packed else None)
     model = build_model(cfg, tensors, folder.name, device, dtype, max_len, options, packed)
     eos = _generation_eos(folder) or cfg.eos_token_ids
     weights = cfg.quantization.label if cfg.quantization else _dtype_label(matrices)

@@ -1,5 +1,6 @@
-"""QuantConfig: the `quantization_config` of a config.json (AWQ, GPTQ or FP8 weights), checked
-before any weight is read: what is not supported is refused in one line naming the setting."""
+"""QuantConfig: the `quantization_config` of a config.json (AWQ, GPTQ, FP8 or compressed-tensors
+weights), checked before any weight is read: what is not supported is refused in one line naming
+the setting."""
 
 from __future__ import annotations
 
@@ -10,12 +11,21 @@ import json
 from engine.config_checks import flag, integer, mapping
 from engine.errors import ModelLoadError
 
-METHODS = ("awq", "gptq", "fp8")
+METHODS = ("awq", "gptq", "fp8", "compressed-tensors")
 # Inputs per scale that AWQ and GPTQ checkpoints use; -1 is one group per row (per channel).
 GROUP_SIZES = (32, 64, 128, -1)
 # GPTQ checkpoint formats: the original one stores each zero point minus 1 (AutoGPTQ's `pack`),
 # GPTQModel's gptq_v2 stores it as it is.
 GPTQ_ZERO_OFFSETS = {"gptq": 1, "gptq_v2": 0}
+# compressed-tensors formats whose weights this loader decodes (compressed.py documents each):
+# integers packed into int32 words, one integer or one FP8 value a byte.
+CT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
+# The ones it refuses, and why: what a user reads in the one-line refusal.
+CT_REFUSED = {"marlin-24": "2:4-sparse Marlin tiles", "sparse-24-bitmask": "2:4-sparse weights",
+              "sparse-bitmask": "sparse weights", "nvfp4-pack-quantized": "FP4 weights",
+              "mxfp4-pack-quantized": "FP4 weights", "mxfp8-quantized": "MX FP8 weights with E8M0 scales",
+              "dense": "fake-quantized float weights", "fakequant": "fake-quantized float weights"}
+CT_STRATEGIES = ("tensor", "channel", "group", "block")
 
 
 def _shown(value) -> str:
@@ -28,17 +38,42 @@ class QuantConfig:
     method: str  # "awq", "gptq" or "fp8"
     group_size: int = -1  # AWQ/GPTQ: inputs sharing a scale and zero point; -1: the whole row
     zero_offset: int = 0  # GPTQ: added to every stored zero point (1 for the original format)
+    # FP8 with one scale a block of (rows, inputs): DeepSeek-V3's and Qwen3's FP8 checkpoints
+    block: tuple[int, int] | None = None
+    # compressed-tensors: the weights of each config group, ("int", bits) or ("float", 8); the
+    # tensors of each layer say its group size and zero points (compressed.py)
+    schemes: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         assert self.method in METHODS and self.group_size in GROUP_SIZES, self
 
     @property
     def label(self) -> str:
-        """The weight format as `localchat run --json` reports it: "AWQ-int4-g128", "FP8-e4m3"."""
-        if self.method == "fp8":
-            return "FP8-e4m3"
+        """The weight format as `localchat run --json` reports it: "AWQ-int4-g128", "FP8-e4m3",
+        "FP8-e4m3-block128x128", "CT-int4-g128" (compressed-tensors)."""
         groups = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
+        if self.method == "compressed-tensors":
+            kinds = sorted({"fp8" if t == "float" else f"int{b}" for t, b in self.schemes})
+            if len(kinds) > 1:
+                return "CT-" + "+".join(kinds)
+            return f"CT-{kinds[0]}" + ("" if kinds[0] == "fp8" else f"-{groups}")
+        if self.method == "fp8":
+            return "FP8-e4m3" + (f"-block{self.block[0]}x{self.block[1]}" if self.block else "")
         return f"{self.method.upper()}-int4-{groups}"
+
+    @property
+    def all_fp8(self) -> bool:
+        """Whether every quantized weight is FP8 (which only GPUs with FP8 keep packed)."""
+        return self.method == "fp8" or (self.method == "compressed-tensors"
+                                        and all(t == "float" for t, _ in self.schemes))
+
+    @property
+    def row_group(self) -> int:
+        """The inputs that share a scale in most of the model's projections (-1: a whole row), as
+        the one-row kernel's fit is judged (loader.quant_one_row_share)."""
+        if self.all_fp8:
+            return self.block[1] if self.block else -1
+        return self.group_size
 
     @classmethod
     def from_hf(cls, raw, where: str = "config.json") -> "QuantConfig":
@@ -59,16 +94,21 @@ class QuantConfig:
                     return k, q[k]
             return key, default
 
+        if method == "compressed-tensors":
+            return _compressed_tensors(q, where)
         if method == "fp8":
             key, fmt = setting("fmt", "e4m3")
             if fmt != "e4m3":
                 raise refuse(key, fmt, "FP8 weights must be e4m3")
             key, block = setting("weight_block_size", None)
             if block is not None:
-                raise refuse(key, block, "only per-tensor and per-channel FP8 scales are")
+                block = _block(block, f"quantization_config.{key}", where)
+            key, scale_fmt = setting("scale_fmt", "float")
+            if scale_fmt != "float":
+                raise refuse(key, scale_fmt, "only float block scales are")
             # activation_scheme (static or dynamic) is not read: the weights are decoded and the
             # activations stay in bf16 (weight-only), so input scales are not used.
-            return cls("fp8")
+            return cls("fp8", block=block)
         key, bits = setting("bits", 4, "w_bit")
         if integer(bits, f"quantization_config.{key}", where, hi=64) != 4:
             raise refuse(key, bits, "only 4-bit weights are")
@@ -102,3 +142,88 @@ class QuantConfig:
         if "sym" in q:
             flag(q["sym"], "quantization_config.sym", where)  # either way: the zero points say it
         return cls("gptq", size, GPTQ_ZERO_OFFSETS[fmt])
+
+
+def _block(value, name: str, where: str) -> tuple[int, int]:
+    """A block of weights sharing one scale: [rows, inputs], each a power of two from 16 to 1,024."""
+    if not (isinstance(value, (list, tuple)) and len(value) == 2):
+        raise ModelLoadError(f"{where}: {name} = {_shown(value)} is not supported; a block is [rows, inputs]")
+    rows, inputs = (integer(v, name, where, hi=1 << 20) for v in value)
+    if any(v < 16 or v > 1024 or v & (v - 1) for v in (rows, inputs)):
+        raise ModelLoadError(f"{where}: {name} = {_shown(value)} is not supported; block sides are powers of two "
+                             "from 16 to 1024")
+    return rows, inputs
+
+
+def _compressed_tensors(q: dict, where: str) -> QuantConfig:
+    """A compressed-tensors config (llm-compressor's checkpoints: W4A16, W8A16, W8A8, FP8): every
+    config group's weights checked; activation and KV-cache schemes are not read, since the
+    weights are decoded and everything else runs in bf16 (weight-only, like FP8 above)."""
+    head = f"{where}: compressed-tensors"
+
+    def refuse(key: str, value, hint: str):
+        return ModelLoadError(f"{head} with {key} = {_shown(value)} is not supported; {hint}")
+
+    for key in ("sparsity_config", "transform_config"):
+        extra = q.get(key)
+        if extra and not (key == "sparsity_config" and isinstance(extra, dict) and extra.get("format") == "dense"):
+            raise refuse(f"quantization_config.{key}", extra, "sparse or transformed weights are not decoded")
+    groups = mapping(q.get("config_groups") or {}, "quantization_config.config_groups", where)
+    if not groups:
+        raise ModelLoadError(f"{head} config has no config_groups: nothing says how its weights are stored")
+    top = q.get("format")
+    schemes, sizes, blocks = [], [], []
+    for name, group in groups.items():
+        at = f"quantization_config.config_groups.{name}"
+        group = mapping(group, at, where)
+        fmt = group.get("format") or top
+        if fmt is None:
+            raise ModelLoadError(f"{head} config names no format for config group {name!r}")
+        if fmt in CT_REFUSED:
+            raise refuse(f"{at}.format" if group.get("format") else "quantization_config.format", fmt,
+                         f"{CT_REFUSED[fmt]} are not decoded (supported: {', '.join(CT_FORMATS)})")
+        if fmt not in CT_FORMATS:
+            raise refuse(f"{at}.format" if group.get("format") else "quantization_config.format", fmt,
+                         f"supported: {', '.join(CT_FORMATS)}")
+        w = group.get("weights")
+        if w is None:
+            continue  # activations only: the weights of its targets stay float
+        w = mapping(w, f"{at}.weights", where)
+        kind, bits = w.get("type", "int"), w.get("num_bits", 8)
+        ok = {"int": (4, 8), "float": (8,)}
+        if kind not in ok:
+            raise refuse(f"{at}.weights.type", kind, "weights are int or float")
+        if bits not in ok[kind]:
+            raise refuse(f"{at}.weights.num_bits", bits,
+                         "int weights are 4- or 8-bit" if kind == "int" else "float weights are FP8 (8-bit)")
+        size = w.get("group_size")
+        strategy = w.get("strategy") or ("tensor" if size is None else "channel" if size == -1 else "group")
+        if strategy not in CT_STRATEGIES:
+            raise refuse(f"{at}.weights.strategy", strategy, f"scales are {', '.join(CT_STRATEGIES)}")
+        if strategy == "block":
+            if kind != "float":
+                raise refuse(f"{at}.weights.strategy", strategy, "block scales are read for FP8 weights")
+            structure = w.get("block_structure")
+            if isinstance(structure, str) and "x" in structure:  # the older "128x128"
+                structure = structure.split("x")
+            block = _block([int(v) if isinstance(v, str) and v.isdigit() else v for v in (structure or [None, None])],
+                           f"{at}.weights.block_structure", where)
+            if blocks and blocks[-1] != block:
+                raise refuse(f"{at}.weights.block_structure", structure, "one block shape for every config group")
+            blocks.append(block)
+        if strategy == "group":
+            if integer(size, f"{at}.weights.group_size", where, lo=-1, hi=1 << 20) not in GROUP_SIZES:
+                raise refuse(f"{at}.weights.group_size", size, "group sizes are 32, 64, 128 or -1 (one group per row)")
+            sizes.append(size)
+        elif kind == "int":
+            sizes.append(-1)
+        if kind == "int" and fmt == "float-quantized" or kind == "float" and fmt == "pack-quantized":
+            raise refuse(f"{at}.format" if group.get("format") else "quantization_config.format", fmt,
+                         f"it does not hold {kind} weights")
+        schemes.append((kind, bits))
+    if not schemes:
+        raise ModelLoadError(f"{head} config quantizes no weights (its config groups have no weights)")
+    # the label's group: the most common one (mixed groups still load: each layer's tensors say its own)
+    size = max(set(sizes), key=sizes.count) if sizes else -1
+    return QuantConfig("compressed-tensors", size, block=blocks[0] if blocks else None,
+                       schemes=tuple(dict.fromkeys(schemes)))

@@ -9,6 +9,12 @@ their words with the engine checks the engine against the formats:
   qweight (K/8, N) along K (input 8r + j into bits 4j of row r) after `zeros -= 1`, and qzeros
   (K/G, N/8) along N in order; GPTQModel's gptq_v2 format skips the `- 1`.
 - The weight they stand for: w[n, k] = (q[k, n] - zero[k // G, n]) * scale[k // G, n].
+- compressed-tensors (`pack_to_int32` in compressed_tensors' pack_quantized compressor): signed
+  q (int4 -8..7, int8 -128..127) stored as q + 2^(bits - 1), 32 / bits a word along K, the first
+  lowest, zero-padded; a packed zero point the same way along N (0.9.4 on), earlier int8 (N, G);
+  int-quantized checkpoints keep q as int8 one a byte. w[n, k] = (q - zp) * scale per group.
+- FP8 blocks (DeepSeek-V3's `weight_dequant`): one scale a (rows, inputs) block, the edges' blocks
+  cut short, stored as `weight_scale_inv` and multiplied.
 """
 
 from __future__ import annotations
@@ -106,10 +112,71 @@ def fp8_tensors(w: torch.Tensor, per_channel: bool) -> tuple[dict[str, torch.Ten
             w8.float() * scale)
 
 
+def pack_ct(values: np.ndarray, bits: int) -> np.ndarray:
+    """(R, C) signed values -> (R, ceil(C * bits / 32)) int32: value + 2^(bits - 1), 32 / bits a
+    word along C, the first in the lowest bits, zero bits past C."""
+    per = 32 // bits
+    rows, cols = values.shape
+    words = np.zeros((rows, -(-cols // per)), dtype=np.uint32)
+    for c in range(cols):
+        words[:, c // per] |= (values[:, c].astype(np.int64) + (1 << (bits - 1))).astype(np.uint32) << (bits * (c % per))
+    return words.view(np.int32)
+
+
+def ct_int_tensors(w: np.ndarray, bits: int, group_size: int, sym: bool, layout: str = "packed",
+                   zp_packed: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """compressed-tensors integer tensors of one linear layer (layout "packed": pack-quantized's
+    weight_packed and weight_shape; "int8": int-quantized's weight), and the weight they stand for.
+    Min-max quantization per group of G inputs (-1: per channel)."""
+    n, k = w.shape
+    g = k if group_size == -1 else group_size
+    lo_q, hi_q = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    groups = w.reshape(n, k // g, g).astype(np.float32)
+    if sym:
+        scale = np.abs(groups).max(-1) / ((hi_q - lo_q) / 2)
+        zp = np.zeros(scale.shape, dtype=np.int64)
+    else:
+        lo, hi = groups.min(-1), groups.max(-1)
+        scale = (hi - lo) / (hi_q - lo_q)
+        zp = np.clip(np.round(lo_q - lo / np.maximum(scale, 1e-8)), lo_q, hi_q).astype(np.int64)
+    scale = np.maximum(scale, 1e-6).astype(np.float16)
+    q = np.clip(np.round(groups / scale.astype(np.float32)[..., None]) + zp[..., None], lo_q, hi_q).astype(np.int64)
+    meant = ((q - zp[..., None]).astype(np.float32) * scale.astype(np.float32)[..., None]).reshape(n, k)
+    q = q.reshape(n, k)
+    if layout == "packed":
+        out = {"weight_packed": pack_ct(q, bits), "weight_shape": np.array([n, k], dtype=np.int64)}
+    else:
+        out = {"weight": q.astype(np.int8)}
+    out["weight_scale"] = scale
+    if not sym:
+        out["weight_zero_point"] = pack_ct(zp.T.copy(), bits).T.copy() if zp_packed else zp.astype(np.int8)
+    return out, meant
+
+
+def fp8_block_tensors(w: torch.Tensor, block: tuple[int, int], scale_dtype: torch.dtype = torch.float32,
+                      name: str = "weight_scale_inv") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """FP8 with one scale a block of (rows, inputs): weight and its (ceil(N / rows), ceil(K / inputs))
+    scales under `name`, and the weight they stand for."""
+    n, k = w.shape
+    rows, cols = block
+    grid = torch.zeros(-(-n // rows), -(-k // cols))
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            grid[i, j] = w[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols].abs().max() / 448.0
+    grid = grid.clamp(min=1e-8).to(scale_dtype)
+    full = torch.zeros(n, k)
+    for i in range(n):
+        for j in range(k):
+            full[i, j] = grid[i // rows, j // cols].float()
+    w8 = (w / full).to(torch.float8_e4m3fn)
+    return {"weight": w8, name: grid}, w8.float() * full
+
+
 def quantized_folder(src: Path, dst: Path, method: str, quantization_config: dict, **options
                      ) -> dict[str, torch.Tensor]:
     """Copies the tiny model folder `src` to `dst` with its decoder linears quantized by `method`
-    ("awq", "gptq", "fp8"; options for the packer) and config.json's quantization_config; returns
+    ("awq", "gptq", "fp8", "fp8_block", "ct_int", "ct_fp8"; options for the packer) and
+    config.json's quantization_config; returns
     the float32 weights the checkpoint stands for, under their HF names (every tensor)."""
     from safetensors.torch import load_file, save_file
 
@@ -123,6 +190,15 @@ def quantized_folder(src: Path, dst: Path, method: str, quantization_config: dic
             continue
         if method == "fp8":
             parts, w = fp8_tensors(t.float(), **options)
+        elif method in ("fp8_block", "ct_fp8"):
+            if options.get("block"):
+                parts, w = fp8_block_tensors(t.float(), **options)
+            else:
+                parts, w = fp8_tensors(t.float(), **options)
+                parts.pop("input_scale")
+        elif method == "ct_int":
+            arrays, w = ct_int_tensors(t.float().numpy(), **options)
+            parts, w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}, torch.from_numpy(w)
         else:
             make = awq_tensors if method == "awq" else gptq_tensors
             arrays, w = make(t.float().numpy(), **options)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from engine.weights.compressed import int_values
 from engine.weights.gguf_blocks import BLOCKS, PARTS, Factored
 from engine.weights.int4 import unpack_along_k, unpack_along_n
 from engine.weights.packed import PackedWeight
@@ -146,14 +147,33 @@ def _int4_parts(p: PackedWeight) -> _Parts:
                   p.group_size)
 
 
+def _int_parts(p: PackedWeight) -> _Parts:
+    """compressed-tensors integers: (q - zp) * s = q * s - zp * s, both products exact in float32."""
+    q = int_values(p.data, p.bits, p.shape[1])
+    s = p.scales.float()
+    offset = None if p.zeros is None else (-(p.zeros.float() * s)).contiguous()
+    return _Parts(q.contiguous(), s.contiguous(), offset, p.group_size)
+
+
+def _fp8_parts(p: PackedWeight) -> _Parts:
+    n, k = p.shape
+    if p.block is None:  # per tensor or per row: one a row
+        return _Parts(p.data.float(), p.scales.float().reshape(-1, 1).expand(n, 1).contiguous(), None, k, fp8=True)
+    # a block's scale repeated for each of its rows, and for each group of its inputs
+    g = p.group_size
+    starts = torch.arange(0, k, g, device=p.scales.device)
+    scale = p.scales.float().repeat_interleave(p.block[0], dim=0)[:n][:, starts // p.block[1]]
+    return _Parts(p.data.float(), scale.contiguous(), None, g, fp8=True)
+
+
 def parts_of(p: PackedWeight) -> _Parts:
     if p.format in BLOCKS:
         return _gguf_parts(p)
     if p.format in ("AWQ", "GPTQ"):
         return _int4_parts(p)
-    n, k = p.shape
-    scale = p.scales.float().reshape(-1, 1).expand(n, 1).contiguous()  # per tensor or per row: one a row
-    return _Parts(p.data.float(), scale, None, k, fp8=True)
+    if p.format == "INT":
+        return _int_parts(p)
+    return _fp8_parts(p)
 
 
 def _store_scale(t: torch.Tensor) -> torch.Tensor:
@@ -178,10 +198,16 @@ def _cat_factored(items: list) -> tuple:
     return _store_scale(torch.cat(items).contiguous()), None, 0
 
 
+def _storage(p: PackedWeight) -> tuple:
+    """What parts must share to be one GroupedWeight: their format, group, whether they have
+    offsets, and their width (a compressed-tensors checkpoint may quantize q and v differently)."""
+    return p.format, p.group_size, p.zeros is None, p.bits, p.block is None
+
+
 def from_packed(parts: list[PackedWeight]) -> GroupedWeight:
     """One GroupedWeight for the row blocks of a projection stored in one format (q, k, v or gate,
     up, in order; one part: a plain projection): the same group and the same offsets for all."""
-    if len({p.format for p in parts}) != 1:
+    if len({_storage(p) for p in parts}) != 1:
         raise ValueError("from_packed takes the parts of one format (grouped_blocks splits the others)")
     decoded = [parts_of(p) for p in parts]
     k = parts[0].shape[1]
@@ -221,7 +247,7 @@ def grouped_blocks(parts: list[PackedWeight]) -> list[GroupedWeight]:
     keep their own storage (one kernel launch each)."""
     runs: list[list[PackedWeight]] = []
     for p in parts:
-        if runs and runs[-1][-1].format == p.format:
+        if runs and _storage(runs[-1][-1]) == _storage(p):
             runs[-1].append(p)
         else:
             runs.append([p])

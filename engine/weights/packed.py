@@ -15,27 +15,34 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import ModelLoadError
+from engine.weights.compressed import dequantize_int, zero_points
 from engine.weights.fp8 import dequantize_fp8
 from engine.weights.gguf_blocks import BLOCKS, dequantize_rows
 from engine.weights.int4 import dequantize_awq, dequantize_gptq
 
-FORMATS = (*BLOCKS, "AWQ", "GPTQ", "FP8")
+FORMATS = (*BLOCKS, "AWQ", "GPTQ", "FP8", "INT")
 _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
 class PackedWeight:
-    format: str  # a GGUF block type ("Q4_K", ...), "AWQ", "GPTQ" or "FP8"
+    format: str  # a GGUF block type ("Q4_K", ...), "AWQ", "GPTQ", "FP8" or "INT" (compressed-tensors')
     shape: tuple[int, int]  # (N, K): outputs x inputs of the float weight it stands for (nn.Linear's)
     # Inputs that share one scale: the block (GGUF: 32 or 256), the group (AWQ/GPTQ; K when one
-    # group spans the row), K for FP8 (one scale per row or per tensor).
+    # group spans the row), K for FP8 (one scale per row or per tensor; with blocks, the largest
+    # divisor of K that a block's inputs are a whole number of).
     group_size: int
     # GGUF: uint8 (N, K / block * block_bytes), the blocks as stored; AWQ: int32 (K, N/8);
-    # GPTQ: int32 (K/8, N); FP8: float8_e4m3fn (N, K).
+    # GPTQ: int32 (K/8, N); FP8: float8_e4m3fn (N, K); INT: int32 words (N, K * bits / 32) or int8 (N, K).
     data: torch.Tensor
-    scales: torch.Tensor | None = None  # AWQ/GPTQ: (K/G, N) half; FP8: () or (N, 1) float32; GGUF: in the blocks
-    zeros: torch.Tensor | None = None  # AWQ/GPTQ: int32 (K/G, N/8), packed like the outputs of their qweight
+    # AWQ/GPTQ: (K/G, N) half; FP8: () or (N, 1) float32, or (N / rows, K / inputs) a block;
+    # INT: (N, K/G) as stored; GGUF: in the blocks
+    scales: torch.Tensor | None = None
+    # AWQ/GPTQ: int32 (K/G, N/8), packed like the outputs of their qweight; INT: int8 (N, K/G) or None
+    zeros: torch.Tensor | None = None
     zero_offset: int = 0  # added to each stored zero point: 1 for GPTQ's original format (stores zero - 1)
+    bits: int = 4  # INT: the integers' width (4 or 8)
+    block: tuple[int, int] | None = None  # FP8 with a scale a block of (rows, inputs)
 
     def __post_init__(self) -> None:
         assert self.format in FORMATS and self.shape[1] % self.group_size == 0, (self.format, self.shape)
@@ -59,7 +66,9 @@ def dequantize(p: PackedWeight) -> torch.Tensor:
         return dequantize_awq(p.data, p.zeros, p.scales, p.group_size)
     if p.format == "GPTQ":
         return dequantize_gptq(p.data, p.zeros, p.scales, p.group_size, p.zero_offset)
-    return dequantize_fp8(p.data, p.scales)
+    if p.format == "INT":
+        return dequantize_int(p.data, p.scales, p.zeros, p.group_size, p.bits, p.shape[1])
+    return dequantize_fp8(p.data, p.scales, p.block)
 
 
 def gguf_weight(kind: str, data: torch.Tensor, shape: tuple[int, int]) -> PackedWeight:
@@ -112,17 +121,69 @@ def gptq_weight(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
     return PackedWeight("GPTQ", (n, k), g, qweight, scales, qzeros, zero_offset)
 
 
-def fp8_weight(weight: torch.Tensor, scale: torch.Tensor, where: str) -> PackedWeight:
-    """weight (N, K) float8_e4m3fn; scale one number (per tensor) or N numbers (per output channel)."""
+def fp8_weight(weight: torch.Tensor, scale: torch.Tensor, where: str, block: tuple[int, int] | None = None,
+               scale_name: str = "weight_scale") -> PackedWeight:
+    """weight (N, K) float8_e4m3fn; scale one number (per tensor), N numbers (per output channel),
+    or with `block` (rows, inputs) one a block: (ceil(N / rows), ceil(K / inputs)), the edges'
+    blocks cut short."""
+    import math
+
     if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
         raise ModelLoadError(f"{where}.weight is a {str(weight.dtype).removeprefix('torch.')} tensor of shape "
                              f"{tuple(weight.shape)}; FP8 checkpoints need float8_e4m3fn matrices")
     n, k = weight.shape
+    if scale.dtype not in _SCALE_DTYPES:
+        raise ModelLoadError(f"{where}.{scale_name} is {str(scale.dtype).removeprefix('torch.')}; expected "
+                             "float32, bfloat16 or float16 scales")
+    grid = None if block is None else (-(-n // block[0]), -(-k // block[1]))
+    if grid is not None and scale.dim() == 2 and tuple(scale.shape) == grid:
+        return PackedWeight("FP8", (n, k), math.gcd(k, block[1]), weight, scale.float().contiguous(), block=block)
     if scale.numel() == 1:
         scale = scale.reshape(())
     elif scale.numel() == n and scale.dim() <= 2 and scale.shape[0] == n:
         scale = scale.reshape(n, 1)
     else:
-        raise ModelLoadError(f"{where}.weight_scale has shape {tuple(scale.shape)}: expected one scale per "
-                             f"tensor or one per output channel ({n}); block-wise FP8 scales are not supported")
+        expected = f"a ({grid[0]}, {grid[1]}) grid of blocks" if grid else \
+            f"one scale per tensor or one per output channel ({n})"
+        raise ModelLoadError(f"{where}.{scale_name} has shape {tuple(scale.shape)}: expected {expected}")
     return PackedWeight("FP8", (n, k), k, weight, scale.float())
+
+
+def int_weight(data: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, shape: torch.Tensor | None,
+               g_idx: torch.Tensor | None, where: str) -> PackedWeight:
+    """compressed-tensors integer weights (engine/weights/compressed.py): `weight_packed` int32
+    words with `weight_shape`, or `weight` int8 one a byte; the scale, the zero point and the
+    group size as the tensors' shapes say."""
+    if data.dtype == torch.int8 and data.dim() == 2:
+        (n, k), bits = data.shape, 8
+    elif data.dtype == torch.int32 and data.dim() == 2 and shape is not None and shape.numel() == 2:
+        n, k = (int(v) for v in shape.reshape(-1).tolist())
+        cols = {-(-k // 8): 4, -(-k // 4): 8}
+        if n != data.shape[0] or data.shape[1] not in cols:
+            raise ModelLoadError(f"{where}.weight_packed has shape {tuple(data.shape)}, which is neither 4- nor "
+                                 f"8-bit integers packed in int32 words for weight_shape ({n}, {k})")
+        bits = cols[data.shape[1]]
+    else:
+        raise ModelLoadError(f"{where}: an integer weight is int8 `weight` or int32 `weight_packed` with its "
+                             f"weight_shape; found {str(data.dtype).removeprefix('torch.')} {tuple(data.shape)}")
+    if scale.dtype not in _SCALE_DTYPES:
+        raise ModelLoadError(f"{where}.weight_scale is {str(scale.dtype).removeprefix('torch.')}; expected "
+                             "float32, bfloat16 or float16 scales")
+    if scale.numel() == 1:
+        scale = scale.reshape(1, 1).expand(n, 1)
+    if scale.dim() != 2 or scale.shape[0] != n or k % scale.shape[1]:
+        raise ModelLoadError(f"{where}.weight_scale has shape {tuple(scale.shape)}: expected ({n}, groups) with "
+                             f"{k} inputs a whole number of groups")
+    groups = scale.shape[1]
+    g = k // groups
+    if groups > 1 and g not in (32, 64, 128):
+        raise ModelLoadError(f"{where}: groups of {g} inputs are not supported (32, 64, 128 or per channel)")
+    if g_idx is not None:
+        order = g_idx.reshape(-1).long()
+        if not (torch.equal(order, torch.arange(k, device=order.device) // g) or bool((order == -1).all())):
+            raise ModelLoadError(f"{where}.weight_g_idx reorders the groups (act-order); act-order checkpoints are "
+                                 "not supported: use one quantized without actorder group")
+    zeros = None if zero is None else zero_points(zero, bits, n, groups, where)
+    if zeros is not None and not bool(zeros.any()):
+        zeros = None  # all zero: the symmetric case
+    return PackedWeight("INT", (n, k), g, data.contiguous(), scale.contiguous(), zeros, bits=bits)

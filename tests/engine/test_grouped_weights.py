@@ -26,9 +26,11 @@ from engine.weights.grouped import (  # noqa: E402
     BITS5, FP8, INT8, NIBBLES, SIGNED_BITS5, SIGNED_BITS6, SIGNED_NIBBLES, dequantize_grouped, from_packed,
     grouped_blocks, rows_of,
 )
-from engine.weights.packed import awq_weight, dequantize, fp8_weight, gguf_weight, gptq_weight  # noqa: E402
+from engine.weights.packed import (  # noqa: E402
+    awq_weight, dequantize, fp8_weight, gguf_weight, gptq_weight, int_weight,
+)
 from tests.tiny_gguf import random_blocks  # noqa: E402
-from tests.tiny_quant import awq_tensors, fp8_tensors, gptq_tensors  # noqa: E402
+from tests.tiny_quant import awq_tensors, ct_int_tensors, fp8_block_tensors, fp8_tensors, gptq_tensors  # noqa: E402
 
 # What each GGUF type's q values need: nibbles (unsigned or signed) or a byte.
 GGUF_STORAGE = {"Q4_0": SIGNED_NIBBLES, "Q4_1": NIBBLES, "Q5_0": SIGNED_BITS5, "Q5_1": BITS5, "Q8_0": INT8,
@@ -59,10 +61,34 @@ def _fp8(n: int, k: int, per_channel: bool):
     return fp8_weight(t["weight"], t["weight_scale"], "layer")
 
 
+def _ct_int(n: int, k: int, bits: int, group: int, sym: bool, layout: str = "packed", seed: int = 0):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    t, _ = ct_int_tensors(w, bits, group, sym, layout)
+    data = torch.from_numpy(t.get("weight_packed", t.get("weight")))
+    zero = torch.from_numpy(t["weight_zero_point"]) if "weight_zero_point" in t else None
+    shape = torch.from_numpy(t["weight_shape"]) if "weight_shape" in t else None
+    return int_weight(data, torch.from_numpy(t["weight_scale"]).half(), zero, shape, None, "layer")
+
+
+def _fp8_block(n: int, k: int, block: tuple[int, int]):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) * 0.1
+    t, _ = fp8_block_tensors(w, block)
+    return fp8_weight(t["weight"], t["weight_scale_inv"], "layer", block)
+
+
 def _packed_cases():
     cases = [(f"gguf {k}", [_gguf(k, 8, 2 * BLOCKS[k][0], i)]) for i, k in enumerate(BLOCKS)]
     cases += [(f"{m} g{g}", [_int4(m, 32, 256, g)]) for m in ("awq", "gptq", "gptq_v2") for g in (32, 64, 128)]
     cases += [("fp8 per tensor", [_fp8(16, 64, False)]), ("fp8 per channel", [_fp8(16, 64, True)])]
+    # compressed-tensors integers (packed int4 and int8, int8 a byte; symmetric or with zero
+    # points) and FP8 blocks (edge blocks cut short; a block wider than K's divisor)
+    cases += [("ct int4 g128 sym", [_ct_int(32, 256, 4, 128, True)]),
+              ("ct int4 g32 asym", [_ct_int(32, 256, 4, 32, False, seed=1)]),
+              ("ct int8 g64 asym", [_ct_int(32, 256, 8, 64, False, seed=2)]),
+              ("ct int8 per channel int8", [_ct_int(32, 256, 8, -1, True, "int8", seed=3)]),
+              ("fp8 block 128", [_fp8_block(40, 256, (128, 128))]),
+              ("fp8 block 16x64 K96", [_fp8_block(24, 96, (16, 64))])]
     # fused projections of several parts (q and k in one format; a Q4_K_M file's v in another)
     cases += [("Q4_K q+k", [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2)]),
               ("Q4_K+Q6_K", [_gguf("Q4_K", 8, 512, 1), _gguf("Q4_K", 4, 512, 2), _gguf("Q6_K", 4, 512, 3)]),
@@ -87,11 +113,14 @@ def test_grouped_layout_decodes_to_the_formats_own_values(name, parts):
     if name.startswith("gguf "):
         assert g.kind == GGUF_STORAGE[name[5:]]
     if name.startswith("fp8"):
-        assert g.kind == FP8 and g.offset is None and g.group == g.shape[1]
+        assert g.kind == FP8 and g.offset is None and g.group == (g.shape[1] if "block" not in name else
+                                                                   {"fp8 block 128": 128, "fp8 block 16x64 K96": 32}[name])
+    if name.startswith("ct "):
+        assert g.kind == (SIGNED_NIBBLES if "int4" in name else INT8) and (g.offset is None) == ("asym" not in name)
     # the bytes a step reads stay near the file's: GGUF's own (Q2_K and Q3_K keep their 2 and 3
     # bits in nibbles), AWQ/GPTQ's with an fp32 offset a group
     limit = {"Q2_K": 2.0, "Q3_K": 1.35, "AWQ": 1.5, "GPTQ": 1.5}.get(g.format, 1.05)
-    if len(blocks) == 1 and g.format != "FP8":
+    if len(blocks) == 1 and g.format not in ("FP8", "INT"):
         assert g.nbytes <= limit * sum(p.nbytes for p in parts), (g.nbytes, sum(p.nbytes for p in parts))
 
 
@@ -151,7 +180,8 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch
 CPU = pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="set LOCALCHAT_TRITON_INTERPRET=1"))
 KERNEL_CASES = [c for c in CASES if c[0] in ("gguf Q4_0", "gguf Q4_1", "gguf Q5_0", "gguf Q4_K", "gguf Q5_K",
                                                "gguf Q6_K", "gguf Q8_0", "gguf Q2_K", "gguf Q3_K", "awq g128",
-                                               "gptq g32", "Q4_K q+k", "fp8 per channel")]
+                                               "gptq g32", "Q4_K q+k", "fp8 per channel", "ct int4 g32 asym",
+                                               "ct int8 per channel int8", "fp8 block 128")]
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])

@@ -19,6 +19,21 @@ AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True, "damp_percent": 0.01,
         "true_sequential": True, "checkpoint_format": "gptq"}
 FP8 = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+FP8_BLOCK = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+CT = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+      "version": "0.10.0", "ignore": ["lm_head"], "sparsity_config": {}, "kv_cache_scheme": None,
+      "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+                                    "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                                "group_size": 128, "actorder": None, "dynamic": False}}}}
+INT8_TOKENS = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
+
+
+def _ct(weights: dict, format: str = "pack-quantized", input_activations=None) -> dict:
+    group = CT["config_groups"]["group_0"]
+    return {**CT, "format": format, "config_groups": {"group_0": {
+        **group, "weights": {**group["weights"], **weights}, "input_activations": input_activations}}}
+
+
 CASES = {  # name: (method, quantization_config, packer options, the label run --json reports)
     "awq-g128": ("awq", AWQ, {"group_size": 128}, "AWQ-int4-g128"),
     "awq-g64": ("awq", {**AWQ, "group_size": 64}, {"group_size": 64}, "AWQ-int4-g64"),
@@ -30,6 +45,27 @@ CASES = {  # name: (method, quantization_config, packer options, the label run -
                                  {"group_size": -1, "sym": False, "v2": True}, "GPTQ-int4-per-channel"),
     "fp8-per-tensor": ("fp8", FP8, {"per_channel": False}, "FP8-e4m3"),
     "fp8-per-channel": ("fp8", FP8, {"per_channel": True}, "FP8-e4m3"),
+    # DeepSeek-V3 and Qwen3 FP8 files: 128 x 128 blocks (k_proj's 64 rows and the 128-wide hidden
+    # cut the edge blocks short), scales fp32 or bf16
+    "fp8-block-128": ("fp8_block", FP8_BLOCK, {"block": (128, 128)}, "FP8-e4m3-block128x128"),
+    "fp8-block-32x64-bf16": ("fp8_block", {**FP8_BLOCK, "weight_block_size": [32, 64]},
+                             {"block": (32, 64), "scale_dtype": torch.bfloat16}, "FP8-e4m3-block32x64"),
+    # llm-compressor's compressed-tensors checkpoints
+    "ct-w4a16-g128": ("ct_int", CT, {"bits": 4, "group_size": 128, "sym": True}, "CT-int4-g128"),
+    "ct-w4a16-asym-g32": ("ct_int", _ct({"symmetric": False, "group_size": 32}),
+                          {"bits": 4, "group_size": 32, "sym": False}, "CT-int4-g32"),
+    "ct-w4a16-asym-zp-unpacked": ("ct_int", _ct({"symmetric": False, "group_size": 64}),
+                                  {"bits": 4, "group_size": 64, "sym": False, "zp_packed": False}, "CT-int4-g64"),
+    "ct-w8a16-per-channel": ("ct_int", _ct({"num_bits": 8, "strategy": "channel", "group_size": None}),
+                             {"bits": 8, "group_size": -1, "sym": True}, "CT-int8-per-channel"),
+    "ct-w8a8-int-quantized": ("ct_int", _ct({"num_bits": 8, "strategy": "channel", "group_size": None},
+                                            format="int-quantized", input_activations=INT8_TOKENS),
+                              {"bits": 8, "group_size": -1, "sym": True, "layout": "int8"}, "CT-int8-per-channel"),
+    "ct-fp8-dynamic": ("ct_fp8", _ct({"num_bits": 8, "type": "float", "strategy": "channel", "group_size": None},
+                                     format="float-quantized"), {"per_channel": True}, "CT-fp8"),
+    "ct-fp8-block": ("ct_fp8", _ct({"num_bits": 8, "type": "float", "strategy": "block", "group_size": None,
+                                    "block_structure": [128, 128]}, format="float-quantized"),
+                     {"block": (128, 128), "name": "weight_scale", "scale_dtype": torch.bfloat16}, "CT-fp8"),
 }
 PROMPT_IDS = list(range(3, 40))
 
@@ -71,7 +107,8 @@ def test_a_quantized_checkpoint_is_the_float_model_of_its_weights(case, tiny, tm
     assert len(set(tokens)) > 3
 
 
-@pytest.mark.parametrize("case", ["awq-g128", "gptq-g32-sym", "gptq-v2-per-channel-asym", "fp8-per-channel"])
+@pytest.mark.parametrize("case", ["awq-g128", "gptq-g32-sym", "gptq-v2-per-channel-asym", "fp8-per-channel",
+                                  "ct-w4a16-asym-g32", "ct-w8a8-int-quantized", "fp8-block-128"])
 def test_a_quantized_checkpoint_kept_packed_gives_the_same_tokens(case, tiny, tmp_path, monkeypatch):
     """With packing on (forced here on the CPU, where each call dequantizes), the decoder layers'
     projections are PackedLinears and the greedy tokens those of the dequantizing load."""
@@ -84,7 +121,7 @@ def test_a_quantized_checkpoint_kept_packed_gives_the_same_tokens(case, tiny, tm
     monkeypatch.setattr(loader, "packs_weights", lambda device, dtype, options, *rest: True)
     packed = Engine.load(str(tmp_path / case), device="cpu")
     mlp = packed.runner.model.model.layers[0].mlp
-    if method == "fp8":  # a device without FP8 (compute capability < 8.9; the CPU) dequantizes it
+    if "fp8" in method:  # a device without FP8 (compute capability < 8.9; the CPU) dequantizes it
         assert packed.runs_as == "fp32" and not isinstance(mlp.gate_up_proj, PackedLinear)
     else:
         assert packed.runs_as == label and plain.runs_as == "fp32"
