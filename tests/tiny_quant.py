@@ -159,15 +159,12 @@ def fp8_block_tensors(w: torch.Tensor, block: tuple[int, int], scale_dtype: torc
     scales under `name`, and the weight they stand for."""
     n, k = w.shape
     rows, cols = block
-    grid = torch.zeros(-(-n // rows), -(-k // cols))
-    for i in range(grid.shape[0]):
-        for j in range(grid.shape[1]):
-            grid[i, j] = w[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols].abs().max() / 448.0
+    grid_n, grid_k = -(-n // rows), -(-k // cols)
+    padded = torch.zeros(grid_n * rows, grid_k * cols)
+    padded[:n, :k] = w.abs()
+    grid = padded.reshape(grid_n, rows, grid_k, cols).amax(dim=(1, 3)) / 448.0
     grid = grid.clamp(min=1e-8).to(scale_dtype)
-    full = torch.zeros(n, k)
-    for i in range(n):
-        for j in range(k):
-            full[i, j] = grid[i // rows, j // cols].float()
+    full = grid.float().repeat_interleave(rows, dim=0)[:n].repeat_interleave(cols, dim=1)[:, :k]
     w8 = (w / full).to(torch.float8_e4m3fn)
     return {"weight": w8, name: grid}, w8.float() * full
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.harness.random_packed import FLOAT_TABLES
 from benchmarks.harness.shapes import LLAMA_8B
 
 
@@ -34,7 +35,7 @@ def decode_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-BF16_TABLES = ("AWQ", "FP8")  # random_packed.py's layouts whose embeddings stay bf16 parameters
+BF16_TABLES = FLOAT_TABLES  # random_packed.py's layouts whose embeddings stay bf16 parameters
 
 
 def step_bytes(report: dict) -> int:

@@ -13,6 +13,9 @@ k-quants, else the layout's type; a tied lm_head reads the embeddings' blocks):
              as AWQ checkpoints keep them
     FP8      float8 e4m3 with one scale per output channel; embeddings and lm_head bf16, as FP8
              checkpoints keep them
+    FP8-block  float8 e4m3 with one scale a 128 x 128 block (DeepSeek-V3's and Qwen3's FP8 files)
+    W4A16    compressed-tensors' int4, group 128, symmetric (no zero points: llm-compressor's
+             W4A16 preset)
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import torch
 
 from engine.errors import UserError
 from engine.weights.gguf_blocks import BLOCKS
-from engine.weights.packed import PackedWeight, awq_weight, fp8_weight, gguf_weight
+from engine.weights.packed import PackedWeight, awq_weight, fp8_weight, gguf_weight, int_weight
 
-LAYOUTS = ("Q4_K_M", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "AWQ", "FP8")
+LAYOUTS = ("Q4_K_M", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "AWQ", "FP8", "FP8-block", "W4A16")
+FLOAT_TABLES = ("AWQ", "FP8", "FP8-block", "W4A16")  # layouts whose checkpoints keep embeddings and lm_head bf16
 # Byte offsets of each block type's fp16 scale fields (d, and dmin or m where there is one).
 _SCALE_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
                  "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
@@ -45,11 +49,19 @@ def random_awq(n: int, k: int, device, gen: torch.Generator, group: int = 128) -
     return awq_weight(words(k), words(k // group), scales, group, "random")
 
 
-def random_fp8(n: int, k: int, device, gen: torch.Generator) -> PackedWeight:
-    """Normal values over e4m3's range (subnormals included), one scale an output channel."""
+def random_fp8(n: int, k: int, device, gen: torch.Generator, block: tuple[int, int] | None = None) -> PackedWeight:
+    """Normal values over e4m3's range (subnormals included), one scale an output channel or a block."""
     values = torch.randn(n, k, device=device, generator=gen).mul_(64).clamp_(-448, 448)
-    scales = torch.rand(n, device=device, generator=gen) * 2e-5 + 1e-5
-    return fp8_weight(values.to(torch.float8_e4m3fn), scales, "random")
+    grid = (n,) if block is None else (-(-n // block[0]), -(-k // block[1]))
+    scales = torch.rand(grid, device=device, generator=gen) * 2e-5 + 1e-5
+    return fp8_weight(values.to(torch.float8_e4m3fn), scales, "random", block)
+
+
+def random_int4(n: int, k: int, device, gen: torch.Generator, group: int = 128) -> PackedWeight:
+    """compressed-tensors' packed int4 (random words), a bf16 scale a group, no zero points."""
+    words = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=device, generator=gen)
+    scales = (torch.rand(n, k // group, device=device, generator=gen) * 0.002 + 0.001).bfloat16()
+    return int_weight(words, scales, None, torch.tensor([n, k]), None, "random")
 
 
 def use_more_bits(layer: int, layers: int) -> bool:
@@ -69,6 +81,10 @@ def layer_parts(layout: str, layer: int, layers: int, cfg, device, gen) -> dict[
             return random_awq(n, k, device, gen)
         if layout == "FP8":
             return random_fp8(n, k, device, gen)
+        if layout == "FP8-block":
+            return random_fp8(n, k, device, gen, (128, 128))
+        if layout == "W4A16":
+            return random_int4(n, k, device, gen)
         kind = layout
         if layout == "Q4_K_M":
             kind = "Q6_K" if role in ("v", "down") and use_more_bits(layer, layers) else "Q4_K"
@@ -81,8 +97,9 @@ def layer_parts(layout: str, layer: int, layers: int, cfg, device, gen) -> dict[
 
 
 def table_kinds(layout: str) -> tuple[str, str] | None:
-    """(the embeddings' type, lm_head's) of a GGUF layout's file; None: AWQ and FP8 (both stay bf16)."""
-    if layout in ("AWQ", "FP8"):
+    """(the embeddings' type, lm_head's) of a GGUF layout's file; None: the safetensors layouts
+    (embeddings and lm_head stay bf16)."""
+    if layout in FLOAT_TABLES:
         return None
     embed = "Q4_K" if layout == "Q4_K_M" else layout
     return embed, ("Q6_K" if layout in ("Q4_K_M", "Q4_K", "Q5_K", "Q6_K") else layout)

@@ -53,10 +53,10 @@ def dequantize_int(data: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
 def zero_points(zp: torch.Tensor, bits: int, n: int, groups: int, where: str) -> torch.Tensor:
     """(N, G) int8 signed zero points from either stored form (packed along N, or one a byte)."""
     per = 32 // bits
-    if zp.numel() == 1:
-        return zp.reshape(1, 1).to(torch.int8).expand(n, groups).contiguous()
     if zp.dtype == torch.int32 and zp.dim() == 2 and tuple(zp.shape) == (-(-n // per), groups):
         return (unpack_words(zp.t().contiguous(), bits, n) - (1 << (bits - 1))).t().to(torch.int8).contiguous()
+    if zp.numel() == 1:  # per tensor: one value, never packed
+        return zp.reshape(1, 1).to(torch.int8).expand(n, groups).contiguous()
     if zp.dtype in (torch.int8, torch.int16, torch.int32) and tuple(zp.shape) == (n, groups):
         return zp.to(torch.int8)
     raise ModelLoadError(f"{where}.weight_zero_point is {str(zp.dtype).removeprefix('torch.')} of shape "

@@ -549,7 +549,7 @@ def test_random_packed_layouts_pack_a_model():
            "max_position_embeddings": 64}
     cfg = ModelConfig.from_hf(raw, "tiny")
     dev = torch.device("cpu")
-    for layout in ("Q4_K_M", "AWQ", "Q8_0", "FP8"):
+    for layout in ("Q4_K_M", "AWQ", "Q8_0", "FP8", "FP8-block", "W4A16"):
         model = build_model(cfg, _random_tensors(cfg, dev, torch.float32), "tiny", dev, torch.float32, 64)
         assert pack_model(model, layout) > 0
         for i, layer in enumerate(model.model.layers):
@@ -559,11 +559,15 @@ def test_random_packed_layouts_pack_a_model():
                 more = use_more_bits(i, len(model.model.layers))
                 assert qkv.format == ("Q4_K+Q6_K" if more else "Q4_K") and down.format == ("Q6_K" if more else "Q4_K")
             else:
-                assert qkv.format == layout
+                assert qkv.format == {"FP8-block": "FP8", "W4A16": "INT"}.get(layout, layout)
             if layout == "FP8":
                 assert all(torch.isfinite(b.q.float()).all() and b.scale.shape == (b.shape[0], 1) for b in qkv.blocks)
+            if layout == "FP8-block":  # groups of 128 inputs, a scale each
+                assert all(b.group == 128 and b.scale.shape == (b.shape[0], 2) for b in qkv.blocks)
+            if layout == "W4A16":
+                assert all(b.kind == SIGNED_NIBBLES and b.offset is None and b.group == 128 for b in qkv.blocks)
         embed, head = model.model.embed_tokens, model.lm_head
-        if layout in ("AWQ", "FP8"):  # as their checkpoints keep them
+        if layout in ("AWQ", "FP8", "FP8-block", "W4A16"):  # as their checkpoints keep them
             assert isinstance(embed, torch.nn.Embedding) and isinstance(head, torch.nn.Linear)
         else:
             assert (embed.format, head.format) == table_kinds(layout) == (("Q4_K", "Q6_K") if layout == "Q4_K_M"

@@ -107,11 +107,36 @@ def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype
         assert float((got - want[:1]).abs().max()) <= 3e-2 * float(want[:1].abs().max()), name
 
 
-@pytest.mark.parametrize("per_channel", [True, False], ids=["per channel", "per tensor"])
-def test_an_fp8_checkpoint_without_a_draft_runs_the_row_kernel(tmp_path, per_channel):
-    """An FP8 weight-only checkpoint (hidden 2,048), no draft loaded: one-row steps on
-    packed_row_gemv (the hardware's e4m3 conversion), within bf16 rounding of the dequantized
-    model's projections and of the batch-invariant kernel's; the engine decodes its 48 tokens."""
+_CT_GROUP = {"targets": ["Linear"], "input_activations": None}
+# Safetensors layouts at hidden 2,048 (K long enough for the one-row kernel): (packer, its
+# options, quantization_config, the label the engine reports)
+SAFETENSORS_LAYOUTS = {
+    "fp8 per channel": ("fp8", {"per_channel": True}, {"quant_method": "fp8", "activation_scheme": "dynamic"},
+                        "FP8-e4m3"),
+    "fp8 per tensor": ("fp8", {"per_channel": False}, {"quant_method": "fp8", "activation_scheme": "static"},
+                       "FP8-e4m3"),
+    "fp8 blocks": ("fp8_block", {"block": (128, 128), "scale_dtype": torch.bfloat16},
+                   {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+                   "FP8-e4m3-block128x128"),
+    "ct int4 g128": ("ct_int", {"bits": 4, "group_size": 128, "sym": True},
+                     {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+                         **_CT_GROUP, "weights": {"num_bits": 4, "type": "int", "group_size": 128}}}}, "CT-int4-g128"),
+    "ct int4 g32 asym": ("ct_int", {"bits": 4, "group_size": 32, "sym": False},
+                         {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+                             **_CT_GROUP, "weights": {"num_bits": 4, "type": "int", "group_size": 32,
+                                                      "symmetric": False}}}}, "CT-int4-g32"),
+    "ct int8 channel": ("ct_int", {"bits": 8, "group_size": -1, "sym": True, "layout": "int8"},
+                        {"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
+                            **_CT_GROUP, "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}},
+                        "CT-int8-per-channel"),
+}
+
+
+@pytest.mark.parametrize("layout", list(SAFETENSORS_LAYOUTS))
+def test_a_safetensors_checkpoint_without_a_draft_runs_the_row_kernel(tmp_path, layout):
+    """An FP8 or compressed-tensors checkpoint (hidden 2,048), no draft loaded: one-row steps on
+    packed_row_gemv, within bf16 rounding of the dequantized model's projections and of the
+    batch-invariant kernel's; the engine decodes its 48 tokens."""
     from engine.engine import Engine
     from engine.kernels.packed_gemv import packed_row_gemv
     from engine.options import KernelOptions
@@ -119,14 +144,14 @@ def test_an_fp8_checkpoint_without_a_draft_runs_the_row_kernel(tmp_path, per_cha
     from tests.tiny import make_tiny_model
     from tests.tiny_quant import quantized_folder
 
-    if torch.cuda.get_device_capability() < (8, 9):
+    method, options, qcfg, label = SAFETENSORS_LAYOUTS[layout]
+    if "fp8" in method and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 needs compute capability 8.9")
     src = make_tiny_model(tmp_path / "float", "llama", num_layers=2, hidden=2048, seed=3)
-    target = tmp_path / "fp8"
-    quantized_folder(src, target, "fp8", {"quant_method": "fp8", "activation_scheme": "dynamic"},
-                     per_channel=per_channel)
+    target = tmp_path / "quantized"
+    quantized_folder(src, target, method, qcfg, **options)
     packed = Engine.load(str(target), device="cuda", options=KernelOptions(packed_weights=True))
-    assert packed.runs_as == "FP8-e4m3"
+    assert packed.runs_as == label
     assert len(tokens(packed)) == 48
     dense = Engine.load(str(target), device="cuda", options=KernelOptions(packed_weights=False))
     for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
@@ -139,6 +164,34 @@ def test_an_fp8_checkpoint_without_a_draft_runs_the_row_kernel(tmp_path, per_cha
         for i in range(4):
             torch.testing.assert_close(a(x[i:i + 1], one_row=True).float(), want[i:i + 1], **tol)
             torch.testing.assert_close(a(x[i:i + 1], one_row=False).float(), want[i:i + 1], **tol)
+        got = a(x[:1], one_row=True, int8_x=True).float()  # x rounded to int8 (FP8 ignores it)
+        assert float((got - want[:1]).abs().max()) <= 3e-2 * float(want[:1].abs().max()), name
+
+
+@pytest.mark.parametrize("layout", ["ct int4 g32 asym", "fp8 blocks"])
+def test_a_packed_safetensors_target_speculates_like_plain_decoding(tmp_path, layout):
+    """compressed-tensors and FP8-block targets with an EAGLE-3 head: the batch-invariant kernels'
+    greedy speculation gives plain decoding's tokens."""
+    from engine.engine import Engine
+    from engine.options import KernelOptions
+    from engine.packed_linear import PackedLinear
+    from tests.speculative.heads import head_tensors, write_head
+    from tests.tiny import make_tiny_model, read_config
+    from tests.tiny_quant import quantized_folder
+
+    method, options, qcfg, label = SAFETENSORS_LAYOUTS[layout]
+    if "fp8" in method and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    src = make_tiny_model(tmp_path / "float", "llama", num_layers=3, hidden=256, seed=5)
+    quantized_folder(src, tmp_path / "q", method, qcfg, **options)
+    cfg = read_config(src)
+    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, 256, 3, cfg["vocab_size"], 200, seed=1),
+                      128, (1, 2, 3))
+    packed = Engine.load(str(tmp_path / "q"), draft=str(head), device="cuda", draft_steps=3,
+                         options=KernelOptions(packed_weights=True))
+    assert packed.runs_as == label
+    assert isinstance(packed.runner.model.model.layers[0].mlp.gate_up_proj, PackedLinear)
+    assert tokens(packed, speculative=True) == tokens(packed, speculative=False)
 
 
 @pytest.mark.parametrize("layout,role", [("AWQ", "o_proj"), ("AWQ", "qkv"), ("Q4_K_M", "o_proj"), ("Q4_K_M", "qkv")])

@@ -207,3 +207,51 @@ def test_packed_projections_with_biases_and_qk_norms(arch, tmp_path, monkeypatch
         assert qkv.bias is not None and not qkv.bias.is_meta
         assert torch.equal(qkv.bias, plain.runner.model.model.layers[0].self_attn.qkv_proj.bias)
     assert _greedy(packed) == _greedy(plain)
+
+
+def test_compressed_tensors_words_hold_the_documented_bits():
+    """The pack-quantized layout as compressed-tensors documents it: q + 8 along K, eight a word,
+    the first lowest (q = -8, -1, 0, 7, 3, -2, 5, 1 is the word 0x9D6BF870), the last word
+    zero-padded past K; a zero point packed the same way along N."""
+    from engine.weights.packed import dequantize, int_weight
+
+    word = torch.tensor([[0x9D6BF870 - (1 << 32), 0x00000098]], dtype=torch.int32)  # then q = 0, 1, padding
+    p = int_weight(word, torch.tensor([[0.5]], dtype=torch.bfloat16), None, torch.tensor([1, 10]), None, "layer")
+    assert p.shape == (1, 10) and p.bits == 4 and p.group_size == 10
+    assert dequantize(p).tolist() == [[v * 0.5 for v in (-8, -1, 0, 7, 3, -2, 5, 1, 0, 1)]]
+    rows = torch.tensor([[0x9D6BF870 - (1 << 32)]] * 8, dtype=torch.int32)  # 8 rows of 8 inputs, one group
+    zp = torch.tensor([[0x9D6BF870 - (1 << 32)]], dtype=torch.int32)  # zero points -8, -1, ..., 1 by row
+    p = int_weight(rows, torch.ones(8, 1), zp, torch.tensor([8, 8]), None, "layer")
+    q = torch.tensor([-8, -1, 0, 7, 3, -2, 5, 1], dtype=torch.float32)
+    assert torch.equal(dequantize(p), q[None, :] - q[:, None])
+
+
+def _ct_folder(tiny, tmp_path, **options):
+    folder = tmp_path / "ct"
+    method, qcfg, opts, _ = CASES["ct-w4a16-asym-g32"]
+    quantized_folder(tiny, folder, method, qcfg, **(opts | options))
+    return folder
+
+
+def test_compressed_tensors_refusals_name_the_tensor(tiny, tmp_path):
+    folder = _ct_folder(tiny, tmp_path)
+    name = "model.layers.1.mlp.down_proj"
+    _write(folder, change={f"{name}.weight_g_idx": (torch.arange(256, dtype=torch.int32) // 32).flip(0).contiguous()})
+    assert f"{name}.weight_g_idx reorders the groups" in _refusal(folder)
+    _write(folder, change={f"{name}.weight_g_idx": torch.arange(256, dtype=torch.int32) // 32})
+    Engine.load(str(folder), device="cpu")  # the order of the groups as they are: taken
+    _write(folder, change={f"{name}.weight_zero_point": torch.zeros(3, 8, dtype=torch.int32)})
+    assert f"{name}.weight_zero_point is int32 of shape (3, 8)" in _refusal(folder)
+    _write(folder, drop=f"{name}.weight_shape")
+    assert f"lacks {name}.weight_shape; the checkpoint is not a complete compressed-tensors" in _refusal(folder)
+    _write(folder, {**CT, "format": "marlin-24"})
+    assert 'format = "marlin-24" is not supported' in _refusal(folder)
+
+
+def test_fp8_blocks_of_the_wrong_grid_are_refused(tiny, tmp_path):
+    folder = tmp_path / "fp8"
+    method, qcfg, opts, _ = CASES["fp8-block-128"]
+    quantized_folder(tiny, folder, method, qcfg, **opts)
+    name = "model.layers.0.mlp.down_proj.weight_scale_inv"
+    _write(folder, change={name: torch.ones(3, 3)})
+    assert f"{name} has shape (3, 3): expected a (1, 2) grid of blocks" in _refusal(folder)
