@@ -113,6 +113,12 @@ ROWS = (
      "h200_8b_packed_Q8_0_int8x.json, h200_8b_bf16_int8x_q8_session.json"),
     ("packed_short", "the same as FP8 e4m3, one scale per output channel (another run)",
      "the same with `--random-quant FP8`", "h200_8b_packed_FP8_row.json, h200_8b_bf16_fp8_session.json"),
+    ("packed_short", "H100, the same packed as a compressed-tensors W4A16 checkpoint (int4, group 128, no zero "
+     "points), with bf16 and AWQ in the same call", "the same with `--random-quant W4A16` (and `AWQ`)",
+     "h100_8b_packed_W4A16_session56.json, h100_8b_bf16_session56.json, h100_8b_packed_AWQ_session56.json"),
+    ("packed_short", "H100, the same as FP8 e4m3 in 128 x 128 blocks (DeepSeek-V3's and Qwen3's FP8 files), same call",
+     "the same with `--random-quant FP8-block` (and `FP8`)",
+     "h100_8b_packed_FP8-block_session56.json, h100_8b_bf16_session56.json, h100_8b_packed_FP8_session56.json"),
     ("packed_short", "Qwen2.5-7B shape (widths 3,584 and 18,944), random weights packed as Q4_K_M, no draft loaded",
      f"`{QWEN}` (and without `--random-quant`)",
      "h200_qwen7b_packed_Q4_K_M_int8x.json, h200_qwen7b_bf16_int8x_session.json"),
@@ -168,7 +174,10 @@ def row(kind: str, label: str, command: str, name: str) -> str:
                     else "each k-quant group's factors apart (the layout before), same call"
                     if "factors_apart" in files[2]
                     else "q, k and v in two launches (`LOCALCHAT_PACKED_ONE_LAUNCH=0`), same call"
-                    if "two_launches" in files[2] else "the batch-invariant kernel")
+                    if "two_launches" in files[2]
+                    else "AWQ 4-bit (group 128), same call" if "_packed_AWQ_" in files[2]
+                    else "FP8 per output channel, same call" if "_packed_FP8_" in files[2]
+                    else "the batch-invariant kernel")
             versus += f"; {what}: {off:.0f} tok/s ({tok / off:.2f}x)"
     elif kind == "prefill":  # packed_matmul against the torch slices (same machine), bf16 from a run beside
         got, old, bf16 = (_load(f)["no_draft"] for f in files)
