@@ -86,10 +86,12 @@ def test_fp8_equals_weight_times_scale(per_channel):
     assert torch.allclose(ours, w, atol=0.01, rtol=0.07)
 
 
-def test_fp8_refuses_block_scales_and_other_dtypes():
+def test_fp8_refuses_a_grid_of_scales_its_config_names_no_block_for_and_other_dtypes():
     w8 = torch.zeros(N, K, dtype=torch.float8_e4m3fn)
-    with pytest.raises(ModelLoadError, match="block-wise"):
+    with pytest.raises(ModelLoadError, match=r"expected one scale per tensor or one per output channel"):
         fp8_weight(w8, torch.ones(N // 16, K // 128), "m: o_proj")
+    with pytest.raises(ModelLoadError, match=r"weight_scale_inv has shape \(2, 2\): expected a \(1, 2\) grid"):
+        fp8_weight(w8, torch.ones(2, 2), "m: o_proj", (128, 128), "weight_scale_inv")
     with pytest.raises(ModelLoadError, match="float8_e4m3fn"):
         fp8_weight(w8.to(torch.float8_e5m2), torch.ones(()), "m: o_proj")
 
