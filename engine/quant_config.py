@@ -35,7 +35,7 @@ def _shown(value) -> str:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    method: str  # "awq", "gptq" or "fp8"
+    method: str  # "awq", "gptq", "fp8" or "compressed-tensors"
     group_size: int = -1  # AWQ/GPTQ: inputs sharing a scale and zero point; -1: the whole row
     zero_offset: int = 0  # GPTQ: added to every stored zero point (1 for the original format)
     # FP8 with one scale a block of (rows, inputs): DeepSeek-V3's and Qwen3's FP8 checkpoints
@@ -179,6 +179,9 @@ def _compressed_tensors(q: dict, where: str) -> QuantConfig:
         fmt = group.get("format") or top
         if fmt is None:
             raise ModelLoadError(f"{head} config names no format for config group {name!r}")
+        if not isinstance(fmt, str):
+            raise refuse(f"{at}.format" if group.get("format") else "quantization_config.format", fmt,
+                         "a format is a name")
         if fmt in CT_REFUSED:
             raise refuse(f"{at}.format" if group.get("format") else "quantization_config.format", fmt,
                          f"{CT_REFUSED[fmt]} are not decoded (supported: {', '.join(CT_FORMATS)})")
@@ -191,9 +194,9 @@ def _compressed_tensors(q: dict, where: str) -> QuantConfig:
         w = mapping(w, f"{at}.weights", where)
         kind, bits = w.get("type", "int"), w.get("num_bits", 8)
         ok = {"int": (4, 8), "float": (8,)}
-        if kind not in ok:
+        if not isinstance(kind, str) or kind not in ok:
             raise refuse(f"{at}.weights.type", kind, "weights are int or float")
-        if bits not in ok[kind]:
+        if isinstance(bits, bool) or bits not in ok[kind]:
             raise refuse(f"{at}.weights.num_bits", bits,
                          "int weights are 4- or 8-bit" if kind == "int" else "float weights are FP8 (8-bit)")
         size = w.get("group_size")
