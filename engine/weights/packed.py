@@ -171,7 +171,7 @@ def int_weight(data: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | Non
                              "float32, bfloat16 or float16 scales")
     if scale.numel() == 1:
         scale = scale.reshape(1, 1).expand(n, 1)
-    if scale.dim() != 2 or scale.shape[0] != n or k % scale.shape[1]:
+    if scale.dim() != 2 or scale.shape[0] != n or scale.shape[1] < 1 or k % scale.shape[1]:
         raise ModelLoadError(f"{where}.weight_scale has shape {tuple(scale.shape)}: expected ({n}, groups) with "
                              f"{k} inputs a whole number of groups")
     groups = scale.shape[1]

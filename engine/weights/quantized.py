@@ -1,5 +1,6 @@
-"""Quantized safetensors checkpoints (AWQ, GPTQ, FP8, compressed-tensors): the tensors of each linear layer gathered
-into one PackedWeight named `<layer>.weight`, and the step that dequantizes packed weights at load."""
+"""Quantized safetensors checkpoints (AWQ, GPTQ, FP8, compressed-tensors): the tensors of each
+linear layer gathered into one PackedWeight named `<layer>.weight`, and the step that dequantizes
+packed weights at load."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from engine.errors import ModelLoadError
 from engine.quant_config import QuantConfig
 from engine.weights.packed import PackedWeight, awq_weight, dequantize, fp8_weight, gptq_weight, int_weight
 
-# The tensors of one quantized linear, by method: the leaves that make it (the first present in
-# every such layer) and those its checkpoint may carry that weight-only decoding does not use
-# (activation and KV-cache scales). A layer the quantizer left alone (modules_to_not_convert,
-# ignored_layers, ignore: usually lm_head) has a plain `weight` and none of its marker.
+# The tensors one quantized linear may have, by method (_PARTS), and those that mark a layer as
+# quantized (_MARKERS): a layer the quantizer left alone (modules_to_not_convert, ignored_layers,
+# ignore: usually lm_head) has a plain `weight` and no marker. _UNUSED: activation and KV-cache
+# scales a checkpoint may carry, which weight-only decoding has no use for.
 _PARTS = {
     "awq": ("qweight", "qzeros", "scales"),
     "gptq": ("qweight", "qzeros", "scales", "g_idx"),
