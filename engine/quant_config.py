@@ -177,17 +177,15 @@ def _compressed_tensors(q: dict, where: str) -> QuantConfig:
         at = f"quantization_config.config_groups.{name}"
         group = mapping(group, at, where)
         fmt = group.get("format") or top
+        fmt_key = f"{at}.format" if group.get("format") else "quantization_config.format"
         if fmt is None:
             raise ModelLoadError(f"{head} config names no format for config group {name!r}")
         if not isinstance(fmt, str):
-            raise refuse(f"{at}.format" if group.get("format") else "quantization_config.format", fmt,
-                         "a format is a name")
+            raise refuse(fmt_key, fmt, "a format is a name")
         if fmt in CT_REFUSED:
-            raise refuse(f"{at}.format" if group.get("format") else "quantization_config.format", fmt,
-                         f"{CT_REFUSED[fmt]} are not decoded (supported: {', '.join(CT_FORMATS)})")
+            raise refuse(fmt_key, fmt, f"{CT_REFUSED[fmt]} are not decoded (supported: {', '.join(CT_FORMATS)})")
         if fmt not in CT_FORMATS:
-            raise refuse(f"{at}.format" if group.get("format") else "quantization_config.format", fmt,
-                         f"supported: {', '.join(CT_FORMATS)}")
+            raise refuse(fmt_key, fmt, f"supported: {', '.join(CT_FORMATS)}")
         w = group.get("weights")
         if w is None:
             continue  # activations only: the weights of its targets stay float
@@ -207,10 +205,9 @@ def _compressed_tensors(q: dict, where: str) -> QuantConfig:
             if kind != "float":
                 raise refuse(f"{at}.weights.strategy", strategy, "block scales are read for FP8 weights")
             structure = w.get("block_structure")
-            if isinstance(structure, str) and "x" in structure:  # the older "128x128"
-                structure = structure.split("x")
-            block = _block([int(v) if isinstance(v, str) and v.isdigit() else v for v in (structure or [None, None])],
-                           f"{at}.weights.block_structure", where)
+            if isinstance(structure, str):  # the older "128x128"
+                structure = [int(v) if v.isdigit() else v for v in structure.split("x")]
+            block = _block(structure, f"{at}.weights.block_structure", where)
             if blocks and blocks[-1] != block:
                 raise refuse(f"{at}.weights.block_structure", structure, "one block shape for every config group")
             blocks.append(block)
@@ -221,8 +218,7 @@ def _compressed_tensors(q: dict, where: str) -> QuantConfig:
         elif kind == "int":
             sizes.append(-1)
         if kind == "int" and fmt == "float-quantized" or kind == "float" and fmt == "pack-quantized":
-            raise refuse(f"{at}.format" if group.get("format") else "quantization_config.format", fmt,
-                         f"it does not hold {kind} weights")
+            raise refuse(fmt_key, fmt, f"it does not hold {kind} weights")
         schemes.append((kind, bits))
     if not schemes:
         raise ModelLoadError(f"{head} config quantizes no weights (its config groups have no weights)")

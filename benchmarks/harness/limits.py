@@ -35,9 +35,6 @@ def decode_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-BF16_TABLES = FLOAT_TABLES  # random_packed.py's layouts whose embeddings stay bf16 parameters
-
-
 def step_bytes(report: dict) -> int:
     """The bytes a decode step of the report's model reads: its decode_bytes, else (an older
     report) its weight_bytes less the untied embedding table it counted, for 'random llama-8b'
@@ -46,7 +43,7 @@ def step_bytes(report: dict) -> int:
     if "decode_bytes" in report:
         return report["decode_bytes"]
     model = report["model"]
-    if model == "random llama-8b" or model.startswith("random llama-8b ") and model.split()[-1] in BF16_TABLES:
+    if model == "random llama-8b" or model.startswith("random llama-8b ") and model.split()[-1] in FLOAT_TABLES:
         assert not LLAMA_8B["tie_word_embeddings"]
         return report["weight_bytes"] - (LLAMA_8B["vocab_size"] - 1) * LLAMA_8B["hidden_size"] * 2
     if model.startswith("random llama-8b "):

@@ -10,11 +10,13 @@ For now every load dequantizes through `dequantize`; a GPU path keeps the Packed
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
 
 from engine.errors import ModelLoadError
+from engine.quant_config import GROUP_SIZES
 from engine.weights.compressed import dequantize_int, zero_points
 from engine.weights.fp8 import dequantize_fp8
 from engine.weights.gguf_blocks import BLOCKS, dequantize_rows
@@ -126,8 +128,6 @@ def fp8_weight(weight: torch.Tensor, scale: torch.Tensor, where: str, block: tup
     """weight (N, K) float8_e4m3fn; scale one number (per tensor), N numbers (per output channel),
     or with `block` (rows, inputs) one a block: (ceil(N / rows), ceil(K / inputs)), the edges'
     blocks cut short."""
-    import math
-
     if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
         raise ModelLoadError(f"{where}.weight is a {str(weight.dtype).removeprefix('torch.')} tensor of shape "
                              f"{tuple(weight.shape)}; FP8 checkpoints need float8_e4m3fn matrices")
@@ -176,7 +176,7 @@ def int_weight(data: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | Non
                              f"{k} inputs a whole number of groups")
     groups = scale.shape[1]
     g = k // groups
-    if groups > 1 and g not in (32, 64, 128):
+    if groups > 1 and g not in GROUP_SIZES:
         raise ModelLoadError(f"{where}: groups of {g} inputs are not supported (32, 64, 128 or per channel)")
     if g_idx is not None:
         order = g_idx.reshape(-1).long()

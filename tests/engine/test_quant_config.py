@@ -101,6 +101,8 @@ def test_no_quantization_config_is_a_float_model():
     (_ct({"strategy": "block", "block_structure": [128, 128]}), "block scales are read for FP8 weights"),
     (_ct({"type": "float", "num_bits": 8, "strategy": "block", "block_structure": [128, 100]}, format="float-quantized"),
      "block sides are powers of two"),
+    (_ct({"type": "float", "num_bits": 8, "strategy": "block"}, format="float-quantized"),
+     "weights.block_structure = null is not supported; a block is [rows, inputs]"),
     (_ct({"type": "float", "num_bits": 8, "strategy": "channel"}),
      'format = "pack-quantized" is not supported; it does not hold float weights'),
     ({**CT_W4A16, "config_groups": {"g": {"targets": ["Linear"], "weights": None}}}, "quantizes no weights"),
