@@ -55,6 +55,10 @@ def _ct(weights=None, **top):
         "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "block",
                                            "block_structure": [128, 128]}}}},
      QuantConfig("compressed-tensors", -1, block=(128, 128), schemes=(("float", 8),)), "CT-fp8"),
+    ({**CT_W4A16, "format": "float-quantized", "config_groups": {"g": {  # the older block string
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "block",
+                                           "block_structure": "64x128"}}}},
+     QuantConfig("compressed-tensors", -1, block=(64, 128), schemes=(("float", 8),)), "CT-fp8"),
     ({**CT_W4A16, "format": "int-quantized", "config_groups": {"g": {
         "targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
         "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}}},
