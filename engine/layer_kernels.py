@@ -207,3 +207,40 @@ class FusedLayerKernels(LayerKernels):
             return super().mlp_down(gate_up, mlp)
         return silu_mul_gemv(gate_up, down.weight, down.bias, tile, self.invariant, pdl=self.options.pdl,
                              each_row=self.each_row)
+
+
+class RoundingLayerKernels(LayerKernels):
+    """The unfused set of a quantized layer's one-row step with no draft loaded (the one-row packed
+    kernel with int8 x): the norm before qkv and gate_up and the activation before down also round
+    their output to int8 for the projection after them (rounded_x.RoundedX), in the same launch,
+    where every block of that projection takes it (PackedLinear.rounded_order). The values are
+    those of LayerKernels with int8 x, but for x's vectors: 32 inputs a scale here, the row
+    kernel's own 16 or 32 there."""
+
+    def __init__(self, options: KernelOptions, project: Callable):
+        super().__init__(project)
+        self.options = options
+
+    def norm_linear(self, x, residual, norm, linear, role):
+        from engine.kernels.norm import add_rms_norm_rounded
+
+        order = _order(linear)
+        if order is None or isinstance(x, (Normed, Scaled)) or x.shape[0] != 1:
+            return super().norm_linear(x, residual, norm, linear, role)
+        h, stream, rounded = add_rms_norm_rounded(x, residual, norm.weight, norm.eps, order, pdl=self.options.pdl)
+        return self.project(h, linear, role, rounded=rounded), stream
+
+    def mlp_down(self, gate_up, mlp):
+        from engine.kernels.activation import silu_and_mul_rounded
+
+        order = _order(mlp.down_proj)
+        if order is None or gate_up.shape[0] != 1:
+            return super().mlp_down(gate_up, mlp)
+        act, rounded = silu_and_mul_rounded(gate_up, order, pdl=self.options.pdl)
+        return self.project(act, mlp.down_proj, "down", rounded=rounded)
+
+
+def _order(linear) -> bool | None:
+    from engine.packed_linear import PackedLinear
+
+    return linear.rounded_order() if isinstance(linear, PackedLinear) else None

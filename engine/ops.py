@@ -16,7 +16,7 @@ from engine.kernels.gemv import MAX_ROWS, gemv
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
 from engine.kernels.pick import greedy_next
 from engine.kernels.rope import rope_and_cache
-from engine.layer_kernels import FusedLayerKernels, LayerKernels
+from engine.layer_kernels import FusedLayerKernels, LayerKernels, RoundingLayerKernels
 from engine.options import KernelOptions
 from engine.packed_linear import PackedLinear
 from engine.routing import CUBLAS, DRAFT, UNFUSED
@@ -111,13 +111,21 @@ class Ops:
         projections are quantized: `packed`, since the fused kernels read bf16 weights). each_row:
         the layer's weights are small enough for the one-row set row by row
         (routing.each_row_layer)."""
-        if self.fused_row is None or packed:
-            return self._unfused
         mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row,
                                   tree=batch.slot_map is not None)
+        if self.fused_row is None:
+            return self._unfused
+        if packed:
+            o = self.options
+            rounding = o.packed_rounded_x and o.packed_row and o.packed_row_x == "int8" and not o.batch_invariant
+            return self._rounding if rounding and mode == routing.ROW and not each_row else self._unfused
         if mode == routing.ROW:
             return self.fused_row
         return self.fused_invariant if mode == routing.INVARIANT else self._unfused
+
+    @functools.cached_property
+    def _rounding(self) -> RoundingLayerKernels:
+        return RoundingLayerKernels(self.options, functools.partial(routed_linear, self.options, UNFUSED))
 
     @functools.cached_property
     def _unfused(self) -> LayerKernels:
@@ -126,13 +134,16 @@ class Ops:
 
 
 def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: torch.nn.Linear,
-                  role: str) -> torch.Tensor:
+                  role: str, rounded=None) -> torch.Tensor:
     """linear(x) on cuBLAS or our GEMV, as routing.linear_route picks for (mode, role); a
-    PackedLinear decodes its own weight (packed_gemv)."""
+    PackedLinear decodes its own weight (packed_gemv), from x's row already rounded where
+    `rounded` comes (RoundingLayerKernels)."""
     if isinstance(linear, PackedLinear):
         return linear(x, one_row=options.packed_row and not options.batch_invariant, prefill=options.packed_prefill,
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
-                      one_launch=options.packed_one_launch, row_pdl=options.packed_row_pdl if options.pdl else 0)
+                      one_launch=options.packed_one_launch, row_pdl=options.packed_row_pdl if options.pdl else 0,
+                      rounded=rounded)
+    assert rounded is None
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)
     if route.kernel == CUBLAS:
         return linear(x)

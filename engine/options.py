@@ -104,6 +104,11 @@ class KernelOptions:
     # 1; Q4_K_M 405.3 and 405.4 against 402.9 and 403.4 (docs/performance.md).
     # LOCALCHAT_PACKED_ROW_PDL=0|1|2.
     packed_row_pdl: int = 2
+    # There (int8 x), the norm before qkv and gate_up and the activation before down hand the
+    # projection their output already rounded to int8 (rounded_x.RoundedX), in their own launch,
+    # so that the row kernel reads a byte an input, not two, and no program rounds x again.
+    # LOCALCHAT_PACKED_ROUNDED_X=0: each program rounds x itself.
+    packed_rounded_x: bool = True
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -256,6 +261,7 @@ class KernelOptions:
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
+            packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

@@ -92,14 +92,29 @@ class PackedLinear(nn.Module):
         """Another module over the same tensors (a model's twin under other kernel options)."""
         return PackedLinear(self.blocks, self.bias)
 
+    def rounded_order(self) -> bool | None:
+        """The word order (packed_gemv.rounds_x) in which every block of this projection takes one
+        row of x rounded before its launch (RoundedX) on the one-row kernel, or None where some
+        block does not (FP8, a K the one-row kernel leaves to packed_gemv, two orders)."""
+        from engine.kernels.packed_gemv import rounds_x, row_kernel_fits
+
+        if not hasattr(self, "_rounded_order"):  # asked at every step: the blocks never change
+            blocks = self.blocks
+            orders = {rounds_x(b) for b in blocks}
+            fits = len(orders) == 1 and None not in orders and all(row_kernel_fits(b) for b in blocks)
+            self._rounded_order = orders.pop() if fits and self.in_features % 32 == 0 else None
+        return self._rounded_order
+
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 
     def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "fused",
                 int8_x: bool = False, int8_rows: bool = False, one_launch: bool = False,
-                row_pdl: int = 0) -> torch.Tensor:
+                row_pdl: int = 0, rounded=None) -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not a
         batch-invariant kernel; int8_x: there with x rounded to int8 (every kind but FP8);
+        rounded: there x's row already rounded (a RoundedX in rounded_order(), which the kernel
+        before produced), in place of x;
         one_launch: there a projection's two blocks in one launch (packed_row_gemv_blocks).
         int8_rows: the batch-invariant steps on packed_rows_gemv (kernel_for). prefill: how a
         longer step runs on the GPU (PREFILL_WAYS). row_pdl: the one-row kernel's PDL
@@ -110,17 +125,20 @@ class PackedLinear(nn.Module):
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda and 1 <= rows.shape[0] <= MAX_ROWS and rows.dtype in (torch.bfloat16, torch.float16):
-            rounded = {}  # x rounded to int8 once for the blocks that share its word order
+            by_order = {}  # x rounded to int8 once for the blocks that share its word order
+
+            if rounded is not None:
+                assert one_row and int8_x and rows.shape[0] == 1 and rounded.nibble_order == self.rounded_order()
 
             def gemv(x, block, bias, out=None):
                 kernel = kernel_for(block, x.shape[0], one_row, int8_rows)
                 if kernel is packed_row_gemv:
-                    return kernel(x, block, bias, out=out, int8_x=int8_x, pdl=row_pdl)
+                    return kernel(x if rounded is None else rounded, block, bias, out=out, int8_x=int8_x, pdl=row_pdl)
                 if kernel is packed_rows_gemv:
                     order = nibble_order(block)
-                    if order not in rounded:
-                        rounded[order] = quantize_rows(x, order)
-                    return kernel(x, block, bias, out=out, xq=rounded[order])
+                    if order not in by_order:
+                        by_order[order] = quantize_rows(x, order)
+                    return kernel(x, block, bias, out=out, xq=by_order[order])
                 return kernel(x, block, bias, out=out)
 
             rows = rows if rows.stride(1) == 1 else rows.contiguous()
@@ -131,7 +149,8 @@ class PackedLinear(nn.Module):
                 out = torch.empty((1, self.out_features), dtype=rows.dtype, device=rows.device)
                 cut = blocks[0].shape[0]
                 biases = [None, None] if self.bias is None else [self.bias[:cut], self.bias[cut:]]
-                packed_row_gemv_blocks(rows, blocks, biases, [out[:, :cut], out[:, cut:]], int8_x=int8_x, pdl=row_pdl)
+                packed_row_gemv_blocks(rows if rounded is None else rounded, blocks, biases,
+                                       [out[:, :cut], out[:, cut:]], int8_x=int8_x, pdl=row_pdl)
             else:
                 out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
                 start = 0

@@ -9,21 +9,27 @@ import torch.nn.functional as F
 
 from engine.kernels import next_pow2, pdl_args
 
-triton = tl = table_row = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = table_row = round_vectors = None  # bound by _kernels(): Triton is imported on first use only
 
 
 @functools.cache
 def _kernels():
-    global triton, tl, table_row  # module globals: the kernels below call table_row by name
+    global triton, tl, table_row, round_vectors  # module globals: the kernels below call these by name
     import triton
     import triton.language as tl
 
+    from engine.kernels.rounded_x import round_helper
+
+    round_vectors = round_helper()
+
     @triton.jit
     def add_rms_norm_kernel(
-        x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
+        x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, words_ptr, scales_ptr,
         hidden, stride_x, stride_res, stride_out, stride_new_res, eps,
-        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr, ROUND: tl.constexpr = 0,
     ):
+        # ROUND (one row): the output also rounded to int8 for the projection after it
+        # (rounded_x.RoundedX; 1: the nibbles' word order, 2: int8's)
         if USE_PDL:  # wait for the previous kernel's writes, then let the next one launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -42,7 +48,16 @@ def _kernels():
         inv_rms = tl.rsqrt(tl.sum(hf * hf, axis=0) / hidden + eps)
         w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         normed = (hf * inv_rms).to(x.dtype).to(tl.float32)  # HF casts before the weight
-        tl.store(out_ptr + row * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=ok)
+        y = (normed * w).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row * stride_out + offs, y, mask=ok)
+        if ROUND > 0:
+            # the values the projection would read, rounded as its kernel would round them
+            words, scales, _ = round_vectors(tl.reshape(y.to(tl.float32), (BLOCK // 32, 32)), BLOCK // 32,
+                                             ROUND == 1)
+            v = tl.arange(0, BLOCK // 32)
+            v_ok = v < hidden // 32
+            tl.store(words_ptr + v[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=v_ok[:, None])
+            tl.store(scales_ptr + v, scales, mask=v_ok)
 
     @triton.jit
     def table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK: tl.constexpr):
@@ -105,6 +120,20 @@ def add_rms_norm(
     normed = (h.float() * rsqrt(mean(h.float()^2) + eps)).to(dtype) * weight.
     CUDA (or the Triton interpreter); no host sync; one program per row.
     """
+    return _add_rms_norm(x, residual, weight, eps, pdl, None)[:2]
+
+
+def add_rms_norm_rounded(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                         nibble_order: bool, pdl: bool = True):
+    """add_rms_norm of one row, which also hands the projection after it the normed row rounded
+    to int8 (rounded_x.RoundedX in `nibble_order`), in the same launch: -> (normed,
+    new_residual, rounded). The hidden size must be a multiple of 32."""
+    return _add_rms_norm(x, residual, weight, eps, pdl, nibble_order)
+
+
+def _add_rms_norm(x, residual, weight, eps, pdl, nibble_order):
+    from engine.kernels.rounded_x import empty_rounded
+
     assert x.dim() == 2 and x.stride(1) == 1 and weight.shape == (x.shape[1],)
     kernel = _kernels()[0]
     num_rows, hidden = x.shape
@@ -115,13 +144,20 @@ def add_rms_norm(
         assert residual.shape == x.shape and residual.stride(1) == 1
         res, new_res = residual, torch.empty_like(out)
     block = next_pow2(hidden)
+    rounded = None
+    words = scales = out  # unused without rounding
+    if nibble_order is not None:
+        assert num_rows == 1 and hidden % 32 == 0 and block >= 32, (num_rows, hidden)
+        rounded = empty_rounded(hidden, nibble_order, x.dtype, x.device)
+        words, scales = rounded.words, rounded.scales
     kernel[(num_rows,)](
-        x, res, weight, out, new_res,
+        x, res, weight, out, new_res, words, scales,
         hidden, x.stride(0), res.stride(0), out.stride(0), new_res.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block,
         num_warps=min(16, max(4, block // 256)), **pdl_args(x.device, pdl),
+        ROUND=0 if nibble_order is None else (1 if nibble_order else 2),
     )
-    return out, new_res
+    return out, new_res, rounded
 
 
 def add_rms_norm_ref(

@@ -29,9 +29,10 @@ import torch.nn.functional as F
 
 from engine.kernels import pdl_args, triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, PREFETCH_LINES, _tile_counters
+from engine.kernels.rounded_x import RoundedX
 from engine.weights.grouped import (
-    BITS5, BITS6, FP8, HIGH_BITS, INT8, NIBBLES, SIGNED_BITS5, SIGNED_BITS6, SIGNED_NIBBLES, ZERO, GroupedWeight,
-    dequantize_grouped, is_paired,
+    BITS5, BITS6, FP8, HIGH_BITS, INT8, KIND_NAMES, NIBBLES, SIGNED_BITS5, SIGNED_BITS6, SIGNED_NIBBLES, ZERO,
+    GroupedWeight, dequantize_grouped, is_paired,
 )
 
 MAX_ROWS = 16
@@ -349,7 +350,7 @@ def _row_kernel():
             tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
-    def row_body(pid_n, pid_k, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
+    def row_body(pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
                  count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
                  G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
                  ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
@@ -464,6 +465,24 @@ def _row_kernel():
                 else:
                     x0, x1 = tl.split(tl.load(x_ptr + xi))
                     xo0, xo1 = tl.split(tl.load(x_ptr + xi + 1))
+            elif X_KIND == 3:
+                # x rounded already (RoundedX): a vector of 32 inputs, which a thread's EPW * VEC
+                # inputs lie inside, is 8 int8 words and one fp32 scale. For the nibbles the even
+                # inputs' 4 words, then the odd inputs' 4: a thread's words of each kind lie side by
+                # side (one vector load each, as the weights' words); for int8 weights 4 inputs a
+                # word in order. The address is written so that the compiler sees that.
+                first4 = (wd3 * (EPW * VEC))[:, :, :, None]  # (WD, 1, 1, 1): a thread vector's first input past kc
+                if EPW == 8:
+                    p4 = kc4 + first4  # a multiple of EPW * VEC
+                    if EPW * VEC == 32:  # a whole vector: its 8 words in order
+                        at = p4 // 4 + v4
+                    else:  # a part of one: 16 inputs (VEC 2) or 8
+                        at = (p4 // 32) * 8 + ((p4 // (EPW * VEC)) % (32 // (EPW * VEC))) * VEC + v4
+                    qe = tl.load(x_ptr + at)
+                    qo = tl.load(x_ptr + at + 4)
+                else:
+                    qe = tl.load(x_ptr + kc4 // 4 + word4)
+                sx = tl.reshape(tl.load(sx_ptr + (kc4 + first4) // 32), (WD, C, 1))
             else:
                 # x's words of each weight word (16 or 8 bytes), split into its pairs
                 xw = (kc4 // 2 + (EPW // 2) * word4)[:, :, :, :, None] + t5
@@ -472,17 +491,19 @@ def _row_kernel():
                     x02, x13 = tl.split(tl.reshape(xs, (WD, C, 1, VEC, 2, 2)))
                 else:
                     x0, x1 = tl.split(xs)
-            if EPW == 8:
+            if X_KIND == 3:
+                pass
+            elif EPW == 8:
                 x0, x2 = tl.split(x02)
                 x1, x3 = tl.split(x13)
                 if X_KIND == 2:
                     xo0, xo2 = tl.split(xo02)
                     xo1, xo3 = tl.split(xo13)
-            if X_KIND != 2:  # (stand-ins: the odd inputs come from the same words)
+            if X_KIND < 2:  # (stand-ins: the odd inputs come from the same words)
                 xo0, xo1, xo2, xo3 = x0, x1, x0, x1
                 if EPW == 8:
                     xo2, xo3 = x2, x3
-            if XQ:
+            if XQ and X_KIND != 3:
                 amax = tl.zeros([WD, C, 1, VEC], tl.float32)
                 for t in tl.static_range(EPW // 2):
                     xe, xo = x_pair(x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3)),
@@ -504,6 +525,8 @@ def _row_kernel():
                         qo = qo | (bo << (8 * t))
                     else:  # int8: the 4 inputs of a word in order
                         qe = qe | (be << (16 * t)) | (bo << (16 * t + 8))
+                sx = tl.reshape(amax, (WD, C, 1)) * (1.0 / 127.0)
+            if XQ:
                 zeros = tl.zeros([WD, C, BLOCK_N, VEC], tl.int32)
                 ones = tl.full([WD, C, 1, VEC], 0x01010101, tl.int32)
                 if EPW == 8:
@@ -567,7 +590,6 @@ def _row_kernel():
             if FP8:
                 acc += tl.sum(dot, axis=3) * s_b
             elif XQ:
-                sx = tl.reshape(amax, (WD, C, 1)) * (1.0 / 127.0)
                 if ONE_BYTE and not HAS_OFFSET:
                     acc += tl.sum(isum, axis=3).to(tl.float32) * s_b * sx
                 else:
@@ -591,7 +613,7 @@ def _row_kernel():
 
 
     @triton.jit
-    def packed_row_kernel(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
+    def packed_row_kernel(x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
                           count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                           ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
                           HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
@@ -602,7 +624,7 @@ def _row_kernel():
         if PDL > 0:
             pdl_enter(tl.program_id(0), tl.program_id(1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
                       PF_LINES, PDL)
-        row_body(tl.program_id(0), tl.program_id(1), x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
+        row_body(tl.program_id(0), tl.program_id(1), x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
                  out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                  ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
                  K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED)
@@ -610,7 +632,7 @@ def _row_kernel():
             tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
-    def packed_row_kernel2(x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
+    def packed_row_kernel2(x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
                            count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                            ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
                            HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
@@ -641,13 +663,13 @@ def _row_kernel():
                           K_PER_SPLIT_b, BLOCK_N_b, PF_LINES, PDL)
         if pid < TILES_A:
             if pid_k < SPLIT_K:
-                row_body(pid, pid_k, x_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
+                row_body(pid, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
                          part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                          ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
                          K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED)
         else:
             if pid_k < SPLIT_K_b:
-                row_body(pid - TILES_A, pid_k, x_ptr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, su_ptr_b, ou_ptr_b,
+                row_body(pid - TILES_A, pid_k, x_ptr, sx_ptr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, su_ptr_b, ou_ptr_b,
                          b_ptr_b, out_ptr_b, part_ptr_b, count_ptr_b, N_b, stride_q_b, stride_h_b, stride_s_b,
                          stride_u_b, low_mask_b, high_mask_b, ZERO_b, G_b, UNIT_b, HAS_OFFSET_b, HIGH_b,
                          ONE_BYTE_b, FP8_b, XQ_b, ASM, HAS_BIAS_b, X_KIND, SPLIT_K_b, K_PER_SPLIT_b, BLOCK_N_b,
@@ -658,7 +680,15 @@ def _row_kernel():
     return packed_row_kernel, packed_row_kernel2
 
 
-def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
+def rounds_x(weight: GroupedWeight) -> bool | None:
+    """The order a RoundedX must have for this weight's one-row launch (True: nibbles), or None
+    where the weight takes x in its own precision (FP8)."""
+    if weight.kind not in INT8_X_KINDS:
+        return None
+    return weight.kind != INT8
+
+
+def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: torch.Tensor | None = None,
                     tile: RowTile | None = None, out: torch.Tensor | None = None,
                     int8_x: bool = False, pdl: int = 0) -> torch.Tensor:
     """One row: x (1, K) -> (1, N), the weight decoded on CUDA cores and summed per lane (no
@@ -667,13 +697,18 @@ def packed_row_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     bits. Values within rounding of packed_gemv_ref.
     int8_x: every kind but FP8 multiplies x rounded to int8 (one scale per 16-32 inputs) by
     integer dot products (dp4a), as llama.cpp's kernels do: the weights' exact values times that
-    x, within x's rounding of the reference.
+    x, within x's rounding of the reference. A RoundedX x: the same integer products, x rounded
+    once before the launch (vectors of 32 inputs; in the kernel, of the thread's 16 or 32).
     pdl: programmatic dependent launch (row_pdl_args); the same values."""
     if out is None:
         out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
-    _row_kernel()[0][grid](x, **args, **launch, **row_pdl_args(x.device, pdl))
+    _row_kernel()[0][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, pdl))
     return out
+
+
+def _x_arg(x: torch.Tensor | RoundedX) -> torch.Tensor:
+    return x.words if isinstance(x, RoundedX) else x
 
 
 def row_pdl_args(device, pdl: int) -> dict:
@@ -686,7 +721,8 @@ def row_pdl_args(device, pdl: int) -> dict:
     return dict(PDL=pdl, launch_pdl=True, PF_LINES=PREFETCH_LINES)
 
 
-def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases: list, outs: list[torch.Tensor],
+def packed_row_gemv_blocks(x: torch.Tensor | RoundedX, blocks: list[GroupedWeight], biases: list,
+                           outs: list[torch.Tensor],
                            int8_x: bool = False, tiles: tuple | None = None, pdl: int = 0) -> None:
     """packed_row_gemv of two blocks of one projection (each its own kind and tile: `tiles`, or
     each block's default) in one launch, writing outs[i] = x @ blocks[i].T (+ biases[i]): the same
@@ -701,11 +737,11 @@ def packed_row_gemv_blocks(x: torch.Tensor, blocks: list[GroupedWeight], biases:
         # the first's
         assert grid_a[0] + grid_b[0] <= _MAX_TILES
         args_b["count_ptr"] = args_b["count_ptr"][grid_a[0]:]
-    shared = ("ASM", "X_KIND")
-    assert all(args_a[k] == args_b[k] for k in shared)
+    shared = ("ASM", "X_KIND", "sx_ptr")
+    assert all(args_a[k] is args_b[k] or args_a[k] == args_b[k] for k in shared)
     _row_kernel()[1][(grid_a[0] + grid_b[0], max(grid_a[1], grid_b[1]))](
-        x, **args_a, **{f"{k}_b": v for k, v in args_b.items() if k not in shared}, TILES_A=grid_a[0], **launch_a,
-        **row_pdl_args(x.device, pdl))
+        _x_arg(x), **args_a, **{f"{k}_b": v for k, v in args_b.items() if k not in shared}, TILES_A=grid_a[0],
+        **launch_a, **row_pdl_args(x.device, pdl))
 
 
 def blocks_fit_one_launch(blocks: list[GroupedWeight]) -> bool:
@@ -723,7 +759,9 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     kernel's arguments past x by name, and the launch options (warps, stages)."""
     m, k = x.shape
     n = weight.shape[0]
-    assert m == 1 and k == weight.shape[1] and x.stride(1) == 1
+    rounded = isinstance(x, RoundedX)
+    assert m == 1 and k == weight.shape[1] and (rounded or x.stride(1) == 1)
+    assert not rounded or rounds_x(weight) == x.nibble_order, (KIND_NAMES[weight.kind], x.nibble_order)
     per_word = _per_word(weight.kind)
     group = tile_group(k, weight.group)
     tile = tile or row_tile_for(weight)
@@ -739,10 +777,11 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     part, counters = _split_buffers(tile.split_k, 1, n, tiles, out)
     bits = 8 if per_word == 4 else 4 + high
     low = 23 - bits
-    x_kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
-    args = dict(b_ptr=bias if bias is not None else out, out_ptr=out, part_ptr=part, count_ptr=counters, N=n,
+    x_kind = 3 if rounded else {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
+    args = dict(sx_ptr=x.scales if rounded else x, b_ptr=bias if bias is not None else out, out_ptr=out,
+                part_ptr=part, count_ptr=counters, N=n,
                 **_weight_args(weight), low_mask=((1 << (32 // per_word)) - 1) << low,
-                high_mask=((1 << high) - 1) << (low + 4), XQ=int8_x and weight.kind in INT8_X_KINDS,
+                high_mask=((1 << high) - 1) << (low + 4), XQ=rounded or (int8_x and weight.kind in INT8_X_KINDS),
                 ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k,
                 K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec)
     return (tiles, tile.split_k), args, dict(num_warps=tile.num_warps,

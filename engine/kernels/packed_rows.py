@@ -33,12 +33,13 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import triton_interpreting
+from engine.kernels.rounded_x import round_helper
 from engine.weights.grouped import INT8, ZERO, GroupedWeight, dequantize_grouped
 
 MAX_ROWS = 16
 X_VECTOR = 32  # inputs of x that share one int8 scale
 ROW_BUCKETS = (1, 2, 4, 8, 16)  # the row counts compiled; a call runs the smallest that holds its rows
-dp4a = spread1 = spread2 = sum_splits = row_term = pair_rows = rows_stack = None  # bound by _kernels()
+dp4a = spread1 = spread2 = sum_splits = row_term = pair_rows = rows_stack = round_vectors = None  # bound by _kernels()
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def _kernels():
     from engine.kernels import packed_gemv
 
     packed_gemv._row_kernel()  # binds packed_gemv's dp4a, spread1, spread2 and sum_splits
-    global dp4a, spread1, spread2, sum_splits, row_term, pair_rows, rows_stack
+    global dp4a, spread1, spread2, sum_splits, row_term, pair_rows, rows_stack, round_vectors
+    round_vectors = round_helper()  # engine/kernels/rounded_x.py
     dp4a, spread1, spread2 = packed_gemv.dp4a, packed_gemv.spread1, packed_gemv.spread2
     sum_splits = packed_gemv.sum_splits
 
@@ -92,20 +94,10 @@ def _kernels():
         i = tl.arange(0, 32)
         x = tl.load(x_ptr + r * stride_x + v[:, None] * 32 + i[None, :], mask=v_ok[:, None] & (r < num_rows),
                     other=0.0).to(tl.float32)
-        amax = tl.max(tl.abs(x), axis=1)
-        inv = 127.0 / tl.maximum(amax, 1e-30)  # a vector of zeros rounds to zeros
-        # + 1.5 * 2^23 rounds to an integer in the float's low bits
-        q = (x * inv[:, None] + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
-        tl.store(sx_ptr + v * R + r, amax * (1.0 / 127.0), mask=v_ok)
+        words, scales, q = round_vectors(x, BLOCK_V, NIBBLE_ORDER)
+        tl.store(sx_ptr + v * R + r, scales, mask=v_ok)
         qs = tl.sum(tl.reshape(q, (BLOCK_V, 2, 16)), axis=2)
         tl.store(qs_ptr + (v[:, None] * R + r) * 2 + tl.arange(0, 2)[None, :], qs, mask=v_ok[:, None])
-        b = q & 0xFF
-        if NIBBLE_ORDER:  # input 8j + 2t + e -> byte t of word 4e + j: the even inputs' 4 words, then the odd's
-            b = tl.permute(tl.reshape(b, (BLOCK_V, 4, 4, 2)), (0, 3, 1, 2))  # (v, e, j, t)
-            words = tl.sum(b << (8 * tl.arange(0, 4))[None, None, None, :], axis=3)
-        else:  # input 4j + t -> byte t of word j
-            words = tl.sum(tl.reshape(b, (BLOCK_V, 8, 4)) << (8 * tl.arange(0, 4))[None, None, :], axis=2)
-        words = tl.reshape(words, (BLOCK_V, 8))
         tl.store(xq_ptr + (v[:, None] * R + r) * 8 + tl.arange(0, 8)[None, :], words, mask=v_ok[:, None])
 
     @triton.jit

@@ -382,6 +382,42 @@ def test_packed_row_gemv_int8_x_is_the_weights_times_x_rounded(device, name, par
                        packed_row_gemv(x, other, None, RowTile(4, 256, num_warps=1, vec=16)))
 
 
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("name,parts", INT8_X_CASES, ids=[c[0] for c in INT8_X_CASES])
+def test_packed_row_gemv_takes_x_rounded_before_the_launch(device, name, parts):
+    """A RoundedX (x rounded once, vectors of 32 inputs, the weight's word order): the weights'
+    exact values times that x within float rounding, on every tile; where the kernel's own vector
+    is 32 inputs too, the bits of int8_x. The other word order, or FP8, is refused."""
+    from engine.kernels.packed_gemv import RowTile, packed_row_gemv, rounds_x, row_tile_for
+    from engine.kernels.rounded_x import round_x
+
+    g = from_packed(parts).to(device)
+    n, k = g.shape
+    x32 = torch.randn(1, k, generator=torch.Generator().manual_seed(n + k + 6))
+    x32[0, 32:64] = 0.0  # a vector of zeros: its scale and its products stay finite
+    w = dequantize_grouped(g).float()
+    for tile in (None, RowTile(4, 256, num_warps=1, vec=16), RowTile(2, 512, num_warps=1, vec=8),
+                 RowTile(4, 64, split_k=2, vec=4)):
+        if tile is not None and (k % tile.split_k or (k // tile.split_k) % min(g.group, tile.block_k)
+                                 or (tile.block_k % g.group and g.group % tile.block_k)):
+            continue
+        t = tile or row_tile_for(g)
+        per_word = 4 if g.kind == INT8 else 8
+        vec = min(t.vec // 4, min(g.group, t.block_k) // per_word)
+        for dtype in (torch.bfloat16,) + ((torch.float32,) if device == "cpu" else ()):
+            x = x32.to(device, dtype)
+            rx = round_x(x, rounds_x(g))
+            got = packed_row_gemv(rx, g, None, tile)
+            assert got.dtype == dtype and got.shape == (1, n)
+            want = F.linear(_rounded_x(x, 32), w)
+            tol = 1e-5 if dtype == torch.float32 else 1e-2
+            assert float((got.float() - want).abs().max()) <= tol * float(want.abs().max()), (name, tile, dtype)
+            if per_word * vec == 32 and device == "cpu":
+                assert torch.equal(got, packed_row_gemv(x, g, None, tile, int8_x=True)), (name, tile)
+    with pytest.raises(AssertionError):
+        packed_row_gemv(round_x(x32.to(device, torch.bfloat16), not rounds_x(g)), g)
+
+
 def test_default_row_tiles_fill_their_warps():
     """The one-row kernel's default tiles: on the 8B shape's projections a step's 8- or 16-byte
     vectors fill all four warps (tiles that left threads over ran 2x-6x slower on an H200); a
@@ -486,7 +522,7 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
 
     class Recording(PackedLinear):
         def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
-                    row_pdl=0):
+                    row_pdl=0, rounded=None):
             asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl))
             return x
 

@@ -480,6 +480,53 @@ def test_add_rms_norm(device, dtype, shape, with_residual):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hidden", [576, 4096, 3584])
+@pytest.mark.parametrize("order", [True, False])
+def test_add_rms_norm_rounded_hands_over_its_output_rounded(device, hidden, order):
+    """One row's norm that also rounds its output for the projection after it: the same normed
+    row and stream as add_rms_norm, and the words and scales quantize_rows gives that row, bit
+    for bit (hidden sizes below, at and past a power of two)."""
+    from engine.kernels.norm import add_rms_norm_rounded
+    from engine.kernels.packed_rows import quantize_rows
+    from engine.kernels.rounded_x import round_x
+
+    gen = torch.Generator().manual_seed(hidden)
+    dtype = torch.bfloat16
+    x, residual = (torch.randn(1, hidden, generator=gen).to(device, dtype) * 3 for _ in range(2))
+    x[0, 64:96] = 0.0
+    residual[0, 64:96] = 0.0  # a vector of zeros
+    weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(device, dtype)
+    for res in (residual, None):
+        normed, stream, rounded = add_rms_norm_rounded(x, res, weight, 1e-5, order)
+        want_normed, want_stream = add_rms_norm(x, res, weight, 1e-5)
+        assert torch.equal(normed, want_normed) and torch.equal(stream, want_stream)
+        want = round_x(normed, order)
+        assert rounded.nibble_order == order and rounded.dtype == dtype and rounded.shape == (1, hidden)
+        assert torch.equal(rounded.words, want.words) and torch.equal(rounded.scales, want.scales)
+        words, scales, _ = quantize_rows(normed, order)  # the batch-invariant kernel's layout, one row
+        assert torch.equal(words, want.words) and torch.equal(scales, want.scales)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("inter", [1536, 14336, 1056])
+@pytest.mark.parametrize("order", [True, False])
+def test_silu_and_mul_rounded_hands_over_its_output_rounded(device, inter, order):
+    """One row's activation that also rounds its output for the down projection: the same row as
+    silu_and_mul, and the words and scales quantize_rows gives it, bit for bit (the last program's
+    columns in part past the end)."""
+    from engine.kernels.activation import silu_and_mul_rounded
+    from engine.kernels.rounded_x import round_x
+
+    gen = torch.Generator().manual_seed(inter)
+    gate_up = (torch.randn(1, 2 * inter, generator=gen) * 4).to(device, torch.bfloat16)
+    act, rounded = silu_and_mul_rounded(gate_up, order)
+    assert torch.equal(act, silu_and_mul(gate_up))
+    want = round_x(act, order)
+    assert rounded.shape == (1, inter) and rounded.nibble_order == order
+    assert torch.equal(rounded.words, want.words) and torch.equal(rounded.scales, want.scales)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 576), (6, 576), (3, 1000), (2, 4096)])
 def test_embed_pair_norm(device, dtype, shape):

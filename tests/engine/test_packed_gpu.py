@@ -107,6 +107,39 @@ def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype
         assert float((got - want[:1]).abs().max()) <= 3e-2 * float(want[:1].abs().max()), name
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_a_packed_one_row_step_takes_x_rounded_by_the_kernel_before(tmp_path, qtype):
+    """No draft loaded: a quantized layer's one-row step runs RoundingLayerKernels, whose norm
+    and activation hand qkv, gate_up and down their row rounded to int8 (nibble and int8 word
+    orders), within x's rounding of the set where each program rounds x itself; with
+    LOCALCHAT_PACKED_ROUNDED_X=0 the plain set; the engine decodes its 48 tokens either way."""
+    from types import SimpleNamespace
+
+    from engine.engine import Engine
+    from engine.layer_kernels import RoundingLayerKernels
+    from engine.options import KernelOptions
+    from tests.tiny_gguf import make_tiny_gguf
+
+    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=2048)
+    on = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True))
+    off = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True, packed_rounded_x=False))
+    step = SimpleNamespace(is_packed=False, slot_map=None)
+    layer_on, layer_off = on.runner.model.model.layers[1], off.runner.model.model.layers[1]
+    x, residual = (torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    rounding = layer_on.ops.layer_kernels(x, step, False, True)
+    plain = layer_off.ops.layer_kernels(x, step, False, True)
+    assert isinstance(rounding, RoundingLayerKernels) and not isinstance(plain, RoundingLayerKernels)
+    assert layer_on.mlp.down_proj.rounded_order() == (qtype != "Q8_0")
+    got, stream = rounding.norm_linear(x, residual, layer_on.input_layernorm, layer_on.self_attn.qkv_proj, "qkv")
+    want, want_stream = plain.norm_linear(x, residual, layer_off.input_layernorm, layer_off.self_attn.qkv_proj, "qkv")
+    assert torch.equal(stream, want_stream)
+    assert float((got.float() - want.float()).abs().max()) <= 3e-2 * float(want.float().abs().max())
+    got, _ = rounding.mlp(x, residual, layer_on.post_attention_layernorm, layer_on.mlp)
+    want, _ = plain.mlp(x, residual, layer_off.post_attention_layernorm, layer_off.mlp)
+    assert float((got.float() - want.float()).abs().max()) <= 3e-2 * float(want.float().abs().max())
+    assert len(tokens(on)) == 48 and len(tokens(off)) == 48
+
+
 _CT_GROUP = {"targets": ["Linear"], "input_activations": None}
 # Safetensors layouts at hidden 2,048 (K long enough for the one-row kernel): (packer, its
 # options, quantization_config, the label the engine reports)

@@ -19,7 +19,8 @@ POINTERS = {"part_ptr": "*fp32", "count_ptr": "*i32", "pos_ptr": "*i64", "ids_pt
             "rows_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "next_ptr": "*i64",
             "map_ptr": "*i32", "map_base_ptr": "*i32", "sq_ptr": "*fp32", "temp_ptr": "*fp32", "e_ptr": "*fp32",
             "q_ptr": "*fp32", "tok_ptr": "*i64", "stats_ptr": "*fp32", "drafts_ptr": "*i64", "to_draft_ptr": "*i32",
-            "u_ptr": "*fp32", "alt_ptr": "*i64", "u_alt_ptr": "*fp32", "mass_ptr": "*fp32"}
+            "u_ptr": "*fp32", "alt_ptr": "*i64", "u_alt_ptr": "*fp32", "mass_ptr": "*fp32", "words_ptr": "*i32",
+            "scales_ptr": "*fp32"}
 _TREE_POINTERS = {"frontier_ptr": "*i64", "tokens_ptr": "*i64", "parents_ptr": "*i64", "scores_ptr": "*fp32",
                   "d2t_ptr": "*i64", "slot_of_ptr": "*i64", "slots_ptr": "*i64", "above_ptr": "*i64",
                   "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "part_keys_ptr": "*i64"}
@@ -54,7 +55,8 @@ def _kernels():
     row_base = dict(shared, NORM_MODE=0, K_POW2=1, GATED=False, NORM_TAIL=False, N_POW2=1, EPILOGUE=0)
     dot_base = dict(shared, DOT_F32=False, SWAP_AB=False, EPILOGUE=0, SQ_POW2=1, GATE=False)
     return [
-        ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024), 4),
+        ("add_rms_norm", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=1024, ROUND=0), 4),
+        ("add_rms_norm rounded", norm._kernels()[0], dict(HAS_RESIDUAL=True, BLOCK=4096, ROUND=1), 16),
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024, B_ROWS=False), 4),
         ("embed_pair_norm b_rows", norm._kernels()[1], dict(BLOCK=1024, B_ROWS=True), 4, {"b_rows_ptr": "*i64"}),
         ("embed_rows", norm._kernels()[2], dict(BLOCK=1024), 4),
@@ -68,7 +70,8 @@ def _kernels():
         ("draft_pick", draft_pick._kernels()[1], dict(ALTS=3, HAS_OFFSETS=True, BLOCK=2048), 8,
          {"out_ptr": "*i64"}),
         ("take_alternative", alternative._kernels(), dict(OUT_ROWS=6, BLOCK=256, BLOCK_W=2048), 4),
-        ("silu_and_mul", activation._kernels(), dict(BLOCK=1024), 4),
+        ("silu_and_mul", activation._kernels(), dict(BLOCK=1024, ROUND=0), 4),
+        ("silu_and_mul rounded", activation._kernels(), dict(BLOCK=1024, ROUND=2), 4),
         ("rope_and_cache", rope._kernels(), dict(HEAD_DIM=64, HALF=32, BLOCK_HQ=16, BLOCK_HKV=4, BLOCK_HALF=32,
                                                  BLOCK_D=64), 4),
         ("attention split", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_M=16, BLOCK_N=64, BLOCK_D=64,
@@ -192,7 +195,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 54  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 56  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
