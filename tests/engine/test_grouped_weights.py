@@ -338,6 +338,22 @@ def _rounded_x(x: torch.Tensor, block: int) -> torch.Tensor:
     return (torch.round(b * inv) * (amax * (1.0 / 127.0))).reshape(x.shape)
 
 
+def _int8_x_tiles(g):
+    """The one-row tiles the int8-x tests run on g: the default and three others, those whose K
+    steps fit its K and groups, each with its thread vector's inputs (the rounding's vector)."""
+    from engine.kernels.packed_gemv import RowTile, row_tile_for
+
+    k = g.shape[1]
+    for tile in (None, RowTile(4, 256, num_warps=1, vec=16), RowTile(2, 512, num_warps=1, vec=8),
+                 RowTile(4, 64, split_k=2, vec=4)):
+        if tile is not None and (k % tile.split_k or (k // tile.split_k) % min(g.group, tile.block_k)
+                                 or (tile.block_k % g.group and g.group % tile.block_k)):
+            continue
+        t = tile or row_tile_for(g)
+        per_word = 4 if g.kind == INT8 else 8
+        yield tile, per_word * min(t.vec // 4, min(g.group, t.block_k) // per_word)
+
+
 INT8_X_CASES = [c for c in KERNEL_CASES if not c[0].startswith("fp8")] + [
     ("awq g128 K384", [_int4("awq", 32, 384, 128)]), ("gguf Q8_0 K96", [_gguf("Q8_0", 8, 96, 10)]),
     ("gguf Q6_K K768", [_gguf("Q6_K", 8, 768, 9)])]
@@ -350,25 +366,18 @@ def test_packed_row_gemv_int8_x_is_the_weights_times_x_rounded(device, name, par
     (integer dot products), == F.linear of the dequantized weight and that rounded x within float
     rounding (fp32 x under the interpreter; bf16 on the GPU); and within a few percent of the
     unrounded reference. FP8 ignores int8_x."""
-    from engine.kernels.packed_gemv import RowTile, packed_gemv_ref, packed_row_gemv, row_tile_for
+    from engine.kernels.packed_gemv import RowTile, packed_gemv_ref, packed_row_gemv
 
     g = from_packed(parts).to(device)
     n, k = g.shape
     x32 = torch.randn(1, k, generator=torch.Generator().manual_seed(n + k + 5))
     x32[0, :8] = 0.0  # a vector of zeros in part: its scale and its products stay finite
     w = dequantize_grouped(g).float()
-    for tile in (None, RowTile(4, 256, num_warps=1, vec=16), RowTile(2, 512, num_warps=1, vec=8),
-                 RowTile(4, 64, split_k=2, vec=4)):
-        if tile is not None and (k % tile.split_k or (k // tile.split_k) % min(g.group, tile.block_k)
-                                 or (tile.block_k % g.group and g.group % tile.block_k)):
-            continue
-        t = tile or row_tile_for(g)
-        per_word = 4 if g.kind == INT8 else 8
-        vec = min(t.vec // 4, min(g.group, t.block_k) // per_word)
+    for tile, vector in _int8_x_tiles(g):
         for dtype in (torch.bfloat16,) + ((torch.float32,) if device == "cpu" else ()):
             x = x32.to(device, dtype)
             got = packed_row_gemv(x, g, None, tile, int8_x=True).float()
-            want = F.linear(_rounded_x(x, per_word * vec), w)
+            want = F.linear(_rounded_x(x, vector), w)
             scale = float(want.abs().max())
             tol = 1e-5 if dtype == torch.float32 else 1e-2
             assert float((got - want).abs().max()) <= tol * scale, (name, tile, dtype)
@@ -388,7 +397,7 @@ def test_packed_row_gemv_takes_x_rounded_before_the_launch(device, name, parts):
     """A RoundedX (x rounded once, vectors of 32 inputs, the weight's word order): the weights'
     exact values times that x within float rounding, on every tile; where the kernel's own vector
     is 32 inputs too, the bits of int8_x. The other word order, or FP8, is refused."""
-    from engine.kernels.packed_gemv import RowTile, packed_row_gemv, rounds_x, row_tile_for
+    from engine.kernels.packed_gemv import packed_row_gemv, rounds_x
     from engine.kernels.rounded_x import round_x
 
     g = from_packed(parts).to(device)
@@ -396,14 +405,7 @@ def test_packed_row_gemv_takes_x_rounded_before_the_launch(device, name, parts):
     x32 = torch.randn(1, k, generator=torch.Generator().manual_seed(n + k + 6))
     x32[0, 32:64] = 0.0  # a vector of zeros: its scale and its products stay finite
     w = dequantize_grouped(g).float()
-    for tile in (None, RowTile(4, 256, num_warps=1, vec=16), RowTile(2, 512, num_warps=1, vec=8),
-                 RowTile(4, 64, split_k=2, vec=4)):
-        if tile is not None and (k % tile.split_k or (k // tile.split_k) % min(g.group, tile.block_k)
-                                 or (tile.block_k % g.group and g.group % tile.block_k)):
-            continue
-        t = tile or row_tile_for(g)
-        per_word = 4 if g.kind == INT8 else 8
-        vec = min(t.vec // 4, min(g.group, t.block_k) // per_word)
+    for tile, vector in _int8_x_tiles(g):
         for dtype in (torch.bfloat16,) + ((torch.float32,) if device == "cpu" else ()):
             x = x32.to(device, dtype)
             rx = round_x(x, rounds_x(g))
@@ -412,7 +414,7 @@ def test_packed_row_gemv_takes_x_rounded_before_the_launch(device, name, parts):
             want = F.linear(_rounded_x(x, 32), w)
             tol = 1e-5 if dtype == torch.float32 else 1e-2
             assert float((got.float() - want).abs().max()) <= tol * float(want.abs().max()), (name, tile, dtype)
-            if per_word * vec == 32 and device == "cpu":
+            if vector == 32 and device == "cpu":
                 assert torch.equal(got, packed_row_gemv(x, g, None, tile, int8_x=True)), (name, tile)
     with pytest.raises(AssertionError):
         packed_row_gemv(round_x(x32.to(device, torch.bfloat16), not rounds_x(g)), g)
