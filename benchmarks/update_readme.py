@@ -116,6 +116,10 @@ ROWS = (
     ("packed_short", "H100, the same packed as a compressed-tensors W4A16 checkpoint (int4, group 128, no zero "
      "points), with bf16 and AWQ in the same call", "the same with `--random-quant W4A16` (and `AWQ`)",
      "h100_8b_packed_W4A16_session56.json, h100_8b_bf16_session56.json, h100_8b_packed_AWQ_session56.json"),
+    ("packed_short", "H100, the same packed as Q4_K_M, x rounded to int8 once by the norm and the activation before "
+     "the projections (the default; bf16 from an earlier call)",
+     "the same (and with `LOCALCHAT_PACKED_ROUNDED_X=0`)",
+     "h100_8b_packed_Q4_K_M_rounded_x1.json, h100_8b_bf16_session56.json, h100_8b_packed_Q4_K_M_rounded_x0.json"),
     ("packed_short", "H100, the same as FP8 e4m3 in 128 x 128 blocks (DeepSeek-V3's and Qwen3's FP8 files), same call",
      "the same with `--random-quant FP8-block` (and `FP8`)",
      "h100_8b_packed_FP8-block_session56.json, h100_8b_bf16_session56.json, h100_8b_packed_FP8_session56.json"),
@@ -177,6 +181,8 @@ def row(kind: str, label: str, command: str, name: str) -> str:
                     if "two_launches" in files[2]
                     else "AWQ 4-bit (group 128), same call" if "_packed_AWQ_" in files[2]
                     else "FP8 per output channel, same call" if "_packed_FP8_" in files[2]
+                    else "x rounded in every program (`LOCALCHAT_PACKED_ROUNDED_X=0`), same call"
+                    if "rounded_x0" in files[2]
                     else "the batch-invariant kernel")
             versus += f"; {what}: {off:.0f} tok/s ({tok / off:.2f}x)"
     elif kind == "prefill":  # packed_matmul against the torch slices (same machine), bf16 from a run beside
