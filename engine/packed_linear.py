@@ -126,7 +126,6 @@ class PackedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda and 1 <= rows.shape[0] <= MAX_ROWS and rows.dtype in (torch.bfloat16, torch.float16):
             by_order = {}  # x rounded to int8 once for the blocks that share its word order
-
             if rounded is not None:
                 assert one_row and int8_x and rows.shape[0] == 1 and rounded.nibble_order == self.rounded_order()
 

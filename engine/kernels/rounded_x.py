@@ -41,8 +41,8 @@ def round_helper():
     """The Triton function that rounds vectors of 32 values to int8 for the integer dot products:
     round_vectors(x (V, 32) float32, V, NIBBLE_ORDER) -> (words (V, 8) int32 in the order the
     weights' words meet them, scales (V,) fp32 max|x| / 127, the rounded values (V, 32) int32).
-    quantize_rows' kernel and the kernels that hand a projection x already rounded
-    (packed_gemv.RoundedX) call it, so both round alike."""
+    quantize_rows' kernel and the kernels that hand a projection x already rounded (RoundedX)
+    call it, so both round alike."""
     global tl  # a name of this module too: Triton's interpreter looks for it where the function lives
     import triton
     import triton.language as tl
