@@ -111,10 +111,10 @@ class Ops:
         projections are quantized: `packed`, since the fused kernels read bf16 weights). each_row:
         the layer's weights are small enough for the one-row set row by row
         (routing.each_row_layer)."""
-        mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row,
-                                  tree=batch.slot_map is not None)
         if self.fused_row is None:
             return self._unfused
+        mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row,
+                                  tree=batch.slot_map is not None)
         if packed:
             o = self.options
             rounding = o.packed_rounded_x and o.packed_row and o.packed_row_x == "int8" and not o.batch_invariant

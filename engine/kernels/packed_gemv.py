@@ -683,9 +683,7 @@ def _row_kernel():
 def rounds_x(weight: GroupedWeight) -> bool | None:
     """The order a RoundedX must have for this weight's one-row launch (True: nibbles), or None
     where the weight takes x in its own precision (FP8)."""
-    if weight.kind not in INT8_X_KINDS:
-        return None
-    return weight.kind != INT8
+    return weight.kind != INT8 if weight.kind in INT8_X_KINDS else None
 
 
 def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: torch.Tensor | None = None,
