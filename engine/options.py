@@ -110,9 +110,16 @@ class KernelOptions:
     # an H100: Q4_K_M 411.3 against 400.2 tok/s, AWQ 418.5 against 417.2 (docs/performance.md).
     # LOCALCHAT_PACKED_ROUNDED_X=0: each program rounds x itself.
     packed_rounded_x: bool = True
+    # With it, o_proj's row is rounded by the attention's merge (merge_head), not by o_proj's
+    # programs. LOCALCHAT_PACKED_ROUNDED_O=0: o_proj's programs round it.
+    packed_rounded_o: bool = True
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
+    # A one-row step off the batch-invariant tiles merges the attention's splits in the last split
+    # program of each kv head to finish, not in a merge launch after the split kernel: one launch
+    # fewer a layer. LOCALCHAT_ATTENTION_MERGE_LAST=0: the merge launches apart.
+    attention_merge_last: bool = True
     # With it, a batch-invariant verify step's rows (2 to 16) too: each split program writes the
     # step's keys it reads. LOCALCHAT_ROPE_IN_VERIFY=0: their RoPE launches apart.
     rope_in_verify: bool = True
@@ -263,6 +270,8 @@ class KernelOptions:
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
+            packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
+            attention_merge_last=_flag(env, "LOCALCHAT_ATTENTION_MERGE_LAST"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

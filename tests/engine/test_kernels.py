@@ -387,6 +387,117 @@ def test_rope_decode_attention_equals_rope_then_attention(device, dtype, shape, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(9, 3, 64, 300), (32, 8, 128, 1100), (4, 4, 96, 64)])
+@pytest.mark.parametrize("order", [True, False])
+def test_one_row_attention_hands_over_its_output_rounded(device, shape, order):
+    """round_for: the one-row step's attention also rounds its output for o_proj in the merge's
+    launch: the same output and caches as without, and the words and scales round_x gives that
+    row, bit for bit (head sizes 64, 128 and 96, whose last vector of each 128-wide tile lies past
+    the head); decode_attention alike."""
+    from engine.kernels.rounded_x import round_x
+
+    num_heads, num_kv_heads, head_dim, max_seq_len = shape
+    dtype = torch.bfloat16
+    gen = torch.Generator().manual_seed(sum(shape))
+    q, k, v, cos_sin, caches = _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
+    positions = torch.tensor([max_seq_len // 2], device=device)
+    k_a, v_a = caches[0].clone(), caches[1].clone()
+    k_b, v_b = caches[0].clone(), caches[1].clone()
+    scale = head_dim ** -0.5
+    want = rope_decode_attention(q, k, v, cos_sin, positions, k_a, v_a, scale)
+    got, rounded = rope_decode_attention(q, k, v, cos_sin, positions, k_b, v_b, scale, round_for=order)
+    assert torch.equal(got, want) and torch.equal(k_b, k_a) and torch.equal(v_b, v_a)
+    expect = round_x(got.reshape(1, -1), order)
+    assert rounded.shape == (1, num_heads * head_dim) and rounded.nibble_order == order
+    assert torch.equal(rounded.words, expect.words) and torch.equal(rounded.scales, expect.scales)
+    plain, rounded = decode_attention(q, k_a, v_a, positions, scale, round_for=order)
+    assert torch.equal(plain, decode_attention(q, k_a, v_a, positions, scale))
+    expect = round_x(plain.reshape(1, -1), order)
+    assert torch.equal(rounded.words, expect.words) and torch.equal(rounded.scales, expect.scales)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(9, 3, 64, 300), (32, 8, 128, 1100), (4, 4, 96, 64), (7, 1, 128, 8200)])
+@pytest.mark.parametrize("where", ["zero", "split_edge", "last", "slot"])
+@pytest.mark.parametrize("programs", [None, 3], ids=["programs", "3_programs"])
+def test_one_row_attention_merged_by_its_last_program(device, dtype, shape, where, programs, monkeypatch):
+    """merge_last: the last split program of each kv head to finish merges its heads' splits,
+    with no merge launch after: the same output bits as the merge launch, rounded for o_proj or
+    not, RoPE inside or apart, the caches the same, and every counter back at zero after each
+    launch (the next one, or a graph replay, counts from there). Shapes with one kv head of 7 q
+    heads, a head of 96, and a cache past 8,192 rows (splits of 128); 3 programs a kv head (each
+    loops over its splits)."""
+    if programs == 3:
+        monkeypatch.setattr(attention_module, "_split_programs", _three_programs)
+    num_heads, num_kv_heads, head_dim, max_seq_len = shape
+    gen = torch.Generator().manual_seed(sum(shape) + 3 * len(where))
+    q, k, v, cos_sin, caches = _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
+    pos = {"zero": 0, "split_edge": 64 if max_seq_len > 64 else 63, "last": max_seq_len - 1,
+           "slot": max_seq_len // 2}[where]
+    positions = torch.tensor([pos], device=device)
+    slots = torch.tensor([max_seq_len - 1], device=device) if where == "slot" else None
+    k_a, v_a = caches[0].clone(), caches[1].clone()
+    k_b, v_b = caches[0].clone(), caches[1].clone()
+    scale = head_dim ** -0.5
+    counts = attention_module._merge_counters(torch.device(device))
+    want = rope_decode_attention(q, k, v, cos_sin, positions, k_a, v_a, scale, slots=slots)
+    merged = rope_decode_attention(q, k, v, cos_sin, positions, k_b, v_b, scale, slots=slots, merge_last=True)
+    assert torch.equal(merged, want) and torch.equal(k_b, k_a) and torch.equal(v_b, v_a)
+    assert not counts.any()
+    plain = decode_attention(q, k_a, v_a, positions, scale, own_slots=slots)
+    assert torch.equal(decode_attention(q, k_a, v_a, positions, scale, own_slots=slots, merge_last=True), plain)
+    assert not counts.any()
+    if dtype == torch.bfloat16 and head_dim % 32 == 0:
+        for order in (True, False):
+            want, want_rounded = decode_attention(q, k_a, v_a, positions, scale, own_slots=slots, round_for=order)
+            got, rounded = decode_attention(q, k_a, v_a, positions, scale, own_slots=slots, round_for=order,
+                                            merge_last=True)
+            assert torch.equal(got, want) and rounded.nibble_order == order
+            assert torch.equal(rounded.words, want_rounded.words) and torch.equal(rounded.scales, want_rounded.scales)
+            assert not counts.any()
+    ref_k, ref_v = caches[0].clone(), caches[1].clone()
+    ref_q = rope_and_cache_ref(q, k, v, cos_sin, positions, ref_k, ref_v, slots)
+    torch.testing.assert_close(merged, decode_attention_ref(ref_q, ref_k, ref_v, positions, scale, slots),
+                               **tol(device, dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_row_attention_merged_by_its_last_program_in_a_graph():
+    """A one-row step with merge_last, captured once with RoPE inside and replayed with new
+    inputs, positions across the whole cache and some at its first rows: equals the references
+    every time (the counters, left at zero by each launch, serve the next replay)."""
+    gen = torch.Generator().manual_seed(5)
+    num_heads, num_kv_heads, head_dim, max_seq_len = 32, 8, 128, 4096
+    q, k, v, cos_sin, caches = _rope_case("cuda", torch.bfloat16, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
+    qkv = q._base  # q, k and v are views of one fused row
+    k_cache, v_cache = caches
+    positions = torch.zeros(1, device="cuda", dtype=torch.int64)
+
+    def step():
+        return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, head_dim**-0.5,
+                                     merge_last=True)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for i in range(24):
+        qkv.copy_(torch.randn(qkv.shape, generator=gen))
+        k_cache.copy_(torch.randn(k_cache.shape, generator=gen))
+        v_cache.copy_(torch.randn(v_cache.shape, generator=gen))
+        positions.fill_(int(torch.randint(0, 200 if i % 2 else max_seq_len, (1,), generator=gen)))
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        q_rot = rope_and_cache_ref(q, k, v, cos_sin, positions, want_k, want_v)
+        want = decode_attention_ref(q_rot, want_k, want_v, positions, head_dim**-0.5)
+        graph.replay()
+        torch.testing.assert_close(out, want, **TOL[torch.bfloat16])
+        assert torch.equal(v_cache, want_v)
+    assert not attention_module._merge_counters(torch.device("cuda")).any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(9, 3, 64, 300), (8, 2, 128, 1100)])
 @pytest.mark.parametrize("rows", ["2", "6_across_a_split", "16_at_the_end", "6_with_alternatives"])
 @pytest.mark.parametrize("invariant", [True, "per_token"])

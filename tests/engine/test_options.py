@@ -22,7 +22,9 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                 "LOCALCHAT_LEAN_DRAFT": "lean_draft", "LOCALCHAT_TOKEN_ATTENTION": "token_attention",
                 "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats",
                 "LOCALCHAT_PACKED_ROW": "packed_row", "LOCALCHAT_SHARE_SMS": "share_sms",
-                "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch", "LOCALCHAT_PACKED_ROUNDED_X": "packed_rounded_x"}
+                "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch", "LOCALCHAT_PACKED_ROUNDED_X": "packed_rounded_x",
+                "LOCALCHAT_PACKED_ROUNDED_O": "packed_rounded_o",
+                "LOCALCHAT_ATTENTION_MERGE_LAST": "attention_merge_last"}
     for name, field in switches.items():
         assert getattr(default, field) is True
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
