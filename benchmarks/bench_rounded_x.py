@@ -8,6 +8,7 @@ rounded for each (the rounding's own launch timed apart: an engine would fold it
 kernel before). Outputs are checked against the weights' exact values times the rounded x.
 
     python benchmarks/bench_rounded_x.py --out rounded_x.json [--layouts AWQ,Q4_K_M]
+        [--down-tiles 4x4096v16,8x4096v16 [--only-down-tiles]]
 """
 
 from __future__ import annotations
@@ -25,19 +26,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_gemv import time_graph  # noqa: E402
 from benchmarks.bench_packed import SHAPES, blocks_for  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
-from engine.kernels.packed_gemv import packed_row_gemv, rounds_x  # noqa: E402
+from engine.kernels.packed_gemv import RowTile, packed_row_gemv, row_tile_for, rounds_x  # noqa: E402
 from engine.kernels.rounded_x import round_x  # noqa: E402
 from engine.kernels.packed_rows import rounded_x  # noqa: E402
 from engine.weights.grouped import dequantize_grouped  # noqa: E402
 
 
-def run(x, rx, blocks, out, pdl):
-    """The projection's blocks as an engine with no draft runs them: x itself (int8_x), or rx."""
+def run(x, rx, blocks, out, pdl, tile=None):
+    """The projection's blocks as an engine with no draft runs them: x itself (int8_x), or rx
+    (on `tile`, or each block's default)."""
     start = 0
     for b in blocks:
         stop = start + b.shape[0]
-        packed_row_gemv(x if rx is None else rx, b, None, out=out[:, start:stop], int8_x=True, pdl=pdl)
+        packed_row_gemv(x if rx is None else rx, b, None, tile=tile, out=out[:, start:stop], int8_x=True, pdl=pdl)
         start = stop
+
+
+def parse_tile(spec: str) -> RowTile:
+    """ROWSxSTEPvBYTES, e.g. 4x4096v16: rows a program, inputs a K step, bytes a load."""
+    rows, rest = spec.split("x")
+    step, vec = rest.split("v")
+    return RowTile(int(rows), int(step), vec=int(vec))
 
 
 def main() -> None:
@@ -47,6 +56,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--pdl", type=int, default=2)
+    ap.add_argument("--down-tiles", default="",
+                    help="also time down on these tiles (e.g. 4x4096v16,8x4096v16), x rounded each way")
+    ap.add_argument("--only-down-tiles", action="store_true", help="time down's tiles alone")
     args = ap.parse_args()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -58,6 +70,8 @@ def main() -> None:
         entry = report["layouts"][layout] = {}
         sets_by_role = {}
         for role, (n, k) in SHAPES.items():
+            if args.only_down_tiles and role != "down":
+                continue
             blocks = blocks_for(layout, role, dev, gen)
             nbytes = sum(b.nbytes for b in blocks)
             copies = max(1, (512 << 20) // nbytes + 1)
@@ -74,6 +88,20 @@ def main() -> None:
             us_in = time_graph(lambda i: run(x, None, sets[i % copies], out, args.pdl), args.iters, args.calls)
             us_rx = time_graph(lambda i: run(x, rx, sets[i % copies], out, args.pdl), args.iters, args.calls)
             us_round = time_graph(lambda i: round_x(x, order), args.iters, args.calls)
+            if role == "down" and args.down_tiles:
+                entry["down_tiles"] = {}
+                for spec in args.down_tiles.split(","):
+                    tile = parse_tile(spec)
+                    run(x, rx, blocks, out, args.pdl, tile)
+                    tile_err = float((out.float() - want).abs().max() / want.abs().max())
+                    us_t_in = time_graph(lambda i: run(x, None, sets[i % copies], out, args.pdl, tile), args.iters,
+                                         args.calls)
+                    us_t_rx = time_graph(lambda i: run(x, rx, sets[i % copies], out, args.pdl, tile), args.iters,
+                                         args.calls)
+                    entry["down_tiles"][spec] = {"us_int8_x": us_t_in, "us_rounded_x": us_t_rx,
+                                                 "rel_err_vs_rounded_ref": tile_err}
+                    print(f"{layout:7s} down on {spec} (default {row_tile_for(blocks[0])}): int8_x {us_t_in:7.2f} us  "
+                          f"rounded before {us_t_rx:7.2f} us  rel err {tile_err:.2g}", flush=True)
             entry[role] = {"bytes": nbytes, "us_int8_x": us_in, "us_rounded_x": us_rx, "us_round_x_launch": us_round,
                            "speedup": us_in / us_rx, "rel_err_vs_rounded_ref": err,
                            "of_copy_int8_x": nbytes / us_in / 1e3 / (bw / 1e9),
@@ -81,6 +109,9 @@ def main() -> None:
             print(f"{layout:7s} {role:8s} int8_x {us_in:7.2f} us ({100 * entry[role]['of_copy_int8_x']:4.1f}%)  "
                   f"rounded before {us_rx:7.2f} us ({100 * entry[role]['of_copy_rounded_x']:4.1f}%)  "
                   f"x{us_in / us_rx:.3f}  rounding launch {us_round:5.2f} us  rel err {err:.2g}", flush=True)
+        if args.only_down_tiles:
+            del sets_by_role
+            continue
         xs = {role: torch.randn(1, k, device=dev, dtype=torch.bfloat16, generator=gen)
               for role, (n, k) in SHAPES.items()}
         outs = {role: torch.empty(1, n, device=dev, dtype=torch.bfloat16) for role, (n, k) in SHAPES.items()}
