@@ -110,6 +110,10 @@ class KernelOptions:
     # an H100: Q4_K_M 411.3 against 400.2 tok/s, AWQ 418.5 against 417.2 (docs/performance.md).
     # LOCALCHAT_PACKED_ROUNDED_X=0: each program rounds x itself.
     packed_rounded_x: bool = True
+    # The one-row packed kernel's steps: 4,096 inputs with 16-byte loads wherever K is longer (the
+    # last past K's end where K is no multiple of 4,096: the 8B's down), not 2,048 with 8-byte
+    # loads (packed_gemv.default_row_tile). LOCALCHAT_PACKED_LONG_STEPS=1|0.
+    packed_long_steps: bool = False
     # With it, o_proj's row is rounded by the attention's merge (merge_head), not by o_proj's
     # programs. LOCALCHAT_PACKED_ROUNDED_O=0: o_proj's programs round it.
     packed_rounded_o: bool = True
@@ -271,6 +275,7 @@ class KernelOptions:
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
+            packed_long_steps=_flag(env, "LOCALCHAT_PACKED_LONG_STEPS", default=False),
             attention_merge_last=_flag(env, "LOCALCHAT_ATTENTION_MERGE_LAST"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),

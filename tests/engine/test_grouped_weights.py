@@ -424,7 +424,7 @@ def test_default_row_tiles_fill_their_warps():
     """The one-row kernel's default tiles: on the 8B shape's projections a step's 8- or 16-byte
     vectors fill all four warps (tiles that left threads over ran 2x-6x slower on an H200); a
     short K, as a small model's, gets one warp."""
-    from engine.kernels.packed_gemv import default_row_tile
+    from engine.kernels.packed_gemv import RowTile, default_row_tile
 
     for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
         for group in (16, 32, 64, 128):
@@ -444,6 +444,14 @@ def test_default_row_tiles_fill_their_warps():
     for k in (3584, 18944, 3072):
         tile = default_row_tile(4096, k, 32)
         assert (tile.block_k, tile.num_warps) == (2048, 4) and k % tile.block_k, k
+    # long_steps: nibbles over a K past 4,096 take steps of 4,096 with 16-byte loads (the last past
+    # K's end where it must); a K of 4,096 or shorter, and int8, keep their tiles
+    for k in (14336, 18944, 6144, 8192):
+        for group in (32, 128):
+            assert default_row_tile(4096, k, group, 8, long_steps=True) == RowTile(4, 4096, vec=16), (k, group)
+    for k, group, per_word in ((4096, 32, 8), (3584, 32, 8), (2048, 128, 8), (576, 32, 8), (14336, 32, 4)):
+        assert (default_row_tile(4096, k, group, per_word, long_steps=True)
+                == default_row_tile(4096, k, group, per_word)), (k, per_word)
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
@@ -524,22 +532,25 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
 
     class Recording(PackedLinear):
         def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
-                    row_pdl=0, rounded=None):
-            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl))
+                    row_pdl=0, rounded=None, long_steps=False):
+            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl, long_steps))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
     x = torch.zeros(1, linear.in_features)
-    for options, want in ((KernelOptions(), (True, True, False, True, 2)),
-                          (KernelOptions(batch_invariant=True), (False, True, False, True, 2)),
-                          (KernelOptions(packed_row=False), (False, True, False, True, 2)),
-                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True, 2)),
-                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True, 2)),
-                          (KernelOptions(packed_one_launch=False), (True, True, False, False, 2)),
-                          (KernelOptions(packed_row_pdl=1), (True, True, False, True, 1)),
-                          (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0)),
+    long = KernelOptions().packed_long_steps
+    for options, want in ((KernelOptions(), (True, True, False, True, 2, long)),
+                          (KernelOptions(batch_invariant=True), (False, True, False, True, 2, long)),
+                          (KernelOptions(packed_row=False), (False, True, False, True, 2, long)),
+                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True, 2, long)),
+                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"),
+                           (False, True, True, True, 2, long)),
+                          (KernelOptions(packed_one_launch=False), (True, True, False, False, 2, long)),
+                          (KernelOptions(packed_row_pdl=1), (True, True, False, True, 1, long)),
+                          (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0, long)),
+                          (KernelOptions(packed_long_steps=not long), (True, True, False, True, 2, not long)),
                           # no PDL anywhere: none for the row kernel either
-                          (KernelOptions(pdl=False), (True, True, False, True, 0))):
+                          (KernelOptions(pdl=False), (True, True, False, True, 0, long))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 
