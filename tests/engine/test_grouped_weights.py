@@ -420,6 +420,35 @@ def test_packed_row_gemv_takes_x_rounded_before_the_launch(device, name, parts):
         packed_row_gemv(round_x(x32.to(device, torch.bfloat16), not rounds_x(g)), g)
 
 
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("name,parts", [("awq g128", [_int4("awq", 8, 6144, 128)]),
+                                        ("gguf Q4_K", [_gguf("Q4_K", 4, 6144, 3)]),
+                                        ("gguf Q6_K", [_gguf("Q6_K", 4, 6144, 4)])], ids=["awq", "q4_k", "q6_k"])
+def test_long_steps_end_past_k(device, name, parts):
+    """long_steps over a K of 6,144: steps of 4,096 with 16-byte loads, the second half past K's
+    end: the weights' exact values times x rounded before the launch (or by each program), as
+    the steps of 2,048 give, within float rounding."""
+    from engine.kernels.packed_gemv import RowTile, packed_row_gemv, rounds_x, row_tile_for
+    from engine.kernels.rounded_x import round_x
+
+    g = from_packed(parts).to(device)
+    assert row_tile_for(g, long_steps=True) == RowTile(4, 4096, vec=16) and row_tile_for(g).block_k == 2048
+    x32 = torch.randn(1, g.shape[1], generator=torch.Generator().manual_seed(7))
+    w = dequantize_grouped(g).float()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = x32.to(device, dtype)
+    want = F.linear(_rounded_x(x, 32), w)
+    tol = (1e-2 if dtype == torch.bfloat16 else 1e-5) * float(want.abs().max())
+    got = packed_row_gemv(round_x(x, rounds_x(g)), g, None, long_steps=True)
+    assert float((got.float() - want).abs().max()) <= tol, name
+    # each program rounding x itself: per 32 inputs on steps of 4,096, 16 on steps of 2,048; both
+    # within x's rounding to int8 of x itself
+    exact = F.linear(x.float(), w)
+    for long in (False, True):
+        got = packed_row_gemv(x, g, None, int8_x=True, long_steps=long)
+        assert float((got.float() - exact).abs().max()) <= 2e-2 * float(exact.abs().max()), (name, long)
+
+
 def test_default_row_tiles_fill_their_warps():
     """The one-row kernel's default tiles: on the 8B shape's projections a step's 8- or 16-byte
     vectors fill all four warps (tiles that left threads over ran 2x-6x slower on an H200); a
