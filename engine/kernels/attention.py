@@ -5,9 +5,9 @@ runs a fixed number of programs per kv head (_split_programs), each taking every
 program-th split, and for each split every q head of its GQA group and every query row at once
 (T * group rows), so K and V are read once per kv head. A reduce kernel merges the splits with
 their log-sum-exp (or, for one row with merge_last, the last split program of each kv head to
-finish, counted on a per-device counter, merges them). The grid depends on S_max only, never on the positions' values, and nothing
-syncs with the host: safe to capture in a CUDA graph. Splits past the largest position are
-skipped, so the cost follows the filled length.
+finish, counted on a per-device counter, merges them). The grid depends on S_max only, never on
+the positions' values, and nothing syncs with the host: safe to capture in a CUDA graph. Splits
+past the largest position are skipped, so the cost follows the filled length.
 """
 
 from __future__ import annotations

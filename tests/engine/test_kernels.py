@@ -440,7 +440,7 @@ def test_one_row_attention_merged_by_its_last_program(device, dtype, shape, wher
     k_a, v_a = caches[0].clone(), caches[1].clone()
     k_b, v_b = caches[0].clone(), caches[1].clone()
     scale = head_dim ** -0.5
-    counts = attention_module._merge_counters(torch.device(device))
+    counts = attention_module._merge_counters(q.device)  # the buffer the launches count on
     want = rope_decode_attention(q, k, v, cos_sin, positions, k_a, v_a, scale, slots=slots)
     merged = rope_decode_attention(q, k, v, cos_sin, positions, k_b, v_b, scale, slots=slots, merge_last=True)
     assert torch.equal(merged, want) and torch.equal(k_b, k_a) and torch.equal(v_b, v_a)
@@ -494,7 +494,7 @@ def test_one_row_attention_merged_by_its_last_program_in_a_graph():
         graph.replay()
         torch.testing.assert_close(out, want, **TOL[torch.bfloat16])
         assert torch.equal(v_cache, want_v)
-    assert not attention_module._merge_counters(torch.device("cuda")).any()
+    assert not attention_module._merge_counters(q.device).any()
 
 
 @pytest.mark.parametrize("device", DEVICES)
