@@ -144,15 +144,23 @@ class Ops:
                                                                                          UNFUSED))
 
 
+# The projections a light kernel follows in a one-row step (KernelOptions.packed_row_pdl_light): o_proj
+# and down the norm's one program, gate_up the activation's few.
+LIGHT_NEXT = ("o_proj", "gate_up", "down")
+
+
 def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: torch.nn.Linear,
                   role: str, rounded=None) -> torch.Tensor:
     """linear(x) on cuBLAS or our GEMV, as routing.linear_route picks for (mode, role); a
     PackedLinear decodes its own weight (packed_gemv), from x's row already rounded where
     `rounded` comes (RoundingLayerKernels)."""
     if isinstance(linear, PackedLinear):
+        row_pdl = options.packed_row_pdl if options.pdl else 0
+        if row_pdl == 2 and options.packed_row_pdl_light and role in LIGHT_NEXT:
+            row_pdl = 1
         return linear(x, one_row=options.packed_row and not options.batch_invariant, prefill=options.packed_prefill,
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
-                      one_launch=options.packed_one_launch, row_pdl=options.packed_row_pdl if options.pdl else 0,
+                      one_launch=options.packed_one_launch, row_pdl=row_pdl,
                       rounded=rounded, long_steps=options.packed_long_steps)
     assert rounded is None
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)

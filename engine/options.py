@@ -104,6 +104,12 @@ class KernelOptions:
     # 1; Q4_K_M 405.3 and 405.4 against 402.9 and 403.4 (docs/performance.md).
     # LOCALCHAT_PACKED_ROW_PDL=0|1|2.
     packed_row_pdl: int = 2
+    # With it (2), o_proj's, gate_up's and down's row kernels let the kernel after them launch
+    # right after their wait instead (1): that kernel is light (the norm's one program, the
+    # activation's few), so its waiting programs take no slots the row kernel's last programs need,
+    # and its launch hides behind them. qkv, before the attention's programs, keeps 2.
+    # LOCALCHAT_PACKED_ROW_PDL_LIGHT=1|0.
+    packed_row_pdl_light: bool = False
     # There (int8 x), the norm before qkv and gate_up and the activation before down hand the
     # projection their output already rounded to int8 (rounded_x.RoundedX), in their own launch,
     # so that the row kernel reads a byte an input, not two, and no program rounds x again. 8B on
@@ -276,6 +282,7 @@ class KernelOptions:
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
             packed_long_steps=_flag(env, "LOCALCHAT_PACKED_LONG_STEPS", default=False),
+            packed_row_pdl_light=_flag(env, "LOCALCHAT_PACKED_ROW_PDL_LIGHT", default=False),
             attention_merge_last=_flag(env, "LOCALCHAT_ATTENTION_MERGE_LAST"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),

@@ -8,6 +8,7 @@ The kernel tests run on the CPU only with LOCALCHAT_TRITON_INTERPRET=1 (run this
 
 from __future__ import annotations
 
+
 import importlib.util
 from dataclasses import replace
 import os
@@ -582,6 +583,15 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           (KernelOptions(pdl=False), (True, True, False, True, 0, long))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
+    # packed_row_pdl_light: o_proj, gate_up and down let the light kernel after them launch right
+    # after their wait (1); qkv, before the attention, keeps 2; no PDL stays none
+    light = KernelOptions(packed_row_pdl_light=True)
+    for options, role, pdl in ((light, "o_proj", 1), (light, "gate_up", 1), (light, "down", 1), (light, "qkv", 2),
+                               (replace(light, pdl=False), "down", 0),
+                               (replace(light, packed_row_pdl=0), "down", 0),
+                               (KernelOptions(), "down", 2)):
+        routed_linear(options, "unfused", x, linear, role)
+        assert asked[-1][4] == pdl, (role, options.pdl, options.packed_row_pdl)
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
