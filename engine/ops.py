@@ -104,17 +104,6 @@ class Ops:
             return self.rope_attention
         return None
 
-    def rounds_for(self, linear: torch.nn.Module, num_rows: int) -> bool | None:
-        """The word order in which the kernel before `linear` hands it x rounded to int8
-        (rounded_x.RoundedX), or None: a quantized projection whose every block takes it, in a
-        one-row step with no draft loaded on the one-row kernel with int8 x
-        (KernelOptions.packed_rounded_x), on the GPU kernels."""
-        o = self.options
-        if (self.fused_row is None or num_rows != 1 or not isinstance(linear, PackedLinear) or not o.packed_rounded_x
-                or not o.packed_rounded_o or not o.packed_row or o.packed_row_x != "int8" or o.batch_invariant):
-            return None
-        return linear.rounded_order()
-
     def layer_kernels(self, x: torch.Tensor, batch, each_row: bool = False, packed: bool = False) -> LayerKernels:
         """The kernels a decoder layer runs on x (T, H) for `batch`: the one place that picks
         fused norm/activation + projection launches (CUDA with Triton, bf16, a decode or verify
@@ -144,24 +133,16 @@ class Ops:
                                                                                          UNFUSED))
 
 
-# The projections a light kernel follows in a one-row step (KernelOptions.packed_row_pdl_light): o_proj
-# and down the norm's one program, gate_up the activation's few.
-LIGHT_NEXT = ("o_proj", "gate_up", "down")
-
-
 def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: torch.nn.Linear,
                   role: str, rounded=None) -> torch.Tensor:
     """linear(x) on cuBLAS or our GEMV, as routing.linear_route picks for (mode, role); a
     PackedLinear decodes its own weight (packed_gemv), from x's row already rounded where
     `rounded` comes (RoundingLayerKernels)."""
     if isinstance(linear, PackedLinear):
-        row_pdl = options.packed_row_pdl if options.pdl else 0
-        if row_pdl == 2 and options.packed_row_pdl_light and role in LIGHT_NEXT:
-            row_pdl = 1
         return linear(x, one_row=options.packed_row and not options.batch_invariant, prefill=options.packed_prefill,
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
-                      one_launch=options.packed_one_launch, row_pdl=row_pdl,
-                      rounded=rounded, long_steps=options.packed_long_steps)
+                      one_launch=options.packed_one_launch, row_pdl=options.packed_row_pdl if options.pdl else 0,
+                      rounded=rounded)
     assert rounded is None
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)
     if route.kernel == CUBLAS:
@@ -185,26 +166,17 @@ def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own
     invariant, per_token = _tiles(options, q.shape[0], slot_map is not None)
     return decode_attention(q, k_cache, v_cache, positions, scale, invariant=invariant, own_slots=own_slots,
                             pdl=options.pdl, per_token=per_token, slot_map=slot_map, map_base=map_base,
-                            share_sms=options.share_sms, merge_last=_merges_last(options, q.shape[0], invariant,
-                                                                                 slot_map))
+                            share_sms=options.share_sms)
 
 
 def rope_attention(options: KernelOptions, q, k, v, cos_sin, positions, k_cache, v_cache, scale,
-                   slots=None, slot_map=None, map_base=None, round_for=None):
+                   slots=None, slot_map=None, map_base=None) -> torch.Tensor:
     """rope_decode_attention (one row, a verify step's rows, or a draft tree's rows read through a
-    slot map), on the tiles attention() picks, so with the bits of rope_and_cache then attention().
-    round_for (Ops.rounds_for): (out, out rounded for o_proj)."""
+    slot map), on the tiles attention() picks, so with the bits of rope_and_cache then attention()."""
     invariant, per_token = _tiles(options, q.shape[0], slot_map is not None)
     return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, scale, invariant=invariant,
                                  slots=slots, pdl=options.pdl, per_token=per_token, share_sms=options.share_sms,
-                                 slot_map=slot_map, map_base=map_base, round_for=round_for,
-                                 merge_last=_merges_last(options, q.shape[0], invariant, slot_map))
-
-
-def _merges_last(options: KernelOptions, rows: int, invariant: bool, slot_map) -> bool:
-    """Whether an attention launch merges its splits in its last programs (one row off the
-    invariant tiles, KernelOptions.attention_merge_last) rather than in a launch of its own."""
-    return options.attention_merge_last and rows == 1 and not invariant and slot_map is None
+                                 slot_map=slot_map, map_base=map_base)
 
 
 def _has_triton() -> bool:

@@ -104,32 +104,15 @@ class KernelOptions:
     # 1; Q4_K_M 405.3 and 405.4 against 402.9 and 403.4 (docs/performance.md).
     # LOCALCHAT_PACKED_ROW_PDL=0|1|2.
     packed_row_pdl: int = 2
-    # With it (2), o_proj's, gate_up's and down's row kernels let the kernel after them launch
-    # right after their wait instead (1): that kernel is light (the norm's one program, the
-    # activation's few), so its waiting programs take no slots the row kernel's last programs need,
-    # and its launch hides behind them. qkv, before the attention's programs, keeps 2.
-    # LOCALCHAT_PACKED_ROW_PDL_LIGHT=1|0.
-    packed_row_pdl_light: bool = False
     # There (int8 x), the norm before qkv and gate_up and the activation before down hand the
     # projection their output already rounded to int8 (rounded_x.RoundedX), in their own launch,
     # so that the row kernel reads a byte an input, not two, and no program rounds x again. 8B on
     # an H100: Q4_K_M 411.3 against 400.2 tok/s, AWQ 418.5 against 417.2 (docs/performance.md).
     # LOCALCHAT_PACKED_ROUNDED_X=0: each program rounds x itself.
     packed_rounded_x: bool = True
-    # The one-row packed kernel's steps: 4,096 inputs with 16-byte loads wherever K is longer (the
-    # last past K's end where K is no multiple of 4,096: the 8B's down), not 2,048 with 8-byte
-    # loads (packed_gemv.default_row_tile). LOCALCHAT_PACKED_LONG_STEPS=1|0.
-    packed_long_steps: bool = False
-    # With it, o_proj's row is rounded by the attention's merge (merge_head), not by o_proj's
-    # programs. LOCALCHAT_PACKED_ROUNDED_O=0: o_proj's programs round it.
-    packed_rounded_o: bool = True
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
-    # A one-row step off the batch-invariant tiles merges the attention's splits in the last split
-    # program of each kv head to finish, not in a merge launch after the split kernel: one launch
-    # fewer a layer. LOCALCHAT_ATTENTION_MERGE_LAST=0: the merge launches apart.
-    attention_merge_last: bool = True
     # With it, a batch-invariant verify step's rows (2 to 16) too: each split program writes the
     # step's keys it reads. LOCALCHAT_ROPE_IN_VERIFY=0: their RoPE launches apart.
     rope_in_verify: bool = True
@@ -280,10 +263,6 @@ class KernelOptions:
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
-            packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
-            packed_long_steps=_flag(env, "LOCALCHAT_PACKED_LONG_STEPS", default=False),
-            packed_row_pdl_light=_flag(env, "LOCALCHAT_PACKED_ROW_PDL_LIGHT", default=False),
-            attention_merge_last=_flag(env, "LOCALCHAT_ATTENTION_MERGE_LAST"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

@@ -4,10 +4,9 @@ Fast path: flash-decoding. The cache is cut into splits of `split_size` rows; a 
 runs a fixed number of programs per kv head (_split_programs), each taking every such
 program-th split, and for each split every q head of its GQA group and every query row at once
 (T * group rows), so K and V are read once per kv head. A reduce kernel merges the splits with
-their log-sum-exp (or, for one row with merge_last, the last split program of each kv head to
-finish, counted on a per-device counter, merges them). The grid depends on S_max only, never on
-the positions' values, and nothing syncs with the host: safe to capture in a CUDA graph. Splits
-past the largest position are skipped, so the cost follows the filled length.
+their log-sum-exp. The grid depends on S_max only, never on the positions' values, and nothing
+syncs with the host: safe to capture in a CUDA graph. Splits past the largest position are
+skipped, so the cost follows the filled length.
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ import torch.nn.functional as F
 
 from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 from engine.kernels.gemv import MAX_TREE_ROWS
-from engine.kernels.rounded_x import empty_rounded
 
-triton = tl = kv_block = attend_block = rotate = round_vectors = merge_head = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
 
 
 def _split_size(max_seq_len: int) -> int:
@@ -55,15 +53,13 @@ def _check(q, k_cache, v_cache, positions) -> None:
 
 @functools.cache
 def _kernels():
-    global triton, tl, kv_block, attend_block, rotate, round_vectors, merge_head  # module globals: the kernels call the helpers by name
+    global triton, tl, kv_block, attend_block, rotate  # module globals: split_kernel calls the helpers by name
     import triton
     import triton.language as tl
 
     from engine.kernels.rope import rotate_helper
-    from engine.kernels.rounded_x import round_helper
 
     rotate = rotate_helper()
-    round_vectors = round_helper()
 
     @triton.jit
     def kv_block(k_ptr, v_ptr, n0, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -105,54 +101,11 @@ def _kernels():
         return m_new, l_i, acc * alpha[:, None] + pv
 
     @triton.jit
-    def merge_head(part_o_ptr, part_lse_ptr, out_ptr, words_ptr, scales_ptr, pos, t, head, num_heads, num_splits,
-                   stride_ot, stride_oh, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
-                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROUND: tl.constexpr):
-        """Merges the splits of query row t's head with their log-sum-exp and stores the head's
-        output (ROUND: also rounded to int8, for o_proj). Only splits that start at or before the
-        row's position pos were written for it. The partials are read from L2 (.cg): another
-        program of the same launch may have written them."""
-        num_valid = pos // SPLIT_SIZE + 1
-        base = (t * num_heads + head) * num_splits
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < HEAD_DIM
-        # Online merge, BLOCK_S splits at a time. Every chunk starts at a split that holds
-        # a key for this row, so its largest log-sum-exp is finite.
-        m = tl.full([], float("-inf"), tl.float32)
-        l = tl.full([], 0.0, tl.float32)
-        acc = tl.zeros([BLOCK_D], tl.float32)
-        for s0 in range(0, num_valid, BLOCK_S):
-            offs_s = s0 + tl.arange(0, BLOCK_S)
-            s_ok = offs_s < num_valid
-            lse = tl.load(part_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-            o = tl.load(
-                part_o_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=s_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg",
-            )  # (BLOCK_S, BLOCK_D)
-            m_new = tl.maximum(m, tl.max(lse, axis=0))
-            alpha = tl.exp2(m - m_new)
-            w = tl.exp2(lse - m_new)  # (BLOCK_S,), 0 where masked
-            l = l * alpha + tl.sum(w, axis=0)
-            acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
-            m = m_new
-        out = (acc / l).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + t * stride_ot + head * stride_oh + offs_d, out, mask=d_ok)
-        if ROUND > 0:  # rounded_x.RoundedX of the row (1: the nibbles' word order, 2: int8's)
-            y = tl.where(d_ok, out.to(tl.float32), 0.0)
-            words, scales, _ = round_vectors(tl.reshape(y, (BLOCK_D // 32, 32)), BLOCK_D // 32, ROUND == 1)
-            i = tl.arange(0, BLOCK_D // 32)
-            v = head * (HEAD_DIM // 32) + i
-            v_ok = i < HEAD_DIM // 32
-            tl.store(words_ptr + v[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=v_ok[:, None])
-            tl.store(scales_ptr + v, scales, mask=v_ok)
-
-    @triton.jit
     def split_kernel(
         q_ptr, k_ptr, v_ptr, pos_ptr, own_ptr, part_o_ptr, part_lse_ptr,
         k_new_ptr, v_new_ptr, cos_sin_ptr,  # FUSE_ROPE: the step's unrotated k and v, the RoPE table
         q_rot_ptr, stride_qrt, stride_qrh,  # the rotated q: q itself, or (FUSE_ROPE) where it is written
         map_ptr, map_base_ptr, stride_mb,  # MAP_W: (T, MAP_W) cache rows of positions map_base[t] .., (T,) map_base
-        count_ptr, out_ptr, words_ptr, scales_ptr, stride_ot, stride_oh,  # MERGE: a counter a kv head, the output
         num_rows, num_splits,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_kn_t, stride_knh, stride_vn_t, stride_vnh, stride_cs,
@@ -161,7 +114,6 @@ def _kernels():
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         DOT_F32: tl.constexpr, USE_PDL: tl.constexpr, EARLY_KV: tl.constexpr, FUSE_ROPE: tl.constexpr,
         PER_TOKEN: tl.constexpr, MAP_W: tl.constexpr, ROPE_ROWS: tl.constexpr,
-        MERGE: tl.constexpr = False, ROUND: tl.constexpr = 0, BLOCK_S: tl.constexpr = 16,
     ):
         # ROPE_ROWS (FUSE_ROPE): a power of two >= num_rows; above 1, a verify step's rows
         kv_head = tl.program_id(0)
@@ -333,52 +285,54 @@ def _kernels():
                 acc / l_safe[:, None], mask=row_ok[:, None] & d_ok[None, :],
             )
             tl.store(part_lse_ptr + slot, lse, mask=row_ok)
-        if MERGE:
-            # One row: the last of the kv head's programs to finish merges its q heads' splits
-            # (merge_head, as reduce_kernel does), so no merge launch follows. Every program
-            # arrives once, with splits or without, and the last sets the counter back to zero.
-            tl.debug_barrier()  # every thread's partials are written before the counter moves
-            arrived = tl.atomic_add(count_ptr + kv_head, 1, sem="acq_rel", scope="gpu")
-            if arrived == stride - 1:
-                tl.debug_barrier()
-                for g in range(GROUP):
-                    merge_head(part_o_ptr, part_lse_ptr, out_ptr, words_ptr, scales_ptr, pos_max, 0,
-                               kv_head * GROUP + g, num_heads, num_splits, stride_ot, stride_oh,
-                               HEAD_DIM, SPLIT_SIZE, BLOCK_S, BLOCK_D, ROUND)
-                tl.atomic_xchg(count_ptr + kv_head, 0)  # ready for the next launch
 
     @triton.jit
     def reduce_kernel(
-        part_o_ptr, part_lse_ptr, pos_ptr, out_ptr, words_ptr, scales_ptr,
+        part_o_ptr, part_lse_ptr, pos_ptr, out_ptr,
         num_splits, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr, ROUND: tl.constexpr = 0,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
     ):
-        # ROUND (one row): the output also rounded to int8 for o_proj, each head's HEAD_DIM / 32
-        # vectors by its program (merge_head)
         t = tl.program_id(0)
         head = tl.program_id(1)
-        # (The positions come from before the step's RoPE kernel: read before the PDL wait.)
-        pos = tl.load(pos_ptr + t).to(tl.int32)
+        num_heads = tl.num_programs(1)
+        # Only splits that start at or before this row's position were written for it. (The
+        # positions come from before the step's RoPE kernel: read before the PDL wait.)
+        num_valid = tl.load(pos_ptr + t).to(tl.int32) // SPLIT_SIZE + 1
         if USE_PDL:
             # Let the next kernel (o_proj's GEMV) launch now, while the split kernel still
             # runs: it loads weights before its own wait, which holds until this grid is done.
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()  # the split kernel's writes
-        merge_head(part_o_ptr, part_lse_ptr, out_ptr, words_ptr, scales_ptr, pos, t, head, tl.num_programs(1),
-                   num_splits, stride_ot, stride_oh, HEAD_DIM, SPLIT_SIZE, BLOCK_S, BLOCK_D, ROUND)
+        base = (t * num_heads + head) * num_splits
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        # Online merge, BLOCK_S splits at a time. Every chunk starts at a split that holds
+        # a key for this row, so its largest log-sum-exp is finite.
+        m = tl.full([], float("-inf"), tl.float32)
+        l = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for s0 in range(0, num_valid, BLOCK_S):
+            offs_s = s0 + tl.arange(0, BLOCK_S)
+            s_ok = offs_s < num_valid
+            lse = tl.load(part_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"))
+            o = tl.load(
+                part_o_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=s_ok[:, None] & d_ok[None, :], other=0.0,
+            )  # (BLOCK_S, BLOCK_D)
+            m_new = tl.maximum(m, tl.max(lse, axis=0))
+            alpha = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new)  # (BLOCK_S,), 0 where masked
+            l = l * alpha + tl.sum(w, axis=0)
+            acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+            m = m_new
+        out = acc / l
+        tl.store(
+            out_ptr + t * stride_ot + head * stride_oh + offs_d,
+            out.to(out_ptr.dtype.element_ty), mask=d_ok,
+        )
 
     return split_kernel, reduce_kernel
-
-
-_MAX_KV_HEADS = 1024  # merge_last's counters, one a kv head
-
-
-@functools.cache
-def _merge_counters(device: torch.device) -> torch.Tensor:
-    # Zeroed once; each merge_last launch leaves them at zero again. Launches that share them must
-    # not run concurrently on different streams (as gemv's split-K counters).
-    return torch.zeros(_MAX_KV_HEADS, dtype=torch.int32, device=device)
 
 
 MAX_INVARIANT_ROWS = 16  # the longest verify step (15 draft tokens + 1) of batch-invariant mode
@@ -399,9 +353,7 @@ def decode_attention(
     slot_map: torch.Tensor | None = None,
     map_base: torch.Tensor | None = None,
     share_sms: bool = True,
-    round_for: bool | None = None,
-    merge_last: bool = False,
-):
+) -> torch.Tensor:
     """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
 
     own_slots (T,): where row t's own key and value are, in place of cache row positions[t]
@@ -428,17 +380,10 @@ def decode_attention(
 
     share_sms (per_token, T > 1): the rows share about two waves of programs
     (_split_programs) instead of each taking the one-row step's count; the same bits.
-
-    round_for (one row; D a multiple of 32): returns (out, its row rounded to int8 for the
-    projection after it, a rounded_x.RoundedX in that word order), the rounding in the merge's
-    launch.
-
-    merge_last (one row, not per_token, no slot map): the last split program of each kv head to
-    finish merges its heads' splits, in place of a merge launch after the split kernel.
     """
     _check(q, k_cache, v_cache, positions)
     return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl, per_token,
-                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms, round_for, merge_last)
+                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms)
 
 
 def rope_decode_attention(
@@ -457,9 +402,7 @@ def rope_decode_attention(
     share_sms: bool = True,
     slot_map: torch.Tensor | None = None,
     map_base: torch.Tensor | None = None,
-    round_for: bool | None = None,
-    merge_last: bool = False,
-):
+) -> torch.Tensor:
     """rope_and_cache then decode_attention for a decode row or a verify step's T <=
     MAX_INVARIANT_ROWS rows (a draft tree's, MAX_TREE_ROWS), with the same bits, one launch fewer:
     the split kernel rotates q and the keys itself, writes the keys and values into the cache (at
@@ -478,7 +421,7 @@ def rope_decode_attention(
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
     return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl, per_token,
-                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms, round_for, merge_last)
+                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms)
 
 
 def _mapping(q: torch.Tensor, invariant: bool, per_token: bool, slot_map: torch.Tensor | None,
@@ -493,8 +436,7 @@ def _mapping(q: torch.Tensor, invariant: bool, per_token: bool, slot_map: torch.
 
 
 def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on,
-            per_token: bool = False, mapping: tuple | None = None, share_sms: bool = True,
-            round_for: bool | None = None, merge_last: bool = False):
+            per_token: bool = False, mapping: tuple | None = None, share_sms: bool = True) -> torch.Tensor:
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     split_kernel, reduce_kernel = _kernels()
     num_rows, num_heads, head_dim = q.shape
@@ -515,22 +457,10 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
     q_rot = torch.empty((num_rows, num_heads, head_dim), dtype=q.dtype, device=q.device) if rope is not None else q
     programs = _split_programs(num_splits, num_kv_heads, num_sms(q.device),
                                num_rows if per_token and share_sms else 1)
-    rounded = None
-    words = scales = out  # unused without rounding
-    round_code = 0 if round_for is None else (1 if round_for else 2)
-    if round_for is not None:
-        assert num_rows == 1 and head_dim % 32 == 0 and block_d >= 32, (num_rows, head_dim)
-        rounded = empty_rounded(num_heads * head_dim, round_for, q.dtype, q.device)
-        words, scales = rounded.words, rounded.scales
-    if merge_last:
-        assert num_rows == 1 and not per_token and mapping is None and num_kv_heads <= _MAX_KV_HEADS
-    counts = _merge_counters(q.device) if merge_last else positions
-    block_s = min(64, next_pow2(num_splits))
     split_kernel[(num_kv_heads, programs, num_rows if per_token else 1)](
         q, k_cache, v_cache, positions, positions if own_slots is None else own_slots, part_o, part_lse,
         k_new, v_new, cos_sin, q_rot, q_rot.stride(0), q_rot.stride(1),
         *(mapping if mapping is not None else (positions, positions)), 0 if mapping is None else mapping[1].stride(0),
-        counts, out, words, scales, out.stride(0), out.stride(1),
         num_rows, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         k_new.stride(0) if rope is not None else 0, k_new.stride(-2),
@@ -543,17 +473,16 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
         ROPE_ROWS=1 if rope is None or num_rows == 1 else next_pow2(num_rows),
         num_warps=4 if block_m <= 32 else 8,
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
-        MERGE=merge_last, ROUND=round_code, BLOCK_S=block_s,
         **pdl,
     )
-    if not merge_last:
-        reduce_kernel[(num_rows, num_heads)](
-            part_o, part_lse, positions, out, words, scales,
-            num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, SPLIT_SIZE=split_size, BLOCK_S=block_s, BLOCK_D=block_d,
-            num_warps=4, **pdl, ROUND=round_code,
-        )
-    return out if round_for is None else (out, rounded)
+    reduce_kernel[(num_rows, num_heads)](
+        part_o, part_lse, positions, out,
+        num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
+        BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d,
+        num_warps=4, **pdl,
+    )
+    return out
 
 
 def _visible(positions: torch.Tensor, own_slots: torch.Tensor | None, num_slots: int,

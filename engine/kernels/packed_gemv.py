@@ -205,17 +205,14 @@ class RowTile:
     vec: int = 16  # bytes of packed weights a thread loads at once
 
 
-def default_row_tile(n: int, k: int, group: int, per_word: int = 8, long_steps: bool = False) -> RowTile:
+def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
     """4 rows a program, K not split, in steps of 4,096 inputs with 16-byte loads where K allows,
     else 2,048 with 8-byte loads, the last step past K's end where K is longer but no multiple of
     2,048 (3,584: Qwen2.5-7B's hidden size); int8 8 rows over steps of 4,096 wherever K reaches
     one (its last step past K's end where it must); a shorter K takes the longest step that divides it,
     warps only as many as its vectors fill (a small model's gets one warp, its threads over more
     rows; such a K is routed to packed_gemv, row_kernel_fits). per_word: weights a 32-bit word
-    holds (8 nibbles, 4 bytes). long_steps: steps of 4,096 with 16-byte loads wherever K is
-    longer than 4,096 (the last past K's end where K is no multiple of it: the 8B's down,
-    14,336), not 2,048 with 8-byte loads: half the load instructions a weight
-    (KernelOptions.packed_long_steps).
+    holds (8 nibbles, 4 bytes).
     On an H200 (docs/performance.md) those were the fastest tiles or within 4% of them on the 8B
     shape's four projections in AWQ, Q4_K_M and Q4_0; steps whose vectors leave threads over
     ran 2x-6x slower."""
@@ -232,8 +229,6 @@ def default_row_tile(n: int, k: int, group: int, per_word: int = 8, long_steps: 
         # int8: 8 rows over 4,096-input steps, the last past K's end where K needs it (the 8B's
         # layer 78.6 us against 84.9 with the nibbles' tiles on an H200; docs/performance.md)
         return RowTile(8, 4096, vec=16)
-    if long_steps and k > 4096 and fits(4096) and k % min(group, 4096) == 0:
-        return tile(4096)
     for block_k in (4096, 2048):
         if k % block_k == 0 and fits(block_k):
             return tile(block_k)
@@ -261,10 +256,10 @@ def tile_group(k: int, group: int) -> int:
     return math.gcd(k, 512) if group == k else group
 
 
-def row_tile_for(weight: GroupedWeight, long_steps: bool = False) -> RowTile:
+def row_tile_for(weight: GroupedWeight) -> RowTile:
     """The tile packed_row_gemv takes for this weight when none is given."""
     n, k = weight.shape
-    return default_row_tile(n, k, tile_group(k, weight.group), _per_word(weight.kind), long_steps)
+    return default_row_tile(n, k, tile_group(k, weight.group), _per_word(weight.kind))
 
 
 def row_kernel_fits(weight: GroupedWeight) -> bool:
@@ -693,7 +688,7 @@ def rounds_x(weight: GroupedWeight) -> bool | None:
 
 def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: torch.Tensor | None = None,
                     tile: RowTile | None = None, out: torch.Tensor | None = None,
-                    int8_x: bool = False, pdl: int = 0, long_steps: bool = False) -> torch.Tensor:
+                    int8_x: bool = False, pdl: int = 0) -> torch.Tensor:
     """One row: x (1, K) -> (1, N), the weight decoded on CUDA cores and summed per lane (no
     tensor-core padding to 16 rows). Not batch-invariant with packed_gemv (another summation
     order): the path of an engine with no draft loaded, whose rows never need a verify step's
@@ -702,11 +697,10 @@ def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: tor
     integer dot products (dp4a), as llama.cpp's kernels do: the weights' exact values times that
     x, within x's rounding of the reference. A RoundedX x: the same integer products, x rounded
     once before the launch (vectors of 32 inputs; in the kernel, of the thread's 16 or 32).
-    pdl: programmatic dependent launch (row_pdl_args); the same values. long_steps: the default
-    tile's (default_row_tile)."""
+    pdl: programmatic dependent launch (row_pdl_args); the same values."""
     if out is None:
         out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
-    grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x, long_steps)
+    grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
     _row_kernel()[0][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, pdl))
     return out
 
@@ -727,15 +721,14 @@ def row_pdl_args(device, pdl: int) -> dict:
 
 def packed_row_gemv_blocks(x: torch.Tensor | RoundedX, blocks: list[GroupedWeight], biases: list,
                            outs: list[torch.Tensor],
-                           int8_x: bool = False, tiles: tuple | None = None, pdl: int = 0,
-                           long_steps: bool = False) -> None:
+                           int8_x: bool = False, tiles: tuple | None = None, pdl: int = 0) -> None:
     """packed_row_gemv of two blocks of one projection (each its own kind and tile: `tiles`, or
     each block's default) in one launch, writing outs[i] = x @ blocks[i].T (+ biases[i]): the same
     programs as two launches, so the same values (blocks_fit_one_launch says when it applies)."""
     assert len(blocks) == len(biases) == len(outs) == 2
     tiles = tiles or (None, None)
-    grid_a, args_a, launch_a = _row_args(x, blocks[0], biases[0], tiles[0], outs[0], int8_x, long_steps)
-    grid_b, args_b, launch_b = _row_args(x, blocks[1], biases[1], tiles[1], outs[1], int8_x, long_steps)
+    grid_a, args_a, launch_a = _row_args(x, blocks[0], biases[0], tiles[0], outs[0], int8_x)
+    grid_b, args_b, launch_b = _row_args(x, blocks[1], biases[1], tiles[1], outs[1], int8_x)
     assert launch_a == launch_b, (launch_a, launch_b)
     if args_a["SPLIT_K"] > 1 and args_b["SPLIT_K"] > 1:
         # the split-K counters are one buffer per device: the second block's tiles count after
@@ -749,17 +742,17 @@ def packed_row_gemv_blocks(x: torch.Tensor | RoundedX, blocks: list[GroupedWeigh
         **launch_a, **row_pdl_args(x.device, pdl))
 
 
-def blocks_fit_one_launch(blocks: list[GroupedWeight], long_steps: bool = False) -> bool:
+def blocks_fit_one_launch(blocks: list[GroupedWeight]) -> bool:
     """Two blocks the one-row kernel serves (row_kernel_fits) whose default tiles launch alike
     (warps and stages): packed_row_gemv_blocks runs them in one launch."""
     if len(blocks) != 2 or not all(row_kernel_fits(b) for b in blocks):
         return False
-    a, b = (row_tile_for(w, long_steps) for w in blocks)
+    a, b = (row_tile_for(w) for w in blocks)
     return (a.num_warps, a.num_stages) == (b.num_warps, b.num_stages)
 
 
 def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None, tile: RowTile | None,
-              out: torch.Tensor, int8_x: bool, long_steps: bool = False) -> tuple[tuple[int, int], dict, dict]:
+              out: torch.Tensor, int8_x: bool) -> tuple[tuple[int, int], dict, dict]:
     """A one-row launch of `weight` into out (1, N): its grid (column tiles, K shares), the
     kernel's arguments past x by name, and the launch options (warps, stages)."""
     m, k = x.shape
@@ -769,7 +762,7 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     assert not rounded or rounds_x(weight) == x.nibble_order, (KIND_NAMES[weight.kind], x.nibble_order)
     per_word = _per_word(weight.kind)
     group = tile_group(k, weight.group)
-    tile = tile or row_tile_for(weight, long_steps)
+    tile = tile or row_tile_for(weight)
     chunk = min(group, tile.block_k)
     high = HIGH_BITS.get(weight.kind, 0)
     # K's shares whole chunks (the last step of a share may pass its end); a chunk whole words

@@ -8,7 +8,6 @@ The kernel tests run on the CPU only with LOCALCHAT_TRITON_INTERPRET=1 (run this
 
 from __future__ import annotations
 
-
 import importlib.util
 from dataclasses import replace
 import os
@@ -421,40 +420,11 @@ def test_packed_row_gemv_takes_x_rounded_before_the_launch(device, name, parts):
         packed_row_gemv(round_x(x32.to(device, torch.bfloat16), not rounds_x(g)), g)
 
 
-@pytest.mark.parametrize("device", [CUDA, CPU])
-@pytest.mark.parametrize("name,parts", [("awq g128", [_int4("awq", 8, 6144, 128)]),
-                                        ("gguf Q4_K", [_gguf("Q4_K", 4, 6144, 3)]),
-                                        ("gguf Q6_K", [_gguf("Q6_K", 4, 6144, 4)])], ids=["awq", "q4_k", "q6_k"])
-def test_long_steps_end_past_k(device, name, parts):
-    """long_steps over a K of 6,144: steps of 4,096 with 16-byte loads, the second half past K's
-    end: the weights' exact values times x rounded before the launch (or by each program), as
-    the steps of 2,048 give, within float rounding."""
-    from engine.kernels.packed_gemv import RowTile, packed_row_gemv, rounds_x, row_tile_for
-    from engine.kernels.rounded_x import round_x
-
-    g = from_packed(parts).to(device)
-    assert row_tile_for(g, long_steps=True) == RowTile(4, 4096, vec=16) and row_tile_for(g).block_k == 2048
-    x32 = torch.randn(1, g.shape[1], generator=torch.Generator().manual_seed(7))
-    w = dequantize_grouped(g).float()
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    x = x32.to(device, dtype)
-    want = F.linear(_rounded_x(x, 32), w)
-    tol = (1e-2 if dtype == torch.bfloat16 else 1e-5) * float(want.abs().max())
-    got = packed_row_gemv(round_x(x, rounds_x(g)), g, None, long_steps=True)
-    assert float((got.float() - want).abs().max()) <= tol, name
-    # each program rounding x itself: per 32 inputs on steps of 4,096, 16 on steps of 2,048; both
-    # within x's rounding to int8 of x itself
-    exact = F.linear(x.float(), w)
-    for long in (False, True):
-        got = packed_row_gemv(x, g, None, int8_x=True, long_steps=long)
-        assert float((got.float() - exact).abs().max()) <= 2e-2 * float(exact.abs().max()), (name, long)
-
-
 def test_default_row_tiles_fill_their_warps():
     """The one-row kernel's default tiles: on the 8B shape's projections a step's 8- or 16-byte
     vectors fill all four warps (tiles that left threads over ran 2x-6x slower on an H200); a
     short K, as a small model's, gets one warp."""
-    from engine.kernels.packed_gemv import RowTile, default_row_tile
+    from engine.kernels.packed_gemv import default_row_tile
 
     for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
         for group in (16, 32, 64, 128):
@@ -474,14 +444,6 @@ def test_default_row_tiles_fill_their_warps():
     for k in (3584, 18944, 3072):
         tile = default_row_tile(4096, k, 32)
         assert (tile.block_k, tile.num_warps) == (2048, 4) and k % tile.block_k, k
-    # long_steps: nibbles over a K past 4,096 take steps of 4,096 with 16-byte loads (the last past
-    # K's end where it must); a K of 4,096 or shorter, and int8, keep their tiles
-    for k in (14336, 18944, 6144, 8192):
-        for group in (32, 128):
-            assert default_row_tile(4096, k, group, 8, long_steps=True) == RowTile(4, 4096, vec=16), (k, group)
-    for k, group, per_word in ((4096, 32, 8), (3584, 32, 8), (2048, 128, 8), (576, 32, 8), (14336, 32, 4)):
-        assert (default_row_tile(4096, k, group, per_word, long_steps=True)
-                == default_row_tile(4096, k, group, per_word)), (k, per_word)
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
@@ -562,36 +524,24 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
 
     class Recording(PackedLinear):
         def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
-                    row_pdl=0, rounded=None, long_steps=False):
-            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl, long_steps))
+                    row_pdl=0, rounded=None):
+            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
     x = torch.zeros(1, linear.in_features)
-    long = KernelOptions().packed_long_steps
-    for options, want in ((KernelOptions(), (True, True, False, True, 2, long)),
-                          (KernelOptions(batch_invariant=True), (False, True, False, True, 2, long)),
-                          (KernelOptions(packed_row=False), (False, True, False, True, 2, long)),
-                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True, 2, long)),
-                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"),
-                           (False, True, True, True, 2, long)),
-                          (KernelOptions(packed_one_launch=False), (True, True, False, False, 2, long)),
-                          (KernelOptions(packed_row_pdl=1), (True, True, False, True, 1, long)),
-                          (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0, long)),
-                          (KernelOptions(packed_long_steps=not long), (True, True, False, True, 2, not long)),
+    for options, want in ((KernelOptions(), (True, True, False, True, 2)),
+                          (KernelOptions(batch_invariant=True), (False, True, False, True, 2)),
+                          (KernelOptions(packed_row=False), (False, True, False, True, 2)),
+                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True, 2)),
+                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True, 2)),
+                          (KernelOptions(packed_one_launch=False), (True, True, False, False, 2)),
+                          (KernelOptions(packed_row_pdl=1), (True, True, False, True, 1)),
+                          (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0)),
                           # no PDL anywhere: none for the row kernel either
-                          (KernelOptions(pdl=False), (True, True, False, True, 0, long))):
+                          (KernelOptions(pdl=False), (True, True, False, True, 0))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
-    # packed_row_pdl_light: o_proj, gate_up and down let the light kernel after them launch right
-    # after their wait (1); qkv, before the attention, keeps 2; no PDL stays none
-    light = KernelOptions(packed_row_pdl_light=True)
-    for options, role, pdl in ((light, "o_proj", 1), (light, "gate_up", 1), (light, "down", 1), (light, "qkv", 2),
-                               (replace(light, pdl=False), "down", 0),
-                               (replace(light, packed_row_pdl=0), "down", 0),
-                               (KernelOptions(), "down", 2)):
-        routed_linear(options, "unfused", x, linear, role)
-        assert asked[-1][4] == pdl, (role, options.pdl, options.packed_row_pdl)
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])

@@ -22,19 +22,11 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                 "LOCALCHAT_LEAN_DRAFT": "lean_draft", "LOCALCHAT_TOKEN_ATTENTION": "token_attention",
                 "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats",
                 "LOCALCHAT_PACKED_ROW": "packed_row", "LOCALCHAT_SHARE_SMS": "share_sms",
-                "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch", "LOCALCHAT_PACKED_ROUNDED_X": "packed_rounded_x",
-                "LOCALCHAT_PACKED_ROUNDED_O": "packed_rounded_o",
-                "LOCALCHAT_ATTENTION_MERGE_LAST": "attention_merge_last"}
+                "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch", "LOCALCHAT_PACKED_ROUNDED_X": "packed_rounded_x"}
     for name, field in switches.items():
         assert getattr(default, field) is True
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
         assert KernelOptions.from_env({name: "1"}) == default
-    # steps of 4,096 past K's end, and the early launch after the projections a light kernel follows:
-    # off unless asked for
-    for name, field in (("LOCALCHAT_PACKED_LONG_STEPS", "packed_long_steps"),
-                        ("LOCALCHAT_PACKED_ROW_PDL_LIGHT", "packed_row_pdl_light")):
-        assert getattr(default, field) is False and KernelOptions.from_env({name: "0"}) == default
-        assert KernelOptions.from_env({name: "1"}) == dataclasses.replace(default, **{field: True})
     # each_row is off unless asked for (its verify rows cost more than its plain steps save)
     assert default.each_row is False and KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "1"}) == dataclasses.replace(default, each_row=True)

@@ -240,26 +240,3 @@ def test_row_tiles_override_one_row_projections():
     invariant = dataclasses.replace(options, batch_invariant=True)
     assert route(ROW, "o_proj", 1, invariant) == Route(GEMV, routing.invariant_tile(LLAMA_8B["o_proj"]), invariant=True)
     assert route(ROW, "gate_up", 6, invariant) == Route(GEMV, routing.invariant_tile(LLAMA_8B["gate_up"]), invariant=True)
-
-
-@pytest.mark.parametrize("rows", [1, 2, 16])
-@pytest.mark.parametrize("options", [DEFAULT, INVARIANT_OPTIONS, KernelOptions(attention_merge_last=False)],
-                         ids=["no_draft", "invariant", "merge_launch"])
-@pytest.mark.parametrize("mapped", [False, True])
-def test_attention_merges_in_its_last_programs_for_one_row_off_the_invariant_tiles(rows, options, mapped, monkeypatch):
-    """ops.attention and ops.rope_attention ask the kernel to merge the splits in its last
-    programs (merge_last) only for a one-row step off the batch-invariant tiles with the switch on;
-    a verify step's rows, the invariant tiles (a draft loaded: their bits must equal a verify
-    row's) and a tree's mapped rows keep the merge launch."""
-    from engine import ops
-
-    seen = []
-    monkeypatch.setattr(ops, "decode_attention", lambda *a, **kw: seen.append(kw["merge_last"]))
-    monkeypatch.setattr(ops, "rope_decode_attention", lambda *a, **kw: seen.append(kw["merge_last"]))
-    q = torch.zeros(rows, 4, 8)
-    slot_map = torch.zeros(rows, 2, dtype=torch.int32) if mapped else None
-    map_base = torch.zeros(rows, dtype=torch.int32) if mapped else None
-    ops.attention(options, q, None, None, None, 1.0, slot_map=slot_map, map_base=map_base)
-    ops.rope_attention(options, q, None, None, None, None, None, None, 1.0, slot_map=slot_map, map_base=map_base)
-    want = rows == 1 and options.attention_merge_last and not options.batch_invariant and not mapped
-    assert seen == [want, want]
