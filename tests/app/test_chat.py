@@ -69,7 +69,9 @@ async def test_escape_stops_the_answer_at_once(make_app):
         shown = len(answer_text(app))
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.screen.answer is None)
-        assert time.monotonic() - start < 0.5
+        # within a few of the 0.1 s steps (the test's own polling and the UI's handling have taken
+        # over 0.5 s on a loaded 2-core machine), where running on would take the whole answer
+        assert time.monotonic() - start < 1.0
         full = answer_for([{"role": "user", "content": "a long answer please"}])
         assert 0 < len(answer_text(app)) < len(full), (start - t0, shown, time.monotonic() - start)
         assert "stopped" in str(app.screen.conversation.views[-1].query_one(StatsLine).render())
