@@ -9,20 +9,20 @@ import torch.nn.functional as F
 
 from engine.kernels import pdl_args
 
-triton = tl = round_vectors = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = store_rounded = None  # bound by _kernels(): Triton is imported on first use only
 
 _BLOCK = 1024  # output columns per program
 
 
 @functools.cache
 def _kernels():
-    global triton, tl, round_vectors
+    global triton, tl, store_rounded
     import triton
     import triton.language as tl
 
-    from engine.kernels.rounded_x import round_helper
+    from engine.kernels.rounded_x import store_helper
 
-    round_vectors = round_helper()
+    store_rounded = store_helper()
 
     @triton.jit
     def silu_and_mul_kernel(gate_up_ptr, out_ptr, words_ptr, scales_ptr, inter, stride_in, stride_out,
@@ -42,12 +42,9 @@ def _kernels():
         y = (act * up).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + row * stride_out + cols, y, mask=ok)
         if ROUND > 0:
-            words, scales, _ = round_vectors(tl.reshape(y.to(tl.float32), (BLOCK // 32, 32)), BLOCK // 32,
-                                             ROUND == 1)
             v = tl.program_id(1) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
-            v_ok = v < inter // 32
-            tl.store(words_ptr + v[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=v_ok[:, None])
-            tl.store(scales_ptr + v, scales, mask=v_ok)
+            store_rounded(tl.reshape(y.to(tl.float32), (BLOCK // 32, 32)), v, v < inter // 32, words_ptr,
+                          scales_ptr, BLOCK // 32, ROUND == 1)
 
     return silu_and_mul_kernel
 
@@ -68,21 +65,16 @@ def silu_and_mul_rounded(gate_up: torch.Tensor, nibble_order: bool, pdl: bool = 
 
 
 def _silu_and_mul(gate_up, pdl, nibble_order):
-    from engine.kernels.rounded_x import empty_rounded
+    from engine.kernels.rounded_x import rounded_args
 
     assert gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and gate_up.stride(1) == 1
     kernel = _kernels()
     num_rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((num_rows, inter), dtype=gate_up.dtype, device=gate_up.device)
-    rounded = None
-    words = scales = out  # unused without rounding
-    if nibble_order is not None:
-        assert num_rows == 1 and inter % 32 == 0, (num_rows, inter)
-        rounded = empty_rounded(inter, nibble_order, gate_up.dtype, gate_up.device)
-        words, scales = rounded.words, rounded.scales
+    rounded, words, scales, round_code = rounded_args(out, nibble_order)
     kernel[(num_rows, -(-inter // _BLOCK))](
         gate_up, out, words, scales, inter, gate_up.stride(0), out.stride(0), BLOCK=_BLOCK, num_warps=4,
-        **pdl_args(gate_up.device, pdl), ROUND=0 if nibble_order is None else (1 if nibble_order else 2),
+        **pdl_args(gate_up.device, pdl), ROUND=round_code,
     )
     return out, rounded
 

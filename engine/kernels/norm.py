@@ -9,18 +9,18 @@ import torch.nn.functional as F
 
 from engine.kernels import next_pow2, pdl_args
 
-triton = tl = table_row = round_vectors = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = table_row = store_rounded = None  # bound by _kernels(): Triton is imported on first use only
 
 
 @functools.cache
 def _kernels():
-    global triton, tl, table_row, round_vectors  # module globals: the kernels below call these by name
+    global triton, tl, table_row, store_rounded  # module globals: the kernels below call these by name
     import triton
     import triton.language as tl
 
-    from engine.kernels.rounded_x import round_helper
+    from engine.kernels.rounded_x import store_helper
 
-    round_vectors = round_helper()
+    store_rounded = store_helper()
 
     @triton.jit
     def add_rms_norm_kernel(
@@ -52,12 +52,9 @@ def _kernels():
         tl.store(out_ptr + row * stride_out + offs, y, mask=ok)
         if ROUND > 0:
             # the values the projection would read, rounded as its kernel would round them
-            words, scales, _ = round_vectors(tl.reshape(y.to(tl.float32), (BLOCK // 32, 32)), BLOCK // 32,
-                                             ROUND == 1)
             v = tl.arange(0, BLOCK // 32)
-            v_ok = v < hidden // 32
-            tl.store(words_ptr + v[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=v_ok[:, None])
-            tl.store(scales_ptr + v, scales, mask=v_ok)
+            store_rounded(tl.reshape(y.to(tl.float32), (BLOCK // 32, 32)), v, v < hidden // 32, words_ptr,
+                          scales_ptr, BLOCK // 32, ROUND == 1)
 
     @triton.jit
     def table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK: tl.constexpr):
@@ -132,7 +129,7 @@ def add_rms_norm_rounded(x: torch.Tensor, residual: torch.Tensor | None, weight:
 
 
 def _add_rms_norm(x, residual, weight, eps, pdl, nibble_order):
-    from engine.kernels.rounded_x import empty_rounded
+    from engine.kernels.rounded_x import rounded_args
 
     assert x.dim() == 2 and x.stride(1) == 1 and weight.shape == (x.shape[1],)
     kernel = _kernels()[0]
@@ -144,18 +141,12 @@ def _add_rms_norm(x, residual, weight, eps, pdl, nibble_order):
         assert residual.shape == x.shape and residual.stride(1) == 1
         res, new_res = residual, torch.empty_like(out)
     block = next_pow2(hidden)
-    rounded = None
-    words = scales = out  # unused without rounding
-    if nibble_order is not None:
-        assert num_rows == 1 and hidden % 32 == 0 and block >= 32, (num_rows, hidden)
-        rounded = empty_rounded(hidden, nibble_order, x.dtype, x.device)
-        words, scales = rounded.words, rounded.scales
+    rounded, words, scales, round_code = rounded_args(out, nibble_order)
     kernel[(num_rows,)](
         x, res, weight, out, new_res, words, scales,
         hidden, x.stride(0), res.stride(0), out.stride(0), new_res.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=min(16, max(4, block // 256)), **pdl_args(x.device, pdl),
-        ROUND=0 if nibble_order is None else (1 if nibble_order else 2),
+        num_warps=min(16, max(4, block // 256)), **pdl_args(x.device, pdl), ROUND=round_code,
     )
     return out, new_res, rounded
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-tl = round_vectors = None  # bound on first use: Triton is imported then (the interpreter looks tl up here)
+tl = round_vectors = store_rounded = None  # bound on first use: Triton is imported then (the interpreter looks tl up here)
 
 
 @dataclass(frozen=True)
@@ -65,21 +65,39 @@ def round_helper():
 
 
 @functools.cache
-def _kernel():
-    global round_vectors
+def store_helper():
+    """The Triton function with which a kernel hands over its row rounded (a RoundedX):
+    store_rounded(x (V, 32) float32, v (V,) the vectors' indices in the row, v_ok, words_ptr,
+    scales_ptr, V, NIBBLE_ORDER) rounds x with round_vectors and stores its words and scales."""
+    global round_vectors, store_rounded
     import triton
     import triton.language as tl
 
     round_vectors = round_helper()
 
     @triton.jit
+    def store_rounded(x, v, v_ok, words_ptr, scales_ptr, V: tl.constexpr, NIBBLE_ORDER: tl.constexpr):
+        words, scales, _ = round_vectors(x, V, NIBBLE_ORDER)
+        tl.store(words_ptr + v[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=v_ok[:, None])
+        tl.store(scales_ptr + v, scales, mask=v_ok)
+
+    return store_rounded
+
+
+@functools.cache
+def _kernel():
+    global store_rounded
+    import triton
+    import triton.language as tl
+
+    store_rounded = store_helper()
+
+    @triton.jit
     def round_x_kernel(x_ptr, words_ptr, scales_ptr, vectors, NIBBLE_ORDER: tl.constexpr, BLOCK_V: tl.constexpr):
         v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
         v_ok = v < vectors
         x = tl.load(x_ptr + v[:, None] * 32 + tl.arange(0, 32)[None, :], mask=v_ok[:, None], other=0.0)
-        words, scales, _ = round_vectors(x.to(tl.float32), BLOCK_V, NIBBLE_ORDER)
-        tl.store(words_ptr + v[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=v_ok[:, None])
-        tl.store(scales_ptr + v, scales, mask=v_ok)
+        store_rounded(x.to(tl.float32), v, v_ok, words_ptr, scales_ptr, BLOCK_V, NIBBLE_ORDER)
 
     return round_x_kernel
 
@@ -89,6 +107,17 @@ def empty_rounded(k: int, nibble_order: bool, dtype: torch.dtype, device) -> Rou
     assert k % 32 == 0, k
     return RoundedX(torch.empty((k // 32, 1, 8), dtype=torch.int32, device=device),
                     torch.empty((k // 32, 1), dtype=torch.float32, device=device), nibble_order, dtype)
+
+
+def rounded_args(like: torch.Tensor, nibble_order: bool | None):
+    """For a kernel that may hand over its one output row (shaped and typed as `like`, (1, K))
+    rounded: (the RoundedX it fills, or None; its words and scales pointers; the kernel's ROUND:
+    0 not rounding, 1 in the nibbles' word order, 2 in int8's)."""
+    if nibble_order is None:
+        return None, like, like, 0  # pointers the kernel never reads
+    assert like.shape[0] == 1 and like.shape[1] % 32 == 0, tuple(like.shape)
+    rounded = empty_rounded(like.shape[1], nibble_order, like.dtype, like.device)
+    return rounded, rounded.words, rounded.scales, 1 if nibble_order else 2
 
 
 def round_x(x: torch.Tensor, nibble_order: bool) -> RoundedX:
