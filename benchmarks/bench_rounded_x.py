@@ -8,13 +8,14 @@ rounded for each (the rounding's own launch timed apart: an engine would fold it
 kernel before). Outputs are checked against the weights' exact values times the rounded x.
 
     python benchmarks/bench_rounded_x.py --out rounded_x.json [--layouts AWQ,Q4_K_M]
-        [--down-tiles 4x4096v16,8x4096v16 [--only-down-tiles]]
+        [--down-tiles 4x4096v16,4x2048v8s2 [--only-down-tiles]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -43,10 +44,12 @@ def run(x, rx, blocks, out, pdl, tile=None):
 
 
 def parse_tile(spec: str) -> RowTile:
-    """ROWSxSTEPvBYTES, e.g. 4x4096v16: rows a program, inputs a K step, bytes a load."""
-    rows, rest = spec.split("x")
-    step, vec = rest.split("v")
-    return RowTile(int(rows), int(step), vec=int(vec))
+    """ROWSxSTEPvBYTES[sSPLIT][wWARPS], e.g. 4x4096v16 or 4x2048v8s2: rows a program, inputs a K
+    step, bytes a load, programs along K (default 1), warps a program (default 4)."""
+    m = re.fullmatch(r"(\d+)x(\d+)v(\d+)(?:s(\d+))?(?:w(\d+))?", spec)
+    if m is None:
+        raise SystemExit(f"bench_rounded_x.py: a tile is ROWSxSTEPvBYTES[sSPLIT][wWARPS], not {spec!r}")
+    return RowTile(int(m[1]), int(m[2]), split_k=int(m[4] or 1), num_warps=int(m[5] or 4), vec=int(m[3]))
 
 
 def main() -> None:
@@ -57,7 +60,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--pdl", type=int, default=2)
     ap.add_argument("--down-tiles", default="",
-                    help="also time down on these tiles (e.g. 4x4096v16,8x4096v16), x rounded each way")
+                    help="also time down on these tiles (ROWSxSTEPvBYTES[sSPLIT][wWARPS], e.g. 4x4096v16,4x2048v8s2), x rounded each way")
     ap.add_argument("--only-down-tiles", action="store_true", help="time down's tiles alone")
     args = ap.parse_args()
     dev = torch.device("cuda")
