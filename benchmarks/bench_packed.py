@@ -85,7 +85,7 @@ def run_blocks(x, blocks, out, tile=None):
 
 def run_row(x, blocks, out, tile=None, int8_x=False):
     """As an engine with no draft runs one row: the one-row kernel where it serves (row_kernel_fits;
-    int8_x: x rounded to int8 for the 4-bit kinds), packed_gemv's default tile elsewhere (a short K)."""
+    int8_x: x rounded to int8 for the 4-bit kinds), packed_gemv's default tile elsewhere (a K with no one-row tile)."""
     start = 0
     for b in blocks:
         stop = start + b.shape[0]

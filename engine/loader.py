@@ -92,8 +92,8 @@ def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptio
 def gguf_one_row_share(reader) -> float:
     """The share of a GGUF's projection weights (every matrix but the token embeddings) that the
     one-row kernel would run packed: the block types a packing load keeps packed (all of
-    gguf_blocks.BLOCKS) over a K that fills its steps; float tensors stay dense."""
-    from engine.kernels.packed_gemv import row_kernel_k
+    gguf_blocks.BLOCKS) over a K that fills its four warps (row_kernel_wide); float tensors stay dense."""
+    from engine.kernels.packed_gemv import row_kernel_wide
     from engine.weights.gguf_blocks import BLOCKS
 
     served = total = 0
@@ -102,7 +102,7 @@ def gguf_one_row_share(reader) -> float:
             continue
         n, kind = int(t.n_elements), t.tensor_type.name
         total += n
-        if kind in BLOCKS and row_kernel_k(int(t.shape[0]), 32):
+        if kind in BLOCKS and row_kernel_wide(int(t.shape[0]), 32):
             served += n
     return served / total if total else 0.0
 
@@ -111,7 +111,7 @@ def quant_one_row_share(cfg: ModelConfig, fp8: bool = True) -> float:
     """The same for a folder's quantization_config: AWQ, GPTQ, FP8 and compressed-tensors quantize every projection, so
     the share of their projections' weights whose K (hidden, attention or MLP width) fills the
     kernel's steps. fp8: whether the GPU keeps FP8 packed (fp8_gpu); without, FP8 runs none."""
-    from engine.kernels.packed_gemv import row_kernel_k, tile_group
+    from engine.kernels.packed_gemv import row_kernel_wide, tile_group
 
     q = cfg.quantization
     if q is None or (q.all_fp8 and not fp8):
@@ -120,7 +120,7 @@ def quant_one_row_share(cfg: ModelConfig, fp8: bool = True) -> float:
     # (weights, K): qkv and gate_up over the hidden size, o_proj over the heads, down over the MLP
     parts = [(h * (cfg.q_size + 2 * cfg.kv_size + 2 * i), h), (cfg.q_size * h, cfg.q_size), (i * h, i)]
     group = q.row_group
-    served = sum(n for n, k in parts if row_kernel_k(k, tile_group(k, k) if group == -1 else group))
+    served = sum(n for n, k in parts if row_kernel_wide(k, tile_group(k, k) if group == -1 else group))
     return served / sum(n for n, _ in parts)
 
 

@@ -95,7 +95,7 @@ class PackedLinear(nn.Module):
     def rounded_order(self) -> bool | None:
         """The word order (packed_gemv.rounds_x) in which every block of this projection takes one
         row of x rounded before its launch (RoundedX) on the one-row kernel, or None where some
-        block does not (FP8, a K the one-row kernel leaves to packed_gemv, two orders)."""
+        block does not (FP8, a K with no one-row tile, two orders)."""
         from engine.kernels.packed_gemv import rounds_x, row_kernel_fits
 
         if not hasattr(self, "_rounded_order"):  # asked at every step: the blocks never change

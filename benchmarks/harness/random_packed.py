@@ -64,6 +64,30 @@ def random_int4(n: int, k: int, device, gen: torch.Generator, group: int = 128) 
     return int_weight(words, scales, None, torch.tensor([n, k]), None, "random")
 
 
+def block_inputs(layout: str) -> int:
+    """The inputs one block (or group) of a layout covers, which every K it packs must be a
+    multiple of: GGUF's block of the layout's type (256 for the k-quants), 128 for AWQ's and
+    W4A16's groups, 1 for FP8 (per channel, or blocks that may end past K)."""
+    if layout in ("AWQ", "W4A16"):
+        return 128
+    if layout in ("FP8", "FP8-block"):
+        return 1
+    return BLOCKS["Q4_K" if layout == "Q4_K_M" else layout][0]
+
+
+def check_layout(layout: str, cfg) -> None:
+    """UserError in one line where `layout` cannot pack this model: an unknown layout, or one whose
+    blocks do not divide the hidden, attention or MLP width (every projection's K)."""
+    if layout not in LAYOUTS:
+        raise UserError(f"--random-quant {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    block = block_inputs(layout)
+    widths = {"hidden": cfg.hidden_size, "attention": cfg.q_size, "MLP": cfg.intermediate_size}
+    odd = [f"{name} {width}" for name, width in widths.items() if width % block]
+    if odd:
+        raise UserError(f"--random-quant {layout}: its blocks of {block} inputs do not divide this model's "
+                        f"{', '.join(odd)}; choose a layout with smaller blocks (e.g. Q4_1, Q8_0)")
+
+
 def use_more_bits(layer: int, layers: int) -> bool:
     """llama.cpp's rule for the layers whose attn_v and ffn_down a Q4_K_M file keeps in Q6_K."""
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
@@ -71,8 +95,7 @@ def use_more_bits(layer: int, layers: int) -> bool:
 
 def layer_parts(layout: str, layer: int, layers: int, cfg, device, gen) -> dict[str, list[PackedWeight]]:
     """The packed parts of one decoder layer's projections, by the model's fused names."""
-    if layout not in LAYOUTS:
-        raise UserError(f"--random-quant {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    check_layout(layout, cfg)
     h, i = cfg.hidden_size, cfg.intermediate_size
     q, kv = cfg.q_size, cfg.kv_size
 

@@ -62,12 +62,16 @@ def random_engine(config: str, device: str | None = None, max_seq_len: int | Non
     max_len = max_seq_len or 4096
     options = options or KernelOptions.from_env()
     options = dataclasses.replace(options, batch_invariant=options.batch_invariant or force_accept is not None)
+    if quant is not None:
+        from benchmarks.harness.random_packed import check_layout
+
+        if dev.type != "cuda":
+            raise UserError("--random-quant needs a GPU (the CPU dequantizes quantized weights at load)")
+        check_layout(quant, cfg)  # before minutes of building a model it cannot pack
     model = build_model(cfg, _random_tensors(cfg, dev, dtype), "random weights", dev, dtype, max_len, options)
     if quant is not None:
         from benchmarks.harness.random_packed import pack_model
 
-        if dev.type != "cuda":
-            raise UserError("--random-quant needs a GPU (the CPU dequantizes quantized weights at load)")
         pack_model(model, quant)
         torch.cuda.reset_peak_memory_stats(dev)  # the bf16 weights it replaced are gone
     runner = ModelRunner(model, max_len)

@@ -211,8 +211,7 @@ def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
     2,048 (3,584: Qwen2.5-7B's hidden size); int8 8 rows over steps of 4,096 wherever K reaches
     one (its last step past K's end where it must); a shorter K takes the longest step that divides it,
     warps only as many as its vectors fill (a small model's gets one warp, its threads over more
-    rows; such a K is routed to packed_gemv, row_kernel_fits). per_word: weights a 32-bit word
-    holds (8 nibbles, 4 bytes).
+    rows). per_word: weights a 32-bit word holds (8 nibbles, 4 bytes).
     On an H200 (docs/performance.md) those were the fastest tiles or within 4% of them on the 8B
     shape's four projections in AWQ, Q4_K_M and Q4_0; steps whose vectors leave threads over
     ran 2x-6x slower."""
@@ -264,17 +263,30 @@ def row_tile_for(weight: GroupedWeight) -> RowTile:
 
 def row_kernel_fits(weight: GroupedWeight) -> bool:
     """The weights the one-row kernel serves: every kind (nibbles, the 5- and 6-bit kinds with
-    their plane of high bits, int8, FP8), over a K whose steps fill four warps (2,048 and longer).
-    A short K (a small model's, one warp a program) was never measured faster than packed_gemv,
-    and stays on it."""
+    their plane of high bits, int8, FP8) over any K it has a tile for (row_kernel_k)."""
     k = weight.shape[1]
     return row_kernel_k(k, tile_group(k, weight.group))
 
 
 def row_kernel_k(k: int, group: int) -> bool:
-    """Whether a K (with groups of `group`) gives the one-row kernel steps that fill four warps:
-    2,048 and longer, for every kind (int8's steps would fill them from 1,024, never measured)."""
-    return k >= 2048 and default_row_tile(1, k, group).num_warps == 4
+    """Whether the one-row kernel has a tile for a K (with groups of `group`): K whole vectors of
+    32 inputs and a step that divides it. A short K (a small model's) gets one-warp tiles; on the
+    demo's shape (K of 576 and 1,536, Q4_1) they decode 1.63x faster than packed_gemv on an H200
+    (docs/performance.md)."""
+    if k % 32:
+        return False
+    try:
+        default_row_tile(1, k, group)
+    except ValueError:
+        return False
+    return True
+
+
+def row_kernel_wide(k: int, group: int) -> bool:
+    """Whether a K fills the one-row kernel's four warps (2,048 and longer): the widths at which a
+    packed one-row step was measured faster than the same weights as bf16 (the 8B and 7B shapes;
+    the demo's short K decodes at 0.83x of bf16 packed), which the loader's auto rule counts."""
+    return row_kernel_k(k, group) and k >= 2048 and default_row_tile(1, k, group).num_warps == 4
 
 
 @functools.cache
@@ -903,4 +915,4 @@ def packed_gemv_ref(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
 
 __all__ = ["INT8", "SIGNED_NIBBLES", "MatmulTile", "PackedTile", "RowTile", "dequantize_packed", "packed_matmul", "default_row_tile", "default_tile", "packed_gemv",
            "packed_gemv_ref", "packed_row_gemv", "packed_row_gemv_blocks", "blocks_fit_one_launch", "row_kernel_fits",
-           "row_kernel_k", "row_tile_for", "tile_group"]
+           "row_kernel_k", "row_kernel_wide", "row_tile_for", "tile_group"]

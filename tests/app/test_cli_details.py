@@ -110,6 +110,27 @@ def test_random_quant_errors_are_one_line(capsys):
         assert err.count("\n") == 1 and says in err and "Traceback" not in err, err
 
 
+def test_random_quant_refuses_a_layout_whose_blocks_do_not_divide_the_model():
+    """The demo's hidden size (576) is no multiple of the k-quants' 256-input blocks nor of AWQ's
+    128-input groups: one line naming the widths, before any model is built; Q4_1's blocks of 32
+    and FP8 pack it."""
+    from benchmarks.harness.random_packed import check_layout
+    from engine.config import ModelConfig
+    from engine.errors import UserError
+    from engine.config_checks import read_json
+
+    cfg = ModelConfig.from_hf(read_json(Path(__file__).parents[2] / "benchmarks/configs/smollm2-135m.json"), "demo")
+    for layout, block in (("Q4_K_M", 256), ("Q6_K", 256), ("AWQ", 128)):
+        with pytest.raises(UserError) as e:
+            check_layout(layout, cfg)
+        msg = str(e.value)
+        assert "\n" not in msg and f"blocks of {block} inputs" in msg and "hidden 576" in msg, msg
+    for layout in ("Q4_1", "Q8_0", "FP8", "FP8-block"):
+        check_layout(layout, cfg)
+    with pytest.raises(UserError, match="choose one of"):
+        check_layout("Q9", cfg)
+
+
 def test_no_spec_with_a_draft_is_a_one_line_error(capsys):
     assert main(["run", "--no-spec", "--draft", "some/head", "Hi"]) == 2
     err = capsys.readouterr().err

@@ -491,9 +491,26 @@ def test_a_long_step_runs_the_way_asked(monkeypatch):
         linear(x, prefill="fast")
 
 
+def test_the_row_kernel_serves_every_k_it_has_a_tile_for_and_auto_counts_the_wide_ones():
+    """row_kernel_k: any K of whole 32-input vectors with a step that fits its groups (the demo's
+    576 and 1,536 included); row_kernel_wide, which the loader's auto rule counts, only K that fill
+    four warps (2,048 and longer, Qwen2.5-7B's 3,584 and the 8B's 14,336 too)."""
+    from engine.kernels.packed_gemv import default_row_tile, row_kernel_k, row_kernel_wide
+
+    for k, group in ((576, 32), (1536, 32), (96, 32), (768, 256), (384, 128), (4096, 128), (14336, 32)):
+        assert row_kernel_k(k, group), (k, group)
+        assert default_row_tile(1, k, group).block_k <= max(k, 2048)
+    for k, group in ((48, 16), (100, 4)):  # not whole vectors of 32
+        assert not row_kernel_k(k, group), (k, group)
+    for k, group in ((2048, 32), (3584, 128), (4096, 256), (14336, 32)):
+        assert row_kernel_wide(k, group), (k, group)
+    for k, group in ((576, 32), (1536, 32), (1024, 128)):
+        assert not row_kernel_wide(k, group), (k, group)
+
+
 def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     """No draft (batch_invariant off): a one-row step of any kind takes packed_row_gemv; a loaded
-    draft, several rows, a short K, or LOCALCHAT_PACKED_ROW=0 keep a batch-invariant kernel, so
+    draft, several rows, or LOCALCHAT_PACKED_ROW=0 keep a batch-invariant kernel, so
     verify rows still carry the decode step's bits: packed_rows_gemv for the kinds with integer
     values (int8_rows, LOCALCHAT_PACKED_INVARIANT_X=int8, the default), packed_gemv for FP8 or
     with LOCALCHAT_PACKED_INVARIANT_X=bf16."""
@@ -503,7 +520,8 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
     from engine.options import KernelOptions
     from engine.packed_linear import PackedLinear, kernel_for
 
-    # K = 2,048: steps that fill the row kernel's four warps; a short K (a small model's) does not
+    # K = 2,048: steps that fill the row kernel's four warps; a short K (a small model's, the demo's
+    # 576) one-warp tiles on the same kernel
     by_kind = {f"gguf {kind}": from_packed([_gguf(kind, 8, 2048, i)])
                for i, kind in enumerate(("Q4_0", "Q4_K", "Q6_K", "Q5_0", "Q8_0"))}
     by_kind.update({"awq g128": from_packed([_int4("awq", 32, 2048, 128)]),
@@ -511,14 +529,13 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                     "fp8 per channel": from_packed([_fp8(16, 2048, True)]),
                     "short K": from_packed([_gguf("Q4_0", 8, 576, 7)])})
     for name, block in by_kind.items():
-        row = name != "short K"
-        assert kernel_for(block, 1, one_row=True) is (packed_row_gemv if row else packed_gemv), name
+        assert kernel_for(block, 1, one_row=True) is packed_row_gemv, name
         assert kernel_for(block, 1, one_row=False) is packed_gemv
         assert kernel_for(block, 5, one_row=True) is packed_gemv
         invariant = packed_gemv if name.startswith("fp8") else packed_rows_gemv
         assert kernel_for(block, 1, one_row=False, int8_rows=True) is invariant, name
         assert kernel_for(block, 16, one_row=True, int8_rows=True) is invariant, name
-        assert kernel_for(block, 1, one_row=True, int8_rows=True) is (packed_row_gemv if row else packed_rows_gemv)
+        assert kernel_for(block, 1, one_row=True, int8_rows=True) is packed_row_gemv, name
 
     asked = []
 
