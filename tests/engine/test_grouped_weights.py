@@ -285,14 +285,15 @@ def test_paired_factors_give_the_bits_of_plain_ones(device, kind):
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
-@pytest.mark.parametrize("n_a,n_b,splits", [(40, 24, None), (640, 8, None), (40, 24, (2, 2)), (24, 40, (2, 1))])
-def test_two_blocks_in_one_row_launch_give_the_bits_of_two_launches(device, n_a, n_b, splits):
+@pytest.mark.parametrize("n_a,n_b,splits,k", [(40, 24, None, 2048), (640, 8, None, 2048), (40, 24, (2, 2), 2048),
+                                               (24, 40, (2, 1), 2048), (40, 24, None, 768)])
+def test_two_blocks_in_one_row_launch_give_the_bits_of_two_launches(device, n_a, n_b, splits, k):
     """A Q4_K_M-style projection (Q4_K q and k, Q6_K v) in one launch of the one-row kernel, each
     block with its own kind, tile and split of K (the split-K counters of the second after the
-    first's): each output the bits of its own launch, with and without a bias and int8 x."""
+    first's): each output the bits of its own launch, with and without a bias and int8 x; a short
+    K (768, a small model's one-warp tiles) too."""
     from engine.kernels.packed_gemv import RowTile, blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
 
-    k = 2048
     a = from_packed([_gguf("Q4_K", n_a // 2, k, 1), _gguf("Q4_K", n_a // 2, k, 2)]).to(device)
     b = from_packed([_gguf("Q6_K", n_b, k, 3)]).to(device)
     assert blocks_fit_one_launch([a, b]) and not blocks_fit_one_launch([a])
