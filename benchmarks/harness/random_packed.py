@@ -94,8 +94,8 @@ def use_more_bits(layer: int, layers: int) -> bool:
 
 
 def layer_parts(layout: str, layer: int, layers: int, cfg, device, gen) -> dict[str, list[PackedWeight]]:
-    """The packed parts of one decoder layer's projections, by the model's fused names."""
-    check_layout(layout, cfg)
+    """The packed parts of one decoder layer's projections, by the model's fused names (a layout
+    check_layout accepted)."""
     h, i = cfg.hidden_size, cfg.intermediate_size
     q, kv = cfg.q_size, cfg.kv_size
 
@@ -136,6 +136,7 @@ def pack_model(model, layout: str, seed: int = 0) -> int:
     from engine.packed_linear import PackedEmbedding, PackedLinear
     from engine.weights.grouped import grouped_blocks
 
+    check_layout(layout, model.config)  # once, before any layer is replaced
     layers = model.model.layers
     device = model.model.embed_tokens.weight.device
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -286,7 +286,7 @@ def row_kernel_wide(k: int, group: int) -> bool:
     """Whether a K fills the one-row kernel's four warps (2,048 and longer): the widths at which a
     packed one-row step was measured faster than the same weights as bf16 (the 8B and 7B shapes;
     the demo's short K decodes at 0.83x of bf16 packed), which the loader's auto rule counts."""
-    return row_kernel_k(k, group) and k >= 2048 and default_row_tile(1, k, group).num_warps == 4
+    return k >= 2048 and row_kernel_k(k, group) and default_row_tile(1, k, group).num_warps == 4
 
 
 @functools.cache

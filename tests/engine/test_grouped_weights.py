@@ -588,6 +588,29 @@ def test_a_projection_of_mixed_formats_keeps_a_block_per_format(device):
     assert torch.equal(linear.dequantized(torch.float32).cpu(), torch.cat([dequantize(p) for p in parts]))
 
 
+def test_random_packed_refuses_a_layout_before_replacing_any_layer():
+    """pack_model (memory_breakdown.py calls it directly) checks the layout against the model's
+    widths once, up front: a hidden size of 96 is no multiple of Q4_K's 256-input blocks, and no
+    projection has been replaced when the one-line error comes."""
+    from benchmarks.harness.random_packed import pack_model
+    from benchmarks.harness.shapes import _random_tensors
+    from engine.config import ModelConfig
+    from engine.errors import UserError
+    from engine.loader import build_model
+    from engine.packed_linear import PackedLinear
+
+    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 96, "intermediate_size": 256,
+           "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
+           "max_position_embeddings": 64}
+    cfg = ModelConfig.from_hf(raw, "tiny")
+    dev = torch.device("cpu")
+    model = build_model(cfg, _random_tensors(cfg, dev, torch.float32), "tiny", dev, torch.float32, 64)
+    with pytest.raises(UserError, match="blocks of 256 inputs do not divide this model's hidden 96"):
+        pack_model(model, "Q4_K_M")
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert pack_model(model, "Q4_1") > 0  # blocks of 32 divide it
+
+
 def test_random_packed_layouts_pack_a_model():
     """The benchmarks' random packed models (--random-quant): every decoder-layer projection a
     PackedLinear of the layout (FP8: finite e4m3 values, one scale a channel), Q4_K_M's Q6_K v and
