@@ -203,6 +203,9 @@ class RowTile:
     num_warps: int = 4
     num_stages: int = 3
     vec: int = 16  # bytes of packed weights a thread loads at once
+    # > 0: the K steps a loop that Triton pipelines this many steps deep (cp.async copies into
+    # shared memory), each share whole steps; 0: the steps unrolled, loads into registers
+    stream: int = 0
 
 
 def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
@@ -293,7 +296,7 @@ def row_kernel_wide(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_body, pdl_enter, tl
+    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_enter, tl
     import triton
     import triton.language as tl
 
@@ -362,16 +365,14 @@ def _row_kernel():
             tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
-    def row_body(pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
-                 count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
+    def row_step(acc, kk, PARTIAL: tl.constexpr, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr,
+                 ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
                  G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
                  ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
-                 SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr):
-        """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
-        below; packed_row_kernel2 runs two blocks of one projection in one launch)."""
+                 X_KIND: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr):
+        """One K step (kk: its first input past the share's; PARTIAL: the step passes the share's end)
+        of row_body's program: acc plus the step's sums."""
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
         # chunk and row), read as 32-bit words of EPW weights (8 nibbles: element 8j + i in
         # nibble i of word j; or 4 bytes), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC):
@@ -415,199 +416,232 @@ def _row_kernel():
         t5 = tl.arange(0, EPW // 2)[None, None, None, None, :]
         q_words = q_ptr.to(tl.pointer_type(tl.int32))
         h_words = qh_ptr.to(tl.pointer_type(tl.int32))
-        acc = tl.zeros([WD, C, BLOCK_N], tl.float32)
-        # the steps unrolled: every load's address is then its base plus a constant
-        for kk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
-            k0 = pid_k * K_PER_SPLIT + kk
-            kc = k0 + c3 * CHUNK  # each chunk's first input, (1, C, 1)
-            if kk + BLOCK_K > K_PER_SPLIT:
-                # a last step past K's end (K not a multiple of the step): the chunks beyond it
-                # read the last chunk again, unmasked, and their sums are multiplied by zero
-                k_end = pid_k * K_PER_SPLIT + K_PER_SPLIT
-                c_in = kc < k_end
-                kc = tl.minimum(kc, k_end - CHUNK)
-            g = kc // G + 0 * wd3  # loaded in the weights' layout: no exchange between threads
-            if PAIRED:
-                # a k-quant's scale and offset codes side by side (one 16-bit load), and its
-                # super-block's two fp16 units side by side (one 32-bit load): two loads, not four,
-                # the products as below
-                cw = tl.load(s_ptr.to(tl.pointer_type(tl.int16)) + n3 * (stride_s // 2) + g).to(tl.int32)
-                uw = tl.load(su_ptr.to(tl.pointer_type(tl.int32)) + n3 * (stride_u // 2) + g // UNIT)
-                su = (uw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-                ou = ((uw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-                s = su * (cw & 0xFF).to(tl.float32)
-                o = ou * ((cw >> 8) & 0xFF).to(tl.float32)
-            else:
-                s = tl.load(s_ptr + n3 * stride_s + g * SG).to(tl.float32)
+        k0 = pid_k * K_PER_SPLIT + kk
+        kc = k0 + c3 * CHUNK  # each chunk's first input, (1, C, 1)
+        if PARTIAL:
+            # a last step past K's end (K not a multiple of the step): the chunks beyond it
+            # read the last chunk again, unmasked, and their sums are multiplied by zero
+            k_end = pid_k * K_PER_SPLIT + K_PER_SPLIT
+            c_in = kc < k_end
+            kc = tl.minimum(kc, k_end - CHUNK)
+        g = kc // G + 0 * wd3  # loaded in the weights' layout: no exchange between threads
+        if PAIRED:
+            # a k-quant's scale and offset codes side by side (one 16-bit load), and its
+            # super-block's two fp16 units side by side (one 32-bit load): two loads, not four,
+            # the products as below
+            cw = tl.load(s_ptr.to(tl.pointer_type(tl.int16)) + n3 * (stride_s // 2) + g).to(tl.int32)
+            uw = tl.load(su_ptr.to(tl.pointer_type(tl.int32)) + n3 * (stride_u // 2) + g // UNIT)
+            su = (uw & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            ou = ((uw >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            s = su * (cw & 0xFF).to(tl.float32)
+            o = ou * ((cw >> 8) & 0xFF).to(tl.float32)
+        else:
+            s = tl.load(s_ptr + n3 * stride_s + g * SG).to(tl.float32)
+            if UNIT > 0:
+                s = tl.load(su_ptr + n3 * stride_u + (g // UNIT) * UG).to(tl.float32) * s
+            o = s
+            if HAS_OFFSET:
+                o = tl.load(o_ptr + n3 * stride_s + g * SG).to(tl.float32)
                 if UNIT > 0:
-                    s = tl.load(su_ptr + n3 * stride_u + (g // UNIT) * UG).to(tl.float32) * s
-                o = s
-                if HAS_OFFSET:
-                    o = tl.load(o_ptr + n3 * stride_s + g * SG).to(tl.float32)
-                    if UNIT > 0:
-                        o = tl.load(ou_ptr + n3 * stride_u + (g // UNIT) * UG).to(tl.float32) * o
-            kc4 = kc[:, :, :, None]
-            w = tl.load(q_words + n4 * (stride_q // 4) + kc4 // EPW + word4)  # (WD, C, BLOCK_N, VEC)
-            if HIGH > 0:
-                # a word of high bits serves QPH weight words: each weight word's word, shifted so
-                # that element i's bits sit at HIGH * i
-                hw = tl.load(h_words + n4 * (stride_h // 4) + kc4 * HIGH // 32 + word4 // QPH)
-                hw = hw >> ((word4 % QPH) * (8 * HIGH))
-            if FP8:
-                if ASM:
-                    f0, f1, f2, f3 = tl.inline_asm_elementwise(
-                        "{.reg .b16 l, h, a0, a1, b0, b1; .reg .b32 a, b; mov.b32 {l, h}, $4;"
-                        " cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {a0, a1}, a;"
-                        " mov.b32 {b0, b1}, b; cvt.f32.f16 $0, a0; cvt.f32.f16 $1, a1; cvt.f32.f16 $2, b0;"
-                        " cvt.f32.f16 $3, b1;}",
-                        "=r,=r,=r,=r,r", [w], dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
-                        is_pure=True, pack=1)
-                else:  # Triton's interpreter: the same values through Triton's conversion
-                    f0 = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                    f1 = ((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                    f2 = ((w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                    f3 = ((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            dot = tl.zeros([WD, C, BLOCK_N, VEC], tl.float32)
-            xsum = tl.zeros([WD, C, 1, VEC], tl.float32)
-            xi = (kc4 + EPW * word4)[:, :, :, :, None] + 2 * t5  # (WD, C, 1, VEC, EPW / 2): inputs 8j + 2t
-            if X_KIND == 2:
-                if EPW == 8:
-                    x02, x13 = tl.split(tl.reshape(tl.load(x_ptr + xi), (WD, C, 1, VEC, 2, 2)))
-                    xo02, xo13 = tl.split(tl.reshape(tl.load(x_ptr + xi + 1), (WD, C, 1, VEC, 2, 2)))
-                else:
-                    x0, x1 = tl.split(tl.load(x_ptr + xi))
-                    xo0, xo1 = tl.split(tl.load(x_ptr + xi + 1))
-            elif X_KIND == 3:
-                # x rounded already (RoundedX): a vector of 32 inputs, which a thread's EPW * VEC
-                # inputs lie inside, is 8 int8 words and one fp32 scale. For the nibbles the even
-                # inputs' 4 words, then the odd inputs' 4: a thread's words of each kind lie side by
-                # side (one vector load each, as the weights' words); for int8 weights 4 inputs a
-                # word in order. The address is written so that the compiler sees that.
-                first4 = (wd3 * (EPW * VEC))[:, :, :, None]  # (WD, 1, 1, 1): a thread vector's first input past kc
-                if EPW == 8:
-                    p4 = kc4 + first4  # a multiple of EPW * VEC
-                    if EPW * VEC == 32:  # a whole vector: its 8 words in order
-                        at = p4 // 4 + v4
-                    else:  # a part of one: 16 inputs (VEC 2) or 8
-                        at = (p4 // 32) * 8 + ((p4 // (EPW * VEC)) % (32 // (EPW * VEC))) * VEC + v4
-                    qe = tl.load(x_ptr + at)
-                    qo = tl.load(x_ptr + at + 4)
-                else:
-                    qe = tl.load(x_ptr + kc4 // 4 + word4)
-                sx = tl.reshape(tl.load(sx_ptr + (kc4 + first4) // 32), (WD, C, 1))
+                    o = tl.load(ou_ptr + n3 * stride_u + (g // UNIT) * UG).to(tl.float32) * o
+        kc4 = kc[:, :, :, None]
+        w = tl.load(q_words + n4 * (stride_q // 4) + kc4 // EPW + word4)  # (WD, C, BLOCK_N, VEC)
+        if HIGH > 0:
+            # a word of high bits serves QPH weight words: each weight word's word, shifted so
+            # that element i's bits sit at HIGH * i
+            hw = tl.load(h_words + n4 * (stride_h // 4) + kc4 * HIGH // 32 + word4 // QPH)
+            hw = hw >> ((word4 % QPH) * (8 * HIGH))
+        if FP8:
+            if ASM:
+                f0, f1, f2, f3 = tl.inline_asm_elementwise(
+                    "{.reg .b16 l, h, a0, a1, b0, b1; .reg .b32 a, b; mov.b32 {l, h}, $4;"
+                    " cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {a0, a1}, a;"
+                    " mov.b32 {b0, b1}, b; cvt.f32.f16 $0, a0; cvt.f32.f16 $1, a1; cvt.f32.f16 $2, b0;"
+                    " cvt.f32.f16 $3, b1;}",
+                    "=r,=r,=r,=r,r", [w], dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                    is_pure=True, pack=1)
+            else:  # Triton's interpreter: the same values through Triton's conversion
+                f0 = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                f1 = ((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                f2 = ((w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                f3 = ((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        dot = tl.zeros([WD, C, BLOCK_N, VEC], tl.float32)
+        xsum = tl.zeros([WD, C, 1, VEC], tl.float32)
+        xi = (kc4 + EPW * word4)[:, :, :, :, None] + 2 * t5  # (WD, C, 1, VEC, EPW / 2): inputs 8j + 2t
+        if X_KIND == 2:
+            if EPW == 8:
+                x02, x13 = tl.split(tl.reshape(tl.load(x_ptr + xi), (WD, C, 1, VEC, 2, 2)))
+                xo02, xo13 = tl.split(tl.reshape(tl.load(x_ptr + xi + 1), (WD, C, 1, VEC, 2, 2)))
             else:
-                # x's words of each weight word (16 or 8 bytes), split into its pairs
-                xw = (kc4 // 2 + (EPW // 2) * word4)[:, :, :, :, None] + t5
-                xs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + xw)
-                if EPW == 8:
-                    x02, x13 = tl.split(tl.reshape(xs, (WD, C, 1, VEC, 2, 2)))
-                else:
-                    x0, x1 = tl.split(xs)
-            if X_KIND == 3:
-                pass
-            elif EPW == 8:
-                x0, x2 = tl.split(x02)
-                x1, x3 = tl.split(x13)
-                if X_KIND == 2:
-                    xo0, xo2 = tl.split(xo02)
-                    xo1, xo3 = tl.split(xo13)
-            if X_KIND < 2:  # (stand-ins: the odd inputs come from the same words)
-                xo0, xo1, xo2, xo3 = x0, x1, x0, x1
-                if EPW == 8:
-                    xo2, xo3 = x2, x3
-            if XQ and X_KIND != 3:
-                amax = tl.zeros([WD, C, 1, VEC], tl.float32)
-                for t in tl.static_range(EPW // 2):
-                    xe, xo = x_pair(x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3)),
-                                    xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3)), X_KIND)
-                    amax = tl.maximum(amax, tl.maximum(tl.abs(xe), tl.abs(xo)))
-                amax = tl.max(amax, axis=3, keep_dims=True)  # (WD, C, 1, 1): a vector's
-                inv = 127.0 / tl.maximum(amax, 1e-30)  # a vector of zeros rounds to zeros
-                qe = tl.zeros([WD, C, 1, VEC], tl.int32)
-                qo = tl.zeros([WD, C, 1, VEC], tl.int32)
-                for t in tl.static_range(EPW // 2):
-                    xe, xo = x_pair(x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3)),
-                                    xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3)), X_KIND)
-                    # + 1.5 * 2^23 rounds to an integer in the float's low bits; its low byte is
-                    # the int8 (two's complement where negative)
-                    be = (xe * inv + 12582912.0).to(tl.int32, bitcast=True) & 0xFF
-                    bo = (xo * inv + 12582912.0).to(tl.int32, bitcast=True) & 0xFF
-                    if EPW == 8:  # even inputs' bytes in qe, odd in qo, as the nibbles split
-                        qe = qe | (be << (8 * t))
-                        qo = qo | (bo << (8 * t))
-                    else:  # int8: the 4 inputs of a word in order
-                        qe = qe | (be << (16 * t)) | (bo << (16 * t + 8))
-                sx = tl.reshape(amax, (WD, C, 1)) * (1.0 / 127.0)
-            if XQ:
-                zeros = tl.zeros([WD, C, BLOCK_N, VEC], tl.int32)
-                ones = tl.full([WD, C, 1, VEC], 0x01010101, tl.int32)
-                if EPW == 8:
-                    lo_e = w & 0x0F0F0F0F
-                    lo_o = (w >> 4) & 0x0F0F0F0F
-                    if HIGH == 2:  # each element's 2 high bits to bits 4-5 of its byte
-                        lo_e = lo_e | (spread2(hw & 0x3333) << 4)
-                        lo_o = lo_o | (spread2((hw >> 2) & 0x3333) << 4)
-                    elif HIGH == 1:
-                        lo_e = lo_e | (spread1(hw & 0x55) << 4)
-                        lo_o = lo_o | (spread1((hw >> 1) & 0x55) << 4)
-                    isum = dp4a(lo_o, qo, dp4a(lo_e, qe, zeros, False, ASM), False, ASM)
-                    # the rounded inputs' own sum for the offsets: the result is then exactly
-                    # the weights' values times the rounded x (x's own sum errs more where
-                    # ZERO is not 0)
-                    qsum = dp4a(ones, qo, dp4a(ones, qe, tl.zeros([WD, C, 1, VEC], tl.int32), False, ASM), False, ASM)
-                else:  # int8 bytes, signed as stored: no offset (q x, not u x)
-                    isum = dp4a(w, qe, zeros, True, ASM)
-                    qsum = dp4a(ones, qe, tl.zeros([WD, C, 1, VEC], tl.int32), False, ASM)
-            for t in tl.static_range(0 if XQ else EPW // 2):  # pair t of each word: elements 2t and 2t + 1
+                x0, x1 = tl.split(tl.load(x_ptr + xi))
+                xo0, xo1 = tl.split(tl.load(x_ptr + xi + 1))
+        elif X_KIND == 3:
+            # x rounded already (RoundedX): a vector of 32 inputs, which a thread's EPW * VEC
+            # inputs lie inside, is 8 int8 words and one fp32 scale. For the nibbles the even
+            # inputs' 4 words, then the odd inputs' 4: a thread's words of each kind lie side by
+            # side (one vector load each, as the weights' words); for int8 weights 4 inputs a
+            # word in order. The address is written so that the compiler sees that.
+            first4 = (wd3 * (EPW * VEC))[:, :, :, None]  # (WD, 1, 1, 1): a thread vector's first input past kc
+            if EPW == 8:
+                p4 = kc4 + first4  # a multiple of EPW * VEC
+                if EPW * VEC == 32:  # a whole vector: its 8 words in order
+                    at = p4 // 4 + v4
+                else:  # a part of one: 16 inputs (VEC 2) or 8
+                    at = (p4 // 32) * 8 + ((p4 // (EPW * VEC)) % (32 // (EPW * VEC))) * VEC + v4
+                qe = tl.load(x_ptr + at)
+                qo = tl.load(x_ptr + at + 4)
+            else:
+                qe = tl.load(x_ptr + kc4 // 4 + word4)
+            sx = tl.reshape(tl.load(sx_ptr + (kc4 + first4) // 32), (WD, C, 1))
+        else:
+            # x's words of each weight word (16 or 8 bytes), split into its pairs
+            xw = (kc4 // 2 + (EPW // 2) * word4)[:, :, :, :, None] + t5
+            xs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + xw)
+            if EPW == 8:
+                x02, x13 = tl.split(tl.reshape(xs, (WD, C, 1, VEC, 2, 2)))
+            else:
+                x0, x1 = tl.split(xs)
+        if X_KIND == 3:
+            pass
+        elif EPW == 8:
+            x0, x2 = tl.split(x02)
+            x1, x3 = tl.split(x13)
+            if X_KIND == 2:
+                xo0, xo2 = tl.split(xo02)
+                xo1, xo3 = tl.split(xo13)
+        if X_KIND < 2:  # (stand-ins: the odd inputs come from the same words)
+            xo0, xo1, xo2, xo3 = x0, x1, x0, x1
+            if EPW == 8:
+                xo2, xo3 = x2, x3
+        if XQ and X_KIND != 3:
+            amax = tl.zeros([WD, C, 1, VEC], tl.float32)
+            for t in tl.static_range(EPW // 2):
                 xe, xo = x_pair(x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3)),
                                 xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3)), X_KIND)
-                for e in tl.static_range(2):
-                    i = 2 * t + e  # the element's place in its word
-                    at = (32 // EPW) * i  # its low bits' place in the word
-                    if at <= LOW:
-                        lo = (w << (LOW - at)) & low_mask
-                    else:
-                        lo = (w >> (at - LOW)) & low_mask
-                    if FP8:
-                        v = (f0 if i == 0 else (f1 if i == 1 else (f2 if i == 2 else f3))).to(tl.int32, bitcast=True)
-                    elif ONE_BYTE:
-                        v = lo ^ 0x3FC00000  # 1.0's bits, and u = q + 128: the sign bit flipped
-                    elif HIGH > 0:
-                        # two LOP3s: (lo & mask) ^ 1.0 as the nibbles', then | (hs & high_mask).
-                        # With an OR in place of the XOR the compiler moves the constant last
-                        # and needs a third.
-                        v = (lo ^ 0x3F800000) | ((hw << (LOW + 4 - HIGH * i)) & high_mask)
-                    else:
-                        v = lo | 0x3F800000
-                    xv = xe if e == 0 else xo
-                    dot += v.to(tl.float32, bitcast=True) * xv
-                if not FP8:
-                    xsum += xe + xo
-            if FP8:
-                s_b = s
-            elif XQ:
-                s_b = s
-                o_b = -(0 if ONE_BYTE else ZERO) * s
-                if HAS_OFFSET:
-                    o_b += o
-            else:
-                o_b = -((1 << BITS) + ZERO) * s
-                if HAS_OFFSET:
-                    o_b += o
-                s_b = s * (1 << BITS)
-            if kk + BLOCK_K > K_PER_SPLIT:
-                s_b = tl.where(c_in, s_b, 0.0)
-                if not FP8:
-                    o_b = tl.where(c_in, o_b, 0.0)
-            if FP8:
-                acc += tl.sum(dot, axis=3) * s_b
-            elif XQ:
-                if ONE_BYTE and not HAS_OFFSET:
-                    acc += tl.sum(isum, axis=3).to(tl.float32) * s_b * sx
+                amax = tl.maximum(amax, tl.maximum(tl.abs(xe), tl.abs(xo)))
+            amax = tl.max(amax, axis=3, keep_dims=True)  # (WD, C, 1, 1): a vector's
+            inv = 127.0 / tl.maximum(amax, 1e-30)  # a vector of zeros rounds to zeros
+            qe = tl.zeros([WD, C, 1, VEC], tl.int32)
+            qo = tl.zeros([WD, C, 1, VEC], tl.int32)
+            for t in tl.static_range(EPW // 2):
+                xe, xo = x_pair(x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3)),
+                                xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3)), X_KIND)
+                # + 1.5 * 2^23 rounds to an integer in the float's low bits; its low byte is
+                # the int8 (two's complement where negative)
+                be = (xe * inv + 12582912.0).to(tl.int32, bitcast=True) & 0xFF
+                bo = (xo * inv + 12582912.0).to(tl.int32, bitcast=True) & 0xFF
+                if EPW == 8:  # even inputs' bytes in qe, odd in qo, as the nibbles split
+                    qe = qe | (be << (8 * t))
+                    qo = qo | (bo << (8 * t))
+                else:  # int8: the 4 inputs of a word in order
+                    qe = qe | (be << (16 * t)) | (bo << (16 * t + 8))
+            sx = tl.reshape(amax, (WD, C, 1)) * (1.0 / 127.0)
+        if XQ:
+            zeros = tl.zeros([WD, C, BLOCK_N, VEC], tl.int32)
+            ones = tl.full([WD, C, 1, VEC], 0x01010101, tl.int32)
+            if EPW == 8:
+                lo_e = w & 0x0F0F0F0F
+                lo_o = (w >> 4) & 0x0F0F0F0F
+                if HIGH == 2:  # each element's 2 high bits to bits 4-5 of its byte
+                    lo_e = lo_e | (spread2(hw & 0x3333) << 4)
+                    lo_o = lo_o | (spread2((hw >> 2) & 0x3333) << 4)
+                elif HIGH == 1:
+                    lo_e = lo_e | (spread1(hw & 0x55) << 4)
+                    lo_o = lo_o | (spread1((hw >> 1) & 0x55) << 4)
+                isum = dp4a(lo_o, qo, dp4a(lo_e, qe, zeros, False, ASM), False, ASM)
+                # the rounded inputs' own sum for the offsets: the result is then exactly
+                # the weights' values times the rounded x (x's own sum errs more where
+                # ZERO is not 0)
+                qsum = dp4a(ones, qo, dp4a(ones, qe, tl.zeros([WD, C, 1, VEC], tl.int32), False, ASM), False, ASM)
+            else:  # int8 bytes, signed as stored: no offset (q x, not u x)
+                isum = dp4a(w, qe, zeros, True, ASM)
+                qsum = dp4a(ones, qe, tl.zeros([WD, C, 1, VEC], tl.int32), False, ASM)
+        for t in tl.static_range(0 if XQ else EPW // 2):  # pair t of each word: elements 2t and 2t + 1
+            xe, xo = x_pair(x0 if t == 0 else (x1 if t == 1 else (x2 if t == 2 else x3)),
+                            xo0 if t == 0 else (xo1 if t == 1 else (xo2 if t == 2 else xo3)), X_KIND)
+            for e in tl.static_range(2):
+                i = 2 * t + e  # the element's place in its word
+                at = (32 // EPW) * i  # its low bits' place in the word
+                if at <= LOW:
+                    lo = (w << (LOW - at)) & low_mask
                 else:
-                    acc += (tl.sum(isum, axis=3).to(tl.float32) * s_b + tl.sum(qsum, axis=3).to(tl.float32) * o_b) * sx
+                    lo = (w >> (at - LOW)) & low_mask
+                if FP8:
+                    v = (f0 if i == 0 else (f1 if i == 1 else (f2 if i == 2 else f3))).to(tl.int32, bitcast=True)
+                elif ONE_BYTE:
+                    v = lo ^ 0x3FC00000  # 1.0's bits, and u = q + 128: the sign bit flipped
+                elif HIGH > 0:
+                    # two LOP3s: (lo & mask) ^ 1.0 as the nibbles', then | (hs & high_mask).
+                    # With an OR in place of the XOR the compiler moves the constant last
+                    # and needs a third.
+                    v = (lo ^ 0x3F800000) | ((hw << (LOW + 4 - HIGH * i)) & high_mask)
+                else:
+                    v = lo | 0x3F800000
+                xv = xe if e == 0 else xo
+                dot += v.to(tl.float32, bitcast=True) * xv
+            if not FP8:
+                xsum += xe + xo
+        if FP8:
+            s_b = s
+        elif XQ:
+            s_b = s
+            o_b = -(0 if ONE_BYTE else ZERO) * s
+            if HAS_OFFSET:
+                o_b += o
+        else:
+            o_b = -((1 << BITS) + ZERO) * s
+            if HAS_OFFSET:
+                o_b += o
+            s_b = s * (1 << BITS)
+        if PARTIAL:
+            s_b = tl.where(c_in, s_b, 0.0)
+            if not FP8:
+                o_b = tl.where(c_in, o_b, 0.0)
+        if FP8:
+            acc += tl.sum(dot, axis=3) * s_b
+        elif XQ:
+            if ONE_BYTE and not HAS_OFFSET:
+                acc += tl.sum(isum, axis=3).to(tl.float32) * s_b * sx
             else:
-                acc += tl.sum(dot, axis=3) * s_b + o_b * tl.sum(xsum, axis=3)
+                acc += (tl.sum(isum, axis=3).to(tl.float32) * s_b + tl.sum(qsum, axis=3).to(tl.float32) * o_b) * sx
+        else:
+            acc += tl.sum(dot, axis=3) * s_b + o_b * tl.sum(xsum, axis=3)
+        return acc
+
+
+    @triton.jit
+    def row_body(pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
+                 count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
+                 G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
+                 ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
+                 SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
+                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, STREAM: tl.constexpr = 0):
+        """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
+        below; packed_row_kernel2 runs two blocks of one projection in one launch)."""
+        EPW: tl.constexpr = 4 if ONE_BYTE else 8
+        C: tl.constexpr = BLOCK_K // CHUNK
+        WD: tl.constexpr = CHUNK // EPW // VEC
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        acc = tl.zeros([WD, C, BLOCK_N], tl.float32)
+        if STREAM > 0:
+            # a loop Triton pipelines: each step's loads copied into shared memory (cp.async) STREAM
+            # steps ahead, so a program keeps that many steps of weights in flight without
+            # holding them in registers (the share whole steps: RowTile.stream)
+            for kk in tl.range(0, K_PER_SPLIT, BLOCK_K, num_stages=STREAM):
+                acc = row_step(acc, kk, False, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr,
+                               ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH,
+                               ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG,
+                               PAIRED)
+        else:
+            # the steps unrolled: every load's address is then its base plus a constant
+            for kk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
+                acc = row_step(acc, kk, kk + BLOCK_K > K_PER_SPLIT, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr,
+                               s_ptr, o_ptr, su_ptr, ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH,
+                               ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG,
+                               PAIRED)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -632,14 +666,15 @@ def _row_kernel():
                           ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
-                          UG: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1):
+                          UG: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1,
+                          STREAM: tl.constexpr = 0):
         if PDL > 0:
             pdl_enter(tl.program_id(0), tl.program_id(1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
                       PF_LINES, PDL)
         row_body(tl.program_id(0), tl.program_id(1), x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
                  out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                  ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED)
+                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -660,7 +695,7 @@ def _row_kernel():
                            K_PER_SPLIT_b: tl.constexpr, BLOCK_N_b: tl.constexpr, BLOCK_K_b: tl.constexpr,
                            CHUNK_b: tl.constexpr, VEC_b: tl.constexpr, SG_b: tl.constexpr, UG_b: tl.constexpr,
                            PAIRED_b: tl.constexpr, TILES_A: tl.constexpr, PDL: tl.constexpr = 0,
-                           PF_LINES: tl.constexpr = 1):
+                           PF_LINES: tl.constexpr = 1, STREAM: tl.constexpr = 0, STREAM_b: tl.constexpr = 0):
         # Two blocks of one projection (a Q4_K_M file's Q4_K q and k and Q6_K v) in one launch:
         # programs 0 .. TILES_A - 1 take the first block's column tiles, the rest the second's,
         # each block with its own kind, tile and split of K (the grid's K axis is the larger split)
@@ -678,14 +713,14 @@ def _row_kernel():
                 row_body(pid, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
                          part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                          ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                         K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED)
+                         K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM)
         else:
             if pid_k < SPLIT_K_b:
                 row_body(pid - TILES_A, pid_k, x_ptr, sx_ptr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, su_ptr_b, ou_ptr_b,
                          b_ptr_b, out_ptr_b, part_ptr_b, count_ptr_b, N_b, stride_q_b, stride_h_b, stride_s_b,
                          stride_u_b, low_mask_b, high_mask_b, ZERO_b, G_b, UNIT_b, HAS_OFFSET_b, HIGH_b,
                          ONE_BYTE_b, FP8_b, XQ_b, ASM, HAS_BIAS_b, X_KIND, SPLIT_K_b, K_PER_SPLIT_b, BLOCK_N_b,
-                         BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b)
+                         BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b, STREAM_b)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -754,13 +789,31 @@ def packed_row_gemv_blocks(x: torch.Tensor | RoundedX, blocks: list[GroupedWeigh
         **launch_a, **row_pdl_args(x.device, pdl))
 
 
-def blocks_fit_one_launch(blocks: list[GroupedWeight]) -> bool:
-    """Two blocks the one-row kernel serves (row_kernel_fits) whose default tiles launch alike
-    (warps and stages): packed_row_gemv_blocks runs them in one launch."""
+def blocks_fit_one_launch(blocks: list[GroupedWeight], given: tuple | None = None) -> bool:
+    """Two blocks the one-row kernel serves (row_kernel_fits) whose tiles (row_tile_given: the
+    default, or `given` where it fits) launch alike (warps and stages): packed_row_gemv_blocks
+    runs them in one launch."""
     if len(blocks) != 2 or not all(row_kernel_fits(b) for b in blocks):
         return False
-    a, b = (row_tile_for(w) for w in blocks)
+    a, b = (row_tile_given(w, given) or row_tile_for(w) for w in blocks)
     return (a.num_warps, a.num_stages) == (b.num_warps, b.num_stages)
+
+
+def row_tile_given(weight: GroupedWeight, given: tuple | None) -> RowTile | None:
+    """The RowTile of a (rows, step, bytes a load, split, warps, stages) tuple (options.parse_row_tile)
+    where it fits the weight (its K whole shares of whole chunks; streamed, whole steps), else None
+    (the weight's default tile)."""
+    if given is None:
+        return None
+    rows, step, vec, split, warps, stages = given
+    n, k = weight.shape
+    per_word = _per_word(weight.kind)
+    group = tile_group(k, weight.group)
+    chunk = min(group, step)
+    high = HIGH_BITS.get(weight.kind, 0)
+    fits = (k % split == 0 and (k // split) % chunk == 0 and step % chunk == 0 and group % chunk == 0
+            and chunk % per_word == 0 and chunk * high % 32 == 0 and (not stages or (k // split) % step == 0))
+    return RowTile(rows, step, split_k=split, num_warps=warps, vec=vec, stream=stages) if fits else None
 
 
 def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None, tile: RowTile | None,
@@ -781,6 +834,7 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     # of weights, and of high bits
     assert k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0, (k, tile)
     assert group % chunk == 0 and chunk % per_word == 0 and chunk * high % 32 == 0, (weight.group, tile)
+    assert not tile.stream or (k // tile.split_k) % tile.block_k == 0, (k, tile)  # a loop of whole steps
     assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
     vec = min(max(1, tile.vec // 4), chunk // per_word)  # in words
@@ -793,7 +847,8 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
                 **_weight_args(weight), low_mask=((1 << (32 // per_word)) - 1) << low,
                 high_mask=((1 << high) - 1) << (low + 4), XQ=rounded or (int8_x and weight.kind in INT8_X_KINDS),
                 ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k,
-                K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec)
+                K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
+                STREAM=tile.stream)
     return (tiles, tile.split_k), args, dict(num_warps=tile.num_warps,
                                              num_stages=1 if triton_interpreting() else tile.num_stages)
 

@@ -421,6 +421,53 @@ def test_packed_row_gemv_takes_x_rounded_before_the_launch(device, name, parts):
         packed_row_gemv(round_x(x32.to(device, torch.bfloat16), not rounds_x(g)), g)
 
 
+# under the interpreter (slow) a kind of each family: nibbles with groups, paired k-quant factors,
+# high bits, int8, FP8, two parts; on the GPU every row case
+STREAM_CPU_CASES = ("awq g128", "gguf Q4_K", "gguf Q6_K", "gguf Q8_0", "fp8 per channel", "Q4_K q+k")
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("name,parts", ROW_CASES, ids=[c[0] for c in ROW_CASES])
+def test_a_streamed_row_tile_gives_the_bits_of_its_unrolled_steps(device, name, parts):
+    """RowTile.stream: the same K steps as a loop that Triton pipelines (weights copied into
+    shared memory steps ahead) add the same sums in the same order as the steps unrolled, so every
+    output has the unrolled tile's bits: x in bf16, with int8 x and rounded before the launch, K
+    split or not, with a bias; the pipeline one stage and three deep on the GPU. A share that is
+    not whole steps is refused."""
+    from dataclasses import replace as tile_with
+    from engine.kernels.packed_gemv import packed_row_gemv, rounds_x, row_tile_for
+    from engine.kernels.rounded_x import round_x
+
+    if device == "cpu" and name not in STREAM_CPU_CASES:
+        pytest.skip("the interpreter runs a kind of each family")
+    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    g = from_packed(parts).to(device)
+    n, k = g.shape
+    gen = torch.Generator().manual_seed(n + k + 7)
+    x = torch.randn(1, k, generator=gen).to(device, torch.bfloat16)
+    bias = torch.randn(n, generator=gen).to(device, torch.bfloat16)
+    base = row_tile_for(g)
+    # a step that gives the loop two steps or more where K allows, else the default's
+    step = next((b for b in (base.block_k // 2, base.block_k // 4) if b >= 32 and k % b == 0
+                 and (b % g.group == 0 or g.group % b == 0) and k // b >= 2), base.block_k)
+    tiles = [tile_with(base, block_k=step, vec=min(base.vec, 8) if step < base.block_k else base.vec)]
+    if (k // 2) % step == 0 and k // 2 >= step:
+        tiles.append(tile_with(tiles[0], split_k=2))
+    runs = [(x, False, bias), (x, True, None)]
+    if rounds_x(g) is not None:
+        runs.append((round_x(x, rounds_x(g)), False, bias))
+    for tile in tiles:
+        for stages in ((1, 3) if device == "cuda" else (2,)):
+            for xv, int8_x, b in runs:
+                want = packed_row_gemv(xv, g, b, tile, int8_x=int8_x)
+                got = packed_row_gemv(xv, g, b, tile_with(tile, stream=stages), int8_x=int8_x)
+                assert torch.equal(got, want), (name, tile, stages, int8_x)
+    if k % base.block_k:  # the default's last step passes K's end: no loop of whole steps
+        with pytest.raises(AssertionError):
+            packed_row_gemv(x, g, None, tile_with(base, stream=2))
+
+
 def test_default_row_tiles_fill_their_warps():
     """The one-row kernel's default tiles: on the 8B shape's projections a step's 8- or 16-byte
     vectors fill all four warps (tiles that left threads over ran 2x-6x slower on an H200); a

@@ -233,11 +233,14 @@ def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
 
 @pytest.mark.parametrize("pdl", [1, 2])
 @pytest.mark.parametrize("two_blocks", [False, True])
-def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks):
+@pytest.mark.parametrize("stream", [0, 3])
+def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream):
     """The one-row packed kernel with PDL (KernelOptions.packed_row_pdl): its weights' lines
     requested and then the wait before any load; the next kernel launched right after the wait
     (1) or after the last store (2); with PDL off, no grid-dependency instruction. AWQ's
-    constants (one block), or AWQ then Q4_K's paired factors (two blocks in one launch)."""
+    constants (one block), or AWQ then Q4_K's paired factors (two blocks in one launch). With
+    the K steps streamed (RowTile.stream) every load is an asynchronous copy into shared memory,
+    the first after the wait too."""
     import engine.kernels.packed_gemv as packed_gemv
     import triton
     from triton.backends.compiler import GPUTarget
@@ -256,6 +259,8 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks):
         fn = two
         consts.update({f"{k}_b": v for k, v in q4k.items() if k not in shared + ("PF_LINES",)}, TILES_A=8)
         types.update({f"{k[:-4]}_ptr_b": v for k, v in types.items()}, s_ptr_b="*u8", o_ptr_b="*u8")
+    steps = dict(BLOCK_K=1024, STREAM=stream) if stream else dict(STREAM=0)
+    consts.update(steps, **({f"{k}_b": v for k, v in steps.items()} if two_blocks else {}))
 
     def build(mode):
         c = dict(consts, PDL=mode)
@@ -273,10 +278,11 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks):
     ptx = on.asm["ptx"]
     body = ptx[ptx.index("{", ptx.index(".entry")):]
     wait = body.find("griddepcontrol.wait")
-    assert 0 <= body.find("prefetch.global.L2") < wait < body.find("ld.global")
+    load = "cp.async" if stream else "ld.global"
+    assert 0 <= body.find("prefetch.global.L2") < wait < body.find(load)
     trigger = body.find("griddepcontrol.launch_dependents")
     if pdl == 1:
-        assert wait < trigger < body.find("ld.global")
+        assert wait < trigger < body.find(load)
     else:
         assert body.rfind("st.global") < trigger
     assert "griddepcontrol" not in build(0).asm["ptx"]
