@@ -589,8 +589,8 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
 
     class Recording(PackedLinear):
         def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
-                    row_pdl=0, rounded=None):
-            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl))
+                    row_pdl=0, rounded=None, row_tile=None):
+            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl) + ((row_tile,) if row_tile else ()))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
@@ -604,7 +604,11 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           (KernelOptions(packed_row_pdl=1), (True, True, False, True, 1)),
                           (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0)),
                           # no PDL anywhere: none for the row kernel either
-                          (KernelOptions(pdl=False), (True, True, False, True, 0))):
+                          (KernelOptions(pdl=False), (True, True, False, True, 0)),
+                          # a streamed tile for qkv's role reaches the projection; down's does not
+                          (KernelOptions(packed_row_stream=(("qkv", (4, 1024, 16, 1, 1, 4)),
+                                                            ("down", (8, 2048, 8, 1, 4, 3)))),
+                           (True, True, False, True, 2, (4, 1024, 16, 1, 1, 4)))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 
