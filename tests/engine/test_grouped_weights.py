@@ -468,6 +468,23 @@ def test_a_streamed_row_tile_gives_the_bits_of_its_unrolled_steps(device, name, 
             packed_row_gemv(x, g, None, tile_with(base, stream=2))
 
 
+def test_a_given_row_tile_serves_only_the_blocks_it_fits():
+    """row_tile_given: a (rows, step, bytes, split, warps, stages) tile becomes the block's RowTile
+    where its K is whole shares of whole chunks, streamed whole steps; elsewhere None (the
+    default tile), so one switch can name a tile for models of any shape."""
+    from engine.kernels.packed_gemv import RowTile, row_tile_given
+
+    awq = from_packed([_int4("awq", 32, 384, 128)])  # K of 3 groups of 128
+    q6 = from_packed([_gguf("Q6_K", 8, 768, 9)])
+    assert row_tile_given(awq, None) is None
+    assert row_tile_given(awq, (4, 128, 16, 1, 1, 2)) == RowTile(4, 128, num_warps=1, vec=16, stream=2)
+    assert row_tile_given(awq, (4, 256, 16, 1, 1, 2)) is None  # 384 is no whole number of steps of 256
+    assert row_tile_given(awq, (4, 256, 16, 1, 1, 0)) is not None  # unrolled, the last step past K's end
+    assert row_tile_given(awq, (4, 128, 16, 2, 1, 2)) is None  # shares of 192: no whole groups
+    assert row_tile_given(q6, (4, 256, 16, 3, 1, 2)) == RowTile(4, 256, split_k=3, num_warps=1, vec=16, stream=2)
+    assert row_tile_given(q6, (4, 512, 16, 1, 1, 2)) is None
+
+
 def test_default_row_tiles_fill_their_warps():
     """The one-row kernel's default tiles: on the 8B shape's projections a step's 8- or 16-byte
     vectors fill all four warps (tiles that left threads over ran 2x-6x slower on an H200); a
