@@ -32,7 +32,7 @@ from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.gemv import gemv  # noqa: E402
 from engine.kernels.packed_gemv import (  # noqa: E402
     PackedTile, RowTile, default_tile, packed_gemv, packed_gemv_ref, packed_row_gemv, row_kernel_fits,
-    INT8_X_KINDS, row_tile_for, tile_group,
+    INT8_X_KINDS, row_tile_for, row_tile_fits_weight,
 )
 from engine.weights.grouped import KIND_NAMES, grouped_blocks  # noqa: E402
 
@@ -98,11 +98,18 @@ def run_row(x, blocks, out, tile=None, int8_x=False):
 
 
 def row_tile_fits(tile, k, blocks) -> bool:
-    """Whether packed_row_gemv takes this tile over K: K's split-K shares whole chunks (a step may
-    pass K's end) and the step holds whole groups, or lies in one."""
-    groups = [tile_group(k, b.group) for b in blocks]
-    return not any(k % tile.split_k or (k // tile.split_k) % min(g, tile.block_k)
-                   or (tile.block_k % g and g % tile.block_k) for g in groups)
+    """Whether packed_row_gemv takes this tile for every block (row_tile_fits_weight)."""
+    assert all(b.shape[1] == k for b in blocks)
+    return all(row_tile_fits_weight(b, tile) for b in blocks)
+
+
+def weight_copies(layout: str, role: str, device, gen) -> tuple[list, int]:
+    """Copies of a projection's blocks whose bytes together pass 512 MB (larger than L2, so a
+    timed loop over them reads from memory), and the bytes of one."""
+    blocks = blocks_for(layout, role, device, gen)
+    nbytes = sum(b.nbytes for b in blocks)
+    copies = max(1, (512 << 20) // nbytes + 1)
+    return [blocks] + [blocks_for(layout, role, device, gen) for _ in range(copies - 1)], nbytes
 
 
 def main() -> None:

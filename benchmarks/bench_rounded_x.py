@@ -24,7 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gemv import time_graph  # noqa: E402
-from benchmarks.bench_packed import SHAPES, blocks_for  # noqa: E402
+from benchmarks.bench_packed import SHAPES, weight_copies  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.packed_gemv import RowTile, packed_row_gemv, row_tile_for, rounds_x  # noqa: E402
 from engine.kernels.rounded_x import round_x  # noqa: E402
@@ -77,10 +77,8 @@ def main() -> None:
         for role, (n, k) in SHAPES.items():
             if args.only_down_tiles and role != "down":
                 continue
-            blocks = blocks_for(layout, role, dev, gen)
-            nbytes = sum(b.nbytes for b in blocks)
-            copies = max(1, (512 << 20) // nbytes + 1)
-            sets = [blocks] + [blocks_for(layout, role, dev, gen) for _ in range(copies - 1)]
+            sets, nbytes = weight_copies(layout, role, dev, gen)
+            blocks, copies = sets[0], len(sets)
             sets_by_role[role] = sets
             x = torch.randn(1, k, device=dev, dtype=torch.bfloat16, generator=gen)
             order = rounds_x(blocks[0])

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gemv import time_graph  # noqa: E402
-from benchmarks.bench_packed import SHAPES, blocks_for  # noqa: E402
+from benchmarks.bench_packed import SHAPES, weight_copies  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.packed_gemv import packed_row_gemv, row_tile_for, row_tile_given, rounds_x  # noqa: E402
 from engine.kernels.packed_rows import rounded_x  # noqa: E402
@@ -71,10 +71,8 @@ def main() -> None:
         entry = report["layouts"][layout] = {}
         state = {}
         for role, (n, k) in SHAPES.items():
-            blocks = blocks_for(layout, role, dev, gen)
-            nbytes = sum(b.nbytes for b in blocks)
-            copies = max(1, (512 << 20) // nbytes + 1)
-            sets = [blocks] + [blocks_for(layout, role, dev, gen) for _ in range(copies - 1)]
+            sets, nbytes = weight_copies(layout, role, dev, gen)
+            blocks, copies = sets[0], len(sets)
             x = torch.randn(1, k, device=dev, dtype=torch.bfloat16, generator=gen)
             rx = round_x(x, rounds_x(blocks[0]))
             out = torch.empty(1, n, device=dev, dtype=torch.bfloat16)

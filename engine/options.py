@@ -249,8 +249,11 @@ class KernelOptions:
 
     def row_stream_tile(self, role: str) -> tuple | None:
         """packed_row_stream's tile for a projection role (its own entry, else the bare one)."""
-        tiles = dict(self.packed_row_stream)
-        return tiles.get(role, tiles.get(""))
+        return self._row_streams.get(role, self._row_streams.get(""))
+
+    @functools.cached_property
+    def _row_streams(self) -> dict:
+        return dict(self.packed_row_stream)
 
     @functools.cached_property
     def _row_tiles(self) -> dict:

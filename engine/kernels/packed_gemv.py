@@ -799,21 +799,27 @@ def blocks_fit_one_launch(blocks: list[GroupedWeight], given: tuple | None = Non
     return (a.num_warps, a.num_stages) == (b.num_warps, b.num_stages)
 
 
+def row_tile_fits_weight(weight: GroupedWeight, tile: RowTile) -> bool:
+    """Whether packed_row_gemv takes this tile for the weight (the conditions _row_args asserts):
+    K whole shares of whole chunks, a chunk inside one group and whole words of weights and of
+    high bits; streamed, each share whole steps."""
+    k = weight.shape[1]
+    group = tile_group(k, weight.group)
+    chunk = min(group, tile.block_k)
+    high = HIGH_BITS.get(weight.kind, 0)
+    return (k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0
+            and group % chunk == 0 and chunk % _per_word(weight.kind) == 0 and chunk * high % 32 == 0
+            and (not tile.stream or (k // tile.split_k) % tile.block_k == 0))
+
+
 def row_tile_given(weight: GroupedWeight, given: tuple | None) -> RowTile | None:
     """The RowTile of a (rows, step, bytes a load, split, warps, stages) tuple (options.parse_row_tile)
-    where it fits the weight (its K whole shares of whole chunks; streamed, whole steps), else None
-    (the weight's default tile)."""
+    where it fits the weight (row_tile_fits_weight), else None (the weight's default tile)."""
     if given is None:
         return None
     rows, step, vec, split, warps, stages = given
-    n, k = weight.shape
-    per_word = _per_word(weight.kind)
-    group = tile_group(k, weight.group)
-    chunk = min(group, step)
-    high = HIGH_BITS.get(weight.kind, 0)
-    fits = (k % split == 0 and (k // split) % chunk == 0 and step % chunk == 0 and group % chunk == 0
-            and chunk % per_word == 0 and chunk * high % 32 == 0 and (not stages or (k // split) % step == 0))
-    return RowTile(rows, step, split_k=split, num_warps=warps, vec=vec, stream=stages) if fits else None
+    tile = RowTile(rows, step, split_k=split, num_warps=warps, vec=vec, stream=stages)
+    return tile if row_tile_fits_weight(weight, tile) else None
 
 
 def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None, tile: RowTile | None,
