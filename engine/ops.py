@@ -133,6 +133,16 @@ class Ops:
                                                                                          UNFUSED))
 
 
+def _row_pdl(options: KernelOptions) -> int:
+    """The one-row packed kernel's pdl argument (packed_gemv.row_pdl_args): packed_row_pdl where
+    PDL is on, with the bit for packed_row_early_weights."""
+    from engine.kernels.packed_gemv import ROW_PDL_EARLY_W
+
+    if not options.pdl or not options.packed_row_pdl:
+        return 0
+    return options.packed_row_pdl | (ROW_PDL_EARLY_W if options.packed_row_early_weights else 0)
+
+
 def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: torch.nn.Linear,
                   role: str, rounded=None) -> torch.Tensor:
     """linear(x) on cuBLAS or our GEMV, as routing.linear_route picks for (mode, role); a
@@ -141,7 +151,7 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
     if isinstance(linear, PackedLinear):
         return linear(x, one_row=options.packed_row and not options.batch_invariant, prefill=options.packed_prefill,
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
-                      one_launch=options.packed_one_launch, row_pdl=options.packed_row_pdl if options.pdl else 0,
+                      one_launch=options.packed_one_launch, row_pdl=_row_pdl(options),
                       rounded=rounded, row_tile=options.row_stream_tile(role))
     assert rounded is None
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)

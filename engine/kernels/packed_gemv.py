@@ -296,7 +296,7 @@ def row_kernel_wide(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_enter, tl
+    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_wait, pdl_enter, tl
     import triton
     import triton.language as tl
 
@@ -349,20 +349,27 @@ def _row_kernel():
         return r
 
     @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        """The wait for the previous kernel's writes, and with PDL 1 the early launch of the next
+        kernel (PDL 2 launches it after this program's stores instead)."""
+        tl.extra.cuda.gdc_wait()
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
     def pdl_enter(pid_n, pid_k, q_ptr, N, stride_q, ONE_BYTE: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PF_LINES: tl.constexpr, PDL: tl.constexpr):
+                  BLOCK_N: tl.constexpr, PF_LINES: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr = True):
         """A PDL launch's start: the program's packed bytes requested into L2 (a kernel never
-        writes weights), the wait for the previous kernel, and with PDL 1 the early launch of the
-        next one (PDL 2 launches it after this program's stores instead)."""
+        writes weights), then pdl_wait, unless WAIT is off (EARLY_W: the first K step waits after
+        its weights' loads instead)."""
         BYTES: tl.constexpr = K_PER_SPLIT if ONE_BYTE else K_PER_SPLIT // 2
         rows = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
         lines = tl.minimum(tl.arange(0, PF_LINES) * 128, BYTES - 1)
         ptrs = q_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * stride_q + pid_k * BYTES + lines[None, :]
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
                                   is_pure=False, pack=1)
-        tl.extra.cuda.gdc_wait()
-        if PDL == 1:
-            tl.extra.cuda.gdc_launch_dependents()
+        if WAIT:
+            pdl_wait(PDL)
 
     @triton.jit
     def row_step(acc, kk, PARTIAL: tl.constexpr, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr,
@@ -370,9 +377,11 @@ def _row_kernel():
                  G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
                  ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
                  X_KIND: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr):
+                 CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr,
+                 WAIT: tl.constexpr = 0):
         """One K step (kk: its first input past the share's; PARTIAL: the step passes the share's end)
-        of row_body's program: acc plus the step's sums."""
+        of row_body's program: acc plus the step's sums. WAIT > 0: the PDL wait (pdl_wait) comes
+        after the step's weights are requested and before x is."""
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
         # chunk and row), read as 32-bit words of EPW weights (8 nibbles: element 8j + i in
         # nibble i of word j; or 4 bytes), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC):
@@ -465,6 +474,10 @@ def _row_kernel():
                 f1 = ((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
                 f2 = ((w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
                 f3 = ((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        if WAIT > 0:
+            # the weights and their factors are never written by a kernel: requested before the
+            # wait, their round trip overlaps the kernel before this one; x only after it
+            pdl_wait(WAIT)
         dot = tl.zeros([WD, C, BLOCK_N, VEC], tl.float32)
         xsum = tl.zeros([WD, C, 1, VEC], tl.float32)
         xi = (kc4 + EPW * word4)[:, :, :, :, None] + 2 * t5  # (WD, C, 1, VEC, EPW / 2): inputs 8j + 2t
@@ -617,9 +630,11 @@ def _row_kernel():
                  HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                  SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, STREAM: tl.constexpr = 0):
+                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, STREAM: tl.constexpr = 0,
+                 WAIT: tl.constexpr = 0):
         """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
-        below; packed_row_kernel2 runs two blocks of one projection in one launch)."""
+        below; packed_row_kernel2 runs two blocks of one projection in one launch). WAIT > 0: the
+        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads, or before a streamed loop."""
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
@@ -627,6 +642,8 @@ def _row_kernel():
         n_ok = offs_n < N
         acc = tl.zeros([WD, C, BLOCK_N], tl.float32)
         if STREAM > 0:
+            if WAIT > 0:
+                pdl_wait(WAIT)
             # a loop Triton pipelines: each step's loads copied into shared memory (cp.async) STREAM
             # steps ahead, so a program keeps that many steps of weights in flight without
             # holding them in registers (the share whole steps: RowTile.stream)
@@ -641,7 +658,7 @@ def _row_kernel():
                 acc = row_step(acc, kk, kk + BLOCK_K > K_PER_SPLIT, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr,
                                s_ptr, o_ptr, su_ptr, ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH,
                                ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG,
-                               PAIRED)
+                               PAIRED, WAIT if kk == 0 else 0)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -667,14 +684,16 @@ def _row_kernel():
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
                           UG: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1,
-                          STREAM: tl.constexpr = 0):
+                          STREAM: tl.constexpr = 0, EARLY_W: tl.constexpr = 0):
+        # EARLY_W (with PDL): the first K step's weights loaded before the PDL wait, not only their
+        # first lines requested into L2
         if PDL > 0:
             pdl_enter(tl.program_id(0), tl.program_id(1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
-                      PF_LINES, PDL)
+                      PF_LINES, PDL, not EARLY_W)
         row_body(tl.program_id(0), tl.program_id(1), x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
                  out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                  ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM)
+                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM, PDL if EARLY_W else 0)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -695,7 +714,8 @@ def _row_kernel():
                            K_PER_SPLIT_b: tl.constexpr, BLOCK_N_b: tl.constexpr, BLOCK_K_b: tl.constexpr,
                            CHUNK_b: tl.constexpr, VEC_b: tl.constexpr, SG_b: tl.constexpr, UG_b: tl.constexpr,
                            PAIRED_b: tl.constexpr, TILES_A: tl.constexpr, PDL: tl.constexpr = 0,
-                           PF_LINES: tl.constexpr = 1, STREAM: tl.constexpr = 0, STREAM_b: tl.constexpr = 0):
+                           PF_LINES: tl.constexpr = 1, STREAM: tl.constexpr = 0, STREAM_b: tl.constexpr = 0,
+                           EARLY_W: tl.constexpr = 0):
         # Two blocks of one projection (a Q4_K_M file's Q4_K q and k and Q6_K v) in one launch:
         # programs 0 .. TILES_A - 1 take the first block's column tiles, the rest the second's,
         # each block with its own kind, tile and split of K (the grid's K axis is the larger split)
@@ -704,23 +724,23 @@ def _row_kernel():
         if PDL > 0:
             if pid < TILES_A:
                 pdl_enter(pid, tl.minimum(pid_k, SPLIT_K - 1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
-                          PF_LINES, PDL)
+                          PF_LINES, PDL, not EARLY_W)
             else:
                 pdl_enter(pid - TILES_A, tl.minimum(pid_k, SPLIT_K_b - 1), q_ptr_b, N_b, stride_q_b, ONE_BYTE_b,
-                          K_PER_SPLIT_b, BLOCK_N_b, PF_LINES, PDL)
+                          K_PER_SPLIT_b, BLOCK_N_b, PF_LINES, PDL, not EARLY_W)
         if pid < TILES_A:
             if pid_k < SPLIT_K:
                 row_body(pid, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
                          part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                          ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                         K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM)
+                         K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM, PDL if EARLY_W else 0)
         else:
             if pid_k < SPLIT_K_b:
                 row_body(pid - TILES_A, pid_k, x_ptr, sx_ptr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, su_ptr_b, ou_ptr_b,
                          b_ptr_b, out_ptr_b, part_ptr_b, count_ptr_b, N_b, stride_q_b, stride_h_b, stride_s_b,
                          stride_u_b, low_mask_b, high_mask_b, ZERO_b, G_b, UNIT_b, HAS_OFFSET_b, HIGH_b,
                          ONE_BYTE_b, FP8_b, XQ_b, ASM, HAS_BIAS_b, X_KIND, SPLIT_K_b, K_PER_SPLIT_b, BLOCK_N_b,
-                         BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b, STREAM_b)
+                         BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b, STREAM_b, PDL if EARLY_W else 0)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -756,14 +776,19 @@ def _x_arg(x: torch.Tensor | RoundedX) -> torch.Tensor:
     return x.words if isinstance(x, RoundedX) else x
 
 
+ROW_PDL_EARLY_W = 4  # a bit of row_pdl_args' pdl: the first K step's weights loaded before the wait
+
+
 def row_pdl_args(device, pdl: int) -> dict:
-    """The one-row kernels' PDL arguments: PDL 1 (the next kernel launched right after the wait),
-    2 (after this program's stores) or 0, where the device supports it; before the wait each row's
-    first PREFETCH_LINES 128-byte lines of its share are requested, as the bf16 GEMV does (a share
-    shorter than that requests its last line again)."""
-    if not pdl or "launch_pdl" not in pdl_args(device, True):
+    """The one-row kernels' PDL arguments: pdl's low bits 1 (the next kernel launched right after
+    the wait), 2 (after this program's stores) or 0, where the device supports it; before the wait
+    each row's first PREFETCH_LINES 128-byte lines of its share are requested, as the bf16 GEMV
+    does (a share shorter than that requests its last line again), and with ROW_PDL_EARLY_W set the
+    program loads its first K step's weights before the wait too (x only after it)."""
+    mode = pdl & 3
+    if not mode or "launch_pdl" not in pdl_args(device, True):
         return {}
-    return dict(PDL=pdl, launch_pdl=True, PF_LINES=PREFETCH_LINES)
+    return dict(PDL=mode, launch_pdl=True, PF_LINES=PREFETCH_LINES, EARLY_W=int(bool(pdl & ROW_PDL_EARLY_W)))
 
 
 def packed_row_gemv_blocks(x: torch.Tensor | RoundedX, blocks: list[GroupedWeight], biases: list,

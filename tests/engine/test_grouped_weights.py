@@ -620,6 +620,11 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           (KernelOptions(packed_one_launch=False), (True, True, False, False, 2)),
                           (KernelOptions(packed_row_pdl=1), (True, True, False, True, 1)),
                           (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0)),
+                          # the first step's weights before the wait: the bit beside the mode
+                          (KernelOptions(packed_row_early_weights=True), (True, True, False, True, 2 | 4)),
+                          (KernelOptions(packed_row_pdl=1, packed_row_early_weights=True), (True, True, False, True, 5)),
+                          (KernelOptions(packed_row_pdl=0, packed_row_early_weights=True), (True, True, False, True, 0)),
+                          (KernelOptions(pdl=False, packed_row_early_weights=True), (True, True, False, True, 0)),
                           # no PDL anywhere: none for the row kernel either
                           (KernelOptions(pdl=False), (True, True, False, True, 0)),
                           # a streamed tile for qkv's role reaches the projection; down's does not

@@ -230,11 +230,13 @@ def test_a_packed_safetensors_target_speculates_like_plain_decoding(tmp_path, la
 @pytest.mark.parametrize("layout,role", [("AWQ", "o_proj"), ("AWQ", "qkv"), ("Q4_K_M", "o_proj"), ("Q4_K_M", "qkv")])
 def test_the_row_kernel_under_pdl_reads_what_the_kernel_before_it_wrote(layout, role):
     """A PDL norm writes x, then the one-row kernel reads it (one block, or Q4_K_M's two in one
-    launch), 32 times in one CUDA graph: with PDL 1 and 2 (KernelOptions.packed_row_pdl) every
-    output has the bits of the launch without PDL, so the kernel waits before it reads x."""
+    launch), 32 times in one CUDA graph: with PDL 1 and 2 (KernelOptions.packed_row_pdl), and each
+    with the first step's weights loaded before the wait (packed_row_early_weights), every output
+    has the bits of the launch without PDL, so the kernel waits before it reads x."""
     from benchmarks.bench_packed import blocks_for
     from engine.kernels.norm import add_rms_norm
-    from engine.kernels.packed_gemv import blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
+    from engine.kernels.packed_gemv import (ROW_PDL_EARLY_W, blocks_fit_one_launch, packed_row_gemv,
+                                            packed_row_gemv_blocks)
 
     dev = torch.device("cuda")
     blocks = blocks_for(layout, role, dev, torch.Generator(device=dev).manual_seed(0))
@@ -242,7 +244,8 @@ def test_the_row_kernel_under_pdl_reads_what_the_kernel_before_it_wrote(layout, 
     xs = [torch.randn(1, k, device=dev, dtype=torch.bfloat16) for _ in range(32)]
     norm_weight = torch.ones(k, device=dev, dtype=torch.bfloat16)
     got = {}
-    for mode in (0, 1, 2):
+    modes = (0, 1, 2, 1 | ROW_PDL_EARLY_W, 2 | ROW_PDL_EARLY_W)
+    for mode in modes:
         outs = [torch.empty(1, n, device=dev, dtype=torch.bfloat16) for _ in xs]
 
         def step():
@@ -264,4 +267,4 @@ def test_the_row_kernel_under_pdl_reads_what_the_kernel_before_it_wrote(layout, 
         graph.replay()
         torch.cuda.synchronize()
         got[mode] = torch.cat(outs)
-    assert torch.equal(got[1], got[0]) and torch.equal(got[2], got[0])
+    assert all(torch.equal(got[mode], got[0]) for mode in modes[1:])

@@ -234,13 +234,15 @@ def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
 @pytest.mark.parametrize("pdl", [1, 2])
 @pytest.mark.parametrize("two_blocks", [False, True])
 @pytest.mark.parametrize("stream", [0, 3])
-def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream):
+@pytest.mark.parametrize("early", [False, True])
+def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream, early):
     """The one-row packed kernel with PDL (KernelOptions.packed_row_pdl): its weights' lines
     requested and then the wait before any load; the next kernel launched right after the wait
     (1) or after the last store (2); with PDL off, no grid-dependency instruction. AWQ's
     constants (one block), or AWQ then Q4_K's paired factors (two blocks in one launch). With
     the K steps streamed (RowTile.stream) every load is an asynchronous copy into shared memory,
-    the first after the wait too."""
+    the first after the wait too. Early (packed_row_early_weights, unrolled steps): the weights'
+    and factors' loads come before the wait and x's after it, the same loads in all."""
     import engine.kernels.packed_gemv as packed_gemv
     import triton
     from triton.backends.compiler import GPUTarget
@@ -262,8 +264,8 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream):
     steps = dict(BLOCK_K=1024, STREAM=stream) if stream else dict(STREAM=0)
     consts.update(steps, **({f"{k}_b": v for k, v in steps.items()} if two_blocks else {}))
 
-    def build(mode):
-        c = dict(consts, PDL=mode)
+    def build(mode, early_w=False):
+        c = dict(consts, PDL=mode, EARLY_W=int(early_w))
         sig = {name: "constexpr" if name in c else types.get(name, "*bf16" if name.endswith("_ptr") or "_ptr_" in name
                                                              else "i32") for name in fn.arg_names}
         return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c), target=GPUTarget("cuda", 90, 32),
@@ -275,10 +277,32 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream):
         if "ptxas" in str(e) or isinstance(e, ImportError):
             pytest.skip(f"Triton cannot compile for CUDA here: {e}")
         raise
-    ptx = on.asm["ptx"]
-    body = ptx[ptx.index("{", ptx.index(".entry")):]
-    wait = body.find("griddepcontrol.wait")
     load = "cp.async" if stream else "ld.global"
+
+    def entry(ptx):
+        return ptx[ptx.index("{", ptx.index(".entry")):]
+
+    if early and not stream:
+        late, body = entry(on.asm["ptx"]), entry(build(pdl, True).asm["ptx"])
+        wait = body.find("griddepcontrol.wait")
+        before = body[:wait].count(load)
+        after = body[wait:].count(load)
+        # x's loads after the wait (a bf16 x: 32 inputs a thread and block, as words here, where
+        # the signature promises no alignment), the weights', their factors' before it
+        assert 0 <= body.find("prefetch.global.L2") < wait
+        assert body.count(load) == late.count(load)
+        if two_blocks:  # each block's branch: loads, its wait, more loads
+            parts = body.split("griddepcontrol.wait")
+            assert len(parts) == 3 and all(p.count(load) > 0 for p in parts)
+            return
+        assert 0 < after < before, (before, after)
+        assert body[wait:].count("ld.global.b16") == 0  # a 16-bit factor (AWQ's fp16 scales) before it
+        return
+    if early:  # streamed: the wait before the loop, as without
+        on = build(pdl, True)
+    ptx = on.asm["ptx"]
+    body = entry(ptx)
+    wait = body.find("griddepcontrol.wait")
     assert 0 <= body.find("prefetch.global.L2") < wait < body.find(load)
     trigger = body.find("griddepcontrol.launch_dependents")
     if pdl == 1:
