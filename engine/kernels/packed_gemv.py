@@ -299,7 +299,7 @@ def row_kernel_wide(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_wait, pdl_enter, tl
+    global x_pair, dp4a, spread1, spread2, row_x3, row_step, row_body, pdl_wait, pdl_enter, tl
     import triton
     import triton.language as tl
 
@@ -375,16 +375,53 @@ def _row_kernel():
             pdl_wait(PDL)
 
     @triton.jit
+    def row_x3(kk, PARTIAL: tl.constexpr, pid_k, x_ptr, sx_ptr, ONE_BYTE: tl.constexpr, K_PER_SPLIT: tl.constexpr,
+               BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
+        """A K step's x rounded already (RoundedX), in row_step's layout: the even inputs' words,
+        the odd inputs' (for int8 weights the same words twice) and the vectors' scales."""
+        # A vector of 32 inputs, which a thread's EPW * VEC inputs lie inside, is 8 int8 words and
+        # one fp32 scale. For the nibbles the even inputs' 4 words, then the odd inputs' 4: a
+        # thread's words of each kind lie side by side (one vector load each, as the weights'
+        # words); for int8 weights 4 inputs a word in order. The address is written so that the
+        # compiler sees that. The chunks as row_step places them.
+        EPW: tl.constexpr = 4 if ONE_BYTE else 8
+        C: tl.constexpr = BLOCK_K // CHUNK
+        WD: tl.constexpr = CHUNK // EPW // VEC
+        c3 = tl.arange(0, C)[None, :, None]
+        wd3 = tl.arange(0, WD)[:, None, None]
+        v4 = tl.arange(0, VEC)[None, None, None, :]
+        word4 = (wd3 * VEC)[:, :, :, None] + v4
+        kc = pid_k * K_PER_SPLIT + kk + c3 * CHUNK
+        if PARTIAL:
+            kc = tl.minimum(kc, pid_k * K_PER_SPLIT + K_PER_SPLIT - CHUNK)
+        kc4 = kc[:, :, :, None]
+        first4 = (wd3 * (EPW * VEC))[:, :, :, None]  # (WD, 1, 1, 1): a thread vector's first input past kc
+        if EPW == 8:
+            p4 = kc4 + first4  # a multiple of EPW * VEC
+            if EPW * VEC == 32:  # a whole vector: its 8 words in order
+                at = p4 // 4 + v4
+            else:  # a part of one: 16 inputs (VEC 2) or 8
+                at = (p4 // 32) * 8 + ((p4 // (EPW * VEC)) % (32 // (EPW * VEC))) * VEC + v4
+            qe = tl.load(x_ptr + at)
+            qo = tl.load(x_ptr + at + 4)
+        else:
+            qe = tl.load(x_ptr + kc4 // 4 + word4)
+            qo = qe
+        sx = tl.reshape(tl.load(sx_ptr + (kc4 + first4) // 32), (WD, C, 1))
+        return qe, qo, sx
+
+    @triton.jit
     def row_step(acc, kk, PARTIAL: tl.constexpr, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr,
                  ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO: tl.constexpr,
                  G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HIGH: tl.constexpr,
                  ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
                  X_KIND: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr,
-                 WAIT: tl.constexpr = 0):
+                 WAIT: tl.constexpr = 0, XPRE: tl.constexpr = False, xpre_e=0, xpre_o=0, xpre_s=0):
         """One K step (kk: its first input past the share's; PARTIAL: the step passes the share's end)
         of row_body's program: acc plus the step's sums. WAIT > 0: the PDL wait (pdl_wait) comes
-        after the step's weights are requested and before x is."""
+        after the step's weights are requested and before x is. XPRE: x rounded already, its
+        row_x3 given (xpre_e, xpre_o, xpre_s), not loaded here."""
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
         # chunk and row), read as 32-bit words of EPW weights (8 nibbles: element 8j + i in
         # nibble i of word j; or 4 bytes), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC):
@@ -492,23 +529,10 @@ def _row_kernel():
                 x0, x1 = tl.split(tl.load(x_ptr + xi))
                 xo0, xo1 = tl.split(tl.load(x_ptr + xi + 1))
         elif X_KIND == 3:
-            # x rounded already (RoundedX): a vector of 32 inputs, which a thread's EPW * VEC
-            # inputs lie inside, is 8 int8 words and one fp32 scale. For the nibbles the even
-            # inputs' 4 words, then the odd inputs' 4: a thread's words of each kind lie side by
-            # side (one vector load each, as the weights' words); for int8 weights 4 inputs a
-            # word in order. The address is written so that the compiler sees that.
-            first4 = (wd3 * (EPW * VEC))[:, :, :, None]  # (WD, 1, 1, 1): a thread vector's first input past kc
-            if EPW == 8:
-                p4 = kc4 + first4  # a multiple of EPW * VEC
-                if EPW * VEC == 32:  # a whole vector: its 8 words in order
-                    at = p4 // 4 + v4
-                else:  # a part of one: 16 inputs (VEC 2) or 8
-                    at = (p4 // 32) * 8 + ((p4 // (EPW * VEC)) % (32 // (EPW * VEC))) * VEC + v4
-                qe = tl.load(x_ptr + at)
-                qo = tl.load(x_ptr + at + 4)
+            if XPRE:  # loaded once by a looping program (packed_row_kernel_p)
+                qe, qo, sx = xpre_e, xpre_o, xpre_s
             else:
-                qe = tl.load(x_ptr + kc4 // 4 + word4)
-            sx = tl.reshape(tl.load(sx_ptr + (kc4 + first4) // 32), (WD, C, 1))
+                qe, qo, sx = row_x3(kk, PARTIAL, pid_k, x_ptr, sx_ptr, ONE_BYTE, K_PER_SPLIT, BLOCK_K, CHUNK, VEC)
         else:
             # x's words of each weight word (16 or 8 bytes), split into its pairs
             xw = (kc4 // 2 + (EPW // 2) * word4)[:, :, :, :, None] + t5
@@ -634,10 +658,11 @@ def _row_kernel():
                  SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
                  SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, STREAM: tl.constexpr = 0,
-                 WAIT: tl.constexpr = 0):
+                 WAIT: tl.constexpr = 0, XPRE: tl.constexpr = False, xpre_e=0, xpre_o=0, xpre_s=0):
         """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
         below; packed_row_kernel2 runs two blocks of one projection in one launch). WAIT > 0: the
-        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads, or before a streamed loop."""
+        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads, or before a streamed loop.
+        XPRE: the share one step, its x (rounded already) given as row_x3 loads it."""
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
@@ -661,7 +686,7 @@ def _row_kernel():
                 acc = row_step(acc, kk, kk + BLOCK_K > K_PER_SPLIT, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr,
                                s_ptr, o_ptr, su_ptr, ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH,
                                ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG,
-                               PAIRED, WAIT if kk == 0 else 0)
+                               PAIRED, WAIT if kk == 0 else 0, XPRE, xpre_e, xpre_o, xpre_s)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -766,11 +791,18 @@ def _row_kernel():
         pid = tl.program_id(0)
         if PDL > 0:
             pdl_enter(pid, 0, q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N, PF_LINES, PDL)
+        # x rounded already, and a tile one K step: its words loaded once, before the loop, so
+        # that the pipeline copies only weights
+        XPRE: tl.constexpr = X_KIND == 3 and K_PER_SPLIT <= BLOCK_K
+        if XPRE:
+            xe, xo, xs = row_x3(0, K_PER_SPLIT < BLOCK_K, 0, x_ptr, sx_ptr, ONE_BYTE, K_PER_SPLIT, BLOCK_K, CHUNK, VEC)
+        else:
+            xe, xo, xs = 0, 0, 0
         for t in tl.range(pid, TILES, tl.num_programs(0), num_stages=STREAM):
             row_body(t, 0, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
                      count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT,
                      HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K, K_PER_SPLIT, BLOCK_N,
-                     BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, 0, 0)
+                     BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, 0, 0, XPRE, xe, xo, xs)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
