@@ -108,8 +108,10 @@ class KernelOptions:
     # There, each program loads its first K step's weights (and their scales) before the PDL wait,
     # not only their first lines into L2, so that their round trip overlaps the kernel before (the
     # norm, the attention, the activation launch the next kernel right after their own wait); x is
-    # read only after the wait. For measuring. LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS=1.
-    packed_row_early_weights: bool = False
+    # read only after the wait. 8B on an H100: AWQ 426.3 and 426.8 tok/s against 417.8 and 418.0,
+    # Q4_K_M 417.8 and 417.5 against 411.4 and 411.0 (docs/performance.md).
+    # LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS=0: only the first lines requested before the wait.
+    packed_row_early_weights: bool = True
     # There (int8 x), the norm before qkv and gate_up and the activation before down hand the
     # projection their output already rounded to int8 (rounded_x.RoundedX), in their own launch,
     # so that the row kernel reads a byte an input, not two, and no program rounds x again. 8B on
@@ -285,7 +287,7 @@ class KernelOptions:
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
-            packed_row_early_weights=_flag(env, "LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS", default=False),
+            packed_row_early_weights=_flag(env, "LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS"),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             packed_row_stream=parse_row_stream(env.get("LOCALCHAT_PACKED_ROW_STREAM", "")),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),

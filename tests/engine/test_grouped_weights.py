@@ -656,25 +656,23 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
 
     linear = Recording([by_kind["gguf Q4_0"]])
     x = torch.zeros(1, linear.in_features)
-    for options, want in ((KernelOptions(), (True, True, False, True, 2)),
-                          (KernelOptions(batch_invariant=True), (False, True, False, True, 2)),
-                          (KernelOptions(packed_row=False), (False, True, False, True, 2)),
-                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True, 2)),
-                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True, 2)),
-                          (KernelOptions(packed_one_launch=False), (True, True, False, False, 2)),
-                          (KernelOptions(packed_row_pdl=1), (True, True, False, True, 1)),
+    # the PDL mode 2 with the bit for the first step's weights before the wait (4) by default
+    for options, want in ((KernelOptions(), (True, True, False, True, 6)),
+                          (KernelOptions(batch_invariant=True), (False, True, False, True, 6)),
+                          (KernelOptions(packed_row=False), (False, True, False, True, 6)),
+                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True, 6)),
+                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True, 6)),
+                          (KernelOptions(packed_one_launch=False), (True, True, False, False, 6)),
+                          (KernelOptions(packed_row_pdl=1), (True, True, False, True, 5)),
                           (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0)),
-                          # the first step's weights before the wait: the bit beside the mode
-                          (KernelOptions(packed_row_early_weights=True), (True, True, False, True, 2 | 4)),
-                          (KernelOptions(packed_row_pdl=1, packed_row_early_weights=True), (True, True, False, True, 5)),
-                          (KernelOptions(packed_row_pdl=0, packed_row_early_weights=True), (True, True, False, True, 0)),
-                          (KernelOptions(pdl=False, packed_row_early_weights=True), (True, True, False, True, 0)),
+                          (KernelOptions(packed_row_early_weights=False), (True, True, False, True, 2)),
+                          (KernelOptions(packed_row_pdl=1, packed_row_early_weights=False), (True, True, False, True, 1)),
                           # no PDL anywhere: none for the row kernel either
                           (KernelOptions(pdl=False), (True, True, False, True, 0)),
                           # a streamed tile for qkv's role reaches the projection; down's does not
                           (KernelOptions(packed_row_stream=(("qkv", (4, 1024, 16, 1, 1, 4, 0)),
                                                             ("down", (8, 2048, 8, 1, 4, 3, 0)))),
-                           (True, True, False, True, 2, (4, 1024, 16, 1, 1, 4, 0)))):
+                           (True, True, False, True, 6, (4, 1024, 16, 1, 1, 4, 0)))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 

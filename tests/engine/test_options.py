@@ -62,9 +62,9 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert default.packed_row_pdl == 2
     for value in (0, 1, 2):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PDL": str(value)}).packed_row_pdl == value
-    # its first step's weights before the wait: off by default
-    assert not default.packed_row_early_weights
-    assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS": "1"}).packed_row_early_weights
+    # its first step's weights before the wait: on by default
+    assert default.packed_row_early_weights
+    assert not KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS": "0"}).packed_row_early_weights
     assert default.row_stats == ()
     # the one-row packed kernel's steps streamed on a given tile, by role: off by default
     assert default.packed_row_stream == () and default.row_stream_tile("down") is None
