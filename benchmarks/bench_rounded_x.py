@@ -44,15 +44,14 @@ def run(x, rx, blocks, out, pdl, tile=None):
 
 
 def parse_tile(spec: str) -> RowTile:
-    """ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES][mPROGRAMS], e.g. 4x4096v16 or 4x2048v8s2: rows a
-    program, inputs a K step, bytes a load, programs along K (default 1), warps a program (default
-    4), the steps streamed this many deep (default: unrolled), programs a multiprocessor looping
-    over column tiles (default: a program a tile; options.parse_row_tile)."""
+    """ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES], e.g. 4x4096v16 or 4x2048v8s2: rows a program,
+    inputs a K step, bytes a load, programs along K (default 1), warps a program (default 4), the
+    steps streamed this many deep (default: unrolled; options.parse_row_tile)."""
     tile = parse_row_tile(spec)
     if tile is None:
-        raise SystemExit(f"bench_rounded_x.py: a tile is ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES][mPROGRAMS], not {spec!r}")
-    rows, step, vec, split, warps, stages, programs = tile
-    return RowTile(rows, step, split_k=split, num_warps=warps, vec=vec, stream=stages, programs=programs)
+        raise SystemExit(f"bench_rounded_x.py: a tile is ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES], not {spec!r}")
+    rows, step, vec, split, warps, stages = tile
+    return RowTile(rows, step, split_k=split, num_warps=warps, vec=vec, stream=stages)
 
 
 def main() -> None:

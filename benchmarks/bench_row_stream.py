@@ -1,8 +1,7 @@
 """The one-row packed kernel's K steps unrolled (the default tiles, loads into registers) against
 the same steps as a loop that Triton pipelines (RowTile.stream: each step's weights copied into
-shared memory some steps ahead), or against fewer programs each looping over column tiles in a
-pipelined loop (RowTile.programs, a tile's mPROGRAMS), per projection of the Llama-3.1-8B shape
-and for a layer's four in order, on the GPU.
+shared memory some steps ahead), per projection of the Llama-3.1-8B shape and for a layer's four
+in order, on the GPU.
 
 x is rounded to int8 before each launch (RoundedX), as an engine with no draft runs it; each
 projection runs inside CUDA graphs over weight copies larger than L2, with PDL. A tile that does
@@ -11,7 +10,7 @@ the weights' exact values times the rounded x (with --check-bits, a streamed til
 unrolled tile of the same rows and step too, bit for bit).
 
     python benchmarks/bench_row_stream.py --out row_stream.json [--layouts AWQ,Q4_K_M]
-        [--tiles 4x1024v16w1p4,4x2048v8p3,4x4096v16p3m4]
+        [--tiles 4x1024v16w1p4,4x2048v8p3]
 """
 
 from __future__ import annotations
@@ -51,18 +50,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layouts", default="AWQ,Q4_K_M")
-    ap.add_argument("--tiles", default=TILES, help="ROWSxSTEPvBYTES[sSPLIT][wWARPS]pSTAGES[mPROGRAMS], comma-separated")
+    ap.add_argument("--tiles", default=TILES, help="ROWSxSTEPvBYTES[sSPLIT][wWARPS]pSTAGES, comma-separated")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--pdl", type=int, default=2)
     ap.add_argument("--check-bits", action="store_true",
-                    help="also run each streamed or looping tile's unrolled twin, a program a tile, and compare outputs")
+                    help="also run each streamed tile's unrolled twin and compare their outputs")
     args = ap.parse_args()
     specs = [s.strip() for s in args.tiles.split(",") if s.strip()]
     for spec in specs:
         if parse_row_tile(spec) is None:
-            raise SystemExit(f"bench_row_stream.py: a tile is ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES][mPROGRAMS], "
-                             f"not {spec!r}")
+            raise SystemExit(f"bench_row_stream.py: a tile is ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES], not {spec!r}")
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     bw = copy_bandwidth(dev)
@@ -95,7 +93,7 @@ def main() -> None:
                 same = None
                 if args.check_bits:
                     got = out.clone()
-                    run(rx, blocks, out, args.pdl, [t and replace(t, stream=0, programs=0) for t in tiles])
+                    run(rx, blocks, out, args.pdl, [t and replace(t, stream=0) for t in tiles])
                     same = bool(torch.equal(got, out))
                 us = time_graph(lambda i: run(rx, sets[i % copies], out, args.pdl, tiles), args.iters, args.calls)
                 row["tiles"][spec] = {"us": us, "of_copy": nbytes / us / 1e3 / (bw / 1e9),

@@ -122,10 +122,8 @@ class KernelOptions:
     # copied into shared memory some steps ahead), on a tile given per projection role, for
     # measuring: ((role or "", (rows, step, bytes a load, splits, warps, stages)), ...), a role ""
     # serving every projection that has no entry of its own; a block whose K the tile does not fit
-    # keeps its default. mPROGRAMS: that many programs a multiprocessor, each looping over column
-    # tiles in a loop pipelined STAGES deep (RowTile.programs), the K steps unrolled.
-    # LOCALCHAT_PACKED_ROW_STREAM=[ROLE=]ROWSxSTEPvBYTES[sSPLIT][wWARPS]pSTAGES[mPROGRAMS],...
-    # (e.g. 4x1024v16w1p4, 4x4096v16p3m4 or down=4x1024v16w1p4); unset: the unrolled default tiles.
+    # keeps its default. LOCALCHAT_PACKED_ROW_STREAM=[ROLE=]ROWSxSTEPvBYTES[sSPLIT][wWARPS]pSTAGES,...
+    # (e.g. 4x1024v16w1p4 or down=4x1024v16w1p4); unset: the unrolled default tiles.
     packed_row_stream: tuple = ()
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
@@ -361,21 +359,19 @@ def _row_stats(value: str) -> tuple[str, ...]:
     return roles
 
 
-ROW_TILE_SPEC = r"(\d+)x(\d+)v(\d+)(?:s(\d+))?(?:w(\d+))?(?:p(\d+))?(?:m(\d+))?"
+ROW_TILE_SPEC = r"(\d+)x(\d+)v(\d+)(?:s(\d+))?(?:w(\d+))?(?:p(\d+))?"
 PROJECTION_ROLES = ("qkv", "o_proj", "gate_up", "down")
 
 
-def parse_row_tile(spec: str) -> tuple[int, int, int, int, int, int, int] | None:
-    """ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES][mPROGRAMS] -> (rows, step, bytes, split, warps,
-    stages, programs a multiprocessor), or None where the text is no such tile, a count is zero or
-    not a power of two, or a looping tile (mPROGRAMS) splits K."""
+def parse_row_tile(spec: str) -> tuple[int, int, int, int, int, int] | None:
+    """ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES] -> (rows, step, bytes, split, warps, stages), or
+    None where the text is no such tile or a count is zero or not a power of two."""
     m = re.fullmatch(ROW_TILE_SPEC, spec.strip())
     if m is None:
         return None
-    tile = (int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1), int(m[5] or 4), int(m[6] or 0), int(m[7] or 0))
-    rows, step, vec, split, warps, stages, programs = tile
-    if (not all(v > 0 and v & (v - 1) == 0 for v in (rows, step, vec, warps)) or split < 1 or stages > 8
-            or m[7] is not None and not 1 <= programs <= 32 or programs and split > 1):
+    tile = (int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1), int(m[5] or 4), int(m[6] or 0))
+    rows, step, vec, split, warps, stages = tile
+    if not all(v > 0 and v & (v - 1) == 0 for v in (rows, step, vec, warps)) or split < 1 or stages > 8:
         return None
     return tile
 
@@ -387,9 +383,8 @@ def parse_row_stream(value: str) -> tuple:
         role, _, spec = entry.rpartition("=")
         tile = parse_row_tile(spec)
         if role not in ("",) + PROJECTION_ROLES or tile is None or tile[5] == 0:
-            raise UserError(f"LOCALCHAT_PACKED_ROW_STREAM={value!r}: use [ROLE=]ROWSxSTEPvBYTES[sSPLIT][wWARPS]pSTAGES[mPROGRAMS] "
-                            f"entries, e.g. 4x1024v16w1p4, 4x4096v16p3m4 or down=4x1024v16w1p4 (ROLE one of "
-                            f"{', '.join(PROJECTION_ROLES)})")
+            raise UserError(f"LOCALCHAT_PACKED_ROW_STREAM={value!r}: use [ROLE=]ROWSxSTEPvBYTES[sSPLIT][wWARPS]pSTAGES "
+                            f"entries, e.g. 4x1024v16w1p4 or down=4x1024v16w1p4 (ROLE one of {', '.join(PROJECTION_ROLES)})")
         entries.append((role, tile))
     return tuple(entries)
 

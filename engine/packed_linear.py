@@ -119,7 +119,7 @@ class PackedLinear(nn.Module):
         int8_rows: the batch-invariant steps on packed_rows_gemv (kernel_for). prefill: how a
         longer step runs on the GPU (PREFILL_WAYS). row_pdl: the one-row kernel's PDL
         (KernelOptions.packed_row_pdl). row_tile: there the tile of KernelOptions.packed_row_stream
-        (rows, step, bytes, split, warps, stages, programs), on every block it fits (row_tile_given)."""
+        (rows, step, bytes, split, warps, stages), on every block it fits (row_tile_given)."""
         from engine.kernels.packed_gemv import (blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks,
                                                 row_tile_given)
         from engine.kernels.packed_rows import nibble_order, packed_rows_gemv, quantize_rows

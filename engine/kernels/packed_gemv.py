@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import num_sms, pdl_args, triton_interpreting
+from engine.kernels import pdl_args, triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, PREFETCH_LINES, _tile_counters
 from engine.kernels.rounded_x import RoundedX
 from engine.weights.grouped import (
@@ -206,9 +206,6 @@ class RowTile:
     # > 0: the K steps a loop that Triton pipelines this many steps deep (cp.async copies into
     # shared memory), each share whole steps; 0: the steps unrolled, loads into registers
     stream: int = 0
-    # > 0: that many programs a multiprocessor, each looping over column tiles, the loop
-    # pipelined `stream` tiles deep (the K steps unrolled; K not split); 0: a program a tile
-    programs: int = 0
 
 
 def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
@@ -417,11 +414,10 @@ def _row_kernel():
                  ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
                  X_KIND: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr,
-                 WAIT: tl.constexpr = 0, XPRE: tl.constexpr = False, xpre_e=0, xpre_o=0, xpre_s=0):
+                 WAIT: tl.constexpr = 0):
         """One K step (kk: its first input past the share's; PARTIAL: the step passes the share's end)
         of row_body's program: acc plus the step's sums. WAIT > 0: the PDL wait (pdl_wait) comes
-        after the step's weights are requested and before x is. XPRE: x rounded already, its
-        row_x3 given (xpre_e, xpre_o, xpre_s), not loaded here."""
+        after the step's weights are requested and before x is."""
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
         # chunk and row), read as 32-bit words of EPW weights (8 nibbles: element 8j + i in
         # nibble i of word j; or 4 bytes), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC):
@@ -529,10 +525,7 @@ def _row_kernel():
                 x0, x1 = tl.split(tl.load(x_ptr + xi))
                 xo0, xo1 = tl.split(tl.load(x_ptr + xi + 1))
         elif X_KIND == 3:
-            if XPRE:  # loaded once by a looping program (packed_row_kernel_p)
-                qe, qo, sx = xpre_e, xpre_o, xpre_s
-            else:
-                qe, qo, sx = row_x3(kk, PARTIAL, pid_k, x_ptr, sx_ptr, ONE_BYTE, K_PER_SPLIT, BLOCK_K, CHUNK, VEC)
+            qe, qo, sx = row_x3(kk, PARTIAL, pid_k, x_ptr, sx_ptr, ONE_BYTE, K_PER_SPLIT, BLOCK_K, CHUNK, VEC)
         else:
             # x's words of each weight word (16 or 8 bytes), split into its pairs
             xw = (kc4 // 2 + (EPW // 2) * word4)[:, :, :, :, None] + t5
@@ -658,11 +651,10 @@ def _row_kernel():
                  SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
                  SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, STREAM: tl.constexpr = 0,
-                 WAIT: tl.constexpr = 0, XPRE: tl.constexpr = False, xpre_e=0, xpre_o=0, xpre_s=0):
+                 WAIT: tl.constexpr = 0):
         """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
         below; packed_row_kernel2 runs two blocks of one projection in one launch). WAIT > 0: the
-        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads, or before a streamed loop.
-        XPRE: the share one step, its x (rounded already) given as row_x3 loads it."""
+        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads, or before a streamed loop."""
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
@@ -686,7 +678,7 @@ def _row_kernel():
                 acc = row_step(acc, kk, kk + BLOCK_K > K_PER_SPLIT, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr,
                                s_ptr, o_ptr, su_ptr, ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH,
                                ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG,
-                               PAIRED, WAIT if kk == 0 else 0, XPRE, xpre_e, xpre_o, xpre_s)
+                               PAIRED, WAIT if kk == 0 else 0)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -772,41 +764,7 @@ def _row_kernel():
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
-    @triton.jit
-    def packed_row_kernel_p(x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
-                            count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
-                            ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
-                            HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
-                            ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
-                            SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
-                            UG: tl.constexpr, PAIRED: tl.constexpr, TILES, PDL: tl.constexpr = 0,
-                            PF_LINES: tl.constexpr = 1, STREAM: tl.constexpr = 1, EARLY_W: tl.constexpr = 0):
-        # packed_row_kernel's column tiles run by fewer programs (RowTile.programs), program p
-        # taking tiles p, p + P, ... in a loop that Triton pipelines STREAM deep: the next tiles'
-        # weights are copied into shared memory (cp.async) while this one's are decoded, so a
-        # program keeps bytes in flight without holding them in registers and never ends between
-        # tiles. A tile's K steps are unrolled as in packed_row_kernel, so its sums are the same.
-        # (EARLY_W is taken and ignored: the wait comes before the loop.)
-        pid = tl.program_id(0)
-        if PDL > 0:
-            pdl_enter(pid, 0, q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N, PF_LINES, PDL)
-        # x rounded already, and a tile one K step: its words loaded once, before the loop, so
-        # that the pipeline copies only weights
-        XPRE: tl.constexpr = X_KIND == 3 and K_PER_SPLIT <= BLOCK_K
-        if XPRE:
-            xe, xo, xs = row_x3(0, K_PER_SPLIT < BLOCK_K, 0, x_ptr, sx_ptr, ONE_BYTE, K_PER_SPLIT, BLOCK_K, CHUNK, VEC)
-        else:
-            xe, xo, xs = 0, 0, 0
-        for t in tl.range(pid, TILES, tl.num_programs(0), num_stages=STREAM):
-            row_body(t, 0, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
-                     count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT,
-                     HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K, K_PER_SPLIT, BLOCK_N,
-                     BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, 0, 0, XPRE, xe, xo, xs)
-        if PDL == 2:
-            tl.extra.cuda.gdc_launch_dependents()
-
-    return packed_row_kernel, packed_row_kernel2, packed_row_kernel_p
+    return packed_row_kernel, packed_row_kernel2
 
 
 def rounds_x(weight: GroupedWeight) -> bool | None:
@@ -830,10 +788,7 @@ def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: tor
     if out is None:
         out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
-    if "TILES" in args:
-        _row_kernel()[2][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, pdl))
-    else:
-        _row_kernel()[0][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, pdl))
+    _row_kernel()[0][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, pdl))
     return out
 
 
@@ -867,7 +822,6 @@ def packed_row_gemv_blocks(x: torch.Tensor | RoundedX, blocks: list[GroupedWeigh
     grid_a, args_a, launch_a = _row_args(x, blocks[0], biases[0], tiles[0], outs[0], int8_x)
     grid_b, args_b, launch_b = _row_args(x, blocks[1], biases[1], tiles[1], outs[1], int8_x)
     assert launch_a == launch_b, (launch_a, launch_b)
-    assert "TILES" not in args_a and "TILES" not in args_b  # a program a tile
     if args_a["SPLIT_K"] > 1 and args_b["SPLIT_K"] > 1:
         # the split-K counters are one buffer per device: the second block's tiles count after
         # the first's
@@ -887,7 +841,7 @@ def blocks_fit_one_launch(blocks: list[GroupedWeight], given: tuple | None = Non
     if len(blocks) != 2 or not all(row_kernel_fits(b) for b in blocks):
         return False
     a, b = (row_tile_given(w, given) or row_tile_for(w) for w in blocks)
-    return (a.num_warps, a.num_stages) == (b.num_warps, b.num_stages) and not a.programs and not b.programs
+    return (a.num_warps, a.num_stages) == (b.num_warps, b.num_stages)
 
 
 def row_tile_fits_weight(weight: GroupedWeight, tile: RowTile) -> bool:
@@ -900,17 +854,16 @@ def row_tile_fits_weight(weight: GroupedWeight, tile: RowTile) -> bool:
     high = HIGH_BITS.get(weight.kind, 0)
     return (k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0
             and group % chunk == 0 and chunk % _per_word(weight.kind) == 0 and chunk * high % 32 == 0
-            and (not tile.stream or tile.programs > 0 or (k // tile.split_k) % tile.block_k == 0)
-            and (not tile.programs or tile.split_k == 1))
+            and (not tile.stream or (k // tile.split_k) % tile.block_k == 0))
 
 
 def row_tile_given(weight: GroupedWeight, given: tuple | None) -> RowTile | None:
-    """The RowTile of a (rows, step, bytes a load, split, warps, stages, programs) tuple (options.parse_row_tile)
+    """The RowTile of a (rows, step, bytes a load, split, warps, stages) tuple (options.parse_row_tile)
     where it fits the weight (row_tile_fits_weight), else None (the weight's default tile)."""
     if given is None:
         return None
-    rows, step, vec, split, warps, stages, programs = given
-    tile = RowTile(rows, step, split_k=split, num_warps=warps, vec=vec, stream=stages, programs=programs)
+    rows, step, vec, split, warps, stages = given
+    tile = RowTile(rows, step, split_k=split, num_warps=warps, vec=vec, stream=stages)
     return tile if row_tile_fits_weight(weight, tile) else None
 
 
@@ -932,9 +885,7 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     # of weights, and of high bits
     assert k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0, (k, tile)
     assert group % chunk == 0 and chunk % per_word == 0 and chunk * high % 32 == 0, (weight.group, tile)
-    # a loop of whole steps; a looping program over column tiles of all of K
-    assert not tile.stream or tile.programs or (k // tile.split_k) % tile.block_k == 0, (k, tile)
-    assert not tile.programs or tile.split_k == 1, tile
+    assert not tile.stream or (k // tile.split_k) % tile.block_k == 0, (k, tile)  # a loop of whole steps
     assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
     vec = min(max(1, tile.vec // 4), chunk // per_word)  # in words
@@ -949,11 +900,8 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
                 ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k,
                 K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
                 STREAM=tile.stream)
-    launch = dict(num_warps=tile.num_warps, num_stages=1 if triton_interpreting() else tile.num_stages)
-    if tile.programs:
-        args.update(TILES=tiles, STREAM=max(1, tile.stream))
-        return (min(tiles, tile.programs * num_sms(x.device)), 1), args, launch
-    return (tiles, tile.split_k), args, launch
+    return (tiles, tile.split_k), args, dict(num_warps=tile.num_warps,
+                                             num_stages=1 if triton_interpreting() else tile.num_stages)
 
 
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,

@@ -468,65 +468,21 @@ def test_a_streamed_row_tile_gives_the_bits_of_its_unrolled_steps(device, name, 
             packed_row_gemv(x, g, None, tile_with(base, stream=2))
 
 
-@pytest.mark.parametrize("device", [CUDA, CPU])
-@pytest.mark.parametrize("name,parts", ROW_CASES, ids=[c[0] for c in ROW_CASES])
-def test_a_looping_row_tile_gives_the_bits_of_a_program_a_tile(device, name, parts, monkeypatch):
-    """RowTile.programs: fewer programs, each looping over column tiles in a pipelined loop, run
-    each tile's unrolled steps as a program of its own would, so every output has the bits of a
-    program a tile: x in bf16, with int8 x and rounded before the launch, with a bias; programs
-    that take three tiles, two, or one (the grid cut to 3, 2 and then more than the tiles), the
-    loop one stage and three deep on the GPU. A split K is refused."""
-    from dataclasses import replace as tile_with
-    import engine.kernels.packed_gemv as packed_gemv
-    from engine.kernels.packed_gemv import packed_row_gemv, rounds_x, row_tile_for
-    from engine.kernels.rounded_x import round_x
-
-    if device == "cpu" and name not in STREAM_CPU_CASES:
-        pytest.skip("the interpreter runs a kind of each family")
-    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 needs compute capability 8.9")
-    monkeypatch.setattr(packed_gemv, "num_sms", lambda device: 1)  # programs = RowTile.programs
-    g = from_packed(parts).to(device)
-    n, k = g.shape
-    gen = torch.Generator().manual_seed(n + k + 8)
-    x = torch.randn(1, k, generator=gen).to(device, torch.bfloat16)
-    bias = torch.randn(n, generator=gen).to(device, torch.bfloat16)
-    base = tile_with(row_tile_for(g), block_n=2)  # several column tiles even for 8 rows
-    tiles = -(-n // base.block_n)
-    runs = [(x, False, bias), (x, True, None)]
-    if rounds_x(g) is not None:
-        runs.append((round_x(x, rounds_x(g)), False, bias))
-    for programs in (max(1, tiles // 3), max(1, tiles // 2), tiles + 1):
-        for stages in ((1, 3) if device == "cuda" else (2,)):
-            tile = tile_with(base, programs=programs, stream=stages)
-            for xv, int8_x, b in runs:
-                want = packed_row_gemv(xv, g, b, base, int8_x=int8_x)
-                got = packed_row_gemv(xv, g, b, tile, int8_x=int8_x)
-                assert torch.equal(got, want), (name, tile, int8_x)
-    if k % 2 == 0 and (k // 2) % min(g.group, base.block_k) == 0:
-        with pytest.raises(AssertionError):
-            packed_row_gemv(x, g, None, tile_with(base, programs=2, stream=2, split_k=2))
-
-
 def test_a_given_row_tile_serves_only_the_blocks_it_fits():
-    """row_tile_given: a (rows, step, bytes, split, warps, stages, programs) tile becomes the
-    block's RowTile where its K is whole shares of whole chunks, streamed whole steps (a looping
-    tile's steps are unrolled: any K its chunks fit); elsewhere None (the default tile), so one
-    switch can name a tile for models of any shape."""
+    """row_tile_given: a (rows, step, bytes, split, warps, stages) tile becomes the block's RowTile
+    where its K is whole shares of whole chunks, streamed whole steps; elsewhere None (the
+    default tile), so one switch can name a tile for models of any shape."""
     from engine.kernels.packed_gemv import RowTile, row_tile_given
 
     awq = from_packed([_int4("awq", 32, 384, 128)])  # K of 3 groups of 128
     q6 = from_packed([_gguf("Q6_K", 8, 768, 9)])
     assert row_tile_given(awq, None) is None
-    assert row_tile_given(awq, (4, 128, 16, 1, 1, 2, 0)) == RowTile(4, 128, num_warps=1, vec=16, stream=2)
-    assert row_tile_given(awq, (4, 256, 16, 1, 1, 2, 0)) is None  # 384 is no whole number of steps of 256
-    assert row_tile_given(awq, (4, 256, 16, 1, 1, 0, 0)) is not None  # unrolled, the last step past K's end
-    assert row_tile_given(awq, (4, 128, 16, 2, 1, 2, 0)) is None  # shares of 192: no whole groups
-    assert row_tile_given(q6, (4, 256, 16, 3, 1, 2, 0)) == RowTile(4, 256, split_k=3, num_warps=1, vec=16, stream=2)
-    assert row_tile_given(q6, (4, 512, 16, 1, 1, 2, 0)) is None
-    # looping programs: steps unrolled inside a tile, so a step of 256 over K of 384 fits
-    assert row_tile_given(awq, (4, 256, 16, 1, 1, 2, 4)) == RowTile(4, 256, num_warps=1, vec=16, stream=2, programs=4)
-    assert row_tile_given(q6, (4, 256, 16, 3, 1, 2, 4)) is None  # a looping program takes all of K
+    assert row_tile_given(awq, (4, 128, 16, 1, 1, 2)) == RowTile(4, 128, num_warps=1, vec=16, stream=2)
+    assert row_tile_given(awq, (4, 256, 16, 1, 1, 2)) is None  # 384 is no whole number of steps of 256
+    assert row_tile_given(awq, (4, 256, 16, 1, 1, 0)) is not None  # unrolled, the last step past K's end
+    assert row_tile_given(awq, (4, 128, 16, 2, 1, 2)) is None  # shares of 192: no whole groups
+    assert row_tile_given(q6, (4, 256, 16, 3, 1, 2)) == RowTile(4, 256, split_k=3, num_warps=1, vec=16, stream=2)
+    assert row_tile_given(q6, (4, 512, 16, 1, 1, 2)) is None
 
 
 def test_default_row_tiles_fill_their_warps():
@@ -670,9 +626,9 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           # no PDL anywhere: none for the row kernel either
                           (KernelOptions(pdl=False), (True, True, False, True, 0)),
                           # a streamed tile for qkv's role reaches the projection; down's does not
-                          (KernelOptions(packed_row_stream=(("qkv", (4, 1024, 16, 1, 1, 4, 0)),
-                                                            ("down", (8, 2048, 8, 1, 4, 3, 0)))),
-                           (True, True, False, True, 6, (4, 1024, 16, 1, 1, 4, 0)))):
+                          (KernelOptions(packed_row_stream=(("qkv", (4, 1024, 16, 1, 1, 4)),
+                                                            ("down", (8, 2048, 8, 1, 4, 3)))),
+                           (True, True, False, True, 6, (4, 1024, 16, 1, 1, 4)))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 

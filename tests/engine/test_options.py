@@ -69,11 +69,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # the one-row packed kernel's steps streamed on a given tile, by role: off by default
     assert default.packed_row_stream == () and default.row_stream_tile("down") is None
     streamed = KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_STREAM": "4x1024v16w1p4, down=8x2048v8s2p3"})
-    assert streamed.row_stream_tile("qkv") == (4, 1024, 16, 1, 1, 4, 0)
-    assert streamed.row_stream_tile("down") == (8, 2048, 8, 2, 4, 3, 0)
-    # programs a multiprocessor looping over column tiles (mPROGRAMS): K not split
-    looping = KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_STREAM": "4x4096v16p3m4"})
-    assert looping.row_stream_tile("gate_up") == (4, 4096, 16, 1, 4, 3, 4)
+    assert streamed.row_stream_tile("qkv") == (4, 1024, 16, 1, 1, 4)
+    assert streamed.row_stream_tile("down") == (8, 2048, 8, 2, 4, 3)
     assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_STREAM": "gate_up=4x512v16p6"}).row_stream_tile("qkv") is None
     for value, want in {"none": (), "down": ("down",), "o_proj, down": ("o_proj", "down")}.items():
         assert KernelOptions.from_env({"LOCALCHAT_ROW_STATS": value}).row_stats == want

@@ -248,7 +248,7 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream, e
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    one, two, _ = packed_gemv._row_kernel()
+    one, two = packed_gemv._row_kernel()
     awq = dict(ZERO=0, G=128, UNIT=0, HAS_OFFSET=True, HIGH=0, ONE_BYTE=False, FP8=False, XQ=True, ASM=True,
                HAS_BIAS=False, X_KIND=0, SPLIT_K=1, K_PER_SPLIT=4096, BLOCK_N=4, BLOCK_K=4096, CHUNK=128, VEC=4,
                SG=1, UG=1, PAIRED=False, PF_LINES=16)
