@@ -296,7 +296,7 @@ def row_kernel_wide(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_x3, row_step, row_body, pdl_wait, pdl_enter, tl
+    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_wait, pdl_enter, tl
     import triton
     import triton.language as tl
 
@@ -370,42 +370,6 @@ def _row_kernel():
                                   is_pure=False, pack=1)
         if WAIT:
             pdl_wait(PDL)
-
-    @triton.jit
-    def row_x3(kk, PARTIAL: tl.constexpr, pid_k, x_ptr, sx_ptr, ONE_BYTE: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-               BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
-        """A K step's x rounded already (RoundedX), in row_step's layout: the even inputs' words,
-        the odd inputs' (for int8 weights the same words twice) and the vectors' scales."""
-        # A vector of 32 inputs, which a thread's EPW * VEC inputs lie inside, is 8 int8 words and
-        # one fp32 scale. For the nibbles the even inputs' 4 words, then the odd inputs' 4: a
-        # thread's words of each kind lie side by side (one vector load each, as the weights'
-        # words); for int8 weights 4 inputs a word in order. The address is written so that the
-        # compiler sees that. The chunks as row_step places them.
-        EPW: tl.constexpr = 4 if ONE_BYTE else 8
-        C: tl.constexpr = BLOCK_K // CHUNK
-        WD: tl.constexpr = CHUNK // EPW // VEC
-        c3 = tl.arange(0, C)[None, :, None]
-        wd3 = tl.arange(0, WD)[:, None, None]
-        v4 = tl.arange(0, VEC)[None, None, None, :]
-        word4 = (wd3 * VEC)[:, :, :, None] + v4
-        kc = pid_k * K_PER_SPLIT + kk + c3 * CHUNK
-        if PARTIAL:
-            kc = tl.minimum(kc, pid_k * K_PER_SPLIT + K_PER_SPLIT - CHUNK)
-        kc4 = kc[:, :, :, None]
-        first4 = (wd3 * (EPW * VEC))[:, :, :, None]  # (WD, 1, 1, 1): a thread vector's first input past kc
-        if EPW == 8:
-            p4 = kc4 + first4  # a multiple of EPW * VEC
-            if EPW * VEC == 32:  # a whole vector: its 8 words in order
-                at = p4 // 4 + v4
-            else:  # a part of one: 16 inputs (VEC 2) or 8
-                at = (p4 // 32) * 8 + ((p4 // (EPW * VEC)) % (32 // (EPW * VEC))) * VEC + v4
-            qe = tl.load(x_ptr + at)
-            qo = tl.load(x_ptr + at + 4)
-        else:
-            qe = tl.load(x_ptr + kc4 // 4 + word4)
-            qo = qe
-        sx = tl.reshape(tl.load(sx_ptr + (kc4 + first4) // 32), (WD, C, 1))
-        return qe, qo, sx
 
     @triton.jit
     def row_step(acc, kk, PARTIAL: tl.constexpr, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr,
@@ -525,7 +489,23 @@ def _row_kernel():
                 x0, x1 = tl.split(tl.load(x_ptr + xi))
                 xo0, xo1 = tl.split(tl.load(x_ptr + xi + 1))
         elif X_KIND == 3:
-            qe, qo, sx = row_x3(kk, PARTIAL, pid_k, x_ptr, sx_ptr, ONE_BYTE, K_PER_SPLIT, BLOCK_K, CHUNK, VEC)
+            # x rounded already (RoundedX): a vector of 32 inputs, which a thread's EPW * VEC
+            # inputs lie inside, is 8 int8 words and one fp32 scale. For the nibbles the even
+            # inputs' 4 words, then the odd inputs' 4: a thread's words of each kind lie side by
+            # side (one vector load each, as the weights' words); for int8 weights 4 inputs a
+            # word in order. The address is written so that the compiler sees that.
+            first4 = (wd3 * (EPW * VEC))[:, :, :, None]  # (WD, 1, 1, 1): a thread vector's first input past kc
+            if EPW == 8:
+                p4 = kc4 + first4  # a multiple of EPW * VEC
+                if EPW * VEC == 32:  # a whole vector: its 8 words in order
+                    at = p4 // 4 + v4
+                else:  # a part of one: 16 inputs (VEC 2) or 8
+                    at = (p4 // 32) * 8 + ((p4 // (EPW * VEC)) % (32 // (EPW * VEC))) * VEC + v4
+                qe = tl.load(x_ptr + at)
+                qo = tl.load(x_ptr + at + 4)
+            else:
+                qe = tl.load(x_ptr + kc4 // 4 + word4)
+            sx = tl.reshape(tl.load(sx_ptr + (kc4 + first4) // 32), (WD, C, 1))
         else:
             # x's words of each weight word (16 or 8 bytes), split into its pairs
             xw = (kc4 // 2 + (EPW // 2) * word4)[:, :, :, :, None] + t5

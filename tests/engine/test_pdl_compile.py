@@ -285,16 +285,15 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream, e
     if early and not stream:
         late, body = entry(on.asm["ptx"]), entry(build(pdl, True).asm["ptx"])
         wait = body.find("griddepcontrol.wait")
-        before = body[:wait].count(load)
-        after = body[wait:].count(load)
-        # x's loads after the wait (a bf16 x: 32 inputs a thread and block, as words here, where
-        # the signature promises no alignment), the weights', their factors' before it
         assert 0 <= body.find("prefetch.global.L2") < wait
         assert body.count(load) == late.count(load)
         if two_blocks:  # each block's branch: loads, its wait, more loads
             parts = body.split("griddepcontrol.wait")
             assert len(parts) == 3 and all(p.count(load) > 0 for p in parts)
             return
+        # x's loads after the wait (a bf16 x: 32 inputs a thread and block, as words here, where
+        # the signature promises no alignment), the weights', their factors' before it
+        before, after = body[:wait].count(load), body[wait:].count(load)
         assert 0 < after < before, (before, after)
         assert body[wait:].count("ld.global.b16") == 0  # a 16-bit factor (AWQ's fp16 scales) before it
         return
