@@ -217,31 +217,9 @@ class RoundingLayerKernels(LayerKernels):
     those of LayerKernels with int8 x, but for x's vectors: 32 inputs a scale here, the row
     kernel's own 16 or 32 there."""
 
-    def __init__(self, options: KernelOptions, project: Callable, gated: Callable | None = None):
+    def __init__(self, options: KernelOptions, project: Callable):
         super().__init__(project)
         self.options = options
-        # (x or its RoundedX, linear) -> silu(gate) * up of a [gate | up] PackedLinear in one
-        # launch (PackedLinear.gated_row), where options.packed_row_gated: the activation's launch
-        # saved, down then rounding its own x in each program
-        self.gated = gated
-
-    def mlp(self, x, residual, norm, mlp, then=None):
-        from engine.kernels.norm import add_rms_norm_rounded
-        from engine.packed_linear import PackedLinear
-
-        gate_up = mlp.gate_up_proj
-        if (self.gated is None or not self.options.packed_row_gated or not isinstance(gate_up, PackedLinear)
-                or isinstance(x, (Normed, Scaled)) or x.shape[0] != 1
-                or gate_up.gated_tile(self.options.row_stream_tile("gate_up")) is None):
-            return super().mlp(x, residual, norm, mlp, then)
-        order = _order(gate_up)
-        if order is None:
-            h, stream = self.add_norm(x, residual, norm)
-            act = self.gated(h, gate_up)
-        else:
-            _, stream, rounded = add_rms_norm_rounded(x, residual, norm.weight, norm.eps, order, pdl=self.options.pdl)
-            act = self.gated(rounded, gate_up)
-        return self.project(act, mlp.down_proj, "down"), stream
 
     def norm_linear(self, x, residual, norm, linear, role):
         from engine.kernels.norm import add_rms_norm_rounded

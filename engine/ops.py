@@ -125,8 +125,7 @@ class Ops:
 
     @functools.cached_property
     def _rounding(self) -> RoundingLayerKernels:
-        return RoundingLayerKernels(self.options, functools.partial(routed_linear, self.options, UNFUSED),
-                                    functools.partial(gated_linear, self.options))
+        return RoundingLayerKernels(self.options, functools.partial(routed_linear, self.options, UNFUSED))
 
     @functools.cached_property
     def _unfused(self) -> LayerKernels:
@@ -160,13 +159,6 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
         return linear(x)
     return gemv(x, linear.weight, linear.bias, config=route.tile, invariant=route.invariant, pdl=options.pdl,
                 each_row=route.each_row)
-
-
-def gated_linear(options: KernelOptions, x, linear: PackedLinear) -> torch.Tensor:
-    """silu(gate) * up of one row (x, or its RoundedX) on a [gate | up] PackedLinear in one
-    launch of the one-row kernel (PackedLinear.gated_row), as routed_linear would launch it."""
-    return linear.gated_row(x, int8_x=options.packed_row_x == "int8", row_pdl=_row_pdl(options),
-                            row_tile=options.row_stream_tile("gate_up"))
 
 
 def _tiles(options: KernelOptions, rows: int, mapped: bool) -> tuple[bool, bool]:

@@ -118,11 +118,6 @@ class KernelOptions:
     # an H100: Q4_K_M 411.3 against 400.2 tok/s, AWQ 418.5 against 417.2 (docs/performance.md).
     # LOCALCHAT_PACKED_ROUNDED_X=0: each program rounds x itself.
     packed_rounded_x: bool = True
-    # There, gate_up's one-row launch pairs gate and up rows of the same outputs in each program
-    # and stores silu(gate) * up (PackedLinear.gated_row): the activation's launch is saved, and
-    # down rounds its own x in each program. Off until timed on a GPU.
-    # LOCALCHAT_PACKED_ROW_GATED=1 turns it on.
-    packed_row_gated: bool = False
     # The one-row packed kernel's K steps as a loop that Triton pipelines (each step's weights
     # copied into shared memory some steps ahead), on a tile given per projection role, for
     # measuring: ((role or "", (rows, step, bytes a load, splits, warps, stages)), ...), a role ""
@@ -292,7 +287,6 @@ class KernelOptions:
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
             packed_row_early_weights=_flag(env, "LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS"),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
-            packed_row_gated=_flag(env, "LOCALCHAT_PACKED_ROW_GATED", default=False),
             packed_row_stream=parse_row_stream(env.get("LOCALCHAT_PACKED_ROW_STREAM", "")),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),

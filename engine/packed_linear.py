@@ -105,29 +105,6 @@ class PackedLinear(nn.Module):
             self._rounded_order = orders.pop() if fits and self.in_features % 32 == 0 else None
         return self._rounded_order
 
-    def gated_tile(self, row_tile: tuple | None = None):
-        """The one-row kernel's tile on which this [gate | up] projection ends in silu(gate) * up
-        itself (gated_row), or None where it cannot: two blocks (gate and up of different kinds),
-        a kind the one-row kernel does not serve, an odd row count a tile."""
-        from engine.kernels.packed_gemv import row_kernel_fits, row_tile_for, row_tile_given
-
-        blocks = self.blocks
-        if len(blocks) != 1 or not row_kernel_fits(blocks[0]) or self.out_features % 2:
-            return None
-        tile = row_tile_given(blocks[0], row_tile) or row_tile_for(blocks[0])
-        return tile if tile.block_n % 2 == 0 else None
-
-    def gated_row(self, x, int8_x: bool = False, row_pdl: int = 0, row_tile: tuple | None = None) -> torch.Tensor:
-        """One row of x (or its RoundedX, in rounded_order()) -> (1, out_features / 2)
-        silu(gate) * up of this [gate | up] projection in one launch of the one-row kernel
-        (packed_gemv.packed_row_gemv, gated), with the bits of silu_and_mul after forward(x,
-        one_row=True, ...). Only where gated_tile() is not None."""
-        from engine.kernels.packed_gemv import packed_row_gemv
-
-        tile = self.gated_tile(row_tile)
-        assert tile is not None and x.shape == (1, self.in_features)
-        return packed_row_gemv(x, self.blocks[0], self.bias, tile=tile, int8_x=int8_x, pdl=row_pdl, gated=True)
-
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 

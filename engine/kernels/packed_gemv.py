@@ -296,7 +296,7 @@ def row_kernel_wide(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_wait, pdl_enter, tile_rows, tile_rows_ok, row_store, tl
+    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_wait, pdl_enter, tl
     import triton
     import triton.language as tl
 
@@ -349,48 +349,6 @@ def _row_kernel():
         return r
 
     @triton.jit
-    def tile_rows(pid_n, N, BLOCK_N: tl.constexpr, GATED: tl.constexpr):
-        """Column tile pid_n's rows of the weight (BLOCK_N; those past N or, GATED, past N / 2 in
-        each half are not real: tile_rows_ok). GATED ([gate | up], N rows in all): the tile's
-        first half gate rows, its second the up rows of the same outputs, so that the program
-        ends with silu(gate) * up (row_store)."""
-        if GATED:
-            HALF: tl.constexpr = BLOCK_N // 2
-            j = tl.arange(0, BLOCK_N)
-            offs_n = pid_n * HALF + j % HALF + (j >= HALF).to(tl.int32) * (N // 2)
-        else:
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        return offs_n
-
-    @triton.jit
-    def tile_rows_ok(pid_n, N, BLOCK_N: tl.constexpr, GATED: tl.constexpr):
-        """Which of tile_rows' rows are real."""
-        if GATED:
-            HALF: tl.constexpr = BLOCK_N // 2
-            ok = pid_n * HALF + tl.arange(0, BLOCK_N) % HALF < N // 2
-        else:
-            ok = pid_n * BLOCK_N + tl.arange(0, BLOCK_N) < N
-        return ok
-
-    @triton.jit
-    def row_store(total, offs_o, out_mask, b_ptr, out_ptr, pid_n, N, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-        """A program's sums (1, BLOCK_N), plus the bias, stored; GATED: silu(gate) * up of its
-        BLOCK_N / 2 outputs instead, rounded where silu_and_mul rounds, from the values the plain
-        launch would store, so the bits of silu_and_mul after it."""
-        if HAS_BIAS:
-            total += tl.load(b_ptr + offs_o, mask=out_mask, other=0.0).to(tl.float32)
-        if GATED:
-            HALF: tl.constexpr = BLOCK_N // 2
-            stored = total.to(out_ptr.dtype.element_ty).to(tl.float32)
-            gate, up = tl.split(tl.trans(tl.reshape(stored, (2, HALF))))
-            act = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32)
-            cols = pid_n * HALF + tl.arange(0, HALF)
-            tl.store(out_ptr + cols, (act * up).to(out_ptr.dtype.element_ty), mask=cols < N // 2)
-        else:
-            tl.store(out_ptr + offs_o, total.to(out_ptr.dtype.element_ty), mask=out_mask)
-
-    @triton.jit
     def pdl_wait(PDL: tl.constexpr):
         """The wait for the previous kernel's writes, and with PDL 1 the early launch of the next
         kernel (PDL 2 launches it after this program's stores instead)."""
@@ -400,13 +358,12 @@ def _row_kernel():
 
     @triton.jit
     def pdl_enter(pid_n, pid_k, q_ptr, N, stride_q, ONE_BYTE: tl.constexpr, K_PER_SPLIT: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PF_LINES: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr = True,
-                  GATED: tl.constexpr = 0):
+                  BLOCK_N: tl.constexpr, PF_LINES: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr = True):
         """A PDL launch's start: the program's packed bytes requested into L2 (a kernel never
         writes weights), then pdl_wait, unless WAIT is off (EARLY_W: the first K step waits after
         its weights' loads instead)."""
         BYTES: tl.constexpr = K_PER_SPLIT if ONE_BYTE else K_PER_SPLIT // 2
-        rows = tl.minimum(tile_rows(pid_n, N, BLOCK_N, GATED), N - 1)
+        rows = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
         lines = tl.minimum(tl.arange(0, PF_LINES) * 128, BYTES - 1)
         ptrs = q_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * stride_q + pid_k * BYTES + lines[None, :]
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
@@ -421,7 +378,7 @@ def _row_kernel():
                  ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
                  X_KIND: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr,
-                 WAIT: tl.constexpr = 0, GATED: tl.constexpr = 0):
+                 WAIT: tl.constexpr = 0):
         """One K step (kk: its first input past the share's; PARTIAL: the step passes the share's end)
         of row_body's program: acc plus the step's sums. WAIT > 0: the PDL wait (pdl_wait) comes
         after the step's weights are requested and before x is."""
@@ -457,8 +414,8 @@ def _row_kernel():
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
         QPH: tl.constexpr = 4 // HIGH if HIGH > 0 else 1  # weight words a word of high bits serves
-        offs_n = tile_rows(pid_n, N, BLOCK_N, GATED)
-        n_ok = tile_rows_ok(pid_n, N, BLOCK_N, GATED)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
         n3 = tl.where(n_ok, offs_n, 0)[None, None, :]  # clamped, not masked: no predicates
         n4 = n3[:, :, :, None]
         c3 = tl.arange(0, C)[None, :, None]
@@ -674,16 +631,15 @@ def _row_kernel():
                  SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
                  SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, STREAM: tl.constexpr = 0,
-                 WAIT: tl.constexpr = 0, GATED: tl.constexpr = 0):
+                 WAIT: tl.constexpr = 0):
         """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
         below; packed_row_kernel2 runs two blocks of one projection in one launch). WAIT > 0: the
-        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads, or before a streamed loop.
-        GATED: a [gate | up] weight, the program's rows paired (tile_rows), silu(gate) * up stored."""
+        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads, or before a streamed loop."""
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
-        offs_n = tile_rows(pid_n, N, BLOCK_N, GATED)
-        n_ok = tile_rows_ok(pid_n, N, BLOCK_N, GATED)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
         acc = tl.zeros([WD, C, BLOCK_N], tl.float32)
         if STREAM > 0:
             if WAIT > 0:
@@ -695,14 +651,14 @@ def _row_kernel():
                 acc = row_step(acc, kk, False, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr,
                                ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH,
                                ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG,
-                               PAIRED, GATED=GATED)
+                               PAIRED)
         else:
             # the steps unrolled: every load's address is then its base plus a constant
             for kk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
                 acc = row_step(acc, kk, kk + BLOCK_K > K_PER_SPLIT, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr,
                                s_ptr, o_ptr, su_ptr, ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH,
                                ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG,
-                               PAIRED, WAIT if kk == 0 else 0, GATED)
+                               PAIRED, WAIT if kk == 0 else 0)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -710,9 +666,13 @@ def _row_kernel():
         if SPLIT_K > 1:
             last, total = sum_splits(total, part_ptr + offs_o, pid_k, count_ptr + pid_n, 1, N, out_mask, SPLIT_K)
             if last:
-                row_store(total, offs_o, out_mask, b_ptr, out_ptr, pid_n, N, HAS_BIAS, GATED, BLOCK_N)
+                if HAS_BIAS:
+                    total += tl.load(b_ptr + offs_o, mask=out_mask, other=0.0).to(tl.float32)
+                tl.store(out_ptr + offs_o, total.to(out_ptr.dtype.element_ty), mask=out_mask)
         else:
-            row_store(total, offs_o, out_mask, b_ptr, out_ptr, pid_n, N, HAS_BIAS, GATED, BLOCK_N)
+            if HAS_BIAS:
+                total += tl.load(b_ptr + offs_o, mask=out_mask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + offs_o, total.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
     @triton.jit
@@ -724,16 +684,16 @@ def _row_kernel():
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
                           UG: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1,
-                          STREAM: tl.constexpr = 0, EARLY_W: tl.constexpr = 0, GATED: tl.constexpr = 0):
+                          STREAM: tl.constexpr = 0, EARLY_W: tl.constexpr = 0):
         # EARLY_W (with PDL): the first K step's weights loaded before the PDL wait, not only their
-        # first lines requested into L2. GATED: a [gate | up] weight ending in silu(gate) * up.
+        # first lines requested into L2
         if PDL > 0:
             pdl_enter(tl.program_id(0), tl.program_id(1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
-                      PF_LINES, PDL, not EARLY_W, GATED)
+                      PF_LINES, PDL, not EARLY_W)
         row_body(tl.program_id(0), tl.program_id(1), x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
                  out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                  ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM, PDL if EARLY_W else 0, GATED)
+                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM, PDL if EARLY_W else 0)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -795,7 +755,7 @@ def rounds_x(weight: GroupedWeight) -> bool | None:
 
 def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: torch.Tensor | None = None,
                     tile: RowTile | None = None, out: torch.Tensor | None = None,
-                    int8_x: bool = False, pdl: int = 0, gated: bool = False) -> torch.Tensor:
+                    int8_x: bool = False, pdl: int = 0) -> torch.Tensor:
     """One row: x (1, K) -> (1, N), the weight decoded on CUDA cores and summed per lane (no
     tensor-core padding to 16 rows). Not batch-invariant with packed_gemv (another summation
     order): the path of an engine with no draft loaded, whose rows never need a verify step's
@@ -804,14 +764,11 @@ def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: tor
     integer dot products (dp4a), as llama.cpp's kernels do: the weights' exact values times that
     x, within x's rounding of the reference. A RoundedX x: the same integer products, x rounded
     once before the launch (vectors of 32 inputs; in the kernel, of the thread's 16 or 32).
-    pdl: programmatic dependent launch (row_pdl_args); the same values.
-    gated: the weight is an MLP's [gate | up] (N = 2I): -> (1, I) silu(gate) * up, each program
-    taking gate and up rows of the same outputs (a tile of R rows: R / 2 outputs), with the bits of
-    silu_and_mul on the plain launch's output; the activation's launch is saved."""
+    pdl: programmatic dependent launch (row_pdl_args); the same values."""
     if out is None:
-        out = torch.empty((1, weight.shape[0] // 2 if gated else weight.shape[0]), dtype=x.dtype, device=x.device)
-    grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x, gated)
-    _row_kernel()[0][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, pdl), GATED=int(gated))
+        out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
+    grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
+    _row_kernel()[0][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, pdl))
     return out
 
 
@@ -891,9 +848,9 @@ def row_tile_given(weight: GroupedWeight, given: tuple | None) -> RowTile | None
 
 
 def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None, tile: RowTile | None,
-              out: torch.Tensor, int8_x: bool, gated: bool = False) -> tuple[tuple[int, int], dict, dict]:
-    """A one-row launch of `weight` into out (1, N; gated: (1, N / 2), packed_row_gemv): its grid
-    (column tiles, K shares), the kernel's arguments past x by name, and the launch options."""
+              out: torch.Tensor, int8_x: bool) -> tuple[tuple[int, int], dict, dict]:
+    """A one-row launch of `weight` into out (1, N): its grid (column tiles, K shares), the
+    kernel's arguments past x by name, and the launch options (warps, stages)."""
     m, k = x.shape
     n = weight.shape[0]
     rounded = isinstance(x, RoundedX)
@@ -909,9 +866,8 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     assert k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0, (k, tile)
     assert group % chunk == 0 and chunk % per_word == 0 and chunk * high % 32 == 0, (weight.group, tile)
     assert not tile.stream or (k // tile.split_k) % tile.block_k == 0, (k, tile)  # a loop of whole steps
-    assert out.shape == (1, n // 2 if gated else n) and out.stride(1) == 1 and out.dtype == x.dtype
-    assert not gated or (n % 2 == 0 and tile.block_n % 2 == 0), (n, tile)  # rows in gate, up pairs
-    tiles = -(-(n // 2) // (tile.block_n // 2)) if gated else -(-n // tile.block_n)
+    assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
+    tiles = -(-n // tile.block_n)
     vec = min(max(1, tile.vec // 4), chunk // per_word)  # in words
     part, counters = _split_buffers(tile.split_k, 1, n, tiles, out)
     bits = 8 if per_word == 4 else 4 + high

@@ -468,50 +468,6 @@ def test_a_streamed_row_tile_gives_the_bits_of_its_unrolled_steps(device, name, 
             packed_row_gemv(x, g, None, tile_with(base, stream=2))
 
 
-GATED_CPU_CASES = ("awq g128", "gguf Q4_K", "gguf Q6_K", "gguf Q8_0")
-
-
-@pytest.mark.parametrize("device", [CUDA, CPU])
-@pytest.mark.parametrize("name,parts", ROW_CASES, ids=[c[0] for c in ROW_CASES])
-def test_a_gated_row_launch_gives_the_bits_of_silu_and_mul_after_the_plain_one(device, name, parts):
-    """packed_row_gemv(gated=True) on a [gate | up] weight: each program's rows are gate and up rows
-    of the same outputs, and it stores silu(gate) * up with the bits of silu_and_mul over the plain
-    launch's output: x in bf16, with int8 x and rounded before the launch, K split or not, a bias
-    or not, the default tile, one of 2 rows and one of 16 (outputs past I masked), unrolled and
-    (GPU) streamed."""
-    from dataclasses import replace as tile_with
-    from engine.kernels.activation import silu_and_mul
-    from engine.kernels.packed_gemv import packed_row_gemv, rounds_x, row_tile_for
-    from engine.kernels.rounded_x import round_x
-
-    if device == "cpu" and name not in GATED_CPU_CASES:
-        pytest.skip("the interpreter runs a kind of each family")
-    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 needs compute capability 8.9")
-    g = from_packed(parts).to(device)
-    n, k = g.shape
-    if n % 2:
-        pytest.skip("no [gate | up] halves")
-    gen = torch.Generator().manual_seed(n + k + 11)
-    x = torch.randn(1, k, generator=gen).to(device, torch.bfloat16)
-    bias = torch.randn(n, generator=gen).to(device, torch.bfloat16)
-    base = row_tile_for(g)
-    tiles = [base, tile_with(base, block_n=2), tile_with(base, block_n=16)]  # 16: 8 outputs, some past I
-    if k % 2 == 0 and (k // 2) % min(g.group, base.block_k) == 0 and (k // 2) % base.block_k == 0:
-        tiles.append(tile_with(base, split_k=2))
-    if device == "cuda" and k % base.block_k == 0:
-        tiles.append(tile_with(base, stream=2))
-    runs = [(x, False, bias), (x, True, None)]
-    if rounds_x(g) is not None:
-        runs.append((round_x(x, rounds_x(g)), False, bias))
-    for tile in tiles:
-        for xv, int8_x, b in runs:
-            plain = packed_row_gemv(xv, g, b, tile, int8_x=int8_x)
-            got = packed_row_gemv(xv, g, b, tile, int8_x=int8_x, gated=True)
-            assert got.shape == (1, n // 2)
-            assert torch.equal(got, silu_and_mul(plain)), (name, tile, int8_x)
-
-
 def test_a_given_row_tile_serves_only_the_blocks_it_fits():
     """row_tile_given: a (rows, step, bytes, split, warps, stages) tile becomes the block's RowTile
     where its K is whole shares of whole chunks, streamed whole steps; elsewhere None (the

@@ -65,10 +65,6 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     # its first step's weights before the wait: on by default
     assert default.packed_row_early_weights
     assert not KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS": "0"}).packed_row_early_weights
-    # gate_up ending in silu(gate) * up: off until timed on a GPU
-    assert not default.packed_row_gated and KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_GATED": "0"}) == default
-    assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_GATED": "1"}) == dataclasses.replace(default,
-                                                                                           packed_row_gated=True)
     assert default.row_stats == ()
     # the one-row packed kernel's steps streamed on a given tile, by role: off by default
     assert default.packed_row_stream == () and default.row_stream_tile("down") is None

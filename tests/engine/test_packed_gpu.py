@@ -140,44 +140,6 @@ def test_a_packed_one_row_step_takes_x_rounded_by_the_kernel_before(tmp_path, qt
     assert len(tokens(on)) == 48 and len(tokens(off)) == 48
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
-def test_a_gated_gate_up_saves_the_activation_launch_with_its_bits(tmp_path, qtype):
-    """LOCALCHAT_PACKED_ROW_GATED: a one-row MLP's gate_up ends in silu(gate) * up and down rounds
-    its own x: the bits of the norm, gate_up, silu_and_mul and a down that rounds its own x, one
-    launch after another; the engine decodes its 48 tokens, and its first logits stay within x's
-    rounding of the default's."""
-    from types import SimpleNamespace
-
-    from engine.engine import Engine
-    from engine.kernels.activation import silu_and_mul
-    from engine.kernels.norm import add_rms_norm_rounded
-    from engine.layer_kernels import RoundingLayerKernels
-    from engine.options import KernelOptions
-    from tests.tiny_gguf import make_tiny_gguf
-
-    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=2048)
-    gated = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True, packed_row_gated=True))
-    step = SimpleNamespace(is_packed=False, slot_map=None)
-    layer = gated.runner.model.model.layers[1]
-    x, residual = (torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kernels = layer.ops.layer_kernels(x, step, False, True)
-    assert isinstance(kernels, RoundingLayerKernels)
-    mlp, norm = layer.mlp, layer.post_attention_layernorm
-    assert mlp.gate_up_proj.gated_tile() is not None
-    got, stream = kernels.mlp(x, residual, norm, mlp)
-    _, want_stream, rounded = add_rms_norm_rounded(x, residual, norm.weight, norm.eps, mlp.gate_up_proj.rounded_order())
-    act = silu_and_mul(mlp.gate_up_proj(x, one_row=True, int8_x=True, rounded=rounded))
-    want = mlp.down_proj(act, one_row=True, int8_x=True)
-    assert torch.equal(stream, want_stream) and torch.equal(got, want)
-    assert len(tokens(gated)) == 48
-    plain = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True))
-    a, b = (e.runner.model.model.layers[1].mlp for e in (gated, plain))
-    got, _ = gated.runner.model.model.layers[1].ops.layer_kernels(x, step, False, True).mlp(x, residual, norm, a)
-    want, _ = plain.runner.model.model.layers[1].ops.layer_kernels(x, step, False, True).mlp(
-        x, residual, plain.runner.model.model.layers[1].post_attention_layernorm, b)
-    assert float((got.float() - want.float()).abs().max()) <= 3e-2 * float(want.float().abs().max())
-
-
 _CT_GROUP = {"targets": ["Linear"], "input_activations": None}
 # Safetensors layouts at hidden 2,048 (K long enough for the one-row kernel): (packer, its
 # options, quantization_config, the label the engine reports)
