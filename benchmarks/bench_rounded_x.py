@@ -8,13 +8,14 @@ rounded for each (the rounding's own launch timed apart: an engine would fold it
 kernel before). Outputs are checked against the weights' exact values times the rounded x.
 
     python benchmarks/bench_rounded_x.py --out rounded_x.json [--layouts AWQ,Q4_K_M]
-        [--down-tiles 4x4096v16,4x2048v8s2,4x1024v16w1p4 [--only-down-tiles]]
+        [--down-tiles 4x4096v16,4x2048v8s2 [--only-down-tiles]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -28,7 +29,6 @@ from benchmarks.bench_packed import SHAPES, weight_copies  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
 from engine.kernels.packed_gemv import RowTile, packed_row_gemv, row_tile_for, rounds_x  # noqa: E402
 from engine.kernels.rounded_x import round_x  # noqa: E402
-from engine.options import parse_row_tile  # noqa: E402
 from engine.kernels.packed_rows import rounded_x  # noqa: E402
 from engine.weights.grouped import dequantize_grouped  # noqa: E402
 
@@ -44,14 +44,12 @@ def run(x, rx, blocks, out, pdl, tile=None):
 
 
 def parse_tile(spec: str) -> RowTile:
-    """ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES], e.g. 4x4096v16 or 4x2048v8s2: rows a program,
-    inputs a K step, bytes a load, programs along K (default 1), warps a program (default 4), the
-    steps streamed this many deep (default: unrolled; options.parse_row_tile)."""
-    tile = parse_row_tile(spec)
-    if tile is None:
-        raise SystemExit(f"bench_rounded_x.py: a tile is ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES], not {spec!r}")
-    rows, step, vec, split, warps, stages = tile
-    return RowTile(rows, step, split_k=split, num_warps=warps, vec=vec, stream=stages)
+    """ROWSxSTEPvBYTES[sSPLIT][wWARPS], e.g. 4x4096v16 or 4x2048v8s2: rows a program, inputs a K
+    step, bytes a load, programs along K (default 1), warps a program (default 4)."""
+    m = re.fullmatch(r"(\d+)x(\d+)v(\d+)(?:s(\d+))?(?:w(\d+))?", spec)
+    if m is None:
+        raise SystemExit(f"bench_rounded_x.py: a tile is ROWSxSTEPvBYTES[sSPLIT][wWARPS], not {spec!r}")
+    return RowTile(int(m[1]), int(m[2]), split_k=int(m[4] or 1), num_warps=int(m[5] or 4), vec=int(m[3]))
 
 
 def main() -> None:

@@ -118,13 +118,6 @@ class KernelOptions:
     # an H100: Q4_K_M 411.3 against 400.2 tok/s, AWQ 418.5 against 417.2 (docs/performance.md).
     # LOCALCHAT_PACKED_ROUNDED_X=0: each program rounds x itself.
     packed_rounded_x: bool = True
-    # The one-row packed kernel's K steps as a loop that Triton pipelines (each step's weights
-    # copied into shared memory some steps ahead), on a tile given per projection role, for
-    # measuring: ((role or "", (rows, step, bytes a load, splits, warps, stages)), ...), a role ""
-    # serving every projection that has no entry of its own; a block whose K the tile does not fit
-    # keeps its default. LOCALCHAT_PACKED_ROW_STREAM=[ROLE=]ROWSxSTEPvBYTES[sSPLIT][wWARPS]pSTAGES,...
-    # (e.g. 4x1024v16w1p4 or down=4x1024v16w1p4); unset: the unrolled default tiles.
-    packed_row_stream: tuple = ()
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -254,14 +247,6 @@ class KernelOptions:
         """row_tiles' entry for a weight of `shape` (N, K), None where there is none."""
         return self._row_tiles.get(tuple(shape))
 
-    def row_stream_tile(self, role: str) -> tuple | None:
-        """packed_row_stream's tile for a projection role (its own entry, else the bare one)."""
-        return self._row_streams.get(role, self._row_streams.get(""))
-
-    @functools.cached_property
-    def _row_streams(self) -> dict:
-        return dict(self.packed_row_stream)
-
     @functools.cached_property
     def _row_tiles(self) -> dict:
         return dict(self.row_tiles)
@@ -287,7 +272,6 @@ class KernelOptions:
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
             packed_row_early_weights=_flag(env, "LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS"),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
-            packed_row_stream=parse_row_stream(env.get("LOCALCHAT_PACKED_ROW_STREAM", "")),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),
@@ -357,36 +341,6 @@ def _row_stats(value: str) -> tuple[str, ...]:
     if not roles or any(r not in ("o_proj", "down") for r in roles):
         raise UserError(f"LOCALCHAT_ROW_STATS={value!r}: use none (the default), down or o_proj,down")
     return roles
-
-
-ROW_TILE_SPEC = r"(\d+)x(\d+)v(\d+)(?:s(\d+))?(?:w(\d+))?(?:p(\d+))?"
-PROJECTION_ROLES = ("qkv", "o_proj", "gate_up", "down")
-
-
-def parse_row_tile(spec: str) -> tuple[int, int, int, int, int, int] | None:
-    """ROWSxSTEPvBYTES[sSPLIT][wWARPS][pSTAGES] -> (rows, step, bytes, split, warps, stages), or
-    None where the text is no such tile or a count is zero or not a power of two."""
-    m = re.fullmatch(ROW_TILE_SPEC, spec.strip())
-    if m is None:
-        return None
-    tile = (int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1), int(m[5] or 4), int(m[6] or 0))
-    rows, step, vec, split, warps, stages = tile
-    if not all(v > 0 and v & (v - 1) == 0 for v in (rows, step, vec, warps)) or split < 1 or stages > 8:
-        return None
-    return tile
-
-
-def parse_row_stream(value: str) -> tuple:
-    """LOCALCHAT_PACKED_ROW_STREAM (KernelOptions.packed_row_stream): "" or [ROLE=]TILE entries."""
-    entries = []
-    for entry in (e.strip() for e in value.split(",") if e.strip()):
-        role, _, spec = entry.rpartition("=")
-        tile = parse_row_tile(spec)
-        if role not in ("",) + PROJECTION_ROLES or tile is None or tile[5] == 0:
-            raise UserError(f"LOCALCHAT_PACKED_ROW_STREAM={value!r}: use [ROLE=]ROWSxSTEPvBYTES[sSPLIT][wWARPS]pSTAGES "
-                            f"entries, e.g. 4x1024v16w1p4 or down=4x1024v16w1p4 (ROLE one of {', '.join(PROJECTION_ROLES)})")
-        entries.append((role, tile))
-    return tuple(entries)
 
 
 def parse_spec_alts(spec: str) -> int | tuple[int, ...] | str | None:

@@ -110,7 +110,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "fused",
                 int8_x: bool = False, int8_rows: bool = False, one_launch: bool = False,
-                row_pdl: int = 0, rounded=None, row_tile: tuple | None = None) -> torch.Tensor:
+                row_pdl: int = 0, rounded=None) -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not a
         batch-invariant kernel; int8_x: there with x rounded to int8 (every kind but FP8);
         rounded: there x's row already rounded (a RoundedX in rounded_order(), which the kernel
@@ -118,10 +118,8 @@ class PackedLinear(nn.Module):
         one_launch: there a projection's two blocks in one launch (packed_row_gemv_blocks).
         int8_rows: the batch-invariant steps on packed_rows_gemv (kernel_for). prefill: how a
         longer step runs on the GPU (PREFILL_WAYS). row_pdl: the one-row kernel's PDL
-        (KernelOptions.packed_row_pdl). row_tile: there the tile of KernelOptions.packed_row_stream
-        (rows, step, bytes, split, warps, stages), on every block it fits (row_tile_given)."""
-        from engine.kernels.packed_gemv import (blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks,
-                                                row_tile_given)
+        (KernelOptions.packed_row_pdl)."""
+        from engine.kernels.packed_gemv import blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
         from engine.kernels.packed_rows import nibble_order, packed_rows_gemv, quantize_rows
 
         lead = x.shape[:-1]
@@ -134,8 +132,7 @@ class PackedLinear(nn.Module):
             def gemv(x, block, bias, out=None):
                 kernel = kernel_for(block, x.shape[0], one_row, int8_rows)
                 if kernel is packed_row_gemv:
-                    return kernel(x if rounded is None else rounded, block, bias, tile=row_tile_given(block, row_tile),
-                                  out=out, int8_x=int8_x, pdl=row_pdl)
+                    return kernel(x if rounded is None else rounded, block, bias, out=out, int8_x=int8_x, pdl=row_pdl)
                 if kernel is packed_rows_gemv:
                     order = nibble_order(block)
                     if order not in by_order:
@@ -147,13 +144,12 @@ class PackedLinear(nn.Module):
             blocks = self.blocks
             if len(blocks) == 1:
                 out = gemv(rows, blocks[0], self.bias)
-            elif one_launch and one_row and rows.shape[0] == 1 and blocks_fit_one_launch(blocks, row_tile):
+            elif one_launch and one_row and rows.shape[0] == 1 and blocks_fit_one_launch(blocks):
                 out = torch.empty((1, self.out_features), dtype=rows.dtype, device=rows.device)
                 cut = blocks[0].shape[0]
                 biases = [None, None] if self.bias is None else [self.bias[:cut], self.bias[cut:]]
                 packed_row_gemv_blocks(rows if rounded is None else rounded, blocks, biases,
-                                       [out[:, :cut], out[:, cut:]], int8_x=int8_x,
-                                       tiles=tuple(row_tile_given(b, row_tile) for b in blocks), pdl=row_pdl)
+                                       [out[:, :cut], out[:, cut:]], int8_x=int8_x, pdl=row_pdl)
             else:
                 out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
                 start = 0

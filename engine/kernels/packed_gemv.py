@@ -203,9 +203,6 @@ class RowTile:
     num_warps: int = 4
     num_stages: int = 3
     vec: int = 16  # bytes of packed weights a thread loads at once
-    # > 0: the K steps a loop that Triton pipelines this many steps deep (cp.async copies into
-    # shared memory), each share whole steps; 0: the steps unrolled, loads into registers
-    stream: int = 0
 
 
 def default_row_tile(n: int, k: int, group: int, per_word: int = 8) -> RowTile:
@@ -630,35 +627,24 @@ def _row_kernel():
                  HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                  SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, STREAM: tl.constexpr = 0,
-                 WAIT: tl.constexpr = 0):
+                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, WAIT: tl.constexpr = 0):
         """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
         below; packed_row_kernel2 runs two blocks of one projection in one launch). WAIT > 0: the
-        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads, or before a streamed loop."""
+        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads."""
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         acc = tl.zeros([WD, C, BLOCK_N], tl.float32)
-        if STREAM > 0:
-            if WAIT > 0:
-                pdl_wait(WAIT)
-            # a loop Triton pipelines: each step's loads copied into shared memory (cp.async) STREAM
-            # steps ahead, so a program keeps that many steps of weights in flight without
-            # holding them in registers (the share whole steps: RowTile.stream)
-            for kk in tl.range(0, K_PER_SPLIT, BLOCK_K, num_stages=STREAM):
-                acc = row_step(acc, kk, False, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr,
-                               ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH,
-                               ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG,
-                               PAIRED)
-        else:
-            # the steps unrolled: every load's address is then its base plus a constant
-            for kk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
-                acc = row_step(acc, kk, kk + BLOCK_K > K_PER_SPLIT, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr,
-                               s_ptr, o_ptr, su_ptr, ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH,
-                               ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG,
-                               PAIRED, WAIT if kk == 0 else 0)
+        # the steps unrolled, loads into registers: every load's address is then its base plus a
+        # constant (the steps as a loop that Triton pipelines through shared memory ran 0.14x-0.55x
+        # as fast on an H100: docs/performance.md)
+        for kk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
+            acc = row_step(acc, kk, kk + BLOCK_K > K_PER_SPLIT, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr,
+                           s_ptr, o_ptr, su_ptr, ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask,
+                           high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT,
+                           BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, WAIT if kk == 0 else 0)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -684,7 +670,7 @@ def _row_kernel():
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
                           UG: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1,
-                          STREAM: tl.constexpr = 0, EARLY_W: tl.constexpr = 0):
+                          EARLY_W: tl.constexpr = 0):
         # EARLY_W (with PDL): the first K step's weights loaded before the PDL wait, not only their
         # first lines requested into L2
         if PDL > 0:
@@ -693,7 +679,7 @@ def _row_kernel():
         row_body(tl.program_id(0), tl.program_id(1), x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
                  out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                  ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM, PDL if EARLY_W else 0)
+                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, PDL if EARLY_W else 0)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -714,8 +700,7 @@ def _row_kernel():
                            K_PER_SPLIT_b: tl.constexpr, BLOCK_N_b: tl.constexpr, BLOCK_K_b: tl.constexpr,
                            CHUNK_b: tl.constexpr, VEC_b: tl.constexpr, SG_b: tl.constexpr, UG_b: tl.constexpr,
                            PAIRED_b: tl.constexpr, TILES_A: tl.constexpr, PDL: tl.constexpr = 0,
-                           PF_LINES: tl.constexpr = 1, STREAM: tl.constexpr = 0, STREAM_b: tl.constexpr = 0,
-                           EARLY_W: tl.constexpr = 0):
+                           PF_LINES: tl.constexpr = 1, EARLY_W: tl.constexpr = 0):
         # Two blocks of one projection (a Q4_K_M file's Q4_K q and k and Q6_K v) in one launch:
         # programs 0 .. TILES_A - 1 take the first block's column tiles, the rest the second's,
         # each block with its own kind, tile and split of K (the grid's K axis is the larger split)
@@ -733,14 +718,14 @@ def _row_kernel():
                 row_body(pid, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
                          part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                          ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                         K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, STREAM, PDL if EARLY_W else 0)
+                         K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, PDL if EARLY_W else 0)
         else:
             if pid_k < SPLIT_K_b:
                 row_body(pid - TILES_A, pid_k, x_ptr, sx_ptr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, su_ptr_b, ou_ptr_b,
                          b_ptr_b, out_ptr_b, part_ptr_b, count_ptr_b, N_b, stride_q_b, stride_h_b, stride_s_b,
                          stride_u_b, low_mask_b, high_mask_b, ZERO_b, G_b, UNIT_b, HAS_OFFSET_b, HIGH_b,
                          ONE_BYTE_b, FP8_b, XQ_b, ASM, HAS_BIAS_b, X_KIND, SPLIT_K_b, K_PER_SPLIT_b, BLOCK_N_b,
-                         BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b, STREAM_b, PDL if EARLY_W else 0)
+                         BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b, PDL if EARLY_W else 0)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -814,37 +799,25 @@ def packed_row_gemv_blocks(x: torch.Tensor | RoundedX, blocks: list[GroupedWeigh
         **launch_a, **row_pdl_args(x.device, pdl))
 
 
-def blocks_fit_one_launch(blocks: list[GroupedWeight], given: tuple | None = None) -> bool:
-    """Two blocks the one-row kernel serves (row_kernel_fits) whose tiles (row_tile_given: the
-    default, or `given` where it fits) launch alike (warps and stages): packed_row_gemv_blocks
-    runs them in one launch."""
+def blocks_fit_one_launch(blocks: list[GroupedWeight]) -> bool:
+    """Two blocks the one-row kernel serves (row_kernel_fits) whose default tiles launch alike
+    (warps and stages): packed_row_gemv_blocks runs them in one launch."""
     if len(blocks) != 2 or not all(row_kernel_fits(b) for b in blocks):
         return False
-    a, b = (row_tile_given(w, given) or row_tile_for(w) for w in blocks)
+    a, b = (row_tile_for(w) for w in blocks)
     return (a.num_warps, a.num_stages) == (b.num_warps, b.num_stages)
 
 
 def row_tile_fits_weight(weight: GroupedWeight, tile: RowTile) -> bool:
     """Whether packed_row_gemv takes this tile for the weight (the conditions _row_args asserts):
     K whole shares of whole chunks, a chunk inside one group and whole words of weights and of
-    high bits; streamed, each share whole steps."""
+    high bits."""
     k = weight.shape[1]
     group = tile_group(k, weight.group)
     chunk = min(group, tile.block_k)
     high = HIGH_BITS.get(weight.kind, 0)
     return (k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0
-            and group % chunk == 0 and chunk % _per_word(weight.kind) == 0 and chunk * high % 32 == 0
-            and (not tile.stream or (k // tile.split_k) % tile.block_k == 0))
-
-
-def row_tile_given(weight: GroupedWeight, given: tuple | None) -> RowTile | None:
-    """The RowTile of a (rows, step, bytes a load, split, warps, stages) tuple (options.parse_row_tile)
-    where it fits the weight (row_tile_fits_weight), else None (the weight's default tile)."""
-    if given is None:
-        return None
-    rows, step, vec, split, warps, stages = given
-    tile = RowTile(rows, step, split_k=split, num_warps=warps, vec=vec, stream=stages)
-    return tile if row_tile_fits_weight(weight, tile) else None
+            and group % chunk == 0 and chunk % _per_word(weight.kind) == 0 and chunk * high % 32 == 0)
 
 
 def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None, tile: RowTile | None,
@@ -865,7 +838,6 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     # of weights, and of high bits
     assert k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0, (k, tile)
     assert group % chunk == 0 and chunk % per_word == 0 and chunk * high % 32 == 0, (weight.group, tile)
-    assert not tile.stream or (k // tile.split_k) % tile.block_k == 0, (k, tile)  # a loop of whole steps
     assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
     vec = min(max(1, tile.vec // 4), chunk // per_word)  # in words
@@ -878,8 +850,7 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
                 **_weight_args(weight), low_mask=((1 << (32 // per_word)) - 1) << low,
                 high_mask=((1 << high) - 1) << (low + 4), XQ=rounded or (int8_x and weight.kind in INT8_X_KINDS),
                 ASM=not triton_interpreting(), HAS_BIAS=bias is not None, X_KIND=x_kind, SPLIT_K=tile.split_k,
-                K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec,
-                STREAM=tile.stream)
+                K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec)
     return (tiles, tile.split_k), args, dict(num_warps=tile.num_warps,
                                              num_stages=1 if triton_interpreting() else tile.num_stages)
 

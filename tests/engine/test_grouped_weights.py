@@ -423,66 +423,18 @@ def test_packed_row_gemv_takes_x_rounded_before_the_launch(device, name, parts):
 
 # under the interpreter (slow) a kind of each family: nibbles with groups, paired k-quant factors,
 # high bits, int8, FP8, two parts; on the GPU every row case
-STREAM_CPU_CASES = ("awq g128", "gguf Q4_K", "gguf Q6_K", "gguf Q8_0", "fp8 per channel", "Q4_K q+k")
-
-
-@pytest.mark.parametrize("device", [CUDA, CPU])
-@pytest.mark.parametrize("name,parts", ROW_CASES, ids=[c[0] for c in ROW_CASES])
-def test_a_streamed_row_tile_gives_the_bits_of_its_unrolled_steps(device, name, parts):
-    """RowTile.stream: the same K steps as a loop that Triton pipelines (weights copied into
-    shared memory steps ahead) add the same sums in the same order as the steps unrolled, so every
-    output has the unrolled tile's bits: x in bf16, with int8 x and rounded before the launch, K
-    split or not, with a bias; the pipeline one stage and three deep on the GPU. A share that is
-    not whole steps is refused."""
-    from dataclasses import replace as tile_with
-    from engine.kernels.packed_gemv import packed_row_gemv, rounds_x, row_tile_for
-    from engine.kernels.rounded_x import round_x
-
-    if device == "cpu" and name not in STREAM_CPU_CASES:
-        pytest.skip("the interpreter runs a kind of each family")
-    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 needs compute capability 8.9")
-    g = from_packed(parts).to(device)
-    n, k = g.shape
-    gen = torch.Generator().manual_seed(n + k + 7)
-    x = torch.randn(1, k, generator=gen).to(device, torch.bfloat16)
-    bias = torch.randn(n, generator=gen).to(device, torch.bfloat16)
-    base = row_tile_for(g)
-    # a step that gives the loop two steps or more where K allows, else the default's
-    step = next((b for b in (base.block_k // 2, base.block_k // 4) if b >= 32 and k % b == 0
-                 and (b % g.group == 0 or g.group % b == 0) and k // b >= 2), base.block_k)
-    tiles = [tile_with(base, block_k=step, vec=min(base.vec, 8) if step < base.block_k else base.vec)]
-    if (k // 2) % step == 0 and k // 2 >= step:
-        tiles.append(tile_with(tiles[0], split_k=2))
-    runs = [(x, False, bias), (x, True, None)]
-    if rounds_x(g) is not None:
-        runs.append((round_x(x, rounds_x(g)), False, bias))
-    for tile in tiles:
-        for stages in ((1, 3) if device == "cuda" else (2,)):
-            for xv, int8_x, b in runs:
-                want = packed_row_gemv(xv, g, b, tile, int8_x=int8_x)
-                got = packed_row_gemv(xv, g, b, tile_with(tile, stream=stages), int8_x=int8_x)
-                assert torch.equal(got, want), (name, tile, stages, int8_x)
-    if k % base.block_k:  # the default's last step passes K's end: no loop of whole steps
-        with pytest.raises(AssertionError):
-            packed_row_gemv(x, g, None, tile_with(base, stream=2))
-
-
-def test_a_given_row_tile_serves_only_the_blocks_it_fits():
-    """row_tile_given: a (rows, step, bytes, split, warps, stages) tile becomes the block's RowTile
-    where its K is whole shares of whole chunks, streamed whole steps; elsewhere None (the
-    default tile), so one switch can name a tile for models of any shape."""
-    from engine.kernels.packed_gemv import RowTile, row_tile_given
+def test_a_row_tile_fits_a_weight_of_whole_chunks_a_share():
+    """row_tile_fits_weight (the tile sweeps of bench_packed.py): a tile serves a weight whose K is
+    whole shares of whole chunks, each chunk inside one group; a last step past K's end is fine."""
+    from engine.kernels.packed_gemv import RowTile, row_tile_fits_weight
 
     awq = from_packed([_int4("awq", 32, 384, 128)])  # K of 3 groups of 128
     q6 = from_packed([_gguf("Q6_K", 8, 768, 9)])
-    assert row_tile_given(awq, None) is None
-    assert row_tile_given(awq, (4, 128, 16, 1, 1, 2)) == RowTile(4, 128, num_warps=1, vec=16, stream=2)
-    assert row_tile_given(awq, (4, 256, 16, 1, 1, 2)) is None  # 384 is no whole number of steps of 256
-    assert row_tile_given(awq, (4, 256, 16, 1, 1, 0)) is not None  # unrolled, the last step past K's end
-    assert row_tile_given(awq, (4, 128, 16, 2, 1, 2)) is None  # shares of 192: no whole groups
-    assert row_tile_given(q6, (4, 256, 16, 3, 1, 2)) == RowTile(4, 256, split_k=3, num_warps=1, vec=16, stream=2)
-    assert row_tile_given(q6, (4, 512, 16, 1, 1, 2)) is None
+    assert row_tile_fits_weight(awq, RowTile(4, 128, num_warps=1))
+    assert row_tile_fits_weight(awq, RowTile(4, 256, num_warps=1))  # the last step past K's end
+    assert not row_tile_fits_weight(awq, RowTile(4, 128, split_k=2, num_warps=1))  # shares of 192
+    assert row_tile_fits_weight(q6, RowTile(4, 256, split_k=3, num_warps=1))
+    assert not row_tile_fits_weight(q6, RowTile(4, 256, split_k=5, num_warps=1))
 
 
 def test_default_row_tiles_fill_their_warps():
@@ -606,8 +558,8 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
 
     class Recording(PackedLinear):
         def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
-                    row_pdl=0, rounded=None, row_tile=None):
-            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl) + ((row_tile,) if row_tile else ()))
+                    row_pdl=0, rounded=None):
+            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
@@ -624,11 +576,7 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           (KernelOptions(packed_row_early_weights=False), (True, True, False, True, 2)),
                           (KernelOptions(packed_row_pdl=1, packed_row_early_weights=False), (True, True, False, True, 1)),
                           # no PDL anywhere: none for the row kernel either
-                          (KernelOptions(pdl=False), (True, True, False, True, 0)),
-                          # a streamed tile for qkv's role reaches the projection; down's does not
-                          (KernelOptions(packed_row_stream=(("qkv", (4, 1024, 16, 1, 1, 4)),
-                                                            ("down", (8, 2048, 8, 1, 4, 3)))),
-                           (True, True, False, True, 6, (4, 1024, 16, 1, 1, 4)))):
+                          (KernelOptions(pdl=False), (True, True, False, True, 0))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 

@@ -66,12 +66,6 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert default.packed_row_early_weights
     assert not KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS": "0"}).packed_row_early_weights
     assert default.row_stats == ()
-    # the one-row packed kernel's steps streamed on a given tile, by role: off by default
-    assert default.packed_row_stream == () and default.row_stream_tile("down") is None
-    streamed = KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_STREAM": "4x1024v16w1p4, down=8x2048v8s2p3"})
-    assert streamed.row_stream_tile("qkv") == (4, 1024, 16, 1, 1, 4)
-    assert streamed.row_stream_tile("down") == (8, 2048, 8, 2, 4, 3)
-    assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_STREAM": "gate_up=4x512v16p6"}).row_stream_tile("qkv") is None
     for value, want in {"none": (), "down": ("down",), "o_proj, down": ("o_proj", "down")}.items():
         assert KernelOptions.from_env({"LOCALCHAT_ROW_STATS": value}).row_stats == want
     alts = {"": None, "auto": "auto", "0": 0, "3": 3, "2,1": (2, 1), " 2, 1, 0 ": (2, 1, 0)}
@@ -96,10 +90,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_ROW_GEMV": "x"}, "use qkv .* or cublas"),
                                       ({"LOCALCHAT_SPEC_ALTS": "2,x"}, "LOCALCHAT_SPEC_ALTS='2,x'"),
                                       ({"LOCALCHAT_TREE_LOOKUP": "16"}, "LOCALCHAT_TREE_LOOKUP='16': use a count from 0 .off. to 15"),
-                                      ({"LOCALCHAT_TREE_LOOKUP": "-1"}, "LOCALCHAT_TREE_LOOKUP='-1': use a count from 0"),
-                                      ({"LOCALCHAT_PACKED_ROW_STREAM": "4x1024v16"}, "LOCALCHAT_PACKED_ROW_STREAM='4x1024v16': use"),
-                                      ({"LOCALCHAT_PACKED_ROW_STREAM": "4x1000v16p2"}, "LOCALCHAT_PACKED_ROW_STREAM='4x1000v16p2'"),
-                                      ({"LOCALCHAT_PACKED_ROW_STREAM": "lm_head=4x1024v16p2"}, "ROLE one of qkv, o_proj")])
+                                      ({"LOCALCHAT_TREE_LOOKUP": "-1"}, "LOCALCHAT_TREE_LOOKUP='-1': use a count from 0")])
 def test_a_bad_switch_is_one_line(env, says):
     with pytest.raises(UserError, match=says) as e:
         KernelOptions.from_env(env)

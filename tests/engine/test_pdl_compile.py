@@ -233,16 +233,14 @@ def test_kernel_compiles_for_sm90_with_and_without_pdl(index):
 
 @pytest.mark.parametrize("pdl", [1, 2])
 @pytest.mark.parametrize("two_blocks", [False, True])
-@pytest.mark.parametrize("stream", [0, 3])
 @pytest.mark.parametrize("early", [False, True])
-def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream, early):
+def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, early):
     """The one-row packed kernel with PDL (KernelOptions.packed_row_pdl): its weights' lines
     requested and then the wait before any load; the next kernel launched right after the wait
     (1) or after the last store (2); with PDL off, no grid-dependency instruction. AWQ's
-    constants (one block), or AWQ then Q4_K's paired factors (two blocks in one launch). With
-    the K steps streamed (RowTile.stream) every load is an asynchronous copy into shared memory,
-    the first after the wait too. Early (packed_row_early_weights, unrolled steps): the weights'
-    and factors' loads come before the wait and x's after it, the same loads in all."""
+    constants (one block), or AWQ then Q4_K's paired factors (two blocks in one launch). Early
+    (packed_row_early_weights): the weights' and factors' loads come before the wait and x's
+    after it, the same loads in all."""
     import engine.kernels.packed_gemv as packed_gemv
     import triton
     from triton.backends.compiler import GPUTarget
@@ -261,8 +259,6 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream, e
         fn = two
         consts.update({f"{k}_b": v for k, v in q4k.items() if k not in shared + ("PF_LINES",)}, TILES_A=8)
         types.update({f"{k[:-4]}_ptr_b": v for k, v in types.items()}, s_ptr_b="*u8", o_ptr_b="*u8")
-    steps = dict(BLOCK_K=1024, STREAM=stream) if stream else dict(STREAM=0)
-    consts.update(steps, **({f"{k}_b": v for k, v in steps.items()} if two_blocks else {}))
 
     def build(mode, early_w=False):
         c = dict(consts, PDL=mode, EARLY_W=int(early_w))
@@ -277,12 +273,12 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream, e
         if "ptxas" in str(e) or isinstance(e, ImportError):
             pytest.skip(f"Triton cannot compile for CUDA here: {e}")
         raise
-    load = "cp.async" if stream else "ld.global"
+    load = "ld.global"
 
     def entry(ptx):
         return ptx[ptx.index("{", ptx.index(".entry")):]
 
-    if early and not stream:
+    if early:
         late, body = entry(on.asm["ptx"]), entry(build(pdl, True).asm["ptx"])
         wait = body.find("griddepcontrol.wait")
         assert 0 <= body.find("prefetch.global.L2") < wait
@@ -297,8 +293,6 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, stream, e
         assert 0 < after < before, (before, after)
         assert body[wait:].count("ld.global.b16") == 0  # a 16-bit factor (AWQ's fp16 scales) before it
         return
-    if early:  # streamed: the wait before the loop, as without
-        on = build(pdl, True)
     ptx = on.asm["ptx"]
     body = entry(ptx)
     wait = body.find("griddepcontrol.wait")
