@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 import functools
 import os
-import re
 from typing import Mapping
 
 from engine.errors import UserError
