@@ -14,6 +14,7 @@ from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from engine.kernels.attention import MAX_INVARIANT_ROWS, MAX_TREE_ROWS, decode_attention, rope_decode_attention
 from engine.kernels.gemv import MAX_ROWS, gemv
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
+from engine.kernels.packed_gemv import RowPrologue
 from engine.kernels.pick import greedy_next
 from engine.kernels.rope import rope_and_cache
 from engine.layer_kernels import FusedLayerKernels, LayerKernels, RoundingLayerKernels
@@ -149,6 +150,9 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
     PackedLinear decodes its own weight (packed_gemv), from x's row already rounded where
     `rounded` comes (RoundingLayerKernels)."""
     if isinstance(linear, PackedLinear):
+        if isinstance(x, RowPrologue):
+            return linear.prologue_step(x, int8_x=options.packed_row_x == "int8", one_launch=options.packed_one_launch,
+                                        row_pdl=_row_pdl(options))
         return linear(x, one_row=options.packed_row and not options.batch_invariant, prefill=options.packed_prefill,
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
                       one_launch=options.packed_one_launch, row_pdl=_row_pdl(options),

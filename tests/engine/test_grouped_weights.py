@@ -421,6 +421,82 @@ def test_packed_row_gemv_takes_x_rounded_before_the_launch(device, name, parts):
         packed_row_gemv(round_x(x32.to(device, torch.bfloat16), not rounds_x(g)), g)
 
 
+# small models' shapes (K up to 2,048) of each family: nibbles with groups, paired k-quant factors,
+# high bits, int8, AWQ's zero points, two blocks in one launch
+PROLOGUE_CASES = [("gguf Q4_1 K576", [_gguf("Q4_1", 12, 576, 13)]), ("gguf Q4_K K512", [_gguf("Q4_K", 8, 512, 14)]),
+                  ("gguf Q6_K K768", [_gguf("Q6_K", 8, 768, 9)]), ("gguf Q8_0 K96", [_gguf("Q8_0", 8, 96, 10)]),
+                  ("awq g128 K384", [_int4("awq", 32, 384, 128)])]
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("name,parts", PROLOGUE_CASES, ids=[c[0] for c in PROLOGUE_CASES])
+def test_a_row_prologue_has_the_bits_of_the_launch_it_replaces(device, name, parts):
+    """A RowPrologue (a small model's norm or activation computed by every program of the
+    projection): the bits of add_rms_norm, or silu_and_mul, then the one-row kernel rounding that
+    bf16 row itself (int8_x), with a residual or none (the first layer, which stores nothing);
+    the stream stored is add_rms_norm's, bit for bit; other tiles too. On a GPU the 1 / rms sums
+    in another order than the norm's launch: within a rounding there."""
+    from engine.kernels.activation import silu_and_mul
+    from engine.kernels.norm import add_rms_norm
+    from engine.kernels.packed_gemv import RowPrologue, RowTile, norm_prologue, packed_row_gemv
+
+    g = from_packed(parts).to(device)
+    n, k = g.shape
+    gen = torch.Generator().manual_seed(n + k + 8)
+    x, residual, gate_up = (torch.randn(1, width, generator=gen).to(device, torch.bfloat16) for width in (k, k, 2 * k))
+    weight = (torch.rand(k, generator=gen) + 0.5).to(device, torch.bfloat16)
+    x[0, :32] = 0.0  # a vector of zeros once added: its scale stays finite
+    residual[0, :32] = 0.0
+
+    def same(got, want, what):
+        if device == "cpu":
+            assert torch.equal(got, want), (name, what)
+        else:
+            assert float((got.float() - want.float()).abs().max()) <= 2e-2 * float(want.float().abs().max()), what
+
+    for tile in (None, RowTile(4, 32, num_warps=1, vec=4)):
+        for res in (residual, None):
+            h, stream = add_rms_norm(x, res, weight, 1e-5)
+            pro = norm_prologue(x, res, weight, 1e-5)
+            got = packed_row_gemv(pro, g, None, tile, int8_x=True)
+            same(got, packed_row_gemv(h, g, None, tile, int8_x=True), ("norm", tile, res is None))
+            assert (pro.stream is None) == (res is None)
+            if res is not None:
+                assert torch.equal(pro.stream, stream), (name, tile)
+        got = packed_row_gemv(RowPrologue("act", gate_up), g, None, tile, int8_x=True)
+        assert torch.equal(got, packed_row_gemv(silu_and_mul(gate_up), g, None, tile, int8_x=True)), (name, tile)
+    with pytest.raises(AssertionError):  # x rounded by the program: int8_x only
+        packed_row_gemv(norm_prologue(x, residual, weight, 1e-5), g, None)
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+def test_a_row_prologue_runs_two_blocks_in_one_launch_and_only_small_models(device):
+    """A Q4_K_M-style projection (Q4_K q and k, Q6_K v) with its norm in the programs: one launch
+    of both blocks gives the bits of a launch each, and the stream; the prologues serve a hidden
+    size of at most PROLOGUE_MOST_HIDDEN (the norm's K, the activation's N), integer kinds only."""
+    from engine.kernels.norm import add_rms_norm
+    from engine.kernels.packed_gemv import (PROLOGUE_MOST_HIDDEN, norm_prologue, packed_row_gemv,
+                                            packed_row_gemv_blocks, row_prologue_fits)
+
+    a = from_packed([_gguf("Q4_K", 8, 768, 1), _gguf("Q4_K", 8, 768, 2)]).to(device)
+    b = from_packed([_gguf("Q6_K", 8, 768, 3)]).to(device)
+    gen = torch.Generator().manual_seed(3)
+    x, residual = (torch.randn(1, 768, generator=gen).to(device, torch.bfloat16) for _ in range(2))
+    weight = (torch.rand(768, generator=gen) + 0.5).to(device, torch.bfloat16)
+    pro = norm_prologue(x, residual, weight, 1e-6)
+    out = torch.full((1, 24), float("nan"), dtype=torch.bfloat16, device=device)
+    packed_row_gemv_blocks(pro, [a, b], [None, None], [out[:, :16], out[:, 16:]], int8_x=True)
+    assert torch.equal(pro.stream, add_rms_norm(x, residual, weight, 1e-6)[1])
+    assert torch.equal(out[:, :16], packed_row_gemv(pro, a, None, int8_x=True))
+    assert torch.equal(out[:, 16:], packed_row_gemv(pro, b, None, int8_x=True))
+    assert row_prologue_fits(a, "norm") and row_prologue_fits(a, "act")
+    wide = from_packed([_gguf("Q4_K", 8, 2 * PROLOGUE_MOST_HIDDEN, 4)])
+    tall = from_packed([_gguf("Q4_K", 2 * PROLOGUE_MOST_HIDDEN, 256, 5)])
+    assert not row_prologue_fits(wide, "norm") and row_prologue_fits(wide, "act")
+    assert row_prologue_fits(tall, "norm") and not row_prologue_fits(tall, "act")
+    assert not row_prologue_fits(from_packed([_fp8(16, 256, True)]), "norm")
+
+
 # under the interpreter (slow) a kind of each family: nibbles with groups, paired k-quant factors,
 # high bits, int8, FP8, two parts; on the GPU every row case
 def test_a_row_tile_fits_a_weight_of_whole_chunks_a_share():

@@ -45,6 +45,10 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                         "LOCALCHAT_TREE_LEVEL_SPLIT": "tree_level_split"}.items():
         assert getattr(default, field) is True and KernelOptions.from_env({name: "1"}) == default
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
+    # a small model's norm and activation inside its packed projections: off unless asked for
+    assert default.packed_row_prologue is False and KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PROLOGUE": "0"}) == default
+    assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PROLOGUE": "1"}) == dataclasses.replace(
+        default, packed_row_prologue=True)
     # not yet timed on a GPU: off unless asked for
     assert default.tree_select_blocks is False and KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "1"}) == dataclasses.replace(default,

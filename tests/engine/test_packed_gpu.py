@@ -140,6 +140,46 @@ def test_a_packed_one_row_step_takes_x_rounded_by_the_kernel_before(tmp_path, qt
     assert len(tokens(on)) == 48 and len(tokens(off)) == 48
 
 
+@pytest.mark.parametrize("qtype,hidden", [("Q4_1", 576), ("Q4_K", 2048), ("Q8_0", 512)])
+def test_a_small_packed_layer_runs_its_norms_and_activation_inside_the_projections(tmp_path, qtype, hidden):
+    """LOCALCHAT_PACKED_ROW_PROLOGUE=1, no draft loaded, a small model: qkv and gate_up compute
+    the norm before them and down the activation (packed_gemv.RowPrologue), with the stream the
+    norm's bit for bit and outputs within x's rounding of the launches apart; the engine decodes
+    its 48 tokens."""
+    from types import SimpleNamespace
+
+    from engine.engine import Engine
+    from engine.kernels import packed_gemv
+    from engine.options import KernelOptions
+    from tests.tiny_gguf import make_tiny_gguf
+
+    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=hidden)
+    on = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True, packed_row_prologue=True))
+    off = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True))
+    step = SimpleNamespace(is_packed=False, slot_map=None)
+    layer_on, layer_off = on.runner.model.model.layers[1], off.runner.model.model.layers[1]
+    assert layer_on.self_attn.qkv_proj.takes_prologue("norm") and layer_on.mlp.down_proj.takes_prologue("act")
+    x, residual = (torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kernels_on = layer_on.ops.layer_kernels(x, step, False, True)
+    kernels_off = layer_off.ops.layer_kernels(x, step, False, True)
+    launched = []
+    real = packed_gemv.packed_row_gemv
+    packed_gemv.packed_row_gemv = lambda x, *a, **k: launched.append(type(x).__name__) or real(x, *a, **k)
+    try:
+        got, stream = kernels_on.norm_linear(x, residual, layer_on.input_layernorm, layer_on.self_attn.qkv_proj, "qkv")
+        got_mlp, _ = kernels_on.mlp(x, residual, layer_on.post_attention_layernorm, layer_on.mlp)
+    finally:
+        packed_gemv.packed_row_gemv = real
+    assert "RowPrologue" in launched
+    want, want_stream = kernels_off.norm_linear(x, residual, layer_off.input_layernorm, layer_off.self_attn.qkv_proj,
+                                                "qkv")
+    assert torch.equal(stream, want_stream)
+    assert float((got.float() - want.float()).abs().max()) <= 3e-2 * float(want.float().abs().max())
+    want, _ = kernels_off.mlp(x, residual, layer_off.post_attention_layernorm, layer_off.mlp)
+    assert float((got_mlp.float() - want.float()).abs().max()) <= 3e-2 * float(want.float().abs().max())
+    assert len(tokens(on)) == 48
+
+
 _CT_GROUP = {"targets": ["Linear"], "input_activations": None}
 # Safetensors layouts at hidden 2,048 (K long enough for the one-row kernel): (packer, its
 # options, quantization_config, the label the engine reports)
