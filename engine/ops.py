@@ -105,6 +105,17 @@ class Ops:
             return self.rope_attention
         return None
 
+    def rounds_for(self, linear: torch.nn.Module, num_rows: int) -> bool | None:
+        """The word order in which the kernel before `linear` hands it x rounded to int8
+        (rounded_x.RoundedX), or None: a quantized projection whose every block takes it, in a
+        one-row step with no draft loaded on the one-row kernel with int8 x
+        (KernelOptions.packed_rounded_x), on the GPU kernels."""
+        o = self.options
+        if (self.fused_row is None or num_rows != 1 or not isinstance(linear, PackedLinear) or not o.packed_rounded_x
+                or not o.packed_rounded_o or not o.packed_row or o.packed_row_x != "int8" or o.batch_invariant):
+            return None
+        return linear.rounded_order()
+
     def layer_kernels(self, x: torch.Tensor, batch, each_row: bool = False, packed: bool = False) -> LayerKernels:
         """The kernels a decoder layer runs on x (T, H) for `batch`: the one place that picks
         fused norm/activation + projection launches (CUDA with Triton, bf16, a decode or verify
@@ -184,13 +195,14 @@ def attention(options: KernelOptions, q, k_cache, v_cache, positions, scale, own
 
 
 def rope_attention(options: KernelOptions, q, k, v, cos_sin, positions, k_cache, v_cache, scale,
-                   slots=None, slot_map=None, map_base=None) -> torch.Tensor:
+                   slots=None, slot_map=None, map_base=None, round_for=None):
     """rope_decode_attention (one row, a verify step's rows, or a draft tree's rows read through a
-    slot map), on the tiles attention() picks, so with the bits of rope_and_cache then attention()."""
+    slot map), on the tiles attention() picks, so with the bits of rope_and_cache then attention().
+    round_for (Ops.rounds_for): (out, out rounded for o_proj)."""
     invariant, per_token = _tiles(options, q.shape[0], slot_map is not None)
     return rope_decode_attention(q, k, v, cos_sin, positions, k_cache, v_cache, scale, invariant=invariant,
                                  slots=slots, pdl=options.pdl, per_token=per_token, share_sms=options.share_sms,
-                                 slot_map=slot_map, map_base=map_base)
+                                 slot_map=slot_map, map_base=map_base, round_for=round_for)
 
 
 def _has_triton() -> bool:

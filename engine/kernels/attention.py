@@ -19,8 +19,9 @@ import torch.nn.functional as F
 
 from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 from engine.kernels.gemv import MAX_TREE_ROWS
+from engine.kernels.rounded_x import empty_rounded
 
-triton = tl = kv_block = attend_block = rotate = None  # bound by _kernels(): Triton is imported on first use only
+triton = tl = kv_block = attend_block = rotate = round_vectors = None  # bound by _kernels(): Triton is imported on first use only
 
 
 def _split_size(max_seq_len: int) -> int:
@@ -53,13 +54,15 @@ def _check(q, k_cache, v_cache, positions) -> None:
 
 @functools.cache
 def _kernels():
-    global triton, tl, kv_block, attend_block, rotate  # module globals: split_kernel calls the helpers by name
+    global triton, tl, kv_block, attend_block, rotate, round_vectors  # module globals: the kernels call the helpers by name
     import triton
     import triton.language as tl
 
     from engine.kernels.rope import rotate_helper
+    from engine.kernels.rounded_x import round_helper
 
     rotate = rotate_helper()
+    round_vectors = round_helper()
 
     @triton.jit
     def kv_block(k_ptr, v_ptr, n0, end, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -288,11 +291,13 @@ def _kernels():
 
     @triton.jit
     def reduce_kernel(
-        part_o_ptr, part_lse_ptr, pos_ptr, out_ptr,
+        part_o_ptr, part_lse_ptr, pos_ptr, out_ptr, words_ptr, scales_ptr,
         num_splits, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr, ROUND: tl.constexpr = 0,
     ):
+        # ROUND (one row): the output also rounded to int8 for o_proj (rounded_x.RoundedX; 1: the
+        # nibbles' word order, 2: int8's), each head's HEAD_DIM / 32 vectors by its program
         t = tl.program_id(0)
         head = tl.program_id(1)
         num_heads = tl.num_programs(1)
@@ -326,11 +331,16 @@ def _kernels():
             l = l * alpha + tl.sum(w, axis=0)
             acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
             m = m_new
-        out = acc / l
-        tl.store(
-            out_ptr + t * stride_ot + head * stride_oh + offs_d,
-            out.to(out_ptr.dtype.element_ty), mask=d_ok,
-        )
+        out = (acc / l).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + t * stride_ot + head * stride_oh + offs_d, out, mask=d_ok)
+        if ROUND > 0:
+            y = tl.where(d_ok, out.to(tl.float32), 0.0)
+            words, scales, _ = round_vectors(tl.reshape(y, (BLOCK_D // 32, 32)), BLOCK_D // 32, ROUND == 1)
+            i = tl.arange(0, BLOCK_D // 32)
+            v = head * (HEAD_DIM // 32) + i
+            v_ok = i < HEAD_DIM // 32
+            tl.store(words_ptr + v[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=v_ok[:, None])
+            tl.store(scales_ptr + v, scales, mask=v_ok)
 
     return split_kernel, reduce_kernel
 
@@ -353,7 +363,8 @@ def decode_attention(
     slot_map: torch.Tensor | None = None,
     map_base: torch.Tensor | None = None,
     share_sms: bool = True,
-) -> torch.Tensor:
+    round_for: bool | None = None,
+):
     """Causal-by-position GQA attention, (T, Hq, D) in q's dtype, fp32 accumulation.
 
     own_slots (T,): where row t's own key and value are, in place of cache row positions[t]
@@ -380,10 +391,14 @@ def decode_attention(
 
     share_sms (per_token, T > 1): the rows share about two waves of programs
     (_split_programs) instead of each taking the one-row step's count; the same bits.
+
+    round_for (one row; D a multiple of 32): returns (out, its row rounded to int8 for the
+    projection after it, a rounded_x.RoundedX in that word order), the rounding in the merge's
+    launch.
     """
     _check(q, k_cache, v_cache, positions)
     return _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, None, pdl, per_token,
-                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms)
+                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms, round_for)
 
 
 def rope_decode_attention(
@@ -402,7 +417,8 @@ def rope_decode_attention(
     share_sms: bool = True,
     slot_map: torch.Tensor | None = None,
     map_base: torch.Tensor | None = None,
-) -> torch.Tensor:
+    round_for: bool | None = None,
+):
     """rope_and_cache then decode_attention for a decode row or a verify step's T <=
     MAX_INVARIANT_ROWS rows (a draft tree's, MAX_TREE_ROWS), with the same bits, one launch fewer:
     the split kernel rotates q and the keys itself, writes the keys and values into the cache (at
@@ -421,7 +437,7 @@ def rope_decode_attention(
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert cos_sin_cache.shape[1] == q.shape[2] and q.shape[2] % 2 == 0
     return _launch(q, k_cache, v_cache, positions, scale, invariant, slots, (k, v, cos_sin_cache), pdl, per_token,
-                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms)
+                   _mapping(q, invariant, per_token, slot_map, map_base), share_sms, round_for)
 
 
 def _mapping(q: torch.Tensor, invariant: bool, per_token: bool, slot_map: torch.Tensor | None,
@@ -436,7 +452,8 @@ def _mapping(q: torch.Tensor, invariant: bool, per_token: bool, slot_map: torch.
 
 
 def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, pdl_on,
-            per_token: bool = False, mapping: tuple | None = None, share_sms: bool = True) -> torch.Tensor:
+            per_token: bool = False, mapping: tuple | None = None, share_sms: bool = True,
+            round_for: bool | None = None):
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     split_kernel, reduce_kernel = _kernels()
     num_rows, num_heads, head_dim = q.shape
@@ -475,14 +492,20 @@ def _launch(q, k_cache, v_cache, positions, scale, invariant, own_slots, rope, p
         num_stages=1 if dot_f32 else 2,  # fp32 tiles x 3 stages overflow shared memory
         **pdl,
     )
+    rounded = None
+    words = scales = out  # unused without rounding
+    if round_for is not None:
+        assert num_rows == 1 and head_dim % 32 == 0 and block_d >= 32, (num_rows, head_dim)
+        rounded = empty_rounded(num_heads * head_dim, round_for, q.dtype, q.device)
+        words, scales = rounded.words, rounded.scales
     reduce_kernel[(num_rows, num_heads)](
-        part_o, part_lse, positions, out,
+        part_o, part_lse, positions, out, words, scales,
         num_splits, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLIT_SIZE=split_size,
         BLOCK_S=min(64, next_pow2(num_splits)), BLOCK_D=block_d,
-        num_warps=4, **pdl,
+        num_warps=4, **pdl, ROUND=0 if round_for is None else (1 if round_for else 2),
     )
-    return out
+    return out if round_for is None else (out, rounded)
 
 
 def _visible(positions: torch.Tensor, own_slots: torch.Tensor | None, num_slots: int,

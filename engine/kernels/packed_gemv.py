@@ -967,7 +967,7 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     low = 23 - bits
     x_kind = 3 if rounded else {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
     args = dict(sx_ptr=x.scales if rounded else _x_arg(x), b_ptr=bias if bias is not None else out, out_ptr=out,
-                **_prologue_args(pro, out),
+                **_prologue_args(pro, _x_arg(x)),
                 part_ptr=part, count_ptr=counters, N=n,
                 **_weight_args(weight), low_mask=((1 << (32 // per_word)) - 1) << low,
                 high_mask=((1 << high) - 1) << (low + 4), XQ=rounded or (int8_x and weight.kind in INT8_X_KINDS),
@@ -977,13 +977,14 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
                                              num_stages=1 if triton_interpreting() else tile.num_stages)
 
 
-def _prologue_args(pro: RowPrologue | None, out: torch.Tensor) -> dict:
-    """The row kernel's prologue arguments (row_body's PRO and what it reads; stand-ins without one)."""
+def _prologue_args(pro: RowPrologue | None, x_arg: torch.Tensor) -> dict:
+    """The row kernel's prologue arguments (row_body's PRO and what it reads; without one, x's
+    tensor as the stand-in, the same for both blocks of packed_row_gemv_blocks)."""
     if pro is None:
-        return dict(r_ptr=out, nw_ptr=out, st_ptr=out, eps=0.0, PRO=0, HAS_RES=0, KP2=1)
+        return dict(r_ptr=x_arg, nw_ptr=x_arg, st_ptr=x_arg, eps=0.0, PRO=0, HAS_RES=0, KP2=1)
     k = pro.shape[1]
     if pro.kind == "act":
-        return dict(r_ptr=pro.x[:, k:], nw_ptr=out, st_ptr=out, eps=0.0, PRO=2, HAS_RES=0, KP2=1)
+        return dict(r_ptr=pro.x[:, k:], nw_ptr=x_arg, st_ptr=x_arg, eps=0.0, PRO=2, HAS_RES=0, KP2=1)
     assert pro.kind == "norm", pro.kind
     has_res = pro.residual is not None
     return dict(r_ptr=pro.residual if has_res else pro.x, nw_ptr=pro.weight, st_ptr=pro.stream if has_res else pro.x,

@@ -387,6 +387,36 @@ def test_rope_decode_attention_equals_rope_then_attention(device, dtype, shape, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(9, 3, 64, 300), (32, 8, 128, 1100), (4, 4, 96, 64)])
+@pytest.mark.parametrize("order", [True, False])
+def test_one_row_attention_hands_over_its_output_rounded(device, shape, order):
+    """round_for: the one-row step's attention also rounds its output for o_proj in the merge's
+    launch: the same output and caches as without, and the words and scales round_x gives that
+    row, bit for bit (head sizes 64, 128 and 96, whose last vector of each 128-wide tile lies past
+    the head); decode_attention alike."""
+    from engine.kernels.rounded_x import round_x
+
+    num_heads, num_kv_heads, head_dim, max_seq_len = shape
+    dtype = torch.bfloat16
+    gen = torch.Generator().manual_seed(sum(shape))
+    q, k, v, cos_sin, caches = _rope_case(device, dtype, num_heads, num_kv_heads, head_dim, max_seq_len, gen)
+    positions = torch.tensor([max_seq_len // 2], device=device)
+    k_a, v_a = caches[0].clone(), caches[1].clone()
+    k_b, v_b = caches[0].clone(), caches[1].clone()
+    scale = head_dim ** -0.5
+    want = rope_decode_attention(q, k, v, cos_sin, positions, k_a, v_a, scale)
+    got, rounded = rope_decode_attention(q, k, v, cos_sin, positions, k_b, v_b, scale, round_for=order)
+    assert torch.equal(got, want) and torch.equal(k_b, k_a) and torch.equal(v_b, v_a)
+    expect = round_x(got.reshape(1, -1), order)
+    assert rounded.shape == (1, num_heads * head_dim) and rounded.nibble_order == order
+    assert torch.equal(rounded.words, expect.words) and torch.equal(rounded.scales, expect.scales)
+    plain, rounded = decode_attention(q, k_a, v_a, positions, scale, round_for=order)
+    assert torch.equal(plain, decode_attention(q, k_a, v_a, positions, scale))
+    expect = round_x(plain.reshape(1, -1), order)
+    assert torch.equal(rounded.words, expect.words) and torch.equal(rounded.scales, expect.scales)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(9, 3, 64, 300), (8, 2, 128, 1100)])
 @pytest.mark.parametrize("rows", ["2", "6_across_a_split", "16_at_the_end", "6_with_alternatives"])
 @pytest.mark.parametrize("invariant", [True, "per_token"])

@@ -49,6 +49,9 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     assert default.packed_row_prologue is False and KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PROLOGUE": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PROLOGUE": "1"}) == dataclasses.replace(
         default, packed_row_prologue=True)
+    assert default.packed_rounded_o is False and KernelOptions.from_env({"LOCALCHAT_PACKED_ROUNDED_O": "0"}) == default
+    assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROUNDED_O": "1"}) == dataclasses.replace(default,
+                                                                                          packed_rounded_o=True)
     # not yet timed on a GPU: off unless asked for
     assert default.tree_select_blocks is False and KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "1"}) == dataclasses.replace(default,

@@ -111,7 +111,8 @@ def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype
 def test_a_packed_one_row_step_takes_x_rounded_by_the_kernel_before(tmp_path, qtype):
     """No draft loaded: a quantized layer's one-row step runs RoundingLayerKernels, whose norm
     and activation hand qkv, gate_up and down their row rounded to int8 (nibble and int8 word
-    orders), within x's rounding of the set where each program rounds x itself; with
+    orders), as the attention hands o_proj its row, within x's rounding of the set where each
+    program rounds x itself; with
     LOCALCHAT_PACKED_ROUNDED_X=0 the plain set; the engine decodes its 48 tokens either way."""
     from types import SimpleNamespace
 
@@ -121,7 +122,7 @@ def test_a_packed_one_row_step_takes_x_rounded_by_the_kernel_before(tmp_path, qt
     from tests.tiny_gguf import make_tiny_gguf
 
     path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=2048)
-    on = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True))
+    on = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True, packed_rounded_o=True))
     off = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True, packed_rounded_x=False))
     step = SimpleNamespace(is_packed=False, slot_map=None)
     layer_on, layer_off = on.runner.model.model.layers[1], off.runner.model.model.layers[1]
@@ -130,6 +131,11 @@ def test_a_packed_one_row_step_takes_x_rounded_by_the_kernel_before(tmp_path, qt
     plain = layer_off.ops.layer_kernels(x, step, False, True)
     assert isinstance(rounding, RoundingLayerKernels) and not isinstance(plain, RoundingLayerKernels)
     assert layer_on.mlp.down_proj.rounded_order() == (qtype != "Q8_0")
+    # o_proj's row comes rounded from the attention's merge launch (LOCALCHAT_PACKED_ROUNDED_O=1);
+    # not with the switches off, nor for several rows
+    assert layer_on.ops.rounds_for(layer_on.self_attn.o_proj, 1) == (qtype != "Q8_0")
+    assert layer_off.ops.rounds_for(layer_off.self_attn.o_proj, 1) is None
+    assert layer_on.ops.rounds_for(layer_on.self_attn.o_proj, 2) is None
     got, stream = rounding.norm_linear(x, residual, layer_on.input_layernorm, layer_on.self_attn.qkv_proj, "qkv")
     want, want_stream = plain.norm_linear(x, residual, layer_off.input_layernorm, layer_off.self_attn.qkv_proj, "qkv")
     assert torch.equal(stream, want_stream)

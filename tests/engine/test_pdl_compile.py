@@ -31,7 +31,7 @@ _SELECT_POINTERS = {**_TREE_POINTERS, "depths_ptr": "*i64", "root_ptr": "*i64", 
 FLOATS = {"eps", "eps_a", "eps_b", "qk_scale"}
 # Kernels that read what no kernel of the step writes just before them (positions, tables)
 # before their PDL wait.
-READ_EARLY = {"rope_and_cache", "attention reduce trigger first"}
+READ_EARLY = {"rope_and_cache", "attention reduce trigger first", "attention reduce rounded trigger first"}
 
 
 def _kernels():
@@ -99,7 +99,9 @@ def _kernels():
         ("attention split rope tree row", split, dict(GROUP=3, HEAD_DIM=64, SPLIT_SIZE=64, BLOCK_M=16, BLOCK_N=64,
                                                       BLOCK_D=64, DOT_F32=False, EARLY_KV=False, FUSE_ROPE=True,
                                                       PER_TOKEN=True, MAP_W=8, ROPE_ROWS=1), 4),
-        ("attention reduce trigger first", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64), 4),
+        ("attention reduce trigger first", reduce, dict(HEAD_DIM=64, SPLIT_SIZE=256, BLOCK_S=16, BLOCK_D=64, ROUND=0), 4),
+        ("attention reduce rounded trigger first", reduce,
+         dict(HEAD_DIM=128, SPLIT_SIZE=64, BLOCK_S=16, BLOCK_D=128, ROUND=1), 4),
         ("gemv rms_norm M=1", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8), 4),
         ("gemv rms_norm M=1 one pass", row_kernel, dict(row_base, PROLOGUE=1, BLOCK_N=8, NORM_MODE=1, K_POW2=4096), 4),
         ("gemv gated M=1", row_kernel,
@@ -198,7 +200,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 56  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 57  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
