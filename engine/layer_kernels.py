@@ -223,34 +223,21 @@ class RoundingLayerKernels(LayerKernels):
 
     def norm_linear(self, x, residual, norm, linear, role):
         from engine.kernels.norm import add_rms_norm_rounded
-        from engine.kernels.packed_gemv import norm_prologue
 
         order = _order(linear)
         if order is None or isinstance(x, (Normed, Scaled)) or x.shape[0] != 1:
             return super().norm_linear(x, residual, norm, linear, role)
-        if self._prologue(linear, "norm", x):
-            # the norm inside the projection's programs (a small model: KernelOptions.packed_row_prologue)
-            pro = norm_prologue(x, residual, norm.weight, norm.eps)
-            return self.project(pro, linear, role), x if residual is None else pro.stream
         h, stream, rounded = add_rms_norm_rounded(x, residual, norm.weight, norm.eps, order, pdl=self.options.pdl)
         return self.project(h, linear, role, rounded=rounded), stream
 
     def mlp_down(self, gate_up, mlp):
         from engine.kernels.activation import silu_and_mul_rounded
-        from engine.kernels.packed_gemv import RowPrologue
 
         order = _order(mlp.down_proj)
         if order is None or gate_up.shape[0] != 1:
             return super().mlp_down(gate_up, mlp)
-        if self._prologue(mlp.down_proj, "act", gate_up):
-            return self.project(RowPrologue("act", gate_up), mlp.down_proj, "down")
         act, rounded = silu_and_mul_rounded(gate_up, order, pdl=self.options.pdl)
         return self.project(act, mlp.down_proj, "down", rounded=rounded)
-
-    def _prologue(self, linear, kind: str, x: torch.Tensor) -> bool:
-        """Whether this projection computes its own x (packed_gemv.RowPrologue of `kind`)."""
-        return (self.options.packed_row_prologue and x.dtype == torch.bfloat16 and x.stride(1) == 1
-                and linear.takes_prologue(kind))
 
 
 def _order(linear) -> bool | None:

@@ -14,7 +14,6 @@ from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from engine.kernels.attention import MAX_INVARIANT_ROWS, MAX_TREE_ROWS, decode_attention, rope_decode_attention
 from engine.kernels.gemv import MAX_ROWS, gemv
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
-from engine.kernels.packed_gemv import RowPrologue
 from engine.kernels.pick import greedy_next
 from engine.kernels.rope import rope_and_cache
 from engine.layer_kernels import FusedLayerKernels, LayerKernels, RoundingLayerKernels
@@ -109,7 +108,7 @@ class Ops:
         """The word order in which the kernel before `linear` hands it x rounded to int8
         (rounded_x.RoundedX), or None: a quantized projection whose every block takes it, in a
         one-row step with no draft loaded on the one-row kernel with int8 x
-        (KernelOptions.packed_rounded_x), on the GPU kernels."""
+        (KernelOptions.packed_rounded_x and packed_rounded_o), on the GPU kernels."""
         o = self.options
         if (self.fused_row is None or num_rows != 1 or not isinstance(linear, PackedLinear) or not o.packed_rounded_x
                 or not o.packed_rounded_o or not o.packed_row or o.packed_row_x != "int8" or o.batch_invariant):
@@ -161,9 +160,6 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
     PackedLinear decodes its own weight (packed_gemv), from x's row already rounded where
     `rounded` comes (RoundingLayerKernels)."""
     if isinstance(linear, PackedLinear):
-        if isinstance(x, RowPrologue):
-            return linear.prologue_step(x, int8_x=options.packed_row_x == "int8", one_launch=options.packed_one_launch,
-                                        row_pdl=_row_pdl(options))
         return linear(x, one_row=options.packed_row and not options.batch_invariant, prefill=options.packed_prefill,
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
                       one_launch=options.packed_one_launch, row_pdl=_row_pdl(options),

@@ -117,15 +117,11 @@ class KernelOptions:
     # an H100: Q4_K_M 411.3 against 400.2 tok/s, AWQ 418.5 against 417.2 (docs/performance.md).
     # LOCALCHAT_PACKED_ROUNDED_X=0: each program rounds x itself.
     packed_rounded_x: bool = True
-    # There, o_proj's row rounded to int8 by the attention's merge launch (each program's head),
-    # as the norms and the activation hand theirs on, where it otherwise rounds its own x in every
-    # program. 8B on an H100: 1.00x. LOCALCHAT_PACKED_ROUNDED_O=1: on.
-    packed_rounded_o: bool = False
-    # There, in a small model (hidden size at most packed_gemv.PROLOGUE_MOST_HIDDEN), qkv and
-    # gate_up compute the norm before them and down the activation before it in every program
-    # (packed_gemv.RowPrologue): three launches a layer fewer, each program loading the bf16 row
-    # it rounds. LOCALCHAT_PACKED_ROW_PROLOGUE=1: on.
-    packed_row_prologue: bool = False
+    # There, o_proj's row rounded to int8 by the attention's merge launch too (a program a head),
+    # where o_proj's programs would each round it again. The demo's shape (Q4_1) on an H100:
+    # 1,818.2 and 1,816.4 tok/s against 1,633.8 and 1,633.6; the 8B and 1B shapes 1.00x
+    # (docs/performance.md). LOCALCHAT_PACKED_ROUNDED_O=0: o_proj rounds its own x.
+    packed_rounded_o: bool = True
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -280,8 +276,7 @@ class KernelOptions:
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
             packed_row_early_weights=_flag(env, "LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS"),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
-            packed_row_prologue=_flag(env, "LOCALCHAT_PACKED_ROW_PROLOGUE", default=False),
-            packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O", default=False),
+            packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

@@ -105,35 +105,6 @@ class PackedLinear(nn.Module):
             self._rounded_order = orders.pop() if fits and self.in_features % 32 == 0 else None
         return self._rounded_order
 
-    def takes_prologue(self, kind: str) -> bool:
-        """Whether a one-row step of this projection can compute its own x (packed_gemv.RowPrologue
-        of `kind`: "norm" or "act") on the one-row kernel with int8 x: every block
-        row_prologue_fits, in one word order."""
-        from engine.kernels.packed_gemv import row_prologue_fits
-
-        return self.rounded_order() is not None and all(row_prologue_fits(b, kind) for b in self.blocks)
-
-    def prologue_step(self, x, int8_x: bool, one_launch: bool, row_pdl: int) -> torch.Tensor:
-        """A one-row step whose x every program computes (x a packed_gemv.RowPrologue, where
-        takes_prologue): the blocks' launches each store the same stream, as the norm would."""
-        from engine.kernels.packed_gemv import blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
-
-        assert int8_x and self.takes_prologue(x.kind) and x.shape == (1, self.in_features)
-        blocks = self.blocks
-        out = torch.empty((1, self.out_features), dtype=x.dtype, device=x.device)
-        if len(blocks) == 2 and one_launch and blocks_fit_one_launch(blocks):
-            cut = blocks[0].shape[0]
-            biases = [None, None] if self.bias is None else [self.bias[:cut], self.bias[cut:]]
-            packed_row_gemv_blocks(x, blocks, biases, [out[:, :cut], out[:, cut:]], int8_x=True, pdl=row_pdl)
-            return out
-        start = 0
-        for b in blocks:
-            stop = start + b.shape[0]
-            packed_row_gemv(x, b, None if self.bias is None else self.bias[start:stop], out=out[:, start:stop],
-                            int8_x=True, pdl=row_pdl)
-            start = stop
-        return out
-
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.cat([dequantize_grouped(b).to(dtype) for b in self.blocks])
 

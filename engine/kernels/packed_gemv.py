@@ -293,7 +293,7 @@ def row_kernel_wide(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_wait, pdl_enter, bf16_words, norm_words, act_words, tl
+    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_wait, pdl_enter, tl
     import triton
     import triton.language as tl
 
@@ -312,37 +312,6 @@ def _row_kernel():
             xe = (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
             xo = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         return xe, xo
-
-    @triton.jit
-    def bf16_words(ye, yo):
-        """Two float32 values that bf16 holds exactly, as one word of a bf16 pair (x_pair's X_KIND 0)."""
-        return ((ye.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (yo.to(tl.int32, bitcast=True) & -65536)
-
-    @triton.jit
-    def norm_words(xs, xw, r_ptr, nw_ptr, inv_rms, HAS_RES: tl.constexpr):
-        """bf16 words of x at word offsets xw -> the same words of norm(x + residual), each value
-        rounded where add_rms_norm rounds it (the sum, the normed value, its product by the weight)."""
-        xe, xo = x_pair(xs, xs, 0)
-        if HAS_RES:
-            rs = tl.load(r_ptr.to(tl.pointer_type(tl.int32)) + xw)
-            re, ro = x_pair(rs, rs, 0)
-            xe = (xe + re).to(tl.bfloat16).to(tl.float32)
-            xo = (xo + ro).to(tl.bfloat16).to(tl.float32)
-        ws = tl.load(nw_ptr.to(tl.pointer_type(tl.int32)) + xw)
-        we, wo = x_pair(ws, ws, 0)
-        ye = ((xe * inv_rms).to(tl.bfloat16).to(tl.float32) * we).to(tl.bfloat16).to(tl.float32)
-        yo = ((xo * inv_rms).to(tl.bfloat16).to(tl.float32) * wo).to(tl.bfloat16).to(tl.float32)
-        return bf16_words(ye, yo)
-
-    @triton.jit
-    def act_words(gs, us):
-        """bf16 words of gate and of up -> the words of silu(gate) * up, rounded where silu_and_mul
-        rounds (silu, then the product)."""
-        ge, go = x_pair(gs, gs, 0)
-        ue, uo = x_pair(us, us, 0)
-        ye = ((ge * tl.sigmoid(ge)).to(tl.bfloat16).to(tl.float32) * ue).to(tl.bfloat16).to(tl.float32)
-        yo = ((go * tl.sigmoid(go)).to(tl.bfloat16).to(tl.float32) * uo).to(tl.bfloat16).to(tl.float32)
-        return bf16_words(ye, yo)
 
     @triton.jit
     def spread2(h):
@@ -406,7 +375,7 @@ def _row_kernel():
                  ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
                  X_KIND: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr,
-                 r_ptr, nw_ptr, inv_rms, PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr = 0):
+                 WAIT: tl.constexpr = 0):
         """One K step (kk: its first input past the share's; PARTIAL: the step passes the share's end)
         of row_body's program: acc plus the step's sums. WAIT > 0: the PDL wait (pdl_wait) comes
         after the step's weights are requested and before x is."""
@@ -538,10 +507,6 @@ def _row_kernel():
             # x's words of each weight word (16 or 8 bytes), split into its pairs
             xw = (kc4 // 2 + (EPW // 2) * word4)[:, :, :, :, None] + t5
             xs = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + xw)
-            if PRO == 1:  # norm(x + residual), as add_rms_norm rounds it
-                xs = norm_words(xs, xw, r_ptr, nw_ptr, inv_rms, HAS_RES)
-            elif PRO == 2:  # silu(gate) * up, as silu_and_mul rounds it: x holds [gate | up]
-                xs = act_words(xs, tl.load(r_ptr.to(tl.pointer_type(tl.int32)) + xw))  # r_ptr: up's first input
             if EPW == 8:
                 x02, x13 = tl.split(tl.reshape(xs, (WD, C, 1, VEC, 2, 2)))
             else:
@@ -662,32 +627,16 @@ def _row_kernel():
                  HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                  SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, r_ptr, nw_ptr, st_ptr, eps,
-                 PRO: tl.constexpr, HAS_RES: tl.constexpr, KP2: tl.constexpr, WAIT: tl.constexpr = 0):
+                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, WAIT: tl.constexpr = 0):
         """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
         below; packed_row_kernel2 runs two blocks of one projection in one launch). WAIT > 0: the
-        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads.
-        PRO (a small model's prologue, row_prologue): 1, x is the sublayer's output and the program
-        computes norm(x + r) itself (its 1 / rms from the whole row, KP2 a power of two >= K; the
-        first program stores x + r at st_ptr); 2, x is [gate | up] (r_ptr at up) and the program
-        computes silu(gate) * up. Either way then rounded to int8 as a bf16 x is (XQ)."""
+        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads."""
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         acc = tl.zeros([WD, C, BLOCK_N], tl.float32)
-        inv_rms = eps
-        K: tl.constexpr = K_PER_SPLIT * SPLIT_K
-        if PRO == 1:  # the whole row's 1 / rms, as add_rms_norm takes it (the sum rounded to bf16 first)
-            offs = tl.arange(0, KP2)
-            ok = offs < K
-            h = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-            if HAS_RES:
-                h = (h + tl.load(r_ptr + offs, mask=ok, other=0.0).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
-                if pid_n == 0 and pid_k == 0:
-                    tl.store(st_ptr + offs, h.to(st_ptr.dtype.element_ty), mask=ok)
-            inv_rms = tl.rsqrt(tl.sum(h * h, axis=0) / K + eps)
         # the steps unrolled, loads into registers: every load's address is then its base plus a
         # constant (the steps as a loop that Triton pipelines through shared memory ran 0.14x-0.55x
         # as fast on an H100: docs/performance.md)
@@ -695,8 +644,7 @@ def _row_kernel():
             acc = row_step(acc, kk, kk + BLOCK_K > K_PER_SPLIT, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr,
                            s_ptr, o_ptr, su_ptr, ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask,
                            high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT,
-                           BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, r_ptr, nw_ptr, inv_rms, PRO, HAS_RES,
-                           WAIT if kk == 0 else 0)
+                           BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, WAIT if kk == 0 else 0)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -715,15 +663,14 @@ def _row_kernel():
 
     @triton.jit
     def packed_row_kernel(x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
-                          count_ptr, r_ptr, nw_ptr, st_ptr, eps, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
+                          count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                           ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
                           HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
                           ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                           SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr,
                           UG: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1,
-                          EARLY_W: tl.constexpr = 0, PRO: tl.constexpr = 0, HAS_RES: tl.constexpr = 0,
-                          KP2: tl.constexpr = 1):
+                          EARLY_W: tl.constexpr = 0):
         # EARLY_W (with PDL): the first K step's weights loaded before the PDL wait, not only their
         # first lines requested into L2
         if PDL > 0:
@@ -732,14 +679,13 @@ def _row_kernel():
         row_body(tl.program_id(0), tl.program_id(1), x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
                  out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                  ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, r_ptr, nw_ptr, st_ptr, eps, PRO, HAS_RES,
-                 KP2, PDL if EARLY_W else 0)
+                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, PDL if EARLY_W else 0)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
     def packed_row_kernel2(x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
-                           count_ptr, r_ptr, nw_ptr, st_ptr, eps, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
+                           count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                            ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
                            HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
                            ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
@@ -754,8 +700,7 @@ def _row_kernel():
                            K_PER_SPLIT_b: tl.constexpr, BLOCK_N_b: tl.constexpr, BLOCK_K_b: tl.constexpr,
                            CHUNK_b: tl.constexpr, VEC_b: tl.constexpr, SG_b: tl.constexpr, UG_b: tl.constexpr,
                            PAIRED_b: tl.constexpr, TILES_A: tl.constexpr, PDL: tl.constexpr = 0,
-                           PF_LINES: tl.constexpr = 1, EARLY_W: tl.constexpr = 0, PRO: tl.constexpr = 0,
-                           HAS_RES: tl.constexpr = 0, KP2: tl.constexpr = 1):
+                           PF_LINES: tl.constexpr = 1, EARLY_W: tl.constexpr = 0):
         # Two blocks of one projection (a Q4_K_M file's Q4_K q and k and Q6_K v) in one launch:
         # programs 0 .. TILES_A - 1 take the first block's column tiles, the rest the second's,
         # each block with its own kind, tile and split of K (the grid's K axis is the larger split)
@@ -773,73 +718,18 @@ def _row_kernel():
                 row_body(pid, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr,
                          part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                          ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                         K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, r_ptr, nw_ptr, st_ptr, eps, PRO,
-                         HAS_RES, KP2, PDL if EARLY_W else 0)
+                         K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, PDL if EARLY_W else 0)
         else:
             if pid_k < SPLIT_K_b:
                 row_body(pid - TILES_A, pid_k, x_ptr, sx_ptr, q_ptr_b, qh_ptr_b, s_ptr_b, o_ptr_b, su_ptr_b, ou_ptr_b,
                          b_ptr_b, out_ptr_b, part_ptr_b, count_ptr_b, N_b, stride_q_b, stride_h_b, stride_s_b,
                          stride_u_b, low_mask_b, high_mask_b, ZERO_b, G_b, UNIT_b, HAS_OFFSET_b, HIGH_b,
                          ONE_BYTE_b, FP8_b, XQ_b, ASM, HAS_BIAS_b, X_KIND, SPLIT_K_b, K_PER_SPLIT_b, BLOCK_N_b,
-                         BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b, r_ptr, nw_ptr, st_ptr, eps, PRO, HAS_RES,
-                         KP2, PDL if EARLY_W else 0)
+                         BLOCK_K_b, CHUNK_b, VEC_b, SG_b, UG_b, PAIRED_b, PDL if EARLY_W else 0)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
     return packed_row_kernel, packed_row_kernel2
-
-
-@dataclass(frozen=True)
-class RowPrologue:
-    """The x of a one-row launch that every program computes itself from what the launch before it
-    would have read, so that a small model's layer runs fewer launches (row_prologue_fits):
-    "norm", x = RMSNorm(x + residual) with `weight` and `eps`, as add_rms_norm rounds it, the
-    first program storing x + residual in `stream`; "act", x = silu(gate) * up of x = [gate |
-    up] (1, 2K), as silu_and_mul rounds it. Then rounded to int8 by each program, as a bf16 x."""
-    kind: str  # "norm" or "act"
-    x: torch.Tensor  # (1, K) bf16: the sublayer's output; or (1, 2K) [gate | up]
-    residual: torch.Tensor | None = None  # (1, K), None for the first layer (no add, nothing stored)
-    weight: torch.Tensor | None = None  # the norm's (K,)
-    eps: float = 0.0
-    stream: torch.Tensor | None = None  # (1, K): x + residual, written by the launch
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        k = self.x.shape[1]
-        return (1, k // 2 if self.kind == "act" else k)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.x.device
-
-
-# The largest hidden size at which the prologues run: a program's whole-row norm loads x and the
-# residual (4 bytes an input), and the activation's gate and up are 4 bytes an input where a
-# rounded x is one, which only a model bound by its launches, not its bytes, can spare
-PROLOGUE_MOST_HIDDEN = 2048
-
-
-def row_prologue_fits(weight: GroupedWeight, kind: str) -> bool:
-    """Whether a one-row launch of this weight can compute its own x (RowPrologue of `kind`): an
-    integer kind on the one-row kernel (x rounded to int8 by the program), K whole vectors of 32,
-    and a small model's hidden size (at most PROLOGUE_MOST_HIDDEN): the norm's K, the
-    activation's down projection's N."""
-    n, k = weight.shape
-    return (weight.kind in INT8_X_KINDS and row_kernel_fits(weight) and k % 32 == 0
-            and (n if kind == "act" else k) <= PROLOGUE_MOST_HIDDEN)
-
-
-def norm_prologue(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> RowPrologue:
-    """A "norm" RowPrologue of one bf16 row, with the stream tensor its launch fills (x itself
-    where there is no residual)."""
-    assert x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.stride(1) == 1 and weight.shape == (x.shape[1],)
-    assert residual is None or (residual.shape == x.shape and residual.stride(1) == 1)
-    stream = None if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
-    return RowPrologue("norm", x, residual, weight.contiguous(), float(eps), stream)
 
 
 def rounds_x(weight: GroupedWeight) -> bool | None:
@@ -863,19 +753,12 @@ def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: tor
     if out is None:
         out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
-    _row_kernel()[0][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, _pdl_for(x, pdl)))
+    _row_kernel()[0][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, pdl))
     return out
 
 
-def _x_arg(x: torch.Tensor | RoundedX | RowPrologue) -> torch.Tensor:
-    if isinstance(x, RowPrologue):
-        return x.x
+def _x_arg(x: torch.Tensor | RoundedX) -> torch.Tensor:
     return x.words if isinstance(x, RoundedX) else x
-
-
-def _pdl_for(x, pdl: int) -> int:
-    """A RowPrologue's launch waits before its first loads: its 1 / rms needs the whole row first."""
-    return pdl & ~ROW_PDL_EARLY_W if isinstance(x, RowPrologue) else pdl
 
 
 ROW_PDL_EARLY_W = 4  # a bit of row_pdl_args' pdl: the first K step's weights loaded before the wait
@@ -909,11 +792,11 @@ def packed_row_gemv_blocks(x: torch.Tensor | RoundedX, blocks: list[GroupedWeigh
         # the first's
         assert grid_a[0] + grid_b[0] <= _MAX_TILES
         args_b["count_ptr"] = args_b["count_ptr"][grid_a[0]:]
-    shared = ("ASM", "X_KIND", "sx_ptr", "r_ptr", "nw_ptr", "st_ptr", "eps", "PRO", "HAS_RES", "KP2")
+    shared = ("ASM", "X_KIND", "sx_ptr")
     assert all(args_a[k] is args_b[k] or args_a[k] == args_b[k] for k in shared)
     _row_kernel()[1][(grid_a[0] + grid_b[0], max(grid_a[1], grid_b[1]))](
         _x_arg(x), **args_a, **{f"{k}_b": v for k, v in args_b.items() if k not in shared}, TILES_A=grid_a[0],
-        **launch_a, **row_pdl_args(x.device, _pdl_for(x, pdl)))
+        **launch_a, **row_pdl_args(x.device, pdl))
 
 
 def blocks_fit_one_launch(blocks: list[GroupedWeight]) -> bool:
@@ -944,11 +827,7 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     m, k = x.shape
     n = weight.shape[0]
     rounded = isinstance(x, RoundedX)
-    pro = x if isinstance(x, RowPrologue) else None
-    if pro is not None:
-        assert int8_x and row_prologue_fits(weight, pro.kind) and pro.x.dtype == torch.bfloat16, pro.kind
-        assert pro.x.stride(1) == 1 and pro.x.data_ptr() % 4 == 0
-    assert m == 1 and k == weight.shape[1] and (rounded or pro is not None or x.stride(1) == 1)
+    assert m == 1 and k == weight.shape[1] and (rounded or x.stride(1) == 1)
     assert not rounded or rounds_x(weight) == x.nibble_order, (KIND_NAMES[weight.kind], x.nibble_order)
     per_word = _per_word(weight.kind)
     group = tile_group(k, weight.group)
@@ -966,8 +845,7 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     bits = 8 if per_word == 4 else 4 + high
     low = 23 - bits
     x_kind = 3 if rounded else {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]
-    args = dict(sx_ptr=x.scales if rounded else _x_arg(x), b_ptr=bias if bias is not None else out, out_ptr=out,
-                **_prologue_args(pro, _x_arg(x)),
+    args = dict(sx_ptr=x.scales if rounded else x, b_ptr=bias if bias is not None else out, out_ptr=out,
                 part_ptr=part, count_ptr=counters, N=n,
                 **_weight_args(weight), low_mask=((1 << (32 // per_word)) - 1) << low,
                 high_mask=((1 << high) - 1) << (low + 4), XQ=rounded or (int8_x and weight.kind in INT8_X_KINDS),
@@ -975,20 +853,6 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
                 K_PER_SPLIT=k // tile.split_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, CHUNK=chunk, VEC=vec)
     return (tiles, tile.split_k), args, dict(num_warps=tile.num_warps,
                                              num_stages=1 if triton_interpreting() else tile.num_stages)
-
-
-def _prologue_args(pro: RowPrologue | None, x_arg: torch.Tensor) -> dict:
-    """The row kernel's prologue arguments (row_body's PRO and what it reads; without one, x's
-    tensor as the stand-in, the same for both blocks of packed_row_gemv_blocks)."""
-    if pro is None:
-        return dict(r_ptr=x_arg, nw_ptr=x_arg, st_ptr=x_arg, eps=0.0, PRO=0, HAS_RES=0, KP2=1)
-    k = pro.shape[1]
-    if pro.kind == "act":
-        return dict(r_ptr=pro.x[:, k:], nw_ptr=x_arg, st_ptr=x_arg, eps=0.0, PRO=2, HAS_RES=0, KP2=1)
-    assert pro.kind == "norm", pro.kind
-    has_res = pro.residual is not None
-    return dict(r_ptr=pro.residual if has_res else pro.x, nw_ptr=pro.weight, st_ptr=pro.stream if has_res else pro.x,
-                eps=pro.eps, PRO=1, HAS_RES=int(has_res), KP2=1 << max(0, (k - 1).bit_length()))
 
 
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,

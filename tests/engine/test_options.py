@@ -22,7 +22,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                 "LOCALCHAT_LEAN_DRAFT": "lean_draft", "LOCALCHAT_TOKEN_ATTENTION": "token_attention",
                 "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats",
                 "LOCALCHAT_PACKED_ROW": "packed_row", "LOCALCHAT_SHARE_SMS": "share_sms",
-                "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch", "LOCALCHAT_PACKED_ROUNDED_X": "packed_rounded_x"}
+                "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch", "LOCALCHAT_PACKED_ROUNDED_X": "packed_rounded_x",
+                "LOCALCHAT_PACKED_ROUNDED_O": "packed_rounded_o"}
     for name, field in switches.items():
         assert getattr(default, field) is True
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
@@ -45,13 +46,6 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                         "LOCALCHAT_TREE_LEVEL_SPLIT": "tree_level_split"}.items():
         assert getattr(default, field) is True and KernelOptions.from_env({name: "1"}) == default
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
-    # a small model's norm and activation inside its packed projections: off unless asked for
-    assert default.packed_row_prologue is False and KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PROLOGUE": "0"}) == default
-    assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PROLOGUE": "1"}) == dataclasses.replace(
-        default, packed_row_prologue=True)
-    assert default.packed_rounded_o is False and KernelOptions.from_env({"LOCALCHAT_PACKED_ROUNDED_O": "0"}) == default
-    assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROUNDED_O": "1"}) == dataclasses.replace(default,
-                                                                                          packed_rounded_o=True)
     # not yet timed on a GPU: off unless asked for
     assert default.tree_select_blocks is False and KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_TREE_SELECT_BLOCKS": "1"}) == dataclasses.replace(default,

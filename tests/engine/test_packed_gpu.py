@@ -111,18 +111,20 @@ def test_a_packed_target_without_a_draft_runs_its_faster_kernels(tmp_path, qtype
 def test_a_packed_one_row_step_takes_x_rounded_by_the_kernel_before(tmp_path, qtype):
     """No draft loaded: a quantized layer's one-row step runs RoundingLayerKernels, whose norm
     and activation hand qkv, gate_up and down their row rounded to int8 (nibble and int8 word
-    orders), as the attention hands o_proj its row, within x's rounding of the set where each
-    program rounds x itself; with
-    LOCALCHAT_PACKED_ROUNDED_X=0 the plain set; the engine decodes its 48 tokens either way."""
+    orders), as the attention's merge hands o_proj its row, within x's rounding of the set where
+    each program rounds x itself; with LOCALCHAT_PACKED_ROUNDED_X=0 the plain set (and with
+    LOCALCHAT_PACKED_ROUNDED_O=0 o_proj rounds its own); the engine decodes its 48 tokens either way."""
+    import dataclasses
     from types import SimpleNamespace
 
     from engine.engine import Engine
     from engine.layer_kernels import RoundingLayerKernels
+    from engine.ops import Ops
     from engine.options import KernelOptions
     from tests.tiny_gguf import make_tiny_gguf
 
     path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=2048)
-    on = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True, packed_rounded_o=True))
+    on = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True))
     off = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True, packed_rounded_x=False))
     step = SimpleNamespace(is_packed=False, slot_map=None)
     layer_on, layer_off = on.runner.model.model.layers[1], off.runner.model.model.layers[1]
@@ -131,11 +133,13 @@ def test_a_packed_one_row_step_takes_x_rounded_by_the_kernel_before(tmp_path, qt
     plain = layer_off.ops.layer_kernels(x, step, False, True)
     assert isinstance(rounding, RoundingLayerKernels) and not isinstance(plain, RoundingLayerKernels)
     assert layer_on.mlp.down_proj.rounded_order() == (qtype != "Q8_0")
-    # o_proj's row comes rounded from the attention's merge launch (LOCALCHAT_PACKED_ROUNDED_O=1);
-    # not with the switches off, nor for several rows
+    # o_proj's row comes rounded from the attention's merge launch; not with the switches off, nor
+    # for several rows
     assert layer_on.ops.rounds_for(layer_on.self_attn.o_proj, 1) == (qtype != "Q8_0")
     assert layer_off.ops.rounds_for(layer_off.self_attn.o_proj, 1) is None
     assert layer_on.ops.rounds_for(layer_on.self_attn.o_proj, 2) is None
+    own = Ops.for_device(torch.device("cuda"), dataclasses.replace(layer_on.ops.options, packed_rounded_o=False))
+    assert own.rounds_for(layer_on.self_attn.o_proj, 1) is None
     got, stream = rounding.norm_linear(x, residual, layer_on.input_layernorm, layer_on.self_attn.qkv_proj, "qkv")
     want, want_stream = plain.norm_linear(x, residual, layer_off.input_layernorm, layer_off.self_attn.qkv_proj, "qkv")
     assert torch.equal(stream, want_stream)
@@ -144,46 +148,6 @@ def test_a_packed_one_row_step_takes_x_rounded_by_the_kernel_before(tmp_path, qt
     want, _ = plain.mlp(x, residual, layer_off.post_attention_layernorm, layer_off.mlp)
     assert float((got.float() - want.float()).abs().max()) <= 3e-2 * float(want.float().abs().max())
     assert len(tokens(on)) == 48 and len(tokens(off)) == 48
-
-
-@pytest.mark.parametrize("qtype,hidden", [("Q4_1", 576), ("Q4_K", 2048), ("Q8_0", 512)])
-def test_a_small_packed_layer_runs_its_norms_and_activation_inside_the_projections(tmp_path, qtype, hidden):
-    """LOCALCHAT_PACKED_ROW_PROLOGUE=1, no draft loaded, a small model: qkv and gate_up compute
-    the norm before them and down the activation (packed_gemv.RowPrologue), with the stream the
-    norm's bit for bit and outputs within x's rounding of the launches apart; the engine decodes
-    its 48 tokens."""
-    from types import SimpleNamespace
-
-    from engine.engine import Engine
-    from engine.kernels import packed_gemv
-    from engine.options import KernelOptions
-    from tests.tiny_gguf import make_tiny_gguf
-
-    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=hidden)
-    on = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True, packed_row_prologue=True))
-    off = Engine.load(str(path), device="cuda", options=KernelOptions(packed_weights=True))
-    step = SimpleNamespace(is_packed=False, slot_map=None)
-    layer_on, layer_off = on.runner.model.model.layers[1], off.runner.model.model.layers[1]
-    assert layer_on.self_attn.qkv_proj.takes_prologue("norm") and layer_on.mlp.down_proj.takes_prologue("act")
-    x, residual = (torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kernels_on = layer_on.ops.layer_kernels(x, step, False, True)
-    kernels_off = layer_off.ops.layer_kernels(x, step, False, True)
-    launched = []
-    real = packed_gemv.packed_row_gemv
-    packed_gemv.packed_row_gemv = lambda x, *a, **k: launched.append(type(x).__name__) or real(x, *a, **k)
-    try:
-        got, stream = kernels_on.norm_linear(x, residual, layer_on.input_layernorm, layer_on.self_attn.qkv_proj, "qkv")
-        got_mlp, _ = kernels_on.mlp(x, residual, layer_on.post_attention_layernorm, layer_on.mlp)
-    finally:
-        packed_gemv.packed_row_gemv = real
-    assert "RowPrologue" in launched
-    want, want_stream = kernels_off.norm_linear(x, residual, layer_off.input_layernorm, layer_off.self_attn.qkv_proj,
-                                                "qkv")
-    assert torch.equal(stream, want_stream)
-    assert float((got.float() - want.float()).abs().max()) <= 3e-2 * float(want.float().abs().max())
-    want, _ = kernels_off.mlp(x, residual, layer_off.post_attention_layernorm, layer_off.mlp)
-    assert float((got_mlp.float() - want.float()).abs().max()) <= 3e-2 * float(want.float().abs().max())
-    assert len(tokens(on)) == 48
 
 
 _CT_GROUP = {"targets": ["Linear"], "input_activations": None}

@@ -262,11 +262,8 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, early):
         consts.update({f"{k}_b": v for k, v in q4k.items() if k not in shared + ("PF_LINES",)}, TILES_A=8)
         types.update({f"{k[:-4]}_ptr_b": v for k, v in types.items()}, s_ptr_b="*u8", o_ptr_b="*u8")
 
-    types["eps"] = "fp32"
-    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
-
     def build(mode, early_w=False):
-        c = dict(defaults, **consts, PDL=mode, EARLY_W=int(early_w))
+        c = dict(consts, PDL=mode, EARLY_W=int(early_w))
         sig = {name: "constexpr" if name in c else types.get(name, "*bf16" if name.endswith("_ptr") or "_ptr_" in name
                                                              else "i32") for name in fn.arg_names}
         return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c), target=GPUTarget("cuda", 90, 32),
