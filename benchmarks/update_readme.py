@@ -32,6 +32,10 @@ TREE_SHALLOW_24 = ("python benchmarks/tree_shapes.py --model demo --prompts 24 -
 PACKED = "localchat bench --random-weights llama-8b --random-quant Q4_K_M --no-spec --prompts 2 --new-tokens 128 --no-peer"
 QWEN = ("localchat bench --random-weights benchmarks/configs/qwen2.5-7b.json --random-quant Q4_K_M --no-spec "
         "--prompts 2 --new-tokens 128 --no-peer")
+SMALL_1B = ("localchat bench --random-weights benchmarks/configs/llama-3.2-1b.json --random-quant Q4_K_M --no-spec "
+            "--prompts 2 --new-tokens 256 --no-peer")
+SMALL_DEMO = ("localchat bench --random-weights benchmarks/configs/smollm2-135m.json --random-quant Q4_1 --no-spec "
+              "--prompts 4 --new-tokens 256 --no-peer")
 UNSEEN = "localchat bench --model demo --prompts-file benchmarks/prompts/unseen_requests.txt --new-tokens 384 --no-peer"
 
 # (kind, label, command, file): what each row reads is in row() below.
@@ -128,6 +132,11 @@ ROWS = (
      "h200_qwen7b_packed_Q4_K_M_int8x.json, h200_qwen7b_bf16_int8x_session.json"),
     ("packed_short", "the same packed as AWQ 4-bit (group 128)", "the same with `--random-quant AWQ`",
      "h200_qwen7b_packed_AWQ_int8x.json, h200_qwen7b_bf16_int8x_session.json"),
+    ("packed_short", "H100, Llama-3.2-1B shape (width 2,048), random weights packed as Q4_K_M, no draft loaded",
+     f"`{SMALL_1B}` (and without `--random-quant`)", "h100_1b_packed_Q4_K_M.json, h100_1b_bf16.json"),
+    ("packed_short", "H100, the demo's shape (SmolLM2-135M, widths 576 and 1,536) packed as Q4_1, no draft loaded "
+     "(the demo itself loads as bf16 by default)", f"`{SMALL_DEMO}` (and without `--random-quant`)",
+     "h100_demo_shape_packed_Q4_1.json, h100_demo_shape_bf16.json, h100_demo_shape_packed_Q4_1_own_o.json"),
     ("prefill", "the same Q4_K_M file's prefill of 512-token prompts, each weight tile decoded inside the matmul",
      "the same with `--new-tokens 32`, `LOCALCHAT_PACKED_PREFILL=torch` for the slices",
      "h200_8b_prefill_Q4_K_M_fused.json, h200_8b_prefill_Q4_K_M_torch.json, h200_8b_bf16_row_session.json"),
@@ -183,6 +192,8 @@ def row(kind: str, label: str, command: str, name: str) -> str:
                     else "FP8 per output channel, same call" if "_packed_FP8_" in files[2]
                     else "x rounded in every program (`LOCALCHAT_PACKED_ROUNDED_X=0`), same call"
                     if "rounded_x0" in files[2]
+                    else "o_proj rounding its own x (`LOCALCHAT_PACKED_ROUNDED_O=0`), same call"
+                    if "own_o" in files[2]
                     else "the batch-invariant kernel")
             versus += f"; {what}: {off:.0f} tok/s ({tok / off:.2f}x)"
     elif kind == "prefill":  # packed_matmul against the torch slices (same machine), bf16 from a run beside

@@ -71,8 +71,10 @@ class Attention(nn.Module):
         if self.ops.rope_and_cache is not None and batch.visible is None:
             fused = self.ops.one_row_attention(T, mapped=batch.slot_map is not None)
         if fused is not None:
-            # a quantized o_proj may take its row rounded to int8 by the attention's last launch
-            order = self.ops.rounds_for(self.o_proj, T) if project is None and batch.slot_map is None else None
+            # a quantized o_proj may take its row rounded to int8 by the attention's last launch (a
+            # program a head rounds its head's vectors of 32)
+            order = (self.ops.rounds_for(self.o_proj, T)
+                     if project is None and batch.slot_map is None and self.head_dim % 32 == 0 else None)
             o = fused(q, k, v, cos_sin_table, batch.positions, k_cache, v_cache, self.scale, batch.slots,
                       slot_map=batch.slot_map, map_base=batch.map_base,
                       **({} if order is None else {"round_for": order}))
