@@ -21,7 +21,8 @@ from engine.kernels import next_pow2, num_sms, pdl_args, triton_interpreting
 from engine.kernels.gemv import MAX_TREE_ROWS
 from engine.kernels.rounded_x import empty_rounded
 
-triton = tl = kv_block = attend_block = rotate = round_vectors = None  # bound by _kernels(): Triton is imported on first use only
+# bound by _kernels(): Triton is imported on first use only
+triton = tl = kv_block = attend_block = rotate = round_vectors = None
 
 
 def _split_size(max_seq_len: int) -> int:
@@ -54,7 +55,8 @@ def _check(q, k_cache, v_cache, positions) -> None:
 
 @functools.cache
 def _kernels():
-    global triton, tl, kv_block, attend_block, rotate, round_vectors  # module globals: the kernels call the helpers by name
+    # module globals: the kernels call the helpers by name
+    global triton, tl, kv_block, attend_block, rotate, round_vectors
     import triton
     import triton.language as tl
 
