@@ -1,4 +1,4 @@
-"""Packed (quantized) GEMV against bf16, per projection of the Llama-3.1-8B shape, on the GPU.
+"""Packed (quantized) GEMV against bf16, per projection of the Llama-3.1-8B shape (or a config.json's), on the GPU.
 
 For each layout (harness/random_packed.py: random blocks laid out as a file lays them, through
 the GroupedWeight conversion a load runs) and each of the 8B's four layer projections, times
@@ -8,9 +8,15 @@ its own bytes (weights + scales + offsets) against the measured copy bandwidth, 
 kernel of an engine with no draft (packed_row_gemv), for the 4-bit kinds also with x rounded to
 int8 (int8_x). --sweep also tries other tiles at one row, for all three; --int8-x-sweep for the
 last alone. Last, a layer's four projections summed: what a decode step's GEMVs cost per layer
-in each format.
+in each format. bf16's batch-invariant tile is timed too, at 1 and 16 rows, beside packed_gemv
+(both what a step with a draft loaded runs).
+
+--config takes the projections of a config.json's layer instead (a small model's: the demo's
+benchmarks/configs/smollm2-135m.json), and --sweep then also tries packed_gemv's tiles for a
+short K (small_sweep: steps that divide K, any split of them up to 16, narrower column tiles).
 
     python benchmarks/bench_packed.py --out packed.json [--sweep | --int8-x-sweep] [--layouts Q4_K_M,AWQ]
+    python benchmarks/bench_packed.py --config benchmarks/configs/smollm2-135m.json --layouts Q4_1 --sweep --out ...
 """
 
 from __future__ import annotations
@@ -60,10 +66,40 @@ XQ_SWEEP = [RowTile(*c) for c in [
 ]]
 
 
-def blocks_for(layout: str, role: str, device, gen):
-    n, k = SHAPES[role]
+def model_shapes(config: dict | None) -> tuple[dict, dict]:
+    """(shapes, parts) of a layer's four projections as SHAPES and PARTS hold the 8B's: a
+    config.json's (q, k and v of its heads; gate and up of its intermediate size), None the 8B's."""
+    if config is None:
+        return SHAPES, PARTS
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    inter = config["intermediate_size"]
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return ({"qkv": (q + 2 * kv, hidden), "o_proj": (hidden, q), "gate_up": (2 * inter, hidden), "down": (hidden, inter)},
+            {"qkv": [q, kv, kv], "o_proj": [hidden], "gate_up": [inter, inter], "down": [hidden]})
+
+
+def small_sweep(k: int, group: int) -> list[PackedTile]:
+    """packed_gemv tiles for a short K (a small model's): steps of 32 to 128 inputs that divide K
+    and fit the groups, K split in any count of shares up to 16 that divides the steps, 16 to 64
+    columns a program, 2 or 4 warps."""
+    tiles = []
+    for block_k in (32, 64, 128):
+        if k % block_k or (block_k % group and group % block_k):
+            continue
+        steps = k // block_k
+        for split in (s for s in range(1, 17) if steps % s == 0):
+            for block_n in (16, 32, 64):
+                for warps in (2, 4):
+                    tiles.append(PackedTile(block_n, block_k, split, warps))
+    return tiles
+
+
+def blocks_for(layout: str, role: str, device, gen, shapes: dict | None = None, parts_of: dict | None = None):
+    n, k = (shapes or SHAPES)[role]
     parts = []
-    for index, rows in enumerate(PARTS[role]):
+    for index, rows in enumerate((parts_of or PARTS)[role]):
         if layout == "AWQ":
             parts.append(random_awq(rows, k, device, gen))
         elif layout == "FP8":
@@ -103,13 +139,14 @@ def row_tile_fits(tile, k, blocks) -> bool:
     return all(row_tile_fits_weight(b, tile) for b in blocks)
 
 
-def weight_copies(layout: str, role: str, device, gen) -> tuple[list, int]:
+def weight_copies(layout: str, role: str, device, gen, shapes: dict | None = None,
+                  parts_of: dict | None = None) -> tuple[list, int]:
     """Copies of a projection's blocks whose bytes together pass 512 MB (larger than L2, so a
     timed loop over them reads from memory), and the bytes of one."""
-    blocks = blocks_for(layout, role, device, gen)
+    blocks = blocks_for(layout, role, device, gen, shapes, parts_of)
     nbytes = sum(b.nbytes for b in blocks)
     copies = max(1, (512 << 20) // nbytes + 1)
-    return [blocks] + [blocks_for(layout, role, device, gen) for _ in range(copies - 1)], nbytes
+    return [blocks] + [blocks_for(layout, role, device, gen, shapes, parts_of) for _ in range(copies - 1)], nbytes
 
 
 def main() -> None:
@@ -121,34 +158,39 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--max-seconds", type=float, default=240)
+    ap.add_argument("--config", type=Path, default=None,
+                    help="a config.json whose layer's projections to time (default: the Llama-3.1-8B shape)")
     args = ap.parse_args()
     t0 = time.time()
+    shapes, parts_of = model_shapes(json.loads(args.config.read_text()) if args.config else None)
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     bw = copy_bandwidth(dev)
-    x16 = torch.randn(16, 14336, device=dev, dtype=torch.bfloat16)
+    x16 = torch.randn(16, max(k for _, k in shapes.values()), device=dev, dtype=torch.bfloat16)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_GBps": bw / 1e9,
-              "bf16": {}, "layouts": {}}
-    for role, (n, k) in SHAPES.items():  # the bf16 baseline: the fastest one-row kernel
+              "config": str(args.config) if args.config else "llama-8b", "shapes": shapes, "bf16": {}, "layouts": {}}
+    for role, (n, k) in shapes.items():  # the bf16 baseline: the fastest one-row kernel; the invariant tile
         copies = max(1, (512 << 20) // (n * k * 2) + 1)
         ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        x1 = x16[:1, :k]
+        x1, xk = x16[:1, :k], x16[:, :k]
         us = {"cublas": time_graph(lambda i: F.linear(x1, ws[i % copies]), args.iters, args.calls),
               "gemv": time_graph(lambda i: gemv(x1, ws[i % copies]), args.iters, args.calls)}
+        inv1 = time_graph(lambda i: gemv(x1, ws[i % copies], invariant=True), args.iters, args.calls)
+        inv16 = time_graph(lambda i: gemv(xk, ws[i % copies], invariant=True), args.iters, args.calls)
         best = min(us.values())
-        report["bf16"][role] = {"us": us, "best_us": best, "bytes": n * k * 2, "GBps": n * k * 2 / best / 1e3}
-        print(f"bf16   {role:8s} {best:8.2f} us  {n * k * 2 / best / 1e3:7.0f} GB/s", flush=True)
+        report["bf16"][role] = {"us": us, "best_us": best, "bytes": n * k * 2, "GBps": n * k * 2 / best / 1e3,
+                                "invariant_us_1": inv1, "invariant_us_16": inv16}
+        print(f"bf16   {role:8s} {best:8.2f} us  {n * k * 2 / best / 1e3:7.0f} GB/s; invariant tile {inv1:.2f} us, "
+              f"16 rows {inv16:.2f}", flush=True)
         del ws
         torch.cuda.empty_cache()
     for layout in args.layouts.split(","):
         entry = report["layouts"][layout] = {}
-        for role, (n, k) in SHAPES.items():
+        for role, (n, k) in shapes.items():
             if time.time() - t0 > args.max_seconds:
                 break
-            blocks = blocks_for(layout, role, dev, gen)
-            nbytes = sum(b.nbytes for b in blocks)
-            copies = max(1, (512 << 20) // nbytes + 1)
-            sets = [blocks] + [blocks_for(layout, role, dev, gen) for _ in range(copies - 1)]
+            sets, nbytes = weight_copies(layout, role, dev, gen, shapes, parts_of)
+            blocks, copies = sets[0], len(sets)
             x1, xk = x16[:1, :k], x16[:, :k]
             out1 = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
             out16 = torch.empty(16, n, device=dev, dtype=torch.bfloat16)
@@ -168,6 +210,8 @@ def main() -> None:
                               + ("" if b.offset is None else f" offset {str(b.offset.dtype)[6:]}") for b in blocks],
                    "bytes": nbytes, "us_1": us1, "us_16": us16, "GBps_1": nbytes / us1 / 1e3,
                    "of_copy_bandwidth": nbytes / us1 / 1e3 / (bw / 1e9), "vs_bf16": report["bf16"][role]["best_us"] / us1,
+                   "vs_bf16_invariant": report["bf16"][role]["invariant_us_1"] / us1,
+                   "vs_bf16_invariant_16": report["bf16"][role]["invariant_us_16"] / us16,
                    "max_err_vs_ref": err, "tiles": [],
                    "row": {"us_1": us_row, "GBps_1": nbytes / us_row / 1e3,
                            "of_copy_bandwidth": nbytes / us_row / 1e3 / (bw / 1e9),
@@ -180,7 +224,8 @@ def main() -> None:
                                      "vs_bf16": report["bf16"][role]["best_us"] / us_xq,
                                      "max_err_vs_ref": xq_err, "ref_max": float(ref1.float().abs().max()), "tiles": []}
             if args.sweep:
-                for tile in SWEEP:
+                small = small_sweep(k, max(b.group for b in blocks)) if args.config else []
+                for tile in SWEEP + [t for t in small if t not in SWEEP]:
                     if time.time() - t0 > args.max_seconds:
                         break
                     if any(k % (tile.block_k * tile.split_k) or (tile.block_k % b.group and b.group % tile.block_k)
@@ -194,9 +239,12 @@ def main() -> None:
                         row["tiles"].append({"tile": str(tile), "error": repr(e)[:160]})
                         continue
                     # each tile's values too: a fast tile that computes something else is no answer
+                    us16_tile = time_graph(lambda i: run_blocks(xk, sets[i % copies], out16, tile), args.iters,
+                                           args.calls)
                     row["tiles"].append({"tile": [tile.block_n, tile.block_k, tile.split_k, tile.num_warps,
                                                   tile.num_stages, tile.magic],
-                                         "us_1": us, "max_err_vs_ref": float((got16.float() - ref.float()).abs().max()),
+                                         "us_1": us, "us_16": us16_tile,
+                                         "max_err_vs_ref": float((got16.float() - ref.float()).abs().max()),
                                          "rows_equal_1_row_calls": bool(torch.equal(got16, ones))})
             if args.sweep:
                 for tile in ROW_SWEEP:
@@ -242,22 +290,26 @@ def main() -> None:
             entry[role] = row
             timed = [t for t in row["tiles"] if "us_1" in t]
             for t in sorted(timed, key=lambda t: t["us_1"])[:3]:
-                print(f"  tile {t['tile']}: {t['us_1']:.2f} us, max error {t['max_err_vs_ref']:.3g}, 16 rows equal "
+                print(f"  tile {t['tile']}: {t['us_1']:.2f} us (16 rows {t['us_16']:.2f}), max error "
+                      f"{t['max_err_vs_ref']:.3g}, 16 rows equal "
                       f"their 1-row calls: {t['rows_equal_1_row_calls']}", flush=True)
             print(f"{layout:6s} {role:8s} {us1:8.2f} us (16 rows {us16:7.2f})  {row['GBps_1']:7.0f} GB/s "
                   f"= {100 * row['of_copy_bandwidth']:5.1f}% of copy, x{row['vs_bf16']:.2f} vs bf16, "
                   f"default tile {default_tile(blocks[0].shape[0], k, blocks[0].group)}", flush=True)
             del sets, blocks
             torch.cuda.empty_cache()
-        if len(entry) == len(SHAPES):
-            layer = sum(entry[r]["us_1"] for r in SHAPES)
-            bf16 = sum(report["bf16"][r]["best_us"] for r in SHAPES)
-            row_layer = sum(entry[r]["row"]["us_1"] for r in SHAPES)
-            xq_layer = sum(entry[r].get("row_int8_x", entry[r]["row"])["us_1"] for r in SHAPES)
+        if len(entry) == len(shapes):
+            layer = sum(entry[r]["us_1"] for r in shapes)
+            bf16 = sum(report["bf16"][r]["best_us"] for r in shapes)
+            row_layer = sum(entry[r]["row"]["us_1"] for r in shapes)
+            xq_layer = sum(entry[r].get("row_int8_x", entry[r]["row"])["us_1"] for r in shapes)
             entry["layer"] = {"us_1": layer, "bf16_us_1": bf16, "speedup": bf16 / layer,
                               "row_us_1": row_layer, "row_speedup": bf16 / row_layer,
                               "row_int8_x_us_1": xq_layer, "row_int8_x_speedup": bf16 / xq_layer,
-                              "bytes": sum(entry[r]["bytes"] for r in SHAPES)}
+                              "bf16_invariant_us_1": sum(report["bf16"][r]["invariant_us_1"] for r in shapes),
+                              "bf16_invariant_us_16": sum(report["bf16"][r]["invariant_us_16"] for r in shapes),
+                              "us_16": sum(entry[r]["us_16"] for r in shapes),
+                              "bytes": sum(entry[r]["bytes"] for r in shapes)}
             print(f"{layout:6s} layer    {layer:8.2f} us, row kernel {row_layer:8.2f} us, against bf16 {bf16:.2f}: "
                   f"x{bf16 / layer:.2f}, row x{bf16 / row_layer:.2f}; int8 x {xq_layer:.2f} us, x{bf16 / xq_layer:.2f}",
                   flush=True)

@@ -1,0 +1,39 @@
+"""bench_packed.py's shapes from a config.json and its sweep of packed_gemv tiles for a short K:
+the projections a small model's layer runs, and tiles that all fit and include the shipped one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench_packed import PARTS, SHAPES, SWEEP, model_shapes, small_sweep
+from engine.kernels.packed_gemv import default_tile
+
+CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+
+
+def test_a_configs_layer_gives_its_four_projections_and_their_parts():
+    shapes, parts = model_shapes(json.loads((CONFIGS / "smollm2-135m.json").read_text()))
+    assert shapes == {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+    assert parts == {"qkv": [576, 192, 192], "o_proj": [576], "gate_up": [1536, 1536], "down": [576]}
+    assert model_shapes(None) == (SHAPES, PARTS)
+    # no head_dim and no kv heads given: hidden / heads, and as many kv heads as heads
+    shapes, parts = model_shapes({"hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 2816})
+    assert shapes["qkv"] == (3072, 1024) and parts["qkv"] == [1024, 1024, 1024]
+    for role, (n, _) in shapes.items():
+        assert sum(parts[role]) == n
+
+
+@pytest.mark.parametrize("config", ["smollm2-135m.json", "llama-3.2-1b.json"])
+def test_the_short_k_sweep_fits_every_projection_and_holds_the_shipped_tile(config):
+    shapes, _ = model_shapes(json.loads((CONFIGS / config).read_text()))
+    for group in (32, 128):  # Q4_0/Q4_1/Q8_0's blocks, AWQ's groups
+        for role, (n, k) in shapes.items():
+            tiles = small_sweep(k, group)
+            assert tiles and len(set(tiles)) == len(tiles)
+            for t in tiles:
+                assert k % (t.block_k * t.split_k) == 0, (role, t)
+                assert t.block_k % group == 0 or group % t.block_k == 0, (role, t)
+            assert default_tile(n, k, group) in tiles + SWEEP, (config, role, group)
