@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_gemv import time_graph  # noqa: E402
 from benchmarks.harness.random_packed import random_awq, random_fp8, random_gguf  # noqa: E402
 from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
+from engine.config import ModelConfig  # noqa: E402
 from engine.kernels.gemv import gemv  # noqa: E402
 from engine.kernels.packed_gemv import (  # noqa: E402
     PackedTile, RowTile, default_tile, packed_gemv, packed_gemv_ref, packed_row_gemv, row_kernel_fits,
@@ -71,11 +72,8 @@ def model_shapes(config: dict | None) -> tuple[dict, dict]:
     config.json's (q, k and v of its heads; gate and up of its intermediate size), None the 8B's."""
     if config is None:
         return SHAPES, PARTS
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
-    inter = config["intermediate_size"]
-    q, kv = heads * head_dim, kv_heads * head_dim
+    cfg = ModelConfig.from_hf(config, "config")
+    hidden, inter, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
     return ({"qkv": (q + 2 * kv, hidden), "o_proj": (hidden, q), "gate_up": (2 * inter, hidden), "down": (hidden, inter)},
             {"qkv": [q, kv, kv], "o_proj": [hidden], "gate_up": [inter, inter], "down": [hidden]})
 

@@ -109,9 +109,8 @@ class Ops:
         (rounded_x.RoundedX), or None: a quantized projection whose every block takes it, in a
         one-row step with no draft loaded on the one-row kernel with int8 x
         (KernelOptions.packed_rounded_x and packed_rounded_o), on the GPU kernels."""
-        o = self.options
-        if (self.fused_row is None or num_rows != 1 or not isinstance(linear, PackedLinear) or not o.packed_rounded_x
-                or not o.packed_rounded_o or not o.packed_row or o.packed_row_x != "int8" or o.batch_invariant):
+        if (self.fused_row is None or num_rows != 1 or not isinstance(linear, PackedLinear)
+                or not _rounds_x(self.options) or not self.options.packed_rounded_o):
             return None
         return linear.rounded_order()
 
@@ -127,9 +126,7 @@ class Ops:
         mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row,
                                   tree=batch.slot_map is not None)
         if packed:
-            o = self.options
-            rounding = o.packed_rounded_x and o.packed_row and o.packed_row_x == "int8" and not o.batch_invariant
-            return self._rounding if rounding and mode == routing.ROW and not each_row else self._unfused
+            return self._rounding if _rounds_x(self.options) and mode == routing.ROW and not each_row else self._unfused
         if mode == routing.ROW:
             return self.fused_row
         return self.fused_invariant if mode == routing.INVARIANT else self._unfused
@@ -142,6 +139,13 @@ class Ops:
     def _unfused(self) -> LayerKernels:
         return LayerKernels(_nn_linear if self.row_linear is None else functools.partial(routed_linear, self.options,
                                                                                          UNFUSED))
+
+
+def _rounds_x(options: KernelOptions) -> bool:
+    """Whether a packed one-row step takes x rounded by the launch before its projections: the
+    one-row kernel with int8 x and no draft loaded, packed_rounded_x on."""
+    return (options.packed_rounded_x and options.packed_row and options.packed_row_x == "int8"
+            and not options.batch_invariant)
 
 
 def _row_pdl(options: KernelOptions) -> int:

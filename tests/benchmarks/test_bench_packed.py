@@ -20,7 +20,8 @@ def test_a_configs_layer_gives_its_four_projections_and_their_parts():
     assert parts == {"qkv": [576, 192, 192], "o_proj": [576], "gate_up": [1536, 1536], "down": [576]}
     assert model_shapes(None) == (SHAPES, PARTS)
     # no head_dim and no kv heads given: hidden / heads, and as many kv heads as heads
-    shapes, parts = model_shapes({"hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 2816})
+    shapes, parts = model_shapes({"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "num_attention_heads": 16,
+                                  "intermediate_size": 2816, "vocab_size": 1000, "num_hidden_layers": 2})
     assert shapes["qkv"] == (3072, 1024) and parts["qkv"] == [1024, 1024, 1024]
     for role, (n, _) in shapes.items():
         assert sum(parts[role]) == n
