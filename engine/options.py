@@ -111,6 +111,17 @@ class KernelOptions:
     # Q4_K_M 417.8 and 417.5 against 411.4 and 411.0 (docs/performance.md).
     # LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS=0: only the first lines requested before the wait.
     packed_row_early_weights: bool = True
+    # The batch-invariant packed kernel (packed_gemv: every step of an engine with a draft loaded)
+    # with programmatic dependent launch too, where `pdl` is on: each program requests its first
+    # lines of weights and scales before the wait, and launches the next kernel right after the
+    # wait (1) or after its stores (2); 0 launches it without. The demo's shape (Q4_1) on an H100,
+    # a head forced to 3.5 tokens a step: 2,498.6 tok/s speculating against 2,222.4 without, the
+    # head loaded and speculation off 1,244.1 against 985.4 (docs/performance.md).
+    # LOCALCHAT_PACKED_GEMV_PDL=0|1|2.
+    packed_gemv_pdl: int = 1
+    # There, a K under 2,048 (a small model's) takes packed_gemv.default_tile's short-K tile: 32
+    # columns a program on 2 warps, K in six shares. LOCALCHAT_PACKED_SHORT_TILES=0: the 8B's rule.
+    packed_short_tiles: bool = True
     # There (int8 x), the norm before qkv and gate_up and the activation before down hand the
     # projection their output already rounded to int8 (rounded_x.RoundedX), in their own launch,
     # so that the row kernel reads a byte an input, not two, and no program rounds x again. 8B on
@@ -275,6 +286,8 @@ class KernelOptions:
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
             packed_row_early_weights=_flag(env, "LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS"),
+            packed_gemv_pdl=_count(env, "LOCALCHAT_PACKED_GEMV_PDL", 2, default=1),
+            packed_short_tiles=_flag(env, "LOCALCHAT_PACKED_SHORT_TILES"),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),

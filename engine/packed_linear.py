@@ -110,7 +110,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "fused",
                 int8_x: bool = False, int8_rows: bool = False, one_launch: bool = False,
-                row_pdl: int = 0, rounded=None) -> torch.Tensor:
+                row_pdl: int = 0, rounded=None, pdl: int = 0, short: bool = True) -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not a
         batch-invariant kernel; int8_x: there with x rounded to int8 (every kind but FP8);
         rounded: there x's row already rounded (a RoundedX in rounded_order(), which the kernel
@@ -118,7 +118,8 @@ class PackedLinear(nn.Module):
         one_launch: there a projection's two blocks in one launch (packed_row_gemv_blocks).
         int8_rows: the batch-invariant steps on packed_rows_gemv (kernel_for). prefill: how a
         longer step runs on the GPU (PREFILL_WAYS). row_pdl: the one-row kernel's PDL
-        (KernelOptions.packed_row_pdl)."""
+        (KernelOptions.packed_row_pdl); pdl and short: packed_gemv's (KernelOptions.packed_gemv_pdl,
+        packed_short_tiles)."""
         from engine.kernels.packed_gemv import blocks_fit_one_launch, packed_row_gemv, packed_row_gemv_blocks
         from engine.kernels.packed_rows import nibble_order, packed_rows_gemv, quantize_rows
 
@@ -138,7 +139,7 @@ class PackedLinear(nn.Module):
                     if order not in by_order:
                         by_order[order] = quantize_rows(x, order)
                     return kernel(x, block, bias, out=out, xq=by_order[order])
-                return kernel(x, block, bias, out=out)
+                return kernel(x, block, bias, out=out, pdl=pdl, short=short)
 
             rows = rows if rows.stride(1) == 1 else rows.contiguous()
             blocks = self.blocks

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import pdl_args, triton_interpreting
+from engine.kernels import next_pow2, pdl_args, triton_interpreting
 from engine.kernels.gemv import _MAX_TILES, PREFETCH_LINES, _tile_counters
 from engine.kernels.rounded_x import RoundedX
 from engine.weights.grouped import (
@@ -37,7 +37,7 @@ from engine.weights.grouped import (
 
 MAX_ROWS = 16
 sum_splits = None  # bound by _kernel()
-decode_tile = None  # bound by _kernel()
+decode_tile = prefetch_rows = None  # bound by _kernel()
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,25 @@ class PackedTile:
     magic: bool = True
 
 
-def default_tile(n: int, k: int, group: int) -> PackedTile:
+SHORT_K = 2048  # below this K, default_tile(short=True) takes the short-K tile
+SHORT_SPLIT = 6
+
+
+def default_tile(n: int, k: int, group: int, short: bool = True) -> PackedTile:
     """64 columns a program over 128-input steps (shorter where K or the groups need them), K split
     in the fewest of 1, 2, 3, 4, 8 or 16 shares (dividing the steps) that give 512 programs or more
     (the most where none does).
     On an H200 (benchmarks/bench_packed.py --sweep; docs/performance.md) the 8B shape's qkv,
     o_proj and down ran fastest split in eight (Q4_K_M down 34.3 us against 46.9 in four), its
-    gate_up (448 column tiles) in two to four."""
+    gate_up (448 column tiles) in two to four.
+    short: a K under SHORT_K (a small model's) takes 32 columns a program on 2 warps, K in
+    SHORT_SPLIT shares of the longest step that divides them, where one does (the demo's shape on
+    an H100, bench_packed.py --config --sweep: its four projections 0.4-0.7 us faster each at one
+    row, none slower at 16)."""
+    if short and k < SHORT_K:
+        for block_k in (128, 64, 32):
+            if k % (block_k * SHORT_SPLIT) == 0 and (block_k % group == 0 or group % block_k == 0):
+                return PackedTile(32, block_k, SHORT_SPLIT, 2)
     block_k = _step_k(k, group, 128)
     steps, tiles = k // block_k, -(-n // 64)
     splits = [s for s in (1, 2, 3, 4, 8, 16) if steps % s == 0]
@@ -66,14 +78,14 @@ def default_tile(n: int, k: int, group: int) -> PackedTile:
 
 @functools.cache
 def _kernel():
-    global sum_splits, decode_tile  # the kernels call these by this module's names
+    global sum_splits, decode_tile, prefetch_rows  # the kernels call these by this module's names
     import triton
     import triton.language as tl
 
     from engine.kernels import gemv
 
     gemv._kernels()
-    sum_splits = gemv.sum_splits
+    sum_splits, prefetch_rows = gemv.sum_splits, gemv.prefetch_rows
 
     @triton.jit
     def decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s, stride_u,
@@ -134,7 +146,8 @@ def _kernel():
                       HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, MAGIC: tl.constexpr,
                       SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr):
+                      SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr,
+                      USE_PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1):
         # program_id(2): the block of BLOCK_M rows (a decode or verify step has one; a prefill
         # through this kernel, packed_matmul, several, and no split K)
         pid_n = tl.program_id(0)
@@ -143,6 +156,21 @@ def _kernel():
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         w_rows = tl.where(n_ok, offs_n, 0)  # clamped, not masked: the loads stay vectorized
+        if USE_PDL:
+            # no kernel of a step writes weights: this program's first PF_LINES lines of them, and
+            # the line of its first scales (and offsets), are requested into L2 while the kernel
+            # before may still run; x and every store come after the wait. The next kernel is
+            # launched right after the wait (1) or after this program's stores (2).
+            kb = pid_k * (K_PER_SPLIT if ONE_BYTE else K_PER_SPLIT // 2)
+            prefetch_rows(q_ptr, w_rows, stride_q, kb, kb + (K_PER_SPLIT if ONE_BYTE else K_PER_SPLIT // 2), N, False,
+                          128, PF_LINES)
+            g0 = (pid_k * K_PER_SPLIT // G) * SG
+            prefetch_rows(s_ptr, w_rows, stride_s, g0, g0 + 1, N, False, 1, 1)
+            if HAS_OFFSET:
+                prefetch_rows(o_ptr, w_rows, stride_s, g0, g0 + 1, N, False, 1, 1)
+            tl.extra.cuda.gdc_wait()
+            if USE_PDL == 1:
+                tl.extra.cuda.gdc_launch_dependents()
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < num_rows
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
@@ -172,6 +200,8 @@ def _kernel():
                 acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(out_ptr + rows[:, None] * stride_out + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
                      mask=out_mask)
+        if USE_PDL == 2:
+            tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
     def dequant_kernel(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, out_ptr, N, stride_q, stride_h, stride_s,
@@ -856,15 +886,19 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
 
 
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
-                tile: PackedTile | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                tile: PackedTile | None = None, out: torch.Tensor | None = None, pdl: int = 0,
+                short: bool = True) -> torch.Tensor:
     """x (M <= 16, K) bf16 (or fp16; fp32 under the interpreter), weight a GroupedWeight on x's
     device -> (M, N) in x's dtype, fp32 accumulation. out: an (M, N) view to write into (a row
-    block of a wider projection's output), unit stride along N."""
+    block of a wider projection's output), unit stride along N. pdl: programmatic dependent
+    launch, the next kernel launched after the wait (1) or the stores (2), 0 without
+    (KernelOptions.packed_gemv_pdl), the same values; short: default_tile's short-K tile
+    (KernelOptions.packed_short_tiles), the same values for every row count of one K."""
     m, k = x.shape
     n = weight.shape[0]
     assert 1 <= m <= MAX_ROWS and k == weight.shape[1] and x.stride(1) == 1
     assert weight.kind != FP8 or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
-    tile = tile or default_tile(n, k, weight.group)
+    tile = tile or default_tile(n, k, weight.group, short)
     assert k % (tile.block_k * tile.split_k) == 0, (k, tile)
     assert tile.block_k % weight.group == 0 or weight.group % tile.block_k == 0
     if out is None:
@@ -879,8 +913,22 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
         DOT_F32=x.dtype == torch.float32 or interpreting, MAGIC=tile.magic,
         SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_M=MAX_ROWS, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
-        num_stages=1 if interpreting else tile.num_stages)
+        num_stages=1 if interpreting else tile.num_stages, **_pdl_mode(x.device, pdl),
+        PF_LINES=_prefetch_lines(k // tile.split_k, weight.kind))
     return out
+
+
+def _pdl_mode(device, pdl: int) -> dict:
+    """packed_kernel's USE_PDL (0, 1 or 2) and launch option: 0 where PDL is off or unsupported."""
+    args = pdl_args(device, bool(pdl))
+    return {**args, "USE_PDL": pdl if args["USE_PDL"] else 0}
+
+
+def _prefetch_lines(k_per_split: int, kind: int) -> int:
+    """The 128-byte lines of a row's weights that packed_kernel requests before its PDL wait: its
+    whole share of K, at most 8 lines (a power of two)."""
+    span = k_per_split if kind in (INT8, FP8) else k_per_split // 2
+    return min(8, next_pow2(-(-span // 128)))
 
 
 @dataclass(frozen=True)

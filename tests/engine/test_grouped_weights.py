@@ -558,25 +558,29 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
 
     class Recording(PackedLinear):
         def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
-                    row_pdl=0, rounded=None):
-            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl))
+                    row_pdl=0, rounded=None, pdl=0, short=True):
+            asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl, pdl, short))
             return x
 
     linear = Recording([by_kind["gguf Q4_0"]])
     x = torch.zeros(1, linear.in_features)
     # the PDL mode 2 with the bit for the first step's weights before the wait (4) by default
-    for options, want in ((KernelOptions(), (True, True, False, True, 6)),
-                          (KernelOptions(batch_invariant=True), (False, True, False, True, 6)),
-                          (KernelOptions(packed_row=False), (False, True, False, True, 6)),
-                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True, 6)),
-                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True, 6)),
-                          (KernelOptions(packed_one_launch=False), (True, True, False, False, 6)),
-                          (KernelOptions(packed_row_pdl=1), (True, True, False, True, 5)),
-                          (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0)),
-                          (KernelOptions(packed_row_early_weights=False), (True, True, False, True, 2)),
-                          (KernelOptions(packed_row_pdl=1, packed_row_early_weights=False), (True, True, False, True, 1)),
+    for options, want in ((KernelOptions(), (True, True, False, True, 6, 1, True)),
+                          (KernelOptions(batch_invariant=True), (False, True, False, True, 6, 1, True)),
+                          (KernelOptions(packed_row=False), (False, True, False, True, 6, 1, True)),
+                          (KernelOptions(packed_row_x="bf16"), (True, False, False, True, 6, 1, True)),
+                          (KernelOptions(batch_invariant=True, packed_invariant_x="int8"), (False, True, True, True, 6, 1, True)),
+                          (KernelOptions(packed_one_launch=False), (True, True, False, False, 6, 1, True)),
+                          (KernelOptions(packed_row_pdl=1), (True, True, False, True, 5, 1, True)),
+                          (KernelOptions(packed_row_pdl=0), (True, True, False, True, 0, 1, True)),
+                          (KernelOptions(packed_row_early_weights=False), (True, True, False, True, 2, 1, True)),
+                          (KernelOptions(packed_row_pdl=1, packed_row_early_weights=False), (True, True, False, True, 1, 1, True)),
+                          # packed_gemv without PDL, or the 8B's tile rule at a short K
+                          (KernelOptions(packed_gemv_pdl=0), (True, True, False, True, 6, 0, True)),
+                          (KernelOptions(packed_gemv_pdl=2), (True, True, False, True, 6, 2, True)),
+                          (KernelOptions(packed_short_tiles=False), (True, True, False, True, 6, 1, False)),
                           # no PDL anywhere: none for the row kernel either
-                          (KernelOptions(pdl=False), (True, True, False, True, 0))):
+                          (KernelOptions(pdl=False), (True, True, False, True, 0, 0, True))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
 

@@ -23,7 +23,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                 "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats",
                 "LOCALCHAT_PACKED_ROW": "packed_row", "LOCALCHAT_SHARE_SMS": "share_sms",
                 "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch", "LOCALCHAT_PACKED_ROUNDED_X": "packed_rounded_x",
-                "LOCALCHAT_PACKED_ROUNDED_O": "packed_rounded_o"}
+                "LOCALCHAT_PACKED_ROUNDED_O": "packed_rounded_o",
+                "LOCALCHAT_PACKED_SHORT_TILES": "packed_short_tiles"}
     for name, field in switches.items():
         assert getattr(default, field) is True
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
@@ -60,9 +61,10 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     for way in ("dequant", "fused", "torch"):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_PREFILL": way}).packed_prefill == way
     # the one-row packed kernel's PDL: the next kernel launched after its stores (2) by default
-    assert default.packed_row_pdl == 2
+    assert default.packed_row_pdl == 2 and default.packed_gemv_pdl == 1
     for value in (0, 1, 2):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PDL": str(value)}).packed_row_pdl == value
+        assert KernelOptions.from_env({"LOCALCHAT_PACKED_GEMV_PDL": str(value)}).packed_gemv_pdl == value
     # its first step's weights before the wait: on by default
     assert default.packed_row_early_weights
     assert not KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS": "0"}).packed_row_early_weights

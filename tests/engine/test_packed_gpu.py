@@ -278,3 +278,56 @@ def test_the_row_kernel_under_pdl_reads_what_the_kernel_before_it_wrote(layout, 
         torch.cuda.synchronize()
         got[mode] = torch.cat(outs)
     assert all(torch.equal(got[mode], got[0]) for mode in modes[1:])
+
+
+@pytest.mark.parametrize("layout,role,config", [("AWQ", "qkv", None), ("Q4_K_M", "qkv", None),
+                                                 ("Q4_1", "qkv", "smollm2-135m"), ("Q4_1", "down", "smollm2-135m")])
+def test_packed_gemv_under_pdl_reads_what_the_kernel_before_it_wrote(layout, role, config):
+    """A PDL norm writes x (1 or 16 rows), then packed_gemv reads it (a launch a block), 32 times in
+    one CUDA graph: with PDL (KernelOptions.packed_gemv_pdl 1 and 2) every output has the bits of
+    the launch without, so the kernel waits before it reads x; and at a short K (the demo's shape, its
+    short-K tile) each of 16 rows has the bits of its 1-row call."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.bench_packed import blocks_for, model_shapes
+    from engine.kernels.norm import add_rms_norm
+    from engine.kernels.packed_gemv import default_tile, packed_gemv
+
+    dev = torch.device("cuda")
+    shapes, parts = model_shapes(json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+                                             / f"{config}.json").read_text()) if config else None)
+    blocks = blocks_for(layout, role, dev, torch.Generator(device=dev).manual_seed(0), shapes, parts)
+    k, n = blocks[0].shape[1], sum(b.shape[0] for b in blocks)
+    if config:
+        assert default_tile(blocks[0].shape[0], k, blocks[0].group).block_n == 32  # the short-K tile
+    norm_weight = torch.ones(k, device=dev, dtype=torch.bfloat16)
+    for rows in (1, 16):
+        xs = [torch.randn(rows, k, device=dev, dtype=torch.bfloat16) for _ in range(32)]
+        got = {}
+        for pdl in (0, 1, 2):
+            outs = [torch.empty(rows, n, device=dev, dtype=torch.bfloat16) for _ in xs]
+
+            def step():
+                for x, o in zip(xs, outs):
+                    y, _ = add_rms_norm(x, None, norm_weight, 1e-5)
+                    start = 0
+                    for b in blocks:
+                        packed_gemv(y, b, None, out=o[:, start:start + b.shape[0]], pdl=pdl)
+                        start += b.shape[0]
+
+            step()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            for o in outs:
+                o.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            got[pdl] = torch.cat(outs)
+        assert torch.equal(got[1], got[0]) and torch.equal(got[2], got[0]), rows
+        if rows == 16:  # the first x's rows, each alone
+            y = add_rms_norm(xs[0], None, norm_weight, 1e-5)[0]
+            one = torch.cat([torch.cat([packed_gemv(y[i:i + 1], b) for b in blocks], dim=1) for i in range(16)])
+            assert torch.equal(one, got[1][:16])

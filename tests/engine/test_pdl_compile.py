@@ -39,6 +39,7 @@ def _kernels():
     import engine.kernels.attention as attention
     import engine.kernels.gemv as gemv
     import engine.kernels.norm as norm
+    import engine.kernels.packed_gemv as packed_gemv
     import engine.kernels.pick as pick
     import engine.kernels.rope as rope
     import speculative.kernels.alternative as alternative
@@ -176,6 +177,12 @@ def _kernels():
         ("gemv silu_mul M=16 split", dot_kernel,
          dict(dot_base, PROLOGUE=2, BLOCK_M=16, BLOCK_N=16, SPLIT_K=2, K_PER_SPLIT=512, EVEN_K=True), 4),
         ("gemv M=16 swap_ab", dot_kernel, dict(dot_base, PROLOGUE=0, BLOCK_M=16, BLOCK_N=64, SWAP_AB=True), 4),
+        # the batch-invariant packed kernel at the demo's K, on its short-K tile (Q4_1: offsets)
+        ("gemv packed Q4_1 M=16 split", packed_gemv._kernel()[0],
+         dict(K=576, ONE_BYTE=False, FP8=False, HIGH=0, ZERO=0, G=32, UNIT=0, HAS_OFFSET=True, HAS_BIAS=False,
+              DOT_F32=False, MAGIC=True, SPLIT_K=6, K_PER_SPLIT=96, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, SG=1, UG=1,
+              PAIRED=False, PF_LINES=1), 2,
+         {"q_ptr": "*u8", "qh_ptr": "*u8", "s_ptr": "*fp16", "o_ptr": "*fp16", "su_ptr": "*fp16", "ou_ptr": "*fp16"}),
     ]
 
 
@@ -200,7 +207,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 57  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 58  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():
