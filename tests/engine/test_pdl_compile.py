@@ -312,3 +312,32 @@ def test_one_row_packed_kernel_waits_before_reading_x(pdl, two_blocks, early):
     else:
         assert body.rfind("st.global") < trigger
     assert "griddepcontrol" not in build(0).asm["ptx"]
+
+
+def test_packed_gemv_with_pdl_2_launches_the_next_kernel_after_its_stores():
+    """packed_gemv's PDL mode 2 (KernelOptions.packed_gemv_pdl): the weights' lines requested, then
+    the wait before any load, and the next kernel launched only after the last store."""
+    name, fn, constexprs, warps, pointers = _kernels()[KERNEL_CASES - 1]
+    assert name.startswith("gemv packed")
+    try:
+        on = _compile(fn, constexprs, warps, pdl=True, pointers=pointers)
+    except (ImportError, RuntimeError) as e:
+        if "ptxas" in str(e) or isinstance(e, ImportError):
+            pytest.skip(f"Triton cannot compile for CUDA here: {e}")
+        raise
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty},
+              **constexprs, "USE_PDL": 2}
+    sig = {name: "constexpr" if name in consts else
+           ({**POINTERS, **pointers}.get(name, "*bf16") if name.endswith("_ptr") else "i32") for name in fn.arg_names}
+    two = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": warps, "launch_pdl": True})
+    for compiled, after_stores in ((on, False), (two, True)):
+        ptx = compiled.asm["ptx"]
+        body = ptx[ptx.index("{", ptx.index(".entry")):]
+        wait, trigger = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
+        assert 0 <= body.find("prefetch.global.L2") < wait < body.find("ld.global")
+        assert (trigger > body.rfind("st.global")) == after_stores and trigger > wait
