@@ -167,7 +167,8 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
         return linear(x, one_row=options.packed_row and not options.batch_invariant, prefill=options.packed_prefill,
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
                       one_launch=options.packed_one_launch, row_pdl=_row_pdl(options),
-                      rounded=rounded, pdl=options.packed_gemv_pdl if options.pdl else 0,
+                      rounded=rounded,
+                      pdl=options.packed_gemv_pdl if options.pdl and linear.in_features < options.packed_gemv_pdl_k else 0,
                       short=options.packed_short_tiles)
     assert rounded is None
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)

@@ -119,6 +119,10 @@ class KernelOptions:
     # head loaded and speculation off 1,244.1 against 985.4 (docs/performance.md).
     # LOCALCHAT_PACKED_GEMV_PDL=0|1|2.
     packed_gemv_pdl: int = 1
+    # ...for a projection whose K is under this: the 8B's shape (K of 4,096 and 14,336), Q4_K_M with
+    # the same head, ran 416.4 tok/s with PDL 1 against 425.1 without. LOCALCHAT_PACKED_GEMV_PDL_K=N
+    # (65536: every projection).
+    packed_gemv_pdl_k: int = 2048
     # There, a K under 2,048 (a small model's) takes packed_gemv.default_tile's short-K tile: 32
     # columns a program on 2 warps, K in six shares. LOCALCHAT_PACKED_SHORT_TILES=0: the 8B's rule.
     packed_short_tiles: bool = True
@@ -287,6 +291,7 @@ class KernelOptions:
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),
             packed_row_early_weights=_flag(env, "LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS"),
             packed_gemv_pdl=_count(env, "LOCALCHAT_PACKED_GEMV_PDL", 2, default=1),
+            packed_gemv_pdl_k=_count(env, "LOCALCHAT_PACKED_GEMV_PDL_K", 1 << 16, default=2048),
             packed_short_tiles=_flag(env, "LOCALCHAT_PACKED_SHORT_TILES"),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),

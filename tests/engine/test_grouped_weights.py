@@ -562,7 +562,7 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
             asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl, pdl, short))
             return x
 
-    linear = Recording([by_kind["gguf Q4_0"]])
+    linear = Recording([by_kind["short K"]])  # K = 576: packed_gemv with PDL (packed_gemv_pdl_k)
     x = torch.zeros(1, linear.in_features)
     # the PDL mode 2 with the bit for the first step's weights before the wait (4) by default
     for options, want in ((KernelOptions(), (True, True, False, True, 6, 1, True)),
@@ -583,6 +583,13 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           (KernelOptions(pdl=False), (True, True, False, True, 0, 0, True))):
         routed_linear(options, "unfused", x, linear, "qkv")
         assert asked[-1] == want, options
+    # K = 2,048: packed_gemv without PDL, unless packed_gemv_pdl_k takes it in
+    long = Recording([by_kind["gguf Q4_0"]])
+    x = torch.zeros(1, long.in_features)
+    for options, pdl in ((KernelOptions(), 0), (KernelOptions(packed_gemv_pdl_k=4096), 1),
+                         (KernelOptions(packed_gemv_pdl_k=4096, packed_gemv_pdl=2), 2)):
+        routed_linear(options, "unfused", x, long, "qkv")
+        assert asked[-1][5] == pdl, options
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])

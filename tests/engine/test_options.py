@@ -65,6 +65,8 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     for value in (0, 1, 2):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_PDL": str(value)}).packed_row_pdl == value
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_GEMV_PDL": str(value)}).packed_gemv_pdl == value
+    assert default.packed_gemv_pdl_k == 2048
+    assert KernelOptions.from_env({"LOCALCHAT_PACKED_GEMV_PDL_K": "65536"}).packed_gemv_pdl_k == 65536
     # its first step's weights before the wait: on by default
     assert default.packed_row_early_weights
     assert not KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_EARLY_WEIGHTS": "0"}).packed_row_early_weights
