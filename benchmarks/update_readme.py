@@ -137,6 +137,11 @@ ROWS = (
     ("packed_short", "H100, the demo's shape (SmolLM2-135M, widths 576 and 1,536) packed as Q4_1, no draft loaded "
      "(the demo itself loads as bf16 by default)", f"`{SMALL_DEMO}` (and without `--random-quant`)",
      "h100_demo_shape_packed_Q4_1.json, h100_demo_shape_bf16.json, h100_demo_shape_packed_Q4_1_own_o.json"),
+    ("spec_packed", "H100, the same packed as Q4_1 with a random head forced to 3.5 tokens per verify step (the "
+     "verify rows on the batch-invariant packed kernel; no EOS, 4 prompts of 256 tokens)",
+     "`localchat bench --random-weights benchmarks/configs/smollm2-135m.json --random-quant Q4_1 --force-accept 3.5 "
+     "--prompts 4 --new-tokens 256 --no-peer` (and without `--random-quant`)",
+     "h100_demo_shape_packed_Q4_1_forced35_pdl.json, h100_demo_shape_bf16_forced35_pdl_session.json"),
     ("prefill", "the same Q4_K_M file's prefill of 512-token prompts, each weight tile decoded inside the matmul",
      "the same with `--new-tokens 32`, `LOCALCHAT_PACKED_PREFILL=torch` for the slices",
      "h200_8b_prefill_Q4_K_M_fused.json, h200_8b_prefill_Q4_K_M_torch.json, h200_8b_bf16_row_session.json"),
@@ -232,6 +237,12 @@ def row(kind: str, label: str, command: str, name: str) -> str:
                       f"{s['speedup_vs_draft_off']:.2f}x)")
         else:  # written before bench measured against an engine with no draft loaded
             versus = f"plain decode, draft loaded, {b['plain']['decode_tok_s']:.0f} tok/s: {s['speedup']:.2f}x"
+    elif kind == "spec_packed":  # packed speculation, its own no-draft run, and bf16's with the same head
+        s, bf = b["spec"], _load(files[1])["spec"]
+        result = f"{_tok_s(s['decode_tok_s'])} tok/s, accepted length {s['accept_len_mean']:.2f}"
+        versus = (f"no draft loaded, {_tok_s(b['no_draft']['decode_tok_s'])} tok/s: {s['speedup_vs_no_draft']:.2f}x; "
+                  f"bf16 with the same head: {_tok_s(bf['decode_tok_s'])} tok/s "
+                  f"({s['decode_tok_s'] / bf['decode_tok_s']:.2f}x)")
     elif kind.startswith("tree:"):  # one shape of a benchmarks/tree_shapes.py sweep
         settings = b["settings"]
         s, nd, off = settings[kind[len("tree:"):]], settings["no_draft"], settings["draft_off"]
