@@ -237,6 +237,21 @@ def test_a_packed_safetensors_target_speculates_like_plain_decoding(tmp_path, la
     assert tokens(packed, speculative=True) == tokens(packed, speculative=False)
 
 
+def _replayed(step, outs: list[torch.Tensor]) -> torch.Tensor:
+    """step() once eagerly (compiling its kernels), then captured in a CUDA graph and replayed into
+    zeroed outs: what the replay wrote, outs concatenated."""
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for o in outs:
+        o.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    return torch.cat(outs)
+
+
 @pytest.mark.parametrize("layout,role", [("AWQ", "o_proj"), ("AWQ", "qkv"), ("Q4_K_M", "o_proj"), ("Q4_K_M", "qkv")])
 def test_the_row_kernel_under_pdl_reads_what_the_kernel_before_it_wrote(layout, role):
     """A PDL norm writes x, then the one-row kernel reads it (one block, or Q4_K_M's two in one
@@ -267,16 +282,7 @@ def test_the_row_kernel_under_pdl_reads_what_the_kernel_before_it_wrote(layout, 
                 else:
                     packed_row_gemv(y, blocks[0], None, out=o, int8_x=True, pdl=mode)
 
-        step()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        for o in outs:
-            o.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        got[mode] = torch.cat(outs)
+        got[mode] = _replayed(step, outs)
     assert all(torch.equal(got[mode], got[0]) for mode in modes[1:])
 
 
@@ -316,16 +322,7 @@ def test_packed_gemv_under_pdl_reads_what_the_kernel_before_it_wrote(layout, rol
                         packed_gemv(y, b, None, out=o[:, start:start + b.shape[0]], pdl=pdl)
                         start += b.shape[0]
 
-            step()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
-            for o in outs:
-                o.zero_()
-            graph.replay()
-            torch.cuda.synchronize()
-            got[pdl] = torch.cat(outs)
+            got[pdl] = _replayed(step, outs)
         assert torch.equal(got[1], got[0]) and torch.equal(got[2], got[0]), rows
         if rows == 16:  # the first x's rows, each alone
             y = add_rms_norm(xs[0], None, norm_weight, 1e-5)[0]
