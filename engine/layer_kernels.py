@@ -261,7 +261,8 @@ class PackedPrologueLayerKernels(LayerKernels):
 
         if not isinstance(linear, PackedLinear) or isinstance(x, (Normed, Scaled)) or not linear.takes_prologue(x):
             return super().norm_linear(x, residual, norm, linear, role)
-        return linear.norm_forward(x, residual, norm.weight, norm.eps, pdl=packed_gemv_pdl(self.options, linear.in_features),
+        return linear.norm_forward(x, residual, norm.weight, norm.eps,
+                                   pdl=packed_gemv_pdl(self.options, linear.in_features),
                                    short=self.options.packed_short_tiles)
 
     def mlp_down(self, gate_up, mlp):

@@ -106,9 +106,15 @@ def test_a_packed_target_with_the_prologue_speculates_like_plain_decoding(tmp_pa
     from tests.tiny_quant import awq_target_with_head
 
     calls = []
-    norm_forward, silu_forward = PackedLinear.norm_forward, PackedLinear.silu_forward
-    monkeypatch.setattr(PackedLinear, "norm_forward", lambda self, *a, **k: calls.append("norm") or norm_forward(self, *a, **k))
-    monkeypatch.setattr(PackedLinear, "silu_forward", lambda self, *a, **k: calls.append("silu") or silu_forward(self, *a, **k))
+
+    def counted(name, method):
+        def run(self, *args, **kwargs):
+            calls.append(name)
+            return method(self, *args, **kwargs)
+        return run
+
+    monkeypatch.setattr(PackedLinear, "norm_forward", counted("norm", PackedLinear.norm_forward))
+    monkeypatch.setattr(PackedLinear, "silu_forward", counted("silu", PackedLinear.silu_forward))
     target, head = awq_target_with_head(tmp_path)
     engine = Engine.load(str(target), draft=str(head), device="cuda", draft_steps=3,
                          options=KernelOptions(packed_weights=True, packed_prologue=True))
