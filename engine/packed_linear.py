@@ -153,15 +153,21 @@ class PackedLinear(nn.Module):
                                        [out[:, :cut], out[:, cut:]], int8_x=int8_x, pdl=row_pdl)
             else:
                 out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
-                start = 0
-                for b in blocks:
-                    stop = start + b.shape[0]
-                    bias = None if self.bias is None else self.bias[start:stop]
-                    gemv(rows, b, bias, out=out[:, start:stop])
-                    start = stop
+                for b, bias, cols in self._by_columns(blocks):
+                    gemv(rows, b, bias, out=out[:, cols])
         else:
             out = self._long_step(rows, prefill)
         return out.reshape(*lead, self.out_features)
+
+    def _by_columns(self, blocks: list[GroupedWeight]):
+        """(block, its part of the bias or None, its columns of the output as a slice) for each of
+        this projection's blocks (self.blocks, which the caller has): each launch writes its own
+        columns."""
+        start = 0
+        for block in blocks:
+            stop = start + block.shape[0]
+            yield block, None if self.bias is None else self.bias[start:stop], slice(start, stop)
+            start = stop
 
     def takes_prologue(self, rows: torch.Tensor) -> bool:
         """Whether a step of these rows can run its norm or activation inside this projection's
@@ -183,15 +189,11 @@ class PackedLinear(nn.Module):
         res = None if residual is None else residual.reshape(-1, self.in_features)
         stream = rows if res is None else torch.empty_like(rows)
         out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
-        start = 0
-        for i, block in enumerate(self.blocks):
-            stop = start + block.shape[0]
+        for i, (block, bias, cols) in enumerate(self._by_columns(self.blocks)):
             first = i == 0 and res is not None
-            packed_gemv(rows if i == 0 else stream, block, None if self.bias is None else self.bias[start:stop],
-                        out=out[:, start:stop], pdl=pdl, short=short, prologue=RMS_NORM,
-                        residual=res if first else None, norm_weight=norm_weight, eps=eps,
+            packed_gemv(rows if i == 0 else stream, block, bias, out=out[:, cols], pdl=pdl, short=short,
+                        prologue=RMS_NORM, residual=res if first else None, norm_weight=norm_weight, eps=eps,
                         new_residual=stream if first else None)
-            start = stop
         return out.reshape(*x.shape[:-1], self.out_features), stream.reshape(x.shape)
 
     def silu_forward(self, gate_up: torch.Tensor, pdl: int = 0, short: bool = True) -> torch.Tensor:
@@ -201,12 +203,8 @@ class PackedLinear(nn.Module):
 
         rows = gate_up.reshape(-1, 2 * self.in_features)
         out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
-        start = 0
-        for block in self.blocks:
-            stop = start + block.shape[0]
-            packed_gemv(rows, block, None if self.bias is None else self.bias[start:stop], out=out[:, start:stop],
-                        pdl=pdl, short=short, prologue=SILU_MUL)
-            start = stop
+        for block, bias, cols in self._by_columns(self.blocks):
+            packed_gemv(rows, block, bias, out=out[:, cols], pdl=pdl, short=short, prologue=SILU_MUL)
         return out.reshape(*gate_up.shape[:-1], self.out_features)
 
     def _long_step(self, rows: torch.Tensor, how: str) -> torch.Tensor:
@@ -223,12 +221,8 @@ class PackedLinear(nn.Module):
         if on_gpu and how == "fused":
             from engine.kernels.packed_gemv import packed_matmul
 
-            start = 0
-            for block in self.blocks:
-                stop = start + block.shape[0]
-                packed_matmul(rows if rows.stride(1) == 1 else rows.contiguous(), block,
-                              None if self.bias is None else self.bias[start:stop], out=out[:, start:stop])
-                start = stop
+            for block, bias, cols in self._by_columns(self.blocks):
+                packed_matmul(rows if rows.stride(1) == 1 else rows.contiguous(), block, bias, out=out[:, cols])
             return out
         if on_gpu and how == "dequant":
             from engine.kernels.packed_gemv import dequantize_packed
