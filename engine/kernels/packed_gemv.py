@@ -808,7 +808,7 @@ def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: tor
     if out is None:
         out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
-    rows = dict(num_rows=m, stride_x=0 if m == 1 else x.stride(0), stride_out=0 if m == 1 else out.stride(0))
+    rows = dict(num_rows=m, stride_x=0 if isinstance(x, RoundedX) else x.stride(0), stride_out=out.stride(0))
     _row_kernel()[0][grid + (m,)](_x_arg(x), **args, **rows, **launch, **row_pdl_args(x.device, pdl))
     return out
 
