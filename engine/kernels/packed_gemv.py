@@ -719,14 +719,17 @@ def _row_kernel():
                           EARLY_W: tl.constexpr = 0):
         # EARLY_W (with PDL): the first K step's weights loaded before the PDL wait, not only their
         # first lines requested into L2.
-        # Rows along the grid's third axis: row r's programs run the instructions of a one-row
-        # launch on their own row (num_rows is not specialized on, so one compiled kernel serves
-        # every row count), which keeps a row's bits whatever rows launch beside it.
-        pid_r = tl.program_id(2)
+        # Rows: row r's programs run the instructions of a one-row launch on their own row
+        # (num_rows is not specialized on, so one compiled kernel serves every row count), which
+        # keeps a row's bits whatever rows launch beside it. The rows of one column tile are
+        # neighbours on the grid's first axis, so that they run together and the later rows read
+        # the tile's weights from L2 while the first brings them in.
+        pid_r = tl.program_id(0) % num_rows
+        pid_n = tl.program_id(0) // num_rows
         if PDL > 0:
-            pdl_enter(tl.program_id(0), tl.program_id(1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
+            pdl_enter(pid_n, tl.program_id(1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
                       PF_LINES, PDL, not EARLY_W)
-        row_body(tl.program_id(0), tl.program_id(1), x_ptr + pid_r * stride_x, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr,
+        row_body(pid_n, tl.program_id(1), x_ptr + pid_r * stride_x, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr,
                  su_ptr, ou_ptr, b_ptr, out_ptr + pid_r * stride_out, part_ptr + pid_r * N,
                  count_ptr + pid_r * tl.cdiv(N, BLOCK_N), N, stride_q, stride_h, stride_s, stride_u, low_mask,
                  high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
@@ -801,15 +804,15 @@ def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: tor
     x, within x's rounding of the reference. A RoundedX x: the same integer products, x rounded
     once before the launch (vectors of 32 inputs; in the kernel, of the thread's 16 or 32).
     pdl: programmatic dependent launch (row_pdl_args); the same values.
-    x of M rows (a plain tensor, up to MAX_TREE_ROWS): each row's programs along the grid's third
-    axis, the same compiled kernel as one row's, so that row m has the bits of its own one-row
-    launch (batch invariance: KernelOptions.packed_invariant_x "row")."""
+    x of M rows (a plain tensor, up to MAX_TREE_ROWS): each row's programs apart (a column tile's
+    rows side by side on the grid), the same compiled kernel as one row's, so that row m has the
+    bits of its own one-row launch (batch invariance: KernelOptions.packed_invariant_x "row")."""
     m = 1 if isinstance(x, RoundedX) else x.shape[0]
     if out is None:
         out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
     rows = dict(num_rows=m, stride_x=0 if isinstance(x, RoundedX) else x.stride(0), stride_out=out.stride(0))
-    _row_kernel()[0][grid + (m,)](_x_arg(x), **args, **rows, **launch, **row_pdl_args(x.device, pdl))
+    _row_kernel()[0][(grid[0] * m, grid[1])](_x_arg(x), **args, **rows, **launch, **row_pdl_args(x.device, pdl))
     return out
 
 
