@@ -810,6 +810,12 @@ def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: tor
     m = 1 if isinstance(x, RoundedX) else x.shape[0]
     if out is None:
         out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
+    tile = tile or row_tile_for(weight)
+    most = max(1, _MAX_TILES // -(-weight.shape[0] // tile.block_n))  # rows whose split-K counters fit at once
+    if tile.split_k > 1 and m > most:  # (a wide packed lm_head): rows in groups, each row's bits its own
+        for start in range(0, m, most):
+            packed_row_gemv(x[start:start + most], weight, bias, tile, out[start:start + most], int8_x, pdl)
+        return out
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
     rows = dict(num_rows=m, stride_x=0 if isinstance(x, RoundedX) else x.stride(0), stride_out=out.stride(0))
     _row_kernel()[0][(grid[0] * m, grid[1])](_x_arg(x), **args, **rows, **launch, **row_pdl_args(x.device, pdl))

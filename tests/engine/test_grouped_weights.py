@@ -268,7 +268,7 @@ EACH_ROW_CASES = [c for c in ROW_CASES if c[0] in ("gguf Q4_1", "gguf Q4_K", "gg
 
 @pytest.mark.parametrize("device", [CUDA, CPU])
 @pytest.mark.parametrize("name,parts", EACH_ROW_CASES, ids=[c[0] for c in EACH_ROW_CASES])
-def test_rows_along_the_row_kernels_grid_keep_their_one_row_bits(device, name, parts):
+def test_rows_along_the_row_kernels_grid_keep_their_one_row_bits(device, name, parts, monkeypatch):
     """packed_row_gemv of M rows (LOCALCHAT_PACKED_INVARIANT_X=row: a draft-loaded target's
     batch-invariant steps): each row's programs run apart, so every row of a 2-, 5-, 16- or 40-row
     call has the bits of its own one-row launch, K split or not, with and without a bias, x in
@@ -300,6 +300,13 @@ def test_rows_along_the_row_kernels_grid_keep_their_one_row_bits(device, name, p
             wide = torch.full((5, n + 8), 7.0, dtype=dtype, device=device)
             packed_row_gemv(x32.to(device, dtype)[:10:2], g, bias, tile, out=wide[:, 4:4 + n], int8_x=int8_x)
             assert torch.equal(wide[:, 4:4 + n], got[:10:2]) and bool((wide[:, :4] == 7).all())
+            if tile is not None:  # split K: more rows than the split-K counters hold go in groups
+                import engine.kernels.packed_gemv as packed_gemv_module
+
+                with monkeypatch.context() as m:
+                    m.setattr(packed_gemv_module, "_MAX_TILES", 3 * -(-n // tile.block_n))
+                    grouped = packed_row_gemv(x, g, bias, tile, int8_x=int8_x)
+                assert torch.equal(grouped, got), (name, int8_x)
 
 
 @pytest.mark.parametrize("device", [CUDA, CPU])

@@ -254,8 +254,8 @@ def test_a_packed_target_on_the_row_kernel_row_by_row_speculates_like_plain_deco
 
     path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=2048)
     cfg = json.loads((tmp_path / "work" / "hf" / "config.json").read_text())
-    head = write_head(tmp_path / "head", cfg, "sglang", head_tensors(128, cfg["hidden_size"], 3, cfg["vocab_size"], 200, seed=2),
-                      128, (0, 1, 2))
+    tensors = head_tensors(128, cfg["hidden_size"], 3, cfg["vocab_size"], 200, seed=2)
+    head = write_head(tmp_path / "head", cfg, "sglang", tensors, 128, (0, 1, 2))
     options = KernelOptions(packed_weights=True, packed_invariant_x="row")
     for steps in (3, 5):
         packed = Engine.load(str(path), draft=str(head), device="cuda", draft_steps=steps, options=options)
