@@ -273,6 +273,7 @@ def test_rows_along_the_row_kernels_grid_keep_their_one_row_bits(device, name, p
     batch-invariant steps): each row's programs run apart, so every row of a 2-, 5-, 16- or 40-row
     call has the bits of its own one-row launch, K split or not, with and without a bias, x in
     its own precision or rounded to int8; a row of zeros and rows of other sizes beside the others."""
+    import engine.kernels.packed_gemv as packed_gemv_module
     from engine.kernels.packed_gemv import RowTile, packed_row_gemv, row_tile_fits_weight
 
     if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
@@ -301,8 +302,6 @@ def test_rows_along_the_row_kernels_grid_keep_their_one_row_bits(device, name, p
             packed_row_gemv(x32.to(device, dtype)[:10:2], g, bias, tile, out=wide[:, 4:4 + n], int8_x=int8_x)
             assert torch.equal(wide[:, 4:4 + n], got[:10:2]) and bool((wide[:, :4] == 7).all())
             if tile is not None:  # split K: more rows than the split-K counters hold go in groups
-                import engine.kernels.packed_gemv as packed_gemv_module
-
                 with monkeypatch.context() as m:
                     m.setattr(packed_gemv_module, "_MAX_TILES", 3 * -(-n // tile.block_n))
                     grouped = packed_row_gemv(x, g, bias, tile, int8_x=int8_x)
