@@ -1,11 +1,10 @@
 """The batch-invariant packed GEMV of a quantized target with a draft loaded, per projection of the
 Llama-3.1-8B shape: packed_rows_gemv (x rounded to int8, dp4a; its rounding launch included, once a
 projection as PackedLinear runs it) beside packed_gemv (the weights decoded to bf16, tensor-core
-dots) at 1, 6 and 16 rows, the one-row kernel of an engine with no draft (packed_row_gemv with
-int8 x), and that kernel with each row's programs along the grid (LOCALCHAT_PACKED_INVARIANT_X=row)
-at 1, 6 and 16 rows, inside CUDA graphs over weight copies larger than L2. Each timed kernel's
-values are checked: packed_rows_gemv against packed_rows_ref, and the rows of its and the row
-kernel's 16-row calls against their 1-row calls, bit for bit. --sweep tries other tiles at 6 rows.
+dots) at 1, 6 and 16 rows, and the one-row kernel of an engine with no draft (packed_row_gemv with
+int8 x), inside CUDA graphs over weight copies larger than L2. Each timed kernel's values are
+checked: packed_rows_gemv against packed_rows_ref, and the rows of its 16-row call against its
+1-row calls, bit for bit. --sweep tries other tiles at 6 rows.
 
     python benchmarks/bench_packed_rows.py --out rows.json [--layouts Q4_K_M,AWQ] [--sweep]
 """
@@ -83,14 +82,8 @@ def main() -> None:
             row = {"bytes": nbytes, "rows_max_err_vs_ref": float((got.float() - ref.float()).abs().max()),
                    "ref_max": float(ref.float().abs().max()), "rows_equal_1_row_calls": bool(torch.equal(got, ones)),
                    "default_tile": str(default_rows_tile(n, k)), "rows_us": {}, "gemv_us": {}, "tiles": []}
-            each = run_row(xk, blocks, out.clone(), None, True)
-            row["each_row_equal_1_row_calls"] = bool(torch.equal(
-                each, torch.cat([run_row(xk[i:i + 1], blocks, out[:1].clone(), None, True) for i in range(16)])))
-            row["each_row_us"] = {}
             for m in ROW_COUNTS:
                 xm, om = xk[:m], out[:m]
-                row["each_row_us"][m] = time_graph(lambda i: run_row(xm, sets[i % copies], om, None, True),
-                                                   args.iters, args.calls)
                 row["rows_us"][m] = time_graph(lambda i: run_rows(xm, sets[i % copies], om), args.iters, args.calls)
                 row["gemv_us"][m] = time_graph(lambda i: run_blocks(xm, sets[i % copies], om), args.iters, args.calls)
             row["row_int8_x_us"] = time_graph(lambda i: run_row(xk[:1], sets[i % copies], out[:1], None, True),
@@ -117,9 +110,7 @@ def main() -> None:
             entry[role] = row
             print(f"{layout:6s} {role:8s} rows " + " ".join(f"{m}:{row['rows_us'][m]:7.2f}" for m in ROW_COUNTS)
                   + " | gemv " + " ".join(f"{m}:{row['gemv_us'][m]:7.2f}" for m in ROW_COUNTS)
-                  + f" | row int8 x {row['row_int8_x_us']:7.2f} us | each row "
-                  + " ".join(f"{m}:{row['each_row_us'][m]:7.2f}" for m in ROW_COUNTS)
-                  + f" equal {row['each_row_equal_1_row_calls']}; rows err {row['rows_max_err_vs_ref']:.3g}"
+                  + f" | row int8 x {row['row_int8_x_us']:7.2f} us; rows err {row['rows_max_err_vs_ref']:.3g}"
                   f" of {row['ref_max']:.3g}, rows equal {row['rows_equal_1_row_calls']}", flush=True)
             del sets, blocks
             torch.cuda.empty_cache()
@@ -127,13 +118,11 @@ def main() -> None:
             layer = {"rows_us": {m: sum(entry[r]["rows_us"][m] for r in SHAPES) for m in ROW_COUNTS},
                      "gemv_us": {m: sum(entry[r]["gemv_us"][m] for r in SHAPES) for m in ROW_COUNTS},
                      "row_int8_x_us": sum(entry[r]["row_int8_x_us"] for r in SHAPES),
-                     "each_row_us": {m: sum(entry[r]["each_row_us"][m] for r in SHAPES) for m in ROW_COUNTS},
                      "bytes": sum(entry[r]["bytes"] for r in SHAPES)}
             entry["layer"] = layer
             print(f"{layout:6s} layer    rows " + " ".join(f"{m}:{layer['rows_us'][m]:7.2f}" for m in ROW_COUNTS)
                   + " | gemv " + " ".join(f"{m}:{layer['gemv_us'][m]:7.2f}" for m in ROW_COUNTS)
-                  + f" | row int8 x {layer['row_int8_x_us']:7.2f} us | each row "
-                  + " ".join(f"{m}:{layer['each_row_us'][m]:7.2f}" for m in ROW_COUNTS), flush=True)
+                  + f" | row int8 x {layer['row_int8_x_us']:7.2f} us", flush=True)
     args.out.write_text(json.dumps(report, indent=1))
 
 

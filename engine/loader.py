@@ -59,8 +59,7 @@ def build_model(cfg: ModelConfig, tensors, source: str, device: torch.device, dt
 # 1.59x, AWQ 1.90x, FP8 1.45x; Qwen2.5-7B's Q4_K_M 1.58x; docs/performance.md), so auto packs it
 # even where the dense model fits when at
 # least this share of its projections' weights would run that kernel. A loaded draft verifies on
-# the batch-invariant packed kernel, slower than bf16's: there the memory rule alone, unless the
-# draft's steps run the one-row kernel row by row (KernelOptions.packed_invariant_x "row").
+# the batch-invariant packed kernel, slower than bf16's: there the memory rule alone.
 ONE_ROW_SHARE = 0.75
 
 
@@ -70,9 +69,8 @@ def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptio
     KernelOptions.packed_weights True, or None (auto) with either a dense model of `cfg` (its
     weights, a KV cache of max_len positions, 1 GiB for the rest) that would not fit in 90% of the
     GPU's free memory (the rule the fit estimate follows: engine/hub/fit.py), or, with no draft
-    loaded (or a draft's steps on the one-row kernel: packed_invariant_x "row") and the one-row
-    kernel on, one_row_share (the share of the projections' weights that kernel would run:
-    gguf_one_row_share, quant_one_row_share) of at least ONE_ROW_SHARE."""
+    loaded and the one-row kernel on, one_row_share (the share of the projections' weights that
+    kernel would run: gguf_one_row_share, quant_one_row_share) of at least ONE_ROW_SHARE."""
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or options.packed_weights is False:
         return False
     if not _has_triton():
@@ -80,9 +78,7 @@ def packs_weights(device: torch.device, dtype: torch.dtype, options: KernelOptio
     if options.packed_weights is None:
         if cfg is None:
             return False
-        # with a draft loaded, packed_invariant_x "row" runs one-row steps on that kernel too
-        row_steps = not options.batch_invariant or options.packed_invariant_x == "row"
-        if one_row_share >= ONE_ROW_SHARE and options.packed_row and row_steps:
+        if one_row_share >= ONE_ROW_SHARE and options.packed_row and not options.batch_invariant:
             return True
         from engine.hub.catalog import ModelShape
         from engine.hub.fit import OVERHEAD_BYTES, dense_fits

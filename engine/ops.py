@@ -127,9 +127,7 @@ class Ops:
         mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row,
                                   tree=batch.slot_map is not None)
         if packed:
-            # the prologue rides on packed_gemv's launches; "row" runs the one-row kernel instead
-            o = self.options
-            if o.packed_prologue and o.packed_invariant_x != "row" and mode == routing.INVARIANT:
+            if self.options.packed_prologue and mode == routing.INVARIANT:
                 return self._packed_prologue
             return self._rounding if _rounds_x(self.options) and mode == routing.ROW and not each_row else self._unfused
         if mode == routing.ROW:
@@ -177,8 +175,7 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
                       one_launch=options.packed_one_launch, row_pdl=_row_pdl(options),
                       rounded=rounded, pdl=packed_gemv_pdl(options, linear.in_features),
-                      short=options.packed_short_tiles,
-                      each_row=options.batch_invariant and options.packed_invariant_x == "row")
+                      short=options.packed_short_tiles)
     assert rounded is None
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)
     if route.kernel == CUBLAS:

@@ -83,11 +83,7 @@ class KernelOptions:
     # every kind but FP8), or the weights decoded to bf16 for a tensor-core dot (packed_gemv).
     # Either is built to keep a verify row's bits equal to its one-row step's; int8 is slower with
     # rows than bf16 and not yet checked bit for bit on a GPU at an 8B's shapes, so bf16 is the
-    # default (docs/performance.md). "row": the no-draft one-row kernel (packed_row_gemv, x
-    # rounded to int8 in its programs) with each row's programs along the grid, the same compiled
-    # kernel for every row count: a one-row step runs as fast as with no draft, a verify step
-    # reads each weight tile once from memory and again from L2 for each further row.
-    # LOCALCHAT_PACKED_INVARIANT_X=bf16|int8|row.
+    # default (docs/performance.md). LOCALCHAT_PACKED_INVARIANT_X=bf16|int8.
     packed_invariant_x: str = "bf16"
     # A packed model's long steps (prefill) on a GPU (engine/packed_linear.py PREFILL_WAYS):
     # "fused" decodes tiles inside a Triton matmul; "dequant" decodes a slice of each weight by a
@@ -293,7 +289,7 @@ class KernelOptions:
             else _flag(env, "LOCALCHAT_PACKED_WEIGHTS"),
             packed_row=_flag(env, "LOCALCHAT_PACKED_ROW"),
             packed_row_x=_choice(env, "LOCALCHAT_PACKED_ROW_X", ("int8", "bf16"), "int8"),
-            packed_invariant_x=_choice(env, "LOCALCHAT_PACKED_INVARIANT_X", ("bf16", "int8", "row"), "bf16"),
+            packed_invariant_x=_choice(env, "LOCALCHAT_PACKED_INVARIANT_X", ("int8", "bf16"), "bf16"),
             packed_prefill=_choice(env, "LOCALCHAT_PACKED_PREFILL", ("fused", "dequant", "torch"), "fused"),
             packed_one_launch=_flag(env, "LOCALCHAT_PACKED_ONE_LAUNCH"),
             packed_row_pdl=_count(env, "LOCALCHAT_PACKED_ROW_PDL", 2, default=2),

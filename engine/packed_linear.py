@@ -6,9 +6,7 @@ Steps of up to 16 rows run a batch-invariant kernel, as the bf16 tiles are, so g
 over a quantized target keeps the bits of its plain decoding: packed_gemv (bf16 tensor-core dots),
 or where asked (LOCALCHAT_PACKED_INVARIANT_X=int8, slower so far) packed_rows_gemv (x rounded to
 int8, integer dot products) for the kinds with integer values; an engine with no draft loaded
-runs its one-row steps on packed_row_gemv, which is faster and needs no such invariance. With
-LOCALCHAT_PACKED_INVARIANT_X=row a draft-loaded target runs packed_row_gemv too, one row's
-programs apart from the next's, so that each row has a one-row launch's bits.
+runs its one-row steps on packed_row_gemv, which is faster and needs no such invariance.
 Longer steps (prefill) run packed_matmul, which decodes each weight tile inside the matmul (or,
 as asked, dequantize slices of the weight and run cuBLAS: _long_step). The layers that hold one run
 the unfused norm and activation launches (Ops.layer_kernels), since the fused kernels read a bf16
@@ -54,17 +52,15 @@ def projection_device() -> str | None:
     return "meta" if _ON_META.get() else None
 
 
-def kernel_for(block: GroupedWeight, num_rows: int, one_row: bool, int8_rows: bool = False,
-               each_row: bool = False):
+def kernel_for(block: GroupedWeight, num_rows: int, one_row: bool, int8_rows: bool = False):
     """The GEMV a step of num_rows (up to 16) runs on a block: packed_row_gemv for a single row
-    when one_row (no draft loaded) and the kind is one it runs faster, or for every row count
-    when each_row (its rows along the grid, each with a one-row launch's bits); else a
-    batch-invariant one: packed_rows_gemv (x rounded to int8, integer dot products) where
-    int8_rows and the kind has integer values, packed_gemv (bf16 tensor-core dots) otherwise."""
+    when one_row (no draft loaded) and the kind is one it runs faster, else a batch-invariant one:
+    packed_rows_gemv (x rounded to int8, integer dot products) where int8_rows and the kind has
+    integer values, packed_gemv (bf16 tensor-core dots) otherwise."""
     from engine.kernels.packed_gemv import packed_gemv, packed_row_gemv, row_kernel_fits
     from engine.kernels.packed_rows import packed_rows_gemv, rows_kernel_fits
 
-    if (each_row or (one_row and num_rows == 1)) and row_kernel_fits(block):
+    if one_row and num_rows == 1 and row_kernel_fits(block):
         return packed_row_gemv
     return packed_rows_gemv if int8_rows and rows_kernel_fits(block) else packed_gemv
 
@@ -114,15 +110,13 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, one_row: bool = False, prefill: str = "fused",
                 int8_x: bool = False, int8_rows: bool = False, one_launch: bool = False,
-                row_pdl: int = 0, rounded=None, pdl: int = 0, short: bool = True,
-                each_row: bool = False) -> torch.Tensor:
+                row_pdl: int = 0, rounded=None, pdl: int = 0, short: bool = True) -> torch.Tensor:
         """one_row: a single row runs packed_row_gemv (an engine with no draft loaded), not a
         batch-invariant kernel; int8_x: there with x rounded to int8 (every kind but FP8);
         rounded: there x's row already rounded (a RoundedX in rounded_order(), which the kernel
         before produced), in place of x;
         one_launch: there a projection's two blocks in one launch (packed_row_gemv_blocks).
-        int8_rows: the batch-invariant steps on packed_rows_gemv; each_row: on packed_row_gemv,
-        a row's programs apart from the others' (kernel_for), x rounded as int8_x says. prefill: how a
+        int8_rows: the batch-invariant steps on packed_rows_gemv (kernel_for). prefill: how a
         longer step runs on the GPU (PREFILL_WAYS). row_pdl: the one-row kernel's PDL
         (KernelOptions.packed_row_pdl); pdl and short: packed_gemv's (KernelOptions.packed_gemv_pdl,
         packed_short_tiles)."""
@@ -137,7 +131,7 @@ class PackedLinear(nn.Module):
                 assert one_row and int8_x and rows.shape[0] == 1 and rounded.nibble_order == self.rounded_order()
 
             def gemv(x, block, bias, out=None):
-                kernel = kernel_for(block, x.shape[0], one_row, int8_rows, each_row)
+                kernel = kernel_for(block, x.shape[0], one_row, int8_rows)
                 if kernel is packed_row_gemv:
                     return kernel(x if rounded is None else rounded, block, bias, out=out, int8_x=int8_x, pdl=row_pdl)
                 if kernel is packed_rows_gemv:

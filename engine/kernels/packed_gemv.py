@@ -669,12 +669,10 @@ def _row_kernel():
                  HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                  SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, WAIT: tl.constexpr = 0, num_rows=1):
+                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, WAIT: tl.constexpr = 0):
         """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
         below; packed_row_kernel2 runs two blocks of one projection in one launch). WAIT > 0: the
-        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads. num_rows: the rows of the
-        launch, whose split-K partials lie row after row in each split's block (x, out, part_ptr
-        and count_ptr come already at this program's row)."""
+        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads."""
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
@@ -694,8 +692,7 @@ def _row_kernel():
         offs_o = offs_n[None, :]
         out_mask = n_ok[None, :]
         if SPLIT_K > 1:
-            last, total = sum_splits(total, part_ptr + offs_o, pid_k, count_ptr + pid_n, num_rows, N, out_mask,
-                                     SPLIT_K)
+            last, total = sum_splits(total, part_ptr + offs_o, pid_k, count_ptr + pid_n, 1, N, out_mask, SPLIT_K)
             if last:
                 if HAS_BIAS:
                     total += tl.load(b_ptr + offs_o, mask=out_mask, other=0.0).to(tl.float32)
@@ -706,10 +703,9 @@ def _row_kernel():
             tl.store(out_ptr + offs_o, total.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-    @triton.jit(do_not_specialize=["num_rows"])
+    @triton.jit
     def packed_row_kernel(x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr, out_ptr, part_ptr,
-                          count_ptr, num_rows, stride_x, stride_out, N, stride_q, stride_h, stride_s, stride_u,
-                          low_mask, high_mask,
+                          count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
                           ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
                           HIGH: tl.constexpr, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr,
                           ASM: tl.constexpr, HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
@@ -718,22 +714,14 @@ def _row_kernel():
                           UG: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1,
                           EARLY_W: tl.constexpr = 0):
         # EARLY_W (with PDL): the first K step's weights loaded before the PDL wait, not only their
-        # first lines requested into L2.
-        # Rows: row r's programs run the instructions of a one-row launch on their own row
-        # (num_rows is not specialized on, so one compiled kernel serves every row count), which
-        # keeps a row's bits whatever rows launch beside it. The rows of one column tile are
-        # neighbours on the grid's first axis, so that they run together and the later rows read
-        # the tile's weights from L2 while the first brings them in.
-        pid_r = tl.program_id(0) % num_rows
-        pid_n = tl.program_id(0) // num_rows
+        # first lines requested into L2
         if PDL > 0:
-            pdl_enter(pid_n, tl.program_id(1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
+            pdl_enter(tl.program_id(0), tl.program_id(1), q_ptr, N, stride_q, ONE_BYTE, K_PER_SPLIT, BLOCK_N,
                       PF_LINES, PDL, not EARLY_W)
-        row_body(pid_n, tl.program_id(1), x_ptr + pid_r * stride_x, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr,
-                 su_ptr, ou_ptr, b_ptr, out_ptr + pid_r * stride_out, part_ptr + pid_r * N,
-                 count_ptr + pid_r * tl.cdiv(N, BLOCK_N), N, stride_q, stride_h, stride_s, stride_u, low_mask,
-                 high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
-                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, PDL if EARLY_W else 0, num_rows)
+        row_body(tl.program_id(0), tl.program_id(1), x_ptr, sx_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, b_ptr,
+                 out_ptr, part_ptr, count_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask, high_mask,
+                 ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, HAS_BIAS, X_KIND, SPLIT_K,
+                 K_PER_SPLIT, BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, PDL if EARLY_W else 0)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -803,22 +791,11 @@ def packed_row_gemv(x: torch.Tensor | RoundedX, weight: GroupedWeight, bias: tor
     integer dot products (dp4a), as llama.cpp's kernels do: the weights' exact values times that
     x, within x's rounding of the reference. A RoundedX x: the same integer products, x rounded
     once before the launch (vectors of 32 inputs; in the kernel, of the thread's 16 or 32).
-    pdl: programmatic dependent launch (row_pdl_args); the same values.
-    x of M rows (a plain tensor, up to MAX_TREE_ROWS): each row's programs apart (a column tile's
-    rows side by side on the grid), the same compiled kernel as one row's, so that row m has the
-    bits of its own one-row launch (batch invariance: KernelOptions.packed_invariant_x "row")."""
-    m = 1 if isinstance(x, RoundedX) else x.shape[0]
+    pdl: programmatic dependent launch (row_pdl_args); the same values."""
     if out is None:
-        out = torch.empty((m, weight.shape[0]), dtype=x.dtype, device=x.device)
-    tile = tile or row_tile_for(weight)
-    most = max(1, _MAX_TILES // -(-weight.shape[0] // tile.block_n))  # rows whose split-K counters fit at once
-    if tile.split_k > 1 and m > most:  # (a wide packed lm_head): rows in groups, each row's bits its own
-        for start in range(0, m, most):
-            packed_row_gemv(x[start:start + most], weight, bias, tile, out[start:start + most], int8_x, pdl)
-        return out
+        out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
     grid, args, launch = _row_args(x, weight, bias, tile, out, int8_x)
-    rows = dict(num_rows=m, stride_x=0 if isinstance(x, RoundedX) else x.stride(0), stride_out=out.stride(0))
-    _row_kernel()[0][(grid[0] * m, grid[1])](_x_arg(x), **args, **rows, **launch, **row_pdl_args(x.device, pdl))
+    _row_kernel()[0][grid](_x_arg(x), **args, **launch, **row_pdl_args(x.device, pdl))
     return out
 
 
@@ -892,7 +869,7 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     m, k = x.shape
     n = weight.shape[0]
     rounded = isinstance(x, RoundedX)
-    assert (m == 1 or not rounded) and k == weight.shape[1] and (rounded or x.stride(1) == 1)
+    assert m == 1 and k == weight.shape[1] and (rounded or x.stride(1) == 1)
     assert not rounded or rounds_x(weight) == x.nibble_order, (KIND_NAMES[weight.kind], x.nibble_order)
     per_word = _per_word(weight.kind)
     group = tile_group(k, weight.group)
@@ -903,10 +880,10 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
     # of weights, and of high bits
     assert k % tile.split_k == 0 and (k // tile.split_k) % chunk == 0 and tile.block_k % chunk == 0, (k, tile)
     assert group % chunk == 0 and chunk % per_word == 0 and chunk * high % 32 == 0, (weight.group, tile)
-    assert out.shape == (m, n) and out.stride(1) == 1 and out.dtype == x.dtype
+    assert out.shape == (1, n) and out.stride(1) == 1 and out.dtype == x.dtype
     tiles = -(-n // tile.block_n)
     vec = min(max(1, tile.vec // 4), chunk // per_word)  # in words
-    part, counters = _split_buffers(tile.split_k, m, n, tiles * m, out)  # a counter a tile and row
+    part, counters = _split_buffers(tile.split_k, 1, n, tiles, out)
     bits = 8 if per_word == 4 else 4 + high
     low = 23 - bits
     x_kind = 3 if rounded else {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[x.dtype]

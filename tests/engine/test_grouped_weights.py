@@ -261,53 +261,6 @@ def test_packed_row_gemv_equals_dequantize_then_matmul(device, name, parts):
                 torch.testing.assert_close(out.float(), want[b is None].to(dtype).float(), **tol)
 
 
-# a short K (one-warp tiles), K split in two, 5- and 6-bit planes, int8, FP8 and AWQ
-EACH_ROW_CASES = [c for c in ROW_CASES if c[0] in ("gguf Q4_1", "gguf Q4_K", "gguf Q6_K K768", "gguf Q8_0 K96",
-                                                    "awq g128 K384", "fp8 per tensor K2560")]
-
-
-@pytest.mark.parametrize("device", [CUDA, CPU])
-@pytest.mark.parametrize("name,parts", EACH_ROW_CASES, ids=[c[0] for c in EACH_ROW_CASES])
-def test_rows_along_the_row_kernels_grid_keep_their_one_row_bits(device, name, parts, monkeypatch):
-    """packed_row_gemv of M rows (LOCALCHAT_PACKED_INVARIANT_X=row: a draft-loaded target's
-    batch-invariant steps): each row's programs run apart, so every row of a 2-, 5-, 16- or 40-row
-    call has the bits of its own one-row launch, K split or not, with and without a bias, x in
-    its own precision or rounded to int8; a row of zeros and rows of other sizes beside the others."""
-    import engine.kernels.packed_gemv as packed_gemv_module
-    from engine.kernels.packed_gemv import RowTile, packed_row_gemv, row_tile_fits_weight
-
-    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 needs compute capability 8.9")
-    g = from_packed(parts).to(device)
-    n, k = g.shape
-    gen = torch.Generator().manual_seed(n + k + 11)
-    x32 = torch.randn(40, k, generator=gen)
-    x32[3] = 0.0
-    x32[5] *= 1e-3
-    bias32 = torch.randn(n, generator=gen)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tiles = [t for t in (None, RowTile(4, 64, split_k=2, vec=4)) if t is None or row_tile_fits_weight(g, t)]
-    for tile in tiles:
-        for int8_x, with_bias in ((True, True), (False, False)):
-            x, bias = x32.to(device, dtype), bias32.to(device, dtype) if with_bias else None
-            got = packed_row_gemv(x, g, bias, tile, int8_x=int8_x)
-            assert got.shape == (40, n) and got.dtype == dtype
-            for m in (2, 5, 16):
-                assert torch.equal(packed_row_gemv(x[:m], g, bias, tile, int8_x=int8_x), got[:m]), (name, tile, m)
-            for i in (0, 3, 5, 15, 39):
-                one = packed_row_gemv(x[i:i + 1], g, bias, tile, int8_x=int8_x)
-                assert torch.equal(one, got[i:i + 1]), (name, tile, int8_x, i)
-            # the rows are laid out apart in memory too: a strided x and a slice of a wider output
-            wide = torch.full((5, n + 8), 7.0, dtype=dtype, device=device)
-            packed_row_gemv(x32.to(device, dtype)[:10:2], g, bias, tile, out=wide[:, 4:4 + n], int8_x=int8_x)
-            assert torch.equal(wide[:, 4:4 + n], got[:10:2]) and bool((wide[:, :4] == 7).all())
-            if tile is not None:  # split K: more rows than the split-K counters hold go in groups
-                with monkeypatch.context() as m:
-                    m.setattr(packed_gemv_module, "_MAX_TILES", 3 * -(-n // tile.block_n))
-                    grouped = packed_row_gemv(x, g, bias, tile, int8_x=int8_x)
-                assert torch.equal(grouped, got), (name, int8_x)
-
-
 @pytest.mark.parametrize("device", [CUDA, CPU])
 @pytest.mark.parametrize("kind", ["Q4_K", "Q2_K"])
 def test_paired_factors_give_the_bits_of_plain_ones(device, kind):
@@ -600,19 +553,14 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
         assert kernel_for(block, 1, one_row=False, int8_rows=True) is invariant, name
         assert kernel_for(block, 16, one_row=True, int8_rows=True) is invariant, name
         assert kernel_for(block, 1, one_row=True, int8_rows=True) is packed_row_gemv, name
-        for rows in (1, 5, 16):  # "row": every row count on the one-row kernel
-            assert kernel_for(block, rows, one_row=False, each_row=True) is packed_row_gemv, name
 
     asked = []
 
     class Recording(PackedLinear):
         def forward(self, x, one_row=False, prefill="fused", int8_x=False, int8_rows=False, one_launch=False,
-                    row_pdl=0, rounded=None, pdl=0, short=True, each_row=False):
+                    row_pdl=0, rounded=None, pdl=0, short=True):
             asked.append((one_row, int8_x, int8_rows, one_launch, row_pdl, pdl, short))
-            each.append(each_row)
             return x
-
-    each = []
 
     linear = Recording([by_kind["short K"]])  # K = 576: packed_gemv with PDL (packed_gemv_pdl_k)
     x = torch.zeros(1, linear.in_features)
@@ -636,12 +584,7 @@ def test_only_an_engine_without_a_draft_runs_one_row_steps_on_the_row_kernel():
                           # no PDL anywhere: none for the row kernel either
                           (KernelOptions(pdl=False), (True, True, False, True, 0, 0, True))):
         routed_linear(options, "unfused", x, linear, "qkv")
-        assert asked[-1] == want and not each[-1], options
-    # "row": a draft-loaded target's steps on the one-row kernel, rows apart; without a draft, no change
-    for options, want in ((KernelOptions(batch_invariant=True, packed_invariant_x="row"), True),
-                          (KernelOptions(packed_invariant_x="row"), False)):
-        routed_linear(options, "unfused", x, linear, "qkv")
-        assert each[-1] is want, options
+        assert asked[-1] == want, options
     # K = 2,048: packed_gemv without PDL, unless packed_gemv_pdl_k takes it in
     long = Recording([by_kind["gguf Q4_0"]])
     x = torch.zeros(1, long.in_features)

@@ -58,7 +58,6 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
     for way in ("int8", "bf16"):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_ROW_X": way}).packed_row_x == way
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_INVARIANT_X": way}).packed_invariant_x == way
-    assert KernelOptions.from_env({"LOCALCHAT_PACKED_INVARIANT_X": "row"}).packed_invariant_x == "row"
     for way in ("dequant", "fused", "torch"):
         assert KernelOptions.from_env({"LOCALCHAT_PACKED_PREFILL": way}).packed_prefill == way
     # the one-row packed kernel's PDL: the next kernel launched after its stores (2) by default
@@ -92,7 +91,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_PACKED_GEMV_PDL": "3"}, "LOCALCHAT_PACKED_GEMV_PDL='3': use a count from 0"),
                                       ({"LOCALCHAT_PACKED_GEMV_PDL_K": "-1"}, "LOCALCHAT_PACKED_GEMV_PDL_K='-1': use a count"),
                                       ({"LOCALCHAT_PACKED_PROLOGUE": "yes"}, r"LOCALCHAT_PACKED_PROLOGUE=.yes.: use 1 \(on\) or 0"),
-                                      ({"LOCALCHAT_PACKED_INVARIANT_X": "int4"}, "LOCALCHAT_PACKED_INVARIANT_X='int4': use bf16 or int8 or row"),
+                                      ({"LOCALCHAT_PACKED_INVARIANT_X": "int4"}, "LOCALCHAT_PACKED_INVARIANT_X='int4': use int8 or bf16"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
                                       ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use none"),
                                       ({"LOCALCHAT_ROW_STATS": ","}, "LOCALCHAT_ROW_STATS=','"),

@@ -237,40 +237,6 @@ def test_a_packed_safetensors_target_speculates_like_plain_decoding(tmp_path, la
     assert tokens(packed, speculative=True) == tokens(packed, speculative=False)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q4_1"])
-def test_a_packed_target_on_the_row_kernel_row_by_row_speculates_like_plain_decoding(tmp_path, qtype):
-    """LOCALCHAT_PACKED_INVARIANT_X=row: a draft-loaded packed target runs its one-row and verify
-    steps on packed_row_gemv, each row's programs apart. Greedy speculation gives plain
-    decoding's tokens (the chain at 3 and 5 draft steps), and a one-row step's projections have
-    the bits of an engine with no draft loaded whose one-row kernel rounds x in its programs."""
-    import json
-
-    from engine.engine import Engine
-    from engine.kernels.packed_gemv import packed_row_gemv
-    from engine.options import KernelOptions
-    from engine.packed_linear import PackedLinear, kernel_for
-    from tests.speculative.heads import head_tensors, write_head
-    from tests.tiny_gguf import make_tiny_gguf
-
-    path = make_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", tmp_path / "work", qtype=qtype, hidden=2048)
-    cfg = json.loads((tmp_path / "work" / "hf" / "config.json").read_text())
-    tensors = head_tensors(128, cfg["hidden_size"], 3, cfg["vocab_size"], 200, seed=2)
-    head = write_head(tmp_path / "head", cfg, "sglang", tensors, 128, (0, 1, 2))
-    options = KernelOptions(packed_weights=True, packed_invariant_x="row")
-    for steps in (3, 5):
-        packed = Engine.load(str(path), draft=str(head), device="cuda", draft_steps=steps, options=options)
-        assert isinstance(packed.runner.model.model.layers[0].mlp.down_proj, PackedLinear)
-        assert tokens(packed, speculative=True) == tokens(packed, speculative=False), steps
-    layer = packed.runner.model.model.layers[1]
-    for name in ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj"):
-        a = layer.get_submodule(name)
-        assert all(kernel_for(b, 6, one_row=False, each_row=True) is packed_row_gemv for b in a.blocks), name
-        x = torch.randn(6, a.in_features, device="cuda", dtype=torch.bfloat16)
-        rows = a(x, each_row=True, int8_x=True)
-        for i in range(6):
-            assert torch.equal(a(x[i:i + 1], one_row=True, int8_x=True), rows[i:i + 1]), (name, i)
-
-
 def _replayed(step, outs: list[torch.Tensor]) -> torch.Tensor:
     """step() once eagerly (compiling its kernels), then captured in a CUDA graph and replayed into
     zeroed outs: what the replay wrote, outs concatenated."""

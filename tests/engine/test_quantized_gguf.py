@@ -224,9 +224,8 @@ def test_packing_is_asked_for_or_needed(monkeypatch):
 def test_with_no_draft_a_model_the_one_row_kernel_runs_packs_even_where_it_fits(monkeypatch, tmp_path):
     """Auto, with no draft loaded (batch_invariant off) and the one-row kernel on, a model at least
     three quarters of whose projection weights that kernel would run (any GGUF block type, AWQ or
-    GPTQ, a K that fills its steps) packs though the dense model fits, and so does one with a draft
-    whose steps run that kernel row by row; with a draft on the other kernels, the one-row kernel
-    off, or a smaller share, only the memory rule packs. The shares: GGUF by tensor type
+    GPTQ, a K that fills its steps) packs though the dense model fits; with a draft, the one-row
+    kernel off, or a smaller share, only the memory rule packs. The shares: GGUF by tensor type
     and K, AWQ/GPTQ by K, FP8 none."""
     from types import SimpleNamespace as NS
 
@@ -242,10 +241,6 @@ def test_with_no_draft_a_model_the_one_row_kernel_runs_packs_even_where_it_fits(
     assert loader.packs_weights(cuda, bf16, KernelOptions(), cfg, None, 0.75) is True
     assert loader.packs_weights(cuda, bf16, KernelOptions(), cfg, None, 0.74) is False
     assert loader.packs_weights(cuda, bf16, KernelOptions(batch_invariant=True), cfg, None, 1.0) is False
-    # a draft whose steps run the one-row kernel row by row (LOCALCHAT_PACKED_INVARIANT_X=row): the no-draft rule
-    row = KernelOptions(batch_invariant=True, packed_invariant_x="row")
-    assert loader.packs_weights(cuda, bf16, row, cfg, None, 0.75) is True
-    assert loader.packs_weights(cuda, bf16, row, cfg, None, 0.74) is False
     assert loader.packs_weights(cuda, bf16, KernelOptions(packed_row=False), cfg, None, 1.0) is False
     assert loader.packs_weights(cuda, bf16, KernelOptions(packed_weights=False), cfg, None, 1.0) is False
     assert loader.packs_weights(torch.device("cpu"), torch.float32, KernelOptions(), cfg, None, 1.0) is False
