@@ -142,6 +142,11 @@ ROWS = (
      "`localchat bench --random-weights benchmarks/configs/smollm2-135m.json --random-quant Q4_1 --force-accept 3.5 "
      "--prompts 4 --new-tokens 256 --no-peer` (and without `--random-quant`)",
      "h100_demo_shape_packed_Q4_1_forced35_pdl.json, h100_demo_shape_bf16_forced35_pdl_session.json"),
+    ("spec_packed", "H100, the demo's own Q4_1 file decoded packed (`LOCALCHAT_PACKED_WEIGHTS=1`) with its EAGLE-3 "
+     "head, 8 unseen requests, answers ending at EOS (the demo loads as bf16 by default)",
+     "`LOCALCHAT_PACKED_WEIGHTS=1 localchat bench --model demo --prompts-file benchmarks/prompts/unseen_requests.txt "
+     "--prompts 8 --new-tokens 256 --no-peer` (and `=0`)",
+     "h100_real_demo_Q4_1_packed.json, h100_real_demo_Q4_1_bf16.json"),
     ("prefill", "the same Q4_K_M file's prefill of 512-token prompts, each weight tile decoded inside the matmul",
      "the same with `--new-tokens 32`, `LOCALCHAT_PACKED_PREFILL=torch` for the slices",
      "h200_8b_prefill_Q4_K_M_fused.json, h200_8b_prefill_Q4_K_M_torch.json, h200_8b_bf16_row_session.json"),
