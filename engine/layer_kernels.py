@@ -240,41 +240,6 @@ class RoundingLayerKernels(LayerKernels):
         return self.project(act, mlp.down_proj, "down", rounded=rounded)
 
 
-def packed_gemv_pdl(options: KernelOptions, in_features: int) -> int:
-    """packed_gemv's PDL mode for a projection of this K (KernelOptions.packed_gemv_pdl where its K
-    is under packed_gemv_pdl_k), 0 without."""
-    return options.packed_gemv_pdl if options.pdl and in_features < options.packed_gemv_pdl_k else 0
-
-
-class PackedPrologueLayerKernels(LayerKernels):
-    """The unfused set of a quantized layer's batch-invariant step (a draft loaded), with the norm
-    before qkv and gate_up and the activation before down inside those projections' packed_gemv
-    launches (KernelOptions.packed_prologue): six launches a layer where the unfused set runs nine.
-    A projection that is not a PackedLinear, or a step its launches do not take, runs unfused."""
-
-    def __init__(self, options: KernelOptions, project: Callable):
-        super().__init__(project)
-        self.options = options
-
-    def norm_linear(self, x, residual, norm, linear, role):
-        from engine.packed_linear import PackedLinear
-
-        if not isinstance(linear, PackedLinear) or isinstance(x, (Normed, Scaled)) or not linear.takes_prologue(x):
-            return super().norm_linear(x, residual, norm, linear, role)
-        return linear.norm_forward(x, residual, norm.weight, norm.eps,
-                                   pdl=packed_gemv_pdl(self.options, linear.in_features),
-                                   short=self.options.packed_short_tiles)
-
-    def mlp_down(self, gate_up, mlp):
-        from engine.packed_linear import PackedLinear
-
-        down = mlp.down_proj
-        if not isinstance(down, PackedLinear) or not down.takes_prologue(gate_up):
-            return super().mlp_down(gate_up, mlp)
-        return down.silu_forward(gate_up, pdl=packed_gemv_pdl(self.options, down.in_features),
-                                 short=self.options.packed_short_tiles)
-
-
 def _order(linear) -> bool | None:
     from engine.packed_linear import PackedLinear
 

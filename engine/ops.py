@@ -16,8 +16,7 @@ from engine.kernels.gemv import MAX_ROWS, gemv
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref, embed_rows
 from engine.kernels.pick import greedy_next
 from engine.kernels.rope import rope_and_cache
-from engine.layer_kernels import (FusedLayerKernels, LayerKernels, PackedPrologueLayerKernels, RoundingLayerKernels,
-                                  packed_gemv_pdl)
+from engine.layer_kernels import FusedLayerKernels, LayerKernels, RoundingLayerKernels
 from engine.options import KernelOptions
 from engine.packed_linear import PackedLinear
 from engine.routing import CUBLAS, DRAFT, UNFUSED
@@ -127,8 +126,6 @@ class Ops:
         mode = routing.layer_mode(self.options, x.shape[0], x.dtype, batch.is_packed, each_row,
                                   tree=batch.slot_map is not None)
         if packed:
-            if self.options.packed_prologue and mode == routing.INVARIANT:
-                return self._packed_prologue
             return self._rounding if _rounds_x(self.options) and mode == routing.ROW and not each_row else self._unfused
         if mode == routing.ROW:
             return self.fused_row
@@ -137,10 +134,6 @@ class Ops:
     @functools.cached_property
     def _rounding(self) -> RoundingLayerKernels:
         return RoundingLayerKernels(self.options, functools.partial(routed_linear, self.options, UNFUSED))
-
-    @functools.cached_property
-    def _packed_prologue(self) -> PackedPrologueLayerKernels:
-        return PackedPrologueLayerKernels(self.options, functools.partial(routed_linear, self.options, UNFUSED))
 
     @functools.cached_property
     def _unfused(self) -> LayerKernels:
@@ -174,8 +167,9 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
         return linear(x, one_row=options.packed_row and not options.batch_invariant, prefill=options.packed_prefill,
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
                       one_launch=options.packed_one_launch, row_pdl=_row_pdl(options),
-                      rounded=rounded, pdl=packed_gemv_pdl(options, linear.in_features),
-                      short=options.packed_short_tiles)
+                      rounded=rounded, short=options.packed_short_tiles,
+                      pdl=options.packed_gemv_pdl if options.pdl and linear.in_features < options.packed_gemv_pdl_k
+                      else 0)
     assert rounded is None
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)
     if route.kernel == CUBLAS:

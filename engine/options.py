@@ -126,10 +126,6 @@ class KernelOptions:
     # There, a K under 2,048 (a small model's) takes packed_gemv.default_tile's short-K tile: 32
     # columns a program on 2 warps, K in six shares. LOCALCHAT_PACKED_SHORT_TILES=0: the 8B's rule.
     packed_short_tiles: bool = True
-    # There, the norm before qkv and gate_up and the activation before down inside the projection's
-    # launches (packed_gemv's prologue, as bf16's invariant tile takes them): three launches a layer
-    # fewer. Not timed on a GPU yet, so off. LOCALCHAT_PACKED_PROLOGUE=1: on.
-    packed_prologue: bool = False
     # There (int8 x), the norm before qkv and gate_up and the activation before down hand the
     # projection their output already rounded to int8 (rounded_x.RoundedX), in their own launch,
     # so that the row kernel reads a byte an input, not two, and no program rounds x again. 8B on
@@ -297,7 +293,6 @@ class KernelOptions:
             packed_gemv_pdl=_count(env, "LOCALCHAT_PACKED_GEMV_PDL", 2, default=1),
             packed_gemv_pdl_k=_count(env, "LOCALCHAT_PACKED_GEMV_PDL_K", 1 << 16, default=2048),
             packed_short_tiles=_flag(env, "LOCALCHAT_PACKED_SHORT_TILES"),
-            packed_prologue=_flag(env, "LOCALCHAT_PACKED_PROLOGUE", default=False),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),

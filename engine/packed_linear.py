@@ -169,44 +169,6 @@ class PackedLinear(nn.Module):
             yield block, None if self.bias is None else self.bias[start:stop], slice(start, stop)
             start = stop
 
-    def takes_prologue(self, rows: torch.Tensor) -> bool:
-        """Whether a step of these rows can run its norm or activation inside this projection's
-        batch-invariant launches (packed_gemv's prologue): a GPU step of 1 to MAX_ROWS rows in
-        bf16 or fp16, or the interpreter's CPU launches in tests."""
-        from engine.options import triton_interpreting
-
-        on_kernels = rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16)
-        return (on_kernels or triton_interpreting()) and 1 <= rows.shape[0] <= MAX_ROWS
-
-    def norm_forward(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                     pdl: int = 0, short: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(rms_norm(x + residual) * norm_weight), x + residual) in packed_gemv launches with the
-        norm inside (takes_prologue's steps): the first block's launch stores the stream, the
-        others norm it alone."""
-        from engine.kernels.packed_gemv import RMS_NORM, packed_gemv
-
-        rows = x.reshape(-1, self.in_features)
-        res = None if residual is None else residual.reshape(-1, self.in_features)
-        stream = rows if res is None else torch.empty_like(rows)
-        out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
-        for i, (block, bias, cols) in enumerate(self._by_columns(self.blocks)):
-            first = i == 0 and res is not None
-            packed_gemv(rows if i == 0 else stream, block, bias, out=out[:, cols], pdl=pdl, short=short,
-                        prologue=RMS_NORM, residual=res if first else None, norm_weight=norm_weight, eps=eps,
-                        new_residual=stream if first else None)
-        return out.reshape(*x.shape[:-1], self.out_features), stream.reshape(x.shape)
-
-    def silu_forward(self, gate_up: torch.Tensor, pdl: int = 0, short: bool = True) -> torch.Tensor:
-        """self(silu(gate) * up) of gate_up (.., 2K) = [gate | up] in packed_gemv launches with the
-        activation inside (takes_prologue's steps)."""
-        from engine.kernels.packed_gemv import SILU_MUL, packed_gemv
-
-        rows = gate_up.reshape(-1, 2 * self.in_features)
-        out = torch.empty((rows.shape[0], self.out_features), dtype=rows.dtype, device=rows.device)
-        for block, bias, cols in self._by_columns(self.blocks):
-            packed_gemv(rows, block, bias, out=out[:, cols], pdl=pdl, short=short, prologue=SILU_MUL)
-        return out.reshape(*gate_up.shape[:-1], self.out_features)
-
     def _long_step(self, rows: torch.Tensor, how: str) -> torch.Tensor:
         """A long step (prefill) or the CPU. On a GPU in bf16/fp16: "fused" decodes each weight
         tile inside the matmul (packed_matmul), no slice in memory (the fastest: 2.7x "dequant"

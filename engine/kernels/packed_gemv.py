@@ -37,7 +37,7 @@ from engine.weights.grouped import (
 
 MAX_ROWS = 16
 sum_splits = None  # bound by _kernel()
-decode_tile = prefetch_rows = tile_rstd = tile_operand = None  # bound by _kernel()
+decode_tile = prefetch_rows = None  # bound by _kernel()
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def default_tile(n: int, k: int, group: int, short: bool = True) -> PackedTile:
 
 @functools.cache
 def _kernel():
-    global sum_splits, decode_tile, prefetch_rows, tile_rstd, tile_operand  # called by this module's names
+    global sum_splits, decode_tile, prefetch_rows  # the kernels call these by this module's names
     import triton
     import triton.language as tl
 
@@ -86,7 +86,6 @@ def _kernel():
 
     gemv._kernels()
     sum_splits, prefetch_rows = gemv.sum_splits, gemv.prefetch_rows
-    tile_rstd, tile_operand = gemv.tile_rstd, gemv.tile_operand
 
     @triton.jit
     def decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s, stride_u,
@@ -148,9 +147,7 @@ def _kernel():
                       SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr,
-                      res_ptr, nw_ptr, new_res_ptr, stride_res, stride_new_res, eps,
-                      USE_PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1,
-                      PROLOGUE: tl.constexpr = 0, HAS_RESIDUAL: tl.constexpr = False):
+                      USE_PDL: tl.constexpr = 0, PF_LINES: tl.constexpr = 1):
         # program_id(2): the block of BLOCK_M rows (a decode or verify step has one; a prefill
         # through this kernel, packed_matmul, several, and no split K)
         pid_n = tl.program_id(0)
@@ -177,21 +174,12 @@ def _kernel():
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < num_rows
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        inv_rms = tl.zeros([BLOCK_M], tl.float32)
-        if PROLOGUE == 1:  # RMS_NORM: every program takes its rows' 1 / rms from the whole row
-            inv_rms = tile_rstd(x_ptr, res_ptr, rows, row_ok, stride_x, stride_res, K, eps, HAS_RESIDUAL,
-                                BLOCK_M, BLOCK_K)
         for kk in range(0, K_PER_SPLIT, BLOCK_K):
             k0 = pid_k * K_PER_SPLIT + kk
             w = decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s,
                             stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, MAGIC, BLOCK_N, BLOCK_K, SG, UG)
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            if PROLOGUE == 0:
-                a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None], other=0.0)
-            else:  # the norm (column tile 0 storing the stream) or silu(gate) * up, rounded as their launches round
-                a = tile_operand(x_ptr, res_ptr, nw_ptr, new_res_ptr, rows, row_ok, offs_k, offs_k < K, inv_rms,
-                                 pid_n, stride_x, stride_res, stride_new_res, K, PROLOGUE,
-                                 HAS_RESIDUAL).to(out_ptr.dtype.element_ty)
+            a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None], other=0.0)
             if DOT_F32:
                 acc_t += tl.dot(w.to(a.dtype).to(tl.float32), tl.trans(a.to(tl.float32)), input_precision="ieee")
             else:
@@ -897,38 +885,18 @@ def _row_args(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None,
                                              num_stages=1 if triton_interpreting() else tile.num_stages)
 
 
-NO_PROLOGUE, RMS_NORM, SILU_MUL = 0, 1, 2  # packed_gemv's prologue: as gemv's
-
-
 def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
                 tile: PackedTile | None = None, out: torch.Tensor | None = None, pdl: int = 0,
-                short: bool = True, prologue: int = NO_PROLOGUE, residual: torch.Tensor | None = None,
-                norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                new_residual: torch.Tensor | None = None) -> torch.Tensor:
+                short: bool = True) -> torch.Tensor:
     """x (M <= 16, K) bf16 (or fp16; fp32 under the interpreter), weight a GroupedWeight on x's
     device -> (M, N) in x's dtype, fp32 accumulation. out: an (M, N) view to write into (a row
     block of a wider projection's output), unit stride along N. pdl: programmatic dependent
     launch, the next kernel launched after the wait (1) or the stores (2), 0 without
     (KernelOptions.packed_gemv_pdl), the same values; short: default_tile's short-K tile
-    (KernelOptions.packed_short_tiles), the same values for every row count of one K.
-    prologue RMS_NORM: x's rows normed first, rms_norm(x + residual) * norm_weight (residual None:
-    x alone), rounded where add_rms_norm rounds, the stream x + residual stored into new_residual
-    by the first column tile's programs; SILU_MUL: x is (M, 2K) [gate | up] and the rows are
-    silu(gate) * up, rounded where silu_and_mul rounds (KernelOptions.packed_prologue). Each
-    program computes them for its own rows and K range, so a row's bits stay its own."""
-    m = x.shape[0]
-    k = weight.shape[1]
+    (KernelOptions.packed_short_tiles), the same values for every row count of one K."""
+    m, k = x.shape
     n = weight.shape[0]
-    if prologue == SILU_MUL:
-        assert x.shape[1] == 2 * k
-    else:
-        assert x.shape[1] == k
-    if prologue == RMS_NORM:
-        assert norm_weight is not None and norm_weight.shape == (k,)
-        assert residual is None or (residual.shape == x.shape and residual.stride(1) == 1
-                                    and new_residual is not None and new_residual.shape == x.shape
-                                    and new_residual.stride(1) == 1)
-    assert 1 <= m <= MAX_ROWS and x.stride(1) == 1
+    assert 1 <= m <= MAX_ROWS and k == weight.shape[1] and x.stride(1) == 1
     assert weight.kind != FP8 or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
     tile = tile or default_tile(n, k, weight.group, short)
     assert k % (tile.block_k * tile.split_k) == 0, (k, tile)
@@ -946,20 +914,8 @@ def packed_gemv(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | Non
         SPLIT_K=tile.split_k, K_PER_SPLIT=k // tile.split_k,
         BLOCK_M=MAX_ROWS, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
         num_stages=1 if interpreting else tile.num_stages, **_pdl_mode(x.device, pdl),
-        PF_LINES=_prefetch_lines(k // tile.split_k, weight.kind),
-        **_prologue_args(x, prologue, residual, norm_weight, eps, new_residual))
+        PF_LINES=_prefetch_lines(k // tile.split_k, weight.kind))
     return out
-
-
-def _prologue_args(x: torch.Tensor, prologue: int = NO_PROLOGUE, residual: torch.Tensor | None = None,
-                   norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                   new_residual: torch.Tensor | None = None) -> dict:
-    """packed_kernel's prologue arguments (x stands in for the tensors a launch does not read)."""
-    res = residual if residual is not None else x
-    new = new_residual if new_residual is not None else x
-    return dict(res_ptr=res, nw_ptr=norm_weight if norm_weight is not None else x, new_res_ptr=new,
-                stride_res=res.stride(0), stride_new_res=new.stride(0), eps=float(eps), PROLOGUE=prologue,
-                HAS_RESIDUAL=residual is not None)
 
 
 def _pdl_mode(device, pdl: int) -> dict:
@@ -1051,7 +1007,7 @@ def packed_matmul(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | N
         stride_x=x.stride(0), stride_out=out.stride(0), K=k, **_weight_args(weight), HAS_BIAS=bias is not None,
         DOT_F32=x.dtype == torch.float32 or interpreting,
         MAGIC=True, SPLIT_K=1, K_PER_SPLIT=k, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-        num_warps=tile.num_warps, num_stages=1 if interpreting else tile.num_stages, **_prologue_args(x))
+        num_warps=tile.num_warps, num_stages=1 if interpreting else tile.num_stages)
     return out
 
 

@@ -90,7 +90,6 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                                       ({"LOCALCHAT_PACKED_ROW_PDL": "3"}, "LOCALCHAT_PACKED_ROW_PDL='3': use a count from 0"),
                                       ({"LOCALCHAT_PACKED_GEMV_PDL": "3"}, "LOCALCHAT_PACKED_GEMV_PDL='3': use a count from 0"),
                                       ({"LOCALCHAT_PACKED_GEMV_PDL_K": "-1"}, "LOCALCHAT_PACKED_GEMV_PDL_K='-1': use a count"),
-                                      ({"LOCALCHAT_PACKED_PROLOGUE": "yes"}, r"LOCALCHAT_PACKED_PROLOGUE=.yes.: use 1 \(on\) or 0"),
                                       ({"LOCALCHAT_PACKED_INVARIANT_X": "int4"}, "LOCALCHAT_PACKED_INVARIANT_X='int4': use int8 or bf16"),
                                       ({"LOCALCHAT_ROW_GEMV": "layers"}, "LOCALCHAT_ROW_GEMV=layers was removed"),
                                       ({"LOCALCHAT_ROW_STATS": "qkv"}, "LOCALCHAT_ROW_STATS='qkv': use none"),
