@@ -92,8 +92,9 @@ def _kernels():
         v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         v_ok = v < vectors
         i = tl.arange(0, 32)
-        x = tl.load(x_ptr + r * stride_x + v[:, None] * 32 + i[None, :], mask=v_ok[:, None] & (r < num_rows),
-                    other=0.0).to(tl.float32)
+        # the row test as a block, not a scalar: newer Triton interpreters refuse a block & scalar mask
+        in_row = v_ok & (r + 0 * v < num_rows)
+        x = tl.load(x_ptr + r * stride_x + v[:, None] * 32 + i[None, :], mask=in_row[:, None], other=0.0).to(tl.float32)
         words, scales, q = round_vectors(x, BLOCK_V, NIBBLE_ORDER)
         tl.store(sx_ptr + v * R + r, scales, mask=v_ok)
         qs = tl.sum(tl.reshape(q, (BLOCK_V, 2, 16)), axis=2)
