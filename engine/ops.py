@@ -158,6 +158,12 @@ def _row_pdl(options: KernelOptions) -> int:
     return options.packed_row_pdl | (ROW_PDL_EARLY_W if options.packed_row_early_weights else 0)
 
 
+def _packed_gemv_pdl(options: KernelOptions, in_features: int) -> int:
+    """packed_gemv's PDL mode for a projection of this K: KernelOptions.packed_gemv_pdl where K is
+    under packed_gemv_pdl_k, else 0."""
+    return options.packed_gemv_pdl if options.pdl and in_features < options.packed_gemv_pdl_k else 0
+
+
 def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: torch.nn.Linear,
                   role: str, rounded=None) -> torch.Tensor:
     """linear(x) on cuBLAS or our GEMV, as routing.linear_route picks for (mode, role); a
@@ -167,9 +173,8 @@ def routed_linear(options: KernelOptions, mode: str, x: torch.Tensor, linear: to
         return linear(x, one_row=options.packed_row and not options.batch_invariant, prefill=options.packed_prefill,
                       int8_x=options.packed_row_x == "int8", int8_rows=options.packed_invariant_x == "int8",
                       one_launch=options.packed_one_launch, row_pdl=_row_pdl(options),
-                      rounded=rounded, short=options.packed_short_tiles,
-                      pdl=options.packed_gemv_pdl if options.pdl and linear.in_features < options.packed_gemv_pdl_k
-                      else 0)
+                      rounded=rounded, pdl=_packed_gemv_pdl(options, linear.in_features),
+                      short=options.packed_short_tiles)
     assert rounded is None
     route = routing.linear_route(options, mode, role, x.shape[0], tuple(linear.weight.shape), x.dtype)
     if route.kernel == CUBLAS:
