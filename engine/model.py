@@ -186,7 +186,7 @@ class CausalLM(nn.Module):
                 and isinstance(embed, nn.Embedding)):
             x = self.ops.embed(ids, embed.weight)
         else:
-            x = self.model.embed_tokens(ids)
+            x = self.ops.lookup(embed, ids)
         residual = None
         captured: dict[int, torch.Tensor] = {}
         layers = self.model.layers

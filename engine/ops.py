@@ -18,7 +18,7 @@ from engine.kernels.pick import greedy_next
 from engine.kernels.rope import rope_and_cache
 from engine.layer_kernels import FusedLayerKernels, LayerKernels, RoundingLayerKernels
 from engine.options import KernelOptions
-from engine.packed_linear import PackedLinear
+from engine.packed_linear import PackedEmbedding, PackedLinear
 from engine.routing import CUBLAS, DRAFT, UNFUSED
 
 
@@ -89,6 +89,13 @@ class Ops:
         if x.shape[0] <= MAX_ROWS or self.fused_invariant is None:
             return None
         return self.fused_invariant.project(x, linear, role)
+
+    def lookup(self, embed: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """embed(ids): a table kept packed (PackedEmbedding) in one launch of ours on the GPU kernels
+        (KernelOptions.packed_embed), any other embedding (or off the GPU) by its own lookup."""
+        if isinstance(embed, PackedEmbedding) and self.fused_row is not None and self.options.packed_embed:
+            return embed(ids, kernel=True, pdl=self.options.pdl)
+        return embed(ids)
 
     def one_row_attention(self, num_rows: int, mapped: bool = False) -> Callable | None:
         """rope_attention for a step of num_rows unpacked rows where it applies (CUDA,

@@ -137,6 +137,10 @@ class KernelOptions:
     # 1,818.2 and 1,816.4 tok/s against 1,633.8 and 1,633.6; the 8B and 1B shapes 1.00x
     # (docs/performance.md). LOCALCHAT_PACKED_ROUNDED_O=0: o_proj rounds its own x.
     packed_rounded_o: bool = True
+    # A table of token embeddings kept packed (a GGUF's token_embd) is looked up by one launch of
+    # ours (packed_embed_rows) on the GPU, where torch's gathers and unpacking take a dozen a step,
+    # and an EAGLE-3 draft over such a target keeps its lean step. LOCALCHAT_PACKED_EMBED=0: torch's.
+    packed_embed: bool = True
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -295,6 +299,7 @@ class KernelOptions:
             packed_short_tiles=_flag(env, "LOCALCHAT_PACKED_SHORT_TILES"),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
+            packed_embed=_flag(env, "LOCALCHAT_PACKED_EMBED"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

@@ -241,9 +241,16 @@ class PackedEmbedding(nn.Module):
         """lm_head tied to these embeddings: a projection over the same tensors."""
         return PackedLinear([self.block])
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, kernel: bool = False, pdl: bool = False) -> torch.Tensor:
+        """kernel: the rows decoded by one launch of packed_embed_rows (the GPU kernels' way,
+        Ops.lookup; pdl its launch option), else by torch ops: the same values."""
         flat = ids.reshape(-1).long()
-        rows = dequantize_grouped(select_rows(self.block, flat)).to(self.dtype)
+        if kernel:
+            from engine.kernels.packed_gemv import packed_embed_rows
+
+            rows = packed_embed_rows(flat, self.block, self.dtype, pdl)
+        else:
+            rows = dequantize_grouped(select_rows(self.block, flat)).to(self.dtype)
         return rows.reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

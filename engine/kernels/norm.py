@@ -57,24 +57,27 @@ def _kernels():
                           scales_ptr, BLOCK // 32, ROUND == 1)
 
     @triton.jit
-    def table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK: tl.constexpr):
-        """This program's row: (row, offsets, their mask, table[ids[row]])."""
+    def table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK: tl.constexpr, HAS_IDS: tl.constexpr = True):
+        """This program's row: (row, offsets, their mask, table[ids[row]]; without ids table[row])."""
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         ok = offs < hidden
-        token = tl.load(ids_ptr + row).to(tl.int64)
+        if HAS_IDS:
+            token = tl.load(ids_ptr + row).to(tl.int64)
+        else:
+            token = row.to(tl.int64)
         return row, offs, ok, tl.load(table_ptr + token * stride_table + offs, mask=ok, other=0.0)
 
     @triton.jit
     def embed_pair_norm_kernel(
         ids_ptr, table_ptr, b_ptr, wa_ptr, wb_ptr, out_ptr, b_rows_ptr, b_out_ptr,
         hidden, stride_table, stride_b, stride_out, eps_a, eps_b,
-        BLOCK: tl.constexpr, B_ROWS: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK: tl.constexpr, B_ROWS: tl.constexpr, USE_PDL: tl.constexpr, HAS_IDS: tl.constexpr = True,
     ):
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        row, offs, ok, a = table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK)
+        row, offs, ok, a = table_row(ids_ptr, table_ptr, stride_table, hidden, BLOCK, HAS_IDS)
         if B_ROWS:  # b's row through an index, also written out as read (the caller's residual)
             src = tl.load(b_rows_ptr + row).to(tl.int64)
             b = tl.load(b_ptr + src * stride_b + offs, mask=ok, other=0.0)
@@ -161,7 +164,7 @@ def add_rms_norm_ref(
     return (normed * weight).to(x.dtype), h
 
 
-def embed_pair_norm(ids: torch.Tensor, table: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor,
+def embed_pair_norm(ids: torch.Tensor | None, table: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor,
                     weight_b: torch.Tensor, eps_a: float, eps_b: float, pdl: bool = True,
                     b_rows: torch.Tensor | None = None):
     """[rms_norm(table[ids]) * weight_a, rms_norm(b) * weight_b] side by side, (T, 2H), in one launch.
@@ -171,28 +174,31 @@ def embed_pair_norm(ids: torch.Tensor, table: torch.Tensor, b: torch.Tensor, wei
     embedding and the incoming hidden state, each normed, concatenated for its attention.
     b_rows (T,) int64: b's rows are b[b_rows] instead (b then any (R, H)), and the result is
     (out, b[b_rows]): a tree level's parents' states, gathered in this launch rather than by a
-    torch index_select of their own before it. CUDA (or the Triton interpreter); no host sync;
+    torch index_select of their own before it. ids None: table (T, H) is the rows' embeddings
+    (looked up already: a packed table's rows). CUDA (or the Triton interpreter); no host sync;
     one program per row.
     """
-    num_rows, hidden = ids.shape[0], b.shape[1]
-    assert ids.dim() == 1 and (b_rows is not None or b.shape[0] == num_rows)
+    num_rows, hidden = (table if ids is None else ids).shape[0], b.shape[1]
+    assert (ids is None or ids.dim() == 1) and (b_rows is not None or b.shape[0] == num_rows)
     assert b_rows is None or (b_rows.shape == (num_rows,) and b_rows.dtype == torch.int64)
     assert table.dim() == 2 and table.shape[1] == hidden and table.stride(1) == 1
     assert b.stride(1) == 1 and weight_a.shape == weight_b.shape == (hidden,) and table.dtype == b.dtype
     out = torch.empty((num_rows, 2 * hidden), dtype=b.dtype, device=b.device)
     gathered = None if b_rows is None else torch.empty((num_rows, hidden), dtype=b.dtype, device=b.device)
     block = next_pow2(hidden)
+    ids_ptr = table if ids is None else ids  # without ids never read
     _kernels()[1][(num_rows,)](
-        ids, table, b, weight_a, weight_b, out, ids if b_rows is None else b_rows, out if gathered is None else gathered,
-        hidden, table.stride(0), b.stride(0), out.stride(0), eps_a, eps_b,
-        BLOCK=block, B_ROWS=b_rows is not None, num_warps=min(16, max(4, block // 256)), **pdl_args(b.device, pdl),
+        ids_ptr, table, b, weight_a, weight_b, out, ids_ptr if b_rows is None else b_rows,
+        out if gathered is None else gathered, hidden, table.stride(0), b.stride(0), out.stride(0), eps_a, eps_b,
+        BLOCK=block, B_ROWS=b_rows is not None, HAS_IDS=ids is not None, num_warps=min(16, max(4, block // 256)),
+        **pdl_args(b.device, pdl),
     )
     return out if gathered is None else (out, gathered)
 
 
 def embed_pair_norm_ref(ids, table, b, weight_a, weight_b, eps_a, eps_b, b_rows=None):
-    """Reference and CPU path (b_rows: as embed_pair_norm takes it)."""
-    a = F.embedding(ids, table)
+    """Reference and CPU path (ids, b_rows: as embed_pair_norm takes them)."""
+    a = table if ids is None else F.embedding(ids, table)
     rows = b if b_rows is None else b.index_select(0, b_rows)
     halves = add_rms_norm_ref(a, None, weight_a, eps_a)[0], add_rms_norm_ref(rows, None, weight_b, eps_b)[0]
     out = torch.cat(halves, dim=-1)

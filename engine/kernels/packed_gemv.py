@@ -15,7 +15,8 @@ per tile, left at zero): no host sync, safe inside CUDA graphs.
 Beside it, each with the same reference: packed_row_gemv, one row on CUDA cores (an engine with
 no draft, which needs no batch invariance); packed_matmul, the same kernel over blocks of rows
 for a prefill of any length; dequantize_packed, the weight decoded into a dense tensor
-(dequantize_grouped's values, rounded once).
+(dequantize_grouped's values, rounded once); packed_embed_rows, rows of it by index (an
+embedding lookup).
 """
 
 from __future__ import annotations
@@ -221,7 +222,28 @@ def _kernel():
         tl.store(out_ptr + offs_n[:, None] * stride_out + offs_k[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=n_ok[:, None])
 
-    return packed_kernel, dequant_kernel
+    @triton.jit
+    def embed_kernel(ids_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, out_ptr, num_ids, stride_q, stride_h,
+                     stride_s, stride_u, stride_out, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr,
+                     ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr,
+                     PAIRED: tl.constexpr, USE_PDL: tl.constexpr):
+        """out (T, K): the weight's rows ids[0..T-1] decoded (an embedding lookup), BLOCK_N ids
+        by BLOCK_K inputs a program, dequant_kernel's values."""
+        if USE_PDL:  # the ids are the kernel before's output
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        offs_t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        t_ok = offs_t < num_ids
+        w_rows = tl.load(ids_ptr + offs_t, mask=t_ok, other=0).to(tl.int64)
+        k0 = tl.program_id(1) * BLOCK_K
+        w = decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s,
+                        stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, True, BLOCK_N, BLOCK_K, SG, UG)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        tl.store(out_ptr + offs_t[:, None] * stride_out + offs_k[None, :], w.to(out_ptr.dtype.element_ty),
+                 mask=t_ok[:, None])
+
+    return packed_kernel, dequant_kernel, embed_kernel
 
 
 @dataclass(frozen=True)
@@ -989,6 +1011,24 @@ def dequantize_packed(weight: GroupedWeight, dtype: torch.dtype, out: torch.Tens
     return out
 
 
+def packed_embed_rows(ids: torch.Tensor, weight: GroupedWeight, dtype: torch.dtype, pdl: bool = False) -> torch.Tensor:
+    """The weight's rows `ids` (T,) (any order, repeats allowed) -> (T, K) in dtype, in one launch:
+    an embedding lookup from a table kept packed (PackedEmbedding), each value dequantize_grouped's
+    rounded once to dtype, as its reference (where torch's gathers and unpacking take a dozen
+    launches a step). pdl: launched with programmatic dependent launch (KernelOptions.pdl)."""
+    assert ids.dim() == 1 and not ids.dtype.is_floating_point
+    t, (n, k) = ids.shape[0], weight.shape
+    out = torch.empty((t, k), dtype=dtype, device=weight.q.device)
+    if t == 0:
+        return out
+    block_t, block_k = min(MAX_ROWS, next_pow2(t)), _step_k(k, weight.group, 128)
+    _kernel()[2][(-(-t // block_t), k // block_k)](
+        ids, out_ptr=out, num_ids=t, stride_out=out.stride(0), **_weight_args(weight), BLOCK_N=block_t,
+        BLOCK_K=block_k, num_warps=max(1, min(4, block_t * block_k // 512)), num_stages=1,
+        **pdl_args(out.device, pdl))
+    return out
+
+
 def packed_matmul(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor | None = None,
                   tile: MatmulTile | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) with any M -> (M, N): packed_kernel over blocks of BLOCK_M rows, each weight tile
@@ -1018,6 +1058,6 @@ def packed_gemv_ref(x: torch.Tensor, weight: GroupedWeight, bias: torch.Tensor |
     return F.linear(x, dequantize_grouped(weight).to(x.dtype), bias)
 
 
-__all__ = ["INT8", "SIGNED_NIBBLES", "MatmulTile", "PackedTile", "RowTile", "dequantize_packed", "packed_matmul", "default_row_tile", "default_tile", "packed_gemv",
+__all__ = ["INT8", "SIGNED_NIBBLES", "MatmulTile", "PackedTile", "RowTile", "dequantize_packed", "packed_matmul", "default_row_tile", "default_tile", "packed_embed_rows", "packed_gemv",
            "packed_gemv_ref", "packed_row_gemv", "packed_row_gemv_blocks", "blocks_fit_one_launch", "row_kernel_fits",
            "row_kernel_k", "row_kernel_wide", "row_tile_for", "tile_group"]

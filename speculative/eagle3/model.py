@@ -9,6 +9,7 @@ from engine.attention import attend
 from engine.layers import GatedMLP, RMSNorm
 from engine.kernels.gemv import MAX_ROWS, gemv_add_stats, gemv_rstd
 from engine.ops import Ops
+from engine.packed_linear import PackedEmbedding
 from engine.routing import ROW_TILE, invariant_tile
 from engine.rope import apply_rope, rope_cos_sin
 
@@ -107,7 +108,8 @@ class Eagle3Layer(nn.Module):
         use their fast tiles, not the batch-invariant ones the target needs: a draft's last bits
         do not matter to the output, only to which tokens it proposes. Several rows with
         KernelOptions.draft_rows finish on the invariant tiles instead (_rows_tail). hidden_rows:
-        the rows' states are hidden[hidden_rows], gathered by embed_pair_norm's launch. Returns
+        the rows' states are hidden[hidden_rows], gathered by embed_pair_norm's launch. input_ids
+        None: embed_weight holds the rows' embeddings themselves (a packed table's lookup). Returns
         (logits in the weights' dtype, out)."""
         from engine.kernels.gemv import gemv
         from engine.kernels.norm import embed_pair_norm
@@ -212,33 +214,39 @@ class Eagle3Draft(nn.Module):
         map_base: the same nodes read through a map (ForwardBatch.slot_map), on any path.
         hidden_rows (T,): the rows' states are hidden[hidden_rows] (a tree level's parents in the
         level before's output), gathered inside the lean step's first launch."""
-        lean = self.lean and input_ids.shape[0] <= MAX_ROWS and isinstance(embed, nn.Embedding)
+        # the lean step reads a plain table itself, a packed one (PackedEmbedding) as our lookup's rows
+        packed = isinstance(embed, PackedEmbedding)
+        lean = (self.lean and input_ids.shape[0] <= MAX_ROWS
+                and (isinstance(embed, nn.Embedding) or packed and self.ops.options.packed_embed))
         if hidden_rows is not None and (is_extend or not lean):
             hidden, hidden_rows = hidden.index_select(0, hidden_rows), None
         if is_extend and self.config.needs_fc:
             hidden = self.fc(hidden)
         if visible is not None:
             cos_sin = self.cos_sin.index_select(0, positions)
-            out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], None, last,
-                                slots, visible)
+            out = self.midlayer(self._lookup(embed, input_ids), hidden, positions, start_pos, cos_sin, kv.k[0],
+                                kv.v[0], None, last, slots, visible)
             return self.lm_head(self.norm(out)).float(), out
         tree = None if slot_map is None else (slots, slot_map, map_base)
-        # the GEMV's limit (a prompt's extend runs fused_forward); the lean step reads the
-        # embeddings' table itself, so a target's packed table (PackedEmbedding) goes the fused way
+        # the GEMV's limit (a prompt's extend runs fused_forward)
         if lean:
-            logits, out = self.midlayer.lean_forward(input_ids, embed.weight, hidden, positions, start_pos,
+            ids, table = (None, self.ops.lookup(embed, input_ids)) if packed else (input_ids, embed.weight)
+            logits, out = self.midlayer.lean_forward(ids, table, hidden, positions, start_pos,
                                                      self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, self.lm_head,
                                                      last, tree, hidden_rows)
             return (logits.float() if fp32_logits else logits), out
         if self.fused:
-            normed, out = self.midlayer.fused_forward(embed(input_ids), hidden, positions, start_pos, self.cos_sin,
-                                                      kv.k[0], kv.v[0], self.ops, self.norm, last, tree)
+            normed, out = self.midlayer.fused_forward(self._lookup(embed, input_ids), hidden, positions, start_pos,
+                                                      self.cos_sin, kv.k[0], kv.v[0], self.ops, self.norm, last, tree)
             return self.ops.row_linear(normed, self.lm_head).float(), out
         cos_sin = self.cos_sin.index_select(0, positions)
         kernel = self.ops.attention if self.ops is not None else None  # Triton on CUDA
-        out = self.midlayer(embed(input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0], kernel, last,
-                            slots, None, slot_map, map_base)
+        out = self.midlayer(self._lookup(embed, input_ids), hidden, positions, start_pos, cos_sin, kv.k[0], kv.v[0],
+                            kernel, last, slots, None, slot_map, map_base)
         return self.lm_head(self.norm(out)).float(), out
+
+    def _lookup(self, embed: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return self.ops.lookup(embed, ids) if self.ops is not None else embed(ids)
 
     @property
     def lean(self) -> bool:

@@ -69,7 +69,8 @@ class MTPDraft(nn.Module):
         Returns (passed_on (T, decode_width): the state chain mode feeds to step s + 1,
         normed (T, H): what lm_head reads)."""
         cos_sin = None if self.ops.rope_and_cache else cos_sin_table.index_select(0, batch.positions)
-        out, normed = self.mtp_layers[s](embed(input_ids), hidden, batch, cos_sin, kv.k[0], kv.v[0], cos_sin_table)
+        out, normed = self.mtp_layers[s](self.ops.lookup(embed, input_ids), hidden, batch, cos_sin, kv.k[0], kv.v[0],
+                                         cos_sin_table)
         return (normed if self.config.norm_in_layer else out), normed
 
     def checkpoint_target(self, name: str):

@@ -767,3 +767,63 @@ def test_packed_rows_gemv_is_the_weights_times_x_rounded_and_batch_invariant(dev
         assert float((err <= close).float().mean()) >= 0.9 and float(err.max()) <= 3e-3 + close, (name, tile, dtype)
         plain = F.linear(x.float(), w, b32)
         assert bool(((got.float() - plain).abs() <= 0.05 * scale).all()), (name, tile, dtype)
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("name,parts", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
+def test_packed_embed_rows_equal_the_lookup_reference(device, name, parts):
+    """packed_embed_rows (a packed table's lookup in one launch) gives PackedEmbedding's torch
+    lookup bit for bit (in bf16 on the GPU, fp32 under the interpreter): ids in any order,
+    repeated, the table's last row, 1 to 40 of them (blocks of 16 ids, the last partial), none."""
+    from engine.kernels.packed_gemv import packed_embed_rows
+    from engine.packed_linear import PackedEmbedding
+
+    if name.startswith("fp8") and device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9")
+    g = from_packed(parts).to(device)
+    n, k = g.shape
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    table = PackedEmbedding(g, dtype)
+    gen = torch.Generator().manual_seed(n + k)
+    for t in (1, 3, 16, 40):
+        ids = torch.randint(0, n, (t,), generator=gen)
+        ids[0] = n - 1
+        ids[-1] = ids[0] if t > 1 else ids[-1]
+        ids = ids.to(device)
+        got = packed_embed_rows(ids, g, dtype)
+        assert got.shape == (t, k) and got.dtype == dtype
+        assert torch.equal(got, table(ids)), (name, t)
+        assert torch.equal(table(ids.view(1, t), kernel=True), table(ids.view(1, t))), (name, t)
+    assert packed_embed_rows(ids[:0], g, dtype).shape == (0, k)
+
+
+def test_a_packed_table_is_looked_up_by_our_kernel_where_the_gpu_kernels_run(monkeypatch):
+    """Ops.lookup: a PackedEmbedding on the GPU kernels (Ops.routed) decodes its rows with
+    packed_embed_rows, under the step's PDL setting; off the GPU kernels, with
+    LOCALCHAT_PACKED_EMBED=0, or for a plain nn.Embedding, the module's own lookup."""
+    from engine.kernels import packed_gemv
+    from engine.ops import Ops
+    from engine.options import KernelOptions
+    from engine.packed_linear import PackedEmbedding
+
+    g = from_packed([_gguf("Q4_1", 8, 64, 0)])
+    table = PackedEmbedding(g, torch.float32)
+    plain = torch.nn.Embedding(8, 64)
+    calls = []
+
+    def spy(ids, weight, dtype, pdl=False):
+        calls.append(pdl)
+        return dequantize_grouped(weight).index_select(0, ids).to(dtype)
+
+    monkeypatch.setattr(packed_gemv, "packed_embed_rows", spy)
+    ids = torch.tensor([[7, 0, 7]])
+    want = table(ids)
+    assert want.shape == (1, 3, 64) and not calls
+    for ops, used in ((Ops.for_device(torch.device("cpu")), []), (Ops.routed(KernelOptions()), [True]),
+                      (Ops.routed(KernelOptions(pdl=False)), [False]),
+                      (Ops.routed(KernelOptions.from_env({"LOCALCHAT_PACKED_EMBED": "0"})), [])):
+        calls.clear()
+        assert torch.equal(ops.lookup(table, ids), want)
+        assert calls == used
+        calls.clear()
+        assert torch.equal(ops.lookup(plain, ids), plain(ids)) and not calls

@@ -62,6 +62,16 @@ def _kernels():
         ("embed_pair_norm", norm._kernels()[1], dict(BLOCK=1024, B_ROWS=False), 4),
         ("embed_pair_norm b_rows", norm._kernels()[1], dict(BLOCK=1024, B_ROWS=True), 4, {"b_rows_ptr": "*i64"}),
         ("embed_rows", norm._kernels()[2], dict(BLOCK=1024), 4),
+        ("embed_pair_norm rows as given", norm._kernels()[1], dict(BLOCK=1024, B_ROWS=False, HAS_IDS=False), 4),
+        # a packed table's lookup: Q4_1 (offsets), and Q6_K (signed, two high bits, super-block units)
+        ("embed packed Q4_1", packed_gemv._kernel()[2],
+         dict(ONE_BYTE=False, FP8=False, HIGH=0, ZERO=0, G=32, UNIT=0, HAS_OFFSET=True, BLOCK_N=16, BLOCK_K=64,
+              SG=1, UG=1, PAIRED=False), 2,
+         {"q_ptr": "*u8", "qh_ptr": "*u8", "s_ptr": "*fp16", "o_ptr": "*fp16", "su_ptr": "*fp16", "ou_ptr": "*fp16"}),
+        ("embed packed Q6_K", packed_gemv._kernel()[2],
+         dict(ONE_BYTE=False, FP8=False, HIGH=2, ZERO=32, G=16, UNIT=16, HAS_OFFSET=False, BLOCK_N=1, BLOCK_K=128,
+              SG=1, UG=1, PAIRED=False), 1,
+         {"q_ptr": "*u8", "qh_ptr": "*u8", "s_ptr": "*i8", "o_ptr": "*i8", "su_ptr": "*fp16", "ou_ptr": "*fp16"}),
         ("argmax_pick", draft_pick._kernels()[0], dict(HAS_OFFSETS=True, BLOCK=2048), 8),
         ("greedy_verify", greedy_verify._kernel(), dict(HAS_ALTS=False, BLOCK=2048, BLOCK_R=16), 8),
         ("greedy_verify alternatives", greedy_verify._kernel(), dict(HAS_ALTS=True, BLOCK=2048, BLOCK_R=16), 8),
@@ -207,7 +217,7 @@ def _compile(fn, constexprs: dict, num_warps: int, pdl: bool, pointers: dict | N
                           options=options)
 
 
-KERNEL_CASES = 58  # len(_kernels()): a case added there and not counted here would go untested
+KERNEL_CASES = 61  # len(_kernels()): a case added there and not counted here would go untested
 
 
 def test_every_kernel_case_is_parametrized():

@@ -186,3 +186,72 @@ def test_an_extend_for_one_row_equals_that_row_of_the_whole_extend(device, dtype
             assert torch.equal(kv.k[0], whole_kv.k[0]) and torch.equal(kv.v[0], whole_kv.v[0])
             _assert_close_rel(one_logits, logits[row:row + 1], rel)
             _assert_close_rel(one_hidden, hidden[row:row + 1], rel)
+
+
+PACKED_TABLE = [pytest.param("cuda", torch.bfloat16, "lean", marks=_GPU, id="cuda-lean"),
+                pytest.param("cuda", torch.bfloat16, "fused", marks=_GPU, id="cuda-fused"),
+                pytest.param("cpu", torch.float32, "lean", marks=_INTERPRETER, id="interpreter-lean"),
+                pytest.param("cpu", torch.float32, "fused", marks=_INTERPRETER, id="interpreter-fused")]
+
+
+@pytest.mark.parametrize("device,dtype,path", PACKED_TABLE)
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_a_draft_over_a_packed_table_equals_one_over_that_table_dequantized(device, dtype, path, kind):
+    """A target whose embeddings stay packed (PackedEmbedding, a GGUF's token_embd): the draft's
+    steps, lean included (its first launch then reads the looked-up rows), give the bits of the
+    same draft over that table dequantized into an nn.Embedding: a prompt's extend, then
+    two chained single-token draft steps."""
+    import numpy as np
+
+    from engine.packed_linear import PackedEmbedding
+    from engine.weights.grouped import dequantize_grouped, from_packed
+    from engine.weights.packed import gguf_weight
+    from speculative.eagle3 import model as eagle3_model
+    from tests.tiny_gguf import random_blocks
+
+    dev = torch.device(device)
+    dc = DraftConfig.from_hf(head_config(TARGET, 256, (2, 15, 27)), TARGET)
+    torch.manual_seed(1)
+    d = Eagle3Draft(dc, TARGET, 64, _ops(lean_draft=path == "lean"))
+    with torch.no_grad():
+        for n, p in d.named_parameters():
+            p.normal_(0, 0.05)
+            if n.endswith("norm.weight"):
+                p.add_(1.0)
+    d = d.to(dev, dtype).eval()
+    d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), 64).to(dev)
+    width = dc.hidden_size
+    rng = np.random.default_rng(3)
+    block = from_packed([gguf_weight(kind, torch.from_numpy(random_blocks(kind, TARGET.vocab_size, width, rng)),
+                                     (TARGET.vocab_size, width))]).to(dev)
+    packed = PackedEmbedding(block, dtype)
+    plain = torch.nn.Embedding(TARGET.vocab_size, width).to(dev, dtype)
+    with torch.no_grad():
+        plain.weight.copy_(dequantize_grouped(block).to(dtype))
+    lean_calls = []
+    real_lean = eagle3_model.Eagle3Layer.lean_forward
+
+    def spy(self, input_ids, *args, **kwargs):
+        lean_calls.append(input_ids is None)
+        return real_lean(self, input_ids, *args, **kwargs)
+
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, TARGET.vocab_size, (6,), generator=g).to(dev)
+    ids[0] = TARGET.vocab_size - 1
+    aux = (torch.randn(6, 3 * TARGET.hidden_size, generator=g) * 0.5).to(dev, dtype)
+    steps = torch.randint(0, TARGET.vocab_size, (2, 1), generator=g).to(dev)
+    results = []
+    with torch.inference_mode(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(eagle3_model.Eagle3Layer, "lean_forward", spy)
+        for embed in (packed, plain):
+            kv = KVCache(1, 64, dc.num_kv_heads, dc.head_dim, dtype, dev)
+            out = [d(ids, torch.arange(10, 16, device=dev), aux, True, embed, kv, start_pos=10)]
+            hidden = out[0][1][-1:]
+            for s, step in enumerate(steps):  # chained single-token draft steps
+                out.append(d(step, torch.tensor([16 + s], device=dev), hidden, False, embed, kv, start_pos=16 + s))
+                hidden = out[-1][1]
+            results.append([t for pair in out for t in pair] + [kv.k[0][:20], kv.v[0][:20]])
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+    # the lean path ran over the packed table too (its rows looked up first), not only over the plain one
+    assert lean_calls == ([True] * 3 + [False] * 3 if path == "lean" else [])
