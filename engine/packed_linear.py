@@ -212,8 +212,9 @@ class PackedLinear(nn.Module):
 class PackedEmbedding(nn.Module):
     """The token embeddings kept quantized (a GGUF's token_embd): a lookup dequantizes the rows
     of its tokens, in float32 as the format's reference does, then casts them to `dtype` (the
-    model's). Values equal those of the table dequantized at load and cast the same way. A tied
-    lm_head is a PackedLinear over the same tensors (PackedEmbedding.as_linear)."""
+    model's), by torch ops or, on the GPU kernels, one launch (Ops.lookup). Values equal those of
+    the table dequantized at load and cast the same way. A tied lm_head is a PackedLinear over the
+    same tensors (PackedEmbedding.as_linear)."""
 
     def __init__(self, block: GroupedWeight, dtype: torch.dtype):
         super().__init__()

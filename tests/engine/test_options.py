@@ -23,7 +23,7 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                 "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats",
                 "LOCALCHAT_PACKED_ROW": "packed_row", "LOCALCHAT_SHARE_SMS": "share_sms",
                 "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch", "LOCALCHAT_PACKED_ROUNDED_X": "packed_rounded_x",
-                "LOCALCHAT_PACKED_ROUNDED_O": "packed_rounded_o",
+                "LOCALCHAT_PACKED_ROUNDED_O": "packed_rounded_o", "LOCALCHAT_PACKED_EMBED": "packed_embed",
                 "LOCALCHAT_PACKED_SHORT_TILES": "packed_short_tiles"}
     for name, field in switches.items():
         assert getattr(default, field) is True
