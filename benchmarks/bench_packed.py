@@ -17,6 +17,9 @@ short K (small_sweep: steps that divide K, any split of them up to 16, narrower 
 
     python benchmarks/bench_packed.py --out packed.json [--sweep | --int8-x-sweep] [--layouts Q4_K_M,AWQ]
     python benchmarks/bench_packed.py --config benchmarks/configs/smollm2-135m.json --layouts Q4_1 --sweep --out ...
+
+--lm-head adds the lm_head's shape (the vocabulary by the hidden size) to the projections timed;
+--roles lm_head (or qkv,down, ...) times only those.
 """
 
 from __future__ import annotations
@@ -67,15 +70,22 @@ XQ_SWEEP = [RowTile(*c) for c in [
 ]]
 
 
-def model_shapes(config: dict | None) -> tuple[dict, dict]:
+def model_shapes(config: dict | None, lm_head: bool = False) -> tuple[dict, dict]:
     """(shapes, parts) of a layer's four projections as SHAPES and PARTS hold the 8B's: a
-    config.json's (q, k and v of its heads; gate and up of its intermediate size), None the 8B's."""
+    config.json's (q, k and v of its heads; gate and up of its intermediate size), None the 8B's.
+    lm_head: its lm_head too (vocabulary by hidden size: a GGUF whose tied head stays packed)."""
     if config is None:
-        return SHAPES, PARTS
-    cfg = ModelConfig.from_hf(config, "config")
-    hidden, inter, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
-    return ({"qkv": (q + 2 * kv, hidden), "o_proj": (hidden, q), "gate_up": (2 * inter, hidden), "down": (hidden, inter)},
-            {"qkv": [q, kv, kv], "o_proj": [hidden], "gate_up": [inter, inter], "down": [hidden]})
+        shapes, parts = dict(SHAPES), dict(PARTS)
+        hidden, vocab = SHAPES["o_proj"][0], 128256
+    else:
+        cfg = ModelConfig.from_hf(config, "config")
+        hidden, inter, q, kv, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size, cfg.vocab_size
+        shapes = {"qkv": (q + 2 * kv, hidden), "o_proj": (hidden, q), "gate_up": (2 * inter, hidden),
+                  "down": (hidden, inter)}
+        parts = {"qkv": [q, kv, kv], "o_proj": [hidden], "gate_up": [inter, inter], "down": [hidden]}
+    if lm_head:
+        shapes["lm_head"], parts["lm_head"] = (vocab, hidden), [vocab]
+    return shapes, parts
 
 
 def small_sweep(k: int, group: int) -> list[PackedTile]:
@@ -158,9 +168,16 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=240)
     ap.add_argument("--config", type=Path, default=None,
                     help="a config.json whose layer's projections to time (default: the Llama-3.1-8B shape)")
+    ap.add_argument("--lm-head", action="store_true", help="the lm_head's shape too (a tied head kept packed)")
+    ap.add_argument("--roles", default=None, help="only these of the shapes, comma-separated (e.g. lm_head)")
     args = ap.parse_args()
     t0 = time.time()
-    shapes, parts_of = model_shapes(json.loads(args.config.read_text()) if args.config else None)
+    shapes, parts_of = model_shapes(json.loads(args.config.read_text()) if args.config else None, args.lm_head)
+    if args.roles:
+        unknown = set(args.roles.split(",")) - set(shapes)
+        if unknown:
+            ap.error(f"--roles: no shape named {', '.join(sorted(unknown))} (there are {', '.join(shapes)})")
+        shapes = {role: shape for role, shape in shapes.items() if role in args.roles.split(",")}
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     bw = copy_bandwidth(dev)
@@ -296,18 +313,18 @@ def main() -> None:
                   f"default tile {default_tile(blocks[0].shape[0], k, blocks[0].group)}", flush=True)
             del sets, blocks
             torch.cuda.empty_cache()
-        if len(entry) == len(shapes):
-            layer = sum(entry[r]["us_1"] for r in shapes)
-            bf16 = sum(report["bf16"][r]["best_us"] for r in shapes)
-            row_layer = sum(entry[r]["row"]["us_1"] for r in shapes)
-            xq_layer = sum(entry[r].get("row_int8_x", entry[r]["row"])["us_1"] for r in shapes)
+        if all(r in entry for r in PARTS):  # a layer's four projections (not the lm_head)
+            layer = sum(entry[r]["us_1"] for r in PARTS)
+            bf16 = sum(report["bf16"][r]["best_us"] for r in PARTS)
+            row_layer = sum(entry[r]["row"]["us_1"] for r in PARTS)
+            xq_layer = sum(entry[r].get("row_int8_x", entry[r]["row"])["us_1"] for r in PARTS)
             entry["layer"] = {"us_1": layer, "bf16_us_1": bf16, "speedup": bf16 / layer,
                               "row_us_1": row_layer, "row_speedup": bf16 / row_layer,
                               "row_int8_x_us_1": xq_layer, "row_int8_x_speedup": bf16 / xq_layer,
-                              "bf16_invariant_us_1": sum(report["bf16"][r]["invariant_us_1"] for r in shapes),
-                              "bf16_invariant_us_16": sum(report["bf16"][r]["invariant_us_16"] for r in shapes),
-                              "us_16": sum(entry[r]["us_16"] for r in shapes),
-                              "bytes": sum(entry[r]["bytes"] for r in shapes)}
+                              "bf16_invariant_us_1": sum(report["bf16"][r]["invariant_us_1"] for r in PARTS),
+                              "bf16_invariant_us_16": sum(report["bf16"][r]["invariant_us_16"] for r in PARTS),
+                              "us_16": sum(entry[r]["us_16"] for r in PARTS),
+                              "bytes": sum(entry[r]["bytes"] for r in PARTS)}
             print(f"{layout:6s} layer    {layer:8.2f} us, row kernel {row_layer:8.2f} us, against bf16 {bf16:.2f}: "
                   f"x{bf16 / layer:.2f}, row x{bf16 / row_layer:.2f}; int8 x {xq_layer:.2f} us, x{bf16 / xq_layer:.2f}",
                   flush=True)

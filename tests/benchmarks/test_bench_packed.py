@@ -19,6 +19,11 @@ def test_a_configs_layer_gives_its_four_projections_and_their_parts():
     assert shapes == {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
     assert parts == {"qkv": [576, 192, 192], "o_proj": [576], "gate_up": [1536, 1536], "down": [576]}
     assert model_shapes(None) == (SHAPES, PARTS)
+    # with the lm_head: the vocabulary by the hidden size, one part
+    shapes, parts = model_shapes(json.loads((CONFIGS / "smollm2-135m.json").read_text()), lm_head=True)
+    assert shapes["lm_head"] == (49152, 576) and parts["lm_head"] == [49152] and len(shapes) == 5
+    assert model_shapes(None, lm_head=True)[0] == {**SHAPES, "lm_head": (128256, 4096)}
+    assert "lm_head" not in SHAPES  # the 8B's own tables stay as they were
     # no head_dim and no kv heads given: hidden / heads, and as many kv heads as heads
     shapes, parts = model_shapes({"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "num_attention_heads": 16,
                                   "intermediate_size": 2816, "vocab_size": 1000, "num_hidden_layers": 2})
