@@ -137,10 +137,13 @@ class KernelOptions:
     # 1,818.2 and 1,816.4 tok/s against 1,633.8 and 1,633.6; the 8B and 1B shapes 1.00x
     # (docs/performance.md). LOCALCHAT_PACKED_ROUNDED_O=0: o_proj rounds its own x.
     packed_rounded_o: bool = True
-    # A table of token embeddings kept packed (a GGUF's token_embd) is looked up by one launch of
-    # ours (packed_embed_rows) on the GPU, where torch's gathers and unpacking take a dozen a step,
-    # and an EAGLE-3 draft over such a target keeps its lean step. LOCALCHAT_PACKED_EMBED=0: torch's.
-    packed_embed: bool = True
+    # A table of token embeddings kept packed (a GGUF's token_embd) looked up by one launch of ours
+    # (packed_embed_rows) on the GPU, where torch's gathers and unpacking take 14 (28.7 us of a
+    # 565.7 us step of the demo's shape packed, against 2.9 for bf16's lookup, on an H100),
+    # and an EAGLE-3 draft over such a target keeping its lean step. Off until it has run and been
+    # timed on a GPU (built and tested under Triton's interpreter; docs/performance.md).
+    # LOCALCHAT_PACKED_EMBED=1: on.
+    packed_embed: bool = False
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -299,7 +302,7 @@ class KernelOptions:
             packed_short_tiles=_flag(env, "LOCALCHAT_PACKED_SHORT_TILES"),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
-            packed_embed=_flag(env, "LOCALCHAT_PACKED_EMBED"),
+            packed_embed=_flag(env, "LOCALCHAT_PACKED_EMBED", default=False),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

@@ -197,8 +197,9 @@ PACKED_TABLE = [pytest.param("cuda", torch.bfloat16, "lean", marks=_GPU, id="cud
 @pytest.mark.parametrize("device,dtype,path", PACKED_TABLE)
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_a_draft_over_a_packed_table_equals_one_over_that_table_dequantized(device, dtype, path, kind):
-    """A target whose embeddings stay packed (PackedEmbedding, a GGUF's token_embd): the draft's
-    steps, lean included (its first launch then reads the looked-up rows), give the bits of the
+    """A target whose embeddings stay packed (PackedEmbedding, a GGUF's token_embd), looked up by
+    our kernel (LOCALCHAT_PACKED_EMBED=1): the draft's steps, lean included (its first launch then
+    reads the looked-up rows), give the bits of the
     same draft over that table dequantized into an nn.Embedding: a prompt's extend, then
     two chained single-token draft steps."""
     import numpy as np
@@ -212,7 +213,7 @@ def test_a_draft_over_a_packed_table_equals_one_over_that_table_dequantized(devi
     dev = torch.device(device)
     dc = DraftConfig.from_hf(head_config(TARGET, 256, (2, 15, 27)), TARGET)
     torch.manual_seed(1)
-    d = Eagle3Draft(dc, TARGET, 64, _ops(lean_draft=path == "lean"))
+    d = Eagle3Draft(dc, TARGET, 64, _ops(lean_draft=path == "lean", packed_embed=True))
     with torch.no_grad():
         for n, p in d.named_parameters():
             p.normal_(0, 0.05)
