@@ -580,6 +580,29 @@ def test_embed_pair_norm(device, dtype, shape):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 6, 16])
+def test_embed_pair_norm_takes_rows_looked_up_already(device, dtype, rows):
+    """ids None: the table is the rows' embeddings themselves (a packed table's lookup): the bits
+    of the launch that looks the same rows up by index, with and without b_rows."""
+    hidden = 576
+    gen = torch.Generator().manual_seed(rows + 7)
+    table = (torch.randn(97, hidden, generator=gen) * 2).to(device, dtype)
+    b = (torch.randn(rows, hidden, generator=gen) * 5).to(device, dtype)
+    wa, wb = ((1 + 0.1 * torch.randn(hidden, generator=gen)).to(device, dtype) for _ in range(2))
+    ids = torch.randint(0, 97, (rows,), generator=gen).to(device)
+    looked_up = table.index_select(0, ids)
+    out = embed_pair_norm(None, looked_up, b, wa, wb, 1e-5, 1e-6)
+    assert torch.equal(out, embed_pair_norm(ids, table, b, wa, wb, 1e-5, 1e-6))
+    assert torch.equal(embed_pair_norm_ref(None, looked_up, b, wa, wb, 1e-5, 1e-6),
+                       embed_pair_norm_ref(ids, table, b, wa, wb, 1e-5, 1e-6))
+    picks = torch.zeros(rows, dtype=torch.long, device=device)
+    got, gathered = embed_pair_norm(None, looked_up, b, wa, wb, 1e-5, 1e-6, b_rows=picks)
+    want, want_rows = embed_pair_norm(ids, table, b, wa, wb, 1e-5, 1e-6, b_rows=picks)
+    assert torch.equal(got, want) and torch.equal(gathered, want_rows)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,source", [(1, 1), (4, 4), (6, 36), (3, 5)])
 def test_embed_pair_norm_reads_b_through_row_indices(device, dtype, rows, source):
     """b_rows: a tree level's rows read their parents' states from the level before's output (a
