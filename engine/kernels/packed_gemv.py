@@ -205,16 +205,22 @@ def _kernel():
             tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
-    def dequant_kernel(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, out_ptr, N, stride_q, stride_h, stride_s,
-                       stride_u, stride_out, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr,
+    def dequant_kernel(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, out_ptr, ids_ptr, N, stride_q, stride_h,
+                       stride_s, stride_u, stride_out, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr,
                        ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr,
-                       PAIRED: tl.constexpr):
+                       PAIRED: tl.constexpr, BY_IDS: tl.constexpr = False, USE_PDL: tl.constexpr = False):
         """out (N, K) in out's dtype: the weight decoded tile by tile (dequantize_grouped's values,
-        rounded once)."""
+        rounded once); BY_IDS: out (N, K) the weight's rows ids[0..N-1] (an embedding lookup)."""
+        if USE_PDL:  # the ids are the kernel before's output
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
-        w_rows = tl.where(n_ok, offs_n, 0)
+        if BY_IDS:
+            w_rows = tl.load(ids_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
+        else:
+            w_rows = tl.where(n_ok, offs_n, 0)
         k0 = tl.program_id(1) * BLOCK_K
         w = decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s,
                         stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, True, BLOCK_N, BLOCK_K, SG, UG)
@@ -222,28 +228,7 @@ def _kernel():
         tl.store(out_ptr + offs_n[:, None] * stride_out + offs_k[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=n_ok[:, None])
 
-    @triton.jit
-    def embed_kernel(ids_ptr, q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, out_ptr, num_ids, stride_q, stride_h,
-                     stride_s, stride_u, stride_out, ONE_BYTE: tl.constexpr, FP8: tl.constexpr, HIGH: tl.constexpr,
-                     ZERO: tl.constexpr, G: tl.constexpr, UNIT: tl.constexpr, HAS_OFFSET: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr,
-                     PAIRED: tl.constexpr, USE_PDL: tl.constexpr):
-        """out (T, K): the weight's rows ids[0..T-1] decoded (an embedding lookup), BLOCK_N ids
-        by BLOCK_K inputs a program, dequant_kernel's values."""
-        if USE_PDL:  # the ids are the kernel before's output
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        offs_t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        t_ok = offs_t < num_ids
-        w_rows = tl.load(ids_ptr + offs_t, mask=t_ok, other=0).to(tl.int64)
-        k0 = tl.program_id(1) * BLOCK_K
-        w = decode_tile(q_ptr, qh_ptr, s_ptr, o_ptr, su_ptr, ou_ptr, w_rows, k0, stride_q, stride_h, stride_s,
-                        stride_u, ONE_BYTE, FP8, HIGH, ZERO, G, UNIT, HAS_OFFSET, True, BLOCK_N, BLOCK_K, SG, UG)
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        tl.store(out_ptr + offs_t[:, None] * stride_out + offs_k[None, :], w.to(out_ptr.dtype.element_ty),
-                 mask=t_ok[:, None])
-
-    return packed_kernel, dequant_kernel, embed_kernel
+    return packed_kernel, dequant_kernel
 
 
 @dataclass(frozen=True)
@@ -1006,8 +991,8 @@ def dequantize_packed(weight: GroupedWeight, dtype: torch.dtype, out: torch.Tens
     assert out.shape == (n, k) and out.stride(1) == 1 and out.dtype == dtype
     block_n, block_k = 32, _step_k(k, weight.group, 128)
     _kernel()[1][(-(-n // block_n), k // block_k)](
-        out_ptr=out, N=n, stride_out=out.stride(0), **_weight_args(weight), BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4, num_stages=1)
+        out_ptr=out, ids_ptr=out, N=n, stride_out=out.stride(0), **_weight_args(weight), BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=4, num_stages=1)
     return out
 
 
@@ -1022,9 +1007,9 @@ def packed_embed_rows(ids: torch.Tensor, weight: GroupedWeight, dtype: torch.dty
     if t == 0:
         return out
     block_t, block_k = min(MAX_ROWS, next_pow2(t)), _step_k(k, weight.group, 128)
-    _kernel()[2][(-(-t // block_t), k // block_k)](
-        ids, out_ptr=out, num_ids=t, stride_out=out.stride(0), **_weight_args(weight), BLOCK_N=block_t,
-        BLOCK_K=block_k, num_warps=max(1, min(4, block_t * block_k // 512)), num_stages=1,
+    _kernel()[1][(-(-t // block_t), k // block_k)](
+        out_ptr=out, ids_ptr=ids, N=t, stride_out=out.stride(0), **_weight_args(weight), BLOCK_N=block_t,
+        BLOCK_K=block_k, BY_IDS=True, num_warps=max(1, min(4, block_t * block_k // 512)), num_stages=1,
         **pdl_args(out.device, pdl))
     return out
 

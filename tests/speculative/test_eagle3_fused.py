@@ -146,6 +146,20 @@ def test_fused_draft_step_equals_torch(device, dtype, rel, norm_before_residual,
         assert err_kernels <= max(3 * err_torch, rel / 3 * scale), (err_kernels, err_torch, scale)
 
 
+def _random_draft(dc: DraftConfig, ops: Ops | None, dev: torch.device, dtype: torch.dtype, seed: int) -> Eagle3Draft:
+    """A draft over TARGET with random weights (norm weights about 1), on dev in dtype, eval mode."""
+    torch.manual_seed(seed)
+    d = Eagle3Draft(dc, TARGET, 64, ops)
+    with torch.no_grad():
+        for n, p in d.named_parameters():
+            p.normal_(0, 0.05)
+            if n.endswith("norm.weight"):
+                p.add_(1.0)
+    d = d.to(dev, dtype).eval()
+    d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), 64).to(dev)
+    return d
+
+
 ONE_ROW = [pytest.param("cpu", torch.float32, None, id="torch-cpu"),
            pytest.param("cuda", torch.bfloat16, "lean", marks=_GPU, id="cuda-lean"),
            pytest.param("cuda", torch.bfloat16, "fused", marks=_GPU, id="cuda-fused"),
@@ -160,15 +174,7 @@ def test_an_extend_for_one_row_equals_that_row_of_the_whole_extend(device, dtype
     and state, for an index tensor and a Python index alike."""
     dev = torch.device(device)
     dc = DraftConfig.from_hf(head_config(TARGET, 256, (2, 15, 27)), TARGET)
-    torch.manual_seed(0)
-    d = Eagle3Draft(dc, TARGET, 64, _ops(lean_draft=path == "lean") if path is not None else None)
-    with torch.no_grad():
-        for n, p in d.named_parameters():
-            p.normal_(0, 0.05)
-            if n.endswith("norm.weight"):
-                p.add_(1.0)
-    d = d.to(dev, dtype).eval()
-    d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), 64).to(dev)
+    d = _random_draft(dc, _ops(lean_draft=path == "lean") if path is not None else None, dev, dtype, seed=0)
     assert d.fused == (path is not None) and d.lean == (path == "lean")
     embed = torch.nn.Embedding(TARGET.vocab_size, dc.hidden_size).to(dev, dtype)
     g = torch.Generator().manual_seed(2)
@@ -212,15 +218,7 @@ def test_a_draft_over_a_packed_table_equals_one_over_that_table_dequantized(devi
 
     dev = torch.device(device)
     dc = DraftConfig.from_hf(head_config(TARGET, 256, (2, 15, 27)), TARGET)
-    torch.manual_seed(1)
-    d = Eagle3Draft(dc, TARGET, 64, _ops(lean_draft=path == "lean", packed_embed=True))
-    with torch.no_grad():
-        for n, p in d.named_parameters():
-            p.normal_(0, 0.05)
-            if n.endswith("norm.weight"):
-                p.add_(1.0)
-    d = d.to(dev, dtype).eval()
-    d.cos_sin = rope_cos_sin(dc.layer_config(TARGET), 64).to(dev)
+    d = _random_draft(dc, _ops(lean_draft=path == "lean", packed_embed=True), dev, dtype, seed=1)
     width = dc.hidden_size
     rng = np.random.default_rng(3)
     block = from_packed([gguf_weight(kind, torch.from_numpy(random_blocks(kind, TARGET.vocab_size, width, rng)),
