@@ -787,8 +787,9 @@ def test_packed_embed_rows_equal_the_lookup_reference(device, name, parts):
     gen = torch.Generator().manual_seed(n + k)
     for t in (1, 3, 16, 40):
         ids = torch.randint(0, n, (t,), generator=gen)
-        ids[0] = n - 1
-        ids[-1] = ids[0] if t > 1 else ids[-1]
+        ids[0] = n - 1  # the table's last row
+        if t > 1:
+            ids[-1] = ids[0]  # a row twice
         ids = ids.to(device)
         got = packed_embed_rows(ids, g, dtype)
         assert got.shape == (t, k) and got.dtype == dtype
