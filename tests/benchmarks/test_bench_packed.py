@@ -43,3 +43,18 @@ def test_the_short_k_sweep_fits_every_projection_and_holds_the_shipped_tile(conf
                 assert k % (t.block_k * t.split_k) == 0, (role, t)
                 assert t.block_k % group == 0 or group % t.block_k == 0, (role, t)
             assert default_tile(n, k, group) in tiles + SWEEP, (config, role, group)
+
+
+def test_an_unknown_role_is_refused_in_one_line(tmp_path):
+    """--roles names only shapes the run has: another name stops before anything is timed, with
+    one line naming it and the shapes there are (no traceback)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_packed.py"
+    run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "x.json"), "--roles", "lm_head,qkv"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1].endswith(
+        "--roles: no shape named lm_head (there are qkv, o_proj, gate_up, down)")
+    assert not (tmp_path / "x.json").exists()
