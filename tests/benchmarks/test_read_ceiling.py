@@ -1,0 +1,59 @@
+"""bench_read_ceiling.py refuses what it cannot run in one line, and its reference XOR is right."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.bench_read_ceiling import SHAPES, TILES, xor_rows
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_read_ceiling.py"
+
+
+def run(tmp_path, *extra):
+    return subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "x.json"), *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_an_unknown_projection_is_refused_in_one_line(tmp_path):
+    got = run(tmp_path, "--roles", "qkv,lm_head")
+    assert got.returncode == 1 and "Traceback" not in got.stderr
+    assert got.stderr.strip() == "error: unknown projection 'lm_head'; choose from qkv, o_proj, gate_up, down"
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without a GPU")
+def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
+    got = run(tmp_path, "--roles", "qkv")
+    assert got.returncode == 1 and "Traceback" not in got.stderr
+    assert got.stderr.strip() == "error: this benchmark needs a CUDA GPU and Triton"
+
+
+def test_the_reference_xors_each_rows_words():
+    w = torch.tensor([[1, 2, 4], [7, 7, 0], [-1, 0, -1]], dtype=torch.int32)
+    assert xor_rows(w).tolist() == [7, 0, 0]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                    reason="the kernels under Triton's interpreter: TRITON_INTERPRET=1 with Triton installed")
+def test_the_kernels_read_every_word_once():
+    """Each tile's XOR of a row is the row's XOR (rows past the last and K past a step's end
+    masked); the flat reads' XOR of XORs is the whole buffer's."""
+    from benchmarks.bench_read_ceiling import read_flat, read_tiles
+
+    gen = torch.Generator().manual_seed(0)
+    for n, words in [(40, 512), (13, 1792), (5, 100)]:
+        w = torch.randint(-2**31, 2**31 - 1, (n, words), dtype=torch.int32, generator=gen)
+        ref = xor_rows(w)
+        for rows, step, warps, stages in TILES:
+            if step <= words:
+                got = read_tiles(w, torch.zeros(n, dtype=torch.int32), rows, step, warps, stages)
+                assert torch.equal(got, ref), (n, words, rows, step, stages)
+        flat = read_flat(w, torch.zeros(-(-n * words // 2048), dtype=torch.int32), 2048, 4)
+        assert torch.equal(xor_rows(flat[None, :]), xor_rows(ref[None, :]))
