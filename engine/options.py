@@ -139,11 +139,11 @@ class KernelOptions:
     packed_rounded_o: bool = True
     # A table of token embeddings kept packed (a GGUF's token_embd) looked up by one launch of ours
     # (packed_embed_rows) on the GPU, where torch's gathers and unpacking take 14 (28.7 us of a
-    # 565.7 us step of the demo's shape packed, against 2.9 for bf16's lookup, on an H100),
-    # and an EAGLE-3 draft over such a target keeping its lean step. Off until it has run and been
-    # timed on a GPU (built and tested under Triton's interpreter; docs/performance.md).
-    # LOCALCHAT_PACKED_EMBED=1: on.
-    packed_embed: bool = False
+    # 565.7 us step of the demo's shape packed, against 2.9 for bf16's lookup), and an EAGLE-3
+    # draft over such a target keeping its lean step. The demo's shape packed as Q4_1, a head
+    # forced to 3.5 tokens a step, on an H100: speculation 1.18x, no draft 1.04x
+    # (docs/performance.md). LOCALCHAT_PACKED_EMBED=0: torch's lookup, the fused draft step.
+    packed_embed: bool = True
     # A one-row step rotates q and k and writes the cache inside the attention kernel, one launch
     # fewer with the same bits. LOCALCHAT_ROPE_IN_ATTENTION=0: RoPE launches apart.
     rope_in_attention: bool = True
@@ -302,7 +302,7 @@ class KernelOptions:
             packed_short_tiles=_flag(env, "LOCALCHAT_PACKED_SHORT_TILES"),
             packed_rounded_x=_flag(env, "LOCALCHAT_PACKED_ROUNDED_X"),
             packed_rounded_o=_flag(env, "LOCALCHAT_PACKED_ROUNDED_O"),
-            packed_embed=_flag(env, "LOCALCHAT_PACKED_EMBED", default=False),
+            packed_embed=_flag(env, "LOCALCHAT_PACKED_EMBED"),
             rope_in_attention=_flag(env, "LOCALCHAT_ROPE_IN_ATTENTION"),
             rope_in_verify=_flag(env, "LOCALCHAT_ROPE_IN_VERIFY"),
             rope_in_tree=_flag(env, "LOCALCHAT_ROPE_IN_TREE"),

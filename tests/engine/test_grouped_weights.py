@@ -799,9 +799,9 @@ def test_packed_embed_rows_equal_the_lookup_reference(device, name, parts):
 
 
 def test_a_packed_table_is_looked_up_by_our_kernel_where_the_gpu_kernels_run(monkeypatch):
-    """Ops.lookup: a PackedEmbedding on the GPU kernels (Ops.routed) with LOCALCHAT_PACKED_EMBED=1
-    decodes its rows with packed_embed_rows, under the step's PDL setting; off the GPU kernels,
-    with the switch off (the default), or for a plain nn.Embedding, the module's own lookup."""
+    """Ops.lookup: a PackedEmbedding on the GPU kernels (Ops.routed) decodes its rows with
+    packed_embed_rows (the default), under the step's PDL setting; off the GPU kernels, with
+    LOCALCHAT_PACKED_EMBED=0, or for a plain nn.Embedding, the module's own lookup."""
     from engine.kernels import packed_gemv
     from engine.ops import Ops
     from engine.options import KernelOptions
@@ -820,10 +820,10 @@ def test_a_packed_table_is_looked_up_by_our_kernel_where_the_gpu_kernels_run(mon
     ids = torch.tensor([[7, 0, 7]])
     want = table(ids)
     assert want.shape == (1, 3, 64) and not calls
-    on = KernelOptions.from_env({"LOCALCHAT_PACKED_EMBED": "1"})
+    on = KernelOptions.from_env({})
     for ops, used in ((Ops.for_device(torch.device("cpu"), on), []), (Ops.routed(on), [True]),
-                      (Ops.routed(KernelOptions(pdl=False, packed_embed=True)), [False]),
-                      (Ops.routed(KernelOptions()), [])):
+                      (Ops.routed(KernelOptions(pdl=False)), [False]),
+                      (Ops.routed(KernelOptions.from_env({"LOCALCHAT_PACKED_EMBED": "0"})), [])):
         calls.clear()
         assert torch.equal(ops.lookup(table, ids), want)
         assert calls == used

@@ -23,15 +23,12 @@ def test_defaults_are_the_winners_and_the_environment_turns_them_off():
                 "LOCALCHAT_MTP_GRAPH": "mtp_graph", "LOCALCHAT_NORM_STATS": "norm_stats",
                 "LOCALCHAT_PACKED_ROW": "packed_row", "LOCALCHAT_SHARE_SMS": "share_sms",
                 "LOCALCHAT_PACKED_ONE_LAUNCH": "packed_one_launch", "LOCALCHAT_PACKED_ROUNDED_X": "packed_rounded_x",
-                "LOCALCHAT_PACKED_ROUNDED_O": "packed_rounded_o",
+                "LOCALCHAT_PACKED_ROUNDED_O": "packed_rounded_o", "LOCALCHAT_PACKED_EMBED": "packed_embed",
                 "LOCALCHAT_PACKED_SHORT_TILES": "packed_short_tiles"}
     for name, field in switches.items():
         assert getattr(default, field) is True
         assert KernelOptions.from_env({name: "0"}) == dataclasses.replace(default, **{field: False}), name
         assert KernelOptions.from_env({name: "1"}) == default
-    # a packed table's lookup in one launch: off until timed on a GPU
-    assert default.packed_embed is False and KernelOptions.from_env({"LOCALCHAT_PACKED_EMBED": "0"}) == default
-    assert KernelOptions.from_env({"LOCALCHAT_PACKED_EMBED": "1"}) == dataclasses.replace(default, packed_embed=True)
     # each_row is off unless asked for (its verify rows cost more than its plain steps save)
     assert default.each_row is False and KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "0"}) == default
     assert KernelOptions.from_env({"LOCALCHAT_EACH_ROW": "1"}) == dataclasses.replace(default, each_row=True)

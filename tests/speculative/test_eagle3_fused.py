@@ -204,7 +204,7 @@ PACKED_TABLE = [pytest.param("cuda", torch.bfloat16, "lean", marks=_GPU, id="cud
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_a_draft_over_a_packed_table_equals_one_over_that_table_dequantized(device, dtype, path, kind):
     """A target whose embeddings stay packed (PackedEmbedding, a GGUF's token_embd), looked up by
-    our kernel (LOCALCHAT_PACKED_EMBED=1): the draft's steps, lean included (its first launch then
+    our kernel (the default): the draft's steps, lean included (its first launch then
     reads the looked-up rows), give the bits of the
     same draft over that table dequantized into an nn.Embedding: a prompt's extend, then
     two chained single-token draft steps."""
