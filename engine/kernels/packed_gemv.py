@@ -54,6 +54,12 @@ class PackedTile:
 
 SHORT_K = 2048  # below this K, default_tile(short=True) takes the short-K tile
 SHORT_SPLIT = 6
+# A short K with this many 64-column tiles or more (a small model's tied lm_head: 768 of them
+# for the demo's 49,152 x 576) fills the GPU without a split: 64 columns over steps of 64, K
+# whole, 2 warps. The demo's lm_head packed as Q4_1 on an H100 (bench_packed.py --config
+# --lm-head --roles lm_head --sweep): 15.6 us at one row and 15.7 at 16 against 26.0 and 35.0
+# on the split tile.
+SHORT_WIDE_TILES = 512
 
 
 def default_tile(n: int, k: int, group: int, short: bool = True) -> PackedTile:
@@ -66,8 +72,11 @@ def default_tile(n: int, k: int, group: int, short: bool = True) -> PackedTile:
     short: a K under SHORT_K (a small model's) takes 32 columns a program on 2 warps, K in
     SHORT_SPLIT shares of the longest step that divides them, where one does (the demo's shape on
     an H100, bench_packed.py --config --sweep: its four projections 0.4-0.7 us faster each at one
-    row, none slower at 16)."""
+    row, none slower at 16), or with SHORT_WIDE_TILES column tiles of 64 or more, those tiles
+    over steps of 64 unsplit."""
     if short and k < SHORT_K:
+        if -(-n // 64) >= SHORT_WIDE_TILES and k % 64 == 0 and (64 % group == 0 or group % 64 == 0):
+            return PackedTile(64, 64, 1, 2)
         for block_k in (128, 64, 32):
             if k % (block_k * SHORT_SPLIT) == 0 and (block_k % group == 0 or group % block_k == 0):
                 return PackedTile(32, block_k, SHORT_SPLIT, 2)

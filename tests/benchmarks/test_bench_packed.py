@@ -34,7 +34,7 @@ def test_a_configs_layer_gives_its_four_projections_and_their_parts():
 
 @pytest.mark.parametrize("config", ["smollm2-135m.json", "llama-3.2-1b.json"])
 def test_the_short_k_sweep_fits_every_projection_and_holds_the_shipped_tile(config):
-    shapes, _ = model_shapes(json.loads((CONFIGS / config).read_text()))
+    shapes, _ = model_shapes(json.loads((CONFIGS / config).read_text()), lm_head=True)
     for group in (32, 128):  # Q4_0/Q4_1/Q8_0's blocks, AWQ's groups
         for role, (n, k) in shapes.items():
             tiles = small_sweep(k, group)
@@ -43,6 +43,20 @@ def test_the_short_k_sweep_fits_every_projection_and_holds_the_shipped_tile(conf
                 assert k % (t.block_k * t.split_k) == 0, (role, t)
                 assert t.block_k % group == 0 or group % t.block_k == 0, (role, t)
             assert default_tile(n, k, group) in tiles + SWEEP, (config, role, group)
+
+
+def test_a_short_k_takes_whole_k_tiles_only_where_columns_fill_the_gpu():
+    """The demo's tied lm_head (49,152 x 576) has 768 tiles of 64 columns: 64 columns over steps
+    of 64, K whole; its layer's projections (96 tiles of 32 columns at most) keep K in six."""
+    from engine.kernels.packed_gemv import SHORT_SPLIT, PackedTile
+
+    assert default_tile(49152, 576, 32) == PackedTile(64, 64, 1, 2)
+    assert default_tile(49152, 576, 128) == PackedTile(64, 64, 1, 2)
+    assert default_tile(512 * 64, 576, 32) == PackedTile(64, 64, 1, 2)
+    assert default_tile(511 * 64, 576, 32).split_k == SHORT_SPLIT
+    for n, k, step in ((3072, 576, 32), (960, 576, 32), (576, 1536, 128)):
+        assert default_tile(n, k, 32) == PackedTile(32, step, SHORT_SPLIT, 2)
+    assert default_tile(49152, 576, 32, short=False).block_n == 64 and default_tile(49152, 4096, 32).block_k == 128
 
 
 def test_an_unknown_role_is_refused_in_one_line(tmp_path):

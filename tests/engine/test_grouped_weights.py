@@ -204,7 +204,7 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
     from engine.kernels.packed_gemv import PackedTile
 
     tiles = [None, PackedTile(16, 32), PackedTile(16, 32, magic=False), PackedTile(32, 64, split_k=2),
-             PackedTile(16, 32, split_k=4, magic=False)]
+             PackedTile(16, 32, split_k=4, magic=False), PackedTile(64, 64, num_warps=2)]  # the last: a wide short K's
     for tile in tiles:
         if tile is not None and (k % (tile.block_k * tile.split_k)
                                  or (tile.block_k % g.group and g.group % tile.block_k)):

@@ -287,7 +287,8 @@ def test_the_row_kernel_under_pdl_reads_what_the_kernel_before_it_wrote(layout, 
 
 
 @pytest.mark.parametrize("layout,role,config", [("AWQ", "qkv", None), ("Q4_K_M", "qkv", None),
-                                                 ("Q4_1", "qkv", "smollm2-135m"), ("Q4_1", "down", "smollm2-135m")])
+                                                 ("Q4_1", "qkv", "smollm2-135m"), ("Q4_1", "down", "smollm2-135m"),
+                                                 ("Q4_1", "lm_head", "smollm2-135m")])
 def test_packed_gemv_under_pdl_reads_what_the_kernel_before_it_wrote(layout, role, config):
     """A PDL norm writes x (1 or 16 rows), then packed_gemv reads it (a launch a block), 32 times in
     one CUDA graph: with PDL (KernelOptions.packed_gemv_pdl 1 and 2) every output has the bits of
@@ -302,11 +303,13 @@ def test_packed_gemv_under_pdl_reads_what_the_kernel_before_it_wrote(layout, rol
 
     dev = torch.device("cuda")
     shapes, parts = model_shapes(json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
-                                             / f"{config}.json").read_text()) if config else None)
+                                             / f"{config}.json").read_text()) if config else None,
+                                 lm_head=role == "lm_head")
     blocks = blocks_for(layout, role, dev, torch.Generator(device=dev).manual_seed(0), shapes, parts)
     k, n = blocks[0].shape[1], sum(b.shape[0] for b in blocks)
     if config:
-        assert default_tile(blocks[0].shape[0], k, blocks[0].group).block_n == 32  # the short-K tile
+        # the short-K tile; a tied lm_head's many columns, 64 a program over K whole
+        assert default_tile(blocks[0].shape[0], k, blocks[0].group).block_n == (64 if role == "lm_head" else 32)
     norm_weight = torch.ones(k, device=dev, dtype=torch.bfloat16)
     for rows in (1, 16):
         xs = [torch.randn(rows, k, device=dev, dtype=torch.bfloat16) for _ in range(32)]
