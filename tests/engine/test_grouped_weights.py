@@ -204,7 +204,7 @@ def test_packed_gemv_equals_dequantize_then_matmul(device, name, parts):
     from engine.kernels.packed_gemv import PackedTile
 
     tiles = [None, PackedTile(16, 32), PackedTile(16, 32, magic=False), PackedTile(32, 64, split_k=2),
-             PackedTile(16, 32, split_k=4, magic=False), PackedTile(64, 64, num_warps=2)]  # the last: a wide short K's
+             PackedTile(16, 32, split_k=4, magic=False), PackedTile(64, 64, num_warps=2)]  # the last: a short K's where columns fill the GPU
     for tile in tiles:
         if tile is not None and (k % (tile.block_k * tile.split_k)
                                  or (tile.block_k % g.group and g.group % tile.block_k)):
@@ -820,8 +820,8 @@ def test_a_packed_table_is_looked_up_by_our_kernel_where_the_gpu_kernels_run(mon
     ids = torch.tensor([[7, 0, 7]])
     want = table(ids)
     assert want.shape == (1, 3, 64) and not calls
-    on = KernelOptions.from_env({})
-    for ops, used in ((Ops.for_device(torch.device("cpu"), on), []), (Ops.routed(on), [True]),
+    default = KernelOptions.from_env({})
+    for ops, used in ((Ops.for_device(torch.device("cpu"), default), []), (Ops.routed(default), [True]),
                       (Ops.routed(KernelOptions(pdl=False)), [False]),
                       (Ops.routed(KernelOptions.from_env({"LOCALCHAT_PACKED_EMBED": "0"})), [])):
         calls.clear()
