@@ -109,7 +109,7 @@ def main() -> None:
     roles = [r for r in args.roles.split(",") if r]
     unknown = [r for r in roles if r not in SHAPES]
     if unknown:
-        sys.exit(f"error: unknown projection {unknown[0]!r}; choose from {', '.join(SHAPES)}")
+        ap.error(f"--roles: no shape named {', '.join(sorted(unknown))} (there are {', '.join(SHAPES)})")
     if triton is None or not torch.cuda.is_available():
         sys.exit("error: this benchmark needs a CUDA GPU and Triton")
     dev = torch.device("cuda")

@@ -218,7 +218,7 @@ def test_a_draft_over_a_packed_table_equals_one_over_that_table_dequantized(devi
 
     dev = torch.device(device)
     dc = DraftConfig.from_hf(head_config(TARGET, 256, (2, 15, 27)), TARGET)
-    d = _random_draft(dc, _ops(lean_draft=path == "lean", packed_embed=True), dev, dtype, seed=1)
+    d = _random_draft(dc, _ops(lean_draft=path == "lean"), dev, dtype, seed=1)
     width = dc.hidden_size
     rng = np.random.default_rng(3)
     block = from_packed([gguf_weight(kind, torch.from_numpy(random_blocks(kind, TARGET.vocab_size, width, rng)),
