@@ -15,6 +15,13 @@ CUDA graphs over copies larger than L2:
 - torch's own row sum over the same bytes, as a library's reduction reads them;
 and prints each one's GB/s as a share of the copy bandwidth measured in the same run.
 
+With all four roles it also reads a whole layer's four projections, the bound on what fewer
+launches could win: four flat launches one after another; one persistent launch (a few programs
+a multiprocessor, each streaming chunks of each projection in turn) with a grid-wide barrier
+between the projections, as a layer in one kernel would need between its dependent steps; the
+same launch without the barriers (what the barriers cost); and one flat launch over the four
+buffers as one (no launch or barrier between them at all).
+
     python benchmarks/bench_read_ceiling.py --out read_ceiling.json [--roles gate_up,qkv]
 """
 
@@ -45,6 +52,13 @@ TILES = [(4, 512, 4, 0), (8, 512, 4, 0), (16, 512, 8, 0), (4, 256, 2, 0), (2, 51
          (32, 512, 8, 0), (4, 512, 8, 0), (4, 128, 1, 3), (8, 128, 2, 3), (8, 256, 4, 3)]
 # (int32 words a program, warps)
 FLAT = [(2048, 4), (4096, 4), (8192, 8), (16384, 8), (32768, 8)]
+LAYER = ("qkv", "o_proj", "gate_up", "down")  # a layer's projections, in the order a step reads them
+# the persistent layer read: (programs a multiprocessor, int32 words a load, loads a program issues
+# before it uses them, warps)
+PERSISTENT = [(1, 2048, 4, 8), (1, 4096, 4, 16), (2, 2048, 4, 8), (2, 2048, 2, 8), (4, 1024, 4, 4),
+              (4, 2048, 2, 8), (8, 1024, 2, 4)]
+MAX_SPINS = 1 << 20  # polls of a barrier before a program gives up (a launch too large to be resident
+# at once would otherwise hang the GPU); a give-up is flagged and the figures marked wrong
 
 
 if triton is not None:
@@ -77,6 +91,45 @@ if triton is not None:
         tl.store(out_ptr + pid, tl.xor_sum(v, 0))
 
 
+    @triton.jit
+    def read_layer_kernel(w0, w1, w2, w3, n0, n1, n2, n3, out_ptr, bar_ptr, CHUNK: tl.constexpr,
+                          UNROLL: tl.constexpr, BARRIER: tl.constexpr, SPINS: tl.constexpr):
+        """Each program XORs chunks pid, pid + G, ... of each of the four buffers in turn (out[phase
+        * G + pid]); BARRIER: no program starts a buffer before all have finished the one before.
+        bar_ptr: four int32: arrivals and exits (zero at launch and again at exit), a give-up flag,
+        and the arrivals the last program out counted (3 G where each program arrived once a barrier)."""
+        pid = tl.program_id(0)
+        g = tl.num_programs(0)
+        span = CHUNK * UNROLL
+        for phase in tl.static_range(4):
+            if phase == 0:
+                w, n = w0, n0
+            elif phase == 1:
+                w, n = w1, n1
+            elif phase == 2:
+                w, n = w2, n2
+            else:
+                w, n = w3, n3
+            acc = tl.zeros([CHUNK], tl.int32)
+            for start in range(pid * span, n, g * span):
+                for u in tl.static_range(UNROLL):
+                    offs = start + u * CHUNK + tl.arange(0, CHUNK)
+                    acc ^= tl.load(w + offs, mask=offs < n, other=0)
+            tl.store(out_ptr + phase * g + pid, tl.xor_sum(acc, 0))
+            if BARRIER and phase < 3:
+                tl.atomic_add(bar_ptr, 1, sem="release")
+                spins = 0
+                while (tl.load(bar_ptr, volatile=True) < (phase + 1) * g) & (spins < SPINS):
+                    spins += 1
+                if spins >= SPINS:
+                    tl.atomic_max(bar_ptr + 2, 1)
+        if BARRIER:  # the last program out resets the counters: every other one is past its last poll
+            if tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel") == g - 1:
+                tl.store(bar_ptr + 3, tl.load(bar_ptr, volatile=True))
+                tl.store(bar_ptr, 0)
+                tl.store(bar_ptr + 1, 0)
+
+
 def xor_rows(w: torch.Tensor) -> torch.Tensor:
     """Each row's words XORed (the reference for read_tiles)."""
     out = w[:, 0].clone()
@@ -97,6 +150,104 @@ def read_flat(w: torch.Tensor, out: torch.Tensor, chunk: int, warps: int) -> tor
     n = w.numel()
     read_flat_kernel[(triton.cdiv(n, chunk),)](w, out, n, CHUNK=chunk, num_warps=warps)
     return out
+
+
+def read_layer(ws: list[torch.Tensor], out: torch.Tensor, bar: torch.Tensor, programs: int, chunk: int,
+               unroll: int, warps: int, barrier: bool):
+    """The four buffers' words read by one launch of `programs` programs (read_layer_kernel); returns
+    Triton's compiled kernel (its registers and shared memory tell how many fit a multiprocessor)."""
+    return read_layer_kernel[(programs,)](*ws, *(w.numel() for w in ws), out, bar, CHUNK=chunk, UNROLL=unroll,
+                                          BARRIER=barrier, SPINS=MAX_SPINS, num_warps=warps)
+
+
+def layer_xors(out: torch.Tensor, programs: int) -> list[int]:
+    """Each buffer's XOR from read_layer's per-program XORs."""
+    per = out[:4 * programs].view(4, programs)
+    return xor_rows(per).tolist()
+
+
+def resident(kernel, warps: int, props) -> int:
+    """Programs of a compiled kernel that fit one multiprocessor at once (threads, registers, shared
+    memory, the 32-block cap): a barrier across the grid hangs unless all its programs are resident."""
+    threads = 32 * warps
+    regs = max(1, getattr(kernel, "n_regs", 0) or 1)
+    regs_per_sm = getattr(props, "regs_per_multiprocessor", 65536) or 65536
+    smem = getattr(kernel, "shared", None)
+    if smem is None:
+        smem = getattr(getattr(kernel, "metadata", None), "shared", 0) or 0
+    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 << 10) or (228 << 10)
+    fits = [32, props.max_threads_per_multi_processor // threads, regs_per_sm // (-(-regs * threads // 256) * 256)]
+    if smem:
+        fits.append(smem_per_sm // smem)
+    return max(0, min(fits))
+
+
+def time_layer(ws_copies: list[list[torch.Tensor]], flat_best: dict, iters: int, calls: int, bw: float,
+               dev) -> dict:
+    """A layer's four projections read four ways (the module's docstring), each checked against torch's
+    XORs and timed in CUDA graphs over copies larger than L2."""
+    copies = len(ws_copies)
+    total = sum(w.numel() * 4 for w in ws_copies[0])
+    refs = [int(xor_rows(w.reshape(1, -1))[0]) for w in ws_copies[0]]
+    props = torch.cuda.get_device_properties(dev)
+    sms = props.multi_processor_count
+    entry = {"bytes": total, "sms": sms, "persistent": []}
+
+    def share(us: float) -> float:
+        return total / (us * 1e-6) / bw
+
+    outs = {r: torch.empty(triton.cdiv(ws_copies[0][i].numel(), flat_best[r][0]), dtype=torch.int32, device=dev)
+            for i, r in enumerate(LAYER)}
+
+    def four(i):
+        for j, r in enumerate(LAYER):
+            read_flat(ws_copies[i % copies][j], outs[r], *flat_best[r])
+
+    us = time_graph(four, iters, calls)
+    entry["four_flat_launches"] = {"us": us, "of_copy_bandwidth": share(us),
+                                   "chunks": {r: list(flat_best[r]) for r in LAYER}}
+    print(f"layer    {total / 1e6:6.1f} MB  four flat launches {us:7.2f} us = {100 * share(us):5.1f}% of copy", flush=True)
+    one = [torch.cat([w.reshape(-1) for w in ws]) for ws in ws_copies]
+    chunk, warps = max(flat_best.values())
+    one_out = torch.empty(triton.cdiv(one[0].numel(), chunk), dtype=torch.int32, device=dev)
+    us = time_graph(lambda i: read_flat(one[i % copies], one_out, chunk, warps), iters, calls)
+    entry["one_flat_launch"] = {"us": us, "of_copy_bandwidth": share(us), "chunk_words": chunk, "warps": warps}
+    print(f"layer    one flat launch over all four {us:7.2f} us = {100 * share(us):5.1f}% of copy", flush=True)
+    del one, one_out
+    bar = torch.zeros(4, dtype=torch.int32, device=dev)
+    for per_sm, chunk, unroll, warps in PERSISTENT:
+        programs = per_sm * sms
+        out = torch.zeros(4 * programs, dtype=torch.int32, device=dev)
+        kernel = read_layer(ws_copies[0], out, bar, 1, chunk, unroll, warps, True)  # one program: compiles it
+        fit = resident(kernel, warps, props)
+        row = {"programs_per_sm": per_sm, "chunk_words": chunk, "unroll": unroll, "warps": warps,
+               "resident_per_sm": fit, "registers": getattr(kernel, "n_regs", None)}
+        if fit < per_sm:
+            row["skipped"] = "more programs a multiprocessor than fit at once"
+            entry["persistent"].append(row)
+            print(f"layer    persistent {per_sm}/SM {chunk * 4 // 1024} KB x{unroll} w{warps}: only {fit} fit", flush=True)
+            continue
+        for barrier in (True, False):
+            out.zero_()
+            read_layer(ws_copies[0], out, bar, programs, chunk, unroll, warps, barrier)
+            right = layer_xors(out, programs) == refs and int(bar[2]) == 0
+            if barrier:  # each program arrived once at each of the three barriers
+                right = right and int(bar[3]) == 3 * programs
+            if int(bar[2]):  # a program gave up waiting: not all were resident, timing it would crawl
+                row["barriers"] = {"gave_up": True, "right": False}
+                print(f"layer    persistent {per_sm}/SM: a barrier gave up waiting", flush=True)
+                bar.zero_()
+                break
+            us = time_graph(lambda i: read_layer(ws_copies[i % copies], out, bar, programs, chunk, unroll, warps,
+                                                 barrier), iters, calls)
+            right = right and int(bar[2]) == 0 and int(bar[0]) == 0
+            row["barriers" if barrier else "no_barriers"] = {"us": us, "of_copy_bandwidth": share(us), "right": right}
+            print(f"layer    persistent {per_sm}/SM {chunk * 4 // 1024} KB x{unroll} w{warps} "
+                  f"{'barriers   ' if barrier else 'no barriers'} {us:7.2f} us = {100 * share(us):5.1f}% of copy"
+                  f"{'' if right else '  WRONG'}", flush=True)
+            bar.zero_()
+        entry["persistent"].append(row)
+    return entry
 
 
 def main() -> None:
@@ -153,6 +304,15 @@ def main() -> None:
         report["shapes"][role] = entry
         del ws
         torch.cuda.empty_cache()
+    if all(r in roles for r in LAYER):
+        best = {r: max(report["shapes"][r]["flat"], key=lambda t: t["of_copy_bandwidth"]) for r in LAYER}
+        flat_best = {r: (b["chunk_words"], b["warps"]) for r, b in best.items()}
+        layer_bytes = sum(SHAPES[r][0] * SHAPES[r][1] for r in LAYER)
+        copies = max(2, (256 << 20) // layer_bytes + 1)
+        ws_copies = [[torch.randint(-2**31, 2**31 - 1, (SHAPES[r][0] * SHAPES[r][1] // 4,), dtype=torch.int32,
+                                    device=dev) for r in LAYER] for _ in range(copies)]
+        report["layer"] = time_layer(ws_copies, flat_best, args.iters, args.calls, bw, dev)
+        del ws_copies
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print("\n| projection | MB | torch row sum | best tile | best flat |\n|---|---|---|---|---|")
@@ -162,6 +322,18 @@ def main() -> None:
         print(f"| {role} | {e['bytes'] / 1e6:.1f} | {100 * e['torch_row_sum']['of_copy_bandwidth']:.1f}% | "
               f"{100 * bt['of_copy_bandwidth']:.1f}% ({bt['rows']}x{bt['step_words'] * 4}B w{bt['warps']} "
               f"p{bt['stages']}) | {100 * bf['of_copy_bandwidth']:.1f}% ({bf['chunk_words'] * 4 // 1024} KB) |")
+    if "layer" in report:
+        e = report["layer"]
+        print(f"\n| a layer's four reads ({e['bytes'] / 1e6:.1f} MB) | us | of copy |\n|---|---|---|")
+        for name, key in (("four flat launches", "four_flat_launches"), ("one flat launch", "one_flat_launch")):
+            print(f"| {name} | {e[key]['us']:.2f} | {100 * e[key]['of_copy_bandwidth']:.1f}% |")
+        for mode in ("barriers", "no_barriers"):
+            done = [r for r in e["persistent"] if mode in r and r[mode]["right"]]
+            if done:
+                b = min(done, key=lambda r: r[mode]["us"])
+                print(f"| persistent, {mode.replace('_', ' ')} ({b['programs_per_sm']}/SM, "
+                      f"{b['chunk_words'] * 4 // 1024} KB x{b['unroll']}, w{b['warps']}) | {b[mode]['us']:.2f} | "
+                      f"{100 * b[mode]['of_copy_bandwidth']:.1f}% |")
 
 
 if __name__ == "__main__":

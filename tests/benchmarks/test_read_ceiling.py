@@ -58,3 +58,37 @@ def test_the_kernels_read_every_word_once():
                 assert torch.equal(got, ref), (n, words, rows, step, stages)
         flat = read_flat(w, torch.zeros(-(-n * words // 2048), dtype=torch.int32), 2048, 4)
         assert torch.equal(xor_rows(flat[None, :]), xor_rows(ref[None, :]))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                    reason="the kernels under Triton's interpreter: TRITON_INTERPRET=1 with Triton installed")
+def test_the_layer_read_covers_each_buffer_once():
+    """The persistent layer read's per-program XORs give each buffer's XOR: one program with its
+    barriers (the interpreter runs programs one after another, so a barrier across several would
+    never open), and several programs without; the barrier's counters are zero again at exit."""
+    from benchmarks.bench_read_ceiling import layer_xors, read_layer
+
+    gen = torch.Generator().manual_seed(1)
+    ws = [torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, generator=gen) for n in (700, 64, 1029, 300)]
+    refs = [int(xor_rows(w[None, :])[0]) for w in ws]
+    for programs, chunk, unroll, barrier in [(1, 64, 2, True), (1, 128, 1, True), (3, 64, 2, False), (5, 32, 4, False)]:
+        out = torch.full((4 * programs,), 7, dtype=torch.int32)
+        bar = torch.zeros(4, dtype=torch.int32)
+        read_layer(ws, out, bar, programs, chunk, unroll, 4, barrier)
+        assert layer_xors(out, programs) == refs, (programs, chunk, unroll, barrier)
+        assert bar.tolist() == [0, 0, 0, 3 * programs if barrier else 0]
+
+
+def test_residency_counts_the_tightest_limit():
+    """A barrier across programs needs them all resident: the count is the least of what threads,
+    registers and shared memory allow a multiprocessor."""
+    from types import SimpleNamespace
+
+    from benchmarks.bench_read_ceiling import resident
+
+    props = SimpleNamespace(max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+                            shared_memory_per_multiprocessor=228 << 10)
+    assert resident(SimpleNamespace(n_regs=32, shared=0), 8, props) == 8  # threads: 2,048 / 256
+    assert resident(SimpleNamespace(n_regs=128, shared=0), 8, props) == 2  # registers: 65,536 / 32,768
+    assert resident(SimpleNamespace(n_regs=32, shared=100 << 10), 4, props) == 2  # shared memory
+    assert resident(SimpleNamespace(n_regs=16, shared=0), 1, props) == 32  # the block cap
