@@ -19,7 +19,9 @@ With all four roles it also reads a whole layer's four projections, the bound on
 launches could win: four flat launches one after another; one persistent launch (a few programs
 a multiprocessor, each streaming chunks of each projection in turn) with a grid-wide barrier
 between the projections, as a layer in one kernel would need between its dependent steps; the
-same launch without the barriers (what the barriers cost); and one flat launch over the four
+same with each program's first loads of the next projection issued before it waits at a
+barrier (weights do not depend on the step before them); the same launch without the barriers
+(what the barriers cost); and one flat launch over the four
 buffers as one (no launch or barrier between them at all).
 
     python benchmarks/bench_read_ceiling.py --out read_ceiling.json [--roles gate_up,qkv]
@@ -93,14 +95,18 @@ if triton is not None:
 
     @triton.jit
     def read_layer_kernel(w0, w1, w2, w3, n0, n1, n2, n3, out_ptr, bar_ptr, CHUNK: tl.constexpr,
-                          UNROLL: tl.constexpr, BARRIER: tl.constexpr, SPINS: tl.constexpr):
+                          UNROLL: tl.constexpr, BARRIER: tl.constexpr, PREFETCH: tl.constexpr, SPINS: tl.constexpr):
         """Each program XORs chunks pid, pid + G, ... of each of the four buffers in turn (out[phase
-        * G + pid]); BARRIER: no program starts a buffer before all have finished the one before.
-        bar_ptr: four int32: arrivals and exits (zero at launch and again at exit), a give-up flag,
-        and the arrivals the last program out counted (3 G where each program arrived once a barrier)."""
+        * G + pid]); BARRIER: no program starts a buffer before all have finished the one before;
+        PREFETCH: a program's first UNROLL chunks of the next buffer are loaded before it waits (the
+        weights of a layer's next step do not depend on the step before, so a layer in one kernel
+        could keep memory busy across its barriers this way). bar_ptr: four int32: arrivals and
+        exits (zero at launch and again at exit), a give-up flag, and the arrivals the last program
+        out counted (3 G where each program arrived once at each barrier)."""
         pid = tl.program_id(0)
         g = tl.num_programs(0)
         span = CHUNK * UNROLL
+        block = pid * span + tl.arange(0, UNROLL)[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]
         for phase in tl.static_range(4):
             if phase == 0:
                 w, n = w0, n0
@@ -110,19 +116,32 @@ if triton is not None:
                 w, n = w2, n2
             else:
                 w, n = w3, n3
-            acc = tl.zeros([CHUNK], tl.int32)
-            for start in range(pid * span, n, g * span):
+            if PREFETCH and phase > 0:
+                acc = tl.xor_sum(pre, 0)
+                first = pid * span + g * span
+            else:
+                acc = tl.zeros([CHUNK], tl.int32)
+                first = pid * span
+            for start in range(first, n, g * span):
                 for u in tl.static_range(UNROLL):
                     offs = start + u * CHUNK + tl.arange(0, CHUNK)
                     acc ^= tl.load(w + offs, mask=offs < n, other=0)
             tl.store(out_ptr + phase * g + pid, tl.xor_sum(acc, 0))
-            if BARRIER and phase < 3:
-                tl.atomic_add(bar_ptr, 1, sem="release")
-                spins = 0
-                while (tl.load(bar_ptr, volatile=True) < (phase + 1) * g) & (spins < SPINS):
-                    spins += 1
-                if spins >= SPINS:
-                    tl.atomic_max(bar_ptr + 2, 1)
+            if phase < 3:
+                if PREFETCH:  # loaded now, first used after the barrier
+                    if phase == 0:
+                        pre = tl.load(w1 + block, mask=block < n1, other=0)
+                    elif phase == 1:
+                        pre = tl.load(w2 + block, mask=block < n2, other=0)
+                    else:
+                        pre = tl.load(w3 + block, mask=block < n3, other=0)
+                if BARRIER:
+                    tl.atomic_add(bar_ptr, 1, sem="release")
+                    spins = 0
+                    while (tl.load(bar_ptr, volatile=True) < (phase + 1) * g) & (spins < SPINS):
+                        spins += 1
+                    if spins >= SPINS:
+                        tl.atomic_max(bar_ptr + 2, 1)
         if BARRIER:  # the last program out resets the counters: every other one is past its last poll
             if tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel") == g - 1:
                 tl.store(bar_ptr + 3, tl.load(bar_ptr, volatile=True))
@@ -153,11 +172,11 @@ def read_flat(w: torch.Tensor, out: torch.Tensor, chunk: int, warps: int) -> tor
 
 
 def read_layer(ws: list[torch.Tensor], out: torch.Tensor, bar: torch.Tensor, programs: int, chunk: int,
-               unroll: int, warps: int, barrier: bool):
+               unroll: int, warps: int, barrier: bool, prefetch: bool = False):
     """The four buffers' words read by one launch of `programs` programs (read_layer_kernel); returns
     Triton's compiled kernel (its registers and shared memory tell how many fit a multiprocessor)."""
     return read_layer_kernel[(programs,)](*ws, *(w.numel() for w in ws), out, bar, CHUNK=chunk, UNROLL=unroll,
-                                          BARRIER=barrier, SPINS=MAX_SPINS, num_warps=warps)
+                                          BARRIER=barrier, PREFETCH=prefetch, SPINS=MAX_SPINS, num_warps=warps)
 
 
 def layer_xors(out: torch.Tensor, programs: int) -> list[int]:
@@ -218,8 +237,9 @@ def time_layer(ws_copies: list[list[torch.Tensor]], flat_best: dict, iters: int,
     for per_sm, chunk, unroll, warps in PERSISTENT:
         programs = per_sm * sms
         out = torch.zeros(4 * programs, dtype=torch.int32, device=dev)
-        kernel = read_layer(ws_copies[0], out, bar, 1, chunk, unroll, warps, True)  # one program: compiles it
-        fit = resident(kernel, warps, props)
+        # one program compiles each (its barriers open at once); the tightest sets the residency
+        fit = min(resident(read_layer(ws_copies[0], out, bar, 1, chunk, unroll, warps, True, pre), warps, props)
+                  for pre in (False, True))
         row = {"programs_per_sm": per_sm, "chunk_words": chunk, "unroll": unroll, "warps": warps,
                "resident_per_sm": fit, "registers": getattr(kernel, "n_regs", None)}
         if fit < per_sm:
@@ -227,23 +247,24 @@ def time_layer(ws_copies: list[list[torch.Tensor]], flat_best: dict, iters: int,
             entry["persistent"].append(row)
             print(f"layer    persistent {per_sm}/SM {chunk * 4 // 1024} KB x{unroll} w{warps}: only {fit} fit", flush=True)
             continue
-        for barrier in (True, False):
+        for mode, barrier, pre in (("barriers", True, False), ("barriers_prefetch", True, True),
+                                   ("no_barriers", False, False)):
             out.zero_()
-            read_layer(ws_copies[0], out, bar, programs, chunk, unroll, warps, barrier)
+            read_layer(ws_copies[0], out, bar, programs, chunk, unroll, warps, barrier, pre)
             right = layer_xors(out, programs) == refs and int(bar[2]) == 0
             if barrier:  # each program arrived once at each of the three barriers
                 right = right and int(bar[3]) == 3 * programs
             if int(bar[2]):  # a program gave up waiting: not all were resident, timing it would crawl
-                row["barriers"] = {"gave_up": True, "right": False}
+                row[mode] = {"gave_up": True, "right": False}
                 print(f"layer    persistent {per_sm}/SM: a barrier gave up waiting", flush=True)
                 bar.zero_()
                 break
             us = time_graph(lambda i: read_layer(ws_copies[i % copies], out, bar, programs, chunk, unroll, warps,
-                                                 barrier), iters, calls)
+                                                 barrier, pre), iters, calls)
             right = right and int(bar[2]) == 0 and int(bar[0]) == 0
-            row["barriers" if barrier else "no_barriers"] = {"us": us, "of_copy_bandwidth": share(us), "right": right}
+            row[mode] = {"us": us, "of_copy_bandwidth": share(us), "right": right}
             print(f"layer    persistent {per_sm}/SM {chunk * 4 // 1024} KB x{unroll} w{warps} "
-                  f"{'barriers   ' if barrier else 'no barriers'} {us:7.2f} us = {100 * share(us):5.1f}% of copy"
+                  f"{mode.replace('_', ' '):17s} {us:7.2f} us = {100 * share(us):5.1f}% of copy"
                   f"{'' if right else '  WRONG'}", flush=True)
             bar.zero_()
         entry["persistent"].append(row)
@@ -327,7 +348,7 @@ def main() -> None:
         print(f"\n| a layer's four reads ({e['bytes'] / 1e6:.1f} MB) | us | of copy |\n|---|---|---|")
         for name, key in (("four flat launches", "four_flat_launches"), ("one flat launch", "one_flat_launch")):
             print(f"| {name} | {e[key]['us']:.2f} | {100 * e[key]['of_copy_bandwidth']:.1f}% |")
-        for mode in ("barriers", "no_barriers"):
+        for mode in ("barriers", "barriers_prefetch", "no_barriers"):
             done = [r for r in e["persistent"] if mode in r and r[mode]["right"]]
             if done:
                 b = min(done, key=lambda r: r[mode]["us"])
