@@ -21,7 +21,8 @@ a multiprocessor, each streaming chunks of each projection in turn) with a grid-
 between the projections, as a layer in one kernel would need between its dependent steps; the
 same with each program's first loads of the next projection issued before it waits at a
 barrier (weights do not depend on the step before them); the same launch without the barriers
-(what the barriers cost); and one flat launch over the four
+(what the barriers cost); one launch of a program a chunk, each projection's programs waiting
+until the one before is done (loads issued before or after the wait); and one flat launch over the four
 buffers as one (no launch or barrier between them at all).
 
     python benchmarks/bench_read_ceiling.py --out read_ceiling.json [--roles gate_up,qkv]
@@ -59,6 +60,8 @@ LAYER = ("qkv", "o_proj", "gate_up", "down")  # a layer's projections, in the or
 # before it uses them, warps)
 PERSISTENT = [(1, 2048, 4, 8), (1, 4096, 4, 16), (2, 2048, 4, 8), (2, 2048, 2, 8), (4, 1024, 4, 4),
               (4, 2048, 2, 8), (8, 1024, 2, 4)]
+# the chained layer read, a program a chunk: (int32 words a program, warps)
+CHAIN = [(2048, 4), (4096, 4), (8192, 8)]
 MAX_SPINS = 1 << 20  # polls of a barrier before a program gives up (a launch too large to be resident
 # at once would otherwise hang the GPU); a give-up is flagged and the figures marked wrong
 
@@ -149,6 +152,43 @@ if triton is not None:
                 tl.store(bar_ptr + 1, 0)
 
 
+    @triton.jit
+    def read_chain_kernel(w0, w1, w2, w3, n0, n1, n2, n3, t0, t1, t2, t3, out_ptr, sync_ptr, CHUNK: tl.constexpr,
+                          EARLY: tl.constexpr, SPINS: tl.constexpr):
+        """A program a chunk, the four buffers' chunks in one launch: a program takes the next ticket
+        (the order programs start in, so it waits only on programs already running, and a launch of
+        any size cannot hang) and reads chunk `ticket` of the four buffers' t0 + t1 + t2 + t3; it
+        starts its buffer only when every chunk of the buffer before is done, as a step that needs the
+        step before it would. EARLY: its chunk's load is issued before it waits. out[ticket] = the
+        chunk's XOR. sync_ptr: eight int32, zero at launch and again at exit (tickets, chunks done of
+        each buffer, exits), then a give-up flag."""
+        t = tl.atomic_add(sync_ptr, 1)
+        if t < t0:
+            w, n, local, phase, before = w0, n0, t, 0, 0
+        elif t < t0 + t1:
+            w, n, local, phase, before = w1, n1, t - t0, 1, t0
+        elif t < t0 + t1 + t2:
+            w, n, local, phase, before = w2, n2, t - t0 - t1, 2, t1
+        else:
+            w, n, local, phase, before = w3, n3, t - t0 - t1 - t2, 3, t2
+        offs = local * CHUNK + tl.arange(0, CHUNK)
+        if EARLY:
+            v = tl.load(w + offs, mask=offs < n, other=0)
+        if phase > 0:
+            spins = 0
+            while (tl.load(sync_ptr + phase, volatile=True) < before) & (spins < SPINS):
+                spins += 1
+            if spins >= SPINS:
+                tl.atomic_max(sync_ptr + 6, 1)
+        if not EARLY:
+            v = tl.load(w + offs, mask=offs < n, other=0)
+        tl.store(out_ptr + t, tl.xor_sum(v, 0))
+        tl.atomic_add(sync_ptr + 1 + phase, 1, sem="release")
+        if tl.atomic_add(sync_ptr + 5, 1, sem="acq_rel") == t0 + t1 + t2 + t3 - 1:
+            for i in tl.static_range(6):
+                tl.store(sync_ptr + i, 0)
+
+
 def xor_rows(w: torch.Tensor) -> torch.Tensor:
     """Each row's words XORed (the reference for read_tiles)."""
     out = w[:, 0].clone()
@@ -177,6 +217,25 @@ def read_layer(ws: list[torch.Tensor], out: torch.Tensor, bar: torch.Tensor, pro
     Triton's compiled kernel (its registers and shared memory tell how many fit a multiprocessor)."""
     return read_layer_kernel[(programs,)](*ws, *(w.numel() for w in ws), out, bar, CHUNK=chunk, UNROLL=unroll,
                                           BARRIER=barrier, PREFETCH=prefetch, SPINS=MAX_SPINS, num_warps=warps)
+
+
+def chain_counts(ws: list[torch.Tensor], chunk: int) -> list[int]:
+    """Chunks of each buffer: the programs read_chain gives it."""
+    return [triton.cdiv(w.numel(), chunk) for w in ws]
+
+
+def read_chain(ws: list[torch.Tensor], out: torch.Tensor, sync: torch.Tensor, chunk: int, warps: int, early: bool):
+    """The four buffers read by one launch of a program a chunk, buffer after buffer (read_chain_kernel)."""
+    counts = chain_counts(ws, chunk)
+    read_chain_kernel[(sum(counts),)](*ws, *(w.numel() for w in ws), *counts, out, sync, CHUNK=chunk, EARLY=early,
+                                      SPINS=MAX_SPINS, num_warps=warps)
+    return out
+
+
+def chain_xors(out: torch.Tensor, counts: list[int]) -> list[int]:
+    """Each buffer's XOR from read_chain's per-chunk XORs."""
+    ends = [sum(counts[:i + 1]) for i in range(4)]
+    return [int(xor_rows(out[e - c:e][None, :])[0]) for e, c in zip(ends, counts)]
 
 
 def layer_xors(out: torch.Tensor, programs: int) -> list[int]:
@@ -233,6 +292,23 @@ def time_layer(ws_copies: list[list[torch.Tensor]], flat_best: dict, iters: int,
     entry["one_flat_launch"] = {"us": us, "of_copy_bandwidth": share(us), "chunk_words": chunk, "warps": warps}
     print(f"layer    one flat launch over all four {us:7.2f} us = {100 * share(us):5.1f}% of copy", flush=True)
     del one, one_out
+    entry["chain"] = []
+    sync = torch.zeros(8, dtype=torch.int32, device=dev)
+    for chunk, warps in CHAIN:
+        counts = chain_counts(ws_copies[0], chunk)
+        out = torch.zeros(sum(counts), dtype=torch.int32, device=dev)
+        for early in (False, True):
+            read_chain(ws_copies[0], out, sync, chunk, warps, early)
+            right = chain_xors(out, counts) == refs and int(sync[6]) == 0
+            if int(sync[6]):
+                sync.zero_()
+            us = time_graph(lambda i: read_chain(ws_copies[i % copies], out, sync, chunk, warps, early), iters, calls)
+            right = right and int(sync[6]) == 0 and sync[:6].tolist() == [0] * 6
+            entry["chain"].append({"chunk_words": chunk, "warps": warps, "early": early, "us": us,
+                                   "of_copy_bandwidth": share(us), "right": right})
+            print(f"layer    chain {chunk * 4 // 1024} KB a program w{warps} {'loads early' if early else 'loads after '}"
+                  f" {us:7.2f} us = {100 * share(us):5.1f}% of copy{'' if right else '  WRONG'}", flush=True)
+            sync.zero_()
     bar = torch.zeros(4, dtype=torch.int32, device=dev)
     for per_sm, chunk, unroll, warps in PERSISTENT:
         programs = per_sm * sms
@@ -348,6 +424,13 @@ def main() -> None:
         print(f"\n| a layer's four reads ({e['bytes'] / 1e6:.1f} MB) | us | of copy |\n|---|---|---|")
         for name, key in (("four flat launches", "four_flat_launches"), ("one flat launch", "one_flat_launch")):
             print(f"| {name} | {e[key]['us']:.2f} | {100 * e[key]['of_copy_bandwidth']:.1f}% |")
+        for early in (False, True):
+            done = [r for r in e["chain"] if r["early"] == early and r["right"]]
+            if done:
+                b = min(done, key=lambda r: r["us"])
+                print(f"| a program a chunk, each projection after the one before, loads "
+                      f"{'before' if early else 'after'} the wait ({b['chunk_words'] * 4 // 1024} KB, w{b['warps']}) | "
+                      f"{b['us']:.2f} | {100 * b['of_copy_bandwidth']:.1f}% |")
         for mode in ("barriers", "barriers_prefetch", "no_barriers"):
             done = [r for r in e["persistent"] if mode in r and r[mode]["right"]]
             if done:

@@ -93,3 +93,23 @@ def test_residency_counts_the_tightest_limit():
     assert resident(SimpleNamespace(n_regs=128, shared=0), 8, props) == 2  # registers: 65,536 / 32,768
     assert resident(SimpleNamespace(n_regs=32, shared=100 << 10), 4, props) == 2  # shared memory
     assert resident(SimpleNamespace(n_regs=16, shared=0), 1, props) == 32  # the block cap
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                    reason="the kernels under Triton's interpreter: TRITON_INTERPRET=1 with Triton installed")
+def test_the_chained_layer_read_covers_each_buffer_once():
+    """A program a chunk in ticket order: each buffer's chunks XOR to the buffer's XOR, loads
+    issued before the wait or after, and the counters are zero again at exit (the interpreter
+    runs programs in order, so every wait is already met when a program reaches it)."""
+    from benchmarks.bench_read_ceiling import chain_counts, chain_xors, read_chain
+
+    gen = torch.Generator().manual_seed(2)
+    ws = [torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, generator=gen) for n in (700, 64, 1029, 300)]
+    refs = [int(xor_rows(w[None, :])[0]) for w in ws]
+    for chunk, early in [(64, False), (64, True), (128, True), (1024, False)]:
+        counts = chain_counts(ws, chunk)
+        out = torch.full((sum(counts),), 7, dtype=torch.int32)
+        sync = torch.zeros(8, dtype=torch.int32)
+        read_chain(ws, out, sync, chunk, 4, early)
+        assert chain_xors(out, counts) == refs, (chunk, early)
+        assert sync.tolist() == [0] * 8
