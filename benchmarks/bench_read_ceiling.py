@@ -16,7 +16,9 @@ CUDA graphs over copies larger than L2:
 and prints each one's GB/s as a share of the copy bandwidth measured in the same run.
 
 With all four roles it also reads a whole layer's four projections, the bound on what fewer
-launches could win: four flat launches one after another; one persistent launch (a few programs
+launches could win: four flat launches one after another, without PDL and with it (each
+launched while the one before runs, its loads issued before its wait, as the engine launches its
+one-row kernel); one persistent launch (a few programs
 a multiprocessor, each streaming chunks of each projection in turn) with a grid-wide barrier
 between the projections, as a layer in one kernel would need between its dependent steps; the
 same with each program's first loads of the next projection issued before it waits at a
@@ -88,12 +90,18 @@ if triton is not None:
 
 
     @triton.jit
-    def read_flat_kernel(w_ptr, out_ptr, n_words, CHUNK: tl.constexpr):
-        """XORs CHUNK contiguous int32 words a program: out[program] = them XORed."""
+    def read_flat_kernel(w_ptr, out_ptr, n_words, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+        """XORs CHUNK contiguous int32 words a program: out[program] = them XORed. PDL: launched
+        while the kernel before runs, as the engine's one-row kernel is: the load issued, then the
+        wait for the kernel before, the store, then the next kernel let in."""
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
         v = tl.load(w_ptr + offs, mask=offs < n_words, other=0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         tl.store(out_ptr + pid, tl.xor_sum(v, 0))
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
 
 
     @triton.jit
@@ -205,9 +213,10 @@ def read_tiles(w: torch.Tensor, out: torch.Tensor, rows: int, step: int, warps: 
     return out
 
 
-def read_flat(w: torch.Tensor, out: torch.Tensor, chunk: int, warps: int) -> torch.Tensor:
+def read_flat(w: torch.Tensor, out: torch.Tensor, chunk: int, warps: int, pdl: bool = False) -> torch.Tensor:
     n = w.numel()
-    read_flat_kernel[(triton.cdiv(n, chunk),)](w, out, n, CHUNK=chunk, num_warps=warps)
+    extra = dict(PDL=True, launch_pdl=True) if pdl else {}
+    read_flat_kernel[(triton.cdiv(n, chunk),)](w, out, n, CHUNK=chunk, num_warps=warps, **extra)
     return out
 
 
@@ -277,14 +286,20 @@ def time_layer(ws_copies: list[list[torch.Tensor]], flat_best: dict, iters: int,
     outs = {r: torch.empty(triton.cdiv(ws_copies[0][i].numel(), flat_best[r][0]), dtype=torch.int32, device=dev)
             for i, r in enumerate(LAYER)}
 
-    def four(i):
+    def four(i, pdl=False):
         for j, r in enumerate(LAYER):
-            read_flat(ws_copies[i % copies][j], outs[r], *flat_best[r])
+            read_flat(ws_copies[i % copies][j], outs[r], *flat_best[r], pdl=pdl)
 
     us = time_graph(four, iters, calls)
     entry["four_flat_launches"] = {"us": us, "of_copy_bandwidth": share(us),
                                    "chunks": {r: list(flat_best[r]) for r in LAYER}}
     print(f"layer    {total / 1e6:6.1f} MB  four flat launches {us:7.2f} us = {100 * share(us):5.1f}% of copy", flush=True)
+    from engine.kernels import pdl_args  # the engine's own test of PDL support
+
+    if "launch_pdl" in pdl_args(dev, True):
+        us = time_graph(lambda i: four(i, True), iters, calls)
+        entry["four_flat_launches_pdl"] = {"us": us, "of_copy_bandwidth": share(us)}
+        print(f"layer    four flat launches, PDL {us:7.2f} us = {100 * share(us):5.1f}% of copy", flush=True)
     one = [torch.cat([w.reshape(-1) for w in ws]) for ws in ws_copies]
     chunk, warps = max(flat_best.values())
     one_out = torch.empty(triton.cdiv(one[0].numel(), chunk), dtype=torch.int32, device=dev)
@@ -422,8 +437,11 @@ def main() -> None:
     if "layer" in report:
         e = report["layer"]
         print(f"\n| a layer's four reads ({e['bytes'] / 1e6:.1f} MB) | us | of copy |\n|---|---|---|")
-        for name, key in (("four flat launches", "four_flat_launches"), ("one flat launch", "one_flat_launch")):
-            print(f"| {name} | {e[key]['us']:.2f} | {100 * e[key]['of_copy_bandwidth']:.1f}% |")
+        for name, key in (("four flat launches", "four_flat_launches"),
+                          ("four flat launches with PDL, loads before the wait", "four_flat_launches_pdl"),
+                          ("one flat launch", "one_flat_launch")):
+            if key in e:
+                print(f"| {name} | {e[key]['us']:.2f} | {100 * e[key]['of_copy_bandwidth']:.1f}% |")
         for early in (False, True):
             done = [r for r in e["chain"] if r["early"] == early and r["right"]]
             if done:
