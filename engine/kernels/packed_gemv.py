@@ -339,7 +339,7 @@ def row_kernel_wide(k: int, group: int) -> bool:
 def _row_kernel():
     # the kernel calls these by this module's names; tl a name of the module too, since Triton's
     # interpreter looks for it there when packed_rows' kernel calls dp4a and the spreads
-    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_wait, pdl_enter, tl
+    global x_pair, dp4a, spread1, spread2, row_step, row_body, pdl_wait, pdl_enter, chain_wait, tl
     import triton
     import triton.language as tl
 
@@ -400,6 +400,16 @@ def _row_kernel():
             tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
+    def chain_wait(wait_ptr, wait_for):
+        """WAIT == CHAIN_WAIT's wait: until the counter at wait_ptr reaches wait_for, for a launch
+        whose programs run after others of the same launch (benchmarks/bench_chained_rows.py);
+        a poll bound stops a miscounted chain from hanging the GPU."""
+        spins = 0
+        while (tl.load(wait_ptr, volatile=True) < wait_for) & (spins < 1 << 24):
+            spins += 1
+        tl.atomic_add(wait_ptr, 0, sem="acquire")
+
+    @triton.jit
     def pdl_enter(pid_n, pid_k, q_ptr, N, stride_q, ONE_BYTE: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                   BLOCK_N: tl.constexpr, PF_LINES: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr = True):
         """A PDL launch's start: the program's packed bytes requested into L2 (a kernel never
@@ -421,10 +431,11 @@ def _row_kernel():
                  ONE_BYTE: tl.constexpr, FP8: tl.constexpr, XQ: tl.constexpr, ASM: tl.constexpr,
                  X_KIND: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  CHUNK: tl.constexpr, VEC: tl.constexpr, SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr,
-                 WAIT: tl.constexpr = 0):
+                 WAIT: tl.constexpr = 0, wait_ptr=None, wait_for=0):
         """One K step (kk: its first input past the share's; PARTIAL: the step passes the share's end)
         of row_body's program: acc plus the step's sums. WAIT > 0: the PDL wait (pdl_wait) comes
-        after the step's weights are requested and before x is."""
+        after the step's weights are requested and before x is; WAIT == CHAIN_WAIT: the wait is
+        chain_wait(wait_ptr, wait_for) instead."""
         # A K step is C chunks of CHUNK inputs, each inside one group (one scale, one offset a
         # chunk and row), read as 32-bit words of EPW weights (8 nibbles: element 8j + i in
         # nibble i of word j; or 4 bytes), VEC words a load. Tensors are (WD, C, BLOCK_N, VEC):
@@ -520,7 +531,10 @@ def _row_kernel():
         if WAIT > 0:
             # the weights and their factors are never written by a kernel: requested before the
             # wait, their round trip overlaps the kernel before this one; x only after it
-            pdl_wait(WAIT)
+            if WAIT == 8:  # CHAIN_WAIT
+                chain_wait(wait_ptr, wait_for)
+            else:
+                pdl_wait(WAIT)
         dot = tl.zeros([WD, C, BLOCK_N, VEC], tl.float32)
         xsum = tl.zeros([WD, C, 1, VEC], tl.float32)
         xi = (kc4 + EPW * word4)[:, :, :, :, None] + 2 * t5  # (WD, C, 1, VEC, EPW / 2): inputs 8j + 2t
@@ -673,10 +687,12 @@ def _row_kernel():
                  HAS_BIAS: tl.constexpr, X_KIND: tl.constexpr,
                  SPLIT_K: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, WAIT: tl.constexpr = 0):
+                 SG: tl.constexpr, UG: tl.constexpr, PAIRED: tl.constexpr, WAIT: tl.constexpr = 0,
+                 wait_ptr=None, wait_for=0):
         """One program of the one-row kernel: column tile pid_n, K share pid_k (packed_row_kernel
         below; packed_row_kernel2 runs two blocks of one projection in one launch). WAIT > 0: the
-        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads."""
+        PDL wait (pdl_wait(WAIT)) after the first K step's weight loads; WAIT == CHAIN_WAIT:
+        chain_wait(wait_ptr, wait_for) there instead."""
         EPW: tl.constexpr = 4 if ONE_BYTE else 8
         C: tl.constexpr = BLOCK_K // CHUNK
         WD: tl.constexpr = CHUNK // EPW // VEC
@@ -690,7 +706,7 @@ def _row_kernel():
             acc = row_step(acc, kk, kk + BLOCK_K > K_PER_SPLIT, pid_n, pid_k, x_ptr, sx_ptr, q_ptr, qh_ptr,
                            s_ptr, o_ptr, su_ptr, ou_ptr, N, stride_q, stride_h, stride_s, stride_u, low_mask,
                            high_mask, ZERO, G, UNIT, HAS_OFFSET, HIGH, ONE_BYTE, FP8, XQ, ASM, X_KIND, K_PER_SPLIT,
-                           BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, WAIT if kk == 0 else 0)
+                           BLOCK_N, BLOCK_K, CHUNK, VEC, SG, UG, PAIRED, WAIT if kk == 0 else 0, wait_ptr, wait_for)
         total = tl.sum(tl.sum(acc, axis=0), axis=0)
         total = tl.reshape(total, (1, BLOCK_N))
         offs_o = offs_n[None, :]
@@ -807,6 +823,7 @@ def _x_arg(x: torch.Tensor | RoundedX) -> torch.Tensor:
     return x.words if isinstance(x, RoundedX) else x
 
 
+CHAIN_WAIT = 8  # row_body's WAIT that waits on a counter of the same launch (chain_wait), not on PDL
 ROW_PDL_EARLY_W = 4  # a bit of row_pdl_args' pdl: the first K step's weights loaded before the wait
 
 
