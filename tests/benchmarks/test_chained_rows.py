@@ -35,8 +35,9 @@ def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
     assert got.stderr.strip() == "error: this benchmark needs a CUDA GPU and Triton"
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
-                    reason="the kernels under Triton's interpreter: TRITON_INTERPRET=1 with Triton installed")
+@pytest.mark.skipif(not torch.cuda.is_available() and (os.environ.get("TRITON_INTERPRET") != "1"
+                                                      or importlib.util.find_spec("triton") is None),
+                    reason="a CUDA GPU, or Triton's interpreter (TRITON_INTERPRET=1 with Triton installed)")
 @pytest.mark.parametrize("layout", ["AWQ", "Q6_K"])
 def test_one_chained_launch_gives_two_launches_bits(layout):
     """gate_up's programs then down's over its output, in one launch, the second's weights loaded
@@ -45,19 +46,21 @@ def test_one_chained_launch_gives_two_launches_bits(layout):
     from benchmarks.bench_chained_rows import chained_rows, two_launches
     from benchmarks.bench_packed import blocks_for
 
-    gen = torch.Generator().manual_seed(3)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(3)
     shapes, parts = {"gate_up": (2048, 2048), "down": (64, 2048)}, {"gate_up": [1024, 1024], "down": [64]}
-    (first,) = blocks_for(layout, "gate_up", "cpu", gen, shapes, parts)
-    (second,) = blocks_for(layout, "down", "cpu", gen, shapes, parts)
-    x = torch.randn(1, 2048, generator=gen).to(torch.bfloat16)
-    mid, out = torch.zeros(1, 2048, dtype=torch.bfloat16), torch.zeros(1, 64, dtype=torch.bfloat16)
+    (first,) = blocks_for(layout, "gate_up", dev, gen, shapes, parts)
+    (second,) = blocks_for(layout, "down", dev, gen, shapes, parts)
+    x = torch.randn(1, 2048, generator=gen, device=dev).to(torch.bfloat16)
+    mid = torch.zeros(1, 2048, dtype=torch.bfloat16, device=dev)
+    out = torch.zeros(1, 64, dtype=torch.bfloat16, device=dev)
     two_launches(x, first, second, mid, out, 0)
     ref_mid, ref_out = mid.clone(), out.clone()
     assert ref_out.abs().sum() > 0
     for early in (False, True):
         mid.zero_()
         out.zero_()
-        sync = torch.zeros(3, dtype=torch.int32)
+        sync = torch.zeros(3, dtype=torch.int32, device=dev)
         chained_rows(x, first, second, mid, out, sync, early)
         assert torch.equal(mid, ref_mid) and torch.equal(out, ref_out), early
         assert sync.tolist() == [0, 0, 0]
