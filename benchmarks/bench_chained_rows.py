@@ -18,7 +18,6 @@ the same sums), and timed in CUDA graphs over weight copies larger than L2.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -35,12 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gemv import time_graph  # noqa: E402
 from benchmarks.bench_packed import LAYOUT_KINDS, blocks_for  # noqa: E402
-from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
+from benchmarks.harness.timing import copy_bandwidth, kernel_bench_args  # noqa: E402
 from engine.kernels import packed_gemv  # noqa: E402
 from engine.kernels.packed_gemv import (  # noqa: E402
     CHAIN_WAIT, ROW_PDL_EARLY_W, _row_args, _row_kernel, packed_row_gemv)
 
-LAYOUTS = ("AWQ", "Q4_K_M")
 GATE_UP, DOWN = "gate_up", "down"
 # row_body's arguments after (pid_n, pid_k), in its order: the chained kernel takes each twice
 BODY = ("x_ptr", "sx_ptr", "q_ptr", "qh_ptr", "s_ptr", "o_ptr", "su_ptr", "ou_ptr", "b_ptr", "out_ptr", "part_ptr",
@@ -123,18 +121,8 @@ def two_launches(x: torch.Tensor, first, second, mid: torch.Tensor, out: torch.T
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--layouts", default=",".join(LAYOUTS))
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--calls", type=int, default=8)
-    args = ap.parse_args()
-    layouts = [x for x in args.layouts.split(",") if x]
-    unknown = [x for x in layouts if x not in LAYOUT_KINDS]
-    if unknown:
-        ap.error(f"--layouts: no layout named {', '.join(sorted(unknown))} (there are {', '.join(LAYOUT_KINDS)})")
-    if triton is None or not torch.cuda.is_available():
-        sys.exit("error: this benchmark needs a CUDA GPU and Triton")
+    args, layouts = kernel_bench_args(__doc__.splitlines()[0], "--layouts", list(LAYOUT_KINDS), "layout",
+                                      ("AWQ", "Q4_K_M"))
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

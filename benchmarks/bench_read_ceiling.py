@@ -32,7 +32,6 @@ buffers as one (no launch or barrier between them at all).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -48,7 +47,7 @@ except ImportError:  # torch's CPU build comes without Triton: main() says so in
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gemv import time_graph  # noqa: E402
-from benchmarks.harness.timing import copy_bandwidth  # noqa: E402
+from benchmarks.harness.timing import copy_bandwidth, kernel_bench_args  # noqa: E402
 
 # (rows, bytes a row) of the 8B's projections packed at 4 bits
 SHAPES = {"qkv": (6144, 2048), "o_proj": (4096, 2048), "gate_up": (28672, 2048), "down": (4096, 7168)}
@@ -363,18 +362,7 @@ def time_layer(ws_copies: list[list[torch.Tensor]], flat_best: dict, iters: int,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--roles", default=",".join(SHAPES))
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--calls", type=int, default=8)
-    args = ap.parse_args()
-    roles = [r for r in args.roles.split(",") if r]
-    unknown = [r for r in roles if r not in SHAPES]
-    if unknown:
-        ap.error(f"--roles: no shape named {', '.join(sorted(unknown))} (there are {', '.join(SHAPES)})")
-    if triton is None or not torch.cuda.is_available():
-        sys.exit("error: this benchmark needs a CUDA GPU and Triton")
+    args, roles = kernel_bench_args(__doc__.splitlines()[0], "--roles", list(SHAPES), "shape")
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -86,3 +86,28 @@ def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculativ
         tokens[name] = [t for ev in e.stream_ids(prompts[0], SamplingParams(max_tokens=64), speculative=speculative)
                         for t in ev.token_ids]
     return speeds, tokens
+
+
+def kernel_bench_args(description: str, flag: str, known, what: str, default=None):
+    """A kernel benchmark's command line: --out, a comma-separated `flag` of names out of `known`
+    (`default`'s, or all; `what` one of them is called in the refusal), --iters and --calls (time_graph's); an unknown name is refused in one
+    argparse line (exit 2), and a machine without a CUDA GPU and Triton in one line (exit 1).
+    Returns (args, the names)."""
+    import argparse
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument(flag, default=",".join(default or known))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--calls", type=int, default=8)
+    args = ap.parse_args()
+    names = [x for x in getattr(args, flag.lstrip("-").replace("-", "_")).split(",") if x]
+    unknown = [x for x in names if x not in known]
+    if unknown:
+        ap.error(f"{flag}: no {what} named {', '.join(sorted(unknown))} (there are {', '.join(known)})")
+    if importlib.util.find_spec("triton") is None or not torch.cuda.is_available():
+        sys.exit("error: this benchmark needs a CUDA GPU and Triton")
+    return args, names
