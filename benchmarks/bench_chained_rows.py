@@ -70,8 +70,8 @@ if triton is not None:
             EARLY: tl.constexpr, WAIT_B: tl.constexpr):
         """The first projection's progs_a programs, then the second's progs_b, in one launch (the
         module docstring); EARLY: the second's first K step's weights loaded before its wait
-        (WAIT_B = CHAIN_WAIT), else the wait first. sync_ptr: three int32 (tickets, first-projection programs done, exits),
-        zero at launch and again at exit."""
+        (WAIT_B = CHAIN_WAIT), else the wait first. sync_ptr: three int32 (tickets, the first
+        projection's programs done, exits), zero at launch and again at exit."""
         t = tl.atomic_add(sync_ptr, 1)  # tickets in the order programs start
         if t < progs_a:
             row_body(t % tiles_a, t // tiles_a, x_ptr_a, sx_ptr_a, q_ptr_a, qh_ptr_a, s_ptr_a, o_ptr_a, su_ptr_a,

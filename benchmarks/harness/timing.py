@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -90,14 +94,9 @@ def alternating_rounds(engines: dict, prompts: list, new_tokens: int, speculativ
 
 def kernel_bench_args(description: str, flag: str, known, what: str, default=None):
     """A kernel benchmark's command line: --out, a comma-separated `flag` of names out of `known`
-    (`default`'s, or all; `what` one of them is called in the refusal), --iters and --calls (time_graph's); an unknown name is refused in one
-    argparse line (exit 2), and a machine without a CUDA GPU and Triton in one line (exit 1).
-    Returns (args, the names)."""
-    import argparse
-    import importlib.util
-    import sys
-    from pathlib import Path
-
+    (`default`'s, or all; `what` one of them is called in the refusal), --iters and --calls
+    (time_graph's); an unknown name is refused in one argparse line (exit 2), and a machine
+    without a CUDA GPU and Triton in one line (exit 1). Returns (args, the names)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument(flag, default=",".join(default or known))
