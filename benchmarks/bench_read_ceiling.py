@@ -292,7 +292,8 @@ def time_layer(ws_copies: list[list[torch.Tensor]], flat_best: dict, iters: int,
     us = time_graph(four, iters, calls)
     entry["four_flat_launches"] = {"us": us, "of_copy_bandwidth": share(us),
                                    "chunks": {r: list(flat_best[r]) for r in LAYER}}
-    print(f"layer    {total / 1e6:6.1f} MB  four flat launches {us:7.2f} us = {100 * share(us):5.1f}% of copy", flush=True)
+    print(f"layer    {total / 1e6:6.1f} MB  four flat launches {us:7.2f} us = {100 * share(us):5.1f}% of copy",
+          flush=True)
     from engine.kernels import pdl_args  # the engine's own test of PDL support
 
     if "launch_pdl" in pdl_args(dev, True):
@@ -335,7 +336,8 @@ def time_layer(ws_copies: list[list[torch.Tensor]], flat_best: dict, iters: int,
         if fit < per_sm:
             row["skipped"] = "more programs a multiprocessor than fit at once"
             entry["persistent"].append(row)
-            print(f"layer    persistent {per_sm}/SM {chunk * 4 // 1024} KB x{unroll} w{warps}: only {fit} fit", flush=True)
+            print(f"layer    persistent {per_sm}/SM {chunk * 4 // 1024} KB x{unroll} w{warps}: only {fit} fit",
+                  flush=True)
             continue
         for mode, barrier, pre in (("barriers", True, False), ("barriers_prefetch", True, True),
                                    ("no_barriers", False, False)):

@@ -65,14 +65,16 @@ def test_the_kernels_read_every_word_once():
 def test_the_layer_read_covers_each_buffer_once():
     """The persistent layer read's per-program XORs give each buffer's XOR: one program with its
     barriers (the interpreter runs programs one after another, so a barrier across several would
-    never open), and several programs without; the next buffer's first chunks loaded early or not; the barrier's counters are zero again at exit."""
+    never open), and several programs without; the next buffer's first chunks loaded early or
+    not; the barrier's counters are zero again at exit."""
     from benchmarks.bench_read_ceiling import layer_xors, read_layer
 
     gen = torch.Generator().manual_seed(1)
     ws = [torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, generator=gen) for n in (700, 64, 1029, 300)]
     refs = [int(xor_rows(w[None, :])[0]) for w in ws]
-    for programs, chunk, unroll, barrier, pre in [(1, 64, 2, True, False), (1, 128, 1, True, True), (1, 32, 4, True, True),
-                                                  (3, 64, 2, False, False), (5, 32, 4, False, True), (4, 256, 2, False, True)]:
+    cases = [(1, 64, 2, True, False), (1, 128, 1, True, True), (1, 32, 4, True, True), (3, 64, 2, False, False),
+             (5, 32, 4, False, True), (4, 256, 2, False, True)]
+    for programs, chunk, unroll, barrier, pre in cases:
         out = torch.full((4 * programs,), 7, dtype=torch.int32)
         bar = torch.zeros(4, dtype=torch.int32)
         read_layer(ws, out, bar, programs, chunk, unroll, 4, barrier, pre)
