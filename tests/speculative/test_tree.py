@@ -198,6 +198,7 @@ def _device_rule(tree, probs, g):
     return path[:int(count)].tolist(), int(nxt)
 
 
+@pytest.mark.slow  # tens of thousands of draws: some 17 s each on a 2-core CPU
 @pytest.mark.parametrize("rule,draws,within", [(sampled_tree_accept, 40_000, 0.011), (_device_rule, 12_000, 0.02)],
                          ids=["book", "device"])
 def test_sampled_acceptance_emits_the_targets_distribution(rule, draws, within):
@@ -260,6 +261,7 @@ def test_greedy_tree_decoding_is_plain_greedy_decoding_on_bigrams():
     assert per_step > 2  # the tree pays on a close draft
 
 
+@pytest.mark.slow  # some 16 s on a 2-core CPU
 def test_sampled_tree_decoding_has_the_targets_distribution_on_bigrams():
     """Three sampled tokens after a prompt: their joint distribution is the target's (6,000 runs;
     every one of the 64 cells within 0.02)."""
